@@ -1,0 +1,94 @@
+"""Public attention functions: `flash_attention` (the Pallas kernels) and the references."""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+
+from pallas_kernels.attention import KernelConfig, flash_attention_padded
+from pallas_kernels.checks import check_inputs
+from pallas_kernels.policy import BlockSizes, Compensation, get_numerics
+from pallas_kernels.reference import reference_attention, reference_attention_vjp
+
+__all__ = ["AttentionStats", "flash_attention", "reference_attention", "reference_attention_vjp"]
+
+
+class AttentionStats(NamedTuple):
+  """Per-row statistics read from the forward kernel, each [batch, q_len, num_heads] float32.
+
+  lse: log-sum-exp of the scaled scores, natural log (JAX's Pallas `mha` stores base 2).
+  row_max: the final running max m used by the kernel (shifted by the compensation on rows
+    whose tie rule fired; lse = row_max + log(row_sum) either way).
+  max_p: the largest P̄ = exp(S − m) the kernel formed in float32 before rounding it for the
+    P̄V dot; exactly 1.0 on uncompensated rows, < 1 where the compensation shifted m.
+  tied_tiles: number of key/value tiles in which the row had more than one score within
+    `tie_tolerance` of the tile max (always 0 with stabilize=False).
+  """
+  lse: jax.Array
+  row_max: jax.Array
+  max_p: jax.Array
+  tied_tiles: jax.Array
+
+
+def _default_interpret() -> bool:
+  return jax.default_backend() != "gpu"
+
+
+def flash_attention(query, key, value, *, causal=False, softmax_scale=None, stabilize=False,
+                    beta=2.0, tie_tolerance=1e-3, numerics="fa2", block_q=None, block_k=None,
+                    interpret=None, return_stats=False, num_warps=None, num_stages=None):
+  """Flash attention (FlashAttention-2, Dao 2023, Alg. 1 and 2) as Pallas kernels.
+
+  Scores, running `row_max`, `row_sum` and the output accumulator are float32; P̄ = exp(S − m)
+  is rounded to the input dtype before the P̄V dot; the output is rounded once. The backward
+  pass recomputes P from the saved natural-log `lse`, uses `delta` = rowsum(dO∘O) from the
+  rounded output, and is deterministic (no atomics). `pallas_kernels/policy.py` lists every
+  rounding point.
+
+  With `stabilize=True` the kernel applies the compensation of Qiu & Yao 2025
+  (arXiv 2510.04212, Alg. 1): per key/value tile, a row with more than one score within
+  `tie_tolerance` of the tile max uses m' = beta·max (max > 0) or 0 (max < 0) instead of max.
+  Unlike the paper, the shift m' − max is clipped to [2^−7, 20], so ties at 0 are shifted too
+  and ties of large magnitude do not underflow the row (`pallas_kernels.policy.Compensation`).
+
+  Args:
+    query: [batch, q_len, num_heads, head_dim], bfloat16, float16 or float32.
+    key, value: [batch, kv_len, num_kv_heads, head_dim], same dtype; query head h uses
+      key/value head h // (num_heads // num_kv_heads) (GQA/MQA, contiguous groups as jax.nn).
+    causal: top-left aligned causal mask (key j visible to query i iff j ≤ i), as
+      `jax.nn.dot_product_attention(is_causal=True)`; q_len may differ from kv_len.
+    softmax_scale: multiplies QKᵀ; defaults to 1/√head_dim.
+    stabilize, beta, tie_tolerance: the compensation (beta > 1, tie_tolerance ≥ 0, absolute,
+      in units of the scaled score).
+    numerics: the precision layout; "fa2" (FP32 accumulators, one rounding of O).
+    block_q, block_k: forward tile sizes, powers of two ≥ 16. They are part of the numerics
+      (ties are detected per key tile). Defaults: block_k = 64, block_q = 128 (64 when
+      head_dim > 128), the same on CPU and GPU.
+    interpret: run the kernels in Pallas interpret mode; defaults to True unless the default
+      JAX backend is a GPU (then the Triton lowering is used).
+    return_stats: also return `AttentionStats` (not differentiated).
+    num_warps, num_stages: Triton launch parameters (speed only).
+  Returns:
+    [batch, q_len, num_heads, head_dim] in query's dtype, or (out, AttentionStats).
+    Differentiable in query, key and value.
+  Raises:
+    ValueError: rank ≠ 4, mismatched batch/head_dim, num_heads % num_kv_heads ≠ 0,
+      head_dim > 256 (others up to 256 are zero-padded to a power of two), non-positive
+      softmax_scale, beta ≤ 1, negative tie_tolerance, block sizes that are not powers of
+      two ≥ 16, unknown numerics.
+    TypeError: unsupported or mixed dtypes.
+  """
+  softmax_scale = check_inputs(query, key, value, softmax_scale)
+  compensation = Compensation(beta=beta, tie_tolerance=tie_tolerance)  # validates both
+  head_dim = query.shape[3]
+  blocks = BlockSizes.default(head_dim, block_q, block_k).fit(query.shape[1], key.shape[1])
+  cfg = KernelConfig(
+      softmax_scale=softmax_scale, causal=bool(causal), q_len=query.shape[1],
+      kv_len=key.shape[1], blocks=blocks, numerics=get_numerics(numerics),
+      compensation=compensation if stabilize else None,
+      interpret=_default_interpret() if interpret is None else bool(interpret),
+      return_stats=bool(return_stats), num_warps=num_warps, num_stages=num_stages)
+  out, stats = flash_attention_padded(query, key, value, cfg)
+  if not return_stats:
+    return out
+  return out, AttentionStats(*(x.transpose(0, 2, 1) for x in stats))  # -> [batch, q, heads]

@@ -1,0 +1,121 @@
+"""Backward flash-attention kernels (FlashAttention-2, Dao 2023, Alg. 2), deterministic.
+
+Two kernels and no atomics: dK/dV with one program per (key tile, batch, query head) looping
+over query tiles, and dQ with one program per (query tile, batch, query head) looping over key
+tiles. `delta` = rowsum(dO ∘ O) is computed in float32 by XLA from the rounded output O. For
+grouped-query attention each query head writes its own float32 dK/dV partial and XLA sums the
+group in a fixed order, so results are bitwise repeatable. P is recomputed from `lse`
+(natural log), so the forward pass's compensation does not enter here.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from pallas_kernels.forward import dot_nn, dot_nt, dot_tn, score_mask
+
+
+def _probs_and_dscores(q, k, v, do, lse, delta, q_pos, k_pos, cfg):
+  """P = exp(S − lse) and dS = P ∘ (dP − delta) for one tile pair, float32, 0 where masked."""
+  valid = score_mask(q_pos, k_pos, causal=cfg.causal, kv_len=cfg.kv_len, q_len=cfg.q_len)
+  s = dot_nt(q, k) * cfg.softmax_scale                             # [bq, bk]
+  p = jnp.where(valid, jnp.exp(s - lse[:, None]), 0.0)
+  dp = dot_nt(do, v)                                               # dO Vᵀ, [bq, bk]
+  ds = jnp.where(valid, p * (dp - delta[:, None]), 0.0)
+  return p, ds
+
+
+def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *, cfg):
+  bq, bk = cfg.blocks.block_q_bwd, cfg.blocks.block_k_bwd
+  numerics, dtype = cfg.numerics, q_ref.dtype
+  k_tile = pl.program_id(0)
+  k, v = k_ref[...], v_ref[...]                                    # [bk, d]
+  k_pos = k_tile * bk + jnp.arange(bk)
+
+  def body(i, carry):
+    dk, dv = carry
+    rows = pl.ds(i * bq, bq)
+    q, do = q_ref[rows, :], do_ref[rows, :]
+    p, ds = _probs_and_dscores(q, k, v, do, lse_ref[rows], delta_ref[rows],
+                               i * bq + jnp.arange(bq), k_pos, cfg)
+    dv = dv + dot_tn(numerics.round_p(p, dtype), do)               # Pᵀ dO
+    dk = dk + dot_tn(numerics.round_ds(ds, dtype), q)              # dSᵀ Q
+    return dk, dv
+
+  # Causal: query tiles that end before this key tile starts see none of it.
+  first = lax.div(k_tile * bk, bq) if cfg.causal else 0
+  zeros = jnp.zeros(k.shape, jnp.float32)
+  dk, dv = lax.fori_loop(first, pl.cdiv(cfg.q_len, bq), body, (zeros, zeros))
+  dk_ref[...] = (dk * cfg.softmax_scale).astype(dk_ref.dtype)
+  dv_ref[...] = dv.astype(dv_ref.dtype)
+
+
+def dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, *, cfg):
+  bq, bk = cfg.blocks.block_q_bwd, cfg.blocks.block_k_bwd
+  numerics, dtype = cfg.numerics, q_ref.dtype
+  q_tile = pl.program_id(0)
+  q, do, lse, delta = q_ref[...], do_ref[...], lse_ref[...], delta_ref[...]
+  q_pos = q_tile * bq + jnp.arange(bq)
+
+  def body(j, dq):
+    cols = pl.ds(j * bk, bk)
+    k, v = k_ref[cols, :], v_ref[cols, :]
+    _, ds = _probs_and_dscores(q, k, v, do, lse, delta, q_pos, j * bk + jnp.arange(bk), cfg)
+    return dq + dot_nn(numerics.round_ds(ds, dtype), k)           # dS K
+
+  n = pl.cdiv(cfg.kv_len, bk)
+  if cfg.causal:
+    n = jnp.minimum(n, lax.div(bq * (q_tile + 1) + bk - 1, bk))
+  dq = lax.fori_loop(0, n, body, jnp.zeros(q.shape, jnp.float32))
+  dq_ref[...] = (dq * cfg.softmax_scale).astype(dq_ref.dtype)
+
+
+def flash_backward(q, k, v, o, lse, do, cfg):
+  """Gradients for padded [batch, len, heads, head_dim] arrays; returns (dq, dk, dv)."""
+  batch, q_len_p, num_heads, d = q.shape
+  kv_len_p, num_kv_heads = k.shape[1], k.shape[2]
+  group = num_heads // num_kv_heads
+  bq, bk = cfg.blocks.block_q_bwd, cfg.blocks.block_k_bwd
+  # delta = rowsum(dO ∘ O) in float32, from the output as returned (rounded).
+  delta = jnp.einsum("bqhd,bqhd->bhq", do.astype(jnp.float32), o.astype(jnp.float32),
+                     precision=lax.Precision.HIGHEST)
+  do = do.astype(q.dtype)
+  row_all = pl.BlockSpec((None, None, q_len_p), lambda t, b, h: (b, h, 0))
+  q_all = pl.BlockSpec((None, q_len_p, None, d), lambda t, b, h: (b, 0, h, 0))
+  kv_all = pl.BlockSpec((None, kv_len_p, None, d), lambda t, b, h: (b, 0, h // group, 0))
+
+  # dK, dV: per query head; float32 partials when a group of heads shares one KV head.
+  partial_dtype = q.dtype if group == 1 else jnp.float32
+  kv_tile = pl.BlockSpec((None, bk, None, d), lambda t, b, h: (b, t, h // group, 0))
+  out_tile = pl.BlockSpec((None, bk, None, d), lambda t, b, h: (b, t, h, 0))
+  dk, dv = pl.pallas_call(
+      functools.partial(dkv_kernel, cfg=cfg),
+      grid=(kv_len_p // bk, batch, num_heads),
+      in_specs=[q_all, kv_tile, kv_tile, q_all, row_all, row_all],
+      out_specs=[out_tile, out_tile],
+      out_shape=[jax.ShapeDtypeStruct((batch, kv_len_p, num_heads, d), partial_dtype)] * 2,
+      compiler_params=cfg.compiler_params(),
+      interpret=cfg.interpret,
+      name="flashstable_backward_dkv",
+  )(q, k, v, do, lse, delta)
+  if group > 1:
+    dk = dk.reshape(batch, kv_len_p, num_kv_heads, group, d).sum(axis=3).astype(q.dtype)
+    dv = dv.reshape(batch, kv_len_p, num_kv_heads, group, d).sum(axis=3).astype(q.dtype)
+
+  q_tile = pl.BlockSpec((None, bq, None, d), lambda t, b, h: (b, t, h, 0))
+  row_tile = pl.BlockSpec((None, None, bq), lambda t, b, h: (b, h, t))
+  dq = pl.pallas_call(
+      functools.partial(dq_kernel, cfg=cfg),
+      grid=(q_len_p // bq, batch, num_heads),
+      in_specs=[q_tile, kv_all, kv_all, q_tile, row_tile, row_tile],
+      out_specs=q_tile,
+      out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+      compiler_params=cfg.compiler_params(),
+      interpret=cfg.interpret,
+      name="flashstable_backward_dq",
+  )(q, k, v, do, lse, delta)
+  return dq, dk, dv

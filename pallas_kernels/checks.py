@@ -1,0 +1,50 @@
+"""Input validation shared by every entry point: errors name the offending value."""
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+
+from pallas_kernels.policy import MAX_HEAD_DIM, SUPPORTED_DTYPES
+
+
+def check_inputs(query, key, value, softmax_scale, *, allow_float64=False):
+  """Checks shapes and dtypes of query/key/value; returns the softmax scale to use.
+
+  Raises:
+    ValueError: rank ≠ 4, mismatched batch, length or head_dim, num_heads % num_kv_heads ≠ 0,
+      empty axes, head_dim > 256, a non-positive or non-finite softmax_scale.
+    TypeError: unsupported or mixed dtypes.
+  """
+  for name, x in (("query", query), ("key", key), ("value", value)):
+    if getattr(x, "ndim", None) != 4:
+      raise ValueError(f"{name} must have rank 4 [batch, seq, heads, head_dim], "
+                       f"got {name}.shape={getattr(x, 'shape', None)}")
+    if 0 in x.shape:
+      raise ValueError(f"{name} has an empty axis: {name}.shape={x.shape}")
+  dtypes = {jnp.dtype(x.dtype) for x in (query, key, value)}
+  if len(dtypes) > 1:
+    raise TypeError(f"query, key and value must share one dtype, got query.dtype={query.dtype}, "
+                    f"key.dtype={key.dtype}, value.dtype={value.dtype}")
+  dtype = dtypes.pop()
+  allowed = SUPPORTED_DTYPES + ((jnp.dtype(jnp.float64),) if allow_float64 else ())
+  if dtype not in allowed:
+    raise TypeError(f"unsupported dtype {dtype}; supported: {[str(d) for d in allowed]}")
+  (b, q_len, num_heads, head_dim), (bk, kv_len, num_kv_heads, dk) = query.shape, key.shape
+  if key.shape != value.shape:
+    raise ValueError(f"key and value shapes differ: key.shape={key.shape}, value.shape={value.shape}")
+  if bk != b:
+    raise ValueError(f"batch mismatch: query.shape[0]={b}, key.shape[0]={bk}")
+  if dk != head_dim:
+    raise ValueError(f"head_dim mismatch: query.shape[3]={head_dim}, key.shape[3]={dk}")
+  if head_dim > MAX_HEAD_DIM:
+    raise ValueError(f"head_dim={head_dim} is not supported (at most {MAX_HEAD_DIM})")
+  if num_heads % num_kv_heads:
+    raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
+  if softmax_scale is None:
+    return 1.0 / math.sqrt(head_dim)
+  if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
+    raise TypeError(f"softmax_scale must be a Python number, got softmax_scale={softmax_scale!r}")
+  if not (math.isfinite(softmax_scale) and softmax_scale > 0):
+    raise ValueError(f"softmax_scale must be finite and > 0, got softmax_scale={softmax_scale!r}")
+  return float(softmax_scale)

@@ -1,0 +1,130 @@
+"""Forward flash-attention kernel: tiled online softmax (FlashAttention-2, Dao 2023, Alg. 1).
+
+One program per (query tile, batch, head); the loop over key/value tiles runs inside it.
+Inputs arrive padded by the wrapper (`pallas_kernels.attention`): sequence lengths to a
+multiple of the tiles and head_dim to a power of two, because jax 0.11.2's Triton lowering
+does not mask partial blocks. Padded keys are masked here (−inf score); padded query rows are
+computed and sliced off by the wrapper. Every rounding point is a `numerics.` call
+(`pallas_kernels.policy`).
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from pallas_kernels.policy import compensated_tile_max
+
+HIGHEST = lax.Precision.HIGHEST
+
+
+def dot_nt(a, b):
+  """a @ bᵀ accumulated in float32 (HIGHEST: float32 operands must not become TF32)."""
+  return lax.dot_general(a, b, (((1,), (1,)), ((), ())), precision=HIGHEST,
+                         preferred_element_type=jnp.float32)
+
+
+def dot_nn(a, b):
+  return lax.dot_general(a, b, (((1,), (0,)), ((), ())), precision=HIGHEST,
+                         preferred_element_type=jnp.float32)
+
+
+def dot_tn(a, b):
+  """aᵀ @ b accumulated in float32."""
+  return lax.dot_general(a, b, (((0,), (0,)), ((), ())), precision=HIGHEST,
+                         preferred_element_type=jnp.float32)
+
+
+def score_mask(q_pos, k_pos, *, causal, kv_len, q_len=None):
+  """True where a score is kept: real key, (q_len given) real query, (causal) key ≤ query.
+
+  Causal masks are top-left aligned, as in `jax.nn.dot_product_attention`. The forward pass
+  leaves padded query rows unmasked so that their (discarded) outputs stay finite.
+  """
+  valid = jnp.broadcast_to((k_pos < kv_len)[None, :], (q_pos.shape[0], k_pos.shape[0]))
+  if q_len is not None:
+    valid = jnp.logical_and(valid, (q_pos < q_len)[:, None])
+  if causal:
+    valid = jnp.logical_and(valid, q_pos[:, None] >= k_pos[None, :])
+  return valid
+
+
+def num_key_tiles(q_tile, *, block_q, block_k, kv_len, causal):
+  """How many key tiles query tile `q_tile` visits (causal: none past the diagonal)."""
+  n = pl.cdiv(kv_len, block_k)
+  if causal:
+    n = jnp.minimum(n, lax.div(block_q * (q_tile + 1) + block_k - 1, block_k))
+  return n
+
+
+def forward_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *stats_refs, cfg):
+  block_q, block_k = cfg.blocks.block_q, cfg.blocks.block_k
+  numerics, dtype = cfg.numerics, q_ref.dtype
+  q_tile = pl.program_id(0)
+  q = q_ref[...]                                                   # [block_q, d]
+  q_pos = q_tile * block_q + jnp.arange(block_q)
+
+  def body(j, carry):
+    acc, m_i, l_i, max_p, tied_tiles = carry
+    k = k_ref[pl.ds(j * block_k, block_k), :]                      # [block_k, d]
+    v = v_ref[pl.ds(j * block_k, block_k), :]
+    s = dot_nt(q, k) * cfg.softmax_scale                           # [block_q, block_k] f32
+    valid = score_mask(q_pos, j * block_k + jnp.arange(block_k), causal=cfg.causal,
+                       kv_len=cfg.kv_len)
+    # −inf is safe: key 0 is visible to every row, so m is finite after the first tile.
+    s = jnp.where(valid, s, -jnp.inf)
+    m_tile, tied = compensated_tile_max(s, valid, cfg.compensation)
+    m_new = jnp.maximum(m_i, m_tile)
+    alpha = jnp.exp(m_i - m_new)                                   # 0 on the first tile
+    p = jnp.exp(s - m_new[:, None])                                # P̄, float32
+    l_new = alpha * l_i + jnp.sum(p, axis=-1)                      # row_sum from f32 P̄
+    acc = alpha[:, None] * acc + dot_nn(numerics.round_p(p, dtype), v)
+    return acc, m_new, l_new, jnp.maximum(max_p, jnp.max(p, axis=-1)), tied_tiles + tied
+
+  zeros = jnp.zeros((block_q,), jnp.float32)
+  init = (jnp.zeros(q.shape, jnp.float32), zeros - jnp.inf, zeros, zeros, zeros)
+  n_tiles = num_key_tiles(q_tile, block_q=block_q, block_k=block_k, kv_len=cfg.kv_len,
+                          causal=cfg.causal)
+  acc, m_i, l_i, max_p, tied_tiles = lax.fori_loop(0, n_tiles, body, init)
+  # Final rescale once, after the loop (FlashAttention-2 §3.1.1).
+  o_ref[...] = numerics.round_out(acc / l_i[:, None], dtype)
+  lse_ref[...] = m_i + jnp.log(l_i)                                # natural log
+  if stats_refs:
+    row_max_ref, max_p_ref, tied_ref = stats_refs
+    row_max_ref[...] = m_i
+    max_p_ref[...] = max_p
+    tied_ref[...] = tied_tiles
+
+
+def flash_forward(q, k, v, cfg):
+  """Runs the forward kernel on padded [batch, len, heads, head_dim] arrays.
+
+  Returns (out [batch, q_len_p, heads, d_p] in the layout's output dtype,
+           lse [batch, heads, q_len_p] float32, stats tuple or ()).
+  """
+  batch, q_len_p, num_heads, d = q.shape
+  kv_len_p, num_kv_heads = k.shape[1], k.shape[2]
+  group = num_heads // num_kv_heads
+  block_q = cfg.blocks.block_q
+  grid = (q_len_p // block_q, batch, num_heads)
+  q_spec = pl.BlockSpec((None, block_q, None, d), lambda i, b, h: (b, i, h, 0))
+  kv_spec = pl.BlockSpec((None, kv_len_p, None, d), lambda i, b, h: (b, 0, h // group, 0))
+  row_spec = pl.BlockSpec((None, None, block_q), lambda i, b, h: (b, h, i))
+  row_shape = jax.ShapeDtypeStruct((batch, num_heads, q_len_p), jnp.float32)
+  n_stats = 3 if cfg.return_stats else 0
+  out_shape = [jax.ShapeDtypeStruct(q.shape, cfg.numerics.output_dtype(q.dtype)), row_shape]
+  out_shape += [row_shape] * n_stats
+  outs = pl.pallas_call(
+      functools.partial(forward_kernel, cfg=cfg),
+      grid=grid,
+      in_specs=[q_spec, kv_spec, kv_spec],
+      out_specs=[q_spec, row_spec] + [row_spec] * n_stats,
+      out_shape=out_shape,
+      compiler_params=cfg.compiler_params(),
+      interpret=cfg.interpret,
+      name="flashstable_forward",
+  )(q, k, v)
+  return outs[0], outs[1], tuple(outs[2:])

@@ -1,0 +1,96 @@
+"""Standard (materialized) attention: the references the kernels are measured against.
+
+- float64: the "golden value" of Golden et al. 2024 (arXiv 2405.02803, §3). Computed by JAX
+  with 64-bit types switched on locally (`jax.enable_x64`), so the caller need not turn on x64
+  globally; the result comes back as a float64 NumPy array.
+- float32: every dot at `Precision.HIGHEST` (no TF32 on GPU).
+- bfloat16 / float16: three rounding points, each after an float32 computation:
+    S = round(softmax_scale · QKᵀ)   (QKᵀ accumulated in float32)
+    P = round(softmax(S))            (softmax in float32 on the rounded S)
+    O = round(P V)                   (accumulated in float32)
+  This is the "standard attention in BF16" baseline of Golden et al.
+Grouped heads: query head h reads key/value head h // (num_heads // num_kv_heads), as jax.nn.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from pallas_kernels.checks import check_inputs
+
+HIGHEST = lax.Precision.HIGHEST
+
+
+def _attention(query, key, value, causal, softmax_scale, dtype):
+  group = query.shape[2] // key.shape[2]
+  key = jnp.repeat(key.astype(dtype), group, axis=2)
+  value = jnp.repeat(value.astype(dtype), group, axis=2)
+  query = query.astype(dtype)
+  acc = jnp.float64 if dtype == jnp.float64 else jnp.float32
+  low = dtype not in (jnp.float32, jnp.float64)
+  s = jnp.einsum("bqhd,bkhd->bhqk", query, key, precision=HIGHEST, preferred_element_type=acc)
+  s = s * softmax_scale
+  if low:
+    s = s.astype(dtype)                                           # rounding point 1
+  if causal:
+    q_len, kv_len = query.shape[1], key.shape[1]
+    s = jnp.where(jnp.tril(jnp.ones((q_len, kv_len), bool)), s, -jnp.inf)
+  p = jax.nn.softmax(s.astype(acc), axis=-1)
+  if low:
+    p = p.astype(dtype)                                           # rounding point 2
+  o = jnp.einsum("bhqk,bkhd->bqhd", p, value, precision=HIGHEST, preferred_element_type=acc)
+  return o.astype(dtype)                                          # rounding point 3
+
+
+def reference_attention(query, key, value, *, causal=False, softmax_scale=None, dtype=jnp.float32):
+  """Materialized softmax(scale·QKᵀ)·V computed in `dtype` (see the module docstring).
+
+  Args:
+    query: [batch, q_len, num_heads, head_dim].
+    key, value: [batch, kv_len, num_kv_heads, head_dim], num_heads % num_kv_heads == 0.
+    causal: top-left aligned causal mask (key j visible to query i iff j ≤ i).
+    softmax_scale: defaults to 1/√head_dim.
+    dtype: float64, float32, bfloat16 or float16.
+  Returns:
+    [batch, q_len, num_heads, head_dim]: a float64 NumPy array for dtype float64, else a JAX
+    array of `dtype`.
+  Raises:
+    ValueError/TypeError for bad shapes or an unsupported dtype (see `pallas_kernels.checks.check_inputs`).
+  """
+  dtype = jnp.dtype(dtype)
+  if dtype not in (jnp.float64, jnp.float32, jnp.bfloat16, jnp.float16):
+    raise TypeError(f"reference dtype must be float64, float32, bfloat16 or float16, got {dtype=}")
+  softmax_scale = check_inputs(query, key, value, softmax_scale, allow_float64=True)
+  if dtype == jnp.float64:
+    with jax.enable_x64(True):
+      args = [jnp.asarray(np.asarray(x, np.float64)) for x in (query, key, value)]
+      return np.asarray(_attention(*args, causal, softmax_scale, jnp.float64))
+  return _attention(query, key, value, causal, softmax_scale, dtype)
+
+
+def reference_attention_vjp(query, key, value, d_out, *, causal=False, softmax_scale=None,
+                            dtype=jnp.float32):
+  """(out, (d_query, d_key, d_value)) of `reference_attention` for the cotangent `d_out`.
+
+  float64 results are NumPy arrays (computed with x64 on locally); the gradients of the
+  low-precision references are the autodiff of the rounded program.
+  """
+  dtype = jnp.dtype(dtype)
+  softmax_scale = check_inputs(query, key, value, softmax_scale, allow_float64=True)
+
+  def run():
+    f = lambda q, k, v: _attention(q, k, v, causal, softmax_scale, dtype)
+    return jax.vjp(f, query, key, value)
+
+  if dtype == jnp.float64:
+    with jax.enable_x64(True):
+      query, key, value, d_out = [jnp.asarray(np.asarray(x, np.float64))
+                                  for x in (query, key, value, d_out)]
+      out, vjp = run()
+      grads = vjp(d_out)
+      return np.asarray(out), tuple(np.asarray(g) for g in grads)
+  query, key, value = (x.astype(dtype) for x in (query, key, value))
+  out, vjp = run()
+  return out, vjp(jnp.asarray(d_out).astype(out.dtype))
