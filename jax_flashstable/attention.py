@@ -67,7 +67,8 @@ def flash_attention(query, key, value, *, causal=False, softmax_scale=None, stab
     interpret: run the kernels in Pallas interpret mode; defaults to True unless the default
       JAX backend is a GPU (then the Triton lowering is used).
     return_stats: also return `AttentionStats` (not differentiated).
-    num_warps, num_stages: Triton launch parameters (speed only).
+    num_warps, num_stages: Triton launch parameters (speed only); defaults 4 warps (8 when
+      head_dim > 64) and 2 stages.
   Returns:
     [batch, q_len, num_heads, head_dim] in query's dtype, or (out, AttentionStats).
     Differentiable in query, key and value.
@@ -87,7 +88,9 @@ def flash_attention(query, key, value, *, causal=False, softmax_scale=None, stab
       kv_len=key.shape[1], blocks=blocks, numerics=get_numerics(numerics),
       compensation=compensation if stabilize else None,
       interpret=_default_interpret() if interpret is None else bool(interpret),
-      return_stats=bool(return_stats), num_warps=num_warps, num_stages=num_stages)
+      return_stats=bool(return_stats),
+      num_warps=num_warps if num_warps is not None else (4 if head_dim <= 64 else 8),
+      num_stages=num_stages if num_stages is not None else 2)
   out, stats = flash_attention_padded(query, key, value, cfg)
   if not return_stats:
     return out

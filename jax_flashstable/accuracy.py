@@ -1,0 +1,108 @@
+"""Accuracy against the FP64 golden value (Golden et al. 2024, arXiv 2405.02803, §3).
+
+Shared by the tests and by `flashstable accuracy`: seeded inputs, error summaries, and the
+acceptance rule used by flash-attention's own test-suite: for each tensor (O, dQ, dK, dV),
+error(flash, FP64) ≤ 2·error(standard attention in the same low precision, FP64) + u, for the
+max and for the mean absolute error, with u = one bf16 ulp at the reference's scale,
+2^(⌊log2 max|ref|⌋ − 7) (scale floored at 2^−10).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_flashstable.attention import flash_attention, reference_attention_vjp
+
+TENSORS = ("out", "d_query", "d_key", "d_value")
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+  """One attention problem; `name` labels it in reports."""
+  batch: int
+  q_len: int
+  kv_len: int
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+  causal: bool = False
+
+  @property
+  def name(self):
+    c = "causal" if self.causal else "full"
+    return (f"b{self.batch} q{self.q_len} kv{self.kv_len} h{self.num_heads}/{self.num_kv_heads}"
+            f" d{self.head_dim} {c}")
+
+
+def make_inputs(shape: Shape, dtype, seed=0, scale=1.0):
+  """query, key, value, d_out ~ N(0, scale²), rounded to `dtype` (jax arrays)."""
+  rng = np.random.default_rng(seed)
+  q_shape = (shape.batch, shape.q_len, shape.num_heads, shape.head_dim)
+  kv_shape = (shape.batch, shape.kv_len, shape.num_kv_heads, shape.head_dim)
+  return tuple(jnp.asarray(scale * rng.standard_normal(s), dtype)
+               for s in (q_shape, kv_shape, kv_shape, q_shape))
+
+
+@dataclasses.dataclass(frozen=True)
+class Error:
+  max: float
+  mean: float
+  finite: bool
+
+  @classmethod
+  def of(cls, x, ref):
+    x = np.asarray(x, np.float64)
+    d = np.abs(x - np.asarray(ref, np.float64))
+    return cls(float(d.max()), float(d.mean()), bool(np.isfinite(x).all()))
+
+
+def ulp_at_scale(ref, floor=2.0 ** -10) -> float:
+  """One bf16 ulp at the reference's scale: 2^(⌊log2 max|ref|⌋ − 7).
+
+  The scale is floored at `floor` so that a reference that is exactly zero (dQ and dK of a
+  length-1 softmax, where dP − delta cancels) is compared at the scale of the float32
+  cancellation, not at 2^−133.
+  """
+  top = max(float(np.max(np.abs(ref))), floor)
+  return 2.0 ** (math.floor(math.log2(top)) - 7)
+
+
+def flash_vjp(query, key, value, d_out, **kwargs):
+  """(out, (d_query, d_key, d_value)) of `flash_attention`, jitted."""
+  def run(q, k, v, do):
+    out, vjp = jax.vjp(lambda *a: flash_attention(*a, **kwargs), q, k, v)
+    return out, vjp(do)
+
+  return jax.jit(run)(query, key, value, d_out)
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+  """Errors of flash and of the low-precision standard attention against FP64, per tensor."""
+  flash: dict
+  standard: dict
+  ulp: dict
+
+  def passes(self) -> dict:
+    """tensor -> True when the rule in the module docstring holds for max and mean."""
+    return {t: self.flash[t].finite
+            and self.flash[t].max <= 2 * self.standard[t].max + self.ulp[t]
+            and self.flash[t].mean <= 2 * self.standard[t].mean + self.ulp[t]
+            for t in TENSORS}
+
+
+def compare_to_golden(shape: Shape, dtype, seed=0, **flash_kwargs) -> Comparison:
+  """Runs flash and standard attention in `dtype` on seeded inputs and compares with FP64."""
+  q, k, v, do = make_inputs(shape, dtype, seed)
+  kw = dict(causal=shape.causal, softmax_scale=flash_kwargs.get("softmax_scale"))
+  out, grads = flash_vjp(q, k, v, do, causal=shape.causal, **flash_kwargs)
+  gold, gold_grads = reference_attention_vjp(q, k, v, do, dtype=jnp.float64, **kw)
+  std, std_grads = reference_attention_vjp(q, k, v, do, dtype=dtype, **kw)
+  golds = (gold,) + tuple(gold_grads)
+  flash = dict(zip(TENSORS, (Error.of(x, g) for x, g in zip((out,) + tuple(grads), golds))))
+  standard = dict(zip(TENSORS, (Error.of(x, g) for x, g in zip((std,) + tuple(std_grads), golds))))
+  return Comparison(flash, standard, dict(zip(TENSORS, (ulp_at_scale(g) for g in golds))))

@@ -1,0 +1,81 @@
+"""Determinism, jit/vmap, statistics layout and every invalid input."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jax_flashstable import flash_attention, reference_attention
+from jax_flashstable.accuracy import Shape, flash_vjp, make_inputs
+
+
+def test_bitwise_deterministic():
+  q, k, v, do = make_inputs(Shape(2, 150, 150, 4, 2, 64, causal=True), jnp.bfloat16, seed=7)
+  runs = [flash_vjp(q, k, v, do, causal=True, stabilize=True) for _ in range(2)]
+  for a, b in zip(jax.tree.leaves(runs[0]), jax.tree.leaves(runs[1])):
+    assert np.array_equal(np.asarray(a).view(np.uint16), np.asarray(b).view(np.uint16))
+
+
+def test_jit_and_vmap_over_a_leading_axis():
+  rng = np.random.default_rng(0)
+  q, k, v = (jnp.asarray(rng.standard_normal((3, 1, 33, 2, 32)), jnp.float32) for _ in range(3))
+  f = lambda q, k, v: flash_attention(q, k, v, causal=True)
+  batched = jax.jit(jax.vmap(f))(q, k, v)
+  looped = jnp.stack([f(q[i], k[i], v[i]) for i in range(3)])
+  np.testing.assert_allclose(np.asarray(batched), np.asarray(looped), atol=1e-6)
+  grad = jax.jit(jax.grad(lambda q: jax.vmap(f)(q, k, v).sum()))(q)
+  assert grad.shape == q.shape and bool(jnp.isfinite(grad).all())
+
+
+def test_output_dtype_shape_and_stats_layout():
+  q, k, v, _ = make_inputs(Shape(2, 19, 23, 6, 3, 64), jnp.bfloat16)
+  out, st = flash_attention(q, k, v, return_stats=True)
+  assert out.shape == q.shape and out.dtype == jnp.bfloat16
+  for x in st:
+    assert x.shape == (2, 19, 6) and x.dtype == jnp.float32
+  # lse is natural-log: compare with float64 logsumexp of the scaled scores
+  qf, kf = np.asarray(q, np.float64), np.repeat(np.asarray(k, np.float64), 2, axis=2)
+  s = np.einsum("bqhd,bkhd->bqhk", qf, kf) / 8.0
+  lse = np.log(np.exp(s - s.max(-1, keepdims=True)).sum(-1)) + s.max(-1)
+  np.testing.assert_allclose(np.asarray(st.lse), lse, atol=1e-4)
+
+
+def _x(shape, dtype=jnp.bfloat16):
+  return jnp.zeros(shape, dtype)
+
+
+BAD = [
+    (dict(query=_x((2, 8, 32))), ValueError, "rank 4"),
+    (dict(key=_x((3, 8, 2, 32)), value=_x((3, 8, 2, 32))), ValueError, "batch"),
+    (dict(key=_x((2, 8, 2, 64)), value=_x((2, 8, 2, 64))), ValueError, "head_dim"),
+    (dict(key=_x((2, 8, 3, 32)), value=_x((2, 8, 3, 32))), ValueError, "num_kv_heads=3"),
+    (dict(value=_x((2, 9, 2, 32))), ValueError, "value.shape"),
+    (dict(query=_x((2, 8, 4, 32), jnp.float32)), TypeError, "dtype"),
+    (dict(query=_x((2, 8, 4, 32), jnp.int32), key=_x((2, 8, 2, 32), jnp.int32),
+          value=_x((2, 8, 2, 32), jnp.int32)), TypeError, "int32"),
+    (dict(query=_x((2, 8, 4, 512)), key=_x((2, 8, 2, 512)), value=_x((2, 8, 2, 512))), ValueError, "head_dim=512"),
+    (dict(query=_x((2, 0, 4, 32))), ValueError, "empty"),
+    (dict(softmax_scale=0.0), ValueError, "softmax_scale=0.0"),
+    (dict(softmax_scale=-1.0), ValueError, "softmax_scale=-1.0"),
+    (dict(softmax_scale=float("inf")), ValueError, "softmax_scale=inf"),
+    (dict(beta=1.0), ValueError, "beta=1.0"),
+    (dict(tie_tolerance=-0.1), ValueError, "tie_tolerance=-0.1"),
+    (dict(block_q=48), ValueError, "block_q=48"),
+    (dict(block_k=8), ValueError, "block_k=8"),
+    (dict(block_k=0), ValueError, "block_k=0"),
+    (dict(numerics="paper2"), ValueError, "numerics='paper2'"),
+]
+
+
+@pytest.mark.parametrize("override,exc,match", BAD, ids=[m for _, _, m in BAD])
+def test_invalid_inputs_raise(override, exc, match):
+  args = dict(query=_x((2, 8, 4, 32)), key=_x((2, 8, 2, 32)), value=_x((2, 8, 2, 32)))
+  args.update(override)
+  kwargs = {n: args.pop(n) for n in list(args) if n not in ("query", "key", "value")}
+  with pytest.raises(exc, match=match.replace("(", r"\(").replace("[", r"\[")):
+    flash_attention(args["query"], args["key"], args["value"], **kwargs)
+
+
+def test_reference_rejects_bad_dtype():
+  q = _x((1, 4, 1, 16))
+  with pytest.raises(TypeError, match="int8"):
+    reference_attention(q, q, q, dtype=jnp.int8)

@@ -1,0 +1,93 @@
+"""The compensation (Qiu & Yao 2025, Alg. 1) and its guard, read from the kernel itself."""
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jax_flashstable import flash_attention, reference_attention_vjp
+from jax_flashstable.accuracy import flash_vjp, ulp_at_scale
+from pallas_kernels.policy import Compensation
+
+
+def tied_inputs(tie_value, dtype, n_ties=2, kv_len=40, head_dim=32, seed=0):
+  """Rows whose scores (softmax_scale=1) are exactly `tie_value` at `n_ties` keys and
+  tie_value − r (r ∈ [0.5, 6]) elsewhere: q = [t, 1, 0…], tied keys [1, 0, …], others [1, −r, …]."""
+  rng = np.random.default_rng(seed)
+  q = np.zeros((1, 8, 2, head_dim)); q[..., 0] = tie_value; q[..., 1] = 1.0
+  k = np.zeros((1, kv_len, 1, head_dim)); k[..., 0] = 1.0
+  k[0, :, 0, 1] = -np.round(rng.uniform(0.5, 6.0, kv_len) * 8) / 8
+  tied_at = rng.choice(kv_len, n_ties, replace=False)
+  k[0, tied_at, 0, 1] = 0.0
+  v = rng.standard_normal((1, kv_len, 1, head_dim))
+  do = rng.standard_normal(q.shape)
+  return tuple(jnp.asarray(x, dtype) for x in (q, k, v, do))
+
+
+def test_no_effect_without_ties_and_small_effect_with_ties_fp32():
+  q, k, v, do = tied_inputs(3.0, jnp.float32)
+  plain = flash_attention(q, k, v, softmax_scale=1.0)
+  stable, stats = flash_attention(q, k, v, softmax_scale=1.0, stabilize=True, return_stats=True)
+  assert float(stats.tied_tiles.min()) >= 1  # the rule fired on every row
+  assert np.abs(np.asarray(stable) - np.asarray(plain)).max() <= 1e-6
+  # random inputs (no ties): bit-identical to plain FA2
+  rng = np.random.default_rng(5)
+  q, k, v = (jnp.asarray(rng.standard_normal((1, 70, 2, 64)), jnp.float32) for _ in range(3))
+  a = flash_attention(q, k, v, causal=True)
+  b, st = flash_attention(q, k, v, causal=True, stabilize=True, return_stats=True)
+  assert float(st.tied_tiles.max()) == 0 and np.array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_tied_p_bar_below_one(dtype):
+  q, k, v, _ = tied_inputs(5.0, dtype, n_ties=3)
+  _, plain = flash_attention(q, k, v, softmax_scale=1.0, return_stats=True)
+  _, stable = flash_attention(q, k, v, softmax_scale=1.0, stabilize=True, return_stats=True)
+  assert np.all(np.asarray(plain.max_p) == 1.0)            # the biased case: P̄ exactly 1
+  assert np.all(np.asarray(stable.max_p) < 1.0)
+  # paper's shift (beta−1)·max = 5 lies inside the guard: P̄ = e^−5
+  np.testing.assert_allclose(np.asarray(stable.max_p), math.exp(-5.0), rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(stable.row_max), 10.0, rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(stable.lse), np.asarray(plain.lse), atol=1e-5)
+
+
+TIES = [-120.0, -30.0, 0.0, 30.0, 100.0, 120.0]
+
+
+@pytest.mark.parametrize("tie_value", TIES)
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_large_and_zero_ties_stay_accurate(tie_value, dtype):
+  comp = Compensation()
+  q, k, v, do = tied_inputs(tie_value, dtype)
+  (out, stats) = flash_attention(q, k, v, softmax_scale=1.0, stabilize=True, return_stats=True)
+  out2, grads = flash_vjp(q, k, v, do, softmax_scale=1.0, stabilize=True)
+  gold, gold_grads = reference_attention_vjp(q, k, v, do, softmax_scale=1.0, dtype=jnp.float64)
+  # the guard: every tied row shifted by d ∈ [min_shift, max_shift], so P̄ ∈ [e^−20, e^−2^−7]
+  max_p = np.asarray(stats.max_p)
+  assert np.all(max_p < 1.0) and np.all(max_p >= math.exp(-comp.max_shift) * (1 - 1e-5))
+  assert np.all(max_p <= math.exp(-comp.min_shift) * (1 + 1e-6))
+  for x, g in zip((out2,) + tuple(grads), (gold,) + tuple(gold_grads)):
+    x = np.asarray(x, np.float64)
+    assert np.isfinite(x).all()
+    # Absolute bounds at each tensor's scale (dK reaches ~480 for ties at ±120: with scores
+    # that large even float32 exp(S − lse) carries ~|S|·2^−24 relative error).
+    top = max(1.0, float(np.abs(g).max()))
+    bound = 1e-5 * top if dtype == jnp.float32 else 2 * ulp_at_scale(g) + 2.0 ** -8
+    assert np.abs(x - g).max() <= bound, (np.abs(x - g).max(), bound)
+  assert np.array_equal(np.asarray(out), np.asarray(out2))
+
+
+def test_literal_paper_rule_would_underflow():
+  """Why the guard exists: the paper's m' for ties at −120 or +100 underflows P̄ in float32."""
+  assert np.float32(np.exp(np.float32(-120.0 - 0.0))) == 0.0     # m' = 0
+  assert np.exp(np.float32(100.0 - 200.0)) < np.finfo(np.float32).tiny  # denormal, FTZ on GPU
+
+
+@pytest.mark.parametrize("bad", [dict(beta=1.0), dict(beta=0.5), dict(beta=float("nan")),
+                                 dict(tie_tolerance=-1e-3), dict(tie_tolerance=float("inf"))])
+def test_bad_compensation_settings(bad):
+  q = jnp.zeros((1, 4, 1, 32), jnp.bfloat16)
+  name = next(iter(bad))
+  with pytest.raises(ValueError, match=name):
+    flash_attention(q, q, q, stabilize=True, **bad)

@@ -1,0 +1,50 @@
+"""Forward and all three gradients against the FP64 golden value (CPU: interpret mode)."""
+import zlib
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jax_flashstable.accuracy import TENSORS, Shape, compare_to_golden, flash_vjp, make_inputs
+from jax_flashstable.attention import reference_attention_vjp
+
+S = Shape
+# Lengths 1, 17, 128, 200 and q_len ≠ kv_len, GQA/MQA, head_dim 32/64/128/256 and a padded 96.
+CASES = [
+    (S(1, 1, 1, 2, 2, 64), jnp.bfloat16),
+    (S(2, 17, 17, 2, 2, 32, causal=True), jnp.bfloat16),
+    (S(1, 128, 128, 2, 2, 128, causal=True), jnp.bfloat16),
+    (S(1, 200, 200, 4, 2, 64, causal=True), jnp.bfloat16),
+    (S(1, 200, 200, 2, 2, 256), jnp.bfloat16),
+    (S(1, 77, 200, 4, 1, 32), jnp.bfloat16),
+    (S(1, 200, 77, 2, 2, 64, causal=True), jnp.bfloat16),
+    (S(1, 100, 100, 2, 2, 96, causal=True), jnp.bfloat16),
+    (S(1, 50, 50, 2, 2, 64), jnp.float16),
+    (S(1, 1, 1, 2, 1, 32, causal=True), jnp.float32),
+    (S(1, 17, 17, 4, 2, 64), jnp.float32),
+    (S(1, 128, 128, 2, 1, 128), jnp.float32),
+    (S(1, 77, 200, 2, 2, 256, causal=True), jnp.float32),
+    (S(1, 200, 77, 4, 2, 32), jnp.float32),
+]
+
+
+@pytest.mark.parametrize("stabilize", [False, True], ids=["plain", "stable"])
+@pytest.mark.parametrize("shape,dtype", CASES, ids=[f"{s.name} {d.__name__}" for s, d in CASES])
+def test_against_fp64(shape, dtype, stabilize):
+  c = compare_to_golden(shape, dtype, seed=zlib.crc32(shape.name.encode()) % 1000, stabilize=stabilize)
+  if dtype == jnp.float32:
+    for t in TENSORS:
+      assert c.flash[t].finite and c.flash[t].max <= 1e-5, (t, c.flash[t])
+  else:
+    assert all(c.passes().values()), {t: (c.flash[t], c.standard[t], c.ulp[t]) for t in TENSORS}
+
+
+def test_rule_rejects_a_wrong_kernel():
+  """The bf16 rule can fail: a flash result with the wrong softmax_scale is flagged."""
+  shape = S(1, 64, 64, 2, 2, 64, causal=True)
+  q, k, v, do = make_inputs(shape, jnp.bfloat16, 3)
+  out, _ = flash_vjp(q, k, v, do, causal=True, softmax_scale=0.9 / 8)
+  gold, _ = reference_attention_vjp(q, k, v, do, causal=True, dtype=jnp.float64)
+  std, _ = reference_attention_vjp(q, k, v, do, causal=True, dtype=jnp.bfloat16)
+  err = np.abs(np.asarray(out, np.float64) - gold).max()
+  assert err > 2 * np.abs(np.asarray(std, np.float64) - gold).max() + 2.0 ** -7
