@@ -106,3 +106,38 @@ def compare_to_golden(shape: Shape, dtype, seed=0, **flash_kwargs) -> Comparison
   flash = dict(zip(TENSORS, (Error.of(x, g) for x, g in zip((out,) + tuple(grads), golds))))
   standard = dict(zip(TENSORS, (Error.of(x, g) for x, g in zip((std,) + tuple(std_grads), golds))))
   return Comparison(flash, standard, dict(zip(TENSORS, (ulp_at_scale(g) for g in golds))))
+
+
+# The fixed sweep of `flashstable accuracy` (the main job until the training loop lands).
+SWEEP = (
+    Shape(1, 256, 256, 4, 4, 64),
+    Shape(1, 256, 256, 4, 4, 64, causal=True),
+    Shape(1, 200, 333, 4, 2, 128, causal=True),
+    Shape(2, 97, 97, 4, 1, 32),
+)
+
+
+def accuracy_report(shapes=SWEEP, dtypes=(jnp.bfloat16,), seed=0, stabilize=(False, True)):
+  """Rows of flash vs standard-attention error against FP64, per shape, dtype, tensor."""
+  rows = []
+  for shape in shapes:
+    for dtype in dtypes:
+      for stab in stabilize:
+        c = compare_to_golden(shape, dtype, seed=seed, stabilize=stab)
+        ok = c.passes()
+        for t in TENSORS:
+          rows.append(dict(shape=shape.name, dtype=jnp.dtype(dtype).name, stabilize=stab, tensor=t,
+                           flash_max=c.flash[t].max, flash_mean=c.flash[t].mean,
+                           standard_max=c.standard[t].max, standard_mean=c.standard[t].mean,
+                           ratio_max=c.flash[t].max / max(c.standard[t].max, 1e-30), passes=ok[t]))
+  return rows
+
+
+def format_report(rows):
+  out = ["| shape | dtype | stabilize | tensor | flash max | standard max | flash/standard | flash mean | standard mean | rule |",
+         "|---|---|---|---|---:|---:|---:|---:|---:|---|"]
+  for r in rows:
+    out.append(f"| {r['shape']} | {r['dtype']} | {r['stabilize']} | {r['tensor']} | {r['flash_max']:.2e} | "
+               f"{r['standard_max']:.2e} | {r['ratio_max']:.2f} | {r['flash_mean']:.2e} | "
+               f"{r['standard_mean']:.2e} | {'pass' if r['passes'] else 'FAIL'} |")
+  return "\n".join(out)
