@@ -82,3 +82,48 @@ def format_table(rows):
     lines.append(f"| {r['impl']} | {r['causal']} | {r['fwd_ms']:.2f} | {r['fwd_tflops']:.0f} | "
                  f"{r['fwdbwd_ms']:.2f} | {r['fwdbwd_tflops']:.0f} | {r['max_abs_diff_vs_xla']:.2e} |")
   return "\n".join(lines)
+
+
+def gpt2_step_table(model="gpt2-small", attentions=("flash", "flash-stable", "cudnn"),
+                    batch_size=16, seq_len=None, steps=10, warmup=3):
+  """Training-step time, tokens/s and MFU of GPT-2 per attention choice, in one process.
+
+  MFU = (6·N + 12·n_layer·n_head·head_dim·T)·tokens/s / 989 TFLOP/s (H100/H200 dense bf16).
+  """
+  from jax_flashstable.data import Dataset
+  from jax_flashstable.gpt2 import flops_per_token
+  from jax_flashstable.train import TrainConfig, init_state, make_steps
+  from jax_flashstable.gpt2 import count_params
+  rows = []
+  for attention in attentions:
+    cfg = TrainConfig(model=model, attention=attention, batch_size=batch_size, seq_len=seq_len,
+                      steps=warmup + steps, progress=False)
+    mcfg = cfg.model_config()
+    t = cfg.seq_len or mcfg.block_size
+    data = Dataset(None, mcfg.vocab_size)
+    _, graphdef, params, tx, opt_state = init_state(cfg)
+    n = count_params(params)
+    train_step, _ = make_steps(graphdef, tx)
+    state = (params, opt_state)
+    times = []
+    for step in range(warmup + steps):
+      x, y = data.batch("train", 0, step, batch_size, t)
+      t0 = time.perf_counter()
+      state, m = train_step(state, x[None], y[None])
+      loss = float(m["loss"])
+      if step >= warmup:
+        times.append(time.perf_counter() - t0)
+    dt = statistics.median(times)
+    tok_s = batch_size * t / dt
+    rows.append(dict(attention=attention, model=model, batch=batch_size, seq_len=t, n_params=n,
+                     step_ms=1e3 * dt, tokens_per_s=tok_s, last_loss=loss,
+                     mfu=flops_per_token(mcfg, n, t) * tok_s / 989e12))
+  return rows
+
+
+def format_step_table(rows):
+  out = ["| attention | model | batch × seq | step ms | tokens/s | MFU |", "|---|---|---|---:|---:|---:|"]
+  for r in rows:
+    out.append(f"| {r['attention']} | {r['model']} | {r['batch']}×{r['seq_len']} | {r['step_ms']:.1f} | "
+               f"{r['tokens_per_s']:,.0f} | {100 * r['mfu']:.1f}% |")
+  return "\n".join(out)

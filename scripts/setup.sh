@@ -3,8 +3,8 @@
 # versions of the H200 image (constraints.txt). `bash scripts/setup.sh test` adds pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-extras="plot"
-[ "${1:-}" = "test" ] && extras="plot,test"
+extras=""
+[ "${1:-}" = "test" ] && extras="[test]"
 find_python() {
   for c in "${PYTHON:-}" python3.12 python3.13 python3 /root/.pyenv/versions/3.12*/bin/python3.12; do
     [ -n "$c" ] || continue
@@ -16,5 +16,5 @@ if [ ! -x .venv/bin/python ]; then
   "$(find_python)" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/python -m pip install -q -c constraints.txt -e ".[$extras]" 2>&1 | grep -v "^WARNING: Location" || true
+.venv/bin/python -m pip install -q -c constraints.txt -e ".$extras" 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/python -c "import jax_flashstable, jax; print('jax-flashstable ready: jax', jax.__version__)"

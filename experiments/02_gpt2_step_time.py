@@ -1,0 +1,39 @@
+"""What does our kernel cost inside a GPT-2 training step? (issue 3's H200 measurement)
+
+Question: step time, tokens/s and MFU of gpt2-small at context 1024 in BF16 with `flash`,
+`flash-stable` and `cudnn` attention, in one run.
+Command (H200): python3 experiments/02_gpt2_step_time.py --out runs/step
+CPU smoke: python experiments/02_gpt2_step_time.py --model tiny --batch 2 --steps 2
+Expected runtime: ~2 min on one H200.
+"""
+import argparse
+import datetime
+import json
+import os
+
+import jax
+
+from jax_flashstable.bench import format_step_table, gpt2_step_table
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--out", default="runs/step")
+  ap.add_argument("--model", default="gpt2-small")
+  ap.add_argument("--batch", type=int, default=16)
+  ap.add_argument("--steps", type=int, default=10)
+  ap.add_argument("--attentions", default="flash,flash-stable,cudnn" if jax.default_backend() == "gpu" else "flash,xla")
+  a = ap.parse_args()
+  rows = gpt2_step_table(a.model, tuple(a.attentions.split(",")), a.batch, steps=a.steps)
+  dev = jax.devices()[0]
+  meta = dict(date=datetime.date.today().isoformat(), device=getattr(dev, "device_kind", str(dev)),
+              jax=jax.__version__)
+  os.makedirs(a.out, exist_ok=True)
+  with open(os.path.join(a.out, "step_time.json"), "w") as f:
+    json.dump(dict(meta=meta, rows=rows), f, indent=1)
+  print(json.dumps(meta))
+  print(format_step_table(rows))
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,154 @@
+"""Data: the GPT-2 tokenizer (offline), nanoGPT `.bin` token files, reproducible batches.
+
+- Tokenizer: tiktoken's GPT-2 BPE (`r50k_base`) built from the vocabulary file shipped in
+  `jax_flashstable/assets/gpt2.tiktoken`; nothing is downloaded.
+- Token files: raw little-endian uint16 ids (nanoGPT's `train.bin`/`val.bin`), read through a
+  NumPy memmap. A `.bin.xz` file is decompressed once into a cache folder
+  (`$FLASHSTABLE_CACHE`, default `~/.cache/jax_flashstable`).
+- A data folder holds `train.bin[.xz]` and `val.bin[.xz]`; a folder of text files
+  (.txt/.md/.rst) is tokenized once into the cache (`prepare_text_folder`).
+- Batches: window starts drawn from NumPy's generator seeded by (seed, step), so a batch depends
+  on nothing but its step: resuming needs only the step number.
+"""
+from __future__ import annotations
+
+import hashlib
+import lzma
+import os
+import pathlib
+import shutil
+
+import numpy as np
+
+ASSETS = pathlib.Path(__file__).parent / "assets"
+SAMPLE_DIR = ASSETS / "sample"
+EOT = 50256
+GPT2_TIKTOKEN_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
+TEXT_SUFFIXES = (".txt", ".md", ".rst")
+
+
+def cache_dir() -> pathlib.Path:
+  d = pathlib.Path(os.environ.get("FLASHSTABLE_CACHE", pathlib.Path.home() / ".cache" / "jax_flashstable"))
+  d.mkdir(parents=True, exist_ok=True)
+  return d
+
+
+def gpt2_encoding():
+  """tiktoken GPT-2 encoding from the shipped vocabulary file (no network)."""
+  import tiktoken
+  import tiktoken.load
+  from tiktoken_ext.openai_public import r50k_pat_str
+  ranks = tiktoken.load.load_tiktoken_bpe(str(ASSETS / "gpt2.tiktoken"), expected_hash=GPT2_TIKTOKEN_SHA256)
+  return tiktoken.Encoding(name="gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks,
+                           special_tokens={"<|endoftext|>": EOT}, explicit_n_vocab=50257)
+
+
+def _decompressed(path: pathlib.Path) -> pathlib.Path:
+  """The cached .bin for a .bin.xz (decompressed once, keyed by path, size and mtime)."""
+  st = path.stat()
+  key = hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
+  out = cache_dir() / f"{path.name[:-3]}.{key}"
+  if not out.exists():
+    tmp = out.with_suffix(".tmp")
+    try:
+      with lzma.open(path) as src, open(tmp, "wb") as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+    except lzma.LZMAError as e:
+      tmp.unlink(missing_ok=True)
+      raise ValueError(f"{path} is not a valid .xz file: {e}") from e
+    tmp.replace(out)
+  return out
+
+
+def load_tokens(path, vocab_size=50304) -> np.ndarray:
+  """A read-only uint16 memmap of a nanoGPT token file (`.bin` or `.bin.xz`).
+
+  Raises FileNotFoundError for a missing file, ValueError for an empty file, an odd byte
+  count (not uint16) or ids ≥ vocab_size in its first and last 64k tokens.
+  """
+  path = pathlib.Path(path)
+  if not path.is_file():
+    raise FileNotFoundError(f"token file not found: {path}")
+  raw = _decompressed(path) if path.suffix == ".xz" else path
+  size = raw.stat().st_size
+  if size == 0 or size % 2:
+    raise ValueError(f"{path} is not a uint16 token file ({size} bytes)")
+  tokens = np.memmap(raw, dtype=np.uint16, mode="r")
+  for part in (tokens[:65536], tokens[-65536:]):
+    if part.max() >= vocab_size:
+      raise ValueError(f"{path} holds token id {int(part.max())} >= vocab_size={vocab_size}")
+  return tokens
+
+
+def _find(folder: pathlib.Path, split: str) -> pathlib.Path | None:
+  for name in (f"{split}.bin", f"{split}.bin.xz"):
+    if (folder / name).is_file():
+      return folder / name
+  return None
+
+
+def prepare_text_folder(src, out_dir, val_every=100) -> dict:
+  """Tokenizes every .txt/.md/.rst file under `src` into `out_dir/{train,val}.bin`.
+
+  Documents are taken in sorted path order, encoded with `encode_ordinary` and followed by
+  one EOT; document i goes to val when i % val_every == 0 (as the shared corpus). Returns counts.
+  """
+  src, out_dir = pathlib.Path(src), pathlib.Path(out_dir)
+  files = sorted(p for p in src.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES)
+  if not files:
+    raise ValueError(f"no {'/'.join(TEXT_SUFFIXES)} files under {src}")
+  enc = gpt2_encoding()
+  splits = {"train": [], "val": []}
+  for i, p in enumerate(files):
+    ids = enc.encode_ordinary(p.read_text(encoding="utf-8", errors="replace")) + [EOT]
+    splits["val" if i % val_every == 0 and len(files) > 1 else "train"].append(np.asarray(ids, np.uint16))
+  out_dir.mkdir(parents=True, exist_ok=True)
+  counts = {}
+  for split, parts in splits.items():
+    arr = np.concatenate(parts) if parts else np.zeros(0, np.uint16)
+    arr.astype("<u2").tofile(out_dir / f"{split}.bin")
+    counts[split] = int(arr.size)
+  return counts
+
+
+def resolve_data_dir(data) -> pathlib.Path:
+  """None → the embedded sample; a folder with train/val .bin[.xz] → itself; a folder of text
+  files → its tokenized copy in the cache."""
+  if data is None:
+    return SAMPLE_DIR
+  folder = pathlib.Path(data)
+  if not folder.is_dir():
+    raise FileNotFoundError(f"data folder not found: {folder}")
+  if _find(folder, "train") is not None:
+    return folder
+  if any(p.suffix in TEXT_SUFFIXES for p in folder.rglob("*")):
+    key = hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:16]
+    out = cache_dir() / f"text-{key}"
+    if _find(out, "train") is None:
+      prepare_text_folder(folder, out)
+    return out
+  raise FileNotFoundError(f"{folder} holds neither train.bin[.xz] nor text files")
+
+
+class Dataset:
+  """train/val token arrays of a data folder and reproducible batches from them."""
+
+  def __init__(self, data=None, vocab_size=50304):
+    folder = resolve_data_dir(data)
+    self.folder = folder
+    train, val = _find(folder, "train"), _find(folder, "val")
+    if train is None:
+      raise FileNotFoundError(f"no train.bin[.xz] in {folder}")
+    self.train = load_tokens(train, vocab_size)
+    self.val = load_tokens(val, vocab_size) if val is not None else self.train
+
+  def batch(self, split, seed, step, batch_size, seq_len):
+    """(x, y) int32 [batch_size, seq_len]: windows whose starts depend only on (seed, step)."""
+    tokens = self.train if split == "train" else self.val
+    if len(tokens) <= seq_len + 1:
+      raise ValueError(f"{split} split has {len(tokens)} tokens, too few for seq_len={seq_len}")
+    rng = np.random.default_rng([seed, step, 0 if split == "train" else 1])
+    starts = rng.integers(0, len(tokens) - seq_len - 1, size=batch_size)
+    idx = starts[:, None] + np.arange(seq_len + 1)[None]
+    w = np.asarray(tokens[idx], np.int32)
+    return w[:, :-1], w[:, 1:]

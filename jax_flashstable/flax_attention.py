@@ -1,0 +1,69 @@
+"""Flax integration: an `attention_fn` for nnx/linen multi-head attention, and the dispatcher
+that every model layer uses (`attend`)."""
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+
+from jax_flashstable import attention as _attention
+from jax_flashstable.config import AttentionConfig
+
+
+def attend(query, key, value, config: AttentionConfig, *, causal: bool, softmax_scale=None):
+  """softmax(scale·QKᵀ)V by `config.implementation`; [batch, len, heads, head_dim] in and out.
+
+  key/value may have fewer heads (GQA). The result has query's dtype.
+  """
+  if softmax_scale is None:
+    softmax_scale = 1.0 / math.sqrt(query.shape[-1])
+  impl = config.implementation
+  if impl == "flash":
+    return _attention.flash_attention(
+        query, key, value, causal=causal, softmax_scale=softmax_scale,
+        stabilize=config.stabilize, beta=config.beta, tie_tolerance=config.tie_tolerance,
+        numerics=config.numerics, block_q=config.block_q, block_k=config.block_k)
+  if impl == "reference":
+    out = _attention.reference_attention(query, key, value, causal=causal,
+                                         softmax_scale=softmax_scale,
+                                         dtype=jnp.dtype(config.reference_dtype))
+    return out.astype(query.dtype)
+  return jax.nn.dot_product_attention(query, key, value, scale=softmax_scale,
+                                      is_causal=causal, implementation=impl)
+
+
+def attention_fn(query, key, value, bias=None, mask=None, broadcast_dropout=True,
+                 dropout_rng=None, dropout_rate=0.0, deterministic=False, dtype=None,
+                 precision=None, module=None, promote_dtype=None, is_causal=False, *,
+                 config: AttentionConfig = AttentionConfig(), causal: bool = False):
+  """Drop-in `attention_fn` for `flax.nnx.MultiHeadAttention` and
+  `flax.linen.MultiHeadDotProductAttention`.
+
+  Use `functools.partial(attention_fn, config=...)`; with linen, which passes only a mask,
+  also `causal=True`. nnx passes `is_causal`. Receives unscaled query/key/value
+  [batch, len, heads, head_dim] (key/value may have fewer heads) and applies 1/√head_dim.
+
+  Raises:
+    NotImplementedError: an explicit mask or bias (only causal masking is supported),
+      dropout_rate > 0 when not deterministic, or batch dimensions other than one.
+  """
+  del broadcast_dropout, dropout_rng, precision, module, promote_dtype
+  if mask is not None:
+    raise NotImplementedError("jax_flashstable attention_fn supports no explicit mask; use "
+                              "is_causal=True (nnx) or functools.partial(attention_fn, causal=True)")
+  if bias is not None:
+    raise NotImplementedError("jax_flashstable attention_fn supports no attention bias")
+  if dropout_rate > 0.0 and not deterministic:
+    raise NotImplementedError(f"attention dropout is not supported, got dropout_rate={dropout_rate}")
+  if query.ndim != 4:
+    raise NotImplementedError(f"expected [batch, len, heads, head_dim], got query.shape={query.shape}")
+  if dtype is not None:
+    query, key, value = (x.astype(dtype) for x in (query, key, value))
+  return attend(query, key, value, config, causal=bool(causal or is_causal))
+
+
+def make_attention_fn(config: AttentionConfig | str = "flash", causal: bool = False):
+  """`attention_fn` bound to a config (a preset name or an AttentionConfig)."""
+  return functools.partial(attention_fn, config=AttentionConfig.parse(config), causal=causal)

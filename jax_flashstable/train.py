@@ -1,0 +1,225 @@
+"""Training GPT-2 with Optax: one jitted, donated update; metrics, checkpoints, resumption.
+
+`train_and_evaluate(TrainConfig(...))` is the entry point (the CLI and tests call it).
+AdamW (β1 0.9, β2 0.95; weight decay on ≥2-D weights only, as nanoGPT), linear warmup then
+cosine decay to `min_lr`, global-norm clipping, gradient accumulation over `grad_accum`
+micro-batches inside the same jit. Parameters float32, matmuls bfloat16 (`gpt2.py`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import pathlib
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from jax_flashstable.config import AttentionConfig
+from jax_flashstable.data import Dataset
+from jax_flashstable.gpt2 import GPT, GPTConfig, count_params, flops_per_token, loss_fn
+
+PEAK_FLOPS = {"gpu": 989e12}   # H100/H200 dense bf16 (datasheet), for MFU
+
+
+class NonFiniteError(RuntimeError):
+  """Raised when a step produces a non-finite loss or gradient."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  model: str = "tiny"                 # GPTConfig preset
+  model_overrides: tuple = ()         # ((field, value), ...) applied to the preset
+  attention: str = "flash"            # AttentionConfig preset/spec for every layer
+  attention_overrides: tuple = ()     # ((layer, spec), ...), 0-based layer index
+  data: str | None = None             # data folder; None = the embedded sample
+  steps: int = 200                    # optimizer steps
+  batch_size: int = 8                 # sequences per micro-batch
+  grad_accum: int = 1                 # micro-batches per step
+  seq_len: int | None = None          # default: the model's block_size
+  lr: float = 1e-3                    # peak learning rate
+  min_lr: float = 1e-5                # floor of the cosine decay
+  warmup_steps: int = 20              # linear warmup from 0
+  decay_steps: int | None = None      # cosine length incl. warmup; default `steps`
+  weight_decay: float = 0.0
+  beta1: float = 0.9
+  beta2: float = 0.95
+  eps: float = 1e-8
+  grad_clip: float = 1.0              # global-norm clipping
+  seed: int = 0                       # init and data order
+  eval_interval: int = 50             # steps between validation losses (0: only at the end)
+  eval_batches: int = 4
+  checkpoint_interval: int = 0        # steps between Orbax checkpoints (0: none)
+  out_dir: str = "runs/train"
+  progress: bool = True               # tqdm progress bar
+
+  def model_config(self) -> GPTConfig:
+    overrides = dict(self.model_overrides)
+    overrides["attention"] = AttentionConfig.parse(self.attention)
+    overrides["attention_overrides"] = tuple(
+        (int(i), AttentionConfig.parse(s)) for i, s in self.attention_overrides)
+    return GPTConfig.preset(self.model, **overrides)
+
+  def schedule(self):
+    return optax.warmup_cosine_decay_schedule(
+        init_value=0.0, peak_value=self.lr, warmup_steps=self.warmup_steps,
+        decay_steps=max(self.decay_steps or self.steps, self.warmup_steps + 1), end_value=self.min_lr)
+
+
+def make_optimizer(cfg: TrainConfig):
+  decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
+  return optax.chain(
+      optax.clip_by_global_norm(cfg.grad_clip),
+      optax.adamw(cfg.schedule(), b1=cfg.beta1, b2=cfg.beta2, eps=cfg.eps,
+                  weight_decay=cfg.weight_decay, mask=decay_mask))
+
+
+def make_steps(graphdef, tx):
+  """(train_step, eval_step): pure functions of (params, opt_state) and token arrays."""
+
+  def loss_of(params, x, y):
+    return loss_fn(nnx.merge(graphdef, params), x, y)
+
+  def train_step(state, xs, ys):
+    """state = (params, opt_state); xs, ys [grad_accum, batch, seq] int32."""
+    params, opt_state = state
+
+    def micro(acc, xy):
+      loss, grads = jax.value_and_grad(loss_of)(params, *xy)
+      return jax.tree.map(jnp.add, acc, (loss, grads)), None
+
+    zero = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
+    (loss, grads), _ = jax.lax.scan(micro, zero, (xs, ys))
+    loss, grads = jax.tree.map(lambda a: a / xs.shape[0], (loss, grads))
+    updates, opt_state = tx.update(grads, opt_state, params)
+    params = optax.apply_updates(params, updates)
+    metrics = dict(loss=loss, grad_norm=optax.tree.norm(grads), param_norm=optax.tree.norm(params))
+    return (params, opt_state), metrics
+
+  return (jax.jit(train_step, donate_argnums=0),
+          jax.jit(lambda params, x, y: loss_of(params, x, y)))
+
+
+def _checkpoint_manager(out_dir):
+  import orbax.checkpoint as ocp
+  return ocp.CheckpointManager(pathlib.Path(out_dir).resolve() / "checkpoints",
+                               options=ocp.CheckpointManagerOptions(max_to_keep=2))
+
+
+def init_state(cfg: TrainConfig):
+  model = GPT(cfg.model_config(), rngs=nnx.Rngs(cfg.seed))
+  graphdef, params = nnx.split(model, nnx.Param)
+  tx = make_optimizer(cfg)
+  return model, graphdef, params, tx, tx.init(params)
+
+
+def explosion_step(losses, warmup_steps, factor=2.0, window=10):
+  """First step whose loss is non-finite, or, after warmup, whose trailing mean loss over
+  `window` steps exceeds `factor` × the running minimum of that mean (the mean keeps the
+  batch-to-batch noise of small batches from reading as an explosion)."""
+  running, recent = math.inf, []
+  for step, loss in losses:
+    if not math.isfinite(loss):
+      return step
+    recent = (recent + [loss])[-window:]
+    smooth = sum(recent) / len(recent)
+    if step > warmup_steps and smooth > factor * running:
+      return step
+    if len(recent) == window:
+      running = min(running, smooth)
+  return None
+
+
+def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None) -> dict:
+  """Trains, logs to `out_dir/metrics.jsonl`, returns a summary dict.
+
+  Resumes from the latest checkpoint in `out_dir` if there is one. On a non-finite loss or
+  gradient it stops and raises `NonFiniteError` naming the step and the last finite
+  checkpoint (checkpoints are written only from finite states).
+  """
+  import orbax.checkpoint as ocp
+  out = pathlib.Path(cfg.out_dir)
+  out.mkdir(parents=True, exist_ok=True)
+  mcfg = cfg.model_config()
+  seq_len = cfg.seq_len or mcfg.block_size
+  data = dataset or Dataset(cfg.data, mcfg.vocab_size)
+  model, graphdef, params, tx, opt_state = init_state(cfg)
+  n_params = count_params(params)
+  train_step, eval_step = make_steps(graphdef, tx)
+  schedule = cfg.schedule()
+
+  mngr = _checkpoint_manager(out) if cfg.checkpoint_interval else None
+  start = 0
+  if mngr is not None and mngr.latest_step() is not None:
+    target = dict(params=params, opt_state=opt_state)
+    restored = mngr.restore(mngr.latest_step(), args=ocp.args.StandardRestore(target))
+    params, opt_state, start = restored["params"], restored["opt_state"], mngr.latest_step()
+  with open(out / "config.json", "w") as f:
+    json.dump(dict(train=dataclasses.asdict(cfg), n_params=n_params, data=str(data.folder),
+                   backend=jax.default_backend()), f, indent=1, default=str)
+
+  def evaluate(params):
+    losses = [eval_step(params, *data.batch("val", 1234, i, cfg.batch_size, seq_len))
+              for i in range(cfg.eval_batches)]
+    return float(np.mean([float(l) for l in losses]))
+
+  tokens_per_step = cfg.batch_size * cfg.grad_accum * seq_len
+  flops_step = flops_per_token(mcfg, n_params, seq_len) * tokens_per_step
+  peak = PEAK_FLOPS.get(jax.default_backend())
+  bar = None
+  if cfg.progress:
+    from tqdm.auto import tqdm
+    bar = tqdm(total=cfg.steps, initial=start, desc=f"{cfg.attention}", leave=False)
+  state, summary = (params, opt_state), {}
+  with open(out / "metrics.jsonl", "a") as log:
+    for step in range(start + 1, cfg.steps + 1):
+      xy = [data.batch("train", cfg.seed, step * cfg.grad_accum + j, cfg.batch_size, seq_len)
+            for j in range(cfg.grad_accum)]
+      xs, ys = (np.stack(a) for a in zip(*xy))
+      t0 = time.perf_counter()
+      state, m = train_step(state, xs, ys)
+      m = {k: float(v) for k, v in m.items()}                        # syncs the device
+      dt = time.perf_counter() - t0
+      row = dict(step=step, lr=float(schedule(step - 1)), step_time_s=dt,
+                 tokens_per_s=tokens_per_step / dt, **m)
+      if peak:
+        row["mfu"] = flops_step / dt / peak
+      finite = math.isfinite(m["loss"]) and math.isfinite(m["grad_norm"])
+      if finite and (step == cfg.steps or (cfg.eval_interval and step % cfg.eval_interval == 0)):
+        row["val_loss"] = evaluate(state[0])
+      log.write(json.dumps(row) + "\n")
+      log.flush()
+      if bar is not None:
+        bar.set_postfix(loss=f"{m['loss']:.3f}", gnorm=f"{m['grad_norm']:.2f}")
+        bar.update(1)
+      if not finite:
+        last = mngr.latest_step() if mngr is not None else None
+        if mngr is not None:
+          mngr.wait_until_finished()
+        raise NonFiniteError(f"non-finite loss or gradient at step {step} (loss={m['loss']}, "
+                             f"grad_norm={m['grad_norm']}); last finite checkpoint: "
+                             f"{'step ' + str(last) if last is not None else 'none'} in {out}")
+      if mngr is not None and step % cfg.checkpoint_interval == 0:
+        mngr.save(step, args=ocp.args.StandardSave(dict(params=state[0], opt_state=state[1])))
+      summary = row
+  if bar is not None:
+    bar.close()
+  if mngr is not None:
+    mngr.wait_until_finished()
+  summary = dict(summary, n_params=n_params,
+                 explosion_step=explosion_step(read_losses(out), cfg.warmup_steps))
+  return summary
+
+
+def read_losses(out_dir):
+  """(step, loss) of the latest run in out_dir, resumed segments included."""
+  return sorted({r["step"]: r["loss"] for r in read_metrics(out_dir)}.items())
+
+
+def read_metrics(out_dir) -> list[dict]:
+  with open(pathlib.Path(out_dir) / "metrics.jsonl") as f:
+    return [json.loads(line) for line in f]

@@ -1,0 +1,93 @@
+"""attention_fn in flax.nnx and flax.linen: wiring, options reaching the kernel, clear errors."""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import linen, nnx
+
+import jax_flashstable.attention as attention_module
+from jax_flashstable.config import AttentionConfig
+from jax_flashstable.flax_attention import attend, make_attention_fn
+
+
+@pytest.fixture
+def recorder(monkeypatch):
+  calls = []
+  real = attention_module.flash_attention
+
+  def record(*args, **kwargs):
+    calls.append(kwargs)
+    return real(*args, **kwargs)
+
+  monkeypatch.setattr(attention_module, "flash_attention", record)
+  return calls
+
+
+CFG = AttentionConfig("flash", stabilize=True, beta=3.0, tie_tolerance=0.01, block_q=32, block_k=16)
+
+
+def test_nnx_multihead_attention(recorder):
+  x = jax.random.normal(jax.random.key(0), (2, 40, 48), jnp.float32)
+  kw = dict(num_heads=3, in_features=48, decode=False, rngs=nnx.Rngs(0))
+  ours = nnx.MultiHeadAttention(**kw, attention_fn=make_attention_fn(CFG))
+  theirs = nnx.MultiHeadAttention(**kw)
+  nnx.update(theirs, nnx.state(ours))
+  y = ours(x, is_causal=True)
+  want = theirs(x, mask=nnx.make_causal_mask(jnp.ones((2, 40))))
+  np.testing.assert_allclose(np.asarray(y), np.asarray(want), atol=2e-5)
+  (call,) = recorder
+  assert call == dict(causal=True, softmax_scale=pytest.approx(16 ** -0.5), stabilize=True, beta=3.0,
+                      tie_tolerance=0.01, numerics="fa2", block_q=32, block_k=16)
+
+
+def test_linen_multihead_attention_with_partial_causal(recorder):
+  x = jax.random.normal(jax.random.key(1), (2, 24, 32), jnp.float32)
+  ours = linen.MultiHeadDotProductAttention(num_heads=2, attention_fn=make_attention_fn(CFG, causal=True))
+  params = ours.init(jax.random.key(2), x)
+  y = ours.apply(params, x)
+  mask = linen.make_causal_mask(jnp.ones((2, 24)))
+  want = linen.MultiHeadDotProductAttention(num_heads=2).apply(params, x, mask=mask)
+  np.testing.assert_allclose(np.asarray(y), np.asarray(want), atol=2e-5)
+  assert recorder[-1]["causal"] is True and recorder[-1]["block_k"] == 16
+
+
+def test_unsupported_options_raise():
+  fn = make_attention_fn("flash")
+  q = jnp.zeros((1, 8, 2, 16))
+  with pytest.raises(NotImplementedError, match="mask"):
+    fn(q, q, q, mask=jnp.ones((1, 1, 8, 8), bool))
+  with pytest.raises(NotImplementedError, match="dropout_rate=0.1"):
+    fn(q, q, q, dropout_rate=0.1, deterministic=False)
+  with pytest.raises(NotImplementedError, match="bias"):
+    fn(q, q, q, bias=jnp.zeros((1, 2, 8, 8)))
+  assert fn(q, q, q, dropout_rate=0.1, deterministic=True).shape == q.shape
+
+
+@pytest.mark.parametrize("impl", ["flash", "reference-fp32", "reference-bf16", "xla"])
+def test_every_implementation_agrees_with_fp64(impl):
+  rng = np.random.default_rng(0)
+  q, k, v = (jnp.asarray(rng.standard_normal((1, 33, 4, 32)), jnp.bfloat16) for _ in range(3))
+  k, v = k[:, :, :2], v[:, :, :2]                                    # GQA
+  out = attend(q, k, v, AttentionConfig.parse(impl), causal=True)
+  gold = attention_module.reference_attention(q, k, v, causal=True, dtype=jnp.float64)
+  assert out.dtype == jnp.bfloat16
+  assert np.abs(np.asarray(out, np.float64) - gold).max() < 2e-2
+
+
+def test_attention_config_parsing_and_errors():
+  assert AttentionConfig.parse("flash-stable") == AttentionConfig("flash", stabilize=True)
+  assert AttentionConfig.parse("flash:stabilize=true,block_k=32,beta=2.5") == AttentionConfig(
+      "flash", stabilize=True, block_k=32, beta=2.5)
+  assert AttentionConfig.parse("flash:stabilize=true").name == "flash-stable"
+  with pytest.raises(ValueError, match="'nope'"):
+    AttentionConfig.parse("nope")
+  with pytest.raises(ValueError, match="'colour'"):
+    AttentionConfig.parse("flash:colour=red")
+  with pytest.raises(ValueError, match="implementation='sdpa'"):
+    AttentionConfig("sdpa")
+  with pytest.raises(ValueError, match="stabilize=True needs"):
+    AttentionConfig("xla", stabilize=True)
+  with pytest.raises(ValueError, match="block_k=24"):
+    AttentionConfig(block_k=24)
