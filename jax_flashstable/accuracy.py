@@ -75,7 +75,7 @@ def flash_vjp(query, key, value, d_out, **kwargs):
   """(out, (d_query, d_key, d_value)) of `flash_attention`, jitted."""
   def run(q, k, v, do):
     out, vjp = jax.vjp(lambda *a: flash_attention(*a, **kwargs), q, k, v)
-    return out, vjp(do)
+    return out, vjp(do.astype(out.dtype))
 
   return jax.jit(run)(query, key, value, d_out)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import jax
+import jax.numpy as jnp
 
 from pallas_kernels.attention import KernelConfig, flash_attention_padded
 from pallas_kernels.checks import check_inputs
@@ -36,7 +37,8 @@ def _default_interpret() -> bool:
 
 def flash_attention(query, key, value, *, causal=False, softmax_scale=None, stabilize=False,
                     beta=2.0, tie_tolerance=1e-3, numerics="fa2", block_q=None, block_k=None,
-                    interpret=None, return_stats=False, num_warps=None, num_stages=None):
+                    interpret=None, return_stats=False, rng_key=None, num_warps=None,
+                    num_stages=None):
   """Flash attention (FlashAttention-2, Dao 2023, Alg. 1 and 2) as Pallas kernels.
 
   Scores, running `row_max`, `row_sum` and the output accumulator are float32; P̄ = exp(S − m)
@@ -60,17 +62,23 @@ def flash_attention(query, key, value, *, causal=False, softmax_scale=None, stab
     softmax_scale: multiplies QKᵀ; defaults to 1/√head_dim.
     stabilize, beta, tie_tolerance: the compensation (beta > 1, tie_tolerance ≥ 0, absolute,
       in units of the scaled score).
-    numerics: the precision layout; "fa2" (FP32 accumulators, one rounding of O).
+    numerics: the precision layout (`pallas_kernels.policy.Numerics`): "fa2" (FP32
+      accumulators, one rounding of O), "paper" (the BF16 buffers of Qiu & Yao's reference
+      kernel, rounded every tile; backward tiles = forward tiles), "fp32_out" (fa2 returning a
+      float32 O), "stochastic" (fa2 with an unbiased stochastic final rounding of O to bf16;
+      needs `rng_key` and bfloat16 inputs).
     block_q, block_k: forward tile sizes, powers of two ≥ 16. They are part of the numerics
       (ties are detected per key tile). Defaults: block_k = 64, block_q = 128 (64 when
       head_dim > 128), the same on CPU and GPU.
     interpret: run the kernels in Pallas interpret mode; defaults to True unless the default
       JAX backend is a GPU (then the Triton lowering is used).
     return_stats: also return `AttentionStats` (not differentiated).
+    rng_key: a `jax.random` key, for numerics="stochastic" only.
     num_warps, num_stages: Triton launch parameters (speed only); defaults 4 warps (8 when
       head_dim > 64) and 2 stages.
   Returns:
-    [batch, q_len, num_heads, head_dim] in query's dtype, or (out, AttentionStats).
+    [batch, q_len, num_heads, head_dim] in query's dtype (float32 for "fp32_out"), or
+    (out, AttentionStats).
     Differentiable in query, key and value.
   Raises:
     ValueError: rank ≠ 4, mismatched batch/head_dim, num_heads % num_kv_heads ≠ 0,
@@ -82,16 +90,28 @@ def flash_attention(query, key, value, *, causal=False, softmax_scale=None, stab
   softmax_scale = check_inputs(query, key, value, softmax_scale)
   compensation = Compensation(beta=beta, tie_tolerance=tie_tolerance)  # validates both
   head_dim = query.shape[3]
-  blocks = BlockSizes.default(head_dim, block_q, block_k).fit(query.shape[1], key.shape[1])
+  layout = get_numerics(numerics)
+  blocks = BlockSizes.default(head_dim, block_q, block_k).for_numerics(layout)
+  blocks = blocks.fit(query.shape[1], key.shape[1])
+  seeds = None
+  if layout.stochastic:
+    if query.dtype != jnp.bfloat16:
+      raise TypeError(f"numerics='stochastic' rounds to bfloat16 and needs bfloat16 inputs, "
+                      f"got query.dtype={query.dtype}")
+    if rng_key is None:
+      raise ValueError("numerics='stochastic' needs rng_key (a jax.random key)")
+    seeds = jax.random.bits(rng_key, (2,), jnp.uint32)
+  elif rng_key is not None:
+    raise ValueError(f"rng_key is only used by numerics='stochastic', got numerics={numerics!r}")
   cfg = KernelConfig(
       softmax_scale=softmax_scale, causal=bool(causal), q_len=query.shape[1],
-      kv_len=key.shape[1], blocks=blocks, numerics=get_numerics(numerics),
+      kv_len=key.shape[1], blocks=blocks, numerics=layout,
       compensation=compensation if stabilize else None,
       interpret=_default_interpret() if interpret is None else bool(interpret),
       return_stats=bool(return_stats),
       num_warps=num_warps if num_warps is not None else (4 if head_dim <= 64 else 8),
       num_stages=num_stages if num_stages is not None else 2)
-  out, stats = flash_attention_padded(query, key, value, cfg)
+  out, stats = flash_attention_padded(query, key, value, cfg, seeds)
   if not return_stats:
     return out
   return out, AttentionStats(*(x.transpose(0, 2, 1) for x in stats))  # -> [batch, q, heads]

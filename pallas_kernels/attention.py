@@ -6,6 +6,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from pallas_kernels.backward import flash_backward
 from pallas_kernels.forward import flash_forward
@@ -41,27 +42,28 @@ def _pad_axis(x, axis, size):
   return jnp.pad(x, widths)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _flash(q, k, v, cfg):
-  return _flash_fwd(q, k, v, cfg)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _flash(q, k, v, seeds, cfg):
+  return _flash_fwd(q, k, v, seeds, cfg)[0]
 
 
-def _flash_fwd(q, k, v, cfg):
-  out, lse, stats = flash_forward(q, k, v, cfg)
+def _flash_fwd(q, k, v, seeds, cfg):
+  out, lse, stats = flash_forward(q, k, v, cfg, seeds)
   stats = (lse,) + stats if cfg.return_stats else ()
-  return (out, stats), (q, k, v, out, lse)
+  return (out, stats), (q, k, v, seeds, out, lse)
 
 
 def _flash_bwd(cfg, res, cotangents):
-  q, k, v, out, lse = res
+  q, k, v, seeds, out, lse = res
   d_out, _ = cotangents  # the statistics are not differentiated
-  return flash_backward(q, k, v, out, lse, d_out, cfg)
+  d_seeds = np.zeros(seeds.shape, jax.dtypes.float0)
+  return flash_backward(q, k, v, out, lse, d_out, cfg) + (d_seeds,)
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
-def flash_attention_padded(query, key, value, cfg: KernelConfig):
+def flash_attention_padded(query, key, value, cfg: KernelConfig, seeds=None):
   """Pads to the tiles (sequence) and to a power of two ≥ 16 (head_dim), runs, slices back.
 
   Padding happens outside the custom_vjp, so its gradient (a slice) is JAX's own. Triton in
@@ -78,5 +80,7 @@ def flash_attention_padded(query, key, value, cfg: KernelConfig):
   q = _pad_axis(_pad_axis(query, 1, q_len_p), 3, d_p)
   k = _pad_axis(_pad_axis(key, 1, kv_len_p), 3, d_p)
   v = _pad_axis(_pad_axis(value, 1, kv_len_p), 3, d_p)
-  out, stats = _flash(q, k, v, cfg)
+  if seeds is None:
+    seeds = jnp.zeros((2,), jnp.uint32)
+  out, stats = _flash(q, k, v, seeds, cfg)
   return out[:, :q_len, :, :head_dim], tuple(s[:, :, :q_len] for s in stats)

@@ -20,12 +20,13 @@ from pallas_kernels.forward import dot_nn, dot_nt, dot_tn, score_mask
 
 
 def _probs_and_dscores(q, k, v, do, lse, delta, q_pos, k_pos, cfg):
-  """P = exp(S − lse) and dS = P ∘ (dP − delta) for one tile pair, float32, 0 where masked."""
+  """P = exp(S − lse) and dS for one tile pair, float32, 0 where masked."""
+  numerics = cfg.numerics
   valid = score_mask(q_pos, k_pos, causal=cfg.causal, kv_len=cfg.kv_len, q_len=cfg.q_len)
-  s = dot_nt(q, k) * cfg.softmax_scale                             # [bq, bk]
+  s = numerics.scores(dot_nt(q, k), cfg.softmax_scale)             # [bq, bk]
   p = jnp.where(valid, jnp.exp(s - lse[:, None]), 0.0)
-  dp = dot_nt(do, v)                                               # dO Vᵀ, [bq, bk]
-  ds = jnp.where(valid, p * (dp - delta[:, None]), 0.0)
+  dp = numerics.dp(dot_nt(do, v))                                  # dO Vᵀ, [bq, bk]
+  ds = jnp.where(valid, numerics.dscores(p, dp, delta[:, None], cfg.softmax_scale), 0.0)
   return p, ds
 
 
@@ -42,15 +43,15 @@ def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, 
     q, do = q_ref[rows, :], do_ref[rows, :]
     p, ds = _probs_and_dscores(q, k, v, do, lse_ref[rows], delta_ref[rows],
                                i * bq + jnp.arange(bq), k_pos, cfg)
-    dv = dv + dot_tn(numerics.round_p(p, dtype), do)               # Pᵀ dO
-    dk = dk + dot_tn(numerics.round_ds(ds, dtype), q)              # dSᵀ Q
+    dv = numerics.accumulate(dv, dot_tn(numerics.round_p(p, dtype), do))    # Pᵀ dO
+    dk = numerics.accumulate(dk, dot_tn(numerics.round_ds(ds, dtype), q))   # dSᵀ Q
     return dk, dv
 
   # Causal: query tiles that end before this key tile starts see none of it.
   first = lax.div(k_tile * bk, bq) if cfg.causal else 0
   zeros = jnp.zeros(k.shape, jnp.float32)
   dk, dv = lax.fori_loop(first, pl.cdiv(cfg.q_len, bq), body, (zeros, zeros))
-  dk_ref[...] = (dk * cfg.softmax_scale).astype(dk_ref.dtype)
+  dk_ref[...] = (dk * numerics.grad_scale(cfg.softmax_scale)).astype(dk_ref.dtype)
   dv_ref[...] = dv.astype(dv_ref.dtype)
 
 
@@ -65,13 +66,13 @@ def dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, *, cfg):
     cols = pl.ds(j * bk, bk)
     k, v = k_ref[cols, :], v_ref[cols, :]
     _, ds = _probs_and_dscores(q, k, v, do, lse, delta, q_pos, j * bk + jnp.arange(bk), cfg)
-    return dq + dot_nn(numerics.round_ds(ds, dtype), k)           # dS K
+    return numerics.accumulate(dq, dot_nn(numerics.round_ds(ds, dtype), k))  # dS K
 
   n = pl.cdiv(cfg.kv_len, bk)
   if cfg.causal:
     n = jnp.minimum(n, lax.div(bq * (q_tile + 1) + bk - 1, bk))
   dq = lax.fori_loop(0, n, body, jnp.zeros(q.shape, jnp.float32))
-  dq_ref[...] = (dq * cfg.softmax_scale).astype(dq_ref.dtype)
+  dq_ref[...] = (dq * numerics.grad_scale(cfg.softmax_scale)).astype(dq_ref.dtype)
 
 
 def flash_backward(q, k, v, o, lse, do, cfg):
@@ -81,8 +82,7 @@ def flash_backward(q, k, v, o, lse, do, cfg):
   group = num_heads // num_kv_heads
   bq, bk = cfg.blocks.block_q_bwd, cfg.blocks.block_k_bwd
   # delta = rowsum(dO ∘ O) in float32, from the output as returned (rounded).
-  delta = jnp.einsum("bqhd,bqhd->bhq", do.astype(jnp.float32), o.astype(jnp.float32),
-                     precision=lax.Precision.HIGHEST)
+  delta = cfg.numerics.delta(do, o).transpose(0, 2, 1)             # [batch, heads, q_len_p]
   do = do.astype(q.dtype)
   row_all = pl.BlockSpec((None, None, q_len_p), lambda t, b, h: (b, h, 0))
   q_all = pl.BlockSpec((None, q_len_p, None, d), lambda t, b, h: (b, 0, h, 0))
@@ -100,7 +100,7 @@ def flash_backward(q, k, v, o, lse, do, cfg):
       out_shape=[jax.ShapeDtypeStruct((batch, kv_len_p, num_heads, d), partial_dtype)] * 2,
       compiler_params=cfg.compiler_params(),
       interpret=cfg.interpret,
-      name="flashstable_backward_dkv",
+      name=f"flashstable_backward_dkv_{cfg.numerics.name}",
   )(q, k, v, do, lse, delta)
   if group > 1:
     dk = dk.reshape(batch, kv_len_p, num_kv_heads, group, d).sum(axis=3).astype(q.dtype)
@@ -116,6 +116,6 @@ def flash_backward(q, k, v, o, lse, do, cfg):
       out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
       compiler_params=cfg.compiler_params(),
       interpret=cfg.interpret,
-      name="flashstable_backward_dq",
+      name=f"flashstable_backward_dq_{cfg.numerics.name}",
   )(q, k, v, do, lse, delta)
   return dq, dk, dv

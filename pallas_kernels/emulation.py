@@ -1,21 +1,48 @@
-"""A NumPy, bit-level emulation of the kernels' rounding points (float32 arithmetic, exact dots).
+"""A NumPy, bit-level emulation of every precision layout's rounding points.
 
 Used to check that every intended rounding survives `jit` (XLA may keep excess precision) on
 CPU and GPU: the kernels should match this emulation bit for bit except where float32
-accumulation order inside a dot moves a value across a rounding boundary, and should be
-clearly farther from the same emulation with the intermediate roundings switched off.
-Dots are computed exactly (float64) and rounded to float32, which is what an float32
-accumulator gives up to its summation-order error. Arrays are NumPy, layout
-[batch, seq, heads, head_dim]; the tiling of the forward pass over keys follows the kernel
-(`block_k`), because the running max, and so every rounding of P̄, depends on it.
+accumulation order inside a dot moves a value across a rounding boundary, and be clearly
+farther from the same emulation with the intermediate roundings switched off
+(`intermediate=False`). Dots are computed exactly (float64) and rounded to float32, which is
+what a float32 accumulator gives up to its summation-order error; everything else is float32
+arithmetic in the kernel's order. Arrays are NumPy, layout [batch, seq, heads, head_dim]. The
+tiling over keys (forward, dQ) and queries (dK, dV in the paper layout) follows the kernel,
+because the running max and the bf16 buffers depend on it. See `pallas_kernels.policy.Numerics`
+for the layouts.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from pallas_kernels.policy import Compensation
+from pallas_kernels.policy import BF16_MAX, Compensation, Numerics
 
 F32 = np.float32
+U32 = np.uint32
+
+
+def round_bf16(x):
+  """Round-to-nearest-even to bfloat16 on the bits, kept in float32 (as `policy.round_bf16`)."""
+  bits = np.asarray(x, F32).view(U32)
+  bits = bits + (U32(0x7FFF) + ((bits >> U32(16)) & U32(1)))
+  return (bits & U32(0xFFFF0000)).view(F32)
+
+
+def hash_u32(x):
+  x = x ^ (x >> U32(16))
+  x = x * U32(0x7FEB352D)
+  x = x ^ (x >> U32(15))
+  x = x * U32(0x846CA68B)
+  return x ^ (x >> U32(16))
+
+
+def stochastic_bits(seeds, batch, heads, q_len, head_dim_padded):
+  """The kernel's random bits for O, [batch, heads, q_len, head_dim_padded] uint32."""
+  seed0, seed1 = (U32(s) for s in np.asarray(seeds, U32))
+  head = (np.arange(batch)[:, None] * heads + np.arange(heads)[None, :]).astype(U32)
+  pos = (np.arange(q_len)[:, None] * head_dim_padded + np.arange(head_dim_padded)[None, :]).astype(U32)
+  with np.errstate(over="ignore"):
+    return hash_u32(hash_u32(pos ^ seed0)[None, None] ^ hash_u32(head + seed1)[:, :, None, None])
 
 
 def _heads_first(x, group=1):
@@ -24,7 +51,7 @@ def _heads_first(x, group=1):
 
 
 def _dot(a, b):
-  return (a.astype(np.float64) @ b.astype(np.float64)).astype(F32)
+  return (np.asarray(a, np.float64) @ np.asarray(b, np.float64)).astype(F32)
 
 
 def _mask(q_len, kv_len, causal):
@@ -32,14 +59,30 @@ def _mask(q_len, kv_len, causal):
   return np.tril(valid) if causal else valid
 
 
-def emulate_forward(query, key, value, *, causal, softmax_scale, block_k, compensation=None,
-                    dtype, round_p=True):
-  """Returns (out [b, q_len, h, d] as float32 values of `dtype`, lse [b, h, q_len] float32).
+def _cast(x, dtype):
+  return np.asarray(x, F32).astype(dtype).astype(F32)
 
-  `dtype` is the input dtype (an ml_dtypes / NumPy dtype); `round_p=False` skips the rounding
-  of P̄ before the P̄V dot (to show that the test can tell the difference).
+
+def _scores(q, k, numerics, scale, intermediate):
+  qk = _dot(q, k.swapaxes(-1, -2))
+  if numerics.paper and intermediate:
+    return round_bf16(round_bf16(qk) * F32(scale))
+  return (qk * F32(scale)).astype(F32)
+
+
+def emulate_forward(query, key, value, *, causal, softmax_scale, block_k, dtype,
+                    numerics: Numerics = Numerics("fa2"), compensation: Compensation | None = None,
+                    intermediate=True, seeds=None, head_dim_padded=None):
+  """Returns (out [b, q_len, h, d] float32 holding the output dtype's values,
+  lse [b, h, q_len] float32).
+
+  `dtype` is the input dtype (ml_dtypes / NumPy). `intermediate=False` skips every rounding
+  before the final one (to show that the test can tell the difference). The stochastic layout
+  needs the kernel's `seeds` and padded head_dim.
   """
-  comp: Compensation | None = compensation
+  comp = compensation
+  paper = numerics.paper and intermediate
+  rb = round_bf16 if paper else (lambda x: np.asarray(x, F32))
   group = query.shape[2] // key.shape[2]
   q, k, v = _heads_first(query), _heads_first(key, group), _heads_first(value, group)
   b, h, q_len, d = q.shape
@@ -51,52 +94,98 @@ def emulate_forward(query, key, value, *, causal, softmax_scale, block_k, compen
   for start in range(0, kv_len, block_k):
     sl = slice(start, min(start + block_k, kv_len))
     valid = valid_all[:, sl]
-    if not valid.any():
-      break
-    s = _dot(q, k[:, :, sl].swapaxes(-1, -2)) * F32(softmax_scale)
-    s = np.where(valid, s, F32(-np.inf)).astype(F32)
+    if not valid.any() and not numerics.paper:
+      break                                   # fa2 skips tiles past the causal diagonal
+    s = _scores(q, k[:, :, sl], numerics, softmax_scale, intermediate)
+    s = np.where(valid, s, F32(-BF16_MAX) if numerics.paper else F32(-np.inf)).astype(F32)
     tile_max = s.max(-1)
     m_tile = tile_max
-    if comp is not None:
+    if comp is not None and numerics.paper:
+      n_ties = (s >= round_bf16(tile_max - F32(comp.tie_tolerance))[..., None]).sum(-1)
+      with np.errstate(over="ignore"):  # β·max of a fully masked tile (−BF16_MAX): unused
+        shifted = np.where(tile_max > 0, round_bf16(F32(comp.beta) * tile_max),
+                           np.where(tile_max < 0, F32(0), tile_max)).astype(F32)
+      m_tile = np.where(n_ties > 1, shifted, tile_max).astype(F32)
+    elif comp is not None:
       n_ties = (valid & (s >= (tile_max - F32(comp.tie_tolerance))[..., None])).sum(-1)
-      paper = np.where(tile_max > 0, F32(comp.beta - 1.0) * tile_max, -tile_max).astype(F32)
-      shift = np.clip(paper, F32(comp.min_shift), F32(comp.max_shift)).astype(F32)
+      paper_shift = np.where(tile_max > 0, F32(comp.beta - 1.0) * tile_max, -tile_max).astype(F32)
+      shift = np.clip(paper_shift, F32(comp.min_shift), F32(comp.max_shift)).astype(F32)
       m_tile = np.where(n_ties > 1, tile_max + shift, tile_max).astype(F32)
     with np.errstate(invalid="ignore"):
       m_new = np.maximum(m, m_tile)
-      alpha = np.exp(m - m_new).astype(F32)
-      p = np.exp(s - m_new[..., None]).astype(F32)
-    l = (alpha * l + p.sum(-1, dtype=F32)).astype(F32)
-    p_dot = p.astype(dtype).astype(F32) if round_p else p
-    acc = (alpha[..., None] * acc + _dot(p_dot, v[:, :, sl])).astype(F32)
+      alpha = np.exp(rb(m - m_new)).astype(F32)
+      p = np.exp(rb(s - m_new[..., None])).astype(F32)
+    tile_sum = p.sum(-1, dtype=F32)
+    if numerics.paper:
+      tile_sum = np.maximum(tile_sum, F32(1e-10))
+    l = rb(alpha * l + tile_sum)
+    p_dot = _cast(p, "bfloat16" if numerics.paper else dtype) if intermediate else p
+    acc = rb(rb(alpha[..., None] * acc) + rb(_dot(p_dot, v[:, :, sl])))
     m = m_new
-  out = (acc / l[..., None]).astype(dtype).astype(F32)
+  o = (acc / l[..., None]).astype(F32)
+  if numerics.stochastic:
+    d_p = head_dim_padded or d
+    bits = stochastic_bits(seeds, b, h, q_len, d_p)[..., :d]
+    ob = o.view(U32) + (bits & U32(0xFFFF))
+    out = (ob & U32(0xFFFF0000)).view(F32)
+  elif numerics.out_float32:
+    out = o
+  elif numerics.paper:
+    out = _cast(round_bf16(o), dtype)
+  else:
+    out = _cast(o, dtype)
   lse = (m + np.log(l)).astype(F32)
   return out.transpose(0, 2, 1, 3), lse
 
 
 def emulate_backward(query, key, value, out, lse, d_out, *, causal, softmax_scale, dtype,
-                     round_p=True, round_ds=True):
-  """Returns (dq, dk, dv) as float32 values of `dtype` for the fa2 layout."""
+                     numerics: Numerics = Numerics("fa2"), block_q=None, block_k=None,
+                     intermediate=True):
+  """Returns (dq, dk, dv) as float32 holding values of `dtype`.
+
+  The paper layout accumulates dK, dV per query tile of `block_q` and dQ per key tile of
+  `block_k` in bf16 buffers; fa2 needs no tiling (float32 accumulation, one rounding).
+  """
+  paper = numerics.paper and intermediate
   group = query.shape[2] // key.shape[2]
   q, k, v = _heads_first(query), _heads_first(key, group), _heads_first(value, group)
-  o, do = _heads_first(out), _heads_first(d_out)
+  o = _heads_first(out)
+  do = _heads_first(_cast(np.asarray(d_out, F32), dtype))
   valid = _mask(q.shape[2], k.shape[2], causal)
-  delta = (do * o).astype(F32).sum(-1, dtype=F32)
-  s = _dot(q, k.swapaxes(-1, -2)) * F32(softmax_scale)
+  prod = (do * o).astype(F32)
+  delta = (round_bf16(prod) if paper else prod).sum(-1, dtype=F32)
+  s = _scores(q, k, numerics, softmax_scale, intermediate)
   p = np.where(valid, np.exp(s - lse[..., None]), 0).astype(F32)
   dp = _dot(do, v.swapaxes(-1, -2))
-  ds = np.where(valid, p * (dp - delta[..., None]), 0).astype(F32)
-  p_r = p.astype(dtype).astype(F32) if round_p else p
-  ds_r = ds.astype(dtype).astype(F32) if round_ds else ds
-  dq = _dot(ds_r, k) * F32(softmax_scale)
-  dk = (ds_r.swapaxes(-1, -2).astype(np.float64) @ q) * softmax_scale
-  dv = p_r.swapaxes(-1, -2).astype(np.float64) @ do
+  if paper:
+    dp = round_bf16(dp)
+    ds = np.where(valid, (p * F32(softmax_scale)) * (dp - delta[..., None]), 0).astype(F32)
+  else:
+    ds = np.where(valid, p * (dp - delta[..., None]), 0).astype(F32)
+  low = "bfloat16" if numerics.paper else dtype
+  p_r = _cast(p, low) if intermediate else p
+  ds_r = _cast(ds, low) if intermediate else ds
+  scale = 1.0 if numerics.paper else softmax_scale
+
+  def tiled(a, b, axis_len, block):
+    """Σ over tiles of a[..., tile] @ b[..., tile, :] with paper's bf16 buffers."""
+    if not paper:
+      return (np.asarray(a, np.float64) @ np.asarray(b, np.float64)).astype(F32)
+    acc = np.zeros(a.shape[:-1] + (b.shape[-1],), F32)
+    for start in range(0, axis_len, block):
+      sl = slice(start, start + block)
+      acc = round_bf16(acc + round_bf16(_dot(a[..., sl], b[..., sl, :])))
+    return acc
+
+  dq = tiled(ds_r, k, k.shape[2], block_k) * F32(scale)
+  dk = tiled(ds_r.swapaxes(-1, -2), q, q.shape[2], block_q) * F32(scale)
+  dv = tiled(p_r.swapaxes(-1, -2), do, q.shape[2], block_q)
 
   def back(x, grouped):
+    x = np.asarray(x, np.float64)
     if grouped and group > 1:
-      b, h, n, d = x.shape
-      x = x.reshape(b, h // group, group, n, d).sum(2)
-    return x.astype(F32).astype(dtype).astype(F32).transpose(0, 2, 1, 3)
+      bb, hh, n, dd = x.shape
+      x = x.reshape(bb, hh // group, group, n, dd).sum(2)
+    return _cast(x.astype(F32), dtype).transpose(0, 2, 1, 3)
 
   return back(dq, False), back(dk, True), back(dv, True)

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from pallas_kernels.policy import compensated_tile_max
+from pallas_kernels.policy import compensated_tile_max, hash_u32
 
 HIGHEST = lax.Precision.HIGHEST
 
@@ -53,16 +53,22 @@ def score_mask(q_pos, k_pos, *, causal, kv_len, q_len=None):
 
 
 def num_key_tiles(q_tile, *, block_q, block_k, kv_len, causal):
-  """How many key tiles query tile `q_tile` visits (causal: none past the diagonal)."""
+  """How many key tiles query tile `q_tile` visits (causal: none past the diagonal).
+
+  Pass causal=False to visit all of them (the paper layout does: its kernel processes fully
+  masked tiles, which its tie rule sees as tied at −BF16_MAX and shifts to 0).
+  """
   n = pl.cdiv(kv_len, block_k)
   if causal:
     n = jnp.minimum(n, lax.div(block_q * (q_tile + 1) + block_k - 1, block_k))
   return n
 
 
-def forward_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *stats_refs, cfg):
+def forward_kernel(q_ref, k_ref, v_ref, *refs, cfg):
   block_q, block_k = cfg.blocks.block_q, cfg.blocks.block_k
   numerics, dtype = cfg.numerics, q_ref.dtype
+  seed_ref = refs[0] if numerics.stochastic else None
+  o_ref, lse_ref, *stats_refs = refs[1:] if numerics.stochastic else refs
   q_tile = pl.program_id(0)
   q = q_ref[...]                                                   # [block_q, d]
   q_pos = q_tile * block_q + jnp.arange(block_q)
@@ -71,26 +77,37 @@ def forward_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *stats_refs, cfg):
     acc, m_i, l_i, max_p, tied_tiles = carry
     k = k_ref[pl.ds(j * block_k, block_k), :]                      # [block_k, d]
     v = v_ref[pl.ds(j * block_k, block_k), :]
-    s = dot_nt(q, k) * cfg.softmax_scale                           # [block_q, block_k] f32
+    s = numerics.scores(dot_nt(q, k), cfg.softmax_scale)           # [block_q, block_k] f32
     valid = score_mask(q_pos, j * block_k + jnp.arange(block_k), causal=cfg.causal,
                        kv_len=cfg.kv_len)
-    # −inf is safe: key 0 is visible to every row, so m is finite after the first tile.
-    s = jnp.where(valid, s, -jnp.inf)
-    m_tile, tied = compensated_tile_max(s, valid, cfg.compensation)
+    # fa2 masks with −inf, safe because key 0 is visible to every row (m is finite after
+    # the first tile); the paper's kernel uses −BF16_MAX.
+    s = jnp.where(valid, s, numerics.mask_value)
+    m_tile, tied = compensated_tile_max(s, valid, cfg.compensation, numerics.paper)
     m_new = jnp.maximum(m_i, m_tile)
-    alpha = jnp.exp(m_i - m_new)                                   # 0 on the first tile
-    p = jnp.exp(s - m_new[:, None])                                # P̄, float32
-    l_new = alpha * l_i + jnp.sum(p, axis=-1)                      # row_sum from f32 P̄
-    acc = alpha[:, None] * acc + dot_nn(numerics.round_p(p, dtype), v)
+    alpha = jnp.exp(numerics.exp_arg(m_i - m_new))                 # 0 on the first tile
+    p = jnp.exp(numerics.exp_arg(s - m_new[:, None]))              # P̄, float32
+    l_new = numerics.state(alpha * l_i + numerics.tile_sum(p))     # row_sum from f32 P̄
+    pv = numerics.pv(dot_nn(numerics.round_p(p, dtype), v))
+    acc = numerics.state(numerics.state(alpha[:, None] * acc) + pv)
     return acc, m_new, l_new, jnp.maximum(max_p, jnp.max(p, axis=-1)), tied_tiles + tied
 
   zeros = jnp.zeros((block_q,), jnp.float32)
   init = (jnp.zeros(q.shape, jnp.float32), zeros - jnp.inf, zeros, zeros, zeros)
   n_tiles = num_key_tiles(q_tile, block_q=block_q, block_k=block_k, kv_len=cfg.kv_len,
-                          causal=cfg.causal)
+                          causal=cfg.causal and not numerics.paper)
   acc, m_i, l_i, max_p, tied_tiles = lax.fori_loop(0, n_tiles, body, init)
   # Final rescale once, after the loop (FlashAttention-2 §3.1.1).
-  o_ref[...] = numerics.round_out(acc / l_i[:, None], dtype)
+  o = acc / l_i[:, None]
+  random_bits = None
+  if numerics.stochastic:
+    seeds = seed_ref[...]
+    seed0 = jnp.sum(jnp.where(jnp.arange(2) == 0, seeds, jnp.uint32(0)))
+    seed1 = jnp.sum(jnp.where(jnp.arange(2) == 1, seeds, jnp.uint32(0)))
+    head = (pl.program_id(1) * pl.num_programs(2) + pl.program_id(2)).astype(jnp.uint32)
+    pos = (q_pos[:, None] * o.shape[1] + jnp.arange(o.shape[1])[None, :]).astype(jnp.uint32)
+    random_bits = hash_u32(hash_u32(pos ^ seed0) ^ hash_u32(head + seed1))
+  o_ref[...] = numerics.round_out(o, dtype, random_bits)
   lse_ref[...] = m_i + jnp.log(l_i)                                # natural log
   if stats_refs:
     row_max_ref, max_p_ref, tied_ref = stats_refs
@@ -99,9 +116,10 @@ def forward_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *stats_refs, cfg):
     tied_ref[...] = tied_tiles
 
 
-def flash_forward(q, k, v, cfg):
+def flash_forward(q, k, v, cfg, seeds=None):
   """Runs the forward kernel on padded [batch, len, heads, head_dim] arrays.
 
+  `seeds`: uint32 [2], needed by the stochastic layout.
   Returns (out [batch, q_len_p, heads, d_p] in the layout's output dtype,
            lse [batch, heads, q_len_p] float32, stats tuple or ()).
   """
@@ -117,14 +135,18 @@ def flash_forward(q, k, v, cfg):
   n_stats = 3 if cfg.return_stats else 0
   out_shape = [jax.ShapeDtypeStruct(q.shape, cfg.numerics.output_dtype(q.dtype)), row_shape]
   out_shape += [row_shape] * n_stats
+  in_specs, args = [q_spec, kv_spec, kv_spec], [q, k, v]
+  if cfg.numerics.stochastic:
+    in_specs.append(pl.BlockSpec((2,), lambda i, b, h: (0,)))
+    args.append(seeds)
   outs = pl.pallas_call(
       functools.partial(forward_kernel, cfg=cfg),
       grid=grid,
-      in_specs=[q_spec, kv_spec, kv_spec],
+      in_specs=in_specs,
       out_specs=[q_spec, row_spec] + [row_spec] * n_stats,
       out_shape=out_shape,
       compiler_params=cfg.compiler_params(),
       interpret=cfg.interpret,
-      name="flashstable_forward",
-  )(q, k, v)
+      name=f"flashstable_forward_{cfg.numerics.name}",
+  )(*args)
   return outs[0], outs[1], tuple(outs[2:])

@@ -1,7 +1,8 @@
 """The numerics of the flash-attention kernels, in one place.
 
-Every rounding point of the kernels is a call to a method of `Numerics` or to
-`compensated_tile_max`, so `grep -n "numerics\\." pallas_kernels/` finds all of them:
+Every rounding point of the kernels is a call to a method of `Numerics` (or to
+`compensated_tile_max`), so `grep -n "numerics\\." pallas_kernels/` finds all of them. The
+layouts are described on `Numerics`; the default "fa2" is:
 
   forward  (FlashAttention-2, Dao 2023, Alg. 1)
     S      = softmax_scale · QKᵀ           float32 (dot accumulated in float32, HIGHEST)
@@ -30,42 +31,152 @@ import math
 
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 SUPPORTED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
 MAX_HEAD_DIM = 256
 
 
+BF16_MAX = float(jnp.finfo(jnp.bfloat16).max)   # 3.3895e38
+
+
+def round_bf16(x):
+  """Round-to-nearest-even of float32 `x` to bfloat16, kept in float32.
+
+  Done on the bits (add 0x7FFF + lsb, clear the low 16 bits) rather than by a convert pair,
+  which XLA may drop when it allows excess precision. Exact for finite values, ±inf and NaN.
+  """
+  bits = lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32)
+  bits = bits + (jnp.uint32(0x7FFF) + ((bits >> 16) & jnp.uint32(1)))
+  return lax.bitcast_convert_type(bits & jnp.uint32(0xFFFF0000), jnp.float32)
+
+
+def stochastic_round_bf16(x, random_bits):
+  """Unbiased stochastic rounding of float32 `x` to bfloat16 (kept in float32).
+
+  Adds uniform 16-bit noise below the bf16 mantissa and truncates: a value between two bf16
+  neighbours rounds away from zero with probability equal to its distance from the lower one
+  (in ulps), so E[round(x)] = x. `random_bits` are uint32, only the low 16 bits used.
+  """
+  bits = lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32)
+  bits = bits + (random_bits & jnp.uint32(0xFFFF))
+  return lax.bitcast_convert_type(bits & jnp.uint32(0xFFFF0000), jnp.float32)
+
+
+def hash_u32(x):
+  """A counter-based 32-bit mixer (lowbias32, C. Wellons): position -> pseudo-random bits.
+
+  Triton has no PRNG; hashing (key, position) gives reproducible, independent noise."""
+  x = x ^ (x >> 16)
+  x = x * jnp.uint32(0x7FEB352D)
+  x = x ^ (x >> 15)
+  x = x * jnp.uint32(0x846CA68B)
+  return x ^ (x >> 16)
+
+
 @dataclasses.dataclass(frozen=True)
 class Numerics:
-  """A precision layout: which dtype each kernel buffer is rounded into.
+  """A precision layout: where the kernels round, and to what.
 
-  `None` means "the input dtype" (bfloat16 inputs round to bfloat16, float32 inputs are not
-  rounded at all).
+  fa2 (default): FP32 accumulators; P̄ (and P, dS in the backward) rounded to the input dtype
+    only for the dots; O rounded once. Compensation with the guarded shift.
+  paper: the rounding points of Qiu & Yao's pure-PyTorch FA2 under CUDA BF16 autocast, per
+    (query tile, key tile) — every `paper_*` step below rounds to bfloat16:
+      forward  S = bf16(bf16(QKᵀ)·scale); masked scores −BF16_MAX (not −inf); tile max in bf16
+               with the paper's literal compensation (ties: entries ≥ bf16(max − tol), masked
+               ones included; m' = bf16(β·max) if max > 0, 0 if max < 0, unchanged at 0);
+               m_new = max(m', m_old) in bf16; P̄ = exp(bf16(S − m_new)) in fp32; tile row sum
+               in fp32 clamped at ≥ 1e−10; P̄V = bf16(dot(bf16(P̄), V)) (fp32 accumulation);
+               α = exp(bf16(m_old − m_new)); l = bf16(α·l_old + tile sum);
+               O = bf16(bf16(O_old·α) + P̄V); finally O = bf16(O / l), lse = log(l) + m (fp32).
+      backward S recomputed as above but masked with −inf; P = exp(S − lse) fp32;
+               dV_tile = bf16(bf16(P)ᵀ·dO); dP = bf16(dO·Vᵀ); delta = fp32 sum of bf16(dO∘O);
+               dS = (P·scale)·(dP − delta) fp32; dQ_tile = bf16(bf16(dS)·K);
+               dK_tile = bf16(bf16(dS)ᵀ·Q); dQ, dK, dV accumulated tile by tile in bf16.
+    The backward tiles equal the forward tiles (block_q × block_k), because the bf16 buffers
+    make the tiling part of the numerics.
+  fp32_out: fa2 whose output is float32 (the paper's "FP32 O" mitigation); `delta` then uses
+    the float32 O.
+  stochastic: fa2 whose final rounding of O to bfloat16 is stochastic (unbiased), from a
+    counter-based hash of (rng_key, position) — the unbiased cure for this bias.
   """
   name: str
-  p_dtype: str | None = None    # P̄ (forward) and P (backward) before their dots
-  ds_dtype: str | None = None   # dS before the dQ and dK dots
-  out_dtype: str | None = None  # the output O
+  paper: bool = False                 # all paper_* rounding points, fwd and bwd
+  out_float32: bool = False           # fp32_out
+  stochastic: bool = False            # stochastic final rounding of O
 
-  def _cast(self, x, dtype, input_dtype):
-    return x.astype(jnp.dtype(dtype) if dtype is not None else input_dtype)
+  # --- forward -------------------------------------------------------------------------
+  @property
+  def mask_value(self):
+    return -BF16_MAX if self.paper else -jnp.inf
+
+  def scores(self, qk, softmax_scale):
+    """S from the float32 QKᵀ dot."""
+    if self.paper:
+      return round_bf16(round_bf16(qk) * softmax_scale)           # paper: bf16(bf16(QKᵀ)·scale)
+    return qk * softmax_scale
+
+  def exp_arg(self, x):
+    return round_bf16(x) if self.paper else x                       # paper: exp(bf16(·))
+
+  def tile_sum(self, p):
+    s = jnp.sum(p, axis=-1)
+    return jnp.maximum(s, 1e-10) if self.paper else s               # paper: clamp ≥ 1e−10
 
   def round_p(self, p, input_dtype):
-    return self._cast(p, self.p_dtype, input_dtype)
+    """P̄ (forward) and P (backward) before their dots."""
+    return p.astype(jnp.bfloat16 if self.paper else input_dtype)
 
-  def round_ds(self, ds, input_dtype):
-    return self._cast(ds, self.ds_dtype, input_dtype)
+  def pv(self, pv):
+    return round_bf16(pv) if self.paper else pv                     # paper: bf16(P̄V)
+
+  def state(self, x):
+    """The running m, l and O buffers after each tile."""
+    return round_bf16(x) if self.paper else x
 
   def output_dtype(self, input_dtype):
-    return jnp.dtype(self.out_dtype) if self.out_dtype is not None else jnp.dtype(input_dtype)
+    return jnp.dtype(jnp.float32) if self.out_float32 else jnp.dtype(input_dtype)
 
-  def round_out(self, o, input_dtype):
+  def round_out(self, o, input_dtype, random_bits=None):
+    if self.stochastic:
+      return stochastic_round_bf16(o, random_bits).astype(jnp.bfloat16)
+    if self.paper:
+      return round_bf16(o).astype(self.output_dtype(input_dtype))
     return o.astype(self.output_dtype(input_dtype))
 
+  # --- backward ------------------------------------------------------------------------
+  def delta(self, d_out, out):
+    """rowsum(dO∘O) in float32 over [..., head_dim]; paper: of bf16(dO∘O)."""
+    prod = d_out.astype(jnp.float32) * out.astype(jnp.float32)
+    return jnp.sum(round_bf16(prod) if self.paper else prod, axis=-1)
 
-# The layouts. Issue 2 builds "fa2"; the precision-layout issue adds the others here.
+  def dp(self, dp):
+    return round_bf16(dp) if self.paper else dp                     # paper: bf16(dO·Vᵀ)
+
+  def dscores(self, p, dp, delta, softmax_scale):
+    """dS; the paper folds the softmax scale in here, fa2 applies it to dQ, dK at the end."""
+    if self.paper:
+      return (p * softmax_scale) * (dp - delta)
+    return p * (dp - delta)
+
+  def round_ds(self, ds, input_dtype):
+    return ds.astype(jnp.bfloat16 if self.paper else input_dtype)
+
+  def grad_scale(self, softmax_scale):
+    return 1.0 if self.paper else softmax_scale
+
+  def accumulate(self, acc, tile):
+    """dQ/dK/dV buffers: paper rounds each tile product and the running sum to bf16."""
+    if self.paper:
+      return round_bf16(acc + round_bf16(tile))
+    return acc + tile
+
+
 NUMERICS = {
     "fa2": Numerics("fa2"),
+    "paper": Numerics("paper", paper=True),
+    "fp32_out": Numerics("fp32_out", out_float32=True),
+    "stochastic": Numerics("stochastic", stochastic=True),
 }
 
 
@@ -109,19 +220,28 @@ class Compensation:
       raise ValueError(f"need 0 < min_shift <= max_shift, got {self.min_shift=}, {self.max_shift=}")
 
 
-def compensated_tile_max(s, valid, comp: Compensation | None):
+def compensated_tile_max(s, valid, comp: Compensation | None, paper: bool = False):
   """Row max of one score tile, shifted on tied rows (`Compensation`).
 
   Args:
-    s: [rows, block_k] float32 scores, masked entries already −inf.
+    s: [rows, block_k] float32 scores, masked entries already set to the mask value.
     valid: [rows, block_k] bool, True where the score is not masked.
     comp: the compensation settings, or None for plain FA2.
+    paper: the literal rule of the paper's kernel (`Numerics.paper`): ties are entries
+      ≥ bf16(max − tol) (masked entries included), m' = bf16(β·max) for max > 0, 0 for
+      max < 0, unchanged at 0, no guard.
   Returns:
     (m_tile [rows] float32, tied [rows] float32 with 1.0 where the rule fired).
   """
   tile_max = jnp.max(s, axis=-1)
   if comp is None:
     return tile_max, jnp.zeros_like(tile_max)
+  if paper:
+    near = s >= round_bf16(tile_max - comp.tie_tolerance)[:, None]
+    tied = jnp.sum(near.astype(jnp.float32), axis=-1) > 1.0
+    shifted = jnp.where(tile_max > 0, round_bf16(comp.beta * tile_max),
+                        jnp.where(tile_max < 0, 0.0, tile_max))
+    return jnp.where(tied, shifted, tile_max), tied.astype(jnp.float32)
   near = jnp.logical_and(valid, s >= (tile_max - comp.tie_tolerance)[:, None])
   n_ties = jnp.sum(near.astype(jnp.float32), axis=-1)
   tied = n_ties > 1.0
@@ -162,6 +282,13 @@ class BlockSizes:
                block_k=block_k if block_k is not None else 64,
                block_q_bwd=32 if big else 64,
                block_k_bwd=32 if big else 64)
+
+  def for_numerics(self, numerics: "Numerics") -> "BlockSizes":
+    """The paper layout's bf16 gradient buffers make the backward tiling part of the
+    numerics: it uses the forward tiles there."""
+    if numerics.paper:
+      return dataclasses.replace(self, block_q_bwd=self.block_q, block_k_bwd=self.block_k)
+    return self
 
   def fit(self, q_len: int, kv_len: int) -> "BlockSizes":
     """Shrinks tiles that are longer than the padded sequence (same numerics)."""
