@@ -135,6 +135,50 @@ def _prepare(args):
   return 0
 
 
+def _write(out_dir, name, rows, table, meta):
+  os.makedirs(out_dir, exist_ok=True)
+  with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
+    json.dump(dict(meta=meta, rows=rows), f, indent=1)
+  with open(os.path.join(out_dir, f"{name}.md"), "w") as f:
+    f.write(f"# {name}\n\n{json.dumps(meta)}\n\n{table}\n")
+  print(table)
+  print(f"\n{name}: {out_dir}/{name}.md, {out_dir}/{name}.json")
+
+
+def _meta(args):
+  import jax
+  dev = jax.devices()[0]
+  return dict(date=str(datetime.date.today()), device=getattr(dev, "device_kind", dev.platform),
+              jax=jax.__version__, args={k: v for k, v in vars(args).items() if k != "func"})
+
+
+def _ints(text):
+  return tuple(int(x) for x in text.split(","))
+
+
+def _deviation(args):
+  from jax_flashstable.numerics_lab import deviation_benchmark, deviation_headline, format_deviation
+  rows = []
+  for layout in args.layouts.split(","):
+    rows += deviation_benchmark(_ints(args.seq_lens), _ints(args.head_dims), tuple(args.dtypes.split(",")),
+                                _ints(args.block_ks), num_heads=args.heads, seed=args.seed, layout=layout)
+  _write(args.out, "deviation", rows, format_deviation(rows), _meta(args))
+  print(f"headline: flash / standard max deviation at bf16 (geometric mean) = {deviation_headline(rows):.2f} "
+        "(Golden et al. 2024 report about 10x for their kernel)")
+  return 0
+
+
+def _bias(args):
+  from jax_flashstable.numerics_lab import bias_benchmark, bit_example, format_bias, tied_rows
+  rows = bias_benchmark(tied_rows(num_rows=args.rows, seed=args.seed), seed=args.seed)
+  _write(args.out, "bias", rows, format_bias(rows), _meta(args))
+  ex = bit_example()
+  print("\nbit example (P̄V tile sum as rounded by each layout, read back from the kernel as O·l):")
+  for layout, r in ex.items():
+    print(f"  {layout:>10}: ties+small {r['ties+small']['pv_sum']:+.6f}, ties alone {r['ties']['pv_sum']:+.6f}")
+  return 0
+
+
 def build_parser():
   ap = argparse.ArgumentParser(prog="flashstable", description="BF16 flash attention numerics, "
                                "visible and verifiable.")
@@ -151,6 +195,23 @@ def build_parser():
                      "reference attention, same seed and data; report + PNG")
   _add_train_options(p, skip=("attention",))
   p.set_defaults(func=_compare)
+  p = sub.add_parser("deviation", help="max/mean |O − O_FP64| of flash vs standard attention "
+                     "(Golden et al. 2024)")
+  p.add_argument("--seq-lens", default="128,256,512")
+  p.add_argument("--head-dims", default="64")
+  p.add_argument("--dtypes", default="bfloat16,float16,float32")
+  p.add_argument("--block-ks", default="64")
+  p.add_argument("--layouts", default="fa2")
+  p.add_argument("--heads", type=int, default=2)
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--out", default="runs/deviation")
+  p.set_defaults(func=_deviation)
+  p = sub.add_parser("bias", help="signed error of O and delta on rows with tied maxima, every "
+                     "layout × stabilize (Qiu & Yao 2025), and the paper's bit example")
+  p.add_argument("--rows", type=int, default=512)
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--out", default="runs/bias")
+  p.set_defaults(func=_bias)
   p = sub.add_parser("prepare", help="tokenize a folder of text files into train.bin/val.bin")
   p.add_argument("text_dir")
   p.add_argument("out_dir")

@@ -1,0 +1,182 @@
+"""The numerics lab: the paper's bit example, the deviation benchmark (Golden et al. 2024) and
+the bias benchmark (Qiu & Yao 2025), for every precision layout × stabilize.
+
+Shared by `flashstable deviation`, `flashstable bias`, `experiments/` and the tests.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+
+from jax_flashstable.attention import flash_attention, reference_attention
+from jax_flashstable.accuracy import Shape, make_inputs
+from pallas_kernels.policy import get_numerics
+
+LAYOUTS = ("fa2", "paper", "fp32_out", "stochastic")
+
+
+def _layout_kwargs(layout, seed=0):
+  return dict(numerics=layout, rng_key=jax.random.key(seed) if layout == "stochastic" else None)
+
+
+# ---------------------------------------------------------------------------------------------
+# The bit example (Qiu & Yao 2025, §3): two tied keys with P̄ = 1 and a third, small one.
+
+def bit_example_inputs(with_small_term=True):
+  """query/key/value [1, 1, 1, 16] / [1, n, 1, 16] (bf16, softmax_scale=1) whose P̄V tile sum
+  is exactly −4.703990459442139 (ties alone: −4.703125, a bf16 midpoint).
+
+  Scores: 0, 0 (tied, P̄ = exp(0) = 1) and −8 (bf16(exp(−8)) = 0.000335693359375);
+  values −2.34375, −2.359375 and −2.578125: 1·V1 + 1·V2 + P̄3·V3 = −4.703125 − 0.000865459…
+  """
+  n = 3 if with_small_term else 2
+  q = np.zeros((1, 1, 1, 16)); q[..., 0] = 1.0
+  k = np.zeros((1, n, 1, 16))
+  v = np.zeros((1, n, 1, 16)); v[0, :, 0, 0] = [-2.34375, -2.359375, -2.578125][:n]
+  if with_small_term:
+    k[0, 2, 0, 0] = -8.0
+  return tuple(jnp.asarray(x, jnp.bfloat16) for x in (q, k, v))
+
+
+def bit_example(layouts=LAYOUTS):
+  """The rounded P̄V sum each layout's kernel formed, read back as O·l with
+  l = exp(lse − row_max) from the kernel's statistics: {layout: {"ties+small", "ties"}}."""
+  out = {}
+  for layout in layouts:
+    row = {}
+    for label, small in (("ties+small", True), ("ties", False)):
+      q, k, v = bit_example_inputs(small)
+      o, st = flash_attention(q, k, v, softmax_scale=1.0, return_stats=True, **_layout_kwargs(layout))
+      l = math.exp(float(st.lse[0, 0, 0]) - float(st.row_max[0, 0, 0]))
+      row[label] = dict(out=float(o[0, 0, 0, 0]), pv_sum=float(o[0, 0, 0, 0]) * l, l=l)
+    out[layout] = row
+  return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Deviation from the FP64 golden value (Golden et al. 2024, arXiv 2405.02803, §4).
+
+def deviation_benchmark(seq_lens=(128, 256, 512), head_dims=(64,), dtypes=("bfloat16",),
+                        block_ks=(64,), batch=1, num_heads=2, causal=False, seed=0, layout="fa2"):
+  """max and mean |O − O_FP64| of flash and of standard attention (`reference_attention` in
+  the same dtype), random normal inputs. Rows of dicts."""
+  rows = []
+  for dtype in dtypes:
+    for d in head_dims:
+      for n in seq_lens:
+        q, k, v, _ = make_inputs(Shape(batch, n, n, num_heads, num_heads, d, causal), dtype, seed)
+        gold = reference_attention(q, k, v, causal=causal, dtype=jnp.float64)
+        std = np.asarray(reference_attention(q, k, v, causal=causal, dtype=dtype), np.float64)
+        for bk in block_ks:
+          o = np.asarray(flash_attention(q, k, v, causal=causal, block_k=bk, **_layout_kwargs(layout)), np.float64)
+          e_f, e_s = np.abs(o - gold), np.abs(std - gold)
+          rows.append(dict(dtype=str(dtype), head_dim=d, seq_len=n, block_k=bk, layout=layout,
+                           flash_max=float(e_f.max()), flash_mean=float(e_f.mean()),
+                           standard_max=float(e_s.max()), standard_mean=float(e_s.mean()),
+                           ratio_max=float(e_f.max() / max(e_s.max(), 1e-30))))
+  return rows
+
+
+def deviation_headline(rows):
+  """Geometric mean over bf16 rows of flash max deviation / standard max deviation."""
+  r = [x["ratio_max"] for x in rows if x["dtype"] == "bfloat16"]
+  return float(np.exp(np.mean(np.log(r)))) if r else float("nan")
+
+
+# ---------------------------------------------------------------------------------------------
+# Bias of tied maxima (Qiu & Yao 2025, §3-4).
+
+def tied_rows(num_rows=512, kv_len=64, head_dim=16, tie_values=(-4.0, 0.0, 2.0, 5.0),
+              n_ties=(2, 3, 4), value_mean=-1.0, seed=0):
+  """Rows with several exactly tied maxima (duplicated keys) and same-sign values.
+
+  Row r: scores (softmax_scale=1) are t at `n` keys and t − δ (δ ∈ [1, 8], bf16) elsewhere,
+  via q = [t, 1, 0…], tied keys [1, 0, …], others [1, −δ, …]; V ≈ value_mean·(1 ± 0.25),
+  one sign. Returns bf16 query [1, num_rows, 1, d], key/value [num_rows, kv_len, 1, d] as a
+  batch of single-query problems: query reshaped to [num_rows, 1, 1, d].
+  """
+  rng = np.random.default_rng(seed)
+  t = rng.choice(tie_values, num_rows)
+  n = rng.choice(n_ties, num_rows)
+  q = np.zeros((num_rows, 1, 1, head_dim)); q[:, 0, 0, 0] = t; q[:, 0, 0, 1] = 1.0
+  k = np.zeros((num_rows, kv_len, 1, head_dim)); k[..., 0] = 1.0
+  k[:, :, 0, 1] = -np.round(rng.uniform(1.0, 8.0, (num_rows, kv_len)) * 16) / 16
+  for r in range(num_rows):
+    k[r, rng.choice(kv_len, n[r], replace=False), 0, 1] = 0.0
+  v = value_mean * (1.0 + 0.25 * rng.uniform(-1, 1, (num_rows, kv_len, 1, head_dim)))
+  do = np.ones((num_rows, 1, 1, head_dim))
+  return tuple(jnp.asarray(x, jnp.bfloat16) for x in (q, k, v, do))
+
+
+@dataclasses.dataclass(frozen=True)
+class Bias:
+  """Mean signed error with its standard error and z-score (mean / standard error)."""
+  mean: float
+  stderr: float
+  z: float
+
+  @classmethod
+  def of(cls, err):
+    err = np.asarray(err, np.float64).ravel()
+    se = float(err.std(ddof=1) / math.sqrt(err.size)) if err.size > 1 else float("nan")
+    m = float(err.mean())
+    return cls(m, se, m / se if se > 0 else (0.0 if m == 0 else math.copysign(math.inf, m)))
+
+
+def bias_benchmark(inputs=None, layouts=LAYOUTS, stabilize=(False, True), seed=0):
+  """Signed error of O and of delta = rowsum(dO∘O) per layout × stabilize, against FP64 and
+  against the correctly rounded (bf16, nearest-even) FP64 output. Rows of dicts.
+
+  Errors are in units of one bf16 ulp of the FP64 value, so rows of different scale add up.
+  """
+  q, k, v, do = inputs if inputs is not None else tied_rows(seed=seed)
+  gold = reference_attention(q, k, v, softmax_scale=1.0, dtype=jnp.float64)
+  cr = gold.astype(ml_dtypes.bfloat16).astype(np.float64)               # correctly rounded
+  ulp = 2.0 ** (np.floor(np.log2(np.abs(gold) + 1e-300)) - 7)
+  do64 = np.asarray(do, np.float64)
+  delta_gold, delta_cr = (do64 * gold).sum(-1), (do64 * cr).sum(-1)
+  delta_ulp = 2.0 ** (np.floor(np.log2(np.abs(delta_gold) + 1e-300)) - 7)
+  rows = []
+  for layout in layouts:
+    numerics = get_numerics(layout)
+    for stab in stabilize:
+      o = flash_attention(q, k, v, softmax_scale=1.0, stabilize=stab, **_layout_kwargs(layout, seed))
+      delta = np.asarray(numerics.delta(do, o), np.float64)              # as the backward forms it
+      o = np.asarray(o, np.float64)
+      rows.append(dict(
+          layout=layout, stabilize=stab,
+          out_vs_fp64=dataclasses.asdict(Bias.of((o - gold) / ulp)),
+          out_vs_rounded=dataclasses.asdict(Bias.of((o - cr) / ulp)),
+          delta_vs_fp64=dataclasses.asdict(Bias.of((delta - delta_gold) / delta_ulp)),
+          delta_vs_rounded=dataclasses.asdict(Bias.of((delta - delta_cr) / delta_ulp))))
+  rows.append(dict(layout="correctly rounded FP64", stabilize=None,
+                   out_vs_fp64=dataclasses.asdict(Bias.of((cr - gold) / ulp)),
+                   out_vs_rounded=dataclasses.asdict(Bias.of(np.zeros(1))),
+                   delta_vs_fp64=dataclasses.asdict(Bias.of((delta_cr - delta_gold) / delta_ulp)),
+                   delta_vs_rounded=dataclasses.asdict(Bias.of(np.zeros(1)))))
+  return rows
+
+
+def format_bias(rows):
+  out = ["| layout | stabilize | O − FP64 (ulp, z) | O − rounded FP64 (ulp, z) | delta − FP64 (ulp, z) | delta − rounded FP64 (ulp, z) |",
+         "|---|---|---:|---:|---:|---:|"]
+  f = lambda b: f"{b['mean']:+.4f} (z={b['z']:+.1f})"
+  for r in rows:
+    out.append(f"| {r['layout']} | {r['stabilize']} | {f(r['out_vs_fp64'])} | {f(r['out_vs_rounded'])} | "
+               f"{f(r['delta_vs_fp64'])} | {f(r['delta_vs_rounded'])} |")
+  return "\n".join(out)
+
+
+def format_deviation(rows):
+  out = ["| layout | dtype | head_dim | seq_len | block_k | flash max | standard max | ratio | flash mean | standard mean |",
+         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+  for r in rows:
+    out.append(f"| {r['layout']} | {r['dtype']} | {r['head_dim']} | {r['seq_len']} | {r['block_k']} | "
+               f"{r['flash_max']:.2e} | {r['standard_max']:.2e} | {r['ratio_max']:.2f} | "
+               f"{r['flash_mean']:.2e} | {r['standard_mean']:.2e} |")
+  return "\n".join(out)

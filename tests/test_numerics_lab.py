@@ -1,0 +1,44 @@
+"""The paper's bit example through the kernel, and the deviation and bias benchmarks."""
+import numpy as np
+import pytest
+
+from jax_flashstable.cli import main
+from jax_flashstable.numerics_lab import Bias, bit_example, bias_benchmark, tied_rows
+
+
+def test_bit_example_through_the_kernel():
+  ex = bit_example(("paper", "fa2", "fp32_out"))
+  # paper layout: the tile's P̄V sum −4.703990459… is rounded to bf16 −4.71875; the tie
+  # alone (−4.703125, a midpoint) rounds to even, −4.6875
+  assert ex["paper"]["ties+small"]["pv_sum"] == pytest.approx(-4.71875, abs=1e-6)
+  assert ex["paper"]["ties"]["pv_sum"] == pytest.approx(-4.6875, abs=1e-6)
+  # fp32_out keeps the exact sum (FA2 does not round P̄V)
+  assert ex["fp32_out"]["ties+small"]["pv_sum"] == pytest.approx(-4.703990459442139, abs=2e-6)
+  assert ex["fa2"]["ties+small"]["out"] == -2.359375
+
+
+def test_bias_statistic_flags_a_planted_bias():
+  rng = np.random.default_rng(0)
+  noise = rng.standard_normal(4000)
+  assert abs(Bias.of(noise).z) < 4
+  assert Bias.of(noise + 0.2).z > 5
+
+
+def test_bias_benchmark_rows_and_signs():
+  rows = bias_benchmark(tied_rows(num_rows=64, kv_len=32), layouts=("fa2", "stochastic"),
+                        stabilize=(False,))
+  assert [r["layout"] for r in rows] == ["fa2", "stochastic", "correctly rounded FP64"]
+  for r in rows:
+    for key in ("out_vs_fp64", "out_vs_rounded", "delta_vs_fp64", "delta_vs_rounded"):
+      assert np.isfinite(r[key]["mean"])
+  # each stochastic draw is within one ulp; nearest rounding within half an ulp
+  assert abs(rows[1]["out_vs_fp64"]["mean"]) < 1 and abs(rows[0]["out_vs_fp64"]["mean"]) < 0.5
+
+
+def test_cli_deviation_and_bias(tmp_path, capsys):
+  assert main(["deviation", "--seq-lens", "64", "--dtypes", "bfloat16,float32", "--out", str(tmp_path)]) == 0
+  assert "headline" in capsys.readouterr().out
+  assert (tmp_path / "deviation.json").exists()
+  assert main(["bias", "--rows", "32", "--out", str(tmp_path)]) == 0
+  out = capsys.readouterr().out
+  assert "bit example" in out and (tmp_path / "bias.md").exists()
