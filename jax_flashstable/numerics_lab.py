@@ -92,10 +92,11 @@ def deviation_headline(rows):
 # Bias of tied maxima (Qiu & Yao 2025, §3-4).
 
 def tied_rows(num_rows=512, kv_len=64, head_dim=16, tie_values=(-4.0, 0.0, 2.0, 5.0),
-              n_ties=(2, 3, 4), value_mean=-1.0, seed=0):
+              n_ties=(2, 3, 4), gap=(6.0, 12.0), value_mean=-1.0, seed=0):
   """Rows with several exactly tied maxima (duplicated keys) and same-sign values.
 
-  Row r: scores (softmax_scale=1) are t at `n` keys and t − δ (δ ∈ [1, 8], bf16) elsewhere,
+  Row r: scores (softmax_scale=1) are t at `n` keys and t − δ (δ ∈ `gap`, multiples of 1/16)
+  elsewhere, so P̄V is "two (or more) large, many small" terms of one sign,
   via q = [t, 1, 0…], tied keys [1, 0, …], others [1, −δ, …]; V ≈ value_mean·(1 ± 0.25),
   one sign. Returns bf16 query [1, num_rows, 1, d], key/value [num_rows, kv_len, 1, d] as a
   batch of single-query problems: query reshaped to [num_rows, 1, 1, d].
@@ -105,7 +106,7 @@ def tied_rows(num_rows=512, kv_len=64, head_dim=16, tie_values=(-4.0, 0.0, 2.0, 
   n = rng.choice(n_ties, num_rows)
   q = np.zeros((num_rows, 1, 1, head_dim)); q[:, 0, 0, 0] = t; q[:, 0, 0, 1] = 1.0
   k = np.zeros((num_rows, kv_len, 1, head_dim)); k[..., 0] = 1.0
-  k[:, :, 0, 1] = -np.round(rng.uniform(1.0, 8.0, (num_rows, kv_len)) * 16) / 16
+  k[:, :, 0, 1] = -np.round(rng.uniform(*gap, (num_rows, kv_len)) * 16) / 16
   for r in range(num_rows):
     k[r, rng.choice(kv_len, n[r], replace=False), 0, 1] = 0.0
   v = value_mean * (1.0 + 0.25 * rng.uniform(-1, 1, (num_rows, kv_len, 1, head_dim)))

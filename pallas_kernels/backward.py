@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from pallas_kernels.forward import dot_nn, dot_nt, dot_tn, score_mask
+from pallas_kernels.forward import sub_tile_loop, dot_nn, dot_nt, dot_tn, score_mask
 
 
 def _probs_and_dscores(q, k, v, do, lse, delta, q_pos, k_pos, cfg):
@@ -31,21 +31,28 @@ def _probs_and_dscores(q, k, v, do, lse, delta, q_pos, k_pos, cfg):
 
 
 def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *, cfg):
-  bq, bk = cfg.blocks.block_q_bwd, cfg.blocks.block_k_bwd
   numerics, dtype = cfg.numerics, q_ref.dtype
+  _, _, sub_q, bk = cfg.blocks.compute(numerics)    # query sub-tile; this program's key rows
+  bq = cfg.blocks.block_q_bwd                        # logical query tile (paper: numerics)
   k_tile = pl.program_id(0)
   k, v = k_ref[...], v_ref[...]                                    # [bk, d]
   k_pos = k_tile * bk + jnp.arange(bk)
 
   def body(i, carry):
     dk, dv = carry
-    rows = pl.ds(i * bq, bq)
-    q, do = q_ref[rows, :], do_ref[rows, :]
-    p, ds = _probs_and_dscores(q, k, v, do, lse_ref[rows], delta_ref[rows],
-                               i * bq + jnp.arange(bq), k_pos, cfg)
-    dv = numerics.accumulate(dv, dot_tn(numerics.round_p(p, dtype), do))    # Pᵀ dO
-    dk = numerics.accumulate(dk, dot_tn(numerics.round_ds(ds, dtype), q))   # dSᵀ Q
-    return dk, dv
+
+    def sub(c, sums):
+      dk_t, dv_t = sums
+      rows = pl.ds(i * bq + c * sub_q, sub_q)
+      q, do = q_ref[rows, :], do_ref[rows, :]
+      p, ds = _probs_and_dscores(q, k, v, do, lse_ref[rows], delta_ref[rows],
+                                 i * bq + c * sub_q + jnp.arange(sub_q), k_pos, cfg)
+      return (dk_t + dot_tn(numerics.round_ds(ds, dtype), q),     # dSᵀ Q
+              dv_t + dot_tn(numerics.round_p(p, dtype), do))      # Pᵀ dO
+
+    zeros = jnp.zeros_like(dk)
+    dk_t, dv_t = sub_tile_loop(bq // sub_q, sub, (zeros, zeros))
+    return numerics.accumulate(dk, dk_t), numerics.accumulate(dv, dv_t)
 
   # Causal: query tiles that end before this key tile starts see none of it.
   first = lax.div(k_tile * bk, bq) if cfg.causal else 0
@@ -56,17 +63,21 @@ def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, 
 
 
 def dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, *, cfg):
-  bq, bk = cfg.blocks.block_q_bwd, cfg.blocks.block_k_bwd
   numerics, dtype = cfg.numerics, q_ref.dtype
+  _, _, bq, sub_k = cfg.blocks.compute(numerics)    # this program's query rows; key sub-tile
+  bk = cfg.blocks.block_k_bwd                        # logical key tile (paper: numerics)
   q_tile = pl.program_id(0)
   q, do, lse, delta = q_ref[...], do_ref[...], lse_ref[...], delta_ref[...]
   q_pos = q_tile * bq + jnp.arange(bq)
 
   def body(j, dq):
-    cols = pl.ds(j * bk, bk)
-    k, v = k_ref[cols, :], v_ref[cols, :]
-    _, ds = _probs_and_dscores(q, k, v, do, lse, delta, q_pos, j * bk + jnp.arange(bk), cfg)
-    return numerics.accumulate(dq, dot_nn(numerics.round_ds(ds, dtype), k))  # dS K
+    def sub(c, dq_t):
+      start = j * bk + c * sub_k
+      k, v = k_ref[pl.ds(start, sub_k), :], v_ref[pl.ds(start, sub_k), :]
+      _, ds = _probs_and_dscores(q, k, v, do, lse, delta, q_pos, start + jnp.arange(sub_k), cfg)
+      return dq_t + dot_nn(numerics.round_ds(ds, dtype), k)       # dS K
+
+    return numerics.accumulate(dq, sub_tile_loop(bk // sub_k, sub, jnp.zeros_like(dq)))
 
   n = pl.cdiv(cfg.kv_len, bk)
   if cfg.causal:
@@ -80,7 +91,7 @@ def flash_backward(q, k, v, o, lse, do, cfg):
   batch, q_len_p, num_heads, d = q.shape
   kv_len_p, num_kv_heads = k.shape[1], k.shape[2]
   group = num_heads // num_kv_heads
-  bq, bk = cfg.blocks.block_q_bwd, cfg.blocks.block_k_bwd
+  _, _, bq, bk = cfg.blocks.compute(cfg.numerics)   # program tiles of the two kernels
   # delta = rowsum(dO ∘ O) in float32, from the output as returned (rounded).
   delta = cfg.numerics.delta(do, o).transpose(0, 2, 1)             # [batch, heads, q_len_p]
   do = do.astype(q.dtype)

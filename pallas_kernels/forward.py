@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from pallas_kernels.policy import compensated_tile_max, hash_u32
+from pallas_kernels.policy import compensated_tile_max, hash_u32, shifted_max, tie_count
 
 HIGHEST = lax.Precision.HIGHEST
 
@@ -64,33 +64,61 @@ def num_key_tiles(q_tile, *, block_q, block_k, kv_len, causal):
   return n
 
 
+def sub_tile_loop(n, body, init):
+  """fori_loop over sub-tiles; inlined when there is only one."""
+  return body(0, init) if n == 1 else lax.fori_loop(0, n, body, init)
+
+
 def forward_kernel(q_ref, k_ref, v_ref, *refs, cfg):
-  block_q, block_k = cfg.blocks.block_q, cfg.blocks.block_k
-  numerics, dtype = cfg.numerics, q_ref.dtype
+  numerics, dtype, comp = cfg.numerics, q_ref.dtype, cfg.compensation
+  block_q, sub_k = cfg.blocks.compute(numerics)[:2]   # program rows; key sub-tile
+  block_k = cfg.blocks.block_k                        # logical key tile (numerics)
+  n_sub = block_k // sub_k
   seed_ref = refs[0] if numerics.stochastic else None
   o_ref, lse_ref, *stats_refs = refs[1:] if numerics.stochastic else refs
   q_tile = pl.program_id(0)
   q = q_ref[...]                                                   # [block_q, d]
   q_pos = q_tile * block_q + jnp.arange(block_q)
 
-  def body(j, carry):
-    acc, m_i, l_i, max_p, tied_tiles = carry
-    k = k_ref[pl.ds(j * block_k, block_k), :]                      # [block_k, d]
-    v = v_ref[pl.ds(j * block_k, block_k), :]
-    s = numerics.scores(dot_nt(q, k), cfg.softmax_scale)           # [block_q, block_k] f32
-    valid = score_mask(q_pos, j * block_k + jnp.arange(block_k), causal=cfg.causal,
-                       kv_len=cfg.kv_len)
+  def scores(j, c):
+    """Masked scores of sub-tile c of key tile j: ([block_q, sub_k] f32, valid)."""
+    start = j * block_k + c * sub_k
+    k = k_ref[pl.ds(start, sub_k), :]                              # [sub_k, d]
+    s = numerics.scores(dot_nt(q, k), cfg.softmax_scale)
+    valid = score_mask(q_pos, start + jnp.arange(sub_k), causal=cfg.causal, kv_len=cfg.kv_len)
     # fa2 masks with −inf, safe because key 0 is visible to every row (m is finite after
     # the first tile); the paper's kernel uses −BF16_MAX.
-    s = jnp.where(valid, s, numerics.mask_value)
-    m_tile, tied = compensated_tile_max(s, valid, cfg.compensation, numerics.paper)
+    return jnp.where(valid, s, numerics.mask_value), valid
+
+  def body(j, carry):
+    acc, m_i, l_i, max_p, tied_tiles = carry
+    if n_sub == 1:
+      s0, valid0 = scores(j, 0)
+      m_tile, tied = compensated_tile_max(s0, valid0, comp, numerics.paper)
+    else:  # paper layout, logical tile larger than a program can hold: two passes for max, ties
+      tile_max = lax.fori_loop(0, n_sub, lambda c, mx: jnp.maximum(mx, jnp.max(scores(j, c)[0], axis=-1)),
+                               jnp.full((block_q,), -jnp.inf, jnp.float32))
+      m_tile, tied = tile_max, jnp.zeros_like(tile_max)
+      if comp is not None:
+        n_ties = lax.fori_loop(0, n_sub, lambda c, n: n + tie_count(*scores(j, c), tile_max, comp, True),
+                               jnp.zeros_like(tile_max))
+        m_tile, tied = shifted_max(tile_max, n_ties, comp, True)
     m_new = jnp.maximum(m_i, m_tile)
     alpha = jnp.exp(numerics.exp_arg(m_i - m_new))                 # 0 on the first tile
-    p = jnp.exp(numerics.exp_arg(s - m_new[:, None]))              # P̄, float32
-    l_new = numerics.state(alpha * l_i + numerics.tile_sum(p))     # row_sum from f32 P̄
-    pv = numerics.pv(dot_nn(numerics.round_p(p, dtype), v))
-    acc = numerics.state(numerics.state(alpha[:, None] * acc) + pv)
-    return acc, m_new, l_new, jnp.maximum(max_p, jnp.max(p, axis=-1)), tied_tiles + tied
+
+    def accumulate(c, sums):
+      tile_sum, pv, mp = sums
+      s = s0 if n_sub == 1 else scores(j, c)[0]
+      v = v_ref[pl.ds(j * block_k + c * sub_k, sub_k), :]
+      p = jnp.exp(numerics.exp_arg(s - m_new[:, None]))            # P̄, float32
+      return (tile_sum + jnp.sum(p, axis=-1), pv + dot_nn(numerics.round_p(p, dtype), v),
+              jnp.maximum(mp, jnp.max(p, axis=-1)))
+
+    zeros = jnp.zeros_like(m_new)
+    tile_sum, pv, max_p = sub_tile_loop(n_sub, accumulate, (zeros, jnp.zeros_like(acc), max_p))
+    l_new = numerics.state(alpha * l_i + numerics.clamp_sum(tile_sum))   # row_sum from f32 P̄
+    acc = numerics.state(numerics.state(alpha[:, None] * acc) + numerics.pv(pv))
+    return acc, m_new, l_new, max_p, tied_tiles + tied
 
   zeros = jnp.zeros((block_q,), jnp.float32)
   init = (jnp.zeros(q.shape, jnp.float32), zeros - jnp.inf, zeros, zeros, zeros)
@@ -126,7 +154,7 @@ def flash_forward(q, k, v, cfg, seeds=None):
   batch, q_len_p, num_heads, d = q.shape
   kv_len_p, num_kv_heads = k.shape[1], k.shape[2]
   group = num_heads // num_kv_heads
-  block_q = cfg.blocks.block_q
+  block_q = cfg.blocks.compute(cfg.numerics)[0]
   grid = (q_len_p // block_q, batch, num_heads)
   q_spec = pl.BlockSpec((None, block_q, None, d), lambda i, b, h: (b, i, h, 0))
   kv_spec = pl.BlockSpec((None, kv_len_p, None, d), lambda i, b, h: (b, 0, h // group, 0))

@@ -119,9 +119,8 @@ class Numerics:
   def exp_arg(self, x):
     return round_bf16(x) if self.paper else x                       # paper: exp(bf16(·))
 
-  def tile_sum(self, p):
-    s = jnp.sum(p, axis=-1)
-    return jnp.maximum(s, 1e-10) if self.paper else s               # paper: clamp ≥ 1e−10
+  def clamp_sum(self, tile_sum):
+    return jnp.maximum(tile_sum, 1e-10) if self.paper else tile_sum  # paper: clamp ≥ 1e−10
 
   def round_p(self, p, input_dtype):
     """P̄ (forward) and P (backward) before their dots."""
@@ -220,34 +219,50 @@ class Compensation:
       raise ValueError(f"need 0 < min_shift <= max_shift, got {self.min_shift=}, {self.max_shift=}")
 
 
+def tie_count(s, valid, tile_max, comp: Compensation, paper: bool = False):
+  """Per row, how many scores of the tile are tied with its max (float32 count).
+
+  fa2: unmasked scores ≥ max − tie_tolerance. paper: every entry ≥ bf16(max − tol), masked
+  ones (−BF16_MAX) included, as the paper's kernel counts them.
+  """
+  if paper:
+    near = s >= round_bf16(tile_max - comp.tie_tolerance)[:, None]
+  else:
+    near = jnp.logical_and(valid, s >= (tile_max - comp.tie_tolerance)[:, None])
+  return jnp.sum(near.astype(jnp.float32), axis=-1)
+
+
+def shifted_max(tile_max, n_ties, comp: Compensation, paper: bool = False):
+  """(m_tile, tied as float32) from the tile max and its tie count.
+
+  paper: the literal rule, m' = bf16(β·max) for max > 0, 0 for max < 0, unchanged at 0.
+  fa2: the paper's shift d = m' − max clipped to [min_shift, max_shift] (`Compensation`).
+  """
+  tied = n_ties > 1.0
+  if paper:
+    shifted = jnp.where(tile_max > 0, round_bf16(comp.beta * tile_max),
+                        jnp.where(tile_max < 0, 0.0, tile_max))
+  else:
+    paper_shift = jnp.where(tile_max > 0, (comp.beta - 1.0) * tile_max, -tile_max)
+    shifted = tile_max + jnp.clip(paper_shift, comp.min_shift, comp.max_shift)
+  return jnp.where(tied, shifted, tile_max), tied.astype(jnp.float32)
+
+
 def compensated_tile_max(s, valid, comp: Compensation | None, paper: bool = False):
-  """Row max of one score tile, shifted on tied rows (`Compensation`).
+  """Row max of one score tile, shifted on tied rows (Qiu & Yao 2025, Alg. 1).
 
   Args:
     s: [rows, block_k] float32 scores, masked entries already set to the mask value.
     valid: [rows, block_k] bool, True where the score is not masked.
     comp: the compensation settings, or None for plain FA2.
-    paper: the literal rule of the paper's kernel (`Numerics.paper`): ties are entries
-      ≥ bf16(max − tol) (masked entries included), m' = bf16(β·max) for max > 0, 0 for
-      max < 0, unchanged at 0, no guard.
+    paper: the literal rule of the paper's kernel (see `tie_count`, `shifted_max`).
   Returns:
     (m_tile [rows] float32, tied [rows] float32 with 1.0 where the rule fired).
   """
   tile_max = jnp.max(s, axis=-1)
   if comp is None:
     return tile_max, jnp.zeros_like(tile_max)
-  if paper:
-    near = s >= round_bf16(tile_max - comp.tie_tolerance)[:, None]
-    tied = jnp.sum(near.astype(jnp.float32), axis=-1) > 1.0
-    shifted = jnp.where(tile_max > 0, round_bf16(comp.beta * tile_max),
-                        jnp.where(tile_max < 0, 0.0, tile_max))
-    return jnp.where(tied, shifted, tile_max), tied.astype(jnp.float32)
-  near = jnp.logical_and(valid, s >= (tile_max - comp.tie_tolerance)[:, None])
-  n_ties = jnp.sum(near.astype(jnp.float32), axis=-1)
-  tied = n_ties > 1.0
-  paper_shift = jnp.where(tile_max > 0, (comp.beta - 1.0) * tile_max, -tile_max)
-  shift = jnp.clip(paper_shift, comp.min_shift, comp.max_shift)
-  return jnp.where(tied, tile_max + shift, tile_max), tied.astype(jnp.float32)
+  return shifted_max(tile_max, tie_count(s, valid, tile_max, comp, paper), comp, paper)
 
 
 def next_power_of_2(n: int) -> int:
@@ -268,9 +283,13 @@ class BlockSizes:
   block_k: int
   block_q_bwd: int
   block_k_bwd: int
+  # Compute sub-tile of the paper layout, whose logical tiles (up to 512×512, the paper's) are
+  # too large for a GPU program: each logical tile is processed in sub-tiles and rounded once
+  # per logical tile, so `sub` changes float32 summation order only.
+  sub: int = 64
 
   def __post_init__(self):
-    for name in ("block_q", "block_k", "block_q_bwd", "block_k_bwd"):
+    for name in ("block_q", "block_k", "block_q_bwd", "block_k_bwd", "sub"):
       b = getattr(self, name)
       if not isinstance(b, (int, np.integer)) or isinstance(b, bool) or b < 16 or b & (b - 1):
         raise ValueError(f"{name} must be a power of two >= 16, got {name}={b!r}")
@@ -294,4 +313,13 @@ class BlockSizes:
     """Shrinks tiles that are longer than the padded sequence (same numerics)."""
     lq, lk = max(16, next_power_of_2(q_len)), max(16, next_power_of_2(kv_len))
     return BlockSizes(min(self.block_q, lq), min(self.block_k, lk),
-                      min(self.block_q_bwd, lq), min(self.block_k_bwd, lk))
+                      min(self.block_q_bwd, lq), min(self.block_k_bwd, lk), self.sub)
+
+  def compute(self, numerics: "Numerics"):
+    """(q tile, key sub-tile) a forward program works on, and (q tile, k tile) of the two
+    backward kernels' programs and inner loops: the logical tiles, except in the paper
+    layout, where they are cut to `sub`."""
+    if not numerics.paper:
+      return self.block_q, self.block_k, self.block_q_bwd, self.block_k_bwd
+    return (min(self.block_q, self.sub), min(self.block_k, self.sub),
+            min(self.block_q_bwd, self.sub), min(self.block_k_bwd, self.sub))

@@ -24,6 +24,19 @@ def test_bias_statistic_flags_a_planted_bias():
   assert Bias.of(noise + 0.2).z > 5
 
 
+def test_bias_benchmark_flags_paper_and_clears_fp32_out_and_stochastic():
+  """On tied maxima with same-sign values the paper layout's per-tile bf16 buffers add a bias
+  (measured, sign not assumed); FP32 O and stochastic rounding do not. "Unbiased" for fp32_out
+  is |mean| < 0.01 bf16 ulp: its float32 errors are ~1e-3 ulp, so any residue gives a large z."""
+  rows = {r["layout"]: r for r in bias_benchmark(tied_rows(num_rows=512), stabilize=(False,))}
+  paper, fp32_out, stochastic = (rows[k]["out_vs_fp64"] for k in ("paper", "fp32_out", "stochastic"))
+  assert abs(paper["z"]) > 5 and abs(paper["mean"]) > 0.05
+  assert abs(rows["paper"]["out_vs_rounded"]["z"]) > 5          # beyond correct rounding
+  assert abs(stochastic["z"]) < 3
+  assert abs(fp32_out["mean"]) < 0.01
+  assert abs(rows["paper"]["delta_vs_fp64"]["z"]) > 3              # and it reaches delta
+
+
 def test_bias_benchmark_rows_and_signs():
   rows = bias_benchmark(tied_rows(num_rows=64, kv_len=32), layouts=("fa2", "stochastic"),
                         stabilize=(False,))
