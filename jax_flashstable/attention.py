@@ -5,6 +5,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from pallas_kernels.attention import KernelConfig, flash_attention_padded
 from pallas_kernels.checks import check_inputs
@@ -31,6 +32,16 @@ class AttentionStats(NamedTuple):
   tied_tiles: jax.Array
 
 
+def _number(name, value):
+  """A Python float from a Python/NumPy number or a concrete 0-d array (names the value if not)."""
+  if isinstance(value, (bool, np.bool_)):
+    raise TypeError(f"{name} must be a number, got {name}={value!r}")
+  try:
+    return float(value)
+  except (TypeError, ValueError, jax.errors.ConcretizationTypeError):
+    raise TypeError(f"{name} must be a concrete number, got {name}={value!r}") from None
+
+
 def _default_interpret() -> bool:
   return jax.default_backend() != "gpu"
 
@@ -50,8 +61,9 @@ def flash_attention(query, key, value, *, causal=False, softmax_scale=None, stab
   With `stabilize=True` the kernel applies the compensation of Qiu & Yao 2025
   (arXiv 2510.04212, Alg. 1): per key/value tile, a row with more than one score within
   `tie_tolerance` of the tile max uses m' = beta·max (max > 0) or 0 (max < 0) instead of max.
-  Unlike the paper, the shift m' − max is clipped to [2^−7, 20], so ties at 0 are shifted too
-  and ties of large magnitude do not underflow the row (`pallas_kernels.policy.Compensation`).
+  Unlike the paper, the shift m' − max is clipped to [2^−7, 20] ([2^−7, 6] for float16, whose
+  P̄ must stay a normal float16 number), so ties at 0 are shifted too and ties of large
+  magnitude do not underflow the row (`pallas_kernels.policy.Compensation`).
 
   Args:
     query: [batch, q_len, num_heads, head_dim], bfloat16, float16 or float32.
@@ -72,7 +84,10 @@ def flash_attention(query, key, value, *, causal=False, softmax_scale=None, stab
       head_dim > 128), the same on CPU and GPU.
     interpret: run the kernels in Pallas interpret mode; defaults to True unless the default
       JAX backend is a GPU (then the Triton lowering is used).
-    return_stats: also return `AttentionStats` (not differentiated).
+    return_stats: also return `AttentionStats`. `lse` is differentiable (its cotangent enters
+      dS as P·d_lse); row_max, max_p and tied_tiles are not (their cotangents are ignored, as
+      under `jax.lax.stop_gradient`). Forward-mode autodiff (`jax.jvp`) and second
+      derivatives are not supported (custom_vjp).
     rng_key: a `jax.random` key, for numerics="stochastic" only.
     num_warps, num_stages: Triton launch parameters (speed only); defaults 4 warps (8 when
       head_dim > 64) and 2 stages.
@@ -88,7 +103,13 @@ def flash_attention(query, key, value, *, causal=False, softmax_scale=None, stab
     TypeError: unsupported or mixed dtypes.
   """
   softmax_scale = check_inputs(query, key, value, softmax_scale)
-  compensation = Compensation(beta=beta, tie_tolerance=tie_tolerance)  # validates both
+  # float16 (5 exponent bits) cannot hold e^−20: cap the shift so tied P̄ ≥ e^−6 stays a
+  # normal float16 number after `round_p`.
+  max_shift = 6.0 if jnp.dtype(query.dtype) == jnp.float16 else Compensation.max_shift
+  compensation = Compensation(beta=_number("beta", beta), tie_tolerance=_number("tie_tolerance", tie_tolerance),
+                              max_shift=max_shift)
+  if not isinstance(causal, (bool, np.bool_)):
+    raise TypeError(f"causal must be a bool, got causal={causal!r}")
   head_dim = query.shape[3]
   layout = get_numerics(numerics)
   blocks = BlockSizes.default(head_dim, block_q, block_k).for_numerics(layout)

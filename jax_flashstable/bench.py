@@ -88,11 +88,12 @@ def gpt2_step_table(model="gpt2-small", attentions=("flash", "flash-stable", "cu
                     batch_size=16, seq_len=None, steps=10, warmup=3):
   """Training-step time, tokens/s and MFU of GPT-2 per attention choice, in one process.
 
-  MFU = (6·N + 12·n_layer·n_head·head_dim·T)·tokens/s / 989 TFLOP/s (H100/H200 dense bf16).
+  MFU = (6·N + 12·n_layer·n_head·head_dim·T)·tokens/s / peak (`train.peak_flops`; 989 TFLOP/s
+  on H100/H200; NaN on other devices).
   """
   from jax_flashstable.data import Dataset
   from jax_flashstable.gpt2 import flops_per_token
-  from jax_flashstable.train import TrainConfig, init_state, make_steps
+  from jax_flashstable.train import TrainConfig, init_state, make_steps, peak_flops
   from jax_flashstable.gpt2 import count_params
   rows = []
   for attention in attentions:
@@ -117,7 +118,7 @@ def gpt2_step_table(model="gpt2-small", attentions=("flash", "flash-stable", "cu
     tok_s = batch_size * t / dt
     rows.append(dict(attention=attention, model=model, batch=batch_size, seq_len=t, n_params=n,
                      step_ms=1e3 * dt, tokens_per_s=tok_s, last_loss=loss,
-                     mfu=flops_per_token(mcfg, n, t) * tok_s / 989e12))
+                     mfu=flops_per_token(mcfg, n, t) * tok_s / (peak_flops() or float("nan"))))
   return rows
 
 

@@ -32,26 +32,11 @@ def _accuracy(args):
   return 1 if failed else 0
 
 
-def _parse_value(text, type_name, what):
-  t = str(type_name)
-  try:
-    if "bool" in t:
-      if text.lower() not in ("true", "false", "1", "0"):
-        raise ValueError
-      return text.lower() in ("true", "1")
-    if "int" in t and "float" not in t:
-      return None if text.lower() == "none" else int(text)
-    if "float" in t:
-      return float(text)
-  except ValueError:
-    raise SystemExit(f"flashstable: {what}={text!r} is not a valid {t}") from None
-  return text
-
-
 def _train_config(args, **defaults):
   """TrainConfig from parsed CLI args (only the options the user gave override `defaults`)."""
   import dataclasses
 
+  from jax_flashstable.config import parse_field_value
   from jax_flashstable.gpt2 import GPTConfig
   from jax_flashstable.train import TrainConfig
   kw = dict(defaults)
@@ -66,7 +51,10 @@ def _train_config(args, **defaults):
     if key not in gtypes or key.startswith("attention"):
       raise SystemExit(f"flashstable: --model-set {key!r} is not a GPTConfig field "
                        f"({sorted(k for k in gtypes if not k.startswith('attention'))})")
-    model_overrides.append((key, _parse_value(value, gtypes[key], key)))
+    try:
+      model_overrides.append((key, parse_field_value(key, value, gtypes[key])))
+    except ValueError as e:
+      raise SystemExit(f"flashstable: {e}") from None
   kw["model_overrides"] = tuple(model_overrides)
   layer_overrides = []
   for item in args.layer_attention or []:

@@ -70,8 +70,10 @@ def _report(base, results):
   lines = [f"# flashstable compare — {datetime.date.today()}",
            "",
            f"Device: {getattr(dev, 'device_kind', dev.platform)} ({jax.default_backend()}), jax {jax.__version__}. "
-           f"Model `{base.model}` {dict(base.model_overrides) or ''}, {base.steps} steps, batch "
-           f"{base.batch_size}×{base.grad_accum}, seq_len {base.seq_len or 'block_size'}, peak lr {base.lr}, "
+           f"Model `{base.model}`{' ' + str(dict(base.model_overrides)) if base.model_overrides else ''}, "
+           f"{base.steps} steps, batch {base.batch_size}×{base.grad_accum}, seq_len "
+           f"{base.seq_len or base.model_config().block_size}, peak lr {base.lr}, "
+           f"weight decay {base.weight_decay}, "
            f"warmup {base.warmup_steps}, seed {base.seed}, data {base.data or 'embedded sample'}.",
            "",
            "| attention | final train loss | final val loss | max grad norm | exploding / non-finite step |",

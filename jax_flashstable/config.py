@@ -48,7 +48,7 @@ class AttentionConfig:
       if cfg == self:
         return preset
     return ",".join(f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self)
-                    if getattr(self, f.name) != f.default) or "flash"
+                    if getattr(self, f.name) != f.default)
 
   @classmethod
   def parse(cls, spec: str | "AttentionConfig") -> "AttentionConfig":
@@ -66,22 +66,27 @@ class AttentionConfig:
         key, _, value = item.partition("=")
         if key not in types:
           raise ValueError(f"unknown AttentionConfig field {key!r} in {spec!r}")
-        kw[key] = _convert(key, value, types[key])
+        kw[key] = parse_field_value(key, value, types[key])
       cfg = dataclasses.replace(cfg, **kw)
     return cfg
 
 
-def _convert(key, value, type_name):
+def parse_field_value(key, text, type_name):
+  """Text → a dataclass field's type ("bool", "int | None", "float", "str"); ValueError naming
+  the key and the text when it does not parse."""
   t = str(type_name)
-  if "bool" in t:
-    if value.lower() not in ("true", "false", "1", "0"):
-      raise ValueError(f"{key}={value!r} is not a boolean")
-    return value.lower() in ("true", "1")
-  if "int" in t:
-    return None if value.lower() == "none" else int(value)
-  if "float" in t:
-    return float(value)
-  return value
+  try:
+    if "bool" in t:
+      if text.lower() not in ("true", "false", "1", "0"):
+        raise ValueError
+      return text.lower() in ("true", "1")
+    if "int" in t and "float" not in t:
+      return None if text.lower() == "none" else int(text)
+    if "float" in t:
+      return float(text)
+  except ValueError:
+    raise ValueError(f"{key}={text!r} is not a valid {t}") from None
+  return text
 
 
 PRESETS = {

@@ -17,6 +17,7 @@ import lzma
 import os
 import pathlib
 import shutil
+import warnings
 
 import numpy as np
 
@@ -122,7 +123,9 @@ def resolve_data_dir(data) -> pathlib.Path:
   if _find(folder, "train") is not None:
     return folder
   if any(p.suffix in TEXT_SUFFIXES for p in folder.rglob("*")):
-    key = hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:16]
+    stamp = "".join(f"{p}:{p.stat().st_size}:{p.stat().st_mtime_ns};" for p in sorted(folder.rglob("*"))
+                    if p.is_file() and p.suffix in TEXT_SUFFIXES)
+    key = hashlib.sha256(f"{folder.resolve()}|{stamp}".encode()).hexdigest()[:16]
     out = cache_dir() / f"text-{key}"
     if _find(out, "train") is None:
       prepare_text_folder(folder, out)
@@ -140,6 +143,8 @@ class Dataset:
     if train is None:
       raise FileNotFoundError(f"no train.bin[.xz] in {folder}")
     self.train = load_tokens(train, vocab_size)
+    if val is None:
+      warnings.warn(f"no val.bin[.xz] in {folder}: validation losses use the training tokens")
     self.val = load_tokens(val, vocab_size) if val is not None else self.train
 
   def batch(self, split, seed, step, batch_size, seq_len):

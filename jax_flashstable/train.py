@@ -23,7 +23,11 @@ from jax_flashstable.config import AttentionConfig
 from jax_flashstable.data import Dataset
 from jax_flashstable.gpt2 import GPT, GPTConfig, count_params, flops_per_token, loss_fn
 
-PEAK_FLOPS = {"gpu": 989e12}   # H100/H200 dense bf16 (datasheet), for MFU
+def peak_flops():
+  """Dense bf16 peak of the default device for MFU: 989 TFLOP/s on H100/H200 (datasheet);
+  None elsewhere (MFU is then not reported)."""
+  kind = getattr(jax.devices()[0], "device_kind", "")
+  return 989e12 if ("H100" in kind or "H200" in kind) else None
 
 
 class NonFiniteError(RuntimeError):
@@ -169,13 +173,16 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None) -> dict
 
   tokens_per_step = cfg.batch_size * cfg.grad_accum * seq_len
   flops_step = flops_per_token(mcfg, n_params, seq_len) * tokens_per_step
-  peak = PEAK_FLOPS.get(jax.default_backend())
+  peak = peak_flops()
   bar = None
   if cfg.progress:
     from tqdm.auto import tqdm
     bar = tqdm(total=cfg.steps, initial=start, desc=f"{cfg.attention}", leave=False)
   state, summary = (params, opt_state), {}
-  with open(out / "metrics.jsonl", "a") as log:
+  metrics_path = out / "metrics.jsonl"
+  kept = [r for r in read_metrics(out) if r["step"] <= start] if start and metrics_path.exists() else []
+  with open(metrics_path, "w") as log:                 # a fresh run, or rows up to the checkpoint
+    log.writelines(json.dumps(r) + "\n" for r in kept)
     for step in range(start + 1, cfg.steps + 1):
       xy = [data.batch("train", cfg.seed, step * cfg.grad_accum + j, cfg.batch_size, seq_len)
             for j in range(cfg.grad_accum)]
@@ -216,8 +223,8 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None) -> dict
 
 
 def read_losses(out_dir):
-  """(step, loss) of the latest run in out_dir, resumed segments included."""
-  return sorted({r["step"]: r["loss"] for r in read_metrics(out_dir)}.items())
+  """(step, loss) of the run in out_dir."""
+  return [(r["step"], r["loss"]) for r in read_metrics(out_dir)]
 
 
 def read_metrics(out_dir) -> list[dict]:

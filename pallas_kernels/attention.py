@@ -55,9 +55,12 @@ def _flash_fwd(q, k, v, seeds, cfg):
 
 def _flash_bwd(cfg, res, cotangents):
   q, k, v, seeds, out, lse = res
-  d_out, _ = cotangents  # the statistics are not differentiated
+  d_out, d_stats = cotangents
+  # ∂lse/∂S = P, so an lse cotangent enters dS = P∘(dP − delta) as delta − d_lse. The other
+  # statistics (row_max, max_p, tied_tiles) are not differentiated: their cotangents are dropped.
+  d_lse = d_stats[0] if d_stats else None
   d_seeds = np.zeros(seeds.shape, jax.dtypes.float0)
-  return flash_backward(q, k, v, out, lse, d_out, cfg) + (d_seeds,)
+  return flash_backward(q, k, v, out, lse, d_out, cfg, d_lse) + (d_seeds,)
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)

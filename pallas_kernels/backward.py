@@ -86,14 +86,19 @@ def dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, *, cfg):
   dq_ref[...] = (dq * numerics.grad_scale(cfg.softmax_scale)).astype(dq_ref.dtype)
 
 
-def flash_backward(q, k, v, o, lse, do, cfg):
-  """Gradients for padded [batch, len, heads, head_dim] arrays; returns (dq, dk, dv)."""
+def flash_backward(q, k, v, o, lse, do, cfg, d_lse=None):
+  """Gradients for padded [batch, len, heads, head_dim] arrays; returns (dq, dk, dv).
+
+  `d_lse` [batch, heads, q_len_p]: the cotangent of the returned lse, if any.
+  """
   batch, q_len_p, num_heads, d = q.shape
   kv_len_p, num_kv_heads = k.shape[1], k.shape[2]
   group = num_heads // num_kv_heads
   _, _, bq, bk = cfg.blocks.compute(cfg.numerics)   # program tiles of the two kernels
   # delta = rowsum(dO ∘ O) in float32, from the output as returned (rounded).
   delta = cfg.numerics.delta(do, o).transpose(0, 2, 1)             # [batch, heads, q_len_p]
+  if d_lse is not None:
+    delta = delta - d_lse
   do = do.astype(q.dtype)
   row_all = pl.BlockSpec((None, None, q_len_p), lambda t, b, h: (b, h, 0))
   q_all = pl.BlockSpec((None, q_len_p, None, d), lambda t, b, h: (b, 0, h, 0))

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 
 from pallas_kernels.policy import MAX_HEAD_DIM, SUPPORTED_DTYPES
 
@@ -43,8 +45,13 @@ def check_inputs(query, key, value, softmax_scale, *, allow_float64=False):
     raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
   if softmax_scale is None:
     return 1.0 / math.sqrt(head_dim)
-  if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
-    raise TypeError(f"softmax_scale must be a Python number, got softmax_scale={softmax_scale!r}")
-  if not (math.isfinite(softmax_scale) and softmax_scale > 0):
+  if isinstance(softmax_scale, (bool, np.bool_)):
+    raise TypeError(f"softmax_scale must be a number, got softmax_scale={softmax_scale!r}")
+  try:
+    scale = float(softmax_scale)          # Python/NumPy numbers and concrete 0-d arrays
+  except (TypeError, ValueError, jax.errors.ConcretizationTypeError):
+    raise TypeError(f"softmax_scale must be a concrete number (it is static), got "
+                    f"softmax_scale={softmax_scale!r}") from None
+  if not (math.isfinite(scale) and scale > 0):
     raise ValueError(f"softmax_scale must be finite and > 0, got softmax_scale={softmax_scale!r}")
-  return float(softmax_scale)
+  return scale

@@ -206,12 +206,13 @@ class Compensation:
   beta: float = 2.0
   tie_tolerance: float = 1e-3
   min_shift: float = 2.0 ** -7   # exp(−2^−7) = 0.99222 → bf16 0.99219 < 1
-  max_shift: float = 20.0        # exp(−20) = 2.1e−9, far from float32's smallest normal
+  max_shift: float = 20.0        # exp(−20) = 2.1e−9, far from float32's smallest normal;
+                                 # flash_attention uses 6 for float16 (e^−6 = 2.5e−3 is normal)
 
   def __post_init__(self):
-    if not (isinstance(self.beta, (int, float)) and math.isfinite(self.beta) and self.beta > 1):
+    if not (isinstance(self.beta, (int, float, np.floating)) and math.isfinite(self.beta) and self.beta > 1):
       raise ValueError(f"beta must be a finite number > 1, got beta={self.beta!r}")
-    if not (isinstance(self.tie_tolerance, (int, float)) and math.isfinite(self.tie_tolerance)
+    if not (isinstance(self.tie_tolerance, (int, float, np.floating)) and math.isfinite(self.tie_tolerance)
             and self.tie_tolerance >= 0):
       raise ValueError(
           f"tie_tolerance must be a finite number >= 0, got tie_tolerance={self.tie_tolerance!r}")

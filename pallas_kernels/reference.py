@@ -44,6 +44,13 @@ def _attention(query, key, value, causal, softmax_scale, dtype):
   return o.astype(dtype)                                          # rounding point 3
 
 
+def _check_dtype(dtype):
+  dtype = jnp.dtype(dtype)
+  if dtype not in (jnp.float64, jnp.float32, jnp.bfloat16, jnp.float16):
+    raise TypeError(f"reference dtype must be float64, float32, bfloat16 or float16, got {dtype=}")
+  return dtype
+
+
 def reference_attention(query, key, value, *, causal=False, softmax_scale=None, dtype=jnp.float32):
   """Materialized softmax(scale·QKᵀ)·V computed in `dtype` (see the module docstring).
 
@@ -59,9 +66,7 @@ def reference_attention(query, key, value, *, causal=False, softmax_scale=None, 
   Raises:
     ValueError/TypeError for bad shapes or an unsupported dtype (see `pallas_kernels.checks.check_inputs`).
   """
-  dtype = jnp.dtype(dtype)
-  if dtype not in (jnp.float64, jnp.float32, jnp.bfloat16, jnp.float16):
-    raise TypeError(f"reference dtype must be float64, float32, bfloat16 or float16, got {dtype=}")
+  dtype = _check_dtype(dtype)
   softmax_scale = check_inputs(query, key, value, softmax_scale, allow_float64=True)
   if dtype == jnp.float64:
     with jax.enable_x64(True):
@@ -77,7 +82,7 @@ def reference_attention_vjp(query, key, value, d_out, *, causal=False, softmax_s
   float64 results are NumPy arrays (computed with x64 on locally); the gradients of the
   low-precision references are the autodiff of the rounded program.
   """
-  dtype = jnp.dtype(dtype)
+  dtype = _check_dtype(dtype)
   softmax_scale = check_inputs(query, key, value, softmax_scale, allow_float64=True)
 
   def run():

@@ -39,6 +39,28 @@ def test_output_dtype_shape_and_stats_layout():
   np.testing.assert_allclose(np.asarray(st.lse), lse, atol=1e-4)
 
 
+def test_lse_is_differentiable():
+  q, k, v, _ = make_inputs(Shape(1, 40, 40, 2, 1, 32, causal=True), jnp.float32, 4)
+  f = lambda q, k, v: flash_attention(q, k, v, causal=True, return_stats=True)[1].lse.sum()
+
+  def ref(q, k, v):
+    s = jnp.einsum("bqhd,bkhd->bqhk", q, jnp.repeat(k, 2, axis=2)) / np.sqrt(32)
+    s = jnp.where(jnp.tril(jnp.ones((40, 40), bool))[None, :, None, :], s, -jnp.inf)
+    return jax.nn.logsumexp(s, axis=-1).sum()
+
+  for g, r in zip(jax.grad(f, (0, 1, 2))(q, k, v), jax.grad(ref, (0, 1, 2))(q, k, v)):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(r), atol=2e-5)
+
+
+def test_numpy_scalars_and_strict_causal():
+  q, k, v, _ = make_inputs(Shape(1, 20, 20, 1, 1, 32), jnp.float32, 5)
+  a = flash_attention(q, k, v, softmax_scale=0.2, beta=2.5, stabilize=True)
+  b = flash_attention(q, k, v, softmax_scale=np.float32(0.2), beta=np.float32(2.5), stabilize=True)
+  np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  with pytest.raises(TypeError, match="causal='no'"):
+    flash_attention(q, k, v, causal="no")
+
+
 def _x(shape, dtype=jnp.bfloat16):
   return jnp.zeros(shape, dtype)
 

@@ -74,10 +74,10 @@ def test_kernel_matches_bit_level_emulation(case):
       floor = 0.98 if dt != BF16 else 0.99 if numerics.out_float32 else 0.995
       rates = grad_rates + ([] if numerics.out_float32 else [same(o, eo)])
       assert min(rates) >= floor, rates
-      if numerics.out_float32:
-        assert out_err <= 2e-6, out_err
+      if numerics.out_float32:   # H200: 2.4e-5 (GPU exp/division), CPU 5e-7
+        assert out_err <= 1e-4, out_err
       np.testing.assert_allclose(lse, e_lse, atol=2e-6)
     else:
       assert max(grad_rates + ([] if numerics.out_float32 or numerics.stochastic else [same(o, eo)])) <= 0.9, grad_rates
-      if numerics.out_float32:
-        assert out_err >= 1e-4, out_err
+      if numerics.out_float32:   # without the P̄ rounding: 2.6e-3
+        assert out_err >= 1e-3, out_err
