@@ -83,9 +83,13 @@ def deviation_benchmark(seq_lens=(128, 256, 512), head_dims=(64,), dtypes=("bflo
 
 
 def deviation_headline(rows):
-  """Geometric mean over bf16 rows of flash max deviation / standard max deviation."""
-  r = [x["ratio_max"] for x in rows if x["dtype"] == "bfloat16"]
-  return float(np.exp(np.mean(np.log(r)))) if r else float("nan")
+  """{layout: geometric mean over its bf16 rows of flash max deviation / standard max deviation}."""
+  out = {}
+  for layout in dict.fromkeys(x["layout"] for x in rows):
+    r = [x["ratio_max"] for x in rows if x["dtype"] == "bfloat16" and x["layout"] == layout]
+    if r:
+      out[layout] = float(np.exp(np.mean(np.log(r))))
+  return out
 
 
 # ---------------------------------------------------------------------------------------------
