@@ -8,12 +8,10 @@ CPU: python experiments/01_kernel_speed.py --seq-len 256 --batch 1 --heads 2 --r
 Expected runtime: ~2 min on one H200 (compiles included).
 """
 import argparse
-import datetime
-import json
-import os
 
 import jax
 
+from jax_flashstable.results import run_meta, write_results
 from jax_flashstable.bench import format_table, speed_table
 
 
@@ -27,15 +25,9 @@ def main():
   ap.add_argument("--reps", type=int, default=20)
   a = ap.parse_args()
   rows = speed_table(a.batch, a.seq_len, a.heads, a.head_dim, reps=a.reps)
-  dev = jax.devices()[0]
-  meta = dict(date=datetime.date.today().isoformat(), device=getattr(dev, "device_kind", str(dev)),
-              jax=jax.__version__, batch=a.batch, seq_len=a.seq_len, heads=a.heads,
-              head_dim=a.head_dim, dtype="bfloat16")
-  os.makedirs(a.out, exist_ok=True)
-  with open(os.path.join(a.out, "speed.json"), "w") as f:
-    json.dump(dict(meta=meta, rows=rows), f, indent=1)
-  print(json.dumps(meta))
-  print(format_table(rows))
+  meta = run_meta(batch=a.batch, seq_len=a.seq_len, heads=a.heads, head_dim=a.head_dim,
+                  dtype="bfloat16")
+  write_results(a.out, "speed", rows, format_table(rows), meta)
 
 
 if __name__ == "__main__":

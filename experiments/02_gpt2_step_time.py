@@ -7,12 +7,10 @@ CPU smoke: python experiments/02_gpt2_step_time.py --model tiny --batch 2 --step
 Expected runtime: ~2 min on one H200.
 """
 import argparse
-import datetime
-import json
-import os
 
 import jax
 
+from jax_flashstable.results import run_meta, write_results
 from jax_flashstable.bench import format_step_table, gpt2_step_table
 
 
@@ -25,14 +23,7 @@ def main():
   ap.add_argument("--attentions", default="flash,flash-stable,cudnn" if jax.default_backend() == "gpu" else "flash,xla")
   a = ap.parse_args()
   rows = gpt2_step_table(a.model, tuple(a.attentions.split(",")), a.batch, steps=a.steps)
-  dev = jax.devices()[0]
-  meta = dict(date=datetime.date.today().isoformat(), device=getattr(dev, "device_kind", str(dev)),
-              jax=jax.__version__)
-  os.makedirs(a.out, exist_ok=True)
-  with open(os.path.join(a.out, "step_time.json"), "w") as f:
-    json.dump(dict(meta=meta, rows=rows), f, indent=1)
-  print(json.dumps(meta))
-  print(format_step_table(rows))
+  write_results(a.out, "step_time", rows, format_step_table(rows), run_meta(model=a.model, batch=a.batch))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Kernel timing: FLOP counts (FlashAttention convention) and a side-by-side speed table."""
 from __future__ import annotations
 
+import math
 import statistics
 import time
 
@@ -125,6 +126,7 @@ def gpt2_step_table(model="gpt2-small", attentions=("flash", "flash-stable", "cu
 def format_step_table(rows):
   out = ["| attention | model | batch × seq | step ms | tokens/s | MFU |", "|---|---|---|---:|---:|---:|"]
   for r in rows:
+    mfu = "n/a" if math.isnan(r["mfu"]) else f"{100 * r['mfu']:.1f}%"
     out.append(f"| {r['attention']} | {r['model']} | {r['batch']}×{r['seq_len']} | {r['step_ms']:.1f} | "
-               f"{r['tokens_per_s']:,.0f} | {100 * r['mfu']:.1f}% |")
+               f"{r['tokens_per_s']:,.0f} | {mfu} |")
   return "\n".join(out)

@@ -123,21 +123,9 @@ def _prepare(args):
   return 0
 
 
-def _write(out_dir, name, rows, table, meta):
-  os.makedirs(out_dir, exist_ok=True)
-  with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
-    json.dump(dict(meta=meta, rows=rows), f, indent=1)
-  with open(os.path.join(out_dir, f"{name}.md"), "w") as f:
-    f.write(f"# {name}\n\n{json.dumps(meta)}\n\n{table}\n")
-  print(table)
-  print(f"\n{name}: {out_dir}/{name}.md, {out_dir}/{name}.json")
-
-
 def _meta(args):
-  import jax
-  dev = jax.devices()[0]
-  return dict(date=str(datetime.date.today()), device=getattr(dev, "device_kind", dev.platform),
-              jax=jax.__version__, args={k: v for k, v in vars(args).items() if k != "func"})
+  from jax_flashstable.results import run_meta
+  return run_meta(args={k: v for k, v in vars(args).items() if k != "func"})
 
 
 def _ints(text):
@@ -146,11 +134,12 @@ def _ints(text):
 
 def _deviation(args):
   from jax_flashstable.numerics_lab import deviation_benchmark, deviation_headline, format_deviation
+  from jax_flashstable.results import write_results
   rows = []
   for layout in args.layouts.split(","):
     rows += deviation_benchmark(_ints(args.seq_lens), _ints(args.head_dims), tuple(args.dtypes.split(",")),
                                 _ints(args.block_ks), num_heads=args.heads, seed=args.seed, layout=layout)
-  _write(args.out, "deviation", rows, format_deviation(rows), _meta(args))
+  write_results(args.out, "deviation", rows, format_deviation(rows), _meta(args))
   for layout, ratio in deviation_headline(rows).items():
     print(f"headline [{layout}]: flash / standard max deviation at bf16 (geometric mean over the "
           f"sweep) = {ratio:.2f} (Golden et al. 2024 report about 10x for their kernel)")
@@ -159,8 +148,9 @@ def _deviation(args):
 
 def _bias(args):
   from jax_flashstable.numerics_lab import bias_benchmark, bit_example, format_bias, tied_rows
+  from jax_flashstable.results import write_results
   rows = bias_benchmark(tied_rows(num_rows=args.rows, seed=args.seed), seed=args.seed)
-  _write(args.out, "bias", rows, format_bias(rows), _meta(args))
+  write_results(args.out, "bias", rows, format_bias(rows), _meta(args))
   ex = bit_example()
   print("\nbit example (P̄V tile sum as rounded by each layout, read back from the kernel as O·l):")
   for layout, r in ex.items():
