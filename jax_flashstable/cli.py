@@ -158,6 +158,12 @@ def _bias(args):
   return 0
 
 
+def _plot(args):
+  from jax_flashstable.plot import plot_run
+  print(f"wrote {plot_run(args.run_dir)}")
+  return 0
+
+
 def build_parser():
   ap = argparse.ArgumentParser(prog="flashstable", description="BF16 flash attention numerics, "
                                "visible and verifiable.")
@@ -191,6 +197,9 @@ def build_parser():
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--out", default="runs/bias")
   p.set_defaults(func=_bias)
+  p = sub.add_parser("plot", help="draw loss, grad norm and diagnostics of a training run")
+  p.add_argument("run_dir")
+  p.set_defaults(func=_plot)
   p = sub.add_parser("prepare", help="tokenize a folder of text files into train.bin/val.bin")
   p.add_argument("text_dir")
   p.add_argument("out_dir")

@@ -93,11 +93,17 @@ class CausalSelfAttention(nnx.Module):
     self.n_head = cfg.n_head
     self.attention = attention
 
-  def __call__(self, x):
+  def __call__(self, x, probe=None):
+    """`probe` (diagnostics only): None, or (zeros [b, t, h, d] float32 added to the attention
+    output so that its gradient is dO, a list that receives (q, k, v, O))."""
     b, t, c = x.shape
     q, k, v = jnp.split(self.c_attn(x), 3, axis=-1)                 # 3 × [b, t, c]
     q, k, v = (y.reshape(b, t, self.n_head, c // self.n_head) for y in (q, k, v))
     y = attend(q, k, v, self.attention, causal=True)                 # [b, t, h, d]
+    if probe is not None:
+      zero, record = probe
+      record.append((q, k, v, y))
+      y = (y.astype(jnp.float32) + zero).astype(y.dtype)             # exact: adds 0
     return self.c_proj(y.reshape(b, t, c))
 
 
@@ -117,8 +123,8 @@ class Block(nnx.Module):
     self.ln_2 = _layer_norm(cfg, rngs)
     self.mlp = MLP(cfg, rngs=rngs)
 
-  def __call__(self, x):                                             # x: [b, t, c] float32
-    x = x + self.attn(self.ln_1(x))
+  def __call__(self, x, probe=None):                                 # x: [b, t, c] float32
+    x = x + self.attn(self.ln_1(x), probe)
     return x + self.mlp(self.ln_2(x))
 
 
@@ -131,14 +137,16 @@ class GPT(nnx.Module):
     self.h = nnx.List([Block(cfg, i, rngs=rngs) for i in range(cfg.n_layer)])
     self.ln_f = _layer_norm(cfg, rngs)
 
-  def __call__(self, tokens):
-    """tokens [batch, t] int32 (t ≤ block_size) → logits [batch, t, vocab_size] float32."""
+  def __call__(self, tokens, probes=None):
+    """tokens [batch, t] int32 (t ≤ block_size) → logits [batch, t, vocab_size] float32.
+
+    `probes`: diagnostics only, one (zeros, list) per layer (see `CausalSelfAttention`)."""
     t = tokens.shape[1]
     if t > self.config.block_size:
       raise ValueError(f"sequence length {t} exceeds block_size={self.config.block_size}")
     x = self.wte(tokens) + self.wpe(jnp.arange(t))[None]
-    for block in self.h:
-      x = block(x)
+    for i, block in enumerate(self.h):
+      x = block(x, None if probes is None else probes[i])
     x = self.ln_f(x)
     dt = jnp.dtype(self.config.compute_dtype)
     logits = x.astype(dt) @ self.wte.embedding[...].astype(dt).T     # tied output embedding

@@ -58,6 +58,8 @@ class TrainConfig:
   eval_interval: int = 50             # steps between validation losses (0: only at the end)
   eval_batches: int = 4
   checkpoint_interval: int = 0        # steps between Orbax checkpoints (0: none)
+  diag_interval: int = 0              # steps between diagnostics rows (0: off), `diagnostics.py`
+  diag_rows: int = 64                 # sampled rows per diagnostics call
   out_dir: str = "runs/train"
   progress: bool = True               # tqdm progress bar
 
@@ -179,8 +181,15 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None) -> dict
     from tqdm.auto import tqdm
     bar = tqdm(total=cfg.steps, initial=start, desc=f"{cfg.attention}", leave=False)
   state, summary = (params, opt_state), {}
+  power = None
+  if cfg.diag_interval:
+    from jax_flashstable import diagnostics
+    power = diagnostics.init_power_state(mcfg, jax.random.key(cfg.seed))
+    diag_path = out / "diagnostics.jsonl"
+    kept = [r for r in _read_jsonl(diag_path) if r["step"] <= start] if start else []
+    diag_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
   metrics_path = out / "metrics.jsonl"
-  kept = [r for r in read_metrics(out) if r["step"] <= start] if start and metrics_path.exists() else []
+  kept = [r for r in read_metrics(out) if r["step"] <= start] if start else []
   with open(metrics_path, "w") as log:                 # a fresh run, or rows up to the checkpoint
     log.writelines(json.dumps(r) + "\n" for r in kept)
     for step in range(start + 1, cfg.steps + 1):
@@ -200,6 +209,11 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None) -> dict
         row["val_loss"] = evaluate(state[0])
       log.write(json.dumps(row) + "\n")
       log.flush()
+      if finite and cfg.diag_interval and step % cfg.diag_interval == 0:
+        d, power = diagnostics.diagnose(graphdef, state[0], xs[0], ys[0], power, cfg.diag_rows,
+                                        jax.random.fold_in(jax.random.key(cfg.seed), step))
+        with open(diag_path, "a") as f:
+          f.write(json.dumps(diagnostics.to_row(step, d)) + "\n")
       if bar is not None:
         bar.set_postfix(loss=f"{m['loss']:.3f}", gnorm=f"{m['grad_norm']:.2f}")
         bar.update(1)
@@ -227,6 +241,19 @@ def read_losses(out_dir):
   return [(r["step"], r["loss"]) for r in read_metrics(out_dir)]
 
 
-def read_metrics(out_dir) -> list[dict]:
-  with open(pathlib.Path(out_dir) / "metrics.jsonl") as f:
+def _read_jsonl(path) -> list[dict]:
+  path = pathlib.Path(path)
+  if not path.exists():
+    return []
+  with open(path) as f:
     return [json.loads(line) for line in f]
+
+
+def read_metrics(out_dir) -> list[dict]:
+  """The rows of out_dir/metrics.jsonl (one per step)."""
+  return _read_jsonl(pathlib.Path(out_dir) / "metrics.jsonl")
+
+
+def read_diagnostics(out_dir) -> list[dict]:
+  """The rows of out_dir/diagnostics.jsonl (one per diagnostics step)."""
+  return _read_jsonl(pathlib.Path(out_dir) / "diagnostics.jsonl")
