@@ -103,11 +103,8 @@ def flash_attention(query, key, value, *, causal=False, softmax_scale=None, stab
     TypeError: unsupported or mixed dtypes.
   """
   softmax_scale = check_inputs(query, key, value, softmax_scale)
-  # float16 (5 exponent bits) cannot hold e^−20: cap the shift so tied P̄ ≥ e^−6 stays a
-  # normal float16 number after `round_p`.
-  max_shift = 6.0 if jnp.dtype(query.dtype) == jnp.float16 else Compensation.max_shift
-  compensation = Compensation(beta=_number("beta", beta), tie_tolerance=_number("tie_tolerance", tie_tolerance),
-                              max_shift=max_shift)
+  compensation = Compensation.for_dtype(query.dtype, _number("beta", beta),
+                                        _number("tie_tolerance", tie_tolerance))
   if not isinstance(causal, (bool, np.bool_)):
     raise TypeError(f"causal must be a bool, got causal={causal!r}")
   head_dim = query.shape[3]

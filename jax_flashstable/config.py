@@ -36,6 +36,9 @@ class AttentionConfig:
       raise ValueError(f"numerics={self.numerics!r} is not one of {sorted(NUMERICS)}")
     if self.reference_dtype not in ("float32", "bfloat16"):
       raise ValueError(f"reference_dtype={self.reference_dtype!r} must be 'float32' or 'bfloat16'")
+    if self.numerics == "stochastic":
+      raise ValueError("numerics='stochastic' needs a fresh rng_key per call, which the model "
+                       "does not pass yet; use flash_attention(..., rng_key=) directly")
     if self.stabilize and self.implementation != "flash":
       raise ValueError(f"stabilize=True needs implementation='flash', got {self.implementation!r}")
     Compensation(beta=self.beta, tie_tolerance=self.tie_tolerance)   # validates

@@ -5,7 +5,8 @@ the kernel's own statistics: the compensation's trigger), the max attention logi
 attention entropy (sampled rows), the signed error of O and of delta = rowsum(dO∘O) of the
 layer's attention against an FP32 recomputation (sampled rows, dO from the real loss), and the
 spectral norm of W_Q and W_K per head and of the whole W_Q (power iteration, one step per call,
-with the vectors carried between calls).
+with the vectors carried between calls; they start from random vectors at every (re)start of a
+run, so the first rows of a run underestimate σ until the iteration has converged).
 `train_and_evaluate` runs it every `diag_interval` steps and appends a row to
 `diagnostics.jsonl`; `flashstable plot RUN_DIR` draws it.
 """
@@ -79,8 +80,9 @@ def diagnose(graphdef, params, x, y, power, n_rows=64, key=None):
   for layer, ((q, k, v, o), d_o) in enumerate(zip(records, d_outs)):
     att = cfg.attention_for(layer)
     if att.implementation == "flash":   # the kernel's own tie detection, on every row
+      # the layer's own layout and tiles, with the tie rule switched on to count its trigger
       _, st = flash_attention(q, k, v, causal=True, softmax_scale=scale, stabilize=True,
-                              beta=att.beta, tie_tolerance=att.tie_tolerance,
+                              beta=att.beta, tie_tolerance=att.tie_tolerance, numerics=att.numerics,
                               block_q=att.block_q, block_k=att.block_k, return_stats=True)
       out["tie_rate"].append(jnp.mean(st.tied_tiles > 0, axis=(0, 1)))
     else:

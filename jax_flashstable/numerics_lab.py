@@ -83,12 +83,13 @@ def deviation_benchmark(seq_lens=(128, 256, 512), head_dims=(64,), dtypes=("bflo
 
 
 def deviation_headline(rows):
-  """{layout: geometric mean over its bf16 rows of flash max deviation / standard max deviation}."""
+  """{"layout, block_k N": geometric mean over its bf16 rows of flash / standard max deviation}."""
   out = {}
-  for layout in dict.fromkeys(x["layout"] for x in rows):
-    r = [x["ratio_max"] for x in rows if x["dtype"] == "bfloat16" and x["layout"] == layout]
+  for layout, bk in dict.fromkeys((x["layout"], x["block_k"]) for x in rows):
+    r = [x["ratio_max"] for x in rows
+         if x["dtype"] == "bfloat16" and x["layout"] == layout and x["block_k"] == bk]
     if r:
-      out[layout] = float(np.exp(np.mean(np.log(r))))
+      out[f"{layout}, block_k {bk}"] = float(np.exp(np.mean(np.log(r))))
   return out
 
 

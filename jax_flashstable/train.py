@@ -182,6 +182,8 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None) -> dict
     bar = tqdm(total=cfg.steps, initial=start, desc=f"{cfg.attention}", leave=False)
   state, summary = (params, opt_state), {}
   power = None
+  if not cfg.diag_interval and not start:
+    (out / "diagnostics.jsonl").unlink(missing_ok=True)        # no stale rows from an older run
   if cfg.diag_interval:
     from jax_flashstable import diagnostics
     power = diagnostics.init_power_state(mcfg, jax.random.key(cfg.seed))

@@ -95,11 +95,13 @@ def flash_backward(q, k, v, o, lse, do, cfg, d_lse=None):
   kv_len_p, num_kv_heads = k.shape[1], k.shape[2]
   group = num_heads // num_kv_heads
   _, _, bq, bk = cfg.blocks.compute(cfg.numerics)   # program tiles of the two kernels
+  # The dots take dO in the input dtype; delta must use the same dO (fp32_out's cotangent is
+  # float32), so that Σ_j dS_ij = 0 holds for the program the kernels differentiate.
+  do = do.astype(q.dtype)
   # delta = rowsum(dO ∘ O) in float32, from the output as returned (rounded).
   delta = cfg.numerics.delta(do, o).transpose(0, 2, 1)             # [batch, heads, q_len_p]
   if d_lse is not None:
     delta = delta - d_lse
-  do = do.astype(q.dtype)
   row_all = pl.BlockSpec((None, None, q_len_p), lambda t, b, h: (b, h, 0))
   q_all = pl.BlockSpec((None, q_len_p, None, d), lambda t, b, h: (b, 0, h, 0))
   kv_all = pl.BlockSpec((None, kv_len_p, None, d), lambda t, b, h: (b, 0, h // group, 0))

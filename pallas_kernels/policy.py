@@ -207,7 +207,15 @@ class Compensation:
   tie_tolerance: float = 1e-3
   min_shift: float = 2.0 ** -7   # exp(−2^−7) = 0.99222 → bf16 0.99219 < 1
   max_shift: float = 20.0        # exp(−20) = 2.1e−9, far from float32's smallest normal;
-                                 # flash_attention uses 6 for float16 (e^−6 = 2.5e−3 is normal)
+                                 # 6 for float16 inputs (`for_dtype`)
+
+  @classmethod
+  def for_dtype(cls, dtype, beta=2.0, tie_tolerance=1e-3) -> "Compensation":
+    """The settings `flash_attention` uses for inputs of `dtype`: float16 (5 exponent bits)
+    caps the shift at 6 so that the tied P̄ = e^−d ≥ e^−6 stays a normal float16 number after
+    `round_p` (scores more than ≈3.7 below the tied max then become float16 subnormals)."""
+    return cls(beta=beta, tie_tolerance=tie_tolerance,
+               max_shift=6.0 if jnp.dtype(dtype) == jnp.float16 else cls.max_shift)
 
   def __post_init__(self):
     if not (isinstance(self.beta, (int, float, np.floating)) and math.isfinite(self.beta) and self.beta > 1):
@@ -220,14 +228,17 @@ class Compensation:
       raise ValueError(f"need 0 < min_shift <= max_shift, got {self.min_shift=}, {self.max_shift=}")
 
 
-def tie_count(s, valid, tile_max, comp: Compensation, paper: bool = False):
+def tie_count(s, valid, tile_max, comp: Compensation, paper: bool = False, in_range=None):
   """Per row, how many scores of the tile are tied with its max (float32 count).
 
-  fa2: unmasked scores ≥ max − tie_tolerance. paper: every entry ≥ bf16(max − tol), masked
-  ones (−BF16_MAX) included, as the paper's kernel counts them.
+  fa2: unmasked scores ≥ max − tie_tolerance. paper: every entry of a real key (`in_range`,
+  [block_k] bool; padding is ours, not the paper's) ≥ bf16(max − tol), causally masked ones
+  (−BF16_MAX) included, as the paper's kernel counts them.
   """
   if paper:
     near = s >= round_bf16(tile_max - comp.tie_tolerance)[:, None]
+    if in_range is not None:
+      near = jnp.logical_and(near, in_range[None, :])
   else:
     near = jnp.logical_and(valid, s >= (tile_max - comp.tie_tolerance)[:, None])
   return jnp.sum(near.astype(jnp.float32), axis=-1)
@@ -249,7 +260,7 @@ def shifted_max(tile_max, n_ties, comp: Compensation, paper: bool = False):
   return jnp.where(tied, shifted, tile_max), tied.astype(jnp.float32)
 
 
-def compensated_tile_max(s, valid, comp: Compensation | None, paper: bool = False):
+def compensated_tile_max(s, valid, comp: Compensation | None, paper: bool = False, in_range=None):
   """Row max of one score tile, shifted on tied rows (Qiu & Yao 2025, Alg. 1).
 
   Args:
@@ -263,7 +274,7 @@ def compensated_tile_max(s, valid, comp: Compensation | None, paper: bool = Fals
   tile_max = jnp.max(s, axis=-1)
   if comp is None:
     return tile_max, jnp.zeros_like(tile_max)
-  return shifted_max(tile_max, tie_count(s, valid, tile_max, comp, paper), comp, paper)
+  return shifted_max(tile_max, tie_count(s, valid, tile_max, comp, paper, in_range), comp, paper)
 
 
 def next_power_of_2(n: int) -> int:
@@ -301,7 +312,8 @@ class BlockSizes:
     return cls(block_q=block_q if block_q is not None else (64 if big else 128),
                block_k=block_k if block_k is not None else 64,
                block_q_bwd=32 if big else 64,
-               block_k_bwd=32 if big else 64)
+               block_k_bwd=32 if big else 64,
+               sub=32 if big else 64)
 
   def for_numerics(self, numerics: "Numerics") -> "BlockSizes":
     """The paper layout's bf16 gradient buffers make the backward tiling part of the

@@ -91,3 +91,5 @@ def test_attention_config_parsing_and_errors():
     AttentionConfig("xla", stabilize=True)
   with pytest.raises(ValueError, match="block_k=24"):
     AttentionConfig(block_k=24)
+  with pytest.raises(ValueError, match="stochastic"):
+    AttentionConfig(numerics="stochastic")

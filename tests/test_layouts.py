@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_flashstable import flash_attention
+from jax_flashstable import flash_attention, reference_attention
 from jax_flashstable.accuracy import TENSORS, Shape, compare_to_golden, make_inputs
 
 LAYOUTS = ["fa2", "paper", "fp32_out", "stochastic"]
@@ -27,6 +27,11 @@ def test_fp32_out_returns_float32_and_is_more_accurate():
   o16 = flash_attention(q, k, v)
   assert o32.dtype == jnp.float32 and o16.dtype == jnp.bfloat16
   assert np.array_equal(np.asarray(o32.astype(jnp.bfloat16)), np.asarray(o16))
+  gold = reference_attention(q, k, v, dtype=jnp.float64)
+  (max32, mean32), (max16, mean16) = ((np.abs(np.asarray(o, np.float64) - gold).max(),
+                                       np.abs(np.asarray(o, np.float64) - gold).mean()) for o in (o32, o16))
+  # no final rounding: closer to FP64 (what remains is the rounding of P̄ for the P̄V dot)
+  assert max32 < max16 and mean32 < 0.75 * mean16, (max32, max16, mean32, mean16)
 
 
 def test_stochastic_rounding_is_unbiased_and_keyed():

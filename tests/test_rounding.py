@@ -25,6 +25,7 @@ CASES = [  # (layout, batch, len, heads, kv_heads, head_dim, causal, stabilize, 
     ("paper", 1, 150, 2, 2, 32, True, True, BF16, 32, 16),
     ("paper", 1, 600, 1, 1, 64, True, True, BF16, 512, 512),
     ("paper", 1, 130, 2, 1, 32, False, True, BF16, 64, 32),
+    ("paper", 1, 65, 2, 2, 32, True, True, BF16, 64, 64),       # one real key in the last tile
     ("fp32_out", 1, 140, 2, 2, 64, True, True, BF16, None, None),
     ("stochastic", 1, 140, 2, 1, 64, False, False, BF16, None, None),
 ]
@@ -44,6 +45,11 @@ def test_kernel_matches_bit_level_emulation(case):
   numerics = get_numerics(layout)
   rng = np.random.default_rng(L + d)
   q, k, v, do = (rng.standard_normal(s).astype(dt) for s in [(b, L, h, d), (b, L, hk, d), (b, L, hk, d), (b, L, h, d)])
+  if numerics.out_float32:   # the cotangent of a float32 output is float32, not bf16-exact
+    do = rng.standard_normal(do.shape).astype(np.float32)
+  if layout == "paper" and L == 65:   # all scores ≈ −30, as in the failing case a review found
+    q = (-10 * np.abs(q.astype(np.float32))).astype(dt)
+    k = np.abs(k.astype(np.float32)).astype(dt)
   scale = d ** -0.5
   key = jax.random.key(L)
   kw = dict(causal=causal, stabilize=stabilize, numerics=layout, block_q=bq, block_k=bk,
@@ -53,9 +59,9 @@ def test_kernel_matches_bit_level_emulation(case):
     (o, st), vjp = jax.vjp(lambda *a: flash_attention(*a, **kw), q, k, v)
     return o, st.lse, vjp((do.astype(o.dtype), jax.tree.map(jnp.zeros_like, st)))
 
-  o, lse, grads = jax.jit(run)(*(jnp.asarray(x) for x in (q, k, v, do)))
+  o, lse, grads = jax.jit(run)(*(jnp.asarray(x) for x in (q, k, v)), jnp.asarray(do))
   lse = np.asarray(lse).transpose(0, 2, 1)
-  comp = Compensation() if stabilize else None
+  comp = Compensation.for_dtype(dt) if stabilize else None
   blocks = BlockSizes.default(d, bq, bk).for_numerics(numerics).fit(L, L)
   seeds = np.asarray(jax.random.bits(key, (2,), jnp.uint32)) if numerics.stochastic else None
   for intermediate in (True, False):
