@@ -60,6 +60,7 @@ class TrainConfig:
   checkpoint_interval: int = 0        # steps between Orbax checkpoints (0: none)
   diag_interval: int = 0              # steps between diagnostics rows (0: off), `diagnostics.py`
   diag_rows: int = 64                 # sampled rows per diagnostics call
+  data_parallel: bool = False         # split each batch over all local devices (shard_map)
   out_dir: str = "runs/train"
   progress: bool = True               # tqdm progress bar
 
@@ -84,23 +85,41 @@ def make_optimizer(cfg: TrainConfig):
                   weight_decay=cfg.weight_decay, mask=decay_mask))
 
 
-def make_steps(graphdef, tx):
-  """(train_step, eval_step): pure functions of (params, opt_state) and token arrays."""
+def make_steps(graphdef, tx, mesh=None):
+  """(train_step, eval_step): pure functions of (params, opt_state) and token arrays.
+
+  With a `mesh` (`parallel.data_mesh`), the batch is split over its "data" axis and the loss
+  and gradients of each shard are computed inside `jax.shard_map` — so the Pallas kernels run
+  per shard on local data — then averaged with `pmean`; parameters and optimizer state stay
+  replicated and the update runs once, under the same jit.
+  """
 
   def loss_of(params, x, y):
     return loss_fn(nnx.merge(graphdef, params), x, y)
 
-  def train_step(state, xs, ys):
-    """state = (params, opt_state); xs, ys [grad_accum, batch, seq] int32."""
-    params, opt_state = state
-
+  def loss_and_grads(params, xs, ys):
     def micro(acc, xy):
       loss, grads = jax.value_and_grad(loss_of)(params, *xy)
       return jax.tree.map(jnp.add, acc, (loss, grads)), None
 
     zero = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
     (loss, grads), _ = jax.lax.scan(micro, zero, (xs, ys))
-    loss, grads = jax.tree.map(lambda a: a / xs.shape[0], (loss, grads))
+    return jax.tree.map(lambda a: a / xs.shape[0], (loss, grads))
+
+  if mesh is not None:
+    from jax.sharding import PartitionSpec as P
+    per_shard = loss_and_grads
+
+    def loss_and_grads(params, xs, ys):
+      def body(params, xs, ys):
+        return jax.lax.pmean(per_shard(params, xs, ys), "data")
+      return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(None, "data"), P(None, "data")),
+                           out_specs=P(), check_vma=False)(params, xs, ys)
+
+  def train_step(state, xs, ys):
+    """state = (params, opt_state); xs, ys [grad_accum, batch, seq] int32."""
+    params, opt_state = state
+    loss, grads = loss_and_grads(params, xs, ys)
     updates, opt_state = tx.update(grads, opt_state, params)
     params = optax.apply_updates(params, updates)
     metrics = dict(loss=loss, grad_norm=optax.tree.norm(grads), param_norm=optax.tree.norm(params))
@@ -155,7 +174,13 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None) -> dict
   data = dataset or Dataset(cfg.data, mcfg.vocab_size)
   model, graphdef, params, tx, opt_state = init_state(cfg)
   n_params = count_params(params)
-  train_step, eval_step = make_steps(graphdef, tx)
+  mesh = None
+  if cfg.data_parallel:
+    from jax_flashstable.parallel import data_mesh
+    mesh = data_mesh()
+    if cfg.batch_size % mesh.size:
+      raise ValueError(f"batch_size={cfg.batch_size} is not a multiple of the {mesh.size} devices")
+  train_step, eval_step = make_steps(graphdef, tx, mesh)
   schedule = cfg.schedule()
 
   mngr = _checkpoint_manager(out) if cfg.checkpoint_interval else None
