@@ -158,6 +158,16 @@ def _bias(args):
   return 0
 
 
+def _crosscheck(args):
+  from jax_flashstable.crosscheck import crosscheck, format_report
+  from jax_flashstable.results import write_results
+  report = crosscheck(args.dump, numerics=args.numerics, stabilize=args.stabilize,
+                      block_q=args.block_q, block_k=args.block_k)
+  rows = [dict(tensor=name, **r) for name, r in report.items()]
+  write_results(args.out, "crosscheck", rows, format_report(report), _meta(args))
+  return 0
+
+
 def _plot(args):
   from jax_flashstable.plot import plot_run
   print(f"wrote {plot_run(args.run_dir)}")
@@ -197,6 +207,16 @@ def build_parser():
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--out", default="runs/bias")
   p.set_defaults(func=_bias)
+  p = sub.add_parser("crosscheck", help="recompute a tensor dump (e.g. from PyTorch) with our "
+                     "kernels: % bit-identical, ulp histogram, max and signed mean error")
+  p.add_argument("dump", help=".npz in the format of jax_flashstable/dumpfile.py")
+  p.add_argument("--numerics", default="fa2")
+  p.add_argument("--stabilize", action=argparse.BooleanOptionalAction, default=None,
+                 help="default: the dump's attrs")
+  p.add_argument("--block-q", type=int, default=None)
+  p.add_argument("--block-k", type=int, default=None)
+  p.add_argument("--out", default="runs/crosscheck")
+  p.set_defaults(func=_crosscheck)
   p = sub.add_parser("plot", help="draw loss, grad norm and diagnostics of a training run")
   p.add_argument("run_dir")
   p.set_defaults(func=_plot)

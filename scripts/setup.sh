@@ -18,3 +18,10 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/python -m pip install -q -c constraints.txt -e ".$extras" 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/python -c "import jax_flashstable, jax; print('jax-flashstable ready: jax', jax.__version__)"
+# The PyTorch side of `flashstable crosscheck` runs in its own environment (torch never enters
+# the JAX one). With `test`, make it where Python 3.11 is there: pip then takes the local
+# torch 2.13.0 CPU wheel. Without it the PyTorch tests are skipped with the reason.
+if [ "${1:-}" = "test" ] && [ ! -x .torchvenv/bin/python ] && command -v python3.11 >/dev/null 2>&1; then
+  { python3.11 -m venv .torchvenv && .torchvenv/bin/python -m pip install -q torch==2.13.0 numpy 2>&1 \
+      | grep -v "^WARNING: Location"; } || echo "PyTorch environment not set up; its tests will be skipped"
+fi

@@ -1,0 +1,137 @@
+"""The paper layout in PyTorch: Qiu & Yao's (arXiv 2510.04212, Alg. 1, §3) pure-PyTorch
+blockwise FlashAttention-2 whose O, m and l live in BF16 buffers, written in this repo from the
+paper's description, with the rounding points of BF16 autocast spelled out as explicit casts so
+that it runs the same on CPU and GPU. Query tiles outer, key tiles inner (forward); key tiles
+outer, query tiles inner (backward).
+
+Runs in its own environment (torch only, no JAX); talks to JAX through dump files:
+  python torch_crosscheck/paper_fa2.py OUT.npz --len 256 --heads 2 --head-dim 64 \\
+      --block-q 64 --block-k 64 --causal --stabilize [--device cuda]
+then, in the JAX environment:  flashstable crosscheck OUT.npz --numerics paper
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "jax_flashstable"))
+from dumpfile import save_dump  # noqa: E402  (NumPy-only module; importing the package needs JAX)
+
+BF = torch.bfloat16
+
+
+def rb(x):
+  """Round to bf16 and compute on in float32 (what autocast's bf16 buffers do)."""
+  return x.to(BF).float()
+
+
+def mm(a, b):
+  """bf16 matmul with float32 accumulation (products of bf16 values are exact in float32)."""
+  return a.float() @ b.float()
+
+
+def forward(q, k, v, scale, causal, bq, bk, stabilize, beta, tol):
+  """q [B,H,Lq,D], k/v [B,H,Lk,D] bf16 → (O bf16, lse float32 [B,H,Lq])."""
+  B, H, Lq, D = q.shape
+  Lk = k.shape[2]
+  neg = -torch.finfo(BF).max
+  out = torch.empty(B, H, Lq, D, dtype=BF, device=q.device)
+  lse = torch.empty(B, H, Lq, dtype=torch.float32, device=q.device)
+  for i in range(0, Lq, bq):
+    qi = q[:, :, i:i + bq]
+    rows = torch.arange(i, i + qi.shape[2], device=q.device)
+    m = torch.full(qi.shape[:3], -float("inf"), device=q.device)   # bf16 values, float32 storage
+    l = torch.zeros(qi.shape[:3], device=q.device)
+    o = torch.zeros(qi.shape, device=q.device)
+    for j in range(0, Lk, bk):
+      kj, vj = k[:, :, j:j + bk], v[:, :, j:j + bk]
+      s = rb(rb(mm(qi, kj.transpose(-1, -2))) * scale)            # S = bf16(bf16(QKᵀ)·scale)
+      if causal:
+        cols = torch.arange(j, j + kj.shape[2], device=q.device)
+        s = torch.where(cols[None, :] > rows[:, None], torch.tensor(neg, device=q.device), s)
+      mt = s.amax(-1)                                               # tile max (bf16 value)
+      if stabilize:
+        ties = (s >= rb(mt - tol)[..., None]).sum(-1) > 1
+        shifted = torch.where(mt > 0, rb(beta * mt), torch.where(mt < 0, torch.zeros_like(mt), mt))
+        mt = torch.where(ties, shifted, mt)
+      m_new = torch.maximum(mt, m)
+      p = torch.exp(rb(s - m_new[..., None]))                       # P̄, float32
+      rs = p.sum(-1).clamp_min(1e-10)
+      pv = rb(mm(p.to(BF), vj))                                     # bf16(P̄V)
+      alpha = torch.exp(rb(m - m_new))
+      l = rb(alpha * l + rs)
+      o = rb(rb(o * alpha[..., None]) + pv)
+      m = m_new
+    out[:, :, i:i + bq] = (o / l[..., None]).to(BF)
+    lse[:, :, i:i + bq] = torch.log(l) + m
+  return out, lse
+
+
+def backward(q, k, v, out, lse, d_out, scale, causal, bq, bk):
+  """→ (dQ, dK, dV) bf16, accumulated tile by tile in bf16 buffers."""
+  Lq, Lk = q.shape[2], k.shape[2]
+  delta = rb(d_out.float() * out.float()).sum(-1)                  # fp32 sum of bf16(dO∘O)
+  dq = torch.zeros(q.shape, device=q.device)
+  dk = torch.zeros(k.shape, device=q.device)
+  dv = torch.zeros(v.shape, device=q.device)
+  for j in range(0, Lk, bk):
+    kj, vj = k[:, :, j:j + bk], v[:, :, j:j + bk]
+    cols = torch.arange(j, j + kj.shape[2], device=q.device)
+    for i in range(0, Lq, bq):
+      qi, doi = q[:, :, i:i + bq], d_out[:, :, i:i + bq]
+      rows = torch.arange(i, i + qi.shape[2], device=q.device)
+      s = rb(rb(mm(qi, kj.transpose(-1, -2))) * scale)
+      if causal:
+        s = s.masked_fill(cols[None, :] > rows[:, None], -float("inf"))
+      p = torch.exp(s - lse[:, :, i:i + bq, None])
+      dv[:, :, j:j + bk] = rb(dv[:, :, j:j + bk] + rb(mm(p.to(BF).transpose(-1, -2), doi)))
+      dp = rb(mm(doi, vj.transpose(-1, -2)))
+      ds = (p * scale) * (dp - delta[:, :, i:i + bq, None])
+      dq[:, :, i:i + bq] = rb(dq[:, :, i:i + bq] + rb(mm(ds.to(BF), kj)))
+      dk[:, :, j:j + bk] = rb(dk[:, :, j:j + bk] + rb(mm(ds.to(BF).transpose(-1, -2), qi)))
+  return dq.to(BF), dk.to(BF), dv.to(BF)
+
+
+def bits(x):
+  return x.contiguous().view(torch.int16).cpu().numpy().view(np.uint16)
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("out")
+  ap.add_argument("--batch", type=int, default=1)
+  ap.add_argument("--heads", type=int, default=2)
+  ap.add_argument("--len", type=int, default=256)
+  ap.add_argument("--head-dim", type=int, default=64)
+  ap.add_argument("--block-q", type=int, default=64)
+  ap.add_argument("--block-k", type=int, default=64)
+  ap.add_argument("--causal", action="store_true")
+  ap.add_argument("--stabilize", action="store_true")
+  ap.add_argument("--beta", type=float, default=2.0)
+  ap.add_argument("--tie-tolerance", type=float, default=1e-3)
+  ap.add_argument("--seed", type=int, default=0)
+  ap.add_argument("--device", default="cpu")
+  a = ap.parse_args(argv)
+  rng = np.random.default_rng(a.seed)
+  shape = (a.batch, a.heads, a.len, a.head_dim)
+  q, k, v, do = (torch.tensor(rng.standard_normal(shape), dtype=torch.float32).to(BF).to(a.device)
+                 for _ in range(4))
+  scale = a.head_dim ** -0.5
+  out, lse = forward(q, k, v, scale, a.causal, a.block_q, a.block_k, a.stabilize, a.beta, a.tie_tolerance)
+  dq, dk, dv = backward(q, k, v, out, lse, do, scale, a.causal, a.block_q, a.block_k)
+  names = ("query", "key", "value", "d_out", "out", "d_query", "d_key", "d_value")
+  tensors = {n: bits(x) for n, x in zip(names, (q, k, v, do, out, dq, dk, dv))}
+  tensors["lse"] = lse.cpu().numpy()
+  save_dump(a.out, tensors, layout="bhsd", dtypes={n: "bfloat16" for n in names},
+            attrs=dict(producer=f"torch {torch.__version__} paper_fa2 ({a.device})", causal=a.causal,
+                       softmax_scale=scale, stabilize=a.stabilize, beta=a.beta,
+                       tie_tolerance=a.tie_tolerance, block_q=a.block_q, block_k=a.block_k))
+  print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+  main()
