@@ -22,6 +22,10 @@ fi
 # the JAX one). With `test`, make it where Python 3.11 is there: pip then takes the local
 # torch 2.13.0 CPU wheel. Without it the PyTorch tests are skipped with the reason.
 if [ "${1:-}" = "test" ] && [ ! -x .torchvenv/bin/python ] && command -v python3.11 >/dev/null 2>&1; then
-  { python3.11 -m venv .torchvenv && .torchvenv/bin/python -m pip install -q torch==2.13.0 numpy 2>&1 \
-      | grep -v "^WARNING: Location"; } || echo "PyTorch environment not set up; its tests will be skipped"
+  if python3.11 -m venv .torchvenv && .torchvenv/bin/python -m pip install -q torch==2.13.0 numpy \
+      > .torchvenv/pip.log 2>&1; then
+    echo "PyTorch environment ready: .torchvenv ($(.torchvenv/bin/python -c 'import torch; print(torch.__version__)'))"
+  else
+    echo "PyTorch environment not set up (see .torchvenv/pip.log); its tests will be skipped"
+  fi
 fi
