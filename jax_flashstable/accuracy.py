@@ -60,6 +60,11 @@ class Error:
     return cls(float(d.max()), float(d.mean()), bool(np.isfinite(x).all()))
 
 
+def bf16_ulp(x):
+  """Elementwise: one bf16 ulp at each value's binade, 2^(⌊log2 |x|⌋ − 7) (float64)."""
+  return 2.0 ** (np.floor(np.log2(np.abs(np.asarray(x, np.float64)) + 1e-300)) - 7)
+
+
 def ulp_at_scale(ref, floor=2.0 ** -10) -> float:
   """One bf16 ulp at the reference's scale: 2^(⌊log2 max|ref|⌋ − 7).
 

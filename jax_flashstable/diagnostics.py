@@ -16,10 +16,10 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import optax
 from flax import nnx
 
 from jax_flashstable.attention import flash_attention
+from jax_flashstable.gpt2 import loss_fn
 from pallas_kernels.policy import get_numerics
 
 HIGHEST = jax.lax.Precision.HIGHEST
@@ -68,7 +68,7 @@ def diagnose(graphdef, params, x, y, power, n_rows=64, key=None):
 
   def loss_of(zs):
     records = [[] for _ in range(cfg.n_layer)]
-    loss = loss_fn_probed(model, x, y, list(zip(zs, records)))
+    loss = loss_fn(model, x, y, list(zip(zs, records)))
     return loss, [r[0] for r in records]
 
   _, vjp, records = jax.vjp(loss_of, zeros, has_aux=True)
@@ -105,12 +105,6 @@ def diagnose(graphdef, params, x, y, power, n_rows=64, key=None):
   metrics["sn_k"], pk = _power_step(per_head(wk), power["k"])
   metrics["sn_q_full"], pf = _power_step(wq, power["q_full"])
   return metrics, dict(q=pq, k=pk, q_full=pf)
-
-
-def loss_fn_probed(model, tokens, targets, probes):
-  """`gpt2.loss_fn` with diagnostic probes in every layer."""
-  logits = model(tokens, probes)
-  return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
 
 
 def to_row(step, metrics) -> dict:

@@ -153,9 +153,9 @@ class GPT(nnx.Module):
     return logits.astype(jnp.float32)
 
 
-def loss_fn(model: GPT, tokens, targets):
-  """Mean next-token cross-entropy in float32 (nats)."""
-  logits = model(tokens)
+def loss_fn(model: GPT, tokens, targets, probes=None):
+  """Mean next-token cross-entropy in float32 (nats); `probes`: see `GPT.__call__`."""
+  logits = model(tokens, probes)
   return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
 
 

@@ -14,7 +14,7 @@ import ml_dtypes
 import numpy as np
 
 from jax_flashstable.attention import flash_attention, reference_attention
-from jax_flashstable.accuracy import Shape, make_inputs
+from jax_flashstable.accuracy import Shape, bf16_ulp, make_inputs
 from pallas_kernels.policy import get_numerics
 
 LAYOUTS = ("fa2", "paper", "fp32_out", "stochastic")
@@ -143,10 +143,10 @@ def bias_benchmark(inputs=None, layouts=LAYOUTS, stabilize=(False, True), seed=0
   q, k, v, do = inputs if inputs is not None else tied_rows(seed=seed)
   gold = reference_attention(q, k, v, softmax_scale=1.0, dtype=jnp.float64)
   cr = gold.astype(ml_dtypes.bfloat16).astype(np.float64)               # correctly rounded
-  ulp = 2.0 ** (np.floor(np.log2(np.abs(gold) + 1e-300)) - 7)
+  ulp = bf16_ulp(gold)
   do64 = np.asarray(do, np.float64)
   delta_gold, delta_cr = (do64 * gold).sum(-1), (do64 * cr).sum(-1)
-  delta_ulp = 2.0 ** (np.floor(np.log2(np.abs(delta_gold) + 1e-300)) - 7)
+  delta_ulp = bf16_ulp(delta_gold)
   rows = []
   for layout in layouts:
     numerics = get_numerics(layout)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from jax_flashstable import flash_attention, reference_attention
-from jax_flashstable.accuracy import TENSORS, Shape, compare_to_golden, make_inputs
+from jax_flashstable.accuracy import TENSORS, Shape, bf16_ulp, compare_to_golden, make_inputs
 
 LAYOUTS = ["fa2", "paper", "fp32_out", "stochastic"]
 
@@ -42,7 +42,7 @@ def test_stochastic_rounding_is_unbiased_and_keyed():
   outs = np.stack([np.asarray(f(jax.random.key(i)), np.float64) for i in range(64)])
   assert not np.array_equal(outs[0], outs[1])
   assert np.array_equal(np.asarray(f(jax.random.key(5))), np.asarray(f(jax.random.key(5))))
-  ulp = 2.0 ** (np.floor(np.log2(np.abs(exact) + 1e-30)) - 7)
+  ulp = bf16_ulp(exact)
   # each draw is one of the two neighbours; the mean error is far below nearest rounding's
   assert np.all(np.abs(outs - exact) < ulp * 1.0001)
   mean_err = np.mean((outs.mean(0) - exact) / ulp)
