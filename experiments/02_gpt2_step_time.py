@@ -3,7 +3,8 @@
 Question: step time, tokens/s and MFU of gpt2-small at context 1024 in BF16 with `flash`,
 `flash-stable` and `cudnn` attention, in one run.
 Command (H200): python3 experiments/02_gpt2_step_time.py --out runs/step
-CPU smoke: python experiments/02_gpt2_step_time.py --model tiny --batch 2 --steps 2
+CPU smoke: python experiments/02_gpt2_step_time.py --model tiny --batch 2 --steps 2 \
+    --attention flash --attention flash:numerics=paper,stabilize=true
 Expected runtime: ~2 min on one H200.
 """
 import argparse
@@ -20,9 +21,11 @@ def main():
   ap.add_argument("--model", default="gpt2-small")
   ap.add_argument("--batch", type=int, default=16)
   ap.add_argument("--steps", type=int, default=10)
-  ap.add_argument("--attentions", default="flash,flash-stable,cudnn" if jax.default_backend() == "gpu" else "flash,xla")
+  ap.add_argument("--attention", action="append", help="an attention spec (repeatable), e.g. "
+                  "flash:numerics=paper,stabilize=true; default flash, flash-stable, cudnn (GPU)")
   a = ap.parse_args()
-  rows = gpt2_step_table(a.model, tuple(a.attentions.split(",")), a.batch, steps=a.steps)
+  attentions = a.attention or (["flash", "flash-stable", "cudnn"] if jax.default_backend() == "gpu" else ["flash", "xla"])
+  rows = gpt2_step_table(a.model, tuple(attentions), a.batch, steps=a.steps)
   write_results(a.out, "step_time", rows, format_step_table(rows), run_meta(model=a.model, batch=a.batch))
 
 

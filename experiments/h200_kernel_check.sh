@@ -9,4 +9,4 @@ export JAX_COMPILATION_CACHE_DIR=/tmp/jaxcache
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,memory.total --format=csv | tee "$OUT/device.txt"
 python3 -c "import jax, flax, optax, chex; print(jax.__version__, flax.__version__, optax.__version__, chex.__version__, jax.devices())" | tee -a "$OUT/device.txt"
 timeout ${TEST_TIMEOUT:-330} python3 -m pytest -q -p no:cacheprovider -rfE --durations=10 tests/ 2>&1 | tee "$OUT/gpu_tests.log"
-timeout ${BENCH_TIMEOUT:-200} python3 experiments/01_kernel_speed.py --out "$OUT" 2>&1 | tee "$OUT/speed.log"
+timeout ${BENCH_TIMEOUT:-400} bash experiments/h200_bench.sh "$OUT" 2>&1 | tee "$OUT/bench.log"

@@ -19,70 +19,247 @@ def attention_flops(batch, q_len, kv_len, num_heads, head_dim, causal, backward=
   return f * 3.5 if backward else f
 
 
-def median_seconds(fn, *args, warmup=3, reps=20):
-  """Median wall time of fn(*args) with a device sync, after `warmup` calls."""
+def median_seconds(run, warmup=3, reps=20):
+  """Median wall time of run() (which must wait for the device), after `warmup` calls."""
   for _ in range(warmup):
-    jax.block_until_ready(fn(*args))
+    run()
   times = []
   for _ in range(reps):
     t = time.perf_counter()
-    jax.block_until_ready(fn(*args))
+    run()
     times.append(time.perf_counter() - t)
   return statistics.median(times)
 
 
-def implementations(causal):
-  """name -> attention function of (q, k, v); cuDNN only where a GPU is present."""
-  impls = {
-      "flash": lambda q, k, v: flash_attention(q, k, v, causal=causal),
-      "flash+stabilize": lambda q, k, v: flash_attention(q, k, v, causal=causal, stabilize=True),
-      "xla": lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal,
-                                                          implementation="xla"),
-  }
-  if jax.default_backend() == "gpu":
-    impls["cudnn"] = lambda q, k, v: jax.nn.dot_product_attention(
-        q, k, v, is_causal=causal, implementation="cudnn")
-  return impls
+def paired_overhead(run_a, run_b, pairs=20, inner=3):
+  """Median over `pairs` interleaved pairs of time(b)/time(a) − 1 (the order alternates within
+  pairs, so drifts in clock or temperature cancel); each time is `inner` back-to-back calls."""
+  ratios = []
+  for i in range(pairs):
+    t = {}
+    for which, run in ((("a", run_a), ("b", run_b)) if i % 2 == 0 else (("b", run_b), ("a", run_a))):
+      t0 = time.perf_counter()
+      for _ in range(inner):
+        run()
+      t[which] = time.perf_counter() - t0
+    ratios.append(t["b"] / t["a"])
+  return statistics.median(ratios) - 1.0
 
 
-def speed_table(batch=4, seq_len=4096, num_heads=16, head_dim=128, dtype=jnp.bfloat16,
-                causals=(False, True), reps=20):
-  """Forward and forward+backward TFLOP/s of every implementation, checked before timing.
+# Implementations a bench row can name: "flash:<layout>" with an optional "+stabilize",
+# "cudnn" / "xla" (jax.nn.dot_product_attention), "torch-<backend>" (torch SDPA, GPU only).
+TORCH_BACKENDS = ("flash", "cudnn", "efficient", "math")
 
-  Returns a list of dict rows (impl, causal, fwd/fwdbwd ms and TFLOP/s, max |out − xla|).
+
+def _jax_runs(name, shape, q, k, v, do):
+  """(fwd, fwd+bwd) zero-argument callables that wait for the device, and the output."""
+  if name.startswith("flash:"):
+    layout, _, stab = name[len("flash:"):].partition("+")
+    if stab not in ("", "stabilize"):
+      raise ValueError(f"unknown implementation {name!r}: expected flash:<layout>[+stabilize]")
+    kw = dict(causal=shape.causal, numerics=layout, stabilize=bool(stab))
+    if layout == "stochastic":
+      kw["rng_key"] = jax.random.key(0)
+    f = lambda q, k, v: flash_attention(q, k, v, **kw)
+  elif name in ("cudnn", "xla"):
+    f = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=shape.causal,
+                                                      implementation=name)
+  else:
+    raise ValueError(f"unknown implementation {name!r}")
+  fwd = jax.jit(f)
+  fb = jax.jit(lambda q, k, v, do: jax.vjp(f, q, k, v)[1](do))
+  out = fwd(q, k, v)
+  return (lambda: jax.block_until_ready(fwd(q, k, v)),
+          lambda: jax.block_until_ready(fb(q, k, v, do)), np.asarray(out, np.float32))
+
+
+def _torch_runs(name, shape, q, k, v, do):
+  """The same for torch SDPA restricted to one backend ([b, s, h, d] in, bhsd inside)."""
+  import torch
+  from torch.nn.attention import SDPBackend, sdpa_kernel
+  backend = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+             "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}[name[len("torch-"):]]
+  dev = "cuda" if torch.cuda.is_available() else "cpu"
+  conv = lambda x: torch.tensor(np.asarray(x, np.float32)).to(torch.bfloat16).to(dev).transpose(1, 2).contiguous()
+  tq, tk, tv, tdo = (conv(x) for x in (q, k, v, do))
+  tq.requires_grad_(), tk.requires_grad_(), tv.requires_grad_()
+  gqa = shape.num_heads != shape.num_kv_heads
+  sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+
+  def fwd():
+    with sdpa_kernel([backend]), torch.no_grad():
+      out = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=shape.causal,
+                                                             enable_gqa=gqa)
+    sync()
+    return out
+
+  def fb():
+    with sdpa_kernel([backend]):
+      out = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=shape.causal,
+                                                             enable_gqa=gqa)
+      torch.autograd.grad(out, (tq, tk, tv), tdo)
+    sync()
+
+  return fwd, fb, fwd().transpose(1, 2).float().cpu().numpy()
+
+
+def _reference_slice(shape, q, k, v):
+  """FP32 reference output for batch 0 and the query heads of the first key/value head (cheap
+  at any length): the check each implementation passes before it is timed."""
+  from jax_flashstable.attention import reference_attention
+  g = shape.num_heads // shape.num_kv_heads
+  ref = reference_attention(q[:1, :, :g], k[:1, :, :1], v[:1, :, :1], causal=shape.causal,
+                            dtype=jnp.float32)
+  return np.asarray(ref, np.float32), g
+
+
+def bench(shapes, impls, *, dtype=jnp.bfloat16, warmup=3, reps=20, seed=0, log=print):
+  """Forward and forward+backward time and TFLOP/s of every implementation on every shape.
+
+  Every implementation is first checked against an FP32 reference on a slice of the inputs
+  (`max_err` ≤ 2⁻⁵ for bf16 inputs of unit variance, else the row says `ok: False` and is not
+  timed). TFLOP/s follow FlashAttention's convention (`attention_flops`). Implementations a
+  device lacks (cuDNN off GPU, torch not importable) become rows with a `skipped` reason.
+  Returns a list of dict rows.
   """
-  rng = np.random.default_rng(0)
-  shape = (batch, seq_len, num_heads, head_dim)
-  q, k, v, do = (jnp.asarray(rng.standard_normal(shape), dtype) for _ in range(4))
+  from jax_flashstable.accuracy import make_inputs
   rows = []
-  for causal in causals:
-    impls = implementations(causal)
-    check = jax.jit(impls["xla"])(q, k, v).astype(jnp.float32)
-    for name, f in impls.items():
-      fwd = jax.jit(f)
-      err = float(jnp.max(jnp.abs(fwd(q, k, v).astype(jnp.float32) - check)))
-
-      def fwd_bwd(q, k, v, do, f=f):
-        out, vjp = jax.vjp(f, q, k, v)
-        return vjp(do)
-
-      fb = jax.jit(fwd_bwd)
-      t_f = median_seconds(fwd, q, k, v, reps=reps)
-      t_fb = median_seconds(fb, q, k, v, do, reps=reps)
-      flops = attention_flops(batch, seq_len, seq_len, num_heads, head_dim, causal)
-      rows.append(dict(impl=name, causal=causal, fwd_ms=1e3 * t_f, fwdbwd_ms=1e3 * t_fb,
-                       fwd_tflops=flops / t_f / 1e12, fwdbwd_tflops=3.5 * flops / t_fb / 1e12,
-                       max_abs_diff_vs_xla=err))
+  for shape in shapes:
+    q, k, v, do = make_inputs(shape, dtype, seed)
+    ref, g = _reference_slice(shape, q, k, v)
+    flops = attention_flops(shape.batch, shape.q_len, shape.kv_len, shape.num_heads,
+                            shape.head_dim, shape.causal)
+    for name in impls:
+      row = dict(impl=name, shape=shape.name, batch=shape.batch, seq_len=shape.q_len,
+                 num_heads=shape.num_heads, num_kv_heads=shape.num_kv_heads,
+                 head_dim=shape.head_dim, causal=shape.causal)
+      try:
+        make = _torch_runs if name.startswith("torch-") else _jax_runs
+        fwd, fb, out = make(name, shape, q, k, v, do)
+      except Exception as e:                    # not available here: say why, keep going
+        rows.append(dict(row, skipped=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"))
+        log(f"{shape.name:>32} {name:>26}: skipped ({rows[-1]['skipped']})")
+        continue
+      err = float(np.max(np.abs(out[:1, :, :g] - ref)))
+      row.update(max_err=err, ok=bool(np.isfinite(err) and err <= 2 ** -5))
+      if row["ok"]:
+        t_f, t_fb = median_seconds(fwd, warmup, reps), median_seconds(fb, warmup, reps)
+        row.update(fwd_ms=1e3 * t_f, fwdbwd_ms=1e3 * t_fb, fwd_tflops=flops / t_f / 1e12,
+                   fwdbwd_tflops=3.5 * flops / t_fb / 1e12)
+      rows.append(row)
+      log(f"{shape.name:>32} {name:>26}: " + (f"fwd {row['fwd_tflops']:.0f}, fwd+bwd "
+          f"{row['fwdbwd_tflops']:.0f} TFLOP/s, max err {err:.1e}" if row["ok"] else f"FAILED check, max err {err:.2e}"))
+  _add_ratios(rows)
   return rows
 
 
-def format_table(rows):
-  lines = ["| implementation | causal | fwd ms | fwd TFLOP/s | fwd+bwd ms | fwd+bwd TFLOP/s | max abs diff vs xla |",
-           "|---|---|---:|---:|---:|---:|---:|"]
+def _add_ratios(rows, base="cudnn"):
+  """fwd/fwd+bwd TFLOP/s as a fraction of `base` on the same shape, where both were timed."""
+  by_shape = {r["shape"]: r for r in rows if r["impl"] == base and "fwd_tflops" in r}
   for r in rows:
-    lines.append(f"| {r['impl']} | {r['causal']} | {r['fwd_ms']:.2f} | {r['fwd_tflops']:.0f} | "
-                 f"{r['fwdbwd_ms']:.2f} | {r['fwdbwd_tflops']:.0f} | {r['max_abs_diff_vs_xla']:.2e} |")
+    b = by_shape.get(r["shape"])
+    if b is not None and "fwd_tflops" in r:
+      r[f"fwd_vs_{base}"] = r["fwd_tflops"] / b["fwd_tflops"]
+      r[f"fwdbwd_vs_{base}"] = r["fwdbwd_tflops"] / b["fwdbwd_tflops"]
+
+
+def compensation_overhead(shape, layout="fa2", *, dtype=jnp.bfloat16, pairs=20, seed=0):
+  """Relative cost of `stabilize=True` in forward and forward+backward: `paired_overhead` of
+  flash:<layout> against flash:<layout>+stabilize on one shape."""
+  from jax_flashstable.accuracy import make_inputs
+  q, k, v, do = make_inputs(shape, dtype, seed)
+  off = _jax_runs(f"flash:{layout}", shape, q, k, v, do)
+  on = _jax_runs(f"flash:{layout}+stabilize", shape, q, k, v, do)
+  for run in off[:2] + on[:2]:
+    median_seconds(run, warmup=3, reps=1)
+  return dict(shape=shape.name, layout=layout, pairs=pairs,
+              fwd_overhead=paired_overhead(off[0], on[0], pairs),
+              fwdbwd_overhead=paired_overhead(off[1], on[1], pairs))
+
+
+def default_shapes(gpu: bool):
+  """The sweep `flashstable bench` runs: on a GPU lengths 1k–16k at 16k tokens per batch,
+  head_dim 64 and 128, causal and not, plus one GQA shape (16 query heads on 4 key/value heads);
+  on CPU (interpret mode) two small shapes."""
+  from jax_flashstable.accuracy import Shape
+  if not gpu:
+    return [Shape(1, 128, 128, 2, 2, 64, False), Shape(1, 128, 128, 4, 2, 64, True)]
+  shapes = [Shape(16384 // n, n, n, 16, 16, d, c) for n in (1024, 4096, 16384) for d in (64, 128)
+            for c in (False, True)]
+  return shapes + [Shape(4, 4096, 4096, 16, 4, 128, True)]
+
+
+def default_impls(gpu: bool, layouts=("fa2",)):
+  impls = [f"flash:{l}{s}" for l in layouts for s in ("", "+stabilize")] + ["xla"]
+  if gpu:
+    impls += ["cudnn", "torch-flash", "torch-cudnn"]
+  return impls
+
+
+def format_bench(rows):
+  lines = ["| shape | implementation | fwd ms | fwd TFLOP/s | fwd+bwd ms | fwd+bwd TFLOP/s | vs cuDNN fwd / fwd+bwd | max err vs fp32 |",
+           "|---|---|---:|---:|---:|---:|---|---:|"]
+  for r in rows:
+    if "skipped" in r:
+      lines.append(f"| {r['shape']} | {r['impl']} | skipped: {r['skipped'][:80]} | | | | | |")
+    elif not r["ok"]:
+      lines.append(f"| {r['shape']} | {r['impl']} | failed check | | | | | {r['max_err']:.2e} |")
+    else:
+      ratio = (f"{r['fwd_vs_cudnn']:.2f} / {r['fwdbwd_vs_cudnn']:.2f}" if "fwd_vs_cudnn" in r else "")
+      lines.append(f"| {r['shape']} | {r['impl']} | {r['fwd_ms']:.3f} | {r['fwd_tflops']:.3g} | "
+                   f"{r['fwdbwd_ms']:.3f} | {r['fwdbwd_tflops']:.3g} | {ratio} | {r['max_err']:.1e} |")
   return "\n".join(lines)
+
+
+def plot_bench(rows, path):
+  """Grouped bars of fwd and fwd+bwd TFLOP/s per shape and implementation (PNG)."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  timed = [r for r in rows if "fwd_tflops" in r]
+  shapes = list(dict.fromkeys(r["shape"] for r in timed))
+  impls = list(dict.fromkeys(r["impl"] for r in timed))
+  fig, axes = plt.subplots(2, 1, figsize=(max(8, 1.3 * len(shapes)), 7), sharex=True)
+  width = 0.8 / max(1, len(impls))
+  for ax, key, title in zip(axes, ("fwd_tflops", "fwdbwd_tflops"), ("forward", "forward+backward")):
+    for j, impl in enumerate(impls):
+      vals = {r["shape"]: r[key] for r in timed if r["impl"] == impl}
+      ax.bar([i + j * width for i in range(len(shapes))], [vals.get(s, 0.0) for s in shapes],
+             width, label=impl)
+    ax.set(ylabel="TFLOP/s", title=title)
+  axes[1].set_xticks([i + 0.4 - width / 2 for i in range(len(shapes))], shapes, rotation=30,
+                     ha="right", fontsize=7)
+  axes[0].legend(fontsize=7, ncol=3)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path
+
+
+def golden_hashes(layouts=("fa2", "paper", "fp32_out", "stochastic"), block_q=64, block_k=64):
+  """SHA-256 (first 16 hex digits) of the bits of out, lse, dQ, dK and dV of every layout ×
+  stabilize on fixed inputs (seed 0, batch 1, length 200, 2 heads, head_dim 64, causal; every
+  odd key a copy of the even one before it, so rows have tied maxima and the compensation
+  acts) with the given tiles: tuning (warps, stages, loop structure) must leave them unchanged."""
+  import hashlib
+
+  from jax_flashstable.accuracy import Shape, make_inputs
+  q, k, v, do = make_inputs(Shape(1, 200, 200, 2, 2, 64, True), jnp.bfloat16, 0)
+  k = k.at[:, 1::2].set(k[:, 0::2])
+  out = {}
+  for layout in layouts:
+    for stab in (False, True):
+      kw = dict(causal=True, numerics=layout, stabilize=stab, block_q=block_q, block_k=block_k)
+      if layout == "stochastic":
+        kw["rng_key"] = jax.random.key(0)
+      _, stats = flash_attention(q, k, v, return_stats=True, **kw)
+      o, vjp = jax.vjp(lambda q, k, v: flash_attention(q, k, v, **kw), q, k, v)
+      grads = vjp(do.astype(o.dtype))
+      h = hashlib.sha256()
+      for x in (o, stats.lse, *grads):
+        h.update(np.asarray(x).tobytes())
+      out[f"{layout}{'+stabilize' if stab else ''}"] = h.hexdigest()[:16]
+  return out
 
 
 def gpt2_step_table(model="gpt2-small", attentions=("flash", "flash-stable", "cudnn"),

@@ -168,6 +168,42 @@ def _crosscheck(args):
   return 0
 
 
+def _bench(args):
+  import jax
+
+  from jax_flashstable import bench
+  from jax_flashstable.accuracy import Shape
+  from jax_flashstable.results import write_results
+  gpu = jax.default_backend() == "gpu"
+  if args.shapes:
+    shapes = []
+    for spec in args.shapes.split(";"):
+      try:
+        b, n, h, hkv, d, c = spec.split(",")
+        shapes.append(Shape(int(b), int(n), int(n), int(h), int(hkv), int(d), c in ("1", "causal", "true")))
+      except ValueError:
+        raise SystemExit(f"flashstable bench: --shapes item {spec!r} is not "
+                         "batch,len,heads,kv_heads,head_dim,causal") from None
+  else:
+    shapes = bench.default_shapes(gpu)
+  impls = args.impls.split(",") if args.impls else bench.default_impls(gpu)
+  meta = _meta(args)
+  rows = bench.bench(shapes, impls, warmup=args.warmup, reps=args.reps)
+  if args.overhead_pairs:
+    from jax_flashstable.accuracy import Shape as S
+    head = shapes[0] if args.shapes or not gpu else S(4, 4096, 4096, 16, 16, 128, False)
+    meta["compensation_overhead"] = [bench.compensation_overhead(head, layout, pairs=args.overhead_pairs)
+                                     for layout in args.overhead_layouts.split(",")]
+  meta["golden_hashes"] = bench.golden_hashes() if args.hashes else None
+  write_results(args.out, "bench", rows, bench.format_bench(rows), meta)
+  bench.plot_bench(rows, os.path.join(args.out, "bench.png"))
+  for o in meta.get("compensation_overhead", []):
+    print(f"compensation overhead [{o['layout']}, {o['shape']}, median of {o['pairs']} interleaved "
+          f"pairs]: fwd {100 * o['fwd_overhead']:+.1f}%, fwd+bwd {100 * o['fwdbwd_overhead']:+.1f}%")
+  print(f"plot: {args.out}/bench.png")
+  return 0 if all(r.get("ok", True) for r in rows) else 1
+
+
 def _plot(args):
   from jax_flashstable.plot import plot_run
   print(f"wrote {plot_run(args.run_dir)}")
@@ -217,6 +253,21 @@ def build_parser():
   p.add_argument("--block-k", type=int, default=None)
   p.add_argument("--out", default="runs/crosscheck")
   p.set_defaults(func=_crosscheck)
+  p = sub.add_parser("bench", help="fwd and fwd+bwd TFLOP/s of our kernels (layouts × "
+                     "compensation) next to cuDNN, XLA and torch SDPA; compensation overhead")
+  p.add_argument("--shapes", default=None, help="';'-separated batch,len,heads,kv_heads,head_dim,"
+                 "causal (default: 1k–16k, d64/128, causal and not, GQA on a GPU; small on CPU)")
+  p.add_argument("--impls", default=None, help="comma-separated: flash:<layout>[+stabilize], "
+                 "cudnn, xla, torch-flash, torch-cudnn, torch-efficient, torch-math")
+  p.add_argument("--warmup", type=int, default=3)
+  p.add_argument("--reps", type=int, default=20)
+  p.add_argument("--overhead-pairs", type=int, default=20,
+                 help="interleaved pairs for the compensation overhead (0: skip)")
+  p.add_argument("--overhead-layouts", default="fa2")
+  p.add_argument("--hashes", action=argparse.BooleanOptionalAction, default=True,
+                 help="record the golden output hashes of every layout")
+  p.add_argument("--out", default="runs/bench")
+  p.set_defaults(func=_bench)
   p = sub.add_parser("plot", help="draw loss, grad norm and diagnostics of a training run")
   p.add_argument("run_dir")
   p.set_defaults(func=_plot)

@@ -67,3 +67,19 @@ def test_paper_layout_matches_pytorch_paper_kernel(tmp_path, extra):
   assert report["out"]["pct_bit_identical"] >= 99.5, report["out"]
   for g in ("d_query", "d_key", "d_value"):
     assert report[g]["pct_within_1ulp"] >= 90.0, (g, report[g])
+
+
+@pytest.mark.skipif(not _torch_ok(), reason=f"no PyTorch environment at {TORCH_PYTHON}")
+def test_fa2_agrees_with_torch_sdpa_backends(tmp_path):
+  """torch SDPA (math and, on CPU, its flash kernel) against our fa2 layout: both round O once
+  from fp32, so most outputs agree to the bit; a wrong axis order or scale would give ~0%."""
+  cmd = [TORCH_PYTHON, str(ROOT / "torch_crosscheck" / "sdpa_dump.py"), str(tmp_path), "--len", "200",
+         "--heads", "2", "--head-dim", "64", "--causal", "--backends", "math,flash"]
+  proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  for backend in ("math", "flash"):
+    report = crosscheck(tmp_path / f"sdpa_{backend}.npz", numerics="fa2")
+    assert report["out"]["pct_bit_identical"] >= 50.0, (backend, report["out"])
+    for name in ("out", "d_query", "d_key", "d_value"):
+      assert report[name]["pct_within_1ulp"] >= 80.0, (backend, name, report[name])
+      assert report[name]["max_abs_error"] < 0.05, (backend, name, report[name])

@@ -11,17 +11,13 @@ then, in the JAX environment:  flashstable crosscheck OUT.npz --numerics paper
 """
 from __future__ import annotations
 
-import argparse
 import pathlib
 import sys
 
-import numpy as np
 import torch
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "jax_flashstable"))
-from dumpfile import save_dump  # noqa: E402  (NumPy-only module; importing the package needs JAX)
-
-BF = torch.bfloat16
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from common import BF, NAMES, make_inputs, shape_parser, write_dump  # noqa: E402
 
 
 def rb(x):
@@ -96,41 +92,22 @@ def backward(q, k, v, out, lse, d_out, scale, causal, bq, bk):
   return dq.to(BF), dk.to(BF), dv.to(BF)
 
 
-def bits(x):
-  return x.contiguous().view(torch.int16).cpu().numpy().view(np.uint16)
-
-
 def main(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("out")
-  ap.add_argument("--batch", type=int, default=1)
-  ap.add_argument("--heads", type=int, default=2)
-  ap.add_argument("--len", type=int, default=256)
-  ap.add_argument("--head-dim", type=int, default=64)
+  ap = shape_parser(__doc__.splitlines()[0])
   ap.add_argument("--block-q", type=int, default=64)
   ap.add_argument("--block-k", type=int, default=64)
-  ap.add_argument("--causal", action="store_true")
   ap.add_argument("--stabilize", action="store_true")
   ap.add_argument("--beta", type=float, default=2.0)
   ap.add_argument("--tie-tolerance", type=float, default=1e-3)
-  ap.add_argument("--seed", type=int, default=0)
-  ap.add_argument("--device", default="cpu")
   a = ap.parse_args(argv)
-  rng = np.random.default_rng(a.seed)
-  shape = (a.batch, a.heads, a.len, a.head_dim)
-  q, k, v, do = (torch.tensor(rng.standard_normal(shape), dtype=torch.float32).to(BF).to(a.device)
-                 for _ in range(4))
+  q, k, v, do = make_inputs(a)
   scale = a.head_dim ** -0.5
   out, lse = forward(q, k, v, scale, a.causal, a.block_q, a.block_k, a.stabilize, a.beta, a.tie_tolerance)
   dq, dk, dv = backward(q, k, v, out, lse, do, scale, a.causal, a.block_q, a.block_k)
-  names = ("query", "key", "value", "d_out", "out", "d_query", "d_key", "d_value")
-  tensors = {n: bits(x) for n, x in zip(names, (q, k, v, do, out, dq, dk, dv))}
-  tensors["lse"] = lse.cpu().numpy()
-  save_dump(a.out, tensors, layout="bhsd", dtypes={n: "bfloat16" for n in names},
-            attrs=dict(producer=f"torch {torch.__version__} paper_fa2 ({a.device})", causal=a.causal,
-                       softmax_scale=scale, stabilize=a.stabilize, beta=a.beta,
-                       tie_tolerance=a.tie_tolerance, block_q=a.block_q, block_k=a.block_k))
-  print(f"wrote {a.out}")
+  write_dump(a.out, dict(zip(NAMES, (q, k, v, do, out, dq, dk, dv))), lse,
+             producer=f"torch {torch.__version__} paper_fa2 ({a.device})", causal=a.causal,
+             softmax_scale=scale, stabilize=a.stabilize, beta=a.beta,
+             tie_tolerance=a.tie_tolerance, block_q=a.block_q, block_k=a.block_k)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,48 @@
+"""`flashstable bench`: timing helpers, the CLI at CPU size, and the golden output hashes."""
+import json
+import pathlib
+import time
+
+import jax
+import pytest
+
+from jax_flashstable import bench, cli
+
+HASHES = json.loads((pathlib.Path(__file__).parent / "golden_hashes.json").read_text())
+
+
+def test_paired_overhead_measures_a_known_ratio():
+  fast = lambda: time.sleep(0.002)
+  slow = lambda: time.sleep(0.004)
+  assert bench.paired_overhead(fast, slow, pairs=6, inner=2) == pytest.approx(1.0, abs=0.35)
+  assert bench.paired_overhead(fast, fast, pairs=6, inner=2) == pytest.approx(0.0, abs=0.35)
+
+
+def test_flops_convention():
+  f = bench.attention_flops(2, 1024, 1024, 4, 64, causal=False)
+  assert f == 4 * 2 * 4 * 1024 * 1024 * 64
+  assert bench.attention_flops(2, 1024, 1024, 4, 64, causal=True) == f / 2
+  assert bench.attention_flops(2, 1024, 1024, 4, 64, causal=False, backward=True) == 3.5 * f
+
+
+def test_bench_cli_on_cpu(tmp_path):
+  rc = cli.main(["bench", "--shapes", "1,128,4,2,64,causal", "--impls", "flash:fa2,flash:paper+stabilize,xla,nope",
+                 "--reps", "2", "--warmup", "1", "--overhead-pairs", "2", "--no-hashes", "--out", str(tmp_path)])
+  assert rc == 0
+  res = json.loads((tmp_path / "bench.json").read_text())
+  rows = {r["impl"]: r for r in res["rows"]}
+  assert "skipped" in rows["nope"]
+  for name in ("flash:fa2", "flash:paper+stabilize", "xla"):
+    r = rows[name]
+    assert r["ok"] and r["max_err"] < 2 ** -5 and r["fwd_ms"] > 0 and r["fwdbwd_tflops"] > 0
+  o = res["meta"]["compensation_overhead"][0]
+  assert o["layout"] == "fa2" and o["pairs"] == 2 and abs(o["fwd_overhead"]) < 5
+  assert (tmp_path / "bench.png").stat().st_size > 0
+
+
+def test_golden_hashes_unchanged():
+  """The numerics of every layout, for fixed tiles, are pinned: a speed change must keep them."""
+  backend = jax.default_backend()
+  if backend not in HASHES:
+    pytest.skip(f"no golden hashes recorded for backend {backend!r}")
+  assert bench.golden_hashes() == HASHES[backend]
