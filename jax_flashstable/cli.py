@@ -168,6 +168,28 @@ def _crosscheck(args):
   return 0
 
 
+def _experiment(args):
+  from jax_flashstable import experiment
+  if args.recipe not in experiment.RECIPES:
+    raise SystemExit(f"flashstable: unknown recipe {args.recipe!r}; choose from {sorted(experiment.RECIPES)}")
+  base = _train_config(args, **experiment.RECIPES[args.recipe])
+  variants = args.variants.split(",")
+  try:
+    seeds = _ints(args.seeds)
+    if args.report_only:
+      rows = experiment.collect(args.out, base, args.layer)
+    else:
+      rows = experiment.run_matrix(base, variants, seeds, args.out, tiles=args.tiles, layer=args.layer,
+                                   time_budget=args.time_budget)
+  except ValueError as e:
+    raise SystemExit(f"flashstable experiment: {e}") from None
+  path = experiment.write_report(args.out, rows, base, args.layer,
+                                 _meta(args) | dict(recipe_name=args.recipe))
+  print(path.read_text())
+  print(f"report: {path}, curves: {args.out}/curves.png")
+  return 0
+
+
 def _bench(args):
   import jax
 
@@ -253,6 +275,25 @@ def build_parser():
   p.add_argument("--block-k", type=int, default=None)
   p.add_argument("--out", default="runs/crosscheck")
   p.set_defaults(func=_crosscheck)
+  p = sub.add_parser("experiment", help="the BF16 loss-explosion experiment: attention variants "
+                     "× seeds on one recipe, resumable, with a report (Qiu & Yao 2025)")
+  p.add_argument("name", choices=["instability"])
+  p.add_argument("--recipe", default="anchor", help="anchor (GPT 6×384, the issue's H200 anchor) "
+                 "or tiny (CPU); any training option below overrides it")
+  p.add_argument("--variants", default="paper,paper+comp",
+                 help="comma-separated, from: " + "paper, paper+comp, fa2, fa2+comp, fp32_out, "
+                 "stochastic, fp32-reference, paper@layer, paper+comp@layer, xla")
+  p.add_argument("--seeds", default="0")
+  p.add_argument("--tiles", type=int, default=512, help="the paper layout's block_q = block_k")
+  p.add_argument("--layer", type=int, default=1, help="the watched layer (0-based); "
+                 "the @layer variants use flash there only")
+  p.add_argument("--time-budget", type=float, default=0.0, help="seconds of wall time for this "
+                 "invocation (0: none); unfinished runs resume next time")
+  p.add_argument("--report-only", action="store_true", help="train nothing; report every run "
+                 "folder under --out (e.g. after runs made by several processes)")
+  p.add_argument("--out", default="runs/instability")
+  _add_train_options(p, skip=("attention", "seed", "out_dir", "max_seconds"))
+  p.set_defaults(func=_experiment)
   p = sub.add_parser("bench", help="fwd and fwd+bwd TFLOP/s of our kernels (layouts × "
                      "compensation) next to cuDNN, XLA and torch SDPA; compensation overhead")
   p.add_argument("--shapes", default=None, help="';'-separated batch,len,heads,kv_heads,head_dim,"

@@ -15,7 +15,8 @@ class AttentionConfig:
 
   implementation: "flash" (our Pallas kernels), "reference" (materialized, in
     `reference_dtype`), "xla" or "cudnn" (`jax.nn.dot_product_attention`).
-  numerics: precision layout of the flash kernels ("fa2").
+  numerics: precision layout of the flash kernels ("fa2"); "stochastic" needs an `rng_key`
+    per call (`attend(..., rng_key=)`; the GPT model folds one per step and layer).
   stabilize, beta, tie_tolerance: the compensation of Qiu & Yao 2025 (flash only).
   block_q, block_k: flash tile sizes (None: the kernel defaults).
   reference_dtype: "float32" or "bfloat16" for implementation="reference".
@@ -36,9 +37,6 @@ class AttentionConfig:
       raise ValueError(f"numerics={self.numerics!r} is not one of {sorted(NUMERICS)}")
     if self.reference_dtype not in ("float32", "bfloat16"):
       raise ValueError(f"reference_dtype={self.reference_dtype!r} must be 'float32' or 'bfloat16'")
-    if self.numerics == "stochastic":
-      raise ValueError("numerics='stochastic' needs a fresh rng_key per call, which the model "
-                       "does not pass yet; use flash_attention(..., rng_key=) directly")
     if self.stabilize and self.implementation != "flash":
       raise ValueError(f"stabilize=True needs implementation='flash', got {self.implementation!r}")
     Compensation(beta=self.beta, tie_tolerance=self.tie_tolerance)   # validates

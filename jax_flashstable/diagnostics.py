@@ -68,12 +68,12 @@ def diagnose(graphdef, params, x, y, power, n_rows=64, key=None):
 
   def loss_of(zs):
     records = [[] for _ in range(cfg.n_layer)]
-    loss = loss_fn(model, x, y, list(zip(zs, records)))
+    loss = loss_fn(model, x, y, list(zip(zs, records)), jax.random.fold_in(key, 2))
     return loss, [r[0] for r in records]
 
+  key = jax.random.key(0) if key is None else key
   _, vjp, records = jax.vjp(loss_of, zeros, has_aux=True)
   d_outs = vjp(jnp.ones((), jnp.float32))[0]                        # dO per layer
-  key = jax.random.key(0) if key is None else key
   rows = (jax.random.randint(key, (n_rows,), 0, b), jax.random.randint(jax.random.fold_in(key, 1), (n_rows,), 0, t))
   scale = cfg.head_dim ** -0.5
   out = {k: [] for k in ("tie_rate", "max_logit", "entropy", "o_err", "delta_err")}
@@ -83,7 +83,8 @@ def diagnose(graphdef, params, x, y, power, n_rows=64, key=None):
       # the layer's own layout and tiles, with the tie rule switched on to count its trigger
       _, st = flash_attention(q, k, v, causal=True, softmax_scale=scale, stabilize=True,
                               beta=att.beta, tie_tolerance=att.tie_tolerance, numerics=att.numerics,
-                              block_q=att.block_q, block_k=att.block_k, return_stats=True)
+                              block_q=att.block_q, block_k=att.block_k, return_stats=True,
+                              rng_key=jax.random.fold_in(key, 3) if att.numerics == "stochastic" else None)
       out["tie_rate"].append(jnp.mean(st.tied_tiles > 0, axis=(0, 1)))
     else:
       out["tie_rate"].append(jnp.full((cfg.n_head,), jnp.nan))

@@ -12,19 +12,28 @@ from jax_flashstable import attention as _attention
 from jax_flashstable.config import AttentionConfig
 
 
-def attend(query, key, value, config: AttentionConfig, *, causal: bool, softmax_scale=None):
+def attend(query, key, value, config: AttentionConfig, *, causal: bool, softmax_scale=None,
+           rng_key=None):
   """softmax(scale·QKᵀ)V by `config.implementation`; [batch, len, heads, head_dim] in and out.
 
-  key/value may have fewer heads (GQA). The result has query's dtype.
+  key/value may have fewer heads (GQA). The result has query's dtype (float32 for the
+  "fp32_out" layout). `rng_key` drives numerics="stochastic" and is ignored otherwise.
+
+  Raises:
+    ValueError: numerics="stochastic" without an rng_key.
   """
   if softmax_scale is None:
     softmax_scale = 1.0 / math.sqrt(query.shape[-1])
   impl = config.implementation
   if impl == "flash":
+    stochastic = config.numerics == "stochastic"
+    if stochastic and rng_key is None:
+      raise ValueError(f"attention {config.name!r} uses numerics='stochastic' and needs rng_key")
     return _attention.flash_attention(
         query, key, value, causal=causal, softmax_scale=softmax_scale,
         stabilize=config.stabilize, beta=config.beta, tie_tolerance=config.tie_tolerance,
-        numerics=config.numerics, block_q=config.block_q, block_k=config.block_k)
+        numerics=config.numerics, block_q=config.block_q, block_k=config.block_k,
+        rng_key=rng_key if stochastic else None)
   if impl == "reference":
     out = _attention.reference_attention(query, key, value, causal=causal,
                                          softmax_scale=softmax_scale,

@@ -93,13 +93,14 @@ class CausalSelfAttention(nnx.Module):
     self.n_head = cfg.n_head
     self.attention = attention
 
-  def __call__(self, x, probe=None):
+  def __call__(self, x, probe=None, rng_key=None):
     """`probe` (diagnostics only): None, or (zeros [b, t, h, d] float32 added to the attention
-    output so that its gradient is dO, a list that receives (q, k, v, O))."""
+    output so that its gradient is dO, a list that receives (q, k, v, O)). `rng_key`: for
+    numerics="stochastic"."""
     b, t, c = x.shape
     q, k, v = jnp.split(self.c_attn(x), 3, axis=-1)                 # 3 × [b, t, c]
     q, k, v = (y.reshape(b, t, self.n_head, c // self.n_head) for y in (q, k, v))
-    y = attend(q, k, v, self.attention, causal=True)                 # [b, t, h, d]
+    y = attend(q, k, v, self.attention, causal=True, rng_key=rng_key)  # [b, t, h, d]
     if probe is not None:
       zero, record = probe
       record.append((q, k, v, y))
@@ -123,8 +124,8 @@ class Block(nnx.Module):
     self.ln_2 = _layer_norm(cfg, rngs)
     self.mlp = MLP(cfg, rngs=rngs)
 
-  def __call__(self, x, probe=None):                                 # x: [b, t, c] float32
-    x = x + self.attn(self.ln_1(x), probe)
+  def __call__(self, x, probe=None, rng_key=None):                   # x: [b, t, c] float32
+    x = x + self.attn(self.ln_1(x), probe, rng_key)
     return x + self.mlp(self.ln_2(x))
 
 
@@ -137,25 +138,31 @@ class GPT(nnx.Module):
     self.h = nnx.List([Block(cfg, i, rngs=rngs) for i in range(cfg.n_layer)])
     self.ln_f = _layer_norm(cfg, rngs)
 
-  def __call__(self, tokens, probes=None):
+  def __call__(self, tokens, probes=None, rng_key=None):
     """tokens [batch, t] int32 (t ≤ block_size) → logits [batch, t, vocab_size] float32.
 
-    `probes`: diagnostics only, one (zeros, list) per layer (see `CausalSelfAttention`)."""
+    `probes`: diagnostics only, one (zeros, list) per layer (see `CausalSelfAttention`).
+    `rng_key`: needed when a layer uses numerics="stochastic"; layer i gets fold_in(key, i).
+
+    Raises:
+      ValueError: t > block_size, or a stochastic layer and no rng_key.
+    """
     t = tokens.shape[1]
     if t > self.config.block_size:
       raise ValueError(f"sequence length {t} exceeds block_size={self.config.block_size}")
     x = self.wte(tokens) + self.wpe(jnp.arange(t))[None]
     for i, block in enumerate(self.h):
-      x = block(x, None if probes is None else probes[i])
+      key = None if rng_key is None else jax.random.fold_in(rng_key, i)
+      x = block(x, None if probes is None else probes[i], key)
     x = self.ln_f(x)
     dt = jnp.dtype(self.config.compute_dtype)
     logits = x.astype(dt) @ self.wte.embedding[...].astype(dt).T     # tied output embedding
     return logits.astype(jnp.float32)
 
 
-def loss_fn(model: GPT, tokens, targets, probes=None):
-  """Mean next-token cross-entropy in float32 (nats); `probes`: see `GPT.__call__`."""
-  logits = model(tokens, probes)
+def loss_fn(model: GPT, tokens, targets, probes=None, rng_key=None):
+  """Mean next-token cross-entropy in float32 (nats); `probes`, `rng_key`: see `GPT.__call__`."""
+  logits = model(tokens, probes, rng_key)
   return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
 
 

@@ -61,6 +61,8 @@ class TrainConfig:
   diag_interval: int = 0              # steps between diagnostics rows (0: off), `diagnostics.py`
   diag_rows: int = 64                 # sampled rows per diagnostics call
   data_parallel: bool = False         # split each batch over all local devices (shard_map)
+  stop_after_explosion: int = -1      # stop this many steps after an explosion (-1: never)
+  max_seconds: float = 0.0            # stop (and checkpoint) after this much wall time (0: no limit)
   out_dir: str = "runs/train"
   progress: bool = True               # tqdm progress bar
 
@@ -94,39 +96,44 @@ def make_steps(graphdef, tx, mesh=None):
   replicated and the update runs once, under the same jit.
   """
 
-  def loss_of(params, x, y):
-    return loss_fn(nnx.merge(graphdef, params), x, y)
+  def loss_of(params, x, y, rng_key=None):
+    return loss_fn(nnx.merge(graphdef, params), x, y, rng_key=rng_key)
 
-  def loss_and_grads(params, xs, ys):
-    def micro(acc, xy):
-      loss, grads = jax.value_and_grad(loss_of)(params, *xy)
+  def loss_and_grads(params, xs, ys, rng_key):
+    def micro(acc, ixy):
+      i, x, y = ixy
+      key = None if rng_key is None else jax.random.fold_in(rng_key, i)
+      loss, grads = jax.value_and_grad(loss_of)(params, x, y, key)
       return jax.tree.map(jnp.add, acc, (loss, grads)), None
 
     zero = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
-    (loss, grads), _ = jax.lax.scan(micro, zero, (xs, ys))
+    (loss, grads), _ = jax.lax.scan(micro, zero, (jnp.arange(xs.shape[0]), xs, ys))
     return jax.tree.map(lambda a: a / xs.shape[0], (loss, grads))
 
   if mesh is not None:
     from jax.sharding import PartitionSpec as P
     per_shard = loss_and_grads
 
-    def loss_and_grads(params, xs, ys):
-      def body(params, xs, ys):
-        return jax.lax.pmean(per_shard(params, xs, ys), "data")
-      return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(None, "data"), P(None, "data")),
-                           out_specs=P(), check_vma=False)(params, xs, ys)
+    def loss_and_grads(params, xs, ys, rng_key):
+      def body(params, xs, ys, rng_key):
+        if rng_key is not None:                  # a different stream per shard
+          rng_key = jax.random.fold_in(rng_key, jax.lax.axis_index("data"))
+        return jax.lax.pmean(per_shard(params, xs, ys, rng_key), "data")
+      return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(None, "data"), P(None, "data"), P()),
+                           out_specs=P(), check_vma=False)(params, xs, ys, rng_key)
 
-  def train_step(state, xs, ys):
-    """state = (params, opt_state); xs, ys [grad_accum, batch, seq] int32."""
+  def train_step(state, xs, ys, rng_key=None):
+    """state = (params, opt_state); xs, ys [grad_accum, batch, seq] int32; rng_key: the
+    step's key for numerics="stochastic" layers (folded per micro-batch, shard and layer)."""
     params, opt_state = state
-    loss, grads = loss_and_grads(params, xs, ys)
+    loss, grads = loss_and_grads(params, xs, ys, rng_key)
     updates, opt_state = tx.update(grads, opt_state, params)
     params = optax.apply_updates(params, updates)
     metrics = dict(loss=loss, grad_norm=optax.tree.norm(grads), param_norm=optax.tree.norm(params))
     return (params, opt_state), metrics
 
   return (jax.jit(train_step, donate_argnums=0),
-          jax.jit(lambda params, x, y: loss_of(params, x, y)))
+          jax.jit(loss_of))
 
 
 def _checkpoint_manager(out_dir):
@@ -142,26 +149,46 @@ def init_state(cfg: TrainConfig):
   return model, graphdef, params, tx, tx.init(params)
 
 
-def explosion_step(losses, warmup_steps, factor=2.0, window=10):
-  """First step whose loss is non-finite, or, after warmup, whose trailing mean loss over
-  `window` steps exceeds `factor` × the running minimum of that mean (the mean keeps the
-  batch-to-batch noise of small batches from reading as an explosion)."""
-  running, recent = math.inf, []
-  for step, loss in losses:
+class ExplosionMonitor:
+  """Fed (step, loss) in order; `step` is the first step whose loss is non-finite, or, after
+  warmup, whose trailing mean loss over `window` steps exceeds `factor` × the running minimum
+  of that mean (the mean keeps the batch-to-batch noise of small batches from reading as an
+  explosion). The criterion of issue 6: loss > 2× its running minimum after warmup."""
+
+  def __init__(self, warmup_steps, factor=2.0, window=10):
+    self.warmup_steps, self.factor, self.window = warmup_steps, factor, window
+    self.running, self.recent, self.step = math.inf, [], None
+
+  def update(self, step, loss):
+    """Returns the explosion step once one has been seen (None before)."""
+    if self.step is not None:
+      return self.step
     if not math.isfinite(loss):
+      self.step = step
       return step
-    recent = (recent + [loss])[-window:]
-    smooth = sum(recent) / len(recent)
-    if step > warmup_steps and smooth > factor * running:
-      return step
-    if len(recent) == window:
-      running = min(running, smooth)
-  return None
+    self.recent = (self.recent + [loss])[-self.window:]
+    smooth = sum(self.recent) / len(self.recent)
+    if step > self.warmup_steps and smooth > self.factor * self.running:
+      self.step = step
+    elif len(self.recent) == self.window:
+      self.running = min(self.running, smooth)
+    return self.step
+
+
+def explosion_step(losses, warmup_steps, factor=2.0, window=10):
+  """`ExplosionMonitor` over a whole run's (step, loss) pairs: the explosion step or None."""
+  monitor = ExplosionMonitor(warmup_steps, factor, window)
+  for step, loss in losses:
+    monitor.update(step, loss)
+  return monitor.step
 
 
 def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None) -> dict:
   """Trains, logs to `out_dir/metrics.jsonl`, returns a summary dict.
 
+  Stops early `stop_after_explosion` steps after an explosion (`ExplosionMonitor`) or after
+  `max_seconds` of training (checkpointing there when checkpoints are on); the summary's
+  `stopped` says which ("explosion", "time" or None).
   Resumes from the latest checkpoint in `out_dir` if there is one. On a non-finite loss or
   gradient it stops and raises `NonFiniteError` naming the step and the last finite
   checkpoint (checkpoints are written only from finite states).
@@ -193,9 +220,11 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None) -> dict
     json.dump(dict(train=dataclasses.asdict(cfg), n_params=n_params, data=str(data.folder),
                    backend=jax.default_backend()), f, indent=1, default=str)
 
+  step_key, eval_key = jax.random.split(jax.random.key(cfg.seed))   # for stochastic rounding
+
   def evaluate(params):
-    losses = [eval_step(params, *data.batch("val", 1234, i, cfg.batch_size, seq_len))
-              for i in range(cfg.eval_batches)]
+    losses = [eval_step(params, *data.batch("val", 1234, i, cfg.batch_size, seq_len),
+                        jax.random.fold_in(eval_key, i)) for i in range(cfg.eval_batches)]
     return float(np.mean([float(l) for l in losses]))
 
   tokens_per_step = cfg.batch_size * cfg.grad_accum * seq_len
@@ -206,6 +235,10 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None) -> dict
     from tqdm.auto import tqdm
     bar = tqdm(total=cfg.steps, initial=start, desc=f"{cfg.attention}", leave=False)
   state, summary = (params, opt_state), {}
+  monitor, stopped, t_start = ExplosionMonitor(cfg.warmup_steps), None, time.perf_counter()
+  for r in read_metrics(out) if start else []:
+    if r["step"] <= start:
+      monitor.update(r["step"], r["loss"])
   power = None
   if not cfg.diag_interval and not start:
     (out / "diagnostics.jsonl").unlink(missing_ok=True)        # no stale rows from an older run
@@ -224,7 +257,7 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None) -> dict
             for j in range(cfg.grad_accum)]
       xs, ys = (np.stack(a) for a in zip(*xy))
       t0 = time.perf_counter()
-      state, m = train_step(state, xs, ys)
+      state, m = train_step(state, xs, ys, jax.random.fold_in(step_key, step))
       m = {k: float(v) for k, v in m.items()}                        # syncs the device
       dt = time.perf_counter() - t0
       row = dict(step=step, lr=float(schedule(step - 1)), step_time_s=dt,
@@ -251,14 +284,21 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None) -> dict
         raise NonFiniteError(f"non-finite loss or gradient at step {step} (loss={m['loss']}, "
                              f"grad_norm={m['grad_norm']}); last finite checkpoint: "
                              f"{'step ' + str(last) if last is not None else 'none'} in {out}")
-      if mngr is not None and step % cfg.checkpoint_interval == 0:
-        mngr.save(step, args=ocp.args.StandardSave(dict(params=state[0], opt_state=state[1])))
       summary = row
+      exploded = monitor.update(step, m["loss"])
+      if exploded is not None and 0 <= cfg.stop_after_explosion <= step - exploded:
+        stopped = "explosion"
+      elif cfg.max_seconds and time.perf_counter() - t_start > cfg.max_seconds and step < cfg.steps:
+        stopped = "time"
+      if mngr is not None and (step % cfg.checkpoint_interval == 0 or stopped == "time"):
+        mngr.save(step, args=ocp.args.StandardSave(dict(params=state[0], opt_state=state[1])))
+      if stopped:
+        break
   if bar is not None:
     bar.close()
   if mngr is not None:
     mngr.wait_until_finished()
-  summary = dict(summary, n_params=n_params,
+  summary = dict(summary, n_params=n_params, stopped=stopped,
                  explosion_step=explosion_step(read_losses(out), cfg.warmup_steps))
   return summary
 

@@ -1,0 +1,71 @@
+"""`flashstable experiment instability` on CPU: a small matrix, resumption, the report, and the
+early stop after an explosion."""
+import dataclasses
+import json
+
+import pytest
+
+from jax_flashstable import cli, experiment
+from jax_flashstable.train import TrainConfig
+
+TINY = dataclasses.replace(TrainConfig(**experiment.RECIPES["tiny"]), steps=12, diag_interval=6,
+                           progress=False)
+
+
+def test_variant_configs_are_what_they_say():
+  c = experiment.variant_config(TINY, "paper@layer", 3, "/x", tiles=64, layer=1)
+  assert c.seed == 3 and c.attention == "xla"
+  assert c.attention_overrides == ((1, "flash:numerics=paper,block_q=64,block_k=64"),)
+  m = c.model_config()
+  assert m.attention_for(1).numerics == "paper" and m.attention_for(0).implementation == "xla"
+  assert experiment.variant_config(TINY, "paper+comp", 0, "/x").model_config().attention.stabilize
+  with pytest.raises(ValueError, match="'nope'"):
+    experiment.variant_config(TINY, "nope", 0, "/x")
+  with pytest.raises(ValueError, match="layer=5"):
+    experiment.variant_config(TINY, "paper", 0, "/x", layer=5)
+
+
+def test_small_matrix_runs_resumes_and_reports(tmp_path):
+  logs = []
+  rows = experiment.run_matrix(TINY, ["paper", "stochastic"], [0], tmp_path, tiles=64, log=logs.append)
+  assert [(r["variant"], r["seed"], r["steps"], r["finished"]) for r in rows] == [
+      ("paper", 0, 12, True), ("stochastic", 0, 12, True)]
+  for r in rows:
+    assert 0.0 <= r["mean_tie_rate"] <= 1.0 and r["max_sigma_wq"] > 0 and r["min_loss"] < 11.0
+    assert r["outcome"] == "stable" and r["steps_per_s"] > 0
+  # same seed, same data: the first losses agree closely, but the layouts differ in the bits
+  loss = lambda v: [json.loads(l)["loss"] for l in open(tmp_path / v / "seed0" / "metrics.jsonl")]
+  assert loss("paper")[0] == pytest.approx(loss("stochastic")[0], abs=1e-3) and loss("paper") != loss("stochastic")
+  logs.clear()
+  experiment.run_matrix(TINY, ["paper", "stochastic"], [0], tmp_path, tiles=64, log=logs.append)
+  assert all("done before" in line for line in logs)
+  rows = experiment.run_matrix(TINY, ["fa2"], [0], tmp_path, time_budget=1e-3, log=logs.append)
+  assert "time budget is spent" in logs[-1] and {r["variant"] for r in rows} == {"paper", "stochastic"}
+  path = experiment.write_report(tmp_path, rows, TINY)
+  text = path.read_text()
+  assert "| paper | 0 | 12 |" in text and "| stochastic | 0 / 1 |" in text
+  assert (tmp_path / "curves.png").stat().st_size > 0
+
+
+def test_explosion_stops_the_run_and_is_reported(tmp_path):
+  """A learning rate far too large for the tiny model makes it explode; the run stops a fixed
+  number of steps later and the report says so."""
+  cfg = dataclasses.replace(TINY, lr=3.0, min_lr=3.0, steps=60, warmup_steps=2, diag_interval=0,
+                            stop_after_explosion=2)
+  rows = experiment.run_matrix(cfg, ["fa2"], [0], tmp_path)
+  (r,) = rows
+  assert r["outcome"] == "exploded" and r["explosion_step"] is not None
+  # stops two steps after the explosion, or earlier at a non-finite loss
+  assert r["explosion_step"] < r["steps"] <= r["explosion_step"] + 2 < 60
+  assert r["stopped"] in ("explosion", "non-finite") and r["finished"]
+
+
+def test_cli_experiment_tiny(tmp_path):
+  rc = cli.main(["experiment", "instability", "--recipe", "tiny", "--variants", "fa2+comp", "--steps", "4",
+                 "--diag-interval", "2", "--no-progress", "--out", str(tmp_path)])
+  assert rc == 0
+  report = json.loads((tmp_path / "report.json").read_text())
+  assert report["recipe"]["steps"] == 4 and report["rows"][0]["variant"] == "fa2+comp"
+  assert cli.main(["experiment", "instability", "--recipe", "tiny", "--report-only", "--out", str(tmp_path)]) == 0
+  with pytest.raises(SystemExit, match="unknown variant"):
+    cli.main(["experiment", "instability", "--recipe", "tiny", "--variants", "paper,bogus", "--out", str(tmp_path)])
