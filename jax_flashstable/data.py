@@ -50,7 +50,7 @@ def _decompressed(path: pathlib.Path) -> pathlib.Path:
   key = hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
   out = cache_dir() / f"{path.name[:-3]}.{key}"
   if not out.exists():
-    tmp = out.with_suffix(".tmp")
+    tmp = out.with_suffix(f".{os.getpid()}.tmp")           # concurrent processes may race here
     try:
       with lzma.open(path) as src, open(tmp, "wb") as dst:
         shutil.copyfileobj(src, dst, 1 << 20)
