@@ -40,11 +40,12 @@ def main():
   base = BlockSizes.default(a.head_dim)
   interpret = jax.default_backend() != "gpu"
 
-  def config(blocks, warps, stages):
+  def config(blocks, warps, stages, warps_bwd=4):
     return KernelConfig(softmax_scale=a.head_dim ** -0.5, causal=a.causal, q_len=a.seq_len,
                         kv_len=a.seq_len, blocks=blocks.fit(a.seq_len, a.seq_len),
                         numerics=get_numerics("fa2"), compensation=None, interpret=interpret,
-                        num_warps=warps, num_stages=stages)
+                        num_warps=warps, num_stages=stages, num_warps_bwd=warps_bwd,
+                        num_stages_bwd=2)
 
   ref = np.asarray(flash_attention_padded(q, k, v, config(base, 8, 2))[0], np.float32)
   fwd_grid = list(itertools.product([(64, 64), (128, 64), (128, 128), (64, 128), (256, 64)], (4, 8), (2, 3, 4)))
@@ -66,7 +67,7 @@ def main():
                      ms=1e3 * t, tflops=flops / t / 1e12, max_diff_vs_default=err))
     print(rows[-1], flush=True)
   for (bqb, bkb), warps in bwd_grid:
-    cfg = config(dataclasses.replace(base, block_q_bwd=bqb, block_k_bwd=bkb), warps, 2)
+    cfg = config(dataclasses.replace(base, block_q_bwd=bqb, block_k_bwd=bkb), 8 if a.head_dim > 64 else 4, 2, warps)
     fb = jax.jit(lambda q, k, v, do, cfg=cfg: jax.vjp(lambda q, k, v: flash_attention_padded(q, k, v, cfg)[0], q, k, v)[1](do))
     try:
       t = median_seconds(lambda: jax.block_until_ready(fb(q, k, v, do)), 2, a.reps)

@@ -89,8 +89,10 @@ def flash_attention(query, key, value, *, causal=False, softmax_scale=None, stab
       under `jax.lax.stop_gradient`). Forward-mode autodiff (`jax.jvp`) and second
       derivatives are not supported (custom_vjp).
     rng_key: a `jax.random` key, for numerics="stochastic" only.
-    num_warps, num_stages: Triton launch parameters (speed only); defaults 4 warps (8 when
-      head_dim > 64) and 2 stages.
+    num_warps, num_stages: Triton launch parameters of the forward kernel (speed only);
+      defaults 4 warps (8 when head_dim > 64) and 2 stages. The backward kernels use 4 warps
+      and 2 stages (H200, d128, 64×64 backward tiles: fwd+bwd 317 TFLOP/s at 4 warps, 172 at 8;
+      `experiments/03_tile_sweep.py`).
   Returns:
     [batch, q_len, num_heads, head_dim] in query's dtype (float32 for "fp32_out"), or
     (out, AttentionStats).
@@ -128,7 +130,8 @@ def flash_attention(query, key, value, *, causal=False, softmax_scale=None, stab
       interpret=_default_interpret() if interpret is None else bool(interpret),
       return_stats=bool(return_stats),
       num_warps=num_warps if num_warps is not None else (4 if head_dim <= 64 else 8),
-      num_stages=num_stages if num_stages is not None else 2)
+      num_stages=num_stages if num_stages is not None else 2,
+      num_warps_bwd=4, num_stages_bwd=2)
   out, stats = flash_attention_padded(query, key, value, cfg, seeds)
   if not return_stats:
     return out

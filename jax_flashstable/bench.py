@@ -67,7 +67,11 @@ def _jax_runs(name, shape, q, k, v, do):
   else:
     raise ValueError(f"unknown implementation {name!r}")
   fwd = jax.jit(f)
-  fb = jax.jit(lambda q, k, v, do: jax.vjp(f, q, k, v)[1](do))
+  def fwd_bwd(q, k, v, do):
+    out, vjp = jax.vjp(f, q, k, v)
+    return vjp(do.astype(out.dtype))          # fp32_out returns float32
+
+  fb = jax.jit(fwd_bwd)
   out = fwd(q, k, v)
   return (lambda: jax.block_until_ready(fwd(q, k, v)),
           lambda: jax.block_until_ready(fb(q, k, v, do)), np.asarray(out, np.float32))

@@ -210,7 +210,12 @@ def _bench(args):
     shapes = bench.default_shapes(gpu)
   impls = args.impls.split(",") if args.impls else bench.default_impls(gpu)
   meta = _meta(args)
-  rows = bench.bench(shapes, impls, warmup=args.warmup, reps=args.reps)
+  rows = []
+  os.makedirs(args.out, exist_ok=True)
+  for shape in shapes:                          # partial results survive a time limit
+    rows += bench.bench([shape], impls, warmup=args.warmup, reps=args.reps)
+    with open(os.path.join(args.out, "bench_partial.json"), "w") as f:
+      json.dump(rows, f)
   if args.overhead_pairs:
     from jax_flashstable.accuracy import Shape as S
     head = shapes[0] if args.shapes or not gpu else S(4, 4096, 4096, 16, 16, 128, False)

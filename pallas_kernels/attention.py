@@ -25,11 +25,15 @@ class KernelConfig:
   compensation: Compensation | None
   interpret: bool
   return_stats: bool = False
-  num_warps: int | None = None
+  num_warps: int | None = None        # forward kernel
   num_stages: int | None = None
+  num_warps_bwd: int | None = None    # the two backward kernels
+  num_stages_bwd: int | None = None
 
-  def compiler_params(self):
+  def compiler_params(self, backward=False):
     from jax.experimental.pallas import triton as plgpu
+    if backward:
+      return plgpu.CompilerParams(num_warps=self.num_warps_bwd, num_stages=self.num_stages_bwd)
     return plgpu.CompilerParams(num_warps=self.num_warps, num_stages=self.num_stages)
 
 

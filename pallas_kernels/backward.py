@@ -116,7 +116,7 @@ def flash_backward(q, k, v, o, lse, do, cfg, d_lse=None):
       in_specs=[q_all, kv_tile, kv_tile, q_all, row_all, row_all],
       out_specs=[out_tile, out_tile],
       out_shape=[jax.ShapeDtypeStruct((batch, kv_len_p, num_heads, d), partial_dtype)] * 2,
-      compiler_params=cfg.compiler_params(),
+      compiler_params=cfg.compiler_params(backward=True),
       interpret=cfg.interpret,
       name=f"flashstable_backward_dkv_{cfg.numerics.name}",
   )(q, k, v, do, lse, delta)
@@ -132,7 +132,7 @@ def flash_backward(q, k, v, o, lse, do, cfg, d_lse=None):
       in_specs=[q_tile, kv_all, kv_all, q_tile, row_tile, row_tile],
       out_specs=q_tile,
       out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-      compiler_params=cfg.compiler_params(),
+      compiler_params=cfg.compiler_params(backward=True),
       interpret=cfg.interpret,
       name=f"flashstable_backward_dq_{cfg.numerics.name}",
   )(q, k, v, do, lse, delta)
