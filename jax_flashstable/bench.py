@@ -32,8 +32,9 @@ def median_seconds(run, warmup=3, reps=20):
 
 
 def paired_overhead(run_a, run_b, pairs=20, inner=3):
-  """Median over `pairs` interleaved pairs of time(b)/time(a) − 1 (the order alternates within
-  pairs, so drifts in clock or temperature cancel); each time is `inner` back-to-back calls."""
+  """Median over `pairs` interleaved pairs of time(b)/time(a) − 1 (which of a and b runs first
+  alternates from pair to pair, so drifts in clock or temperature cancel); each time is `inner`
+  back-to-back calls."""
   ratios = []
   for i in range(pairs):
     t = {}
@@ -48,9 +49,6 @@ def paired_overhead(run_a, run_b, pairs=20, inner=3):
 
 # Implementations a bench row can name: "flash:<layout>" with an optional "+stabilize",
 # "cudnn" / "xla" (jax.nn.dot_product_attention), "torch-<backend>" (torch SDPA, GPU only).
-TORCH_BACKENDS = ("flash", "cudnn", "efficient", "math")
-
-
 def _jax_runs(name, shape, q, k, v, do):
   """(fwd, fwd+bwd) zero-argument callables that wait for the device, and the output."""
   if name.startswith("flash:"):
@@ -140,16 +138,17 @@ def bench(shapes, impls, *, dtype=jnp.bfloat16, warmup=3, reps=20, seed=0, log=p
       try:
         make = _torch_runs if name.startswith("torch-") else _jax_runs
         fwd, fb, out = make(name, shape, q, k, v, do)
-      except Exception as e:                    # not available here: say why, keep going
-        rows.append(dict(row, skipped=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"))
-        log(f"{shape.name:>32} {name:>26}: skipped ({rows[-1]['skipped']})")
+        err = float(np.max(np.abs(out[:1, :, :g] - ref)))
+        row.update(max_err=err, ok=bool(np.isfinite(err) and err <= 2 ** -5))
+        if row["ok"]:
+          t_f, t_fb = median_seconds(fwd, warmup, reps), median_seconds(fb, warmup, reps)
+          row.update(fwd_ms=1e3 * t_f, fwdbwd_ms=1e3 * t_fb, fwd_tflops=flops / t_f / 1e12,
+                     fwdbwd_tflops=3.5 * flops / t_fb / 1e12)
+      except Exception as e:                    # not available here (or failed): say why, go on
+        row = dict(row, skipped=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+        rows.append(row)
+        log(f"{shape.name:>32} {name:>26}: skipped ({row['skipped']})")
         continue
-      err = float(np.max(np.abs(out[:1, :, :g] - ref)))
-      row.update(max_err=err, ok=bool(np.isfinite(err) and err <= 2 ** -5))
-      if row["ok"]:
-        t_f, t_fb = median_seconds(fwd, warmup, reps), median_seconds(fb, warmup, reps)
-        row.update(fwd_ms=1e3 * t_f, fwdbwd_ms=1e3 * t_fb, fwd_tflops=flops / t_f / 1e12,
-                   fwdbwd_tflops=3.5 * flops / t_fb / 1e12)
       rows.append(row)
       log(f"{shape.name:>32} {name:>26}: " + (f"fwd {row['fwd_tflops']:.0f}, fwd+bwd "
           f"{row['fwdbwd_tflops']:.0f} TFLOP/s, max err {err:.1e}" if row["ok"] else f"FAILED check, max err {err:.2e}"))
@@ -287,12 +286,12 @@ def gpt2_step_table(model="gpt2-small", attentions=("flash", "flash-stable", "cu
     _, graphdef, params, tx, opt_state = init_state(cfg)
     n = count_params(params)
     train_step, _ = make_steps(graphdef, tx)
-    state = (params, opt_state)
+    state, key = (params, opt_state), jax.random.key(0)       # key: numerics="stochastic"
     times = []
     for step in range(warmup + steps):
       x, y = data.batch("train", 0, step, batch_size, t)
       t0 = time.perf_counter()
-      state, m = train_step(state, x[None], y[None])
+      state, m = train_step(state, x[None], y[None], jax.random.fold_in(key, step))
       loss = float(m["loss"])
       if step >= warmup:
         times.append(time.perf_counter() - t0)

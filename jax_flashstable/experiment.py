@@ -48,7 +48,7 @@ RECIPES = {
     "anchor": dict(model="gpt-6l", batch_size=32, lr=3e-3, min_lr=1e-5, warmup_steps=200,
                    steps=20000, decay_steps=20000, weight_decay=0.0, grad_clip=1.0,
                    eval_interval=500, eval_batches=4, diag_interval=250, diag_rows=64,
-                   stop_after_explosion=300),
+                   stop_after_explosion=300, checkpoint_interval=1000),
     # a CPU-sized matrix (the test suite runs it)
     "tiny": dict(model="tiny", batch_size=4, lr=3e-3, min_lr=3e-4, warmup_steps=5, steps=30,
                  weight_decay=0.0, eval_interval=0, eval_batches=1, diag_interval=10,
@@ -97,14 +97,16 @@ def run_matrix(base: TrainConfig, variants, seeds, out_dir, *, tiles=512, layer=
     except NonFiniteError as e:
       s = dict(stopped="non-finite", error=str(e))
     if s.get("stopped") == "time":
-      log(f"{variant} seed {seed}: stopped by the time budget at step {s.get('step')}; resumable")
+      how = ("resumes from its checkpoint next time" if cfg.checkpoint_interval else
+             "restarts next time (no --checkpoint-interval)")
+      log(f"{variant} seed {seed}: stopped by the time budget at step {s.get('step')}; {how}")
       continue
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "summary.json").write_text(json.dumps(dict(s, variant=variant, seed=seed), default=str))
   return collect(out, base, layer)
 
 
-def _run_row(run_dir: pathlib.Path, warmup_steps: int, layer: int) -> dict:
+def _run_row(run_dir: pathlib.Path, warmup_steps: int, layer: int, diag_interval: int) -> dict:
   metrics = read_metrics(run_dir)
   diags = read_diagnostics(run_dir)
   losses = [(r["step"], r["loss"]) for r in metrics]
@@ -114,6 +116,9 @@ def _run_row(run_dir: pathlib.Path, warmup_steps: int, layer: int) -> dict:
   ties = [statistics.fmean(d["tie_rate"][layer]) for d in diags
           if all(math.isfinite(x) for x in d["tie_rate"][layer])]
   vals = [r["val_loss"] for r in metrics if "val_loss" in r]
+  diag_times = [d["diag_time_s"] for d in diags[1:] if "diag_time_s" in d]     # [0] compiles
+  diag_cost = (statistics.median(diag_times) / (diag_interval * statistics.median(times))
+               if diag_times and times and diag_interval else math.nan)
   return dict(steps=metrics[-1]["step"] if metrics else 0,
               explosion_step=explosion_step(losses, warmup_steps),
               min_loss=min(finite) if finite else math.nan,
@@ -122,19 +127,21 @@ def _run_row(run_dir: pathlib.Path, warmup_steps: int, layer: int) -> dict:
               max_grad_norm=max((r["grad_norm"] for r in metrics), default=math.nan),
               max_sigma_wq=max(sigma, default=math.nan), last_sigma_wq=sigma[-1] if sigma else math.nan,
               mean_tie_rate=statistics.fmean(ties) if ties else math.nan,
-              steps_per_s=1.0 / statistics.median(times) if times else math.nan)
+              steps_per_s=1.0 / statistics.median(times) if times else math.nan,
+              diag_cost=diag_cost)
 
 
 def collect(out_dir, base: TrainConfig, layer=1) -> list[dict]:
   """One row per run folder under out_dir (finished or not), read from its metrics."""
   rows = []
-  for run_dir in sorted(pathlib.Path(out_dir).glob("*/seed*")):
+  runs = [d for d in pathlib.Path(out_dir).glob("*/seed*") if d.name[4:].isdigit()]
+  for run_dir in sorted(runs, key=lambda d: (d.parent.name, int(d.name[4:]))):
     if not (run_dir / "metrics.jsonl").exists():
       continue
     summary = run_dir / "summary.json"
     s = json.loads(summary.read_text()) if summary.exists() else {}
     row = dict(variant=run_dir.parent.name, seed=int(run_dir.name[4:]), finished=summary.exists(),
-               stopped=s.get("stopped"), **_run_row(run_dir, base.warmup_steps, layer))
+               stopped=s.get("stopped"), **_run_row(run_dir, base.warmup_steps, layer, base.diag_interval))
     row["outcome"] = ("exploded" if row["explosion_step"] is not None else
                       "stable" if row["finished"] else "unfinished (stable so far)")
     rows.append(row)
@@ -144,13 +151,15 @@ def collect(out_dir, base: TrainConfig, layer=1) -> list[dict]:
 def format_report(rows, recipe: dict, layer: int) -> str:
   lines = [f"recipe: {json.dumps(recipe, default=str)}", "",
            f"| variant | seed | steps | explosion step | min loss | final loss | final val | max grad norm "
-           f"| layer {layer} W_Q σ max / last | layer {layer} tie rate | steps/s | outcome |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|"]
+           f"| layer {layer} W_Q σ max / last | layer {layer} tie rate | steps/s | diagnostics cost "
+           "| outcome |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|"]
   for r in rows:
     lines.append(f"| {r['variant']} | {r['seed']} | {r['steps']} | {r['explosion_step'] or '–'} | "
                  f"{r['min_loss']:.3f} | {r['final_loss']:.3f} | {r['final_val_loss']:.3f} | "
                  f"{r['max_grad_norm']:.2f} | {r['max_sigma_wq']:.1f} / {r['last_sigma_wq']:.1f} | "
-                 f"{r['mean_tie_rate']:.3f} | {r['steps_per_s']:.1f} | {r['outcome']} |")
+                 f"{r['mean_tie_rate']:.3f} | {r['steps_per_s']:.1f} | {100 * r['diag_cost']:.1f}% | "
+                 f"{r['outcome']} |")
   lines += ["", "| variant | exploded / runs (finished or exploded) |", "|---|---|"]
   for v in dict.fromkeys(r["variant"] for r in rows):
     rs = [r for r in rows if r["variant"] == v]

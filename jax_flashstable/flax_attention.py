@@ -57,6 +57,8 @@ def attention_fn(query, key, value, bias=None, mask=None, broadcast_dropout=True
   Raises:
     NotImplementedError: an explicit mask or bias (only causal masking is supported),
       dropout_rate > 0 when not deterministic, or batch dimensions other than one.
+    ValueError: a config with numerics="stochastic" (it needs a key per call; use `attend`
+      with `rng_key=`, as the GPT model does).
   """
   del broadcast_dropout, dropout_rng, precision, module, promote_dtype
   if mask is not None:

@@ -270,10 +270,13 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None) -> dict
       log.write(json.dumps(row) + "\n")
       log.flush()
       if finite and cfg.diag_interval and step % cfg.diag_interval == 0:
+        t_diag = time.perf_counter()
         d, power = diagnostics.diagnose(graphdef, state[0], xs[0], ys[0], power, cfg.diag_rows,
                                         jax.random.fold_in(jax.random.key(cfg.seed), step))
+        drow = diagnostics.to_row(step, d)                              # syncs the device
+        drow["diag_time_s"] = time.perf_counter() - t_diag             # its cost, vs step_time_s
         with open(diag_path, "a") as f:
-          f.write(json.dumps(diagnostics.to_row(step, d)) + "\n")
+          f.write(json.dumps(drow) + "\n")
       if bar is not None:
         bar.set_postfix(loss=f"{m['loss']:.3f}", gnorm=f"{m['grad_norm']:.2f}")
         bar.update(1)
@@ -313,7 +316,15 @@ def _read_jsonl(path) -> list[dict]:
   if not path.exists():
     return []
   with open(path) as f:
-    return [json.loads(line) for line in f]
+    lines = f.read().splitlines()
+  rows = []
+  for i, line in enumerate(lines):
+    try:
+      rows.append(json.loads(line))
+    except json.JSONDecodeError:
+      if i < len(lines) - 1:              # only a last line cut by a killed process is dropped
+        raise
+  return rows
 
 
 def read_metrics(out_dir) -> list[dict]:

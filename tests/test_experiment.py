@@ -69,3 +69,21 @@ def test_cli_experiment_tiny(tmp_path):
   assert cli.main(["experiment", "instability", "--recipe", "tiny", "--report-only", "--out", str(tmp_path)]) == 0
   with pytest.raises(SystemExit, match="unknown variant"):
     cli.main(["experiment", "instability", "--recipe", "tiny", "--variants", "paper,bogus", "--out", str(tmp_path)])
+
+
+def test_collect_skips_odd_folders_and_a_cut_last_line(tmp_path):
+  """A process killed mid-write leaves a partial last line: it is dropped, not fatal; folders
+  that are not seed<k> are ignored; seeds sort numerically."""
+  rows = [dict(step=s, loss=3.0, grad_norm=0.5, step_time_s=0.1) for s in range(1, 13)]
+  for seed in (10, 2):
+    run = tmp_path / "fa2" / f"seed{seed}"
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 13, "lo')
+  (tmp_path / "fa2" / "seed2-old").mkdir()
+  got = experiment.collect(tmp_path, TINY)
+  assert [(r["seed"], r["steps"], r["outcome"]) for r in got] == [
+      (2, 12, "unfinished (stable so far)"), (10, 12, "unfinished (stable so far)")]
+  bad = tmp_path / "fa2" / "seed2" / "metrics.jsonl"
+  bad.write_text('{"step": 1, "lo\n' + json.dumps(rows[1]) + "\n")
+  with pytest.raises(json.JSONDecodeError):
+    experiment.collect(tmp_path, TINY)
