@@ -49,6 +49,19 @@ def paired_overhead(run_a, run_b, pairs=20, inner=3):
 
 # Implementations a bench row can name: "flash:<layout>" with an optional "+stabilize",
 # "cudnn" / "xla" (jax.nn.dot_product_attention), "torch-<backend>" (torch SDPA, GPU only).
+IMPL_FORMS = ("flash:<layout>[+stabilize] (layouts: fa2, paper, fp32_out, stochastic)", "cudnn", "xla",
+              "torch-flash", "torch-cudnn", "torch-efficient", "torch-math")
+
+
+def known_impl(name: str) -> bool:
+  """Whether `bench` knows the implementation name (it may still be unavailable here)."""
+  from pallas_kernels.policy import NUMERICS
+  if name.startswith("flash:"):
+    layout, _, stab = name[len("flash:"):].partition("+")
+    return layout in NUMERICS and stab in ("", "stabilize")
+  return name in ("cudnn", "xla") or name in tuple(f"torch-{b}" for b in ("flash", "cudnn", "efficient", "math"))
+
+
 def _jax_runs(name, shape, q, k, v, do):
   """(fwd, fwd+bwd) zero-argument callables that wait for the device, and the output."""
   if name.startswith("flash:"):
@@ -150,8 +163,8 @@ def bench(shapes, impls, *, dtype=jnp.bfloat16, warmup=3, reps=20, seed=0, log=p
         log(f"{shape.name:>32} {name:>26}: skipped ({row['skipped']})")
         continue
       rows.append(row)
-      log(f"{shape.name:>32} {name:>26}: " + (f"fwd {row['fwd_tflops']:.0f}, fwd+bwd "
-          f"{row['fwdbwd_tflops']:.0f} TFLOP/s, max err {err:.1e}" if row["ok"] else f"FAILED check, max err {err:.2e}"))
+      log(f"{shape.name:>32} {name:>26}: " + (f"fwd {row['fwd_tflops']:.3g}, fwd+bwd "
+          f"{row['fwdbwd_tflops']:.3g} TFLOP/s, max err {err:.1e}" if row["ok"] else f"FAILED check, max err {err:.2e}"))
   _add_ratios(rows)
   return rows
 

@@ -67,7 +67,9 @@ def _train_config(args, **defaults):
   return TrainConfig(**kw)
 
 
-def _add_train_options(p, skip=(), layer_attention=True):
+def _add_train_options(p, skip=(), layer_attention=True, defaults=None):
+  """One option per TrainConfig field; `defaults` ({field: value}, or a string for all) is what
+  the help shows when the command does not use TrainConfig's own defaults."""
   import dataclasses
 
   from jax_flashstable.train import TrainConfig
@@ -80,7 +82,9 @@ def _add_train_options(p, skip=(), layer_attention=True):
       p.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None)
     else:
       typ = int if ("int" in t and "float" not in t) else float if "float" in t else str
-      p.add_argument(flag, dest=f.name, type=typ, default=None, help=f"default {f.default}")
+      shown = (defaults if isinstance(defaults, str) else
+               f"default {(defaults or {}).get(f.name, f.default)}")
+      p.add_argument(flag, dest=f.name, type=typ, default=None, help=shown)
   p.add_argument("--model-set", action="append", metavar="FIELD=VALUE",
                  help="override a GPTConfig field of the preset, e.g. n_layer=4 (repeatable)")
   if layer_attention:
@@ -129,18 +133,23 @@ def _meta(args):
   return run_meta(args={k: v for k, v in vars(args).items() if k != "func"})
 
 
-def _ints(text):
-  return tuple(int(x) for x in text.split(","))
+def _ints(text, option="value"):
+  try:
+    return tuple(int(x) for x in text.split(","))
+  except ValueError:
+    raise SystemExit(f"flashstable: {option} expects comma-separated integers, got {text!r}") from None
 
 
 def _deviation(args):
-  from jax_flashstable.numerics_lab import deviation_benchmark, deviation_headline, format_deviation
+  from jax_flashstable.numerics_lab import (deviation_benchmark, deviation_headline, format_deviation,
+                                            plot_deviation)
   from jax_flashstable.results import write_results
   rows = []
   for layout in args.layouts.split(","):
     rows += deviation_benchmark(_ints(args.seq_lens), _ints(args.head_dims), tuple(args.dtypes.split(",")),
                                 _ints(args.block_ks), num_heads=args.heads, seed=args.seed, layout=layout)
   write_results(args.out, "deviation", rows, format_deviation(rows), _meta(args))
+  print(f"plot: {plot_deviation(rows, os.path.join(args.out, 'deviation.png'))}")
   for layout, ratio in deviation_headline(rows).items():
     print(f"headline [{layout}]: flash / standard max deviation at bf16 (geometric mean over the "
           f"sweep) = {ratio:.2f} (Golden et al. 2024 report about 10x for their kernel)")
@@ -148,10 +157,11 @@ def _deviation(args):
 
 
 def _bias(args):
-  from jax_flashstable.numerics_lab import bias_benchmark, bit_example, format_bias, tied_rows
+  from jax_flashstable.numerics_lab import bias_benchmark, bit_example, format_bias, plot_bias, tied_rows
   from jax_flashstable.results import write_results
   rows = bias_benchmark(tied_rows(num_rows=args.rows, seed=args.seed), seed=args.seed)
   write_results(args.out, "bias", rows, format_bias(rows), _meta(args))
+  print(f"plot: {plot_bias(rows, os.path.join(args.out, 'bias.png'))}")
   ex = bit_example()
   print("\nbit example (P̄V tile sum as rounded by each layout, read back from the kernel as O·l):")
   for layout, r in ex.items():
@@ -176,7 +186,7 @@ def _experiment(args):
   base = _train_config(args, **experiment.RECIPES[args.recipe])
   variants = args.variants.split(",")
   try:
-    seeds = _ints(args.seeds)
+    seeds = _ints(args.seeds, "--seeds")
     if args.report_only:
       rows = experiment.collect(args.out, base, args.layer)
     else:
@@ -213,6 +223,10 @@ def _bench(args):
   else:
     shapes = bench.default_shapes(gpu)
   impls = args.impls.split(",") if args.impls else bench.default_impls(gpu)
+  unknown = [name for name in impls if not bench.known_impl(name)]
+  if unknown:
+    raise SystemExit(f"flashstable bench: unknown implementation(s) {unknown}; use "
+                     f"{', '.join(bench.IMPL_FORMS)}")
   meta = _meta(args)
   rows = []
   os.makedirs(args.out, exist_ok=True)
@@ -228,6 +242,7 @@ def _bench(args):
   meta["golden_hashes"] = bench.golden_hashes() if args.hashes else None
   write_results(args.out, "bench", rows, bench.format_bench(rows), meta)
   bench.plot_bench(rows, os.path.join(args.out, "bench.png"))
+  os.remove(os.path.join(args.out, "bench_partial.json"))
   for o in meta.get("compensation_overhead", []):
     print(f"compensation overhead [{o['layout']}, {o['shape']}, median of {o['pairs']} interleaved "
           f"pairs]: fwd {100 * o['fwd_overhead']:+.1f}%, fwd+bwd {100 * o['fwdbwd_overhead']:+.1f}%")
@@ -256,7 +271,7 @@ def build_parser():
   p.set_defaults(func=_train)
   p = sub.add_parser("compare", help="the main job: flash vs flash+compensation vs FP32 "
                      "reference attention, same seed and data; report + PNG")
-  _add_train_options(p, skip=("attention",))
+  _add_train_options(p, skip=("attention",), defaults=COMPARE_DEFAULTS)
   p.set_defaults(func=_compare)
   p = sub.add_parser("deviation", help="max/mean |O − O_FP64| of flash vs standard attention "
                      "(Golden et al. 2024)")
@@ -276,7 +291,7 @@ def build_parser():
   p.add_argument("--out", default="runs/bias")
   p.set_defaults(func=_bias)
   p = sub.add_parser("crosscheck", help="recompute a tensor dump (e.g. from PyTorch) with our "
-                     "kernels: % bit-identical, ulp histogram, max and signed mean error")
+                     "kernels: %% bit-identical, ulp histogram, max and signed mean error")
   p.add_argument("dump", help=".npz in the format of jax_flashstable/dumpfile.py")
   p.add_argument("--numerics", default="fa2")
   p.add_argument("--stabilize", action=argparse.BooleanOptionalAction, default=None,
@@ -302,7 +317,8 @@ def build_parser():
   p.add_argument("--report-only", action="store_true", help="train nothing; report every run "
                  "folder under --out (e.g. after runs made by several processes)")
   p.add_argument("--out", default="runs/instability")
-  _add_train_options(p, skip=("attention", "seed", "out_dir", "max_seconds"), layer_attention=False)
+  _add_train_options(p, skip=("attention", "seed", "out_dir", "max_seconds"), layer_attention=False,
+                     defaults="default: the recipe's (experiment.RECIPES)")
   p.set_defaults(func=_experiment)
   p = sub.add_parser("bench", help="fwd and fwd+bwd TFLOP/s of our kernels (layouts × "
                      "compensation) next to cuDNN, XLA and torch SDPA; compensation overhead")

@@ -186,3 +186,50 @@ def format_deviation(rows):
                f"{r['flash_max']:.2e} | {r['standard_max']:.2e} | {r['ratio_max']:.2f} | "
                f"{r['flash_mean']:.2e} | {r['standard_mean']:.2e} |")
   return "\n".join(out)
+
+
+def plot_deviation(rows, path):
+  """Max |O − O_FP64| against sequence length, one panel per (dtype, head_dim): standard
+  attention and every (layout, block_k) of flash attention, log–log (PNG)."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  panels = list(dict.fromkeys((r["dtype"], r["head_dim"]) for r in rows))
+  fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.8), squeeze=False)
+  for ax, (dtype, d) in zip(axes[0], panels):
+    rs = [r for r in rows if r["dtype"] == dtype and r["head_dim"] == d]
+    std = {r["seq_len"]: r["standard_max"] for r in rs}
+    ax.plot(sorted(std), [std[n] for n in sorted(std)], "k--o", ms=3, label="standard attention")
+    for layout, bk in dict.fromkeys((r["layout"], r["block_k"]) for r in rs):
+      pts = sorted((r["seq_len"], r["flash_max"]) for r in rs if (r["layout"], r["block_k"]) == (layout, bk))
+      ax.plot(*zip(*pts), "-o", ms=3, label=f"flash {layout}, block_k {bk}")
+    ax.set(xscale="log", yscale="log", xlabel="sequence length", title=f"{dtype}, head_dim {d}")
+  axes[0][0].set_ylabel("max |O − O_FP64|")
+  axes[0][0].legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path
+
+
+def plot_bias(rows, path):
+  """Mean signed error of O and delta (bf16 ulps, ± 2 standard errors) per layout × stabilize,
+  against FP64 and against the correctly rounded FP64 value (PNG)."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  keys = (("out_vs_fp64", "O − FP64"), ("out_vs_rounded", "O − rounded FP64"),
+          ("delta_vs_fp64", "delta − FP64"))
+  labels = [f"{r['layout']}{' +comp' if r['stabilize'] else ''}" for r in rows]
+  fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 3.8), sharey=False)
+  for ax, (key, title) in zip(axes, keys):
+    have = [i for i, r in enumerate(rows) if r.get(key)]
+    means = [rows[i][key]["mean"] for i in have]
+    errs = [2 * rows[i][key]["stderr"] for i in have]
+    ax.barh([labels[i] for i in have], means, xerr=errs, color=["C3" if abs(rows[i][key]["z"]) > 4 else "C0" for i in have])
+    ax.axvline(0, color="k", lw=0.8)
+    ax.set(title=title, xlabel="mean signed error (bf16 ulp); red: |z| > 4")
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path

@@ -46,3 +46,15 @@ def test_prepare(tmp_path):
   (tmp_path / "t" / "b.md").write_text("second file " * 20)
   assert main(["prepare", str(tmp_path / "t"), str(tmp_path / "bin")]) == 0
   assert pathlib.Path(tmp_path / "bin" / "train.bin").stat().st_size > 0
+
+
+def test_every_help_page_renders(capsys):
+  """argparse formats help strings with %: a stray % would crash `--help`."""
+  from jax_flashstable.cli import build_parser
+  parser = build_parser()
+  commands = parser._subparsers._group_actions[0].choices
+  for argv in [["--help"]] + [[c, "--help"] for c in commands]:
+    with pytest.raises(SystemExit) as e:
+      parser.parse_args(argv)
+    assert e.value.code == 0, argv
+  assert "default 250" in commands["compare"].format_help()          # compare's own defaults

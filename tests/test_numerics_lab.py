@@ -51,7 +51,8 @@ def test_bias_benchmark_rows_and_signs():
 def test_cli_deviation_and_bias(tmp_path, capsys):
   assert main(["deviation", "--seq-lens", "64", "--dtypes", "bfloat16,float32", "--out", str(tmp_path)]) == 0
   assert "headline" in capsys.readouterr().out
-  assert (tmp_path / "deviation.json").exists()
+  assert (tmp_path / "deviation.json").exists() and (tmp_path / "deviation.png").stat().st_size > 0
   assert main(["bias", "--rows", "32", "--out", str(tmp_path)]) == 0
   out = capsys.readouterr().out
   assert "bit example" in out and (tmp_path / "bias.md").exists()
+  assert (tmp_path / "bias.png").stat().st_size > 0
