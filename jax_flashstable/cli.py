@@ -312,7 +312,7 @@ def build_parser():
   p.add_argument("--tiles", type=int, default=512, help="the paper layout's block_q = block_k")
   p.add_argument("--layer", type=int, default=1, help="the watched layer (0-based); "
                  "the @layer variants use flash there only")
-  p.add_argument("--time-budget", type=float, default=0.0, help="seconds of training time for this "
+  p.add_argument("--time-budget", type=float, default=0.0, help="seconds of wall time for this "
                  "invocation (0: none); unfinished runs resume from their last checkpoint next time")
   p.add_argument("--report-only", action="store_true", help="train nothing; report every run "
                  "folder under --out (e.g. after runs made by several processes)")

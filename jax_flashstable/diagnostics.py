@@ -5,8 +5,8 @@ the kernel's own statistics: the compensation's trigger), the max attention logi
 attention entropy (sampled rows), the signed error of O and of delta = rowsum(dO∘O) of the
 layer's attention against an FP32 recomputation (sampled rows, dO from the real loss), and the
 spectral norm of W_Q and W_K per head and of the whole W_Q (power iteration, one step per call,
-with the vectors carried between calls; they start from random vectors at every (re)start of a
-run, so the first rows of a run underestimate σ until the iteration has converged).
+with the vectors carried between calls; at every (re)start of a run they start from random
+vectors and take 50 steps on the current weights first, `converge_power_state`).
 `train_and_evaluate` runs it every `diag_interval` steps and appends a row to
 `diagnostics.jsonl`; `flashstable plot RUN_DIR` draws it.
 """
@@ -98,14 +98,30 @@ def diagnose(graphdef, params, x, y, power, n_rows=64, key=None):
     out["o_err"].append(jnp.mean(o_rows.astype(jnp.float32) - o32, axis=(0, 2)))
     out["delta_err"].append(jnp.mean(delta - delta32, axis=0))
   metrics = {k: jnp.stack(v) for k, v in out.items()}               # [L, H]
+  sigma, power = _power_steps(model, power)
+  return metrics | sigma, power
+
+
+def _power_steps(model, power):
+  """One power-iteration step for W_Q and W_K per head and the whole W_Q of every layer."""
+  cfg = model.config
   w = jnp.stack([blk.attn.c_attn.kernel[...] for blk in model.h])   # [L, C, 3C]
   c, d = cfg.n_embd, cfg.head_dim
   wq, wk = w[:, :, :c], w[:, :, c:2 * c]
   per_head = lambda m: m.reshape(cfg.n_layer, c, cfg.n_head, d).transpose(0, 2, 1, 3)  # [L,H,C,D]
-  metrics["sn_q"], pq = _power_step(per_head(wq), power["q"])
-  metrics["sn_k"], pk = _power_step(per_head(wk), power["k"])
-  metrics["sn_q_full"], pf = _power_step(wq, power["q_full"])
-  return metrics, dict(q=pq, k=pk, q_full=pf)
+  sigma, new = {}, {}
+  sigma["sn_q"], new["q"] = _power_step(per_head(wq), power["q"])
+  sigma["sn_k"], new["k"] = _power_step(per_head(wk), power["k"])
+  sigma["sn_q_full"], new["q_full"] = _power_step(wq, power["q_full"])
+  return sigma, new
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3))
+def converge_power_state(graphdef, params, power, iters=50):
+  """`iters` power-iteration steps on the current weights: run once when a run (re)starts, so
+  that the first diagnostics rows do not underestimate σ_max."""
+  model = nnx.merge(graphdef, params)
+  return jax.lax.fori_loop(0, iters, lambda _, p: _power_steps(model, p)[1], power)
 
 
 def to_row(step, metrics) -> dict:

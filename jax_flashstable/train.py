@@ -62,7 +62,7 @@ class TrainConfig:
   diag_rows: int = 64                 # sampled rows per diagnostics call
   data_parallel: bool = False         # split each batch over all local devices (shard_map)
   stop_after_explosion: int = -1      # stop this many steps after an explosion (-1: never)
-  max_seconds: float = 0.0            # stop (and checkpoint) after this much wall time (0: no limit)
+  max_seconds: float = 0.0            # stop (and checkpoint) this long after the start (0: no limit)
   out_dir: str = "runs/train"
   progress: bool = True               # tqdm progress bar
 
@@ -187,13 +187,15 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None) -> dict
   """Trains, logs to `out_dir/metrics.jsonl`, returns a summary dict.
 
   Stops early `stop_after_explosion` steps after an explosion (`ExplosionMonitor`) or after
-  `max_seconds` of training (checkpointing there when checkpoints are on); the summary's
+  `max_seconds` of wall time from the call (setup and compilation included; checkpointing
+  there when checkpoints are on); the summary's
   `stopped` says which ("explosion", "time" or None).
   Resumes from the latest checkpoint in `out_dir` if there is one. On a non-finite loss or
   gradient it stops and raises `NonFiniteError` naming the step and the last finite
   checkpoint (checkpoints are written only from finite states).
   """
   import orbax.checkpoint as ocp
+  t_start = time.perf_counter()                    # max_seconds counts setup and compilation too
   out = pathlib.Path(cfg.out_dir)
   out.mkdir(parents=True, exist_ok=True)
   mcfg = cfg.model_config()
@@ -235,7 +237,7 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None) -> dict
     from tqdm.auto import tqdm
     bar = tqdm(total=cfg.steps, initial=start, desc=f"{cfg.attention}", leave=False)
   state, summary = (params, opt_state), {}
-  monitor, stopped, t_start = ExplosionMonitor(cfg.warmup_steps), None, time.perf_counter()
+  monitor, stopped = ExplosionMonitor(cfg.warmup_steps), None
   for r in read_metrics(out) if start else []:
     if r["step"] <= start:
       monitor.update(r["step"], r["loss"])
@@ -245,6 +247,7 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None) -> dict
   if cfg.diag_interval:
     from jax_flashstable import diagnostics
     power = diagnostics.init_power_state(mcfg, jax.random.key(cfg.seed))
+    power = diagnostics.converge_power_state(graphdef, params, power)   # params: as (re)started
     diag_path = out / "diagnostics.jsonl"
     kept = [r for r in _read_jsonl(diag_path) if r["step"] <= start] if start else []
     diag_path.write_text("".join(json.dumps(r) + "\n" for r in kept))

@@ -8,7 +8,7 @@ from flax import nnx
 
 from jax_flashstable.cli import main
 from jax_flashstable.data import Dataset
-from jax_flashstable.diagnostics import diagnose, init_power_state
+from jax_flashstable.diagnostics import converge_power_state, diagnose, init_power_state
 from jax_flashstable.gpt2 import GPT, GPTConfig
 from jax_flashstable.train import TrainConfig, read_diagnostics, train_and_evaluate
 
@@ -17,9 +17,8 @@ def test_diagnostics_match_direct_computations():
   cfg = GPTConfig.preset("tiny", block_size=64)
   g, p = nnx.split(GPT(cfg, rngs=nnx.Rngs(0)), nnx.Param)
   x, y = (jnp.asarray(a) for a in Dataset().batch("train", 0, 1, 2, 64))
-  power = init_power_state(cfg, jax.random.key(1))
-  for _ in range(30):                                   # power iteration converges
-    m, power = diagnose(g, p, x, y, power, 32)
+  power = converge_power_state(g, p, init_power_state(cfg, jax.random.key(1)), 30)
+  m, power = diagnose(g, p, x, y, power, 32)            # one more step: 31 in all
   w = np.asarray(p["h"][1]["attn"]["c_attn"]["kernel"][...], np.float64)
   c, d = cfg.n_embd, cfg.head_dim
   # power iteration approaches σ_max from below; random init has close singular values
