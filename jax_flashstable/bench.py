@@ -49,28 +49,39 @@ def paired_overhead(run_a, run_b, pairs=20, inner=3):
 
 # Implementations a bench row can name: "flash:<layout>" with an optional "+stabilize",
 # "cudnn" / "xla" (jax.nn.dot_product_attention), "torch-<backend>" (torch SDPA, GPU only).
-IMPL_FORMS = ("flash:<layout>[+stabilize] (layouts: fa2, paper, fp32_out, stochastic)", "cudnn", "xla",
-              "torch-flash", "torch-cudnn", "torch-efficient", "torch-math")
+TORCH_BACKENDS = ("flash", "cudnn", "efficient", "math")
+IMPL_FORMS = ("flash:<layout>[+stabilize] (layouts: fa2, paper, fp32_out, stochastic)", "cudnn",
+              "xla") + tuple(f"torch-{b}" for b in TORCH_BACKENDS)
+
+
+def _flash_spec(name: str) -> dict:
+  """"flash:<layout>[+stabilize]" → flash_attention keyword arguments (a fixed rng_key for the
+  stochastic layout). Raises ValueError for any other name."""
+  from pallas_kernels.policy import NUMERICS
+  layout, _, stab = name.removeprefix("flash:").partition("+")
+  if not name.startswith("flash:") or layout not in NUMERICS or stab not in ("", "stabilize"):
+    raise ValueError(f"unknown implementation {name!r}: expected flash:<layout>[+stabilize]")
+  kw = dict(numerics=layout, stabilize=bool(stab))
+  if layout == "stochastic":
+    kw["rng_key"] = jax.random.key(0)
+  return kw
 
 
 def known_impl(name: str) -> bool:
   """Whether `bench` knows the implementation name (it may still be unavailable here)."""
-  from pallas_kernels.policy import NUMERICS
   if name.startswith("flash:"):
-    layout, _, stab = name[len("flash:"):].partition("+")
-    return layout in NUMERICS and stab in ("", "stabilize")
-  return name in ("cudnn", "xla") or name in tuple(f"torch-{b}" for b in ("flash", "cudnn", "efficient", "math"))
+    try:
+      _flash_spec(name)
+    except ValueError:
+      return False
+    return True
+  return name in IMPL_FORMS[1:]
 
 
 def _jax_runs(name, shape, q, k, v, do):
   """(fwd, fwd+bwd) zero-argument callables that wait for the device, and the output."""
   if name.startswith("flash:"):
-    layout, _, stab = name[len("flash:"):].partition("+")
-    if stab not in ("", "stabilize"):
-      raise ValueError(f"unknown implementation {name!r}: expected flash:<layout>[+stabilize]")
-    kw = dict(causal=shape.causal, numerics=layout, stabilize=bool(stab))
-    if layout == "stochastic":
-      kw["rng_key"] = jax.random.key(0)
+    kw = dict(causal=shape.causal, **_flash_spec(name))
     f = lambda q, k, v: flash_attention(q, k, v, **kw)
   elif name in ("cudnn", "xla"):
     f = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=shape.causal,
@@ -92,8 +103,8 @@ def _torch_runs(name, shape, q, k, v, do):
   """The same for torch SDPA restricted to one backend ([b, s, h, d] in, bhsd inside)."""
   import torch
   from torch.nn.attention import SDPBackend, sdpa_kernel
-  backend = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
-             "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}[name[len("torch-"):]]
+  backend = dict(zip(TORCH_BACKENDS, (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION,
+                                     SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)))[name[len("torch-"):]]
   dev = "cuda" if torch.cuda.is_available() else "cpu"
   conv = lambda x: torch.tensor(np.asarray(x, np.float32)).to(torch.bfloat16).to(dev).transpose(1, 2).contiguous()
   tq, tk, tv, tdo = (conv(x) for x in (q, k, v, do))
@@ -265,16 +276,15 @@ def golden_hashes(layouts=("fa2", "paper", "fp32_out", "stochastic"), block_q=64
   out = {}
   for layout in layouts:
     for stab in (False, True):
-      kw = dict(causal=True, numerics=layout, stabilize=stab, block_q=block_q, block_k=block_k)
-      if layout == "stochastic":
-        kw["rng_key"] = jax.random.key(0)
+      name = f"flash:{layout}{'+stabilize' if stab else ''}"
+      kw = dict(causal=True, block_q=block_q, block_k=block_k, **_flash_spec(name))
       _, stats = flash_attention(q, k, v, return_stats=True, **kw)
       o, vjp = jax.vjp(lambda q, k, v: flash_attention(q, k, v, **kw), q, k, v)
       grads = vjp(do.astype(o.dtype))
       h = hashlib.sha256()
       for x in (o, stats.lse, *grads):
         h.update(np.asarray(x).tobytes())
-      out[f"{layout}{'+stabilize' if stab else ''}"] = h.hexdigest()[:16]
+      out[name.removeprefix("flash:")] = h.hexdigest()[:16]
   return out
 
 

@@ -235,8 +235,7 @@ def _bench(args):
     with open(os.path.join(args.out, "bench_partial.json"), "w") as f:
       json.dump(rows, f)
   if args.overhead_pairs:
-    from jax_flashstable.accuracy import Shape as S
-    head = shapes[0] if args.shapes or not gpu else S(4, 4096, 4096, 16, 16, 128, False)
+    head = shapes[0] if args.shapes or not gpu else Shape(4, 4096, 4096, 16, 16, 128, False)
     meta["compensation_overhead"] = [bench.compensation_overhead(head, layout, pairs=args.overhead_pairs)
                                      for layout in args.overhead_layouts.split(",")]
   meta["golden_hashes"] = bench.golden_hashes() if args.hashes else None

@@ -238,9 +238,9 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None) -> dict
     bar = tqdm(total=cfg.steps, initial=start, desc=f"{cfg.attention}", leave=False)
   state, summary = (params, opt_state), {}
   monitor, stopped = ExplosionMonitor(cfg.warmup_steps), None
-  for r in read_metrics(out) if start else []:
-    if r["step"] <= start:
-      monitor.update(r["step"], r["loss"])
+  kept = [r for r in read_metrics(out) if r["step"] <= start] if start else []   # resumed rows
+  for r in kept:
+    monitor.update(r["step"], r["loss"])
   power = None
   if not cfg.diag_interval and not start:
     (out / "diagnostics.jsonl").unlink(missing_ok=True)        # no stale rows from an older run
@@ -249,10 +249,9 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None) -> dict
     power = diagnostics.init_power_state(mcfg, jax.random.key(cfg.seed))
     power = diagnostics.converge_power_state(graphdef, params, power)   # params: as (re)started
     diag_path = out / "diagnostics.jsonl"
-    kept = [r for r in _read_jsonl(diag_path) if r["step"] <= start] if start else []
-    diag_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    kept_diag = [r for r in _read_jsonl(diag_path) if r["step"] <= start] if start else []
+    diag_path.write_text("".join(json.dumps(r) + "\n" for r in kept_diag))
   metrics_path = out / "metrics.jsonl"
-  kept = [r for r in read_metrics(out) if r["step"] <= start] if start else []
   with open(metrics_path, "w") as log:                 # a fresh run, or rows up to the checkpoint
     log.writelines(json.dumps(r) + "\n" for r in kept)
     for step in range(start + 1, cfg.steps + 1):
