@@ -263,42 +263,49 @@ def plot_bench(rows, path):
   return path
 
 
-def golden_hashes(layouts=("fa2", "paper", "fp32_out", "stochastic"), block_q=64, block_k=64):
+def golden_hashes(layouts=("fa2", "paper", "fp32_out", "stochastic"), block_q=64, block_k=64,
+                  head_dims=(64, 128)):
   """SHA-256 (first 16 hex digits) of the bits of out, lse, dQ, dK and dV of every layout ×
-  stabilize on fixed inputs (seed 0, batch 1, length 200, 2 heads, head_dim 64, causal; every
+  stabilize × head_dim on fixed inputs (seed 0, batch 1, length 200, 2 heads, causal; every
   odd key a copy of the even one before it, so rows have tied maxima and the compensation
-  acts) with the given tiles: tuning (warps, stages, loop structure) must leave them unchanged."""
+  acts) with the given tiles: tuning (warps, stages, loop structure) must leave them unchanged.
+  Keys: "<layout>[+stabilize]" for head_dim 64, with "@d<head_dim>" appended for the others."""
   import hashlib
 
   from jax_flashstable.accuracy import Shape, make_inputs
-  q, k, v, do = make_inputs(Shape(1, 200, 200, 2, 2, 64, True), jnp.bfloat16, 0)
-  k = k.at[:, 1::2].set(k[:, 0::2])
   out = {}
-  for layout in layouts:
-    for stab in (False, True):
-      name = f"flash:{layout}{'+stabilize' if stab else ''}"
-      kw = dict(causal=True, block_q=block_q, block_k=block_k, **_flash_spec(name))
-      _, stats = flash_attention(q, k, v, return_stats=True, **kw)
-      o, vjp = jax.vjp(lambda q, k, v: flash_attention(q, k, v, **kw), q, k, v)
-      grads = vjp(do.astype(o.dtype))
-      h = hashlib.sha256()
-      for x in (o, stats.lse, *grads):
-        h.update(np.asarray(x).tobytes())
-      out[name.removeprefix("flash:")] = h.hexdigest()[:16]
+  for head_dim in head_dims:
+    q, k, v, do = make_inputs(Shape(1, 200, 200, 2, 2, head_dim, True), jnp.bfloat16, 0)
+    k = k.at[:, 1::2].set(k[:, 0::2])
+    for layout in layouts:
+      for stab in (False, True):
+        name = f"flash:{layout}{'+stabilize' if stab else ''}"
+        kw = dict(causal=True, block_q=block_q, block_k=block_k, **_flash_spec(name))
+        _, stats = flash_attention(q, k, v, return_stats=True, **kw)
+        o, vjp = jax.vjp(lambda q, k, v: flash_attention(q, k, v, **kw), q, k, v)
+        grads = vjp(do.astype(o.dtype))
+        h = hashlib.sha256()
+        for x in (o, stats.lse, *grads):
+          h.update(np.asarray(x).tobytes())
+        out[name.removeprefix("flash:") + ("" if head_dim == 64 else f"@d{head_dim}")] = h.hexdigest()[:16]
   return out
 
 
 def gpt2_step_table(model="gpt2-small", attentions=("flash", "flash-stable", "cudnn"),
-                    batch_size=16, seq_len=None, steps=10, warmup=3):
+                    batch_size=16, seq_len=None, steps=10, warmup=3, mesh=None):
   """Training-step time, tokens/s and MFU of GPT-2 per attention choice, in one process.
 
-  MFU = (6·N + 12·n_layer·n_head·head_dim·T)·tokens/s / peak (`train.peak_flops`; 989 TFLOP/s
-  on H100/H200; NaN on other devices).
+  `batch_size` is the global batch; with a `mesh` (`parallel.data_mesh`) it is split over the
+  mesh's devices (`train.make_steps`). MFU = (6·N + 12·n_layer·n_head·head_dim·T)·tokens/s /
+  (devices · peak) (`train.peak_flops`; 989 TFLOP/s on H100/H200; NaN on other devices). Each
+  row also counts the all-gathers and all-reduces in the compiled step's HLO.
   """
   from jax_flashstable.data import Dataset
-  from jax_flashstable.gpt2 import flops_per_token
+  from jax_flashstable.gpt2 import count_params, flops_per_token
+  from jax_flashstable.parallel import collective_counts, replicate, shard_batch
   from jax_flashstable.train import TrainConfig, init_state, make_steps, peak_flops
-  from jax_flashstable.gpt2 import count_params
+  devices = 1 if mesh is None else mesh.size
+  place = (lambda a: a[None]) if mesh is None else (lambda a: shard_batch(mesh, a[None], 1))
   rows = []
   for attention in attentions:
     cfg = TrainConfig(model=model, attention=attention, batch_size=batch_size, seq_len=seq_len,
@@ -308,28 +315,36 @@ def gpt2_step_table(model="gpt2-small", attentions=("flash", "flash-stable", "cu
     data = Dataset(None, mcfg.vocab_size)
     _, graphdef, params, tx, opt_state = init_state(cfg)
     n = count_params(params)
-    train_step, _ = make_steps(graphdef, tx)
     state, key = (params, opt_state), jax.random.key(0)       # key: numerics="stochastic"
+    if mesh is not None:
+      state = replicate(mesh, state)
+    batches = [data.batch("train", 0, step, batch_size, t) for step in range(warmup + steps)]
+    train_step, _ = make_steps(graphdef, tx, mesh)
+    x0, y0 = (place(a) for a in batches[0])
+    compiled = train_step.lower(state, x0, y0, key).compile()
+    collectives = collective_counts(compiled.as_text())
     times = []
-    for step in range(warmup + steps):
-      x, y = data.batch("train", 0, step, batch_size, t)
+    for step, (x, y) in enumerate(batches):
+      x, y = place(x), place(y)
       t0 = time.perf_counter()
-      state, m = train_step(state, x[None], y[None], jax.random.fold_in(key, step))
+      state, m = compiled(state, x, y, jax.random.fold_in(key, step))
       loss = float(m["loss"])
       if step >= warmup:
         times.append(time.perf_counter() - t0)
     dt = statistics.median(times)
     tok_s = batch_size * t / dt
     rows.append(dict(attention=attention, model=model, batch=batch_size, seq_len=t, n_params=n,
-                     step_ms=1e3 * dt, tokens_per_s=tok_s, last_loss=loss,
-                     mfu=flops_per_token(mcfg, n, t) * tok_s / (peak_flops() or float("nan"))))
+                     devices=devices, step_ms=1e3 * dt, tokens_per_s=tok_s, last_loss=loss,
+                     **collectives,
+                     mfu=flops_per_token(mcfg, n, t) * tok_s / (devices * (peak_flops() or float("nan")))))
   return rows
 
 
 def format_step_table(rows):
-  out = ["| attention | model | batch × seq | step ms | tokens/s | MFU |", "|---|---|---|---:|---:|---:|"]
+  out = ["| attention | model | devices | batch × seq | step ms | tokens/s | MFU | all-gathers |",
+         "|---|---|---:|---|---:|---:|---:|---:|"]
   for r in rows:
     mfu = "n/a" if math.isnan(r["mfu"]) else f"{100 * r['mfu']:.1f}%"
-    out.append(f"| {r['attention']} | {r['model']} | {r['batch']}×{r['seq_len']} | {r['step_ms']:.1f} | "
-               f"{r['tokens_per_s']:,.0f} | {mfu} |")
+    out.append(f"| {r['attention']} | {r['model']} | {r['devices']} | {r['batch']}×{r['seq_len']} | "
+               f"{r['step_ms']:.1f} | {r['tokens_per_s']:,.0f} | {mfu} | {r['all_gathers']} |")
   return "\n".join(out)

@@ -93,34 +93,43 @@ def make_steps(graphdef, tx, mesh=None):
   With a `mesh` (`parallel.data_mesh`), the batch is split over its "data" axis and the loss
   and gradients of each shard are computed inside `jax.shard_map` — so the Pallas kernels run
   per shard on local data — then averaged with `pmean`; parameters and optimizer state stay
-  replicated and the update runs once, under the same jit.
+  replicated and the update runs once, under the same jit. Evaluation is split the same way.
+  Place inputs with `parallel.replicate` / `parallel.shard_batch` (batch axis 1 for training,
+  0 for evaluation).
   """
 
-  def loss_of(params, x, y, rng_key=None):
+  def model_loss(params, x, y, rng_key=None):
     return loss_fn(nnx.merge(graphdef, params), x, y, rng_key=rng_key)
 
   def loss_and_grads(params, xs, ys, rng_key):
     def micro(acc, ixy):
       i, x, y = ixy
       key = None if rng_key is None else jax.random.fold_in(rng_key, i)
-      loss, grads = jax.value_and_grad(loss_of)(params, x, y, key)
+      loss, grads = jax.value_and_grad(model_loss)(params, x, y, key)
       return jax.tree.map(jnp.add, acc, (loss, grads)), None
 
     zero = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
     (loss, grads), _ = jax.lax.scan(micro, zero, (jnp.arange(xs.shape[0]), xs, ys))
     return jax.tree.map(lambda a: a / xs.shape[0], (loss, grads))
 
+  eval_loss = model_loss
   if mesh is not None:
     from jax.sharding import PartitionSpec as P
     per_shard = loss_and_grads
 
-    def loss_and_grads(params, xs, ys, rng_key):
+    def sharded(fn, batch_spec):
       def body(params, xs, ys, rng_key):
         if rng_key is not None:                  # a different stream per shard
           rng_key = jax.random.fold_in(rng_key, jax.lax.axis_index("data"))
-        return jax.lax.pmean(per_shard(params, xs, ys, rng_key), "data")
-      return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(None, "data"), P(None, "data"), P()),
-                           out_specs=P(), check_vma=False)(params, xs, ys, rng_key)
+        return jax.lax.pmean(fn(params, xs, ys, rng_key), "data")
+      return jax.shard_map(body, mesh=mesh, in_specs=(P(), batch_spec, batch_spec, P()),
+                           out_specs=P(), check_vma=False)
+
+    def loss_and_grads(params, xs, ys, rng_key):
+      return sharded(per_shard, P(None, "data"))(params, xs, ys, rng_key)
+
+    def eval_loss(params, x, y, rng_key=None):               # evaluation, split the same way
+      return sharded(model_loss, P("data"))(params, x, y, rng_key)
 
   def train_step(state, xs, ys, rng_key=None):
     """state = (params, opt_state); xs, ys [grad_accum, batch, seq] int32; rng_key: the
@@ -133,7 +142,7 @@ def make_steps(graphdef, tx, mesh=None):
     return (params, opt_state), metrics
 
   return (jax.jit(train_step, donate_argnums=0),
-          jax.jit(loss_of))
+          jax.jit(eval_loss))
 
 
 def _checkpoint_manager(out_dir):
@@ -211,6 +220,10 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None) -> dict
       raise ValueError(f"batch_size={cfg.batch_size} is not a multiple of the {mesh.size} devices")
   train_step, eval_step = make_steps(graphdef, tx, mesh)
   schedule = cfg.schedule()
+  place = lambda a, axis: a
+  if mesh is not None:
+    from jax_flashstable.parallel import replicate, shard_batch
+    place = lambda a, axis: shard_batch(mesh, a, axis)
 
   mngr = _checkpoint_manager(out) if cfg.checkpoint_interval else None
   start = 0
@@ -218,6 +231,8 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None) -> dict
     target = dict(params=params, opt_state=opt_state)
     restored = mngr.restore(mngr.latest_step(), args=ocp.args.StandardRestore(target))
     params, opt_state, start = restored["params"], restored["opt_state"], mngr.latest_step()
+  if mesh is not None:
+    params, opt_state = replicate(mesh, (params, opt_state))
   with open(out / "config.json", "w") as f:
     json.dump(dict(train=dataclasses.asdict(cfg), n_params=n_params, data=str(data.folder),
                    backend=jax.default_backend()), f, indent=1, default=str)
@@ -225,7 +240,8 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None) -> dict
   step_key, eval_key = jax.random.split(jax.random.key(cfg.seed))   # for stochastic rounding
 
   def evaluate(params):
-    losses = [eval_step(params, *data.batch("val", 1234, i, cfg.batch_size, seq_len),
+    losses = [eval_step(params, *(place(a, 0) for a in data.batch("val", 1234, i, cfg.batch_size,
+                                                                   seq_len)),
                         jax.random.fold_in(eval_key, i)) for i in range(cfg.eval_batches)]
     return float(np.mean([float(l) for l in losses]))
 
@@ -259,7 +275,7 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None) -> dict
             for j in range(cfg.grad_accum)]
       xs, ys = (np.stack(a) for a in zip(*xy))
       t0 = time.perf_counter()
-      state, m = train_step(state, xs, ys, jax.random.fold_in(step_key, step))
+      state, m = train_step(state, place(xs, 1), place(ys, 1), jax.random.fold_in(step_key, step))
       m = {k: float(v) for k, v in m.items()}                        # syncs the device
       dt = time.perf_counter() - t0
       row = dict(step=step, lr=float(schedule(step - 1)), step_time_s=dt,
