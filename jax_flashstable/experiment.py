@@ -143,7 +143,8 @@ def collect(out_dir, base: TrainConfig, layer=1) -> list[dict]:
     row = dict(variant=run_dir.parent.name, seed=int(run_dir.name[4:]), finished=summary.exists(),
                stopped=s.get("stopped"), **_run_row(run_dir, base.warmup_steps, layer, base.diag_interval))
     row["outcome"] = ("exploded" if row["explosion_step"] is not None else
-                      "stable" if row["finished"] else "unfinished (stable so far)")
+                      f"stable to step {row['steps']}" if row["finished"] else
+                      "unfinished (stable so far)")
     rows.append(row)
   return rows
 

@@ -112,14 +112,15 @@ def forward_kernel(q_ref, k_ref, v_ref, *refs, cfg):
       s = s0 if n_sub == 1 else scores(j, c)[0]
       v = v_ref[pl.ds(j * block_k + c * sub_k, sub_k), :]
       p = jnp.exp(numerics.exp_arg(s - m_new[:, None]))            # P̄, float32
-      return (tile_sum + jnp.sum(p, axis=-1), pv + dot_nn(numerics.round_p(p, dtype), v),
-              jnp.maximum(mp, jnp.max(p, axis=-1)))
+      if cfg.return_stats:                                          # max_p: a stat only
+        mp = jnp.maximum(mp, jnp.max(p, axis=-1))
+      return tile_sum + jnp.sum(p, axis=-1), pv + dot_nn(numerics.round_p(p, dtype), v), mp
 
     zeros = jnp.zeros_like(m_new)
     tile_sum, pv, max_p = sub_tile_loop(n_sub, accumulate, (zeros, jnp.zeros_like(acc), max_p))
     l_new = numerics.state(alpha * l_i + numerics.clamp_sum(tile_sum))   # row_sum from f32 P̄
     acc = numerics.state(numerics.state(alpha[:, None] * acc) + numerics.pv(pv))
-    return acc, m_new, l_new, max_p, tied_tiles + tied
+    return acc, m_new, l_new, max_p, (tied_tiles + tied) if cfg.return_stats else tied_tiles
 
   zeros = jnp.zeros((block_q,), jnp.float32)
   init = (jnp.zeros(q.shape, jnp.float32), zeros - jnp.inf, zeros, zeros, zeros)

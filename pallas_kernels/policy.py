@@ -231,7 +231,9 @@ class Compensation:
 def tie_count(s, valid, tile_max, comp: Compensation, paper: bool = False, in_range=None):
   """Per row, how many scores of the tile are tied with its max (float32 count).
 
-  fa2: unmasked scores ≥ max − tie_tolerance. paper: every entry of a real key (`in_range`,
+  fa2: unmasked scores ≥ max − tie_tolerance (masked scores are −inf, so on a row with a
+  finite max none of them counts; a row masked in the whole tile, max −inf, counts 0 — one
+  check per row instead of a mask per score). paper: every entry of a real key (`in_range`,
   [block_k] bool; padding is ours, not the paper's) ≥ bf16(max − tol), causally masked ones
   (−BF16_MAX) included, as the paper's kernel counts them.
   """
@@ -239,9 +241,10 @@ def tie_count(s, valid, tile_max, comp: Compensation, paper: bool = False, in_ra
     near = s >= round_bf16(tile_max - comp.tie_tolerance)[:, None]
     if in_range is not None:
       near = jnp.logical_and(near, in_range[None, :])
-  else:
-    near = jnp.logical_and(valid, s >= (tile_max - comp.tie_tolerance)[:, None])
-  return jnp.sum(near.astype(jnp.float32), axis=-1)
+    return jnp.sum(near.astype(jnp.float32), axis=-1)
+  del valid                                             # implied by s > −inf (see above)
+  n = jnp.sum((s >= (tile_max - comp.tie_tolerance)[:, None]).astype(jnp.float32), axis=-1)
+  return jnp.where(tile_max > -jnp.inf, n, 0.0)
 
 
 def shifted_max(tile_max, n_ties, comp: Compensation, paper: bool = False):
