@@ -1,22 +1,47 @@
 #!/usr/bin/env bash
-# Issue 6 on the H200 (device tool): `flashstable experiment instability` on the anchor recipe
-# with the carried corpus (.data/, carry it), one process per variant running side by side
-# on the GPU, each within BUDGET seconds; then one report over all runs. The device returns at
-# most 8 files, so the run folders come back as one tarball.
-# Usage (repo root, on the device): VARIANTS=paper,paper+comp SEEDS=0 BUDGET=520 \
-#   bash experiments/h200_instability.sh "$OUT" [extra experiment options]
+# Issue 6 on the H200s (device tool): `flashstable experiment instability` on the anchor recipe
+# with the carried corpus (.data/, carry it). QUEUES holds one queue per GPU, separated by "|";
+# a queue is a space-separated list of variant:seeds[:steps] items run one after another on its
+# GPU (CUDA_VISIBLE_DEVICES), all within BUDGET seconds from the start (steps: a cap, the cosine
+# schedule keeps the recipe's length); the item "speed" runs h200_speed_check.sh on that GPU. Runs land in /tmp/instability
+# (resumable while the machine stays warm); they come back as one tarball without checkpoints
+# (the device returns at most 8 files). Extra arguments go to every run (e.g. --steps 4500).
+# Usage (repo root, on the device):
+#   QUEUES="paper:2,3:4000 paper@layer:0:3600|paper+comp:1,2:4000" BUDGET=540 \
+#     bash experiments/h200_instability.sh "$OUT" --checkpoint-interval 500
 set -u
 OUT=${1:-runs/h200}; shift || true
-BUDGET=${BUDGET:-520}; VARIANTS=${VARIANTS:-paper,paper+comp}; SEEDS=${SEEDS:-0}
-R=/tmp/instability
+BUDGET=${BUDGET:-540}; QUEUES=${QUEUES:-"paper:0|paper+comp:0"}
+R=${RUNS:-/tmp/instability}
 mkdir -p "$OUT" $R
 export PYTHONPATH=$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 export JAX_COMPILATION_CACHE_DIR=/tmp/jaxcache FLASHSTABLE_CACHE=/tmp/fscache
-for v in ${VARIANTS//,/ }; do
-  python3 -m jax_flashstable.cli experiment instability --recipe anchor --data .data --variants "$v" \
-    --seeds "$SEEDS" --time-budget "$BUDGET" --no-progress --out $R "$@" > "$OUT/log_$v.txt" 2>&1 &
+T0=$(date +%s)
+run_queue() {  # gpu items...
+  local gpu=$1; shift
+  for item in "$@"; do
+    local left=$(( BUDGET - ($(date +%s) - T0) ))
+    if (( left < 60 )); then echo "GPU $gpu: $item not started, $left s left"; continue; fi
+    echo "GPU $gpu: $item with $left s left ($(date +%T))"
+    if [[ $item == speed ]]; then
+      CUDA_VISIBLE_DEVICES=$gpu bash experiments/h200_speed_check.sh "$OUT"; continue
+    fi
+    IFS=: read -r variant seeds steps <<< "$item"
+    CUDA_VISIBLE_DEVICES=$gpu python3 -m jax_flashstable.cli experiment instability --recipe anchor \
+      --data .data --variants "$variant" --seeds "$seeds" ${steps:+--steps "$steps"} \
+      --time-budget "$left" --no-progress --out $R "${EXTRA[@]}" 2>&1 \
+      | grep -v "^|\|^{\|^recipe\|^$\|^#" | sed "s/^/[GPU $gpu] /"
+  done
+}
+EXTRA=("$@")
+IFS='|' read -ra QS <<< "$QUEUES"
+for i in "${!QS[@]}"; do
+  read -ra ITEMS <<< "${QS[$i]}"
+  run_queue "$i" "${ITEMS[@]}" > "$R/queue$i.log" 2>&1 &
 done
 wait
-python3 -m jax_flashstable.cli experiment instability --recipe anchor --data .data --report-only --out $R "$@" | tail -25
+cat $R/queue*.log
+python3 -m jax_flashstable.cli experiment instability --recipe anchor --data .data --report-only \
+  --out $R "$@" | tail -30
 cp $R/report.md $R/curves.png "$OUT/" 2>/dev/null
-tar czf "$OUT/runs.tgz" -C $R .
+tar czf "$OUT/runs.tgz" --exclude=checkpoints -C $R .
