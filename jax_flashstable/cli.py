@@ -194,8 +194,10 @@ def _experiment(args):
                                    time_budget=args.time_budget)
   except ValueError as e:
     raise SystemExit(f"flashstable experiment: {e}") from None
-  path = experiment.write_report(args.out, rows, base, args.layer,
-                                 _meta(args) | dict(recipe_name=args.recipe))
+  meta = _meta(args) | dict(recipe_name=args.recipe)
+  if args.report_only:                                   # the runs' devices, not this machine's
+    meta |= dict(report_made_on=meta.pop("device"), device=experiment.trained_on(args.out))
+  path = experiment.write_report(args.out, rows, base, args.layer, meta)
   print(path.read_text())
   print(f"report: {path}, curves: {args.out}/curves.png")
   return 0

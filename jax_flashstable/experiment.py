@@ -149,6 +149,15 @@ def collect(out_dir, base: TrainConfig, layer=1) -> list[dict]:
   return rows
 
 
+def trained_on(out_dir) -> str:
+  """The devices the runs under out_dir were trained on (their config.json), comma-separated."""
+  found = set()
+  for cfg in pathlib.Path(out_dir).glob("*/seed*/config.json"):
+    c = json.loads(cfg.read_text())
+    found.add(c.get("device") or c.get("backend", "unknown"))
+  return ", ".join(sorted(found)) or "no runs"
+
+
 def format_report(rows, recipe: dict, layer: int) -> str:
   lines = [f"recipe: {json.dumps(recipe, default=str)}", "",
            f"| variant | seed | steps | explosion step | min loss | final loss | final val | max grad norm "
@@ -178,14 +187,16 @@ def plot_report(out_dir, rows, layer=1):
   import matplotlib.pyplot as plt
   out = pathlib.Path(out_dir)
   fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+  variants = list(dict.fromkeys(r["variant"] for r in rows))       # a colour per variant,
+  styles = ["-", "--", ":", "-."]                                   # a line style per seed
   for r in rows:
     run = out / r["variant"] / f"seed{r['seed']}"
     m, d = read_metrics(run), read_diagnostics(run)
-    label = f"{r['variant']} s{r['seed']}"
-    line, = axes[0].plot([x["step"] for x in m], [x["loss"] for x in m], lw=0.6, label=label)
-    axes[1].plot([x["step"] for x in d], [x["sn_q_full"][layer] for x in d], lw=1, color=line.get_color())
-    axes[2].plot([x["step"] for x in d], [statistics.fmean(x["tie_rate"][layer]) for x in d], lw=1,
-                 color=line.get_color())
+    kw = dict(color=plt.cm.tab10(variants.index(r["variant"]) % 10), ls=styles[r["seed"] % 4])
+    axes[0].plot([x["step"] for x in m], [x["loss"] for x in m], lw=0.6,
+                 label=f"{r['variant']} s{r['seed']}", **kw)
+    axes[1].plot([x["step"] for x in d], [x["sn_q_full"][layer] for x in d], lw=1, **kw)
+    axes[2].plot([x["step"] for x in d], [statistics.fmean(x["tie_rate"][layer]) for x in d], lw=1, **kw)
   axes[0].set(title="training loss", xlabel="step", ylim=(None, None))
   axes[1].set(title=f"σ_max of layer {layer}'s W_Q", xlabel="step", yscale="log")
   axes[2].set(title=f"layer {layer}: rows with tied tile maxima", xlabel="step")

@@ -22,6 +22,7 @@ from flax import nnx
 from jax_flashstable.config import AttentionConfig
 from jax_flashstable.data import Dataset
 from jax_flashstable.gpt2 import GPT, GPTConfig, count_params, flops_per_token, loss_fn
+from jax_flashstable.results import run_meta
 
 def peak_flops():
   """Dense bf16 peak of the default device for MFU: 989 TFLOP/s on H100/H200 (datasheet);
@@ -235,7 +236,9 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None) -> dict
     params, opt_state = replicate(mesh, (params, opt_state))
   with open(out / "config.json", "w") as f:
     json.dump(dict(train=dataclasses.asdict(cfg), n_params=n_params, data=str(data.folder),
-                   backend=jax.default_backend()), f, indent=1, default=str)
+                   backend=jax.default_backend(), device=run_meta()["device"],
+                   device_count=jax.device_count() if cfg.data_parallel else 1),
+              f, indent=1, default=str)
 
   step_key, eval_key = jax.random.split(jax.random.key(cfg.seed))   # for stochastic rounding
 
