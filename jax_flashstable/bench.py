@@ -51,7 +51,7 @@ def paired_overhead(run_a, run_b, pairs=20, inner=3):
 # "cudnn" / "xla" (jax.nn.dot_product_attention), "torch-<backend>" (torch SDPA, GPU only).
 TORCH_BACKENDS = ("flash", "cudnn", "efficient", "math")
 IMPL_FORMS = ("flash:<layout>[+stabilize] (layouts: fa2, paper, fp32_out, stochastic)", "cudnn",
-              "xla") + tuple(f"torch-{b}" for b in TORCH_BACKENDS)
+              "xla", "pallas-mgpu") + tuple(f"torch-{b}" for b in TORCH_BACKENDS)
 
 
 def _flash_spec(name: str) -> dict:
@@ -86,6 +86,8 @@ def _jax_runs(name, shape, q, k, v, do):
   elif name in ("cudnn", "xla"):
     f = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=shape.causal,
                                                       implementation=name)
+  elif name == "pallas-mgpu":
+    f = _mosaic_gpu_attention(shape)
   else:
     raise ValueError(f"unknown implementation {name!r}")
   fwd = jax.jit(f)
@@ -97,6 +99,20 @@ def _jax_runs(name, shape, q, k, v, do):
   out = fwd(q, k, v)
   return (lambda: jax.block_until_ready(fwd(q, k, v)),
           lambda: jax.block_until_ready(fb(q, k, v, do)), np.asarray(out, np.float32))
+
+
+def _mosaic_gpu_attention(shape):
+  """JAX's own Pallas Mosaic GPU attention for Hopper (`jax.experimental.pallas.ops.gpu.
+  attention_mgpu`: wgmma, TMA, warp-specialised; forward and backward; bf16/f16, head_dim a
+  multiple of 64): what Mosaic GPU reaches on this GPU, for issue 7. It applies no softmax
+  scale, so the query is scaled first (an elementwise op inside the timed function)."""
+  if jax.default_backend() != "gpu":
+    raise RuntimeError("Mosaic GPU needs a CUDA GPU (Hopper)")
+  from jax.experimental.pallas.ops.gpu import attention_mgpu as mgpu
+  cfg = mgpu.TuningConfig(block_q=64, block_kv=128, max_concurrent_steps=2, causal=shape.causal,
+                          block_q_dkv=64, block_kv_dkv=64, block_q_dq=64, block_kv_dq=64)
+  scale = shape.head_dim ** -0.5
+  return lambda q, k, v: mgpu.attention((q * scale).astype(q.dtype), k, v, cfg)
 
 
 def _torch_runs(name, shape, q, k, v, do):
@@ -169,7 +185,8 @@ def bench(shapes, impls, *, dtype=jnp.bfloat16, warmup=3, reps=20, seed=0, log=p
           row.update(fwd_ms=1e3 * t_f, fwdbwd_ms=1e3 * t_fb, fwd_tflops=flops / t_f / 1e12,
                      fwdbwd_tflops=3.5 * flops / t_fb / 1e12)
       except Exception as e:                    # not available here (or failed): say why, go on
-        row = dict(row, skipped=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+        why = (str(e).splitlines() or ["(no message)"])[0][:200]      # e.g. a bare assert
+        row = dict(row, skipped=f"{type(e).__name__}: {why}")
         rows.append(row)
         log(f"{shape.name:>32} {name:>26}: skipped ({row['skipped']})")
         continue

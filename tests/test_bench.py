@@ -30,12 +30,13 @@ def test_bench_cli_on_cpu(tmp_path):
     cli.main(["bench", "--impls", "flash:fa2,nope", "--out", str(tmp_path)])
   with pytest.raises(SystemExit, match="'flash:fa3'"):
     cli.main(["bench", "--impls", "flash:fa3", "--out", str(tmp_path)])
-  rc = cli.main(["bench", "--shapes", "1,128,4,2,64,causal", "--impls", "flash:fa2,flash:paper+stabilize,xla,torch-math",
+  rc = cli.main(["bench", "--shapes", "1,128,4,2,64,causal", "--impls", "flash:fa2,flash:paper+stabilize,xla,torch-math,pallas-mgpu",
                  "--reps", "2", "--warmup", "1", "--overhead-pairs", "2", "--no-hashes", "--out", str(tmp_path)])
   assert rc == 0
   res = json.loads((tmp_path / "bench.json").read_text())
   rows = {r["impl"]: r for r in res["rows"]}
   assert "skipped" in rows["torch-math"] or rows["torch-math"]["ok"]     # torch is optional
+  assert "needs a CUDA GPU" in rows["pallas-mgpu"]["skipped"]
   assert not (tmp_path / "bench_partial.json").exists()
   for name in ("flash:fa2", "flash:paper+stabilize", "xla"):
     r = rows[name]
