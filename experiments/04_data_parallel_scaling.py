@@ -50,6 +50,8 @@ def main():
   for n in counts:
     if not 1 <= n <= total:
       raise SystemExit(f"--devices: {n} is not between 1 and the {total} devices here")
+  if counts[0] != 1:
+    raise SystemExit(f"--devices {a.devices}: start with 1, the baseline of the scaling efficiency")
   rows = []
   for n in counts:
     mesh = data_mesh(jax.devices()[:n])

@@ -3,19 +3,23 @@
 # 1 and 2 GPUs with the collectives of each compiled step (04_data_parallel_scaling.py), then the
 # instability experiment's anchor recipe run data-parallel (--data-parallel: both GPUs, batch 32
 # split 16 + 16) for paper and paper+comp, seed 0, capped at STEPS (default 4000), to compare with
-# the single-GPU outcome. Carry .data (the corpus). Usage (repo root, on the device):
+# the single-GPU outcome; everything within BUDGET seconds (default 540). Carry .data (the corpus).
+# Usage (repo root, on the device):
 #   bash experiments/h200_data_parallel.sh "$OUT" [extra experiment options]
 set -u
-OUT=${1:-runs/h200}; shift || true; STEPS=${STEPS:-4000}; BUDGET=${BUDGET:-330}
+OUT=${1:-runs/h200}; shift || true; STEPS=${STEPS:-4000}; BUDGET=${BUDGET:-540}
 R=/tmp/instability-dp
 mkdir -p "$OUT" $R
 export PYTHONPATH=$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 export JAX_COMPILATION_CACHE_DIR=/tmp/jaxcache FLASHSTABLE_CACHE=/tmp/fscache
+T0=$(date +%s)                                    # BUDGET counts from here, scaling included
 nvidia-smi -L
 python3 -c "import jax; print(jax.devices())"
-python3 experiments/04_data_parallel_scaling.py --out "$OUT" 2>&1 | grep -v "^WARNING" | tail -25
+timeout $(( BUDGET / 2 )) python3 experiments/04_data_parallel_scaling.py --out "$OUT" 2>&1 \
+  | grep -v "^WARNING" | tail -25
+LEFT=$(( BUDGET - ($(date +%s) - T0) ))
 python3 -m jax_flashstable.cli experiment instability --recipe anchor --data .data \
-  --variants paper,paper+comp --seeds 0 --data-parallel --steps "$STEPS" --time-budget "$BUDGET" \
+  --variants paper,paper+comp --seeds 0 --data-parallel --steps "$STEPS" --time-budget "$LEFT" \
   --no-progress --out $R "$@" 2>&1 | tail -14
 cp $R/report.md "$OUT/dp_report.md"; cp $R/curves.png "$OUT/dp_curves.png" 2>/dev/null
 tar czf "$OUT/dp_runs.tgz" --exclude=checkpoints -C $R .

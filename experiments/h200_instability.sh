@@ -23,7 +23,8 @@ run_queue() {  # gpu items...
     local left=$(( BUDGET - ($(date +%s) - T0) ))
     if (( left < 60 )); then echo "GPU $gpu: $item not started, $left s left"; continue; fi
     echo "GPU $gpu: $item with $left s left ($(date +%T))"
-    if [[ $item == speed ]]; then
+    if [[ $item == speed ]]; then                   # its own timeouts add up to ~490 s
+      if (( left < 520 )); then echo "GPU $gpu: speed not started, $left s left"; continue; fi
       CUDA_VISIBLE_DEVICES=$gpu bash experiments/h200_speed_check.sh "$OUT"; continue
     fi
     IFS=: read -r variant seeds steps <<< "$item"

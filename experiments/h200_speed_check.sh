@@ -22,8 +22,8 @@ timeout 170 python3 -m jax_flashstable.cli bench --shapes "4,4096,16,16,128,0;4,
   --impls flash:fa2,flash:fa2+stabilize,cudnn --overhead-pairs 20 --no-hashes --out $R/headline 2>&1 \
   | grep -v "^ " | tail -14
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-echo "ncu: $NCU"
-timeout 170 $NCU -k regex:"flashstable|sdpa|fmha|cudnn" --launch-count 6 --section SpeedOfLight \
+echo "ncu: ${NCU:-not found, no profile}"
+[ -n "$NCU" ] && timeout 170 "$NCU" -k regex:"flashstable|sdpa|fmha|cudnn" --launch-count 6 --section SpeedOfLight \
   --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis \
   python3 experiments/05_profile_attention.py > $R/ncu.txt 2>&1
 grep -E "^  [a-z_]|Duration|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Block Limit Reg|Theoretical Occ" $R/ncu.txt | head -60

@@ -154,7 +154,8 @@ def trained_on(out_dir) -> str:
   found = set()
   for cfg in pathlib.Path(out_dir).glob("*/seed*/config.json"):
     c = json.loads(cfg.read_text())
-    found.add(c.get("device") or c.get("backend", "unknown"))
+    n = c.get("device_count", 1)
+    found.add((c.get("device") or c.get("backend", "unknown")) + (f" ×{n}" if n > 1 else ""))
   return ", ".join(sorted(found)) or "no runs"
 
 

@@ -44,8 +44,10 @@ def shard_batch(mesh: Mesh, x, batch_axis: int = 0) -> jax.Array:
 
 
 def collective_counts(hlo_text: str) -> dict:
-  """How many all-gather and all-reduce instructions a compiled HLO text has (async pairs
-  count once): a data-parallel step should all-reduce gradients and gather nothing."""
+  """How many instructions of each collective a compiled HLO text has (async start/done pairs
+  count once): a data-parallel step should all-reduce gradients and move nothing else —
+  no all-gather, reduce-scatter, all-to-all or collective-permute."""
   import re
-  count = lambda op: len(re.findall(rf"\b{op}(?:-start)?\(", hlo_text))
-  return dict(all_gathers=count("all-gather"), all_reduces=count("all-reduce"))
+  ops = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
+  return {op.replace("-", "_") + "s": len(re.findall(rf"\b{op}(?:-start)?\(", hlo_text))
+          for op in ops}

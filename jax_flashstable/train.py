@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import pathlib
 import time
 
@@ -225,16 +226,16 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None) -> dict
   if mesh is not None:
     from jax_flashstable.parallel import replicate, shard_batch
     place = lambda a, axis: shard_batch(mesh, a, axis)
-
+    params, opt_state = replicate(mesh, (params, opt_state))   # before a restore: it takes this sharding
+  # Several hosts: every process trains, process 0 writes the logs (checkpoints are collective).
+  log_dir = out if jax.process_index() == 0 else None
   mngr = _checkpoint_manager(out) if cfg.checkpoint_interval else None
   start = 0
   if mngr is not None and mngr.latest_step() is not None:
     target = dict(params=params, opt_state=opt_state)
     restored = mngr.restore(mngr.latest_step(), args=ocp.args.StandardRestore(target))
     params, opt_state, start = restored["params"], restored["opt_state"], mngr.latest_step()
-  if mesh is not None:
-    params, opt_state = replicate(mesh, (params, opt_state))
-  with open(out / "config.json", "w") as f:
+  with open(log_dir / "config.json" if log_dir else os.devnull, "w") as f:
     json.dump(dict(train=dataclasses.asdict(cfg), n_params=n_params, data=str(data.folder),
                    backend=jax.default_backend(), device=run_meta()["device"],
                    device_count=jax.device_count() if cfg.data_parallel else 1),
@@ -251,6 +252,8 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None) -> dict
   tokens_per_step = cfg.batch_size * cfg.grad_accum * seq_len
   flops_step = flops_per_token(mcfg, n_params, seq_len) * tokens_per_step
   peak = peak_flops()
+  if peak and mesh is not None:
+    peak *= mesh.size                                              # MFU over all the devices
   bar = None
   if cfg.progress:
     from tqdm.auto import tqdm
@@ -261,16 +264,16 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None) -> dict
   for r in kept:
     monitor.update(r["step"], r["loss"])
   power = None
-  if not cfg.diag_interval and not start:
-    (out / "diagnostics.jsonl").unlink(missing_ok=True)        # no stale rows from an older run
+  if not cfg.diag_interval and not start and log_dir:
+    (log_dir / "diagnostics.jsonl").unlink(missing_ok=True)    # no stale rows from an older run
   if cfg.diag_interval:
     from jax_flashstable import diagnostics
     power = diagnostics.init_power_state(mcfg, jax.random.key(cfg.seed))
     power = diagnostics.converge_power_state(graphdef, params, power)   # params: as (re)started
-    diag_path = out / "diagnostics.jsonl"
+    diag_path = log_dir / "diagnostics.jsonl" if log_dir else pathlib.Path(os.devnull)
     kept_diag = [r for r in _read_jsonl(diag_path) if r["step"] <= start] if start else []
     diag_path.write_text("".join(json.dumps(r) + "\n" for r in kept_diag))
-  metrics_path = out / "metrics.jsonl"
+  metrics_path = log_dir / "metrics.jsonl" if log_dir else pathlib.Path(os.devnull)
   with open(metrics_path, "w") as log:                 # a fresh run, or rows up to the checkpoint
     log.writelines(json.dumps(r) + "\n" for r in kept)
     for step in range(start + 1, cfg.steps + 1):

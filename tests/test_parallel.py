@@ -52,7 +52,8 @@ def test_sharded_step_matches_single_device():
   assert len(r["single"]) == 4                        # 3 training losses and the validation loss
   for a, b in zip(r["single"], r["sharded"]):
     assert abs(a - b) <= 1e-4 * abs(a), (r["single"], r["sharded"])
-  assert r["shard_map"]["all_gathers"] == 0 and r["shard_map"]["all_reduces"] > 0, r
+  moved = {k: n for k, n in r["shard_map"].items() if k != "all_reduces" and n}
+  assert not moved and r["shard_map"]["all_reduces"] > 0, r          # gradients all-reduced only
   assert r["plain"]["all_gathers"] > 0, r
   assert "batch size 6" in r["uneven"], r["uneven"]
 
