@@ -113,6 +113,7 @@ def _run_row(run_dir: pathlib.Path, warmup_steps: int, layer: int, diag_interval
   finite = [l for _, l in losses if math.isfinite(l)]
   times = [r["step_time_s"] for r in metrics[10:]] or [r["step_time_s"] for r in metrics]
   sigma = [d["sn_q_full"][layer] for d in diags]
+  logits = [max(d["max_logit"][layer]) for d in diags if "max_logit" in d]
   ties = [statistics.fmean(d["tie_rate"][layer]) for d in diags
           if all(math.isfinite(x) for x in d["tie_rate"][layer])]
   vals = [r["val_loss"] for r in metrics if "val_loss" in r]
@@ -126,6 +127,7 @@ def _run_row(run_dir: pathlib.Path, warmup_steps: int, layer: int, diag_interval
               final_val_loss=vals[-1] if vals else math.nan,
               max_grad_norm=max((r["grad_norm"] for r in metrics), default=math.nan),
               max_sigma_wq=max(sigma, default=math.nan), last_sigma_wq=sigma[-1] if sigma else math.nan,
+              max_logit=max(logits, default=math.nan),
               mean_tie_rate=statistics.fmean(ties) if ties else math.nan,
               steps_per_s=1.0 / statistics.median(times) if times else math.nan,
               diag_cost=diag_cost)
@@ -162,13 +164,14 @@ def trained_on(out_dir) -> str:
 def format_report(rows, recipe: dict, layer: int) -> str:
   lines = [f"recipe: {json.dumps(recipe, default=str)}", "",
            f"| variant | seed | steps | explosion step | min loss | final loss | final val | max grad norm "
-           f"| layer {layer} W_Q σ max / last | layer {layer} tie rate | steps/s | diagnostics cost "
-           "| outcome |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|"]
+           f"| layer {layer} W_Q σ max / last | layer {layer} max logit | layer {layer} tie rate | steps/s "
+           "| diagnostics cost | outcome |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---|"]
   for r in rows:
     lines.append(f"| {r['variant']} | {r['seed']} | {r['steps']} | {r['explosion_step'] or '–'} | "
                  f"{r['min_loss']:.3f} | {r['final_loss']:.3f} | {r['final_val_loss']:.3f} | "
                  f"{r['max_grad_norm']:.2f} | {r['max_sigma_wq']:.1f} / {r['last_sigma_wq']:.1f} | "
+                 f"{r['max_logit']:,.0f} | "
                  f"{r['mean_tie_rate']:.3f} | {r['steps_per_s']:.1f} | {100 * r['diag_cost']:.1f}% | "
                  f"{r['outcome']} |")
   lines += ["", "| variant | exploded / runs (finished or exploded) |", "|---|---|"]

@@ -2,6 +2,7 @@
 early stop after an explosion."""
 import dataclasses
 import json
+import math
 
 import pytest
 
@@ -32,6 +33,7 @@ def test_small_matrix_runs_resumes_and_reports(tmp_path):
       ("paper", 0, 12, True), ("stochastic", 0, 12, True)]
   for r in rows:
     assert 0.0 <= r["mean_tie_rate"] <= 1.0 and r["max_sigma_wq"] > 0 and r["min_loss"] < 11.0
+    assert math.isfinite(r["max_logit"])
     assert r["outcome"] == "stable to step 12" and r["steps_per_s"] > 0
   # same seed, same data: the first losses agree closely, but the layouts differ in the bits
   loss = lambda v: [json.loads(l)["loss"] for l in open(tmp_path / v / "seed0" / "metrics.jsonl")]
