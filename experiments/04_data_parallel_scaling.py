@@ -7,7 +7,8 @@ step: the shard_map step must all-reduce gradients and gather nothing, while the
 a plain sharded jit (no shard_map) is compiled too, to show what XLA does with the kernel's
 custom call there.
 Command (2 H200s): python3 experiments/04_data_parallel_scaling.py --out runs/scaling
-CPU smoke: XLA_FLAGS=--xla_force_host_platform_device_count=4 JAX_PLATFORMS=cpu python \
+CPU smoke (simulated devices share 2 cores, so the efficiency there means nothing):
+    XLA_FLAGS=--xla_force_host_platform_device_count=4 JAX_PLATFORMS=cpu .venv/bin/python \
     experiments/04_data_parallel_scaling.py --model tiny --per-device-batch 2 --steps 2
 Expected runtime: ~2 min on two H200s.
 """
@@ -45,8 +46,11 @@ def main():
                   help="comma-separated device counts (default: 1, 2, 4, … up to all devices)")
   a = ap.parse_args()
   total = jax.device_count()
-  counts = ([int(c) for c in a.devices.split(",")] if a.devices else
-            [n for n in (1, 2, 4, 8, 16, 32, 64) if n < total] + [total])
+  try:
+    counts = ([int(c) for c in a.devices.split(",")] if a.devices else
+              [n for n in (1, 2, 4, 8, 16, 32, 64) if n < total] + [total])
+  except ValueError:
+    raise SystemExit(f"--devices {a.devices!r}: expected comma-separated device counts, e.g. 1,2") from None
   for n in counts:
     if not 1 <= n <= total:
       raise SystemExit(f"--devices: {n} is not between 1 and the {total} devices here")

@@ -222,6 +222,10 @@ def _bench(args):
       except ValueError:
         raise SystemExit(f"flashstable bench: --shapes item {spec!r} is not "
                          "batch,len,heads,kv_heads,head_dim,causal") from None
+      s = shapes[-1]
+      if min(s.batch, s.q_len, s.num_heads, s.num_kv_heads, s.head_dim) < 1 or s.num_heads % s.num_kv_heads:
+        raise SystemExit(f"flashstable bench: --shapes item {spec!r}: sizes must be ≥ 1 and heads "
+                         f"({s.num_heads}) a multiple of kv_heads ({s.num_kv_heads})")
   else:
     shapes = bench.default_shapes(gpu)
   impls = args.impls.split(",") if args.impls else bench.default_impls(gpu)
@@ -238,13 +242,21 @@ def _bench(args):
       json.dump(rows, f)
   if args.overhead_pairs:
     head = shapes[0] if args.shapes or not gpu else Shape(4, 4096, 4096, 16, 16, 128, False)
-    meta["compensation_overhead"] = [bench.compensation_overhead(head, layout, pairs=args.overhead_pairs)
-                                     for layout in args.overhead_layouts.split(",")]
+    meta["compensation_overhead"] = []
+    for layout in args.overhead_layouts.split(","):
+      try:
+        o = bench.compensation_overhead(head, layout, pairs=args.overhead_pairs)
+      except Exception as e:                     # the table still gets written; say why
+        o = dict(layout=layout, shape=head.name, error=f"{type(e).__name__}: {e}"[:300])
+      meta["compensation_overhead"].append(o)
   meta["golden_hashes"] = bench.golden_hashes() if args.hashes else None
   write_results(args.out, "bench", rows, bench.format_bench(rows), meta)
   bench.plot_bench(rows, os.path.join(args.out, "bench.png"))
   os.remove(os.path.join(args.out, "bench_partial.json"))
   for o in meta.get("compensation_overhead", []):
+    if "error" in o:
+      print(f"compensation overhead [{o['layout']}, {o['shape']}]: failed ({o['error']})")
+      continue
     print(f"compensation overhead [{o['layout']}, {o['shape']}, median of {o['pairs']} interleaved "
           f"pairs]: fwd {100 * o['fwd_overhead']:+.1f}%, fwd+bwd {100 * o['fwdbwd_overhead']:+.1f}%")
   print(f"plot: {args.out}/bench.png")
@@ -309,7 +321,7 @@ def build_parser():
   p.add_argument("--variants", default="paper,paper+comp",
                  help="comma-separated, from: " + "paper, paper+comp, fa2, fa2+comp, fp32_out, "
                  "stochastic, fp32-reference, paper@layer, paper+comp@layer, xla")
-  p.add_argument("--seeds", default="0")
+  p.add_argument("--seeds", default="0", help="comma-separated seeds (initialisation and data order)")
   p.add_argument("--tiles", type=int, default=512, help="the paper layout's block_q = block_k")
   p.add_argument("--layer", type=int, default=1, help="the watched layer (0-based); "
                  "the @layer variants use flash there only")
@@ -326,7 +338,7 @@ def build_parser():
   p.add_argument("--shapes", default=None, help="';'-separated batch,len,heads,kv_heads,head_dim,"
                  "causal (default: 1k–16k, d64/128, causal and not, GQA on a GPU; small on CPU)")
   p.add_argument("--impls", default=None, help="comma-separated: flash:<layout>[+stabilize], "
-                 "cudnn, xla, torch-flash, torch-cudnn, torch-efficient, torch-math")
+                 "cudnn, xla, pallas-mgpu, torch-flash, torch-cudnn, torch-efficient, torch-math")
   p.add_argument("--warmup", type=int, default=3)
   p.add_argument("--reps", type=int, default=20)
   p.add_argument("--overhead-pairs", type=int, default=20,
