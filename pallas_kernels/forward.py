@@ -81,7 +81,7 @@ def forward_kernel(q_ref, k_ref, v_ref, *refs, cfg):
   q_pos = q_tile * block_q + jnp.arange(block_q)
 
   def scores(j, c):
-    """Masked scores of sub-tile c of key tile j: ([block_q, sub_k] f32, valid, real key)."""
+    """Masked scores of sub-tile c of key tile j: ([block_q, sub_k] f32, real key [sub_k])."""
     start = j * block_k + c * sub_k
     k = k_ref[pl.ds(start, sub_k), :]                              # [sub_k, d]
     s = numerics.scores(dot_nt(q, k), cfg.softmax_scale)
@@ -89,20 +89,22 @@ def forward_kernel(q_ref, k_ref, v_ref, *refs, cfg):
     valid = score_mask(q_pos, k_pos, causal=cfg.causal, kv_len=cfg.kv_len)
     # fa2 masks with −inf, safe because key 0 is visible to every row (m is finite after
     # the first tile); the paper's kernel uses −BF16_MAX.
-    return jnp.where(valid, s, numerics.mask_value), valid, k_pos < cfg.kv_len
+    return jnp.where(valid, s, numerics.mask_value), k_pos < cfg.kv_len
 
   def body(j, carry):
     acc, m_i, l_i, max_p, tied_tiles = carry
     if n_sub == 1:
-      s0, valid0, real0 = scores(j, 0)
-      m_tile, tied = compensated_tile_max(s0, valid0, comp, numerics.paper, real0)
+      s0, real0 = scores(j, 0)
+      m_tile, tied = compensated_tile_max(s0, comp, numerics.paper, real0)
     else:  # paper layout, logical tile larger than a program can hold: two passes for max, ties
       tile_max = lax.fori_loop(0, n_sub, lambda c, mx: jnp.maximum(mx, jnp.max(scores(j, c)[0], axis=-1)),
                                jnp.full((block_q,), -jnp.inf, jnp.float32))
       m_tile, tied = tile_max, jnp.zeros_like(tile_max)
       if comp is not None:
-        n_ties = lax.fori_loop(0, n_sub, lambda c, n: n + tie_count(*scores(j, c)[:2], tile_max, comp, True, scores(j, c)[2]),
-                               jnp.zeros_like(tile_max))
+        def count(c, n):
+          s, real = scores(j, c)
+          return n + tie_count(s, tile_max, comp, True, real)
+        n_ties = lax.fori_loop(0, n_sub, count, jnp.zeros_like(tile_max))
         m_tile, tied = shifted_max(tile_max, n_ties, comp, True)
     m_new = jnp.maximum(m_i, m_tile)
     alpha = jnp.exp(numerics.exp_arg(m_i - m_new))                 # 0 on the first tile

@@ -228,7 +228,7 @@ class Compensation:
       raise ValueError(f"need 0 < min_shift <= max_shift, got {self.min_shift=}, {self.max_shift=}")
 
 
-def tie_count(s, valid, tile_max, comp: Compensation, paper: bool = False, in_range=None):
+def tie_count(s, tile_max, comp: Compensation, paper: bool = False, in_range=None):
   """Per row, how many scores of the tile are tied with its max (float32 count).
 
   fa2: unmasked scores ≥ max − tie_tolerance (masked scores are −inf, so on a row with a
@@ -242,7 +242,6 @@ def tie_count(s, valid, tile_max, comp: Compensation, paper: bool = False, in_ra
     if in_range is not None:
       near = jnp.logical_and(near, in_range[None, :])
     return jnp.sum(near.astype(jnp.float32), axis=-1)
-  del valid                                             # implied by s > −inf (see above)
   n = jnp.sum((s >= (tile_max - comp.tie_tolerance)[:, None]).astype(jnp.float32), axis=-1)
   return jnp.where(tile_max > -jnp.inf, n, 0.0)
 
@@ -263,21 +262,22 @@ def shifted_max(tile_max, n_ties, comp: Compensation, paper: bool = False):
   return jnp.where(tied, shifted, tile_max), tied.astype(jnp.float32)
 
 
-def compensated_tile_max(s, valid, comp: Compensation | None, paper: bool = False, in_range=None):
+def compensated_tile_max(s, comp: Compensation | None, paper: bool = False, in_range=None):
   """Row max of one score tile, shifted on tied rows (Qiu & Yao 2025, Alg. 1).
 
   Args:
-    s: [rows, block_k] float32 scores, masked entries already set to the mask value.
-    valid: [rows, block_k] bool, True where the score is not masked.
+    s: [rows, block_k] float32 scores, masked entries already set to the mask value (−inf
+      outside the paper layout, which is what the fa2 tie count relies on).
     comp: the compensation settings, or None for plain FA2.
     paper: the literal rule of the paper's kernel (see `tie_count`, `shifted_max`).
+    in_range: [block_k] bool, True for real (not padded) keys; used by the paper rule.
   Returns:
     (m_tile [rows] float32, tied [rows] float32 with 1.0 where the rule fired).
   """
   tile_max = jnp.max(s, axis=-1)
   if comp is None:
     return tile_max, jnp.zeros_like(tile_max)
-  return shifted_max(tile_max, tie_count(s, valid, tile_max, comp, paper, in_range), comp, paper)
+  return shifted_max(tile_max, tie_count(s, tile_max, comp, paper, in_range), comp, paper)
 
 
 def next_power_of_2(n: int) -> int:
