@@ -326,13 +326,8 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None) -> dict
   if mngr is not None:
     mngr.wait_until_finished()
   summary = dict(summary, n_params=n_params, stopped=stopped,
-                 explosion_step=explosion_step(read_losses(out), cfg.warmup_steps))
+                 explosion_step=monitor.step)                  # fed every logged loss, resumed too
   return summary
-
-
-def read_losses(out_dir):
-  """(step, loss) of the run in out_dir."""
-  return [(r["step"], r["loss"]) for r in read_metrics(out_dir)]
 
 
 def _read_jsonl(path) -> list[dict]:
