@@ -8,8 +8,7 @@ set -u
 OUT=${1:-runs/h200}
 R=/tmp/bench
 mkdir -p "$OUT" $R
-export PYTHONPATH=$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
-export JAX_COMPILATION_CACHE_DIR=/tmp/jaxcache
+source "$(dirname "$0")/h200_env.sh"
 L=fa2,paper,fp32_out,stochastic
 IMPLS=$(for l in ${L//,/ }; do printf "flash:%s,flash:%s+stabilize," $l $l; done)cudnn,xla,torch-flash,torch-cudnn
 timeout ${HEAD_TIMEOUT:-240} python3 -m jax_flashstable.cli bench --shapes "4,4096,16,16,128,0;4,4096,16,16,128,1" \

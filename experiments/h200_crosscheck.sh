@@ -7,7 +7,7 @@ set -u
 OUT=${1:-runs/h200}
 D=/tmp/dumps
 mkdir -p "$OUT" $D
-export PYTHONPATH=$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
+source "$(dirname "$0")/h200_env.sh"
 SHAPE="--batch 2 --heads 4 --len 1024 --head-dim 64 --causal --device cuda"
 python3 torch_crosscheck/paper_fa2.py $D/paper_512.npz $SHAPE --block-q 512 --block-k 512 --stabilize
 python3 torch_crosscheck/paper_fa2.py $D/paper_64.npz $SHAPE --block-q 64 --block-k 64

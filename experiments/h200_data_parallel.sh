@@ -10,8 +10,7 @@ set -u
 OUT=${1:-runs/h200}; shift || true; STEPS=${STEPS:-4000}; BUDGET=${BUDGET:-540}
 R=/tmp/instability-dp
 mkdir -p "$OUT" $R
-export PYTHONPATH=$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
-export JAX_COMPILATION_CACHE_DIR=/tmp/jaxcache FLASHSTABLE_CACHE=/tmp/fscache
+source "$(dirname "$0")/h200_env.sh"
 T0=$(date +%s)                                    # BUDGET counts from here, scaling included
 nvidia-smi -L
 python3 -c "import jax; print(jax.devices())"

@@ -14,8 +14,7 @@ OUT=${1:-runs/h200}; shift || true
 BUDGET=${BUDGET:-540}; QUEUES=${QUEUES:-"paper:0|paper+comp:0"}
 R=${RUNS:-/tmp/instability}
 mkdir -p "$OUT" $R
-export PYTHONPATH=$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
-export JAX_COMPILATION_CACHE_DIR=/tmp/jaxcache FLASHSTABLE_CACHE=/tmp/fscache
+source "$(dirname "$0")/h200_env.sh"
 T0=$(date +%s)
 run_queue() {  # gpu items...
   local gpu=$1; shift

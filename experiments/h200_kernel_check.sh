@@ -4,8 +4,7 @@
 set -u
 OUT=${1:-runs/h200}
 mkdir -p "$OUT"
-export PYTHONPATH=$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
-export JAX_COMPILATION_CACHE_DIR=/tmp/jaxcache
+source "$(dirname "$0")/h200_env.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,memory.total --format=csv | tee "$OUT/device.txt"
 python3 -c "import jax, flax, optax, chex; print(jax.__version__, flax.__version__, optax.__version__, chex.__version__, jax.devices())" | tee -a "$OUT/device.txt"
 timeout ${TEST_TIMEOUT:-330} python3 -m pytest -q -p no:cacheprovider -rfE --durations=10 tests/ 2>&1 | tee "$OUT/gpu_tests.log"

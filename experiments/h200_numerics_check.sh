@@ -5,8 +5,7 @@
 set -u
 OUT=${1:-runs/h200}
 mkdir -p "$OUT"
-export PYTHONPATH=$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
-export JAX_COMPILATION_CACHE_DIR=/tmp/jaxcache
+source "$(dirname "$0")/h200_env.sh"
 timeout ${TEST_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider -rfE tests/test_rounding.py tests/test_layouts.py tests/test_numerics_lab.py tests/test_api.py tests/test_compensation.py 2>&1 | grep -E "^(FAILED|ERROR|E  )|passed|failed" | head -30 | tee "$OUT/gpu_layout_tests.log"
 L=128,512,2048,8192,16384
 timeout 170 python3 -m jax_flashstable.cli deviation --seq-lens $L --head-dims 64,128 --dtypes bfloat16 --block-ks 64,128 --layouts fa2,paper --out "$OUT/bf16" 2>&1 | tail -2

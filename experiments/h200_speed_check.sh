@@ -8,8 +8,7 @@ set -u
 OUT=${1:-runs/h200}
 R=/tmp/speed
 mkdir -p "$OUT" $R
-export PYTHONPATH=$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
-export JAX_COMPILATION_CACHE_DIR=/tmp/jaxcache
+source "$(dirname "$0")/h200_env.sh"
 timeout 150 python3 - > $R/hashes.json 2> $R/hashes.err <<'PY'
 import json
 from jax_flashstable import bench

@@ -5,8 +5,7 @@
 set -u
 OUT=${1:-runs/h200}
 mkdir -p "$OUT"
-export PYTHONPATH=$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
-export JAX_COMPILATION_CACHE_DIR=/tmp/jaxcache FLASHSTABLE_CACHE=/tmp/fscache
+source "$(dirname "$0")/h200_env.sh"
 timeout ${STEP_TIMEOUT:-240} python3 experiments/02_gpt2_step_time.py --out "$OUT" 2>&1 | tee "$OUT/step_time.log"
 timeout ${COMPARE_TIMEOUT:-200} python3 -m jax_flashstable.cli compare --no-progress --out-dir "$OUT/compare" 2>&1 | tail -20 | tee "$OUT/compare.log"
 cp "$OUT/compare/report.md" "$OUT/compare_report.md" 2>/dev/null; cp "$OUT/compare/curves.png" "$OUT/compare_curves.png" 2>/dev/null
