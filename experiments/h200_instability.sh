@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Issue 6 on the H200s (device tool): `flashstable experiment instability` on the anchor recipe
 # with the carried corpus (.data/, carry it). QUEUES holds one queue per GPU, separated by "|";
-# a queue is a space-separated list of variant:seeds[:steps] items run one after another on its
-# GPU (CUDA_VISIBLE_DEVICES), all within BUDGET seconds from the start (steps: a cap, the cosine
-# schedule keeps the recipe's length); the item "speed" runs h200_speed_check.sh on that GPU. Runs land in /tmp/instability
-# (resumable while the machine stays warm); they come back as one tarball without checkpoints
+# a queue is a space-separated list of variant:seeds[:steps[:recipe]] items run one after another
+# on its GPU (CUDA_VISIBLE_DEVICES), all within BUDGET seconds from the start (steps: a cap, the
+# cosine schedule keeps the recipe's length; recipe: one of experiment.RECIPES, default anchor);
+# the item "speed" runs h200_speed_check.sh on that GPU. Runs land in /tmp/instability/RECIPE
+# (resumable while the machine stays warm), one report per recipe; they come back as one tarball without checkpoints
 # (the device returns at most 8 files). Extra arguments go to every run (e.g. --steps 4500).
 # Usage (repo root, on the device):
-#   QUEUES="paper:2,3:4000 paper@layer:0:3600|paper+comp:1,2:4000" BUDGET=540 \
+#   QUEUES="paper:2,3:4000 paper@layer:0:3600|paper:0,1:4000:anchor-lr0.004" BUDGET=540 \
 #     bash experiments/h200_instability.sh "$OUT" --checkpoint-interval 500
 set -u
 OUT=${1:-runs/h200}; shift || true
@@ -26,10 +27,11 @@ run_queue() {  # gpu items...
       if (( left < 520 )); then echo "GPU $gpu: speed not started, $left s left"; continue; fi
       CUDA_VISIBLE_DEVICES=$gpu bash experiments/h200_speed_check.sh "$OUT"; continue
     fi
-    IFS=: read -r variant seeds steps <<< "$item"
-    CUDA_VISIBLE_DEVICES=$gpu python3 -m jax_flashstable.cli experiment instability --recipe anchor \
+    IFS=: read -r variant seeds steps recipe <<< "$item"
+    recipe=${recipe:-anchor}
+    CUDA_VISIBLE_DEVICES=$gpu python3 -m jax_flashstable.cli experiment instability --recipe $recipe \
       --data .data --variants "$variant" --seeds "$seeds" ${steps:+--steps "$steps"} \
-      --time-budget "$left" --no-progress --out $R "${EXTRA[@]}" 2>&1 \
+      --time-budget "$left" --no-progress --out $R/$recipe "${EXTRA[@]}" 2>&1 \
       | grep -v "^|\|^{\|^recipe\|^$\|^#" | sed "s/^/[GPU $gpu] /"
   done
 }
@@ -41,7 +43,10 @@ for i in "${!QS[@]}"; do
 done
 wait
 cat $R/queue*.log
-python3 -m jax_flashstable.cli experiment instability --recipe anchor --data .data --report-only \
-  --out $R "$@" | tail -30
-cp $R/report.md $R/curves.png "$OUT/" 2>/dev/null
+for dir in $R/*/; do
+  recipe=$(basename $dir)
+  python3 -m jax_flashstable.cli experiment instability --recipe $recipe --data .data --report-only \
+    --out $dir "$@" | tail -30
+  cp $dir/report.md "$OUT/report-$recipe.md" 2>/dev/null; cp $dir/curves.png "$OUT/curves-$recipe.png" 2>/dev/null
+done
 tar czf "$OUT/runs.tgz" --exclude=checkpoints -C $R .
