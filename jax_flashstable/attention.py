@@ -9,7 +9,7 @@ import numpy as np
 
 from pallas_kernels.attention import KernelConfig, flash_attention_padded
 from pallas_kernels.checks import check_inputs
-from pallas_kernels.policy import BlockSizes, Compensation, get_numerics
+from pallas_kernels.policy import BlockSizes, Compensation, get_numerics, next_power_of_2
 from pallas_kernels.reference import reference_attention, reference_attention_vjp
 
 __all__ = ["AttentionStats", "flash_attention", "reference_attention", "reference_attention_vjp"]
@@ -49,7 +49,7 @@ def _default_interpret() -> bool:
 def flash_attention(query, key, value, *, causal=False, softmax_scale=None, stabilize=False,
                     beta=2.0, tie_tolerance=1e-3, numerics="fa2", block_q=None, block_k=None,
                     interpret=None, return_stats=False, rng_key=None, num_warps=None,
-                    num_stages=None):
+                    num_stages=None, backend="triton"):
   """Flash attention (FlashAttention-2, Dao 2023, Alg. 1 and 2) as Pallas kernels.
 
   Scores, running `row_max`, `row_sum` and the output accumulator are float32; P̄ = exp(S − m)
@@ -92,7 +92,14 @@ def flash_attention(query, key, value, *, causal=False, softmax_scale=None, stab
     num_warps, num_stages: Triton launch parameters of the forward kernel (speed only);
       defaults 4 warps (8 when head_dim > 64) and 2 stages. The backward kernels use 4 warps
       and 2 stages (H200, d128, 64×64 backward tiles: fwd+bwd 317 TFLOP/s at 4 warps, 172 at 8;
-      `experiments/03_tile_sweep.py`).
+      `experiments/03_tile_sweep.py`). With backend="mosaic_gpu", num_stages is the number of
+      key/value tiles in flight (default 2) and num_warps is not used.
+    backend: the forward kernel. "triton" (default): Pallas Triton, every layout, any GPU.
+      "mosaic_gpu": Pallas Mosaic GPU for Hopper (wgmma, TMA and a warp-specialised producer,
+      FlashAttention-3, Shah et al. 2024, §3.1; `pallas_kernels.forward_mgpu`) with the same
+      order of operations, for numerics "fa2" and "fp32_out", bfloat16/float16 inputs,
+      head_dim padded to a multiple of 64, block_k ≥ 64, no return_stats. The backward
+      kernels are the Triton ones for both. On CPU it runs in Pallas' GPU interpret mode.
   Returns:
     [batch, q_len, num_heads, head_dim] in query's dtype (float32 for "fp32_out"), or
     (out, AttentionStats).
@@ -101,7 +108,8 @@ def flash_attention(query, key, value, *, causal=False, softmax_scale=None, stab
     ValueError: rank ≠ 4, mismatched batch/head_dim, num_heads % num_kv_heads ≠ 0,
       head_dim > 256 (others up to 256 are zero-padded to a power of two), non-positive
       softmax_scale, beta ≤ 1, negative tie_tolerance, block sizes that are not powers of
-      two ≥ 16, unknown numerics.
+      two ≥ 16, unknown numerics, unknown backend or a call backend="mosaic_gpu" does not
+      support.
     TypeError: unsupported or mixed dtypes.
   """
   softmax_scale = check_inputs(query, key, value, softmax_scale)
@@ -123,6 +131,8 @@ def flash_attention(query, key, value, *, causal=False, softmax_scale=None, stab
     seeds = jax.random.bits(rng_key, (2,), jnp.uint32)
   elif rng_key is not None:
     raise ValueError(f"rng_key is only used by numerics='stochastic', got numerics={numerics!r}")
+  if backend not in ("triton", "mosaic_gpu"):
+    raise ValueError(f"backend must be 'triton' or 'mosaic_gpu', got backend={backend!r}")
   cfg = KernelConfig(
       softmax_scale=softmax_scale, causal=bool(causal), q_len=query.shape[1],
       kv_len=key.shape[1], blocks=blocks, numerics=layout,
@@ -131,7 +141,12 @@ def flash_attention(query, key, value, *, causal=False, softmax_scale=None, stab
       return_stats=bool(return_stats),
       num_warps=num_warps if num_warps is not None else (4 if head_dim <= 64 else 8),
       num_stages=num_stages if num_stages is not None else 2,
-      num_warps_bwd=4, num_stages_bwd=2)
+      num_warps_bwd=4, num_stages_bwd=2, backend=backend,
+      stages=num_stages if num_stages is not None else 2)
+  if backend == "mosaic_gpu":
+    from pallas_kernels.forward_mgpu import supported
+    if (why := supported(cfg, max(16, next_power_of_2(head_dim)), query.dtype)) is not None:
+      raise ValueError(f"backend='mosaic_gpu' does not support {why}")
   out, stats = flash_attention_padded(query, key, value, cfg, seeds)
   if not return_stats:
     return out

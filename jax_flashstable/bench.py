@@ -47,21 +47,27 @@ def paired_overhead(run_a, run_b, pairs=20, inner=3):
   return statistics.median(ratios) - 1.0
 
 
-# Implementations a bench row can name: "flash:<layout>" with an optional "+stabilize",
-# "cudnn" / "xla" (jax.nn.dot_product_attention), "torch-<backend>" (torch SDPA, GPU only).
+# Implementations a bench row can name: "flash:<layout>" with an optional "+stabilize" (our
+# Triton forward) or "flash-mgpu:<layout>[+stabilize]" (our Mosaic GPU forward, Hopper),
+# "cudnn" / "xla" (jax.nn.dot_product_attention), "pallas-mgpu" (JAX's own Mosaic GPU
+# attention), "torch-<backend>" (torch SDPA, GPU only).
 TORCH_BACKENDS = ("flash", "cudnn", "efficient", "math")
-IMPL_FORMS = ("flash:<layout>[+stabilize] (layouts: fa2, paper, fp32_out, stochastic)", "cudnn",
+IMPL_FORMS = ("flash:<layout>[+stabilize] (layouts: fa2, paper, fp32_out, stochastic)",
+              "flash-mgpu:<layout>[+stabilize] (layouts: fa2, fp32_out)", "cudnn",
               "xla", "pallas-mgpu") + tuple(f"torch-{b}" for b in TORCH_BACKENDS)
+FLASH_PREFIXES = {"flash:": "triton", "flash-mgpu:": "mosaic_gpu"}
 
 
 def _flash_spec(name: str) -> dict:
   """"flash:<layout>[+stabilize]" → flash_attention keyword arguments (a fixed rng_key for the
   stochastic layout). Raises ValueError for any other name."""
   from pallas_kernels.policy import NUMERICS
-  layout, _, stab = name.removeprefix("flash:").partition("+")
-  if not name.startswith("flash:") or layout not in NUMERICS or stab not in ("", "stabilize"):
-    raise ValueError(f"unknown implementation {name!r}: expected flash:<layout>[+stabilize]")
-  kw = dict(numerics=layout, stabilize=bool(stab))
+  prefix = next((p for p in FLASH_PREFIXES if name.startswith(p)), None)
+  layout, _, stab = name.removeprefix(prefix or "").partition("+")
+  if prefix is None or layout not in NUMERICS or stab not in ("", "stabilize"):
+    raise ValueError(f"unknown implementation {name!r}: expected flash:<layout>[+stabilize] "
+                     "or flash-mgpu:<layout>[+stabilize]")
+  kw = dict(numerics=layout, stabilize=bool(stab), backend=FLASH_PREFIXES[prefix])
   if layout == "stochastic":
     kw["rng_key"] = jax.random.key(0)
   return kw
@@ -69,7 +75,7 @@ def _flash_spec(name: str) -> dict:
 
 def known_impl(name: str) -> bool:
   """Whether `bench` knows the implementation name (it may still be unavailable here)."""
-  if name.startswith("flash:"):
+  if name.startswith(tuple(FLASH_PREFIXES)):
     try:
       _flash_spec(name)
     except ValueError:
@@ -80,14 +86,15 @@ def known_impl(name: str) -> bool:
 
 def _jax_runs(name, shape, q, k, v, do):
   """(fwd, fwd+bwd) zero-argument callables that wait for the device, and the output."""
-  if name.startswith("flash:"):
+  if name.startswith(tuple(FLASH_PREFIXES)):
     kw = dict(causal=shape.causal, **_flash_spec(name))
     f = lambda q, k, v: flash_attention(q, k, v, **kw)
   elif name in ("cudnn", "xla"):
     f = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=shape.causal,
                                                       implementation=name)
   elif name == "pallas-mgpu":
-    f = _mosaic_gpu_attention(shape)
+    f, prepare = _mosaic_gpu_attention(shape)
+    q, k, v, do = prepare(q, k, v, do)
   else:
     raise ValueError(f"unknown implementation {name!r}")
   fwd = jax.jit(f)
@@ -103,16 +110,20 @@ def _jax_runs(name, shape, q, k, v, do):
 
 def _mosaic_gpu_attention(shape):
   """JAX's own Pallas Mosaic GPU attention for Hopper (`jax.experimental.pallas.ops.gpu.
-  attention_mgpu`: wgmma, TMA, warp-specialised; forward and backward; bf16/f16, head_dim a
-  multiple of 64): what Mosaic GPU reaches on this GPU, for issue 7. It applies no softmax
-  scale, so the query is scaled first (an elementwise op inside the timed function)."""
+  attention_mgpu`: wgmma, TMA, warp-specialised; forward and backward; head_dim a multiple of
+  64): what Mosaic GPU reaches on this GPU, for issue 7. In jax 0.11.2 its forward's shared-memory
+  buffers are float16 whatever the input dtype, so it runs on float16 inputs (same bytes and
+  tensor-core rate as bfloat16), and it applies no softmax scale, so the query is scaled first.
+  Returns (f, prepare): prepare converts the inputs once, outside the timed function."""
   if jax.default_backend() != "gpu":
     raise RuntimeError("Mosaic GPU needs a CUDA GPU (Hopper)")
   from jax.experimental.pallas.ops.gpu import attention_mgpu as mgpu
   cfg = mgpu.TuningConfig(block_q=64, block_kv=128, max_concurrent_steps=2, causal=shape.causal,
                           block_q_dkv=64, block_kv_dkv=64, block_q_dq=64, block_kv_dq=64)
   scale = shape.head_dim ** -0.5
-  return lambda q, k, v: mgpu.attention((q * scale).astype(q.dtype), k, v, cfg)
+  prepare = lambda q, k, v, do: ((q.astype(jnp.float32) * scale).astype(jnp.float16),
+                                 *(x.astype(jnp.float16) for x in (k, v, do)))
+  return (lambda q, k, v: mgpu.attention(q, k, v, cfg)), prepare
 
 
 def _torch_runs(name, shape, q, k, v, do):
@@ -209,11 +220,13 @@ def _add_ratios(rows, base="cudnn"):
 
 def compensation_overhead(shape, layout="fa2", *, dtype=jnp.bfloat16, pairs=20, seed=0):
   """Relative cost of `stabilize=True` in forward and forward+backward: `paired_overhead` of
-  flash:<layout> against flash:<layout>+stabilize on one shape."""
+  flash:<layout> against flash:<layout>+stabilize on one shape ("mgpu:<layout>": the Mosaic
+  GPU forward, flash-mgpu:<layout>)."""
   from jax_flashstable.accuracy import make_inputs
   q, k, v, do = make_inputs(shape, dtype, seed)
-  off = _jax_runs(f"flash:{layout}", shape, q, k, v, do)
-  on = _jax_runs(f"flash:{layout}+stabilize", shape, q, k, v, do)
+  impl = f"flash-{layout}" if layout.startswith("mgpu:") else f"flash:{layout}"
+  off = _jax_runs(impl, shape, q, k, v, do)
+  on = _jax_runs(f"{impl}+stabilize", shape, q, k, v, do)
   for run in off[:2] + on[:2]:
     median_seconds(run, warmup=3, reps=1)
   return dict(shape=shape.name, layout=layout, pairs=pairs,

@@ -260,7 +260,8 @@ def _bench(args):
     print(f"compensation overhead [{o['layout']}, {o['shape']}, median of {o['pairs']} interleaved "
           f"pairs]: fwd {100 * o['fwd_overhead']:+.1f}%, fwd+bwd {100 * o['fwdbwd_overhead']:+.1f}%")
   print(f"plot: {args.out}/bench.png")
-  ours_failed = [r for r in rows if r["impl"].startswith("flash:") and not r.get("ok", False)]
+  ours_failed = [r for r in rows if r["impl"].startswith(("flash:", "flash-mgpu:"))
+                 and not r.get("ok", False)]
   return 1 if ours_failed or not all(r.get("ok", True) for r in rows) else 0
 
 
@@ -338,12 +339,14 @@ def build_parser():
   p.add_argument("--shapes", default=None, help="';'-separated batch,len,heads,kv_heads,head_dim,"
                  "causal (default: 1k–16k, d64/128, causal and not, GQA on a GPU; small on CPU)")
   p.add_argument("--impls", default=None, help="comma-separated: flash:<layout>[+stabilize], "
+                 "flash-mgpu:<layout>[+stabilize], "
                  "cudnn, xla, pallas-mgpu, torch-flash, torch-cudnn, torch-efficient, torch-math")
   p.add_argument("--warmup", type=int, default=3)
   p.add_argument("--reps", type=int, default=20)
   p.add_argument("--overhead-pairs", type=int, default=20,
                  help="interleaved pairs for the compensation overhead (0: skip)")
-  p.add_argument("--overhead-layouts", default="fa2")
+  p.add_argument("--overhead-layouts", default="fa2", help="comma-separated layouts whose "
+                 "compensation overhead is measured; mgpu:<layout> for the Mosaic GPU forward")
   p.add_argument("--hashes", action=argparse.BooleanOptionalAction, default=True,
                  help="record the golden output hashes of every layout")
   p.add_argument("--out", default="runs/bench")

@@ -10,6 +10,7 @@ import numpy as np
 
 from pallas_kernels.backward import flash_backward
 from pallas_kernels.forward import flash_forward
+from pallas_kernels.forward_mgpu import flash_forward_mgpu
 from pallas_kernels.policy import BlockSizes, Compensation, Numerics, next_power_of_2
 
 
@@ -29,6 +30,8 @@ class KernelConfig:
   num_stages: int | None = None
   num_warps_bwd: int | None = None    # the two backward kernels
   num_stages_bwd: int | None = None
+  backend: str = "triton"             # forward kernel: "triton" or "mosaic_gpu" (Hopper)
+  stages: int = 2                     # mosaic_gpu: key/value tiles in flight
 
   def compiler_params(self, backward=False):
     from jax.experimental.pallas import triton as plgpu
@@ -52,7 +55,10 @@ def _flash(q, k, v, seeds, cfg):
 
 
 def _flash_fwd(q, k, v, seeds, cfg):
-  out, lse, stats = flash_forward(q, k, v, cfg, seeds)
+  if cfg.backend == "mosaic_gpu":
+    out, lse, stats = flash_forward_mgpu(q, k, v, cfg, cfg.stages)
+  else:
+    out, lse, stats = flash_forward(q, k, v, cfg, seeds)
   stats = (lse,) + stats if cfg.return_stats else ()
   return (out, stats), (q, k, v, seeds, out, lse)
 

@@ -242,7 +242,8 @@ def tie_count(s, tile_max, comp: Compensation, paper: bool = False, in_range=Non
     if in_range is not None:
       near = jnp.logical_and(near, in_range[None, :])
     return jnp.sum(near.astype(jnp.float32), axis=-1)
-  n = jnp.sum((s >= (tile_max - comp.tie_tolerance)[:, None]).astype(jnp.float32), axis=-1)
+  near = s >= lax.broadcast_in_dim(tile_max - comp.tie_tolerance, s.shape, [0])  # (Mosaic GPU
+  n = jnp.sum(near.astype(jnp.float32), axis=-1)                                 # has no [:, None])
   return jnp.where(tile_max > -jnp.inf, n, 0.0)
 
 

@@ -32,7 +32,7 @@ def test_bench_cli_on_cpu(tmp_path):
     cli.main(["bench", "--impls", "flash:fa3", "--out", str(tmp_path)])
   with pytest.raises(SystemExit, match=r"heads \(4\) a multiple of kv_heads \(3\)"):
     cli.main(["bench", "--shapes", "1,64,4,3,64,0", "--out", str(tmp_path)])
-  rc = cli.main(["bench", "--shapes", "1,128,4,2,64,causal", "--impls", "flash:fa2,flash:paper+stabilize,xla,torch-math,pallas-mgpu",
+  rc = cli.main(["bench", "--shapes", "1,128,4,2,64,causal", "--impls", "flash:fa2,flash:paper+stabilize,flash-mgpu:fa2+stabilize,xla,torch-math,pallas-mgpu",
                  "--reps", "2", "--warmup", "1", "--overhead-pairs", "2", "--no-hashes", "--out", str(tmp_path)])
   assert rc == 0
   res = json.loads((tmp_path / "bench.json").read_text())
@@ -40,7 +40,7 @@ def test_bench_cli_on_cpu(tmp_path):
   assert "skipped" in rows["torch-math"] or rows["torch-math"]["ok"]     # torch is optional
   assert "needs a CUDA GPU" in rows["pallas-mgpu"]["skipped"]
   assert not (tmp_path / "bench_partial.json").exists()
-  for name in ("flash:fa2", "flash:paper+stabilize", "xla"):
+  for name in ("flash:fa2", "flash:paper+stabilize", "flash-mgpu:fa2+stabilize", "xla"):
     r = rows[name]
     assert r["ok"] and r["max_err"] < 2 ** -5 and r["fwd_ms"] > 0 and r["fwdbwd_tflops"] > 0
   o = res["meta"]["compensation_overhead"][0]

@@ -1,0 +1,232 @@
+"""Forward flash-attention kernel for Hopper in Pallas Mosaic GPU (fa2 and fp32_out layouts).
+
+The same numerics as `pallas_kernels.forward` (FlashAttention-2, Dao 2023, Alg. 1; every
+rounding point is a `numerics.` call or `compensated_tile_max`, `pallas_kernels.policy`), laid
+out the Hopper way of FlashAttention-3 (Shah et al. 2024, §3.1, warp specialisation):
+
+- one CTA per (128 query rows, batch, head) with three warpgroups: two compute warpgroups own
+  64 query rows each (the M of one wgmma), the third only issues TMA copies of key/value tiles
+  into a ring of `stages` shared-memory slots;
+- per key tile, S = QKᵀ and the P̄V product are wgmma's with float32 accumulators in
+  registers; the online softmax (and the compensation's tie count) runs in registers between
+  them;
+- a slot is refilled once both compute warpgroups have arrived on its "consumed" barrier.
+
+The key tile `block_k` is the numerics' tile (ties are detected per tile); `block_q` plays no
+part in fa2's numerics (rows are independent), so the 2 × 64-row CTA is fixed here.
+Scores of padded keys (≥ kv_len) and, when causal, of keys after the query are −inf; the
+wrapper (`pallas_kernels.attention`) has padded head_dim and the sequences.
+Differences from the Triton kernel: none in the order of operations; the float32 summation
+order inside the two dots is the tensor core's (wgmma), and exp is lowered by Mosaic GPU.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallas_kernels.policy import compensated_tile_max
+
+ROWS_PER_WG = 64          # wgmma's M for one warpgroup
+COMPUTE_WGS = 2
+
+
+def supported(cfg, head_dim: int, dtype) -> str | None:
+  """Why the Mosaic GPU forward cannot run this call (None when it can)."""
+  if cfg.numerics.name not in ("fa2", "fp32_out"):
+    return f"numerics={cfg.numerics.name!r} (the Mosaic GPU forward has fa2 and fp32_out)"
+  if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+    return f"dtype={jnp.dtype(dtype)} (the Mosaic GPU forward needs bfloat16 or float16)"
+  if head_dim % 64 or head_dim > 256:
+    return f"head_dim={head_dim} (the Mosaic GPU forward needs a multiple of 64, ≤ 256)"
+  if cfg.return_stats:
+    return "return_stats=True (the Mosaic GPU forward writes out and lse only)"
+  if cfg.blocks.block_k < 64:
+    return f"block_k={cfg.blocks.block_k} (the Mosaic GPU forward needs block_k ≥ 64)"
+  return None
+
+
+def _forward_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, cfg, n_kv, group, stages):
+  numerics, comp, block_k = cfg.numerics, cfg.compensation, cfg.blocks.block_k
+  (q_smem2, k_smem, v_smem, o_smem2, lse_smem2, p_smem2), barriers = scoped
+  k_ready, v_ready, q_ready, k_free, v_free = barriers
+  batch, head, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
+  cta_row0 = lax.axis_index("q_tiles") * (COMPUTE_WGS * ROWS_PER_WG)
+
+  def key_steps(row_end):
+    """Key tiles a block of rows ending before row_end visits (causal: none past it)."""
+    if not cfg.causal:
+      return jnp.int32(n_kv)
+    return jnp.minimum(jnp.int32(n_kv), pl.cdiv(row_end, jnp.int32(block_k)))
+
+  cta_steps = key_steps(cta_row0 + COMPUTE_WGS * ROWS_PER_WG)
+
+  @pl.when(wg < COMPUTE_WGS)
+  def _compute():
+    plgpu.set_max_registers(232, action="increase")
+    q_smem, o_smem, lse_smem = q_smem2.at[wg], o_smem2.at[wg], lse_smem2.at[wg]
+    p_smem = None if p_smem2 is None else p_smem2.at[wg]
+    row0 = cta_row0 + wg * ROWS_PER_WG
+    plgpu.copy_gmem_to_smem(q_ref.at[batch, pl.ds(row0, ROWS_PER_WG), head], q_smem,
+                            q_ready.at[wg])
+    plgpu.barrier_wait(q_ready.at[wg])
+    steps = key_steps(row0 + ROWS_PER_WG)
+    # tiles below `unmasked` have neither padded keys nor (causal) keys after any row
+    unmasked = jnp.int32(cfg.kv_len // block_k)
+    if cfg.causal:
+      unmasked = jnp.minimum(unmasked, lax.div(row0 + 1, jnp.int32(block_k)))
+
+    def step(j, carry, masked):
+      acc, m_i, l_i = carry
+      slot = lax.rem(j, jnp.int32(stages))
+      plgpu.barrier_wait(k_ready.at[slot])
+
+      def qk(acc_ref):
+        plgpu.wgmma(acc_ref, q_smem, k_smem.at[slot].transpose((1, 0)))
+        return acc_ref[...]
+      s = numerics.scores(pl.run_scoped(qk, plgpu.ACC((ROWS_PER_WG, block_k), jnp.float32)),
+                          cfg.softmax_scale)
+      plgpu.barrier_arrive(k_free.at[slot])
+      if masked:
+        shape = (ROWS_PER_WG, block_k)
+        q_pos = row0 + plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA)
+        k_pos = j * block_k + plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
+        keep = k_pos < cfg.kv_len
+        if cfg.causal:
+          keep = jnp.logical_and(keep, q_pos >= k_pos)
+        s = jnp.where(keep, s, -jnp.inf)        # key 0 is visible to every row: m stays finite
+      m_tile, _ = compensated_tile_max(s, comp)
+      m_new = jnp.maximum(m_i, m_tile)
+      alpha = jnp.exp(m_i - m_new)                                   # 0 on the first tile
+      p = jnp.exp(s - lax.broadcast_in_dim(m_new, s.shape, [0]))     # P̄, float32
+      l_new = alpha * l_i + jnp.sum(p, axis=1)                        # row_sum from f32 P̄
+      p_in = numerics.round_p(p, q_smem.dtype)
+      plgpu.barrier_wait(v_ready.at[slot])
+
+      if p_smem is not None:               # interpret mode: wgmma's A operand from shared memory
+        p_smem[...] = p_in
+        plgpu.commit_smem()
+        p_in = p_smem
+
+      def pv(acc_ref):
+        plgpu.wgmma(acc_ref, p_in, v_smem.at[slot])
+        return acc_ref[...]
+      pv = pl.run_scoped(pv, plgpu.ACC(acc.shape, jnp.float32))
+      plgpu.barrier_arrive(v_free.at[slot])
+      # P̄V in its own accumulator, then acc = α·acc + P̄V: the Triton kernel's order of operations
+      return lax.broadcast_in_dim(alpha, acc.shape, [0]) * acc + pv, m_new, l_new
+
+    d = q_smem.shape[-1]
+    row = plgpu.Layout.WGMMA.reduce(1)
+    init = (plgpu.layout_cast(jnp.zeros((ROWS_PER_WG, d), jnp.float32), plgpu.Layout.WGMMA),
+            plgpu.layout_cast(jnp.full((ROWS_PER_WG,), -jnp.inf, jnp.float32), row),
+            plgpu.layout_cast(jnp.zeros((ROWS_PER_WG,), jnp.float32), row))
+    mid = jnp.minimum(unmasked, steps)
+    carry = lax.fori_loop(0, mid, lambda j, c: step(j, c, False), init)
+    acc, m_i, l_i = lax.fori_loop(mid, steps, lambda j, c: step(j, c, True), carry)
+
+    @pl.loop(steps, cta_steps)           # causal: free the slots the other warpgroup still reads
+    def _drain(j):
+      slot = lax.rem(j, jnp.int32(stages))
+      plgpu.barrier_wait(k_ready.at[slot])             # every warpgroup sees every phase
+      plgpu.barrier_wait(v_ready.at[slot])
+      plgpu.barrier_arrive(k_free.at[slot])
+      plgpu.barrier_arrive(v_free.at[slot])
+
+    o = acc / lax.broadcast_in_dim(l_i, acc.shape, [0])  # final rescale once (FA2 §3.1.1)
+    o_smem[...] = numerics.round_out(o, q_smem.dtype)
+    lse_smem[...] = m_i + jnp.log(l_i)                   # natural log
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(o_smem, o_ref.at[batch, pl.ds(row0, ROWS_PER_WG), head])
+    plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[batch, head, pl.ds(row0, ROWS_PER_WG)])
+    plgpu.wait_smem_to_gmem(0)
+
+  @pl.when(wg == COMPUTE_WGS)
+  def _memory():
+    plgpu.set_max_registers(40, action="decrease")
+    kv_head = lax.div(head, jnp.int32(group))
+
+    @pl.loop(0, cta_steps)
+    def _load(j):
+      slot = lax.rem(j, jnp.int32(stages))
+      keys = (batch, pl.ds(j * block_k, block_k), kv_head)
+
+      @pl.when(j >= stages)               # the slot's previous tile must be consumed first
+      def _():
+        plgpu.barrier_wait(k_free.at[slot])
+      plgpu.copy_gmem_to_smem(k_ref.at[keys], k_smem.at[slot], k_ready.at[slot])
+
+      @pl.when(j >= stages)
+      def _():
+        plgpu.barrier_wait(v_free.at[slot])
+      plgpu.copy_gmem_to_smem(v_ref.at[keys], v_smem.at[slot], v_ready.at[slot])
+
+    @pl.loop(jnp.maximum(cta_steps - stages, 0), cta_steps)    # the last tiles' consumption
+    def _last(j):
+      slot = lax.rem(j, jnp.int32(stages))
+      plgpu.barrier_wait(k_free.at[slot])
+      plgpu.barrier_wait(v_free.at[slot])
+
+
+def flash_forward_mgpu(q, k, v, cfg, stages: int = 2):
+  """Runs the Mosaic GPU forward on padded [batch, len, heads, head_dim] arrays.
+
+  Same contract as `pallas_kernels.forward.flash_forward` without statistics: returns
+  (out [batch, q_len_p, heads, d] in the layout's output dtype, lse [batch, heads, q_len_p]
+  float32 natural log, ()). q_len_p is padded here to a multiple of 128 and sliced back.
+  On CPU (cfg.interpret) it runs in Pallas' GPU interpret mode (slow; small shapes only).
+  Raises ValueError when `supported` says no.
+  """
+  batch, q_len_p, num_heads, d = q.shape
+  kv_len_p, num_kv_heads = k.shape[1], k.shape[2]
+  if (why := supported(cfg, d, q.dtype)) is not None:
+    raise ValueError(f"backend='mosaic_gpu' does not support {why}")
+  block_k = cfg.blocks.block_k
+  if kv_len_p % block_k:
+    raise ValueError(f"padded kv length {kv_len_p} is not a multiple of block_k={block_k}")
+  cta_rows = COMPUTE_WGS * ROWS_PER_WG
+  rows = -(-q_len_p // cta_rows) * cta_rows
+  q = jnp.pad(q, ((0, 0), (0, rows - q_len_p), (0, 0), (0, 0))) if rows != q_len_p else q
+  n_kv = -(-cfg.kv_len // block_k)                 # tiles of padding only are skipped
+  stages = max(1, min(stages, n_kv))
+  swizzled = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+  out_dtype = cfg.numerics.output_dtype(q.dtype)
+
+  def entry(q_ref, k_ref, v_ref, o_ref, lse_ref):
+    smem = (plgpu.SMEM((COMPUTE_WGS, ROWS_PER_WG, d), q.dtype, transforms=swizzled),
+            plgpu.SMEM((stages, block_k, d), k.dtype, transforms=swizzled),
+            plgpu.SMEM((stages, block_k, d), v.dtype, transforms=swizzled),
+            plgpu.SMEM((COMPUTE_WGS, ROWS_PER_WG, d), out_dtype,
+                       transforms=swizzled if out_dtype.itemsize == 2 else ()),
+            plgpu.SMEM((COMPUTE_WGS, ROWS_PER_WG), jnp.float32),
+            # P̄ for the P̄V wgmma: a register operand on the GPU; the interpreter's wgmma reads
+            # both operands from shared memory (same values, one more copy)
+            plgpu.SMEM((COMPUTE_WGS, ROWS_PER_WG, block_k), q.dtype, transforms=swizzled)
+            if cfg.interpret else None)
+    ready = plgpu.Barrier(num_barriers=stages)
+    free = plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=stages)
+    pl.run_scoped(
+        lambda *scoped: _forward_kernel(
+            q_ref, k_ref, v_ref, o_ref, lse_ref, (scoped[0], scoped[1:]), cfg=cfg, n_kv=n_kv,
+            group=num_heads // num_kv_heads, stages=stages),
+        smem, ready, ready, plgpu.Barrier(num_barriers=COMPUTE_WGS), free, free,
+        collective_axes="wg")
+
+  interpret = None
+  if cfg.interpret:
+    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+    interpret = InterpretGPUParams()
+  out, lse = plgpu.kernel(
+      entry,
+      out_type=(jax.ShapeDtypeStruct(q.shape[:3] + (d,), out_dtype),
+                jax.ShapeDtypeStruct((batch, num_heads, rows), jnp.float32)),
+      grid=(rows // cta_rows, batch, num_heads),
+      grid_names=("q_tiles", "batch", "heads"),
+      num_threads=COMPUTE_WGS + 1,
+      thread_name="wg",
+      compiler_params=plgpu.CompilerParams(approx_math=True),
+      interpret=interpret,
+  )(q, k, v)
+  return out[:, :q_len_p], lse[:, :, :q_len_p], ()

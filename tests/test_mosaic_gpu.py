@@ -1,0 +1,78 @@
+"""backend="mosaic_gpu" (the Hopper forward, `pallas_kernels.forward_mgpu`), run on CPU in
+Pallas' GPU interpret mode (which simulates its warpgroups, TMA copies and barriers): against
+FP64, against the Triton forward it must match, and its refusals."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jax_flashstable import flash_attention
+from jax_flashstable.accuracy import (TENSORS, Shape, bf16_ulp, compare_to_golden, make_inputs,
+                                     ulp_at_scale)
+
+
+@pytest.mark.parametrize("stabilize", [False, True], ids=["plain", "stable"])
+def test_mosaic_gpu_against_fp64(stabilize):
+  c = compare_to_golden(Shape(1, 150, 150, 4, 2, 64, causal=True), jnp.bfloat16, seed=1,
+                        stabilize=stabilize, backend="mosaic_gpu")
+  assert all(c.flash[t].finite for t in TENSORS)
+  assert all(c.passes().values()), {t: (c.flash[t], c.standard[t]) for t in TENSORS}
+
+
+def _tied(shape, dtype, seed):
+  """Inputs on a coarse grid, so that many rows have tied maxima within a key tile."""
+  q, k, v, do = make_inputs(shape, dtype, seed)
+  return (jnp.round(q * 2) / 2).astype(dtype), (jnp.round(k * 2) / 2).astype(dtype), v, do
+
+
+@pytest.mark.parametrize("shape,dtype,numerics", [
+    (Shape(2, 130, 333, 2, 2, 64), jnp.bfloat16, "fa2"),                 # partial key tile
+    (Shape(1, 256, 200, 4, 1, 128, causal=True), jnp.bfloat16, "fa2"),   # MQA, q_len > kv_len
+    (Shape(1, 100, 300, 4, 2, 64, causal=True), jnp.float16, "fa2"),
+    (Shape(1, 90, 90, 2, 2, 96), jnp.bfloat16, "fp32_out"),              # head_dim padded to 128
+], ids=["partial-tile", "mqa-causal-d128", "f16-causal", "fp32_out-d96"])
+@pytest.mark.parametrize("stabilize", [False, True], ids=["plain", "stable"])
+def test_mosaic_gpu_matches_triton_forward(shape, dtype, numerics, stabilize):
+  """Same order of operations as the Triton kernel: the outputs agree to one ulp of the output
+  dtype (the float32 summation order of a row sum may differ by an FMA), and so do the
+  gradients (to one bf16 ulp at their scale), which the Triton backward computes from each
+  forward's out and lse."""
+  q, k, v, do = _tied(shape, dtype, 3)
+  kw = dict(causal=shape.causal, stabilize=stabilize, numerics=numerics)
+
+  def run(backend):
+    out, vjp = jax.vjp(lambda q, k, v: flash_attention(q, k, v, backend=backend, **kw), q, k, v)
+    return (out,) + vjp(do.astype(out.dtype))
+  mgpu, triton = run("mosaic_gpu"), run("triton")
+  assert mgpu[0].dtype == triton[0].dtype and mgpu[0].shape == triton[0].shape
+  for name, a, b in zip(TENSORS, mgpu, triton):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    assert np.isfinite(a).all(), name
+    ulp = bf16_ulp(b) if dtype == jnp.bfloat16 else np.spacing(np.abs(b).astype(np.float16)).astype(np.float64)
+    if name != "out":         # an ulp of O moves delta, so every gradient element: one ulp
+      ulp = ulp_at_scale(b)   # at the tensor's scale (the bound the FP64 tests use per ulp)
+    assert np.all(np.abs(a - b) <= ulp + 1e-12), (name, np.abs(a - b).max())
+  if stabilize:               # the compensation fired: it changes the output on tied rows
+    plain = flash_attention(q, k, v, backend="mosaic_gpu", causal=shape.causal, numerics=numerics)
+    assert not np.array_equal(np.asarray(plain), np.asarray(mgpu[0]))
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(numerics="paper"), "numerics='paper'"),
+    (dict(return_stats=True), "return_stats"),
+    (dict(block_k=32), "block_k=32"),
+    (dict(backend="cuda"), "backend='cuda'"),
+])
+def test_mosaic_gpu_refusals_name_the_value(kwargs, match):
+  q, k, v, _ = make_inputs(Shape(1, 64, 64, 1, 1, 64), jnp.bfloat16, 0)
+  with pytest.raises(ValueError, match=match):
+    flash_attention(q, k, v, **{"backend": "mosaic_gpu", **kwargs})
+
+
+def test_mosaic_gpu_refuses_small_head_dim_and_float32():
+  q, k, v, _ = make_inputs(Shape(1, 64, 64, 1, 1, 32), jnp.bfloat16, 0)
+  with pytest.raises(ValueError, match="head_dim=32"):
+    flash_attention(q, k, v, backend="mosaic_gpu")
+  q, k, v, _ = make_inputs(Shape(1, 64, 64, 1, 1, 64), jnp.float32, 0)
+  with pytest.raises(ValueError, match="dtype=float32"):
+    flash_attention(q, k, v, backend="mosaic_gpu")
