@@ -4,7 +4,7 @@
 # a queue is a space-separated list of variant:seeds[:steps[:recipe]] items run one after another
 # on its GPU (CUDA_VISIBLE_DEVICES), all within BUDGET seconds from the start (steps: a cap, the
 # cosine schedule keeps the recipe's length; recipe: one of experiment.RECIPES, default anchor);
-# the item "speed" runs h200_speed_check.sh on that GPU. Runs land in /tmp/instability/RECIPE
+# the items "speed" and "mgpu" run h200_speed_check.sh / h200_mgpu_check.sh on that GPU. Runs land in /tmp/instability/RECIPE
 # (resumable while the machine stays warm), one report per recipe; they come back as one tarball without checkpoints
 # (the device returns at most 8 files). Extra arguments go to every run (e.g. --steps 4500).
 # Usage (repo root, on the device):
@@ -23,9 +23,9 @@ run_queue() {  # gpu items...
     local left=$(( BUDGET - ($(date +%s) - T0) ))
     if (( left < 60 )); then echo "GPU $gpu: $item not started, $left s left"; continue; fi
     echo "GPU $gpu: $item with $left s left ($(date +%T))"
-    if [[ $item == speed ]]; then                   # its own timeouts add up to ~490 s
-      if (( left < 520 )); then echo "GPU $gpu: speed not started, $left s left"; continue; fi
-      CUDA_VISIBLE_DEVICES=$gpu bash experiments/h200_speed_check.sh "$OUT"; continue
+    if [[ $item == speed || $item == mgpu ]]; then  # their own timeouts add up to ≤ 510 s
+      if (( left < 520 )); then echo "GPU $gpu: $item not started, $left s left"; continue; fi
+      CUDA_VISIBLE_DEVICES=$gpu bash experiments/h200_${item}_check.sh "$OUT"; continue
     fi
     IFS=: read -r variant seeds steps recipe <<< "$item"
     recipe=${recipe:-anchor}

@@ -19,6 +19,7 @@ class AttentionConfig:
     per call (`attend(..., rng_key=)`; the GPT model folds one per step and layer).
   stabilize, beta, tie_tolerance: the compensation of Qiu & Yao 2025 (flash only).
   block_q, block_k: flash tile sizes (None: the kernel defaults).
+  backend: the flash forward kernel, "triton" or "mosaic_gpu" (Hopper; see `flash_attention`).
   reference_dtype: "float32" or "bfloat16" for implementation="reference".
   """
   implementation: str = "flash"
@@ -29,6 +30,7 @@ class AttentionConfig:
   block_q: int | None = None
   block_k: int | None = None
   reference_dtype: str = "float32"
+  backend: str = "triton"
 
   def __post_init__(self):
     if self.implementation not in IMPLEMENTATIONS:
@@ -39,6 +41,11 @@ class AttentionConfig:
       raise ValueError(f"reference_dtype={self.reference_dtype!r} must be 'float32' or 'bfloat16'")
     if self.stabilize and self.implementation != "flash":
       raise ValueError(f"stabilize=True needs implementation='flash', got {self.implementation!r}")
+    if self.backend not in ("triton", "mosaic_gpu"):
+      raise ValueError(f"backend={self.backend!r} must be 'triton' or 'mosaic_gpu'")
+    if self.backend != "triton" and self.implementation != "flash":
+      raise ValueError(f"backend={self.backend!r} needs implementation='flash', "
+                       f"got {self.implementation!r}")
     Compensation(beta=self.beta, tie_tolerance=self.tie_tolerance)   # validates
     if self.block_q is not None or self.block_k is not None:
       BlockSizes.default(64, self.block_q, self.block_k)              # validates

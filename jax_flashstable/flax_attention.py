@@ -33,7 +33,7 @@ def attend(query, key, value, config: AttentionConfig, *, causal: bool, softmax_
         query, key, value, causal=causal, softmax_scale=softmax_scale,
         stabilize=config.stabilize, beta=config.beta, tie_tolerance=config.tie_tolerance,
         numerics=config.numerics, block_q=config.block_q, block_k=config.block_k,
-        rng_key=rng_key if stochastic else None)
+        rng_key=rng_key if stochastic else None, backend=config.backend)
   if impl == "reference":
     out = _attention.reference_attention(query, key, value, causal=causal,
                                          softmax_scale=softmax_scale,

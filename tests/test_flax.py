@@ -39,7 +39,8 @@ def test_nnx_multihead_attention(recorder):
   np.testing.assert_allclose(np.asarray(y), np.asarray(want), atol=2e-5)
   (call,) = recorder
   assert call == dict(causal=True, softmax_scale=pytest.approx(16 ** -0.5), stabilize=True, beta=3.0,
-                      tie_tolerance=0.01, numerics="fa2", block_q=32, block_k=16, rng_key=None)
+                      tie_tolerance=0.01, numerics="fa2", block_q=32, block_k=16, rng_key=None,
+                      backend="triton")
 
 
 def test_linen_multihead_attention_with_partial_causal(recorder):
@@ -91,3 +92,9 @@ def test_attention_config_parsing_and_errors():
     AttentionConfig("xla", stabilize=True)
   with pytest.raises(ValueError, match="block_k=24"):
     AttentionConfig(block_k=24)
+  assert AttentionConfig.parse("flash-stable:backend=mosaic_gpu") == AttentionConfig(
+      "flash", stabilize=True, backend="mosaic_gpu")
+  with pytest.raises(ValueError, match="backend='cuda'"):
+    AttentionConfig(backend="cuda")
+  with pytest.raises(ValueError, match="backend='mosaic_gpu' needs implementation='flash'"):
+    AttentionConfig("cudnn", backend="mosaic_gpu")

@@ -6,7 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_flashstable import flash_attention
+from jax_flashstable import flash_attention, reference_attention
+from jax_flashstable.config import AttentionConfig
+from jax_flashstable.flax_attention import attend
 from jax_flashstable.accuracy import (TENSORS, Shape, bf16_ulp, compare_to_golden, make_inputs,
                                      ulp_at_scale)
 
@@ -76,3 +78,13 @@ def test_mosaic_gpu_refuses_small_head_dim_and_float32():
   q, k, v, _ = make_inputs(Shape(1, 64, 64, 1, 1, 64), jnp.float32, 0)
   with pytest.raises(ValueError, match="dtype=float32"):
     flash_attention(q, k, v, backend="mosaic_gpu")
+
+
+def test_flax_attention_config_selects_the_mosaic_gpu_forward():
+  q, k, v, _ = make_inputs(Shape(1, 70, 70, 4, 2, 64, causal=True), jnp.bfloat16, 4)
+  cfg = AttentionConfig.parse("flash-stable:backend=mosaic_gpu")
+  out = attend(q, k, v, cfg, causal=True)
+  direct = flash_attention(q, k, v, causal=True, stabilize=True, backend="mosaic_gpu")
+  assert np.array_equal(np.asarray(out), np.asarray(direct))
+  gold = reference_attention(q, k, v, causal=True, dtype=jnp.float64)
+  assert np.abs(np.asarray(out, np.float64) - gold).max() < 2e-2
