@@ -1,6 +1,8 @@
 """Public attention functions: `flash_attention` (the Pallas kernels) and the references."""
 from __future__ import annotations
 
+import dataclasses
+
 from typing import NamedTuple
 
 import jax
@@ -98,8 +100,9 @@ def flash_attention(query, key, value, *, causal=False, softmax_scale=None, stab
       "mosaic_gpu": Pallas Mosaic GPU for Hopper (wgmma, TMA and a warp-specialised producer,
       FlashAttention-3, Shah et al. 2024, §3.1; `pallas_kernels.forward_mgpu`) with the same
       order of operations, for numerics "fa2" and "fp32_out", bfloat16/float16 inputs,
-      head_dim padded to a multiple of 64, block_k ≥ 64, no return_stats. The backward
-      kernels are the Triton ones for both. On CPU it runs in Pallas' GPU interpret mode.
+      head_dim 33–128 (padded to 64 or 128), block_k 64 or 128, num_stages 1–8 within shared
+      memory, no return_stats; it needs a Hopper GPU or interpret mode. The backward kernels
+      are the Triton ones for both. On CPU it runs in Pallas' GPU interpret mode.
   Returns:
     [batch, q_len, num_heads, head_dim] in query's dtype (float32 for "fp32_out"), or
     (out, AttentionStats).
@@ -120,7 +123,11 @@ def flash_attention(query, key, value, *, causal=False, softmax_scale=None, stab
   head_dim = query.shape[3]
   layout = get_numerics(numerics)
   blocks = BlockSizes.default(head_dim, block_q, block_k).for_numerics(layout)
-  blocks = blocks.fit(query.shape[1], key.shape[1])
+  fitted = blocks.fit(query.shape[1], key.shape[1])
+  if backend == "mosaic_gpu":      # a key tile ≥ the (padded) sequence: shrinking it changes
+    fitted = dataclasses.replace(  # nothing, and the Mosaic GPU forward needs 64 or more
+        fitted, block_k=max(fitted.block_k, min(blocks.block_k, 64)))
+  blocks = fitted
   seeds = None
   if layout.stochastic:
     if query.dtype != jnp.bfloat16:
@@ -144,9 +151,10 @@ def flash_attention(query, key, value, *, causal=False, softmax_scale=None, stab
       num_warps_bwd=4, num_stages_bwd=2, backend=backend,
       stages=num_stages if num_stages is not None else 2)
   if backend == "mosaic_gpu":
-    from pallas_kernels.forward_mgpu import supported
+    from pallas_kernels.forward_mgpu import check_device, supported
     if (why := supported(cfg, max(16, next_power_of_2(head_dim)), query.dtype)) is not None:
       raise ValueError(f"backend='mosaic_gpu' does not support {why}")
+    check_device(cfg)
   out, stats = flash_attention_padded(query, key, value, cfg, seeds)
   if not return_stats:
     return out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from pallas_kernels.forward_mgpu import NUMERICS as MOSAIC_GPU_NUMERICS
 from pallas_kernels.policy import NUMERICS, BlockSizes, Compensation
 
 IMPLEMENTATIONS = ("flash", "reference", "xla", "cudnn")
@@ -46,6 +47,9 @@ class AttentionConfig:
     if self.backend != "triton" and self.implementation != "flash":
       raise ValueError(f"backend={self.backend!r} needs implementation='flash', "
                        f"got {self.implementation!r}")
+    if self.backend == "mosaic_gpu" and self.numerics not in MOSAIC_GPU_NUMERICS:
+      raise ValueError(f"backend='mosaic_gpu' has numerics {MOSAIC_GPU_NUMERICS}, "
+                       f"got numerics={self.numerics!r}")
     Compensation(beta=self.beta, tie_tolerance=self.tie_tolerance)   # validates
     if self.block_q is not None or self.block_k is not None:
       BlockSizes.default(64, self.block_q, self.block_k)              # validates

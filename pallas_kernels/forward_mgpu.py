@@ -16,8 +16,12 @@ The key tile `block_k` is the numerics' tile (ties are detected per tile); `bloc
 part in fa2's numerics (rows are independent), so the 2 × 64-row CTA is fixed here.
 Scores of padded keys (≥ kv_len) and, when causal, of keys after the query are −inf; the
 wrapper (`pallas_kernels.attention`) has padded head_dim and the sequences.
-Differences from the Triton kernel: none in the order of operations; the float32 summation
-order inside the two dots is the tensor core's (wgmma), and exp is lowered by Mosaic GPU.
+Differences from the Triton kernel: none in the order of operations. On the GPU, the float32
+summation order inside the two dots is the tensor core's (wgmma), exp and log are Mosaic GPU's
+fast approximations (`approx_math`: ex2.approx / lg2.approx, subnormals flushed), and the
+compiler may contract α·l + Σ and α·acc + P̄V into FMAs; so outputs may differ from the Triton
+kernel's by an ulp or two (`tests/test_mosaic_gpu.py` bounds it). Shared memory and registers
+limit head_dim to 64 or 128 after padding and block_k to 64 or 128 (`supported`).
 """
 from __future__ import annotations
 
@@ -31,21 +35,64 @@ from pallas_kernels.policy import compensated_tile_max
 
 ROWS_PER_WG = 64          # wgmma's M for one warpgroup
 COMPUTE_WGS = 2
+NUMERICS = ("fa2", "fp32_out")
+# Hopper's 227 KiB of shared memory per block, less Mosaic GPU's reduction scratch (2 KiB) and
+# room for the barriers.
+SMEM_BYTES = 227 * 1024 - 3 * 1024
+
+
+def smem_bytes(head_dim: int, block_k: int, stages: int, out_dtype) -> int:
+  """Shared memory the kernel allocates: Q (reused for a 2-byte O), a ring of `stages` K and
+  V tiles, a float32 O for fp32_out, and lse."""
+  q = k = v = 2
+  o = 4 * COMPUTE_WGS * ROWS_PER_WG * head_dim if jnp.dtype(out_dtype).itemsize == 4 else 0
+  return (COMPUTE_WGS * ROWS_PER_WG * head_dim * q + stages * block_k * head_dim * (k + v) + o
+          + 4 * COMPUTE_WGS * ROWS_PER_WG)
 
 
 def supported(cfg, head_dim: int, dtype) -> str | None:
-  """Why the Mosaic GPU forward cannot run this call (None when it can)."""
-  if cfg.numerics.name not in ("fa2", "fp32_out"):
-    return f"numerics={cfg.numerics.name!r} (the Mosaic GPU forward has fa2 and fp32_out)"
+  """Why the Mosaic GPU forward cannot run this call (None when it can); head_dim is the
+  padded one. Limits: wgmma's N and the registers of two 64×head_dim float32 accumulators
+  (P̄V has its own, as in the Triton kernel) bound head_dim to 64 or 128 and block_k to 64 or
+  128; shared memory bounds block_k × stages."""
+  if cfg.numerics.name not in NUMERICS:
+    return f"numerics={cfg.numerics.name!r} (the Mosaic GPU forward has {', '.join(NUMERICS)})"
   if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
     return f"dtype={jnp.dtype(dtype)} (the Mosaic GPU forward needs bfloat16 or float16)"
-  if head_dim % 64 or head_dim > 256:
-    return f"head_dim={head_dim} (the Mosaic GPU forward needs a multiple of 64, ≤ 256)"
+  if head_dim not in (64, 128):
+    return (f"head_dim={head_dim} after padding (the Mosaic GPU forward needs 64 or 128: "
+            "head_dim 33–128)")
   if cfg.return_stats:
     return "return_stats=True (the Mosaic GPU forward writes out and lse only)"
-  if cfg.blocks.block_k < 64:
-    return f"block_k={cfg.blocks.block_k} (the Mosaic GPU forward needs block_k ≥ 64)"
+  if cfg.blocks.block_k not in (64, 128):
+    return f"block_k={cfg.blocks.block_k} (the Mosaic GPU forward needs block_k 64 or 128)"
+  if not (isinstance(cfg.stages, int) and not isinstance(cfg.stages, bool) and 1 <= cfg.stages <= 8):
+    return f"num_stages={cfg.stages!r} (key/value tiles in flight: an int from 1 to 8)"
+  need = smem_bytes(head_dim, cfg.blocks.block_k, cfg.stages, cfg.numerics.output_dtype(dtype))
+  if need > SMEM_BYTES:
+    return (f"block_k={cfg.blocks.block_k} with num_stages={cfg.stages} at head_dim={head_dim}: "
+            f"{need // 1024} KiB of shared memory, more than {SMEM_BYTES // 1024} KiB")
   return None
+
+
+def check_device(cfg) -> None:
+  """Raises ValueError unless the kernel can run: interpret mode, or a Hopper GPU (wgmma is
+  sm_90a only). Causal masks are refused on CUDA 12.8.0–12.9.0, whose ptxas miscompiles them
+  (the guard of JAX's own `attention_mgpu`)."""
+  if cfg.interpret:
+    return
+  dev = jax.devices()[0]
+  cc = getattr(dev, "compute_capability", None)
+  if dev.platform != "gpu" or cc != "9.0":
+    raise ValueError(f"backend='mosaic_gpu' needs a Hopper GPU (compute capability 9.0) or "
+                     f"interpret=True; the default device is {dev.device_kind!r} "
+                     f"(compute capability {cc})")
+  if cfg.causal:
+    from jax._src.lib import cuda_versions
+    version = cuda_versions.cuda_runtime_get_version() if cuda_versions else None
+    if version is not None and 12080 <= version < 12091:
+      raise ValueError(f"backend='mosaic_gpu' with causal=True needs a CUDA runtime other than "
+                       f"12.8.0–12.9.0 (ptxas miscompiles it), got {version}")
 
 
 def _forward_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, cfg, n_kv, group, stages):
@@ -66,11 +113,14 @@ def _forward_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, cfg, n_kv, g
   @pl.when(wg < COMPUTE_WGS)
   def _compute():
     plgpu.set_max_registers(232, action="increase")
-    q_smem, o_smem, lse_smem = q_smem2.at[wg], o_smem2.at[wg], lse_smem2.at[wg]
+    q_smem, lse_smem = q_smem2.at[wg], lse_smem2.at[wg]
+    o_smem = None if o_smem2 is None else o_smem2.at[wg]
     p_smem = None if p_smem2 is None else p_smem2.at[wg]
     row0 = cta_row0 + wg * ROWS_PER_WG
     plgpu.copy_gmem_to_smem(q_ref.at[batch, pl.ds(row0, ROWS_PER_WG), head], q_smem,
                             q_ready.at[wg])
+    if o_smem is None:                   # Q is dead once the last QK wgmma has been read
+      o_smem = q_smem
     plgpu.barrier_wait(q_ready.at[wg])
     steps = key_steps(row0 + ROWS_PER_WG)
     # tiles below `unmasked` have neither padded keys nor (causal) keys after any row
@@ -136,7 +186,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, cfg, n_kv, g
       plgpu.barrier_arrive(v_free.at[slot])
 
     o = acc / lax.broadcast_in_dim(l_i, acc.shape, [0])  # final rescale once (FA2 §3.1.1)
-    o_smem[...] = numerics.round_out(o, q_smem.dtype)
+    o_smem[...] = numerics.round_out(o, q_smem.dtype)  # a 2-byte O reuses Q's buffer
     lse_smem[...] = m_i + jnp.log(l_i)                   # natural log
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(o_smem, o_ref.at[batch, pl.ds(row0, ROWS_PER_WG), head])
@@ -183,6 +233,7 @@ def flash_forward_mgpu(q, k, v, cfg, stages: int = 2):
   kv_len_p, num_kv_heads = k.shape[1], k.shape[2]
   if (why := supported(cfg, d, q.dtype)) is not None:
     raise ValueError(f"backend='mosaic_gpu' does not support {why}")
+  check_device(cfg)
   block_k = cfg.blocks.block_k
   if kv_len_p % block_k:
     raise ValueError(f"padded kv length {kv_len_p} is not a multiple of block_k={block_k}")
@@ -190,7 +241,7 @@ def flash_forward_mgpu(q, k, v, cfg, stages: int = 2):
   rows = -(-q_len_p // cta_rows) * cta_rows
   q = jnp.pad(q, ((0, 0), (0, rows - q_len_p), (0, 0), (0, 0))) if rows != q_len_p else q
   n_kv = -(-cfg.kv_len // block_k)                 # tiles of padding only are skipped
-  stages = max(1, min(stages, n_kv))
+  stages = min(stages, n_kv)
   swizzled = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
   out_dtype = cfg.numerics.output_dtype(q.dtype)
 
@@ -198,8 +249,9 @@ def flash_forward_mgpu(q, k, v, cfg, stages: int = 2):
     smem = (plgpu.SMEM((COMPUTE_WGS, ROWS_PER_WG, d), q.dtype, transforms=swizzled),
             plgpu.SMEM((stages, block_k, d), k.dtype, transforms=swizzled),
             plgpu.SMEM((stages, block_k, d), v.dtype, transforms=swizzled),
-            plgpu.SMEM((COMPUTE_WGS, ROWS_PER_WG, d), out_dtype,
-                       transforms=swizzled if out_dtype.itemsize == 2 else ()),
+            None if out_dtype.itemsize == 2 else plgpu.SMEM(      # fp32_out: float32 O
+                (COMPUTE_WGS, ROWS_PER_WG, d), out_dtype,
+                transforms=(plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))),
             plgpu.SMEM((COMPUTE_WGS, ROWS_PER_WG), jnp.float32),
             # P̄ for the P̄V wgmma: a register operand on the GPU; the interpreter's wgmma reads
             # both operands from shared memory (same values, one more copy)
