@@ -3,7 +3,8 @@
 # 1. tests/test_mosaic_gpu.py on the GPU (the real kernel against FP64 and the Triton forward);
 # 2. the headline bench: both our forwards ± compensation, JAX's own Mosaic GPU attention and
 #    cuDNN, non-causal and causal, with the compensation overhead of both forwards (20 pairs);
-# 3. key/value tiles in flight (num_stages) 2–4 at block_k 64, 1–2 at 128 (what fits);
+# 3. key/value tiles in flight (num_stages) 2–4 at block_k 64, 1–2 at 128 (what fits), and
+#    the default without ping-pong scheduling;
 #    nvcc/ptxas/CUDA versions are logged first (causal needs CUDA ≠ 12.8.0–12.9.0);
 # 4. a gpt2-small training step with each forward and with cuDNN (tokens/s, MFU).
 # Each part has its own timeout (sum 510 s). Usage (repo root, on the device):
@@ -27,15 +28,18 @@ from jax_flashstable.accuracy import Shape, make_inputs
 from jax_flashstable.bench import attention_flops, median_seconds
 s = Shape(4, 4096, 4096, 16, 16, 128)
 q, k, v, _ = make_inputs(s, jnp.bfloat16, 0)
-for block_k, stages in ((64, 2), (64, 3), (64, 4), (128, 1), (128, 2)):  # those that fit in smem
+import pallas_kernels.forward_mgpu as fm
+for pingpong, block_k, stages in ((True, 64, 2), (True, 64, 3), (True, 64, 4), (True, 128, 1),
+                                  (True, 128, 2), (False, 64, 2)):  # those that fit in smem
+  fm.PINGPONG = pingpong                                            # read when traced
   f = jax.jit(lambda q, k, v: flash_attention(q, k, v, backend="mosaic_gpu", block_k=block_k,
                                               num_stages=stages, stabilize=True))
   try:
     t = median_seconds(lambda: jax.block_until_ready(f(q, k, v)), warmup=3, reps=20)
-    print(f"mosaic_gpu fwd+comp block_k={block_k} stages={stages}: {t * 1e3:.3f} ms, "
+    print(f"mosaic_gpu fwd+comp pingpong={pingpong} block_k={block_k} stages={stages}: {t * 1e3:.3f} ms, "
           f"{attention_flops(4, 4096, 4096, 16, 128, causal=False) / t / 1e12:.0f} TFLOP/s")
   except Exception as e:  # a configuration that fails is a result too
-    print(f"mosaic_gpu block_k={block_k} stages={stages}: {type(e).__name__}: {str(e)[:200]}")
+    print(f"mosaic_gpu pingpong={pingpong} block_k={block_k} stages={stages}: {type(e).__name__}: {str(e)[:200]}")
 PY
 timeout 110 python3 experiments/02_gpt2_step_time.py --out $R/step --attention flash-stable \
   --attention flash-stable:backend=mosaic_gpu --attention cudnn 2>&1 | grep -v "^WARNING" | tail -8

@@ -6,11 +6,13 @@ out the Hopper way of FlashAttention-3 (Shah et al. 2024, §3.1, warp specialisa
 
 - one CTA per (128 query rows, batch, head) with three warpgroups: two compute warpgroups own
   64 query rows each (the M of one wgmma), the third only issues TMA copies of key/value tiles
-  into a ring of `stages` shared-memory slots;
+  into a ring of `stages` shared-memory slots (FlashAttention-3's producer/consumer split);
 - per key tile, S = QKᵀ and the P̄V product are wgmma's with float32 accumulators in
   registers; the online softmax (and the compensation's tie count) runs in registers between
   them;
 - a slot is refilled once both compute warpgroups have arrived on its "consumed" barrier.
+- the two compute warpgroups take turns on the tensor cores (`PINGPONG`, FlashAttention-3's
+  ping-pong scheduling): one computes its softmax while the other's products run.
 
 The key tile `block_k` is the numerics' tile (ties are detected per tile); `block_q` plays no
 part in fa2's numerics (rows are independent), so the 2 × 64-row CTA is fixed here.
@@ -35,6 +37,10 @@ from pallas_kernels.policy import compensated_tile_max
 
 ROWS_PER_WG = 64          # wgmma's M for one warpgroup
 COMPUTE_WGS = 2
+# Ping-pong scheduling of the two compute warpgroups (FlashAttention-3, §3.1): one's softmax
+# runs while the other's matrix products hold the tensor cores. Read when a kernel is traced
+# (an experiment hook: set it to False to time the kernel without it).
+PINGPONG = True
 NUMERICS = ("fa2", "fp32_out")
 # Hopper's 227 KiB of shared memory per block, less Mosaic GPU's reduction scratch (2 KiB) and
 # room for the barriers.
@@ -98,7 +104,12 @@ def check_device(cfg) -> None:
 def _forward_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, cfg, n_kv, group, stages):
   numerics, comp, block_k = cfg.numerics, cfg.compensation, cfg.blocks.block_k
   (q_smem2, k_smem, v_smem, o_smem2, lse_smem2, p_smem2), barriers = scoped
-  k_ready, v_ready, q_ready, k_free, v_free = barriers
+  k_ready, v_ready, q_ready, k_free, v_free, turn = barriers
+  pingpong = PINGPONG
+
+  def rendezvous():                     # both compute warpgroups arrive, then go on
+    plgpu.barrier_arrive(turn)
+    plgpu.barrier_wait(turn)
   batch, head, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
   cta_row0 = lax.axis_index("q_tiles") * (COMPUTE_WGS * ROWS_PER_WG)
 
@@ -139,6 +150,8 @@ def _forward_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, cfg, n_kv, g
       s = numerics.scores(pl.run_scoped(qk, plgpu.ACC((ROWS_PER_WG, block_k), jnp.float32)),
                           cfg.softmax_scale)
       plgpu.barrier_arrive(k_free.at[slot])
+      if pingpong:                   # the other warpgroup's products run during this softmax
+        rendezvous()
       if masked:
         shape = (ROWS_PER_WG, block_k)
         q_pos = row0 + plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA)
@@ -153,7 +166,11 @@ def _forward_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, cfg, n_kv, g
       p = jnp.exp(s - lax.broadcast_in_dim(m_new, s.shape, [0]))     # P̄, float32
       l_new = alpha * l_i + jnp.sum(p, axis=1)                        # row_sum from f32 P̄
       p_in = numerics.round_p(p, q_smem.dtype)
+      if pingpong:
+        plgpu.barrier_arrive(turn)   # softmax done ...
       plgpu.barrier_wait(v_ready.at[slot])
+      if pingpong:
+        plgpu.barrier_wait(turn)     # ... and the other warpgroup's products too
 
       if p_smem is not None:               # interpret mode: wgmma's A operand from shared memory
         p_smem[...] = p_in
@@ -174,6 +191,8 @@ def _forward_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, cfg, n_kv, g
             plgpu.layout_cast(jnp.full((ROWS_PER_WG,), -jnp.inf, jnp.float32), row),
             plgpu.layout_cast(jnp.zeros((ROWS_PER_WG,), jnp.float32), row))
     mid = jnp.minimum(unmasked, steps)
+    if pingpong:                     # warpgroup 1 starts one turn behind
+      pl.when(wg == 1)(rendezvous)
     carry = lax.fori_loop(0, mid, lambda j, c: step(j, c, False), init)
     acc, m_i, l_i = lax.fori_loop(mid, steps, lambda j, c: step(j, c, True), carry)
 
@@ -184,7 +203,12 @@ def _forward_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, cfg, n_kv, g
       plgpu.barrier_wait(v_ready.at[slot])
       plgpu.barrier_arrive(k_free.at[slot])
       plgpu.barrier_arrive(v_free.at[slot])
+      if pingpong:                   # the two turns of a step the other warpgroup still takes
+        rendezvous()
+        rendezvous()
 
+    if pingpong:                     # warpgroup 0 ends one turn later, evening the count
+      pl.when(wg == 0)(rendezvous)
     o = acc / lax.broadcast_in_dim(l_i, acc.shape, [0])  # final rescale once (FA2 §3.1.1)
     o_smem[...] = numerics.round_out(o, q_smem.dtype)  # a 2-byte O reuses Q's buffer
     lse_smem[...] = m_i + jnp.log(l_i)                   # natural log
@@ -264,7 +288,7 @@ def flash_forward_mgpu(q, k, v, cfg, stages: int = 2):
             q_ref, k_ref, v_ref, o_ref, lse_ref, (scoped[0], scoped[1:]), cfg=cfg, n_kv=n_kv,
             group=num_heads // num_kv_heads, stages=stages),
         smem, ready, ready, plgpu.Barrier(num_barriers=COMPUTE_WGS), free, free,
-        collective_axes="wg")
+        plgpu.Barrier(num_arrivals=COMPUTE_WGS), collective_axes="wg")
 
   interpret = None
   if cfg.interpret:
