@@ -5,7 +5,9 @@
 # on its GPU (CUDA_VISIBLE_DEVICES), all within BUDGET seconds from the start (steps: a cap, the
 # cosine schedule keeps the recipe's length; recipe: one of experiment.RECIPES, default anchor);
 # the items "speed" and "mgpu" run h200_speed_check.sh / h200_mgpu_check.sh on that GPU. Runs land in /tmp/instability/RECIPE
-# (resumable while the machine stays warm), one report per recipe; they come back as one tarball without checkpoints
+# (resumable while the machine stays warm), one report per recipe; they come back as one tarball without checkpoints.
+# TAG names runs whose extra arguments change them (e.g. TAG=tiles128 with --tiles 128): they
+# go to /tmp/instability/RECIPE+TAG, so they never resume or skip as runs made without them.
 # (the device returns at most 8 files). Extra arguments go to every run (e.g. --steps 4500).
 # Usage (repo root, on the device):
 #   QUEUES="paper:2,3:4000 paper@layer:0:3600|paper:0,1:4000:anchor-lr0.004" BUDGET=540 \
@@ -31,7 +33,7 @@ run_queue() {  # gpu items...
     recipe=${recipe:-anchor}
     CUDA_VISIBLE_DEVICES=$gpu python3 -m jax_flashstable.cli experiment instability --recipe $recipe \
       --data .data --variants "$variant" --seeds "$seeds" ${steps:+--steps "$steps"} \
-      --time-budget "$left" --no-progress --out $R/$recipe "${EXTRA[@]}" 2>&1 \
+      --time-budget "$left" --no-progress --out $R/$recipe${TAG:++$TAG} "${EXTRA[@]}" 2>&1 \
       | grep -v "^|\|^{\|^recipe\|^$\|^#" | sed "s/^/[GPU $gpu] /"
   done
 }
@@ -43,10 +45,11 @@ for i in "${!QS[@]}"; do
 done
 wait
 cat $R/queue*.log
+shopt -s nullglob
 for dir in $R/*/; do
-  recipe=$(basename $dir)
+  name=$(basename $dir); recipe=${name%%+*}
   python3 -m jax_flashstable.cli experiment instability --recipe $recipe --data .data --report-only \
     --out $dir "$@" | tail -30
-  cp $dir/report.md "$OUT/report-$recipe.md" 2>/dev/null; cp $dir/curves.png "$OUT/curves-$recipe.png" 2>/dev/null
+  cp $dir/report.md "$OUT/report-$name.md" 2>/dev/null; cp $dir/curves.png "$OUT/curves-$name.png" 2>/dev/null
 done
 tar czf "$OUT/runs.tgz" --exclude=checkpoints -C $R .

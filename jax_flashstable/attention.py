@@ -152,8 +152,10 @@ def flash_attention(query, key, value, *, causal=False, softmax_scale=None, stab
       stages=num_stages if num_stages is not None else 2)
   if backend == "mosaic_gpu":
     from pallas_kernels.forward_mgpu import check_device, supported
-    if (why := supported(cfg, max(16, next_power_of_2(head_dim)), query.dtype)) is not None:
-      raise ValueError(f"backend='mosaic_gpu' does not support {why}")
+    padded = max(16, next_power_of_2(head_dim))
+    if (why := supported(cfg, padded, query.dtype)) is not None:
+      given = f" (query.shape[3] = {head_dim})" if padded != head_dim else ""
+      raise ValueError(f"backend='mosaic_gpu' does not support {why}{given}")
     check_device(cfg)
   out, stats = flash_attention_padded(query, key, value, cfg, seeds)
   if not return_stats:

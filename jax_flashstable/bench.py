@@ -61,10 +61,11 @@ FLASH_PREFIXES = {"flash:": "triton", "flash-mgpu:": "mosaic_gpu"}
 def _flash_spec(name: str) -> dict:
   """"flash:<layout>[+stabilize]" → flash_attention keyword arguments (a fixed rng_key for the
   stochastic layout). Raises ValueError for any other name."""
-  from pallas_kernels.policy import NUMERICS
+  from pallas_kernels.policy import MOSAIC_GPU_NUMERICS, NUMERICS
   prefix = next((p for p in FLASH_PREFIXES if name.startswith(p)), None)
   layout, _, stab = name.removeprefix(prefix or "").partition("+")
-  if prefix is None or layout not in NUMERICS or stab not in ("", "stabilize"):
+  layouts = MOSAIC_GPU_NUMERICS if prefix == "flash-mgpu:" else NUMERICS
+  if prefix is None or layout not in layouts or stab not in ("", "stabilize"):
     raise ValueError(f"unknown implementation {name!r}: expected flash:<layout>[+stabilize] "
                      "or flash-mgpu:<layout>[+stabilize]")
   kw = dict(numerics=layout, stabilize=bool(stab), backend=FLASH_PREFIXES[prefix])

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from pallas_kernels.forward_mgpu import NUMERICS as MOSAIC_GPU_NUMERICS
-from pallas_kernels.policy import NUMERICS, BlockSizes, Compensation
+from pallas_kernels.policy import MOSAIC_GPU_NUMERICS, NUMERICS, BlockSizes, Compensation
 
 IMPLEMENTATIONS = ("flash", "reference", "xla", "cudnn")
 
@@ -50,6 +49,8 @@ class AttentionConfig:
     if self.backend == "mosaic_gpu" and self.numerics not in MOSAIC_GPU_NUMERICS:
       raise ValueError(f"backend='mosaic_gpu' has numerics {MOSAIC_GPU_NUMERICS}, "
                        f"got numerics={self.numerics!r}")
+    if self.backend == "mosaic_gpu" and self.block_k not in (None, 64, 128):
+      raise ValueError(f"backend='mosaic_gpu' needs block_k 64 or 128, got block_k={self.block_k}")
     Compensation(beta=self.beta, tie_tolerance=self.tie_tolerance)   # validates
     if self.block_q is not None or self.block_k is not None:
       BlockSizes.default(64, self.block_q, self.block_k)              # validates

@@ -33,6 +33,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from pallas_kernels.policy import MOSAIC_GPU_NUMERICS as NUMERICS
 from pallas_kernels.policy import compensated_tile_max
 
 ROWS_PER_WG = 64          # wgmma's M for one warpgroup
@@ -41,7 +42,6 @@ COMPUTE_WGS = 2
 # runs while the other's matrix products hold the tensor cores. Read when a kernel is traced
 # (an experiment hook: set it to False to time the kernel without it).
 PINGPONG = True
-NUMERICS = ("fa2", "fp32_out")
 # Hopper's 227 KiB of shared memory per block, less Mosaic GPU's reduction scratch (2 KiB) and
 # room for the barriers.
 SMEM_BYTES = 227 * 1024 - 3 * 1024
@@ -159,12 +159,12 @@ def _forward_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, cfg, n_kv, g
         keep = k_pos < cfg.kv_len
         if cfg.causal:
           keep = jnp.logical_and(keep, q_pos >= k_pos)
-        s = jnp.where(keep, s, -jnp.inf)        # key 0 is visible to every row: m stays finite
+        s = jnp.where(keep, s, numerics.mask_value)   # −inf; key 0 is visible to every row
       m_tile, _ = compensated_tile_max(s, comp)
       m_new = jnp.maximum(m_i, m_tile)
-      alpha = jnp.exp(m_i - m_new)                                   # 0 on the first tile
-      p = jnp.exp(s - lax.broadcast_in_dim(m_new, s.shape, [0]))     # P̄, float32
-      l_new = alpha * l_i + jnp.sum(p, axis=1)                        # row_sum from f32 P̄
+      alpha = jnp.exp(numerics.exp_arg(m_i - m_new))                 # 0 on the first tile
+      p = jnp.exp(numerics.exp_arg(s - lax.broadcast_in_dim(m_new, s.shape, [0])))  # P̄, f32
+      l_new = numerics.state(alpha * l_i + numerics.clamp_sum(jnp.sum(p, axis=1)))  # from f32 P̄
       p_in = numerics.round_p(p, q_smem.dtype)
       if pingpong:
         plgpu.barrier_arrive(turn)   # softmax done ...
@@ -183,7 +183,9 @@ def _forward_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, cfg, n_kv, g
       pv = pl.run_scoped(pv, plgpu.ACC(acc.shape, jnp.float32))
       plgpu.barrier_arrive(v_free.at[slot])
       # P̄V in its own accumulator, then acc = α·acc + P̄V: the Triton kernel's order of operations
-      return lax.broadcast_in_dim(alpha, acc.shape, [0]) * acc + pv, m_new, l_new
+      acc = numerics.state(numerics.state(lax.broadcast_in_dim(alpha, acc.shape, [0]) * acc)
+                           + numerics.pv(pv))
+      return acc, m_new, l_new
 
     d = q_smem.shape[-1]
     row = plgpu.Layout.WGMMA.reduce(1)

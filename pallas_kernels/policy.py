@@ -179,6 +179,10 @@ NUMERICS = {
 }
 
 
+# The layouts the Mosaic GPU forward (`pallas_kernels.forward_mgpu`) implements.
+MOSAIC_GPU_NUMERICS = ("fa2", "fp32_out")
+
+
 def get_numerics(name: str) -> Numerics:
   if name not in NUMERICS:
     raise ValueError(f"numerics={name!r} is not supported; choose one of {sorted(NUMERICS)}")

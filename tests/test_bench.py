@@ -30,6 +30,8 @@ def test_bench_cli_on_cpu(tmp_path):
     cli.main(["bench", "--impls", "flash:fa2,nope", "--out", str(tmp_path)])
   with pytest.raises(SystemExit, match="'flash:fa3'"):
     cli.main(["bench", "--impls", "flash:fa3", "--out", str(tmp_path)])
+  with pytest.raises(SystemExit, match="'flash-mgpu:paper'"):
+    cli.main(["bench", "--impls", "flash-mgpu:paper", "--out", str(tmp_path)])
   with pytest.raises(SystemExit, match=r"heads \(4\) a multiple of kv_heads \(3\)"):
     cli.main(["bench", "--shapes", "1,64,4,3,64,0", "--out", str(tmp_path)])
   rc = cli.main(["bench", "--shapes", "1,128,4,2,64,causal", "--impls", "flash:fa2,flash:paper+stabilize,flash-mgpu:fa2+stabilize,xla,torch-math,pallas-mgpu",

@@ -98,3 +98,7 @@ def test_attention_config_parsing_and_errors():
     AttentionConfig(backend="cuda")
   with pytest.raises(ValueError, match="backend='mosaic_gpu' needs implementation='flash'"):
     AttentionConfig("cudnn", backend="mosaic_gpu")
+  with pytest.raises(ValueError, match="numerics='paper'"):
+    AttentionConfig(numerics="paper", backend="mosaic_gpu")
+  with pytest.raises(ValueError, match="block_k=32"):
+    AttentionConfig(block_k=32, backend="mosaic_gpu")

@@ -13,12 +13,27 @@ from jax_flashstable.accuracy import (TENSORS, Shape, bf16_ulp, compare_to_golde
                                      ulp_at_scale)
 
 
+@pytest.mark.parametrize("shape,dtype,numerics", [
+    (Shape(1, 150, 150, 4, 2, 64, causal=True), jnp.bfloat16, "fa2"),
+    (Shape(1, 100, 130, 2, 2, 128), jnp.float16, "fa2"),
+    (Shape(1, 100, 100, 2, 1, 128, causal=True), jnp.bfloat16, "fp32_out"),
+], ids=["bf16-causal-gqa", "f16-d128", "fp32_out-causal-d128"])
 @pytest.mark.parametrize("stabilize", [False, True], ids=["plain", "stable"])
-def test_mosaic_gpu_against_fp64(stabilize):
-  c = compare_to_golden(Shape(1, 150, 150, 4, 2, 64, causal=True), jnp.bfloat16, seed=1,
-                        stabilize=stabilize, backend="mosaic_gpu")
+def test_mosaic_gpu_against_fp64(shape, dtype, numerics, stabilize):
+  _skip_if_causal_refused(shape.causal)
+  c = compare_to_golden(shape, dtype, seed=1, stabilize=stabilize, numerics=numerics,
+                        backend="mosaic_gpu")
   assert all(c.flash[t].finite for t in TENSORS)
   assert all(c.passes().values()), {t: (c.flash[t], c.standard[t]) for t in TENSORS}
+
+
+def _skip_if_causal_refused(causal):
+  """On a GPU with CUDA 12.8.0–12.9.0 the kernel refuses causal masks (`check_device`)."""
+  if causal and jax.default_backend() == "gpu":
+    from jax._src.lib import cuda_versions
+    version = cuda_versions.cuda_runtime_get_version() if cuda_versions else None
+    if version is not None and 12080 <= version < 12091:
+      pytest.skip(f"causal refused on CUDA runtime {version}")
 
 
 def _tied(shape, dtype, seed):
@@ -43,6 +58,7 @@ def test_mosaic_gpu_matches_triton_forward(shape, dtype, numerics, extra, stabil
   two on the GPU, whose Mosaic exp/log are approximations), and so do the gradients (to one
   bf16 ulp at their scale), which the Triton backward computes from each forward's out and
   lse. num_stages changes nothing but speed."""
+  _skip_if_causal_refused(shape.causal)
   q, k, v, do = _tied(shape, dtype, 3)
   kw = dict(causal=shape.causal, stabilize=stabilize, numerics=numerics,
             block_k=extra.get("block_k"))
@@ -87,7 +103,7 @@ def test_mosaic_gpu_refuses_small_head_dim_and_float32():
   with pytest.raises(ValueError, match="head_dim=32"):
     flash_attention(q, k, v, backend="mosaic_gpu")
   q, k, v, _ = make_inputs(Shape(1, 64, 64, 1, 1, 192), jnp.bfloat16, 0)
-  with pytest.raises(ValueError, match="head_dim=256 after padding"):
+  with pytest.raises(ValueError, match=r"head_dim=256 after padding.*query.shape\[3\] = 192"):
     flash_attention(q, k, v, backend="mosaic_gpu")
   q, k, v, _ = make_inputs(Shape(1, 64, 64, 1, 1, 64), jnp.float32, 0)
   with pytest.raises(ValueError, match="dtype=float32"):
@@ -95,6 +111,7 @@ def test_mosaic_gpu_refuses_small_head_dim_and_float32():
 
 
 def test_flax_attention_config_selects_the_mosaic_gpu_forward():
+  _skip_if_causal_refused(True)
   q, k, v, _ = make_inputs(Shape(1, 70, 70, 4, 2, 64, causal=True), jnp.bfloat16, 4)
   cfg = AttentionConfig.parse("flash-stable:backend=mosaic_gpu")
   out = attend(q, k, v, cfg, causal=True)
@@ -116,6 +133,7 @@ def test_mosaic_gpu_without_pingpong_is_the_same_function(monkeypatch, causal):
   """The ping-pong schedule orders the warpgroups, not the arithmetic: without it the output
   is bit-identical (interpret mode; on the GPU too, as the same instructions run)."""
   import pallas_kernels.forward_mgpu as fm
+  _skip_if_causal_refused(causal)
   q, k, v, _ = _tied(Shape(1, 200, 260, 2, 1, 64, causal=causal), jnp.bfloat16, 5)
   run = lambda: np.asarray(flash_attention(q, k, v, causal=causal, stabilize=True,
                                            backend="mosaic_gpu"))
