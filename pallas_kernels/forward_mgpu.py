@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
@@ -40,8 +41,13 @@ ROWS_PER_WG = 64          # wgmma's M for one warpgroup
 COMPUTE_WGS = 2
 # Ping-pong scheduling of the two compute warpgroups (FlashAttention-3, §3.1): one's softmax
 # runs while the other's matrix products hold the tensor cores. Read when a kernel is traced
-# (an experiment hook: set it to False to time the kernel without it).
+# (an experiment hook: set it to False to time the kernel without it). It changes no
+# arithmetic. In interpret mode it is off unless PINGPONG_IN_INTERPRET: the interpreter runs
+# each warpgroup on a thread that executes compiled code, and inside an outer jit on a 2-core
+# CPU the two warpgroups' rendezvous can starve of threads and hang (seen with a jitted
+# forward+backward at 128 × 128); the tests turn it on for eager calls.
 PINGPONG = True
+PINGPONG_IN_INTERPRET = False
 # Hopper's 227 KiB of shared memory per block, less Mosaic GPU's reduction scratch (2 KiB) and
 # room for the barriers.
 SMEM_BYTES = 227 * 1024 - 3 * 1024
@@ -72,12 +78,13 @@ def supported(cfg, head_dim: int, dtype) -> str | None:
     return "return_stats=True (the Mosaic GPU forward writes out and lse only)"
   if cfg.blocks.block_k not in (64, 128):
     return f"block_k={cfg.blocks.block_k} (the Mosaic GPU forward needs block_k 64 or 128)"
-  if not (isinstance(cfg.stages, int) and not isinstance(cfg.stages, bool) and 1 <= cfg.stages <= 8):
+  if not (isinstance(cfg.stages, (int, np.integer)) and not isinstance(cfg.stages, bool)
+          and 1 <= cfg.stages <= 8):
     return f"num_stages={cfg.stages!r} (key/value tiles in flight: an int from 1 to 8)"
   need = smem_bytes(head_dim, cfg.blocks.block_k, cfg.stages, cfg.numerics.output_dtype(dtype))
   if need > SMEM_BYTES:
     return (f"block_k={cfg.blocks.block_k} with num_stages={cfg.stages} at head_dim={head_dim}: "
-            f"{need // 1024} KiB of shared memory, more than {SMEM_BYTES // 1024} KiB")
+            f"{need / 1024:.1f} KiB of shared memory, more than {SMEM_BYTES / 1024:.0f} KiB")
   return None
 
 
@@ -102,10 +109,10 @@ def check_device(cfg) -> None:
 
 
 def _forward_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, cfg, n_kv, group, stages):
-  numerics, comp, block_k = cfg.numerics, cfg.compensation, cfg.blocks.block_k
+  numerics, comp, block_k = cfg.numerics, cfg.compensation, int(cfg.blocks.block_k)
   (q_smem2, k_smem, v_smem, o_smem2, lse_smem2, p_smem2), barriers = scoped
   k_ready, v_ready, q_ready, k_free, v_free, turn = barriers
-  pingpong = PINGPONG
+  pingpong = PINGPONG and (PINGPONG_IN_INTERPRET or not cfg.interpret)
 
   def rendezvous():                     # both compute warpgroups arrive, then go on
     plgpu.barrier_arrive(turn)
@@ -260,14 +267,14 @@ def flash_forward_mgpu(q, k, v, cfg, stages: int = 2):
   if (why := supported(cfg, d, q.dtype)) is not None:
     raise ValueError(f"backend='mosaic_gpu' does not support {why}")
   check_device(cfg)
-  block_k = cfg.blocks.block_k
+  block_k = int(cfg.blocks.block_k)
   if kv_len_p % block_k:
     raise ValueError(f"padded kv length {kv_len_p} is not a multiple of block_k={block_k}")
   cta_rows = COMPUTE_WGS * ROWS_PER_WG
   rows = -(-q_len_p // cta_rows) * cta_rows
   q = jnp.pad(q, ((0, 0), (0, rows - q_len_p), (0, 0), (0, 0))) if rows != q_len_p else q
   n_kv = -(-cfg.kv_len // block_k)                 # tiles of padding only are skipped
-  stages = min(stages, n_kv)
+  stages = int(min(stages, n_kv))
   swizzled = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
   out_dtype = cfg.numerics.output_dtype(q.dtype)
 

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import pallas_kernels.forward_mgpu as fm
 from jax_flashstable import flash_attention, reference_attention
 from jax_flashstable.config import AttentionConfig
 from jax_flashstable.flax_attention import attend
@@ -52,13 +53,14 @@ def _tied(shape, dtype, seed):
 ], ids=["partial-tile", "mqa-causal-d128", "f16-causal-3stages", "fp32_out-d96", "short",
         "block_k128-1stage"])
 @pytest.mark.parametrize("stabilize", [False, True], ids=["plain", "stable"])
-def test_mosaic_gpu_matches_triton_forward(shape, dtype, numerics, extra, stabilize):
+def test_mosaic_gpu_matches_triton_forward(shape, dtype, numerics, extra, stabilize, monkeypatch):
   """Same order of operations as the Triton kernel: the outputs agree to one ulp of the output
   dtype in interpret mode (the float32 summation order of a row sum may differ by an FMA;
   two on the GPU, whose Mosaic exp/log are approximations), and so do the gradients (to one
   bf16 ulp at their scale), which the Triton backward computes from each forward's out and
   lse. num_stages changes nothing but speed."""
   _skip_if_causal_refused(shape.causal)
+  monkeypatch.setattr(fm, "PINGPONG_IN_INTERPRET", True)      # eager calls: the GPU's schedule
   q, k, v, do = _tied(shape, dtype, 3)
   kw = dict(causal=shape.causal, stabilize=stabilize, numerics=numerics,
             block_k=extra.get("block_k"))
@@ -89,7 +91,7 @@ def test_mosaic_gpu_matches_triton_forward(shape, dtype, numerics, extra, stabil
     (dict(block_k=256), "block_k=256"),
     (dict(num_stages=0), "num_stages=0"),
     (dict(num_stages=2.5), "num_stages=2.5"),
-    (dict(block_k=128, num_stages=4), r"block_k=128 with num_stages=4 at head_dim=128: \d+ KiB"),
+    (dict(block_k=128, num_stages=4), r"block_k=128 with num_stages=4 at head_dim=128: \d+\.\d KiB"),
     (dict(backend="cuda"), "backend='cuda'"),
 ])
 def test_mosaic_gpu_refusals_name_the_value(kwargs, match):
@@ -132,11 +134,25 @@ def test_mosaic_gpu_without_interpret_needs_a_hopper_gpu():
 def test_mosaic_gpu_without_pingpong_is_the_same_function(monkeypatch, causal):
   """The ping-pong schedule orders the warpgroups, not the arithmetic: without it the output
   is bit-identical (interpret mode; on the GPU too, as the same instructions run)."""
-  import pallas_kernels.forward_mgpu as fm
   _skip_if_causal_refused(causal)
+  monkeypatch.setattr(fm, "PINGPONG_IN_INTERPRET", True)
   q, k, v, _ = _tied(Shape(1, 200, 260, 2, 1, 64, causal=causal), jnp.bfloat16, 5)
   run = lambda: np.asarray(flash_attention(q, k, v, causal=causal, stabilize=True,
                                            backend="mosaic_gpu"))
   with_turns = run()
   monkeypatch.setattr(fm, "PINGPONG", False)
   assert np.array_equal(run(), with_turns)
+
+
+def test_mosaic_gpu_jitted_forward_backward_matches_eager():
+  """A jitted forward+backward (what `flashstable bench` and training run) finishes and equals
+  the eager one; block_k and num_stages may be NumPy integers."""
+  q, k, v, do = make_inputs(Shape(1, 128, 128, 2, 2, 64), jnp.bfloat16, 6)
+  f = lambda q, k, v: flash_attention(q, k, v, backend="mosaic_gpu", block_k=np.int32(64),
+                                      num_stages=np.int64(2))
+
+  def fwd_bwd(q, k, v, do):
+    out, vjp = jax.vjp(f, q, k, v)
+    return (out,) + vjp(do)
+  for a, b in zip(jax.jit(fwd_bwd)(q, k, v, do), fwd_bwd(q, k, v, do)):
+    assert np.array_equal(np.asarray(a), np.asarray(b))
