@@ -11,7 +11,7 @@ import numpy as np
 
 from pallas_kernels.attention import KernelConfig, flash_attention_padded
 from pallas_kernels.checks import check_inputs
-from pallas_kernels.policy import BlockSizes, Compensation, get_numerics, next_power_of_2
+from pallas_kernels.policy import BACKENDS, BlockSizes, Compensation, get_numerics, next_power_of_2
 from pallas_kernels.reference import reference_attention, reference_attention_vjp
 
 __all__ = ["AttentionStats", "flash_attention", "reference_attention", "reference_attention_vjp"]
@@ -123,6 +123,8 @@ def flash_attention(query, key, value, *, causal=False, softmax_scale=None, stab
   head_dim = query.shape[3]
   layout = get_numerics(numerics)
   blocks = BlockSizes.default(head_dim, block_q, block_k).for_numerics(layout)
+  if backend not in BACKENDS:
+    raise ValueError(f"backend must be 'triton' or 'mosaic_gpu', got backend={backend!r}")
   fitted = blocks.fit(query.shape[1], key.shape[1])
   if backend == "mosaic_gpu":      # a key tile ≥ the (padded) sequence: shrinking it changes
     fitted = dataclasses.replace(  # nothing, and the Mosaic GPU forward needs 64 or more
@@ -138,8 +140,6 @@ def flash_attention(query, key, value, *, causal=False, softmax_scale=None, stab
     seeds = jax.random.bits(rng_key, (2,), jnp.uint32)
   elif rng_key is not None:
     raise ValueError(f"rng_key is only used by numerics='stochastic', got numerics={numerics!r}")
-  if backend not in ("triton", "mosaic_gpu"):
-    raise ValueError(f"backend must be 'triton' or 'mosaic_gpu', got backend={backend!r}")
   cfg = KernelConfig(
       softmax_scale=softmax_scale, causal=bool(causal), q_len=query.shape[1],
       kv_len=key.shape[1], blocks=blocks, numerics=layout,
@@ -148,8 +148,7 @@ def flash_attention(query, key, value, *, causal=False, softmax_scale=None, stab
       return_stats=bool(return_stats),
       num_warps=num_warps if num_warps is not None else (4 if head_dim <= 64 else 8),
       num_stages=num_stages if num_stages is not None else 2,
-      num_warps_bwd=4, num_stages_bwd=2, backend=backend,
-      stages=num_stages if num_stages is not None else 2)
+      num_warps_bwd=4, num_stages_bwd=2, backend=backend)
   if backend == "mosaic_gpu":
     from pallas_kernels.forward_mgpu import check_device, supported
     padded = max(16, next_power_of_2(head_dim))

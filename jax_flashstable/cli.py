@@ -260,7 +260,7 @@ def _bench(args):
     print(f"compensation overhead [{o['layout']}, {o['shape']}, median of {o['pairs']} interleaved "
           f"pairs]: fwd {100 * o['fwd_overhead']:+.1f}%, fwd+bwd {100 * o['fwdbwd_overhead']:+.1f}%")
   print(f"plot: {args.out}/bench.png")
-  ours_failed = [r for r in rows if r["impl"].startswith(("flash:", "flash-mgpu:"))
+  ours_failed = [r for r in rows if r["impl"].startswith(tuple(bench.FLASH_PREFIXES))
                  and not r.get("ok", False)]
   return 1 if ours_failed or not all(r.get("ok", True) for r in rows) else 0
 

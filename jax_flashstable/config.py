@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from pallas_kernels.policy import MOSAIC_GPU_NUMERICS, NUMERICS, BlockSizes, Compensation
+from pallas_kernels.policy import (BACKENDS, MOSAIC_GPU_BLOCK_K, MOSAIC_GPU_NUMERICS, NUMERICS,
+                                   BlockSizes, Compensation)
 
 IMPLEMENTATIONS = ("flash", "reference", "xla", "cudnn")
 
@@ -41,7 +42,7 @@ class AttentionConfig:
       raise ValueError(f"reference_dtype={self.reference_dtype!r} must be 'float32' or 'bfloat16'")
     if self.stabilize and self.implementation != "flash":
       raise ValueError(f"stabilize=True needs implementation='flash', got {self.implementation!r}")
-    if self.backend not in ("triton", "mosaic_gpu"):
+    if self.backend not in BACKENDS:
       raise ValueError(f"backend={self.backend!r} must be 'triton' or 'mosaic_gpu'")
     if self.backend != "triton" and self.implementation != "flash":
       raise ValueError(f"backend={self.backend!r} needs implementation='flash', "
@@ -49,7 +50,7 @@ class AttentionConfig:
     if self.backend == "mosaic_gpu" and self.numerics not in MOSAIC_GPU_NUMERICS:
       raise ValueError(f"backend='mosaic_gpu' has numerics {MOSAIC_GPU_NUMERICS}, "
                        f"got numerics={self.numerics!r}")
-    if self.backend == "mosaic_gpu" and self.block_k not in (None, 64, 128):
+    if self.backend == "mosaic_gpu" and self.block_k not in (None, *MOSAIC_GPU_BLOCK_K):
       raise ValueError(f"backend='mosaic_gpu' needs block_k 64 or 128, got block_k={self.block_k}")
     Compensation(beta=self.beta, tie_tolerance=self.tie_tolerance)   # validates
     if self.block_q is not None or self.block_k is not None:

@@ -27,11 +27,10 @@ class KernelConfig:
   interpret: bool
   return_stats: bool = False
   num_warps: int | None = None        # forward kernel
-  num_stages: int | None = None
+  num_stages: int | None = None      # Triton pipeline stages; mosaic_gpu: K/V tiles in flight
   num_warps_bwd: int | None = None    # the two backward kernels
   num_stages_bwd: int | None = None
   backend: str = "triton"             # forward kernel: "triton" or "mosaic_gpu" (Hopper)
-  stages: int = 2                     # mosaic_gpu: key/value tiles in flight
 
   def compiler_params(self, backward=False):
     from jax.experimental.pallas import triton as plgpu
@@ -56,7 +55,7 @@ def _flash(q, k, v, seeds, cfg):
 
 def _flash_fwd(q, k, v, seeds, cfg):
   if cfg.backend == "mosaic_gpu":
-    out, lse, stats = flash_forward_mgpu(q, k, v, cfg, cfg.stages)
+    out, lse, stats = flash_forward_mgpu(q, k, v, cfg)
   else:
     out, lse, stats = flash_forward(q, k, v, cfg, seeds)
   stats = (lse,) + stats if cfg.return_stats else ()

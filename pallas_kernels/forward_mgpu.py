@@ -34,7 +34,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels.policy import MOSAIC_GPU_NUMERICS as NUMERICS
+from pallas_kernels.policy import MOSAIC_GPU_BLOCK_K, MOSAIC_GPU_NUMERICS as NUMERICS
 from pallas_kernels.policy import compensated_tile_max
 
 ROWS_PER_WG = 64          # wgmma's M for one warpgroup
@@ -76,14 +76,14 @@ def supported(cfg, head_dim: int, dtype) -> str | None:
             "head_dim 33–128)")
   if cfg.return_stats:
     return "return_stats=True (the Mosaic GPU forward writes out and lse only)"
-  if cfg.blocks.block_k not in (64, 128):
+  if cfg.blocks.block_k not in MOSAIC_GPU_BLOCK_K:
     return f"block_k={cfg.blocks.block_k} (the Mosaic GPU forward needs block_k 64 or 128)"
-  if not (isinstance(cfg.stages, (int, np.integer)) and not isinstance(cfg.stages, bool)
-          and 1 <= cfg.stages <= 8):
-    return f"num_stages={cfg.stages!r} (key/value tiles in flight: an int from 1 to 8)"
-  need = smem_bytes(head_dim, cfg.blocks.block_k, cfg.stages, cfg.numerics.output_dtype(dtype))
+  stages = cfg.num_stages
+  if not (isinstance(stages, (int, np.integer)) and not isinstance(stages, bool) and 1 <= stages <= 8):
+    return f"num_stages={stages!r} (key/value tiles in flight: an int from 1 to 8)"
+  need = smem_bytes(head_dim, cfg.blocks.block_k, stages, cfg.numerics.output_dtype(dtype))
   if need > SMEM_BYTES:
-    return (f"block_k={cfg.blocks.block_k} with num_stages={cfg.stages} at head_dim={head_dim}: "
+    return (f"block_k={cfg.blocks.block_k} with num_stages={stages} at head_dim={head_dim}: "
             f"{need / 1024:.1f} KiB of shared memory, more than {SMEM_BYTES / 1024:.0f} KiB")
   return None
 
@@ -100,12 +100,17 @@ def check_device(cfg) -> None:
     raise ValueError(f"backend='mosaic_gpu' needs a Hopper GPU (compute capability 9.0) or "
                      f"interpret=True; the default device is {dev.device_kind!r} "
                      f"(compute capability {cc})")
-  if cfg.causal:
-    from jax._src.lib import cuda_versions
-    version = cuda_versions.cuda_runtime_get_version() if cuda_versions else None
-    if version is not None and 12080 <= version < 12091:
-      raise ValueError(f"backend='mosaic_gpu' with causal=True needs a CUDA runtime other than "
-                       f"12.8.0–12.9.0 (ptxas miscompiles it), got {version}")
+  if cfg.causal and (version := causal_miscompiled()) is not None:
+    raise ValueError(f"backend='mosaic_gpu' with causal=True needs a CUDA runtime other than "
+                     f"12.8.0–12.9.0 (ptxas miscompiles it), got {version}")
+
+
+def causal_miscompiled() -> int | None:
+  """The CUDA runtime version when it is one whose ptxas miscompiles causal masks
+  (12.8.0–12.9.0, per JAX's own `attention_mgpu`), else None."""
+  from jax._src.lib import cuda_versions
+  version = cuda_versions.cuda_runtime_get_version() if cuda_versions else None
+  return version if version is not None and 12080 <= version < 12091 else None
 
 
 def _forward_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, cfg, n_kv, group, stages):
@@ -253,7 +258,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, cfg, n_kv, g
       plgpu.barrier_wait(v_free.at[slot])
 
 
-def flash_forward_mgpu(q, k, v, cfg, stages: int = 2):
+def flash_forward_mgpu(q, k, v, cfg):
   """Runs the Mosaic GPU forward on padded [batch, len, heads, head_dim] arrays.
 
   Same contract as `pallas_kernels.forward.flash_forward` without statistics: returns
@@ -274,7 +279,7 @@ def flash_forward_mgpu(q, k, v, cfg, stages: int = 2):
   rows = -(-q_len_p // cta_rows) * cta_rows
   q = jnp.pad(q, ((0, 0), (0, rows - q_len_p), (0, 0), (0, 0))) if rows != q_len_p else q
   n_kv = -(-cfg.kv_len // block_k)                 # tiles of padding only are skipped
-  stages = int(min(stages, n_kv))
+  stages = int(min(cfg.num_stages, n_kv))
   swizzled = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
   out_dtype = cfg.numerics.output_dtype(q.dtype)
 

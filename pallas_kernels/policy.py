@@ -179,8 +179,11 @@ NUMERICS = {
 }
 
 
-# The layouts the Mosaic GPU forward (`pallas_kernels.forward_mgpu`) implements.
+# The forward kernels (`flash_attention(backend=)`), and the layouts and key tiles the Mosaic
+# GPU forward (`pallas_kernels.forward_mgpu`) implements.
+BACKENDS = ("triton", "mosaic_gpu")
 MOSAIC_GPU_NUMERICS = ("fa2", "fp32_out")
+MOSAIC_GPU_BLOCK_K = (64, 128)
 
 
 def get_numerics(name: str) -> Numerics:
