@@ -4,7 +4,7 @@
 # a queue is a space-separated list of variant:seeds[:steps[:recipe]] items run one after another
 # on its GPU (CUDA_VISIBLE_DEVICES), all within BUDGET seconds from the start (steps: a cap, the
 # cosine schedule keeps the recipe's length; recipe: one of experiment.RECIPES, default anchor);
-# the items "speed" and "mgpu" run h200_speed_check.sh / h200_mgpu_check.sh on that GPU. Runs land in /tmp/instability/RECIPE
+# the items "speed", "mgpu" and "tune" run h200_{item}_check.sh on that GPU. Runs land in /tmp/instability/RECIPE
 # (resumable while the machine stays warm), one report per recipe; they come back as one tarball without checkpoints.
 # TAG names runs whose extra arguments change them (e.g. TAG=tiles128 with --tiles 128): they
 # go to /tmp/instability/RECIPE+TAG, so they never resume or skip as runs made without them.
@@ -25,8 +25,8 @@ run_queue() {  # gpu items...
     local left=$(( BUDGET - ($(date +%s) - T0) ))
     if (( left < 60 )); then echo "GPU $gpu: $item not started, $left s left"; continue; fi
     echo "GPU $gpu: $item with $left s left ($(date +%T))"
-    if [[ $item == speed || $item == mgpu ]]; then  # their own timeouts add up to ≤ 510 s
-      if (( left < 520 )); then echo "GPU $gpu: $item not started, $left s left"; continue; fi
+    if [[ -f experiments/h200_${item}_check.sh ]]; then  # speed, mgpu: timeouts add up to ≤ 510 s
+      if (( left < 520 )) && [[ $item != tune ]]; then echo "GPU $gpu: $item not started, $left s left"; continue; fi
       CUDA_VISIBLE_DEVICES=$gpu bash experiments/h200_${item}_check.sh "$OUT"; continue
     fi
     IFS=: read -r variant seeds steps recipe <<< "$item"
@@ -50,6 +50,6 @@ for dir in $R/*/; do
   name=$(basename $dir); recipe=${name%%+*}
   python3 -m jax_flashstable.cli experiment instability --recipe $recipe --data .data --report-only \
     --out $dir "$@" | tail -30
-  cp $dir/report.md "$OUT/report-$name.md" 2>/dev/null; cp $dir/curves.png "$OUT/curves-$name.png" 2>/dev/null
+  cp $dir/report.md "$OUT/report-${name//+/_}.md" 2>/dev/null; cp $dir/curves.png "$OUT/curves-${name//+/_}.png" 2>/dev/null  # the device returns plain names only
 done
 tar czf "$OUT/runs.tgz" --exclude=checkpoints -C $R .

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import re
 import statistics
 import time
 
@@ -48,12 +49,13 @@ def paired_overhead(run_a, run_b, pairs=20, inner=3):
 
 
 # Implementations a bench row can name: "flash:<layout>" with an optional "+stabilize" (our
-# Triton forward) or "flash-mgpu:<layout>[+stabilize]" (our Mosaic GPU forward, Hopper),
+# Triton forward) or "flash-mgpu:<layout>[+stabilize]" (our Mosaic GPU forward, Hopper), each
+# with an optional "@<block_k>" (e.g. flash-mgpu:fa2+stabilize@128; default 64),
 # "cudnn" / "xla" (jax.nn.dot_product_attention), "pallas-mgpu" (JAX's own Mosaic GPU
 # attention), "torch-<backend>" (torch SDPA, GPU only).
 TORCH_BACKENDS = ("flash", "cudnn", "efficient", "math")
-IMPL_FORMS = ("flash:<layout>[+stabilize] (layouts: fa2, paper, fp32_out, stochastic)",
-              "flash-mgpu:<layout>[+stabilize] (layouts: fa2, fp32_out)", "cudnn",
+IMPL_FORMS = ("flash:<layout>[+stabilize][@block_k] (layouts: fa2, paper, fp32_out, stochastic)",
+              "flash-mgpu:<layout>[+stabilize][@block_k] (layouts: fa2, fp32_out)", "cudnn",
               "xla", "pallas-mgpu") + tuple(f"torch-{b}" for b in TORCH_BACKENDS)
 FLASH_PREFIXES = {"flash:": "triton", "flash-mgpu:": "mosaic_gpu"}
 
@@ -62,13 +64,17 @@ def _flash_spec(name: str) -> dict:
   """"flash:<layout>[+stabilize]" → flash_attention keyword arguments (a fixed rng_key for the
   stochastic layout). Raises ValueError for any other name."""
   from pallas_kernels.policy import MOSAIC_GPU_NUMERICS, NUMERICS
-  prefix = next((p for p in FLASH_PREFIXES if name.startswith(p)), None)
-  layout, _, stab = name.removeprefix(prefix or "").partition("+")
+  tile = re.search(r"@(\d+)$|@(\d+)(?=\+)", name)      # "@128": block_k (the numerics' tile)
+  spec = name if tile is None else name[:tile.start()] + name[tile.end():]
+  prefix = next((p for p in FLASH_PREFIXES if spec.startswith(p)), None)
+  layout, _, stab = spec.removeprefix(prefix or "").partition("+")
   layouts = MOSAIC_GPU_NUMERICS if prefix == "flash-mgpu:" else NUMERICS
   if prefix is None or layout not in layouts or stab not in ("", "stabilize"):
-    raise ValueError(f"unknown implementation {name!r}: expected flash:<layout>[+stabilize] "
-                     "or flash-mgpu:<layout>[+stabilize]")
+    raise ValueError(f"unknown implementation {name!r}: expected flash:<layout>[+stabilize][@block_k] "
+                     "or flash-mgpu:<layout>[+stabilize][@block_k]")
   kw = dict(numerics=layout, stabilize=bool(stab), backend=FLASH_PREFIXES[prefix])
+  if tile is not None:
+    kw["block_k"] = int(tile.group(1) or tile.group(2))
   if layout == "stochastic":
     kw["rng_key"] = jax.random.key(0)
   return kw

@@ -18,11 +18,14 @@ The key tile `block_k` is the numerics' tile (ties are detected per tile); `bloc
 part in fa2's numerics (rows are independent), so the 2 × 64-row CTA is fixed here.
 Scores of padded keys (≥ kv_len) and, when causal, of keys after the query are −inf; the
 wrapper (`pallas_kernels.attention`) has padded head_dim and the sequences.
-Differences from the Triton kernel: none in the order of operations. On the GPU, the float32
-summation order inside the two dots is the tensor core's (wgmma), exp and log are Mosaic GPU's
-fast approximations (`approx_math`: ex2.approx / lg2.approx, subnormals flushed), and the
-compiler may contract α·l + Σ and α·acc + P̄V into FMAs; so outputs may differ from the Triton
-kernel's by an ulp or two (`tests/test_mosaic_gpu.py` bounds it). Shared memory and registers
+Differences from the Triton kernel, all in float32 and none at a bf16 rounding point or in the
+tie test: on the GPU the P̄V wgmma accumulates into α·acc (`FUSED_PV`, FlashAttention-3's order;
+the Triton kernel adds P̄V from its own accumulator; in interpret mode the unfused order runs),
+P̄ = 2^(S·log₂e − m·log₂e) with one FMA (`EXP2`), the summation order inside the two dots is
+the tensor core's (wgmma), exp2 and log are Mosaic GPU's fast approximations (`approx_math`:
+ex2.approx / lg2.approx, subnormals flushed), and the compiler may contract α·l + Σ into an
+FMA; so outputs may differ from the Triton kernel's by an ulp or two (`tests/test_mosaic_gpu.py`
+bounds it, on the GPU with every option on). Shared memory and registers
 limit head_dim to 64 or 128 after padding and block_k to 64 or 128 (`supported`).
 """
 from __future__ import annotations
@@ -48,9 +51,24 @@ COMPUTE_WGS = 2
 # forward+backward at 128 × 128); the tests turn it on for eager calls.
 PINGPONG = True
 PINGPONG_IN_INTERPRET = False
+# Speed options (experiment hooks, read when a kernel is traced; each changes float32 summation
+# or rounding order only, never a bf16 rounding point or the tie test):
+# FUSED_PV: the P̄V wgmma accumulates into α·acc (FlashAttention-3's order) instead of into its
+#   own accumulator added afterwards; saves a 64×head_dim float32 register tile and an add.
+# EARLY_TURN: with ping-pong, the turn is taken right after the QK wgmma is issued (as JAX's
+#   attention_mgpu does) rather than after its result is read.
+# EXP2: P̄ = 2^(qk·(scale·log₂e) − m·log₂e), one FMA before ex2, instead of exp(qk·scale − m)
+#   (a multiply, a subtract and the multiply by log₂e inside Mosaic GPU's approximate exp).
+# Measured on one H200 on 2026-11-29 (experiments/h200_tune_check.sh, compensation on,
+# b4 × 4096 × 16 × d128, block_k 128, 2 stages): none 402, FUSED_PV+EXP2 425 TFLOP/s; EARLY_TURN
+# did not help (389–400) and stays off.
+FUSED_PV = True
+EARLY_TURN = False
+EXP2 = True
 # Hopper's 227 KiB of shared memory per block, less Mosaic GPU's reduction scratch (2 KiB) and
 # room for the barriers.
 SMEM_BYTES = 227 * 1024 - 3 * 1024
+LOG2E = float(np.log2(np.e))
 
 
 def smem_bytes(head_dim: int, block_k: int, stages: int, out_dtype) -> int:
@@ -64,9 +82,9 @@ def smem_bytes(head_dim: int, block_k: int, stages: int, out_dtype) -> int:
 
 def supported(cfg, head_dim: int, dtype) -> str | None:
   """Why the Mosaic GPU forward cannot run this call (None when it can); head_dim is the
-  padded one. Limits: wgmma's N and the registers of two 64×head_dim float32 accumulators
-  (P̄V has its own, as in the Triton kernel) bound head_dim to 64 or 128 and block_k to 64 or
-  128; shared memory bounds block_k × stages."""
+  padded one. Limits: wgmma's N and the registers of the 64×head_dim float32 accumulator(s)
+  (P̄V has its own unless `FUSED_PV`) bound head_dim to 64 or 128 and block_k to 64 or 128;
+  shared memory bounds block_k × stages."""
   if cfg.numerics.name not in NUMERICS:
     return f"numerics={cfg.numerics.name!r} (the Mosaic GPU forward has {', '.join(NUMERICS)})"
   if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
@@ -118,6 +136,8 @@ def _forward_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, cfg, n_kv, g
   (q_smem2, k_smem, v_smem, o_smem2, lse_smem2, p_smem2), barriers = scoped
   k_ready, v_ready, q_ready, k_free, v_free, turn = barriers
   pingpong = PINGPONG and (PINGPONG_IN_INTERPRET or not cfg.interpret)
+  # (the interpreter cannot run a wgmma into an initialised accumulator: FUSED_PV is GPU-only)
+  early_turn, fused_pv, exp2 = pingpong and EARLY_TURN, FUSED_PV and not cfg.interpret, EXP2
 
   def rendezvous():                     # both compute warpgroups arrive, then go on
     plgpu.barrier_arrive(turn)
@@ -158,11 +178,13 @@ def _forward_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, cfg, n_kv, g
 
       def qk(acc_ref):
         plgpu.wgmma(acc_ref, q_smem, k_smem.at[slot].transpose((1, 0)))
+        if early_turn:
+          rendezvous()
         return acc_ref[...]
       s = numerics.scores(pl.run_scoped(qk, plgpu.ACC((ROWS_PER_WG, block_k), jnp.float32)),
                           cfg.softmax_scale)
       plgpu.barrier_arrive(k_free.at[slot])
-      if pingpong:                   # the other warpgroup's products run during this softmax
+      if pingpong and not early_turn:  # the other warpgroup's products run during this softmax
         rendezvous()
       if masked:
         shape = (ROWS_PER_WG, block_k)
@@ -174,10 +196,17 @@ def _forward_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, cfg, n_kv, g
         s = jnp.where(keep, s, numerics.mask_value)   # −inf; key 0 is visible to every row
       m_tile, _ = compensated_tile_max(s, comp)
       m_new = jnp.maximum(m_i, m_tile)
-      alpha = jnp.exp(numerics.exp_arg(m_i - m_new))                 # 0 on the first tile
-      p = jnp.exp(numerics.exp_arg(s - lax.broadcast_in_dim(m_new, s.shape, [0])))  # P̄, f32
+      if exp2:                         # (exp_arg is the identity in fa2 and fp32_out)
+        m2 = m_new * LOG2E
+        alpha = jnp.exp2(m_i * LOG2E - m2)
+        p = jnp.exp2(s * LOG2E - lax.broadcast_in_dim(m2, s.shape, [0]))
+      else:
+        alpha = jnp.exp(numerics.exp_arg(m_i - m_new))               # 0 on the first tile
+        p = jnp.exp(numerics.exp_arg(s - lax.broadcast_in_dim(m_new, s.shape, [0])))  # P̄, f32
       l_new = numerics.state(alpha * l_i + numerics.clamp_sum(jnp.sum(p, axis=1)))  # from f32 P̄
       p_in = numerics.round_p(p, q_smem.dtype)
+      if fused_pv:                     # α·acc now; the P̄V wgmma adds to it
+        acc = numerics.state(lax.broadcast_in_dim(alpha, acc.shape, [0]) * acc)
       if pingpong:
         plgpu.barrier_arrive(turn)   # softmax done ...
       plgpu.barrier_wait(v_ready.at[slot])
@@ -188,6 +217,12 @@ def _forward_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, cfg, n_kv, g
         p_smem[...] = p_in
         plgpu.commit_smem()
         p_in = p_smem
+
+      if fused_pv:
+        acc = pl.run_state(lambda acc_ref: plgpu.wgmma(acc_ref, p_in, v_smem.at[slot]))(
+            plgpu.ACC.init(acc))
+        plgpu.barrier_arrive(v_free.at[slot])
+        return acc, m_new, l_new
 
       def pv(acc_ref):
         plgpu.wgmma(acc_ref, p_in, v_smem.at[slot])

@@ -1,5 +1,6 @@
 """`flashstable bench`: timing helpers, the CLI at CPU size, and the golden output hashes."""
 import json
+import re
 import pathlib
 import time
 
@@ -23,6 +24,17 @@ def test_flops_convention():
   assert f == 4 * 2 * 4 * 1024 * 1024 * 64
   assert bench.attention_flops(2, 1024, 1024, 4, 64, causal=True) == f / 2
   assert bench.attention_flops(2, 1024, 1024, 4, 64, causal=False, backward=True) == 3.5 * f
+
+
+def test_flash_spec_reads_an_optional_block_k():
+  assert bench._flash_spec("flash-mgpu:fa2+stabilize@128") == dict(
+      numerics="fa2", stabilize=True, backend="mosaic_gpu", block_k=128)
+  assert bench._flash_spec("flash-mgpu:fa2@128+stabilize") == bench._flash_spec(
+      "flash-mgpu:fa2+stabilize@128")                # the overhead pairs append "+stabilize"
+  assert "block_k" not in bench._flash_spec("flash:paper")
+  for bad in ("flash:fa2@", "flash:fa2@12x", "flash:fa2@64@64"):
+    with pytest.raises(ValueError, match=re.escape(repr(bad))):
+      bench._flash_spec(bad)
 
 
 def test_bench_cli_on_cpu(tmp_path):

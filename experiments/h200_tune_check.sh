@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Issue 7 on the H200 (device tool): speed options of our Mosaic GPU forward
+# (pallas_kernels/forward_mgpu.py: FUSED_PV, EARLY_TURN, EXP2, PINGPONG) at block_k 64/128 and
+# num_stages 2/3, compensation on, on the headline shape (b4 × 4096 × 16 × d128, non-causal);
+# each configuration's output is compared with the Triton forward on the GPU first; then the
+# compensation overhead (interleaved pairs) of the best and the tests that the interpreter
+# cannot run (FUSED_PV) on the GPU. Usage (repo root, on the device):
+#   CUDA_VISIBLE_DEVICES=1 bash experiments/h200_tune_check.sh "$OUT"
+set -u
+OUT=${1:-runs/h200}
+R=/tmp/mgpu_tune
+mkdir -p "$OUT" $R
+source "$(dirname "$0")/h200_env.sh"
+timeout 300 python3 - <<'PY' 2>&1 | tee $R/tune.log
+import itertools, jax, jax.numpy as jnp, numpy as np
+from jax_flashstable import flash_attention
+from jax_flashstable.accuracy import Shape, make_inputs
+from jax_flashstable.bench import attention_flops, median_seconds
+import pallas_kernels.forward_mgpu as fm
+s = Shape(4, 4096, 4096, 16, 16, 128)
+q, k, v, _ = make_inputs(s, jnp.bfloat16, 0)
+flops = attention_flops(4, 4096, 4096, 16, 128, causal=False)
+def timed(block_k, stages, stabilize, causal=False):
+  f = jax.jit(lambda q, k, v: flash_attention(q, k, v, backend="mosaic_gpu", block_k=block_k,
+              num_stages=stages, stabilize=stabilize, causal=causal))
+  ref = flash_attention(q, k, v, block_k=block_k, stabilize=stabilize, causal=causal)
+  err = float(jnp.max(jnp.abs(f(q, k, v).astype(jnp.float32) - ref.astype(jnp.float32))))
+  t = median_seconds(lambda: jax.block_until_ready(f(q, k, v)), warmup=3, reps=30)
+  return t, err
+configs = [dict(FUSED_PV=f, EARLY_TURN=e, EXP2=x) for f, e, x in itertools.product((False, True), repeat=3)]
+for block_k, stages in ((128, 2), (64, 3)):
+  for c in configs:
+    for name, val in c.items(): setattr(fm, name, val)
+    for stabilize in (True, False) if all(c.values()) or not any(c.values()) else (True,):
+      try:
+        t, err = timed(block_k, stages, stabilize)
+        print(f"bk{block_k} st{stages} {c} stabilize={stabilize}: {t*1e3:.3f} ms "
+              f"{flops/t/1e12:.0f} TFLOP/s, max |mgpu - triton| {err:.1e}", flush=True)
+      except Exception as e:
+        print(f"bk{block_k} st{stages} {c}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+for name in ("FUSED_PV", "EARLY_TURN", "EXP2"): setattr(fm, name, True)
+t, err = timed(128, 2, True, causal=True)
+print(f"causal bk128 st2 all options, stabilize: {t*1e3:.3f} ms {flops/2/t/1e12:.0f} TFLOP/s, max |mgpu - triton| {err:.1e}")
+PY
+
+# the GPU test the 130 s of h200_mgpu_check.sh did not reach on 2026-11-29
+timeout 200 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_mosaic_gpu.py -k jitted 2>&1 | tail -5
+tar czf "$OUT/mgpu_tune.tgz" -C $R .
