@@ -89,3 +89,17 @@ def test_collect_skips_odd_folders_and_a_cut_last_line(tmp_path):
   bad.write_text('{"step": 1, "lo\n' + json.dumps(rows[1]) + "\n")
   with pytest.raises(json.JSONDecodeError):
     experiment.collect(tmp_path, TINY)
+
+
+def test_search_recipes_change_only_their_knob():
+  """The recipe search varies one knob of the anchor at a time (issue 6)."""
+  anchor = TrainConfig(**experiment.RECIPES["anchor"])
+  for name, field, value in (("anchor-lr0.004", "lr", 4e-3), ("anchor-lr0.006", "lr", 6e-3)):
+    cfg = TrainConfig(**experiment.RECIPES[name])
+    assert getattr(cfg, field) == value
+    assert dataclasses.replace(cfg, **{field: getattr(anchor, field)}) == anchor
+  for n in (4, 12):
+    cfg = TrainConfig(**experiment.RECIPES[f"anchor-{n}l"])
+    model, base = cfg.model_config(), anchor.model_config()
+    assert model.n_layer == n and dataclasses.replace(model, n_layer=base.n_layer) == base
+    assert dataclasses.replace(cfg, model_overrides=()) == anchor
