@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 7 on the H200 (device tool): our Mosaic GPU forward (backend="mosaic_gpu").
-# 1. tests/test_mosaic_gpu.py on the GPU (the real kernel, every speed option on, against FP64
+# 1. tests/test_mosaic_gpu.py on the GPU (the real kernel, default speed options, against FP64
 #    and the Triton forward); the CUDA runtime version is logged first (causal needs one
 #    outside 12.8.0–12.9.0);
 # 2. the headline bench: our Mosaic GPU forward at block_k 128 ± compensation, the Triton one,
@@ -17,7 +17,7 @@ mkdir -p "$OUT" $R
 source "$(dirname "$0")/h200_env.sh"
 python3 -c "from jax._src.lib import cuda_versions as c; print('CUDA runtime', c.cuda_runtime_get_version())" 2>&1 | tail -1
 timeout 210 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_mosaic_gpu.py 2>&1 \
-  | tail -4 | tee $R/tests.log
+  | tail -25 | tee $R/tests.log
 timeout 190 python3 -m jax_flashstable.cli bench --shapes "4,4096,16,16,128,0;4,4096,16,16,128,1" \
   --impls flash:fa2+stabilize,flash-mgpu:fa2@128,flash-mgpu:fa2+stabilize@128,pallas-mgpu,cudnn \
   --overhead-layouts mgpu:fa2@128 --overhead-pairs 20 --no-hashes --out $R/headline 2>&1 \

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Issue 7 on the H200 (device tool): speed options of our Mosaic GPU forward
-# (pallas_kernels/forward_mgpu.py: FUSED_PV, EARLY_TURN, EXP2, PINGPONG) at block_k 64/128 and
-# num_stages 2/3, compensation on, on the headline shape (b4 × 4096 × 16 × d128, non-causal);
-# each configuration's output is compared with the Triton forward on the GPU first; then the
-# compensation overhead (interleaved pairs) of the best and the tests that the interpreter
-# cannot run (FUSED_PV) on the GPU. Usage (repo root, on the device):
+# (pallas_kernels/forward_mgpu.py: FUSED_PV, EARLY_TURN, EXP2) at block_k 128 / 2 stages and
+# 64 / 3, compensation on (and off with none or all of them), on the headline shape
+# (b4 × 4096 × 16 × d128, non-causal), single timings (median of 30 calls); each configuration's
+# output is compared with the Triton forward's on the GPU; then causal with the default options,
+# and the jitted forward+backward GPU test. Usage (repo root, on the device):
 #   CUDA_VISIBLE_DEVICES=1 bash experiments/h200_tune_check.sh "$OUT"
 set -u
 OUT=${1:-runs/h200}
@@ -38,11 +38,15 @@ for block_k, stages in ((128, 2), (64, 3)):
               f"{flops/t/1e12:.0f} TFLOP/s, max |mgpu - triton| {err:.1e}", flush=True)
       except Exception as e:
         print(f"bk{block_k} st{stages} {c}: {type(e).__name__}: {str(e)[:300]}", flush=True)
-for name in ("FUSED_PV", "EARLY_TURN", "EXP2"): setattr(fm, name, True)
-t, err = timed(128, 2, True, causal=True)
-print(f"causal bk128 st2 all options, stabilize: {t*1e3:.3f} ms {flops/2/t/1e12:.0f} TFLOP/s, max |mgpu - triton| {err:.1e}")
+fm.FUSED_PV, fm.EARLY_TURN, fm.EXP2 = True, False, True     # the defaults
+try:
+  t, err = timed(128, 2, True, causal=True)
+  print(f"causal bk128 st2 default options, stabilize: {t*1e3:.3f} ms {flops/2/t/1e12:.0f} TFLOP/s, "
+        f"max |mgpu - triton| {err:.1e}")
+except Exception as e:
+  print(f"causal: {type(e).__name__}: {str(e)[:300]}")
 PY
 
 # the GPU test the 130 s of h200_mgpu_check.sh did not reach on 2026-11-29
-timeout 200 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_mosaic_gpu.py -k jitted 2>&1 | tail -5
+timeout 190 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_mosaic_gpu.py -k jitted 2>&1 | tail -5
 tar czf "$OUT/mgpu_tune.tgz" -C $R .

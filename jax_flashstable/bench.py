@@ -61,20 +61,23 @@ FLASH_PREFIXES = {"flash:": "triton", "flash-mgpu:": "mosaic_gpu"}
 
 
 def _flash_spec(name: str) -> dict:
-  """"flash:<layout>[+stabilize]" → flash_attention keyword arguments (a fixed rng_key for the
-  stochastic layout). Raises ValueError for any other name."""
+  """"flash:<layout>[+stabilize][@block_k]" (or flash-mgpu:…; "@block_k" may also come before
+  "+stabilize") → flash_attention keyword arguments (a fixed rng_key for the stochastic layout).
+  block_k must be a positive integer without leading zeros; flash_attention checks it further.
+  Raises ValueError for any other name."""
   from pallas_kernels.policy import MOSAIC_GPU_NUMERICS, NUMERICS
-  tile = re.search(r"@(\d+)$|@(\d+)(?=\+)", name)      # "@128": block_k (the numerics' tile)
-  spec = name if tile is None else name[:tile.start()] + name[tile.end():]
-  prefix = next((p for p in FLASH_PREFIXES if spec.startswith(p)), None)
-  layout, _, stab = spec.removeprefix(prefix or "").partition("+")
-  layouts = MOSAIC_GPU_NUMERICS if prefix == "flash-mgpu:" else NUMERICS
-  if prefix is None or layout not in layouts or stab not in ("", "stabilize"):
+  tile = r"@(?P<bk{}>[1-9][0-9]*)"
+  m = re.fullmatch(r"(?P<prefix>flash:|flash-mgpu:)(?P<layout>\w+)(?:(?P<stab>\+stabilize)(?:"
+                   + tile.format(1) + ")?|" + tile.format(2) + r"(?P<stab2>\+stabilize)?)?", name)
+  layouts = MOSAIC_GPU_NUMERICS if m and m["prefix"] == "flash-mgpu:" else NUMERICS
+  if m is None or m["layout"] not in layouts:
     raise ValueError(f"unknown implementation {name!r}: expected flash:<layout>[+stabilize][@block_k] "
                      "or flash-mgpu:<layout>[+stabilize][@block_k]")
-  kw = dict(numerics=layout, stabilize=bool(stab), backend=FLASH_PREFIXES[prefix])
-  if tile is not None:
-    kw["block_k"] = int(tile.group(1) or tile.group(2))
+  layout, block_k = m["layout"], m["bk1"] or m["bk2"]
+  kw = dict(numerics=layout, stabilize=bool(m["stab"] or m["stab2"]),
+            backend=FLASH_PREFIXES[m["prefix"]])
+  if block_k is not None:
+    kw["block_k"] = int(block_k)
   if layout == "stochastic":
     kw["rng_key"] = jax.random.key(0)
   return kw

@@ -18,14 +18,15 @@ The key tile `block_k` is the numerics' tile (ties are detected per tile); `bloc
 part in fa2's numerics (rows are independent), so the 2 × 64-row CTA is fixed here.
 Scores of padded keys (≥ kv_len) and, when causal, of keys after the query are −inf; the
 wrapper (`pallas_kernels.attention`) has padded head_dim and the sequences.
-Differences from the Triton kernel, all in float32 and none at a bf16 rounding point or in the
-tie test: on the GPU the P̄V wgmma accumulates into α·acc (`FUSED_PV`, FlashAttention-3's order;
-the Triton kernel adds P̄V from its own accumulator; in interpret mode the unfused order runs),
-P̄ = 2^(S·log₂e − m·log₂e) with one FMA (`EXP2`), the summation order inside the two dots is
-the tensor core's (wgmma), exp2 and log are Mosaic GPU's fast approximations (`approx_math`:
-ex2.approx / lg2.approx, subnormals flushed), and the compiler may contract α·l + Σ into an
-FMA; so outputs may differ from the Triton kernel's by an ulp or two (`tests/test_mosaic_gpu.py`
-bounds it, on the GPU with every option on). Shared memory and registers
+Differences from the Triton kernel, all in float32 values and none at a bf16 rounding point or
+in the tie test: on the GPU the P̄V wgmma accumulates into α·acc (`FUSED_PV`, FlashAttention-3's
+order; the Triton kernel adds P̄V from its own accumulator; in interpret mode the unfused order
+runs, where the compiler may contract α·acc + P̄V into an FMA), P̄ = 2^(S·log₂e − m·log₂e) with
+one FMA (`EXP2`: the max's P̄ may be 1 ± a float32 ulp before its bf16 rounding), the summation
+order inside the two dots is the tensor core's (wgmma), exp2 and log are Mosaic GPU's fast
+approximations (`approx_math`: ex2.approx / lg2.approx, subnormals flushed), and the compiler
+may contract α·l + Σ into an FMA; so outputs may differ from the Triton kernel's by an ulp or
+two (`tests/test_mosaic_gpu.py` bounds it; on the GPU it ran with the default options). Shared memory and registers
 limit head_dim to 64 or 128 after padding and block_k to 64 or 128 (`supported`).
 """
 from __future__ import annotations
@@ -51,17 +52,19 @@ COMPUTE_WGS = 2
 # forward+backward at 128 × 128); the tests turn it on for eager calls.
 PINGPONG = True
 PINGPONG_IN_INTERPRET = False
-# Speed options (experiment hooks, read when a kernel is traced; each changes float32 summation
-# or rounding order only, never a bf16 rounding point or the tie test):
+# Speed options (experiment hooks, read when a kernel is traced; each changes float32 values
+# only, never where bf16 rounding happens or the tie test; valid for fa2 and fp32_out, whose
+# numerics hooks before the final rounding are identities):
 # FUSED_PV: the P̄V wgmma accumulates into α·acc (FlashAttention-3's order) instead of into its
 #   own accumulator added afterwards; saves a 64×head_dim float32 register tile and an add.
 # EARLY_TURN: with ping-pong, the turn is taken right after the QK wgmma is issued (as JAX's
 #   attention_mgpu does) rather than after its result is read.
-# EXP2: P̄ = 2^(qk·(scale·log₂e) − m·log₂e), one FMA before ex2, instead of exp(qk·scale − m)
-#   (a multiply, a subtract and the multiply by log₂e inside Mosaic GPU's approximate exp).
+# EXP2: P̄ = 2^(S·log₂e − m·log₂e), one FMA before ex2, instead of exp(S − m) (a subtract,
+#   then the multiply by log₂e inside Mosaic GPU's approximate exp); S = qk·scale as before.
 # Measured on one H200 on 2026-11-29 (experiments/h200_tune_check.sh, compensation on,
-# b4 × 4096 × 16 × d128, block_k 128, 2 stages): none 402, FUSED_PV+EXP2 425 TFLOP/s; EARLY_TURN
-# did not help (389–400) and stays off.
+# b4 × 4096 × 16 × d128, block_k 128, 2 stages; single unpaired timings, noisy): none 402,
+# FUSED_PV+EXP2 425 TFLOP/s (399 in the headline bench later); EARLY_TURN did not help
+# (389–400) and stays off.
 FUSED_PV = True
 EARLY_TURN = False
 EXP2 = True
@@ -136,6 +139,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, cfg, n_kv, g
   (q_smem2, k_smem, v_smem, o_smem2, lse_smem2, p_smem2), barriers = scoped
   k_ready, v_ready, q_ready, k_free, v_free, turn = barriers
   pingpong = PINGPONG and (PINGPONG_IN_INTERPRET or not cfg.interpret)
+  assert not numerics.paper, "the Mosaic GPU forward skips the paper layout's rounding hooks"
   # (the interpreter cannot run a wgmma into an initialised accumulator: FUSED_PV is GPU-only)
   early_turn, fused_pv, exp2 = pingpong and EARLY_TURN, FUSED_PV and not cfg.interpret, EXP2
 
@@ -197,9 +201,8 @@ def _forward_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, cfg, n_kv, g
       m_tile, _ = compensated_tile_max(s, comp)
       m_new = jnp.maximum(m_i, m_tile)
       if exp2:                         # (exp_arg is the identity in fa2 and fp32_out)
-        m2 = m_new * LOG2E
-        alpha = jnp.exp2(m_i * LOG2E - m2)
-        p = jnp.exp2(s * LOG2E - lax.broadcast_in_dim(m2, s.shape, [0]))
+        alpha = jnp.exp2((m_i - m_new) * LOG2E)        # exactly 1 while the max stays, 0 first
+        p = jnp.exp2(s * LOG2E - lax.broadcast_in_dim(m_new * LOG2E, s.shape, [0]))
       else:
         alpha = jnp.exp(numerics.exp_arg(m_i - m_new))               # 0 on the first tile
         p = jnp.exp(numerics.exp_arg(s - lax.broadcast_in_dim(m_new, s.shape, [0])))  # P̄, f32

@@ -32,7 +32,8 @@ def test_flash_spec_reads_an_optional_block_k():
   assert bench._flash_spec("flash-mgpu:fa2@128+stabilize") == bench._flash_spec(
       "flash-mgpu:fa2+stabilize@128")                # the overhead pairs append "+stabilize"
   assert "block_k" not in bench._flash_spec("flash:paper")
-  for bad in ("flash:fa2@", "flash:fa2@12x", "flash:fa2@64@64"):
+  for bad in ("flash:fa2@", "flash:fa2@12x", "flash:fa2@64@64", "flash:fa2@0", "flash:fa2@064",
+              "flash:fa2+@64", "flash:fa2+", "flash-mgpu:paper", "flash:fa2+stabilize@64+stabilize"):
     with pytest.raises(ValueError, match=re.escape(repr(bad))):
       bench._flash_spec(bad)
 

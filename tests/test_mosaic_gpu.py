@@ -51,9 +51,10 @@ def _tied(shape, dtype, seed):
         "block_k128-1stage"])
 @pytest.mark.parametrize("stabilize", [False, True], ids=["plain", "stable"])
 def test_mosaic_gpu_matches_triton_forward(shape, dtype, numerics, extra, stabilize, monkeypatch):
-  """Same order of operations as the Triton kernel: the outputs agree to one ulp of the output
-  dtype in interpret mode (the float32 summation order of a row sum may differ by an FMA;
-  two on the GPU, whose Mosaic exp/log are approximations), and so do the gradients (to one
+  """The Triton kernel's rounding points, with float32 differences (EXP2; on the GPU also
+  FUSED_PV): the outputs agree to one ulp of the output dtype in interpret mode (the float32
+  summation order of a row sum may differ by an FMA; two on the GPU, whose Mosaic exp/log are
+  approximations), and so do the gradients (to one
   bf16 ulp at their scale), which the Triton backward computes from each forward's out and
   lse. num_stages changes nothing but speed."""
   _skip_if_causal_refused(shape.causal)
