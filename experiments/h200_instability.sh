@@ -24,11 +24,12 @@ run_queue() {  # gpu items...
   for item in "$@"; do
     local left=$(( BUDGET - ($(date +%s) - T0) ))
     if (( left < 60 )); then echo "GPU $gpu: $item not started, $left s left"; continue; fi
-    echo "GPU $gpu: $item with $left s left ($(date +%T))"
-    if [[ -f experiments/h200_${item}_check.sh ]]; then  # its parts' timeouts add up to ≤ 510 s
+    if [[ $item == speed || $item == mgpu || $item == tune ]]; then  # timeouts add up to ≤ 510 s
       if (( left < 520 )); then echo "GPU $gpu: $item not started, $left s left"; continue; fi
+      echo "GPU $gpu: $item with $left s left ($(date +%T))"
       CUDA_VISIBLE_DEVICES=$gpu bash experiments/h200_${item}_check.sh "$OUT"; continue
     fi
+    echo "GPU $gpu: $item with $left s left ($(date +%T))"
     IFS=: read -r variant seeds steps recipe <<< "$item"
     recipe=${recipe:-anchor}
     CUDA_VISIBLE_DEVICES=$gpu python3 -m jax_flashstable.cli experiment instability --recipe $recipe \

@@ -47,6 +47,6 @@ except Exception as e:
   print(f"causal: {type(e).__name__}: {str(e)[:300]}")
 PY
 
-# the GPU test the 130 s of h200_mgpu_check.sh did not reach on 2026-11-29
+# a quick GPU check of the jitted forward+backward (h200_mgpu_check.sh runs every GPU test)
 timeout 190 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_mosaic_gpu.py -k jitted 2>&1 | tail -5
 tar czf "$OUT/mgpu_tune.tgz" -C $R .

@@ -99,7 +99,8 @@ def flash_attention(query, key, value, *, causal=False, softmax_scale=None, stab
     backend: the forward kernel. "triton" (default): Pallas Triton, every layout, any GPU.
       "mosaic_gpu": Pallas Mosaic GPU for Hopper (wgmma, TMA and a warp-specialised producer,
       FlashAttention-3, Shah et al. 2024, §3.1; `pallas_kernels.forward_mgpu`) with the same
-      rounding points (float32 values may differ by an ulp or two), for numerics "fa2" and
+      rounding points (outputs may differ by an ulp or two of the input dtype; float32
+      intermediates differ more), for numerics "fa2" and
       "fp32_out", bfloat16/float16 inputs,
       head_dim 33–128 (padded to 64 or 128), block_k 64 or 128, num_stages 1–8 within shared
       memory, no return_stats; it needs a Hopper GPU or interpret mode. The backward kernels

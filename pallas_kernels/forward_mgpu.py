@@ -22,7 +22,8 @@ Differences from the Triton kernel, all in float32 values and none at a bf16 rou
 in the tie test: on the GPU the P̄V wgmma accumulates into α·acc (`FUSED_PV`, FlashAttention-3's
 order; the Triton kernel adds P̄V from its own accumulator; in interpret mode the unfused order
 runs, where the compiler may contract α·acc + P̄V into an FMA), P̄ = 2^(S·log₂e − m·log₂e) with
-one FMA (`EXP2`: the max's P̄ may be 1 ± a float32 ulp before its bf16 rounding), the summation
+one FMA (`EXP2`: the max's P̄ differs from 1 by about ln 2 · ½ ulp(m·log₂e), tens of float32
+ulps at |m| ≈ 100, and is still 1 after its bf16 rounding for ordinary scores), the summation
 order inside the two dots is the tensor core's (wgmma), exp2 and log are Mosaic GPU's fast
 approximations (`approx_math`: ex2.approx / lg2.approx, subnormals flushed), and the compiler
 may contract α·l + Σ into an FMA; so outputs may differ from the Triton kernel's by an ulp or
