@@ -29,7 +29,8 @@ def main():
   a = ap.parse_args()
   which = set(a.which.split(","))
   if not which <= {"triton", "mgpu", "bwd"}:
-    raise SystemExit(f"--which: unknown group(s) {sorted(which - {'triton', 'mgpu', 'bwd'})}")
+    raise SystemExit(f"--which: unknown group(s) {sorted(which - {'triton', 'mgpu', 'bwd'})}; "
+                     "use a comma-separated subset of triton, mgpu, bwd")
   gpu = jax.default_backend() == "gpu"
   keys = jax.random.split(jax.random.key(0), 3)
   q, k, v = (jax.random.normal(key, (4, a.length, 16, 128), jnp.bfloat16) for key in keys)

@@ -78,20 +78,28 @@ def _flash_spec(name: str) -> dict:
             backend=FLASH_PREFIXES[m["prefix"]])
   if block_k is not None:
     kw["block_k"] = int(block_k)
+    if kw["block_k"] < 16 or kw["block_k"] & (kw["block_k"] - 1):
+      raise ValueError(f"implementation {name!r}: block_k={block_k} must be a power of two >= 16")
   if layout == "stochastic":
     kw["rng_key"] = jax.random.key(0)
   return kw
 
 
-def known_impl(name: str) -> bool:
-  """Whether `bench` knows the implementation name (it may still be unavailable here)."""
+def impl_error(name: str) -> str | None:
+  """Why `bench` does not know the implementation name (None when it does; it may still be
+  unavailable on this machine)."""
   if name.startswith(tuple(FLASH_PREFIXES)):
     try:
       _flash_spec(name)
-    except ValueError:
-      return False
-    return True
-  return name in IMPL_FORMS[1:]
+    except ValueError as e:
+      return str(e)
+    return None
+  return None if name in IMPL_FORMS[2:] else f"unknown implementation {name!r}"
+
+
+def known_impl(name: str) -> bool:
+  """Whether `bench` knows the implementation name (it may still be unavailable here)."""
+  return impl_error(name) is None
 
 
 def _jax_runs(name, shape, q, k, v, do):

@@ -229,10 +229,15 @@ def _bench(args):
   else:
     shapes = bench.default_shapes(gpu)
   impls = args.impls.split(",") if args.impls else bench.default_impls(gpu)
-  unknown = [name for name in impls if not bench.known_impl(name)]
+  unknown = {name: why for name in impls if (why := bench.impl_error(name))}
   if unknown:
-    raise SystemExit(f"flashstable bench: unknown implementation(s) {unknown}; use "
+    raise SystemExit(f"flashstable bench: {'; '.join(unknown.values())}. Use "
                      f"{', '.join(bench.IMPL_FORMS)}")
+  bad = [l for l in args.overhead_layouts.split(",") if args.overhead_pairs
+         and not bench.known_impl(f"flash-{l}" if l.startswith("mgpu:") else f"flash:{l}")]
+  if bad:
+    raise SystemExit(f"flashstable bench: --overhead-layouts {bad}: use <layout>[@block_k] or "
+                     "mgpu:<layout>[@block_k] with a layout of the flash implementations above")
   meta = _meta(args)
   rows = []
   os.makedirs(args.out, exist_ok=True)
@@ -338,8 +343,8 @@ def build_parser():
                      "compensation) next to cuDNN, XLA and torch SDPA; compensation overhead")
   p.add_argument("--shapes", default=None, help="';'-separated batch,len,heads,kv_heads,head_dim,"
                  "causal (default: 1k–16k, d64/128, causal and not, GQA on a GPU; small on CPU)")
-  p.add_argument("--impls", default=None, help="comma-separated: flash:<layout>[+stabilize], "
-                 "flash-mgpu:<layout>[+stabilize], "
+  p.add_argument("--impls", default=None, help="comma-separated: flash:<layout>[+stabilize][@block_k], "
+                 "flash-mgpu:<layout>[+stabilize][@block_k] (e.g. flash-mgpu:fa2+stabilize@128), "
                  "cudnn, xla, pallas-mgpu, torch-flash, torch-cudnn, torch-efficient, torch-math")
   p.add_argument("--warmup", type=int, default=3)
   p.add_argument("--reps", type=int, default=20)

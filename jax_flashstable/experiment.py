@@ -20,8 +20,9 @@ import pathlib
 import statistics
 import time
 
-from jax_flashstable.train import (NonFiniteError, TrainConfig, explosion_step, read_diagnostics,
-                                   read_metrics, train_and_evaluate)
+from jax_flashstable.train import (NonFiniteError, TrainConfig, config_changes, describe_changes,
+                                   explosion_step, read_diagnostics, read_metrics,
+                                   train_and_evaluate)
 
 PAPER = "flash:numerics=paper,block_q={tiles},block_k={tiles}"
 
@@ -68,6 +69,8 @@ def variant_config(base: TrainConfig, variant: str, seed: int, out_dir, *, tiles
   the model does not have."""
   if variant not in VARIANTS:
     raise ValueError(f"unknown variant {variant!r}; choose from {sorted(VARIANTS)}")
+  if isinstance(tiles, bool) or not isinstance(tiles, int) or tiles < 16 or tiles & (tiles - 1):
+    raise ValueError(f"tiles={tiles!r}: the paper layout's logical tile must be a power of two >= 16")
   n_layer = base.model_config().n_layer
   if not 0 <= layer < n_layer:
     raise ValueError(f"layer={layer} is not a layer of {base.model!r} (n_layer={n_layer})")
@@ -87,6 +90,12 @@ def run_matrix(base: TrainConfig, variants, seeds, out_dir, *, tiles=512, layer=
   t0 = time.perf_counter()
   configs = [(v, s, variant_config(base, v, s, out / v / f"seed{s}", tiles=tiles, layer=layer))
              for v in variants for s in seeds]                       # validates all first
+  for variant, seed, cfg in configs:        # a run done or checkpointed with other settings
+    run_dir = pathlib.Path(cfg.out_dir)
+    if ((run_dir / "summary.json").exists() or (run_dir / "checkpoints").exists()) and (
+        changes := config_changes(run_dir, cfg)):
+      raise ValueError(f"{variant} seed {seed}: {run_dir} was run with another configuration "
+                       f"({describe_changes(changes)}); use another --out (or delete the run)")
   for variant, seed, cfg in configs:
     run_dir = pathlib.Path(cfg.out_dir)
     if (run_dir / "summary.json").exists():

@@ -147,6 +147,30 @@ def make_steps(graphdef, tx, mesh=None):
           jax.jit(eval_loss))
 
 
+# Fields a resumed or repeated run may change: they decide when training stops and what is
+# saved, not the trajectory (`steps` too when the cosine length is fixed by decay_steps).
+RESUMABLE_FIELDS = ("max_seconds", "progress", "checkpoint_interval", "stop_after_explosion")
+
+
+def config_changes(out_dir, cfg: TrainConfig) -> dict:
+  """{field: (stored, new)} for each field that would change the trajectory of the run stored
+  in out_dir (its config.json) if it were resumed or reused with `cfg`; {} when there is none
+  or nothing is stored. Fields a stored config lacks (older versions) are not compared."""
+  path = pathlib.Path(out_dir) / "config.json"
+  if not path.exists():
+    return {}
+  old = json.loads(path.read_text()).get("train", {})
+  new = json.loads(json.dumps(dataclasses.asdict(cfg), default=str))   # as config.json has it
+  free = set(RESUMABLE_FIELDS)
+  if old.get("decay_steps") is not None and new["decay_steps"] is not None:
+    free.add("steps")
+  return {k: (old[k], v) for k, v in new.items() if k not in free and k in old and old[k] != v}
+
+
+def describe_changes(changes: dict) -> str:
+  return ", ".join(f"{k}: {old!r} → {new!r}" for k, (old, new) in changes.items())
+
+
 def _checkpoint_manager(out_dir):
   import orbax.checkpoint as ocp
   return ocp.CheckpointManager(pathlib.Path(out_dir).resolve() / "checkpoints",
@@ -201,7 +225,8 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None) -> dict
   `max_seconds` of wall time from the call (setup and compilation included; checkpointing
   there when checkpoints are on); the summary's
   `stopped` says which ("explosion", "time" or None).
-  Resumes from the latest checkpoint in `out_dir` if there is one. On a non-finite loss or
+  Resumes from the latest checkpoint in `out_dir` if there is one, and raises ValueError if
+  that run's configuration differs in anything but `RESUMABLE_FIELDS`. On a non-finite loss or
   gradient it stops and raises `NonFiniteError` naming the step and the last finite
   checkpoint (checkpoints are written only from finite states).
   """
@@ -232,6 +257,9 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None) -> dict
   mngr = _checkpoint_manager(out) if cfg.checkpoint_interval else None
   start = 0
   if mngr is not None and mngr.latest_step() is not None:
+    if changes := config_changes(out, cfg):
+      raise ValueError(f"{out} holds a checkpoint of another configuration "
+                       f"({describe_changes(changes)}); use another out_dir or delete it")
     target = dict(params=params, opt_state=opt_state)
     restored = mngr.restore(mngr.latest_step(), args=ocp.args.StandardRestore(target))
     params, opt_state, start = restored["params"], restored["opt_state"], mngr.latest_step()

@@ -3,10 +3,11 @@ early stop after an explosion."""
 import dataclasses
 import json
 import math
+import pathlib
 
 import pytest
 
-from jax_flashstable import cli, experiment
+from jax_flashstable import cli, experiment, train
 from jax_flashstable.train import TrainConfig
 
 TINY = dataclasses.replace(TrainConfig(**experiment.RECIPES["tiny"]), steps=12, diag_interval=6,
@@ -103,3 +104,30 @@ def test_search_recipes_change_only_their_knob():
     model, base = cfg.model_config(), anchor.model_config()
     assert model.n_layer == n and dataclasses.replace(model, n_layer=base.n_layer) == base
     assert dataclasses.replace(cfg, model_overrides=()) == anchor
+
+
+def test_a_run_of_other_settings_is_refused_not_reused(tmp_path):
+  """A finished run is skipped only when its settings match (a longer cap may extend it); with
+  another learning rate it is refused before anything trains, naming the field."""
+  cfg = experiment.variant_config(TINY, "paper", 0, tmp_path / "paper" / "seed0", tiles=32)
+  pathlib.Path(cfg.out_dir).mkdir(parents=True)
+  (pathlib.Path(cfg.out_dir) / "config.json").write_text(json.dumps(
+      dict(train=json.loads(json.dumps(dataclasses.asdict(cfg), default=str)))))
+  (pathlib.Path(cfg.out_dir) / "summary.json").write_text("{}")
+  assert train.config_changes(cfg.out_dir, cfg) == {}
+  assert train.config_changes(cfg.out_dir, dataclasses.replace(cfg, max_seconds=5.0)) == {}
+  changed = dataclasses.replace(TINY, lr=0.03)
+  assert train.config_changes(cfg.out_dir, experiment.variant_config(
+      changed, "paper", 0, cfg.out_dir, tiles=32)) == {"lr": (TINY.lr, 0.03)}
+  with pytest.raises(ValueError, match=r"lr: 0.003 → 0.03"):
+    experiment.run_matrix(changed, ["paper"], [0], tmp_path, tiles=32, log=lambda *a: None)
+  with pytest.raises(ValueError, match=r"attention: .*block_k=32.* → .*block_k=64"):
+    experiment.run_matrix(TINY, ["paper"], [0], tmp_path, tiles=64, log=lambda *a: None)
+  with pytest.raises(ValueError, match=r"tiles=100"):
+    experiment.run_matrix(TINY, ["xla", "paper"], [0], tmp_path, tiles=100, log=lambda *a: None)
+  # steps may change when the cosine length is fixed (a capped run extended), not otherwise
+  fixed = dataclasses.replace(cfg, decay_steps=100)
+  (pathlib.Path(cfg.out_dir) / "config.json").write_text(json.dumps(
+      dict(train=json.loads(json.dumps(dataclasses.asdict(fixed), default=str)))))
+  assert train.config_changes(cfg.out_dir, dataclasses.replace(fixed, steps=fixed.steps + 10)) == {}
+  assert "steps" in train.config_changes(cfg.out_dir, dataclasses.replace(cfg, steps=cfg.steps + 10))
