@@ -5,7 +5,8 @@
 #    outside 12.8.0–12.9.0);
 # 2. the headline bench: our Mosaic GPU forward at block_k 128 ± compensation, the Triton one,
 #    JAX's own Mosaic GPU attention and cuDNN, non-causal and causal, with the compensation
-#    overhead of the Mosaic GPU forward (20 interleaved pairs);
+#    overhead of the Mosaic GPU forward and its speed as a fraction of cuDNN's (20 interleaved
+#    pairs each);
 # 3. (STEP=1) a gpt2-small training step with it and with cuDNN (tokens/s, MFU).
 # The speed options were chosen with h200_tune_check.sh. Each part has its own timeout (sum
 # ≤ 510 s). Usage (repo root, on the device):
@@ -20,8 +21,9 @@ timeout 210 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_mosaic_gpu.
   | tail -25 | tee $R/tests.log
 timeout 190 python3 -m jax_flashstable.cli bench --shapes "4,4096,16,16,128,0;4,4096,16,16,128,1" \
   --impls flash:fa2+stabilize,flash-mgpu:fa2@128,flash-mgpu:fa2+stabilize@128,pallas-mgpu,cudnn \
-  --overhead-layouts mgpu:fa2@128 --overhead-pairs 20 --no-hashes --out $R/headline 2>&1 \
-  | grep -v "^ " | tail -16
+  --overhead-layouts mgpu:fa2@128 --overhead-pairs 20 --paired-impls flash-mgpu:fa2+stabilize@128 \
+  --no-hashes --out $R/headline 2>&1 \
+  | grep -v "^ " | tail -20
 (( ${STEP:-1} )) && timeout 110 python3 experiments/02_gpt2_step_time.py --out $R/step \
   --attention flash-stable:backend=mosaic_gpu,block_k=128 --attention cudnn 2>&1 \
   | grep -v "^WARNING" | tail -6

@@ -252,6 +252,25 @@ def compensation_overhead(shape, layout="fa2", *, dtype=jnp.bfloat16, pairs=20, 
               fwdbwd_overhead=paired_overhead(off[1], on[1], pairs))
 
 
+def paired_speed_ratio(shape, impl, reference="cudnn", *, dtype=jnp.bfloat16, pairs=20, seed=0):
+  """Speed of `impl` as a fraction of `reference` (1.2: 1.2× as fast), forward and
+  forward+backward, each the median over `pairs` interleaved pairs (`paired_overhead`), so
+  that both run under the same clocks and load: the ratio of one run, not of two medians
+  taken at different moments (on 2026-11-29 cuDNN's forward varied 401–509 TFLOP/s between
+  runs). Raises ValueError for an unknown name."""
+  from jax_flashstable.accuracy import make_inputs
+  for name in (impl, reference):
+    if (why := impl_error(name)) is not None:
+      raise ValueError(why)
+  q, k, v, do = make_inputs(shape, dtype, seed)
+  ours, ref = _jax_runs(impl, shape, q, k, v, do), _jax_runs(reference, shape, q, k, v, do)
+  for run in ours[:2] + ref[:2]:
+    median_seconds(run, warmup=3, reps=1)
+  return dict(shape=shape.name, impl=impl, reference=reference, pairs=pairs,
+              fwd_ratio=1.0 + paired_overhead(ours[0], ref[0], pairs),
+              fwdbwd_ratio=1.0 + paired_overhead(ours[1], ref[1], pairs))
+
+
 def default_shapes(gpu: bool):
   """The sweep `flashstable bench` runs: on a GPU lengths 1k–16k at 16k tokens per batch,
   head_dim 64 and 128, causal and not, plus one GQA shape (16 query heads on 4 key/value heads);

@@ -233,6 +233,10 @@ def _bench(args):
   if unknown:
     raise SystemExit(f"flashstable bench: {'; '.join(unknown.values())}. Use "
                      f"{', '.join(bench.IMPL_FORMS)}")
+  paired = [n for n in args.paired_impls.split(",") + [args.paired_reference]
+            if args.paired_impls and bench.impl_error(n)]
+  if paired:
+    raise SystemExit(f"flashstable bench: --paired-impls/--paired-reference: unknown {paired}")
   bad = [l for l in args.overhead_layouts.split(",") if args.overhead_pairs
          and not bench.known_impl(f"flash-{l}" if l.startswith("mgpu:") else f"flash:{l}")]
   if bad:
@@ -254,6 +258,16 @@ def _bench(args):
       except Exception as e:                     # the table still gets written; say why
         o = dict(layout=layout, shape=head.name, error=f"{type(e).__name__}: {e}"[:300])
       meta["compensation_overhead"].append(o)
+  if args.paired_impls and args.overhead_pairs:
+    head = shapes[0] if args.shapes or not gpu else Shape(4, 4096, 4096, 16, 16, 128, False)
+    meta["paired_ratios"] = []
+    for impl in args.paired_impls.split(","):
+      try:
+        o = bench.paired_speed_ratio(head, impl, args.paired_reference, pairs=args.overhead_pairs)
+      except Exception as e:                     # the table still gets written; say why
+        o = dict(impl=impl, reference=args.paired_reference, shape=head.name,
+                 error=f"{type(e).__name__}: {e}"[:300])
+      meta["paired_ratios"].append(o)
   meta["golden_hashes"] = bench.golden_hashes() if args.hashes else None
   write_results(args.out, "bench", rows, bench.format_bench(rows), meta)
   bench.plot_bench(rows, os.path.join(args.out, "bench.png"))
@@ -264,6 +278,13 @@ def _bench(args):
       continue
     print(f"compensation overhead [{o['layout']}, {o['shape']}, median of {o['pairs']} interleaved "
           f"pairs]: fwd {100 * o['fwd_overhead']:+.1f}%, fwd+bwd {100 * o['fwdbwd_overhead']:+.1f}%")
+  for o in meta.get("paired_ratios", []):
+    where = f"{o['impl']} vs {o['reference']}, {o['shape']}"
+    if "error" in o:
+      print(f"paired speed ratio [{where}]: failed ({o['error']})")
+      continue
+    print(f"paired speed ratio [{where}, median of {o['pairs']} interleaved pairs]: "
+          f"fwd {o['fwd_ratio']:.2f}×, fwd+bwd {o['fwdbwd_ratio']:.2f}×")
   print(f"plot: {args.out}/bench.png")
   ours_failed = [r for r in rows if r["impl"].startswith(tuple(bench.FLASH_PREFIXES))
                  and not r.get("ok", False)]
@@ -350,6 +371,10 @@ def build_parser():
   p.add_argument("--reps", type=int, default=20)
   p.add_argument("--overhead-pairs", type=int, default=20,
                  help="interleaved pairs for the compensation overhead (0: skip)")
+  p.add_argument("--paired-impls", default="", help="comma-separated implementations whose "
+                 "speed relative to --paired-reference is measured in --overhead-pairs "
+                 "interleaved pairs on the first shape (a same-moment ratio)")
+  p.add_argument("--paired-reference", default="cudnn", help="the reference of --paired-impls")
   p.add_argument("--overhead-layouts", default="fa2", help="comma-separated layouts whose "
                  "compensation overhead is measured; mgpu:<layout> for the Mosaic GPU forward")
   p.add_argument("--hashes", action=argparse.BooleanOptionalAction, default=True,

@@ -48,7 +48,8 @@ def test_bench_cli_on_cpu(tmp_path):
   with pytest.raises(SystemExit, match=r"heads \(4\) a multiple of kv_heads \(3\)"):
     cli.main(["bench", "--shapes", "1,64,4,3,64,0", "--out", str(tmp_path)])
   rc = cli.main(["bench", "--shapes", "1,128,4,2,64,causal", "--impls", "flash:fa2,flash:paper+stabilize,flash-mgpu:fa2+stabilize,xla,torch-math,pallas-mgpu",
-                 "--reps", "2", "--warmup", "1", "--overhead-pairs", "2", "--no-hashes", "--out", str(tmp_path)])
+                 "--reps", "2", "--warmup", "1", "--overhead-pairs", "2", "--no-hashes", "--out", str(tmp_path),
+                 "--paired-impls", "flash:fa2", "--paired-reference", "xla"])
   assert rc == 0
   res = json.loads((tmp_path / "bench.json").read_text())
   rows = {r["impl"]: r for r in res["rows"]}
@@ -58,6 +59,11 @@ def test_bench_cli_on_cpu(tmp_path):
   for name in ("flash:fa2", "flash:paper+stabilize", "flash-mgpu:fa2+stabilize", "xla"):
     r = rows[name]
     assert r["ok"] and r["max_err"] < 2 ** -5 and r["fwd_ms"] > 0 and r["fwdbwd_tflops"] > 0
+  r = res["meta"]["paired_ratios"][0]                    # time(xla) / time(ours), same moment
+  assert r["impl"] == "flash:fa2" and r["reference"] == "xla" and r["pairs"] == 2
+  assert 0 < r["fwd_ratio"] < 1e4 and 0 < r["fwdbwd_ratio"] < 1e4
+  with pytest.raises(SystemExit, match=r"--paired-impls/--paired-reference: unknown \['nope'\]"):
+    cli.main(["bench", "--paired-impls", "flash:fa2", "--paired-reference", "nope", "--out", str(tmp_path)])
   o = res["meta"]["compensation_overhead"][0]
   assert o["layout"] == "fa2" and o["pairs"] == 2 and abs(o["fwd_overhead"]) < 5
   assert (tmp_path / "bench.png").stat().st_size > 0
