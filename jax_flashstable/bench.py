@@ -65,7 +65,7 @@ def _flash_spec(name: str) -> dict:
   "+stabilize") → flash_attention keyword arguments (a fixed rng_key for the stochastic layout).
   block_k must be a positive integer without leading zeros; flash_attention checks it further.
   Raises ValueError for any other name."""
-  from pallas_kernels.policy import MOSAIC_GPU_NUMERICS, NUMERICS
+  from pallas_kernels.policy import MOSAIC_GPU_NUMERICS, NUMERICS, check_tile
   tile = r"@(?P<bk{}>[1-9][0-9]*)"
   m = re.fullmatch(r"(?P<prefix>flash:|flash-mgpu:)(?P<layout>\w+)(?:(?P<stab>\+stabilize)(?:"
                    + tile.format(1) + ")?|" + tile.format(2) + r"(?P<stab2>\+stabilize)?)?", name)
@@ -78,8 +78,10 @@ def _flash_spec(name: str) -> dict:
             backend=FLASH_PREFIXES[m["prefix"]])
   if block_k is not None:
     kw["block_k"] = int(block_k)
-    if kw["block_k"] < 16 or kw["block_k"] & (kw["block_k"] - 1):
-      raise ValueError(f"implementation {name!r}: block_k={block_k} must be a power of two >= 16")
+    try:
+      check_tile("block_k", kw["block_k"])
+    except ValueError as e:
+      raise ValueError(f"implementation {name!r}: {e}") from None
   if layout == "stochastic":
     kw["rng_key"] = jax.random.key(0)
   return kw
@@ -236,20 +238,30 @@ def _add_ratios(rows, base="cudnn"):
       r[f"fwdbwd_vs_{base}"] = r["fwdbwd_tflops"] / b["fwdbwd_tflops"]
 
 
-def compensation_overhead(shape, layout="fa2", *, dtype=jnp.bfloat16, pairs=20, seed=0):
-  """Relative cost of `stabilize=True` in forward and forward+backward: `paired_overhead` of
-  flash:<layout> against flash:<layout>+stabilize on one shape ("mgpu:<layout>": the Mosaic
-  GPU forward, flash-mgpu:<layout>)."""
+def overhead_impl(layout: str) -> str:
+  """The implementation name of an --overhead-layouts entry: "<layout>" is flash:<layout>,
+  "mgpu:<layout>" the Mosaic GPU forward flash-mgpu:<layout> (either with "@block_k")."""
+  return f"flash-{layout}" if layout.startswith("mgpu:") else f"flash:{layout}"
+
+
+def _paired(shape, impl_a, impl_b, dtype, pairs, seed):
+  """`paired_overhead` of impl_b against impl_a on identical inputs, forward and
+  forward+backward, after one warm-up call of each."""
   from jax_flashstable.accuracy import make_inputs
   q, k, v, do = make_inputs(shape, dtype, seed)
-  impl = f"flash-{layout}" if layout.startswith("mgpu:") else f"flash:{layout}"
-  off = _jax_runs(impl, shape, q, k, v, do)
-  on = _jax_runs(f"{impl}+stabilize", shape, q, k, v, do)
-  for run in off[:2] + on[:2]:
+  a, b = _jax_runs(impl_a, shape, q, k, v, do), _jax_runs(impl_b, shape, q, k, v, do)
+  for run in a[:2] + b[:2]:
     median_seconds(run, warmup=3, reps=1)
-  return dict(shape=shape.name, layout=layout, pairs=pairs,
-              fwd_overhead=paired_overhead(off[0], on[0], pairs),
-              fwdbwd_overhead=paired_overhead(off[1], on[1], pairs))
+  return paired_overhead(a[0], b[0], pairs), paired_overhead(a[1], b[1], pairs)
+
+
+def compensation_overhead(shape, layout="fa2", *, dtype=jnp.bfloat16, pairs=20, seed=0):
+  """Relative cost of `stabilize=True` in forward and forward+backward: `paired_overhead` of
+  flash:<layout> against flash:<layout>+stabilize on one shape (`overhead_impl`)."""
+  impl = overhead_impl(layout)
+  fwd, fwdbwd = _paired(shape, impl, f"{impl}+stabilize", dtype, pairs, seed)
+  return dict(shape=shape.name, layout=layout, pairs=pairs, fwd_overhead=fwd,
+              fwdbwd_overhead=fwdbwd)
 
 
 def paired_speed_ratio(shape, impl, reference="cudnn", *, dtype=jnp.bfloat16, pairs=20, seed=0):
@@ -258,17 +270,12 @@ def paired_speed_ratio(shape, impl, reference="cudnn", *, dtype=jnp.bfloat16, pa
   that both run under the same clocks and load: the ratio of one run, not of two medians
   taken at different moments (on 2026-11-29 cuDNN's forward varied 401–509 TFLOP/s between
   runs). Raises ValueError for an unknown name."""
-  from jax_flashstable.accuracy import make_inputs
   for name in (impl, reference):
     if (why := impl_error(name)) is not None:
       raise ValueError(why)
-  q, k, v, do = make_inputs(shape, dtype, seed)
-  ours, ref = _jax_runs(impl, shape, q, k, v, do), _jax_runs(reference, shape, q, k, v, do)
-  for run in ours[:2] + ref[:2]:
-    median_seconds(run, warmup=3, reps=1)
+  fwd, fwdbwd = _paired(shape, impl, reference, dtype, pairs, seed)   # time(ref)/time(impl) − 1
   return dict(shape=shape.name, impl=impl, reference=reference, pairs=pairs,
-              fwd_ratio=1.0 + paired_overhead(ours[0], ref[0], pairs),
-              fwdbwd_ratio=1.0 + paired_overhead(ours[1], ref[1], pairs))
+              fwd_ratio=1.0 + fwd, fwdbwd_ratio=1.0 + fwdbwd)
 
 
 def default_shapes(gpu: bool):

@@ -238,7 +238,7 @@ def _bench(args):
   if paired:
     raise SystemExit(f"flashstable bench: --paired-impls/--paired-reference: unknown {paired}")
   bad = [l for l in args.overhead_layouts.split(",") if args.overhead_pairs
-         and not bench.known_impl(f"flash-{l}" if l.startswith("mgpu:") else f"flash:{l}")]
+         and not bench.known_impl(bench.overhead_impl(l))]
   if bad:
     raise SystemExit(f"flashstable bench: --overhead-layouts {bad}: use <layout>[@block_k] or "
                      "mgpu:<layout>[@block_k] with a layout of the flash implementations above")
@@ -249,8 +249,9 @@ def _bench(args):
     rows += bench.bench([shape], impls, warmup=args.warmup, reps=args.reps)
     with open(os.path.join(args.out, "bench_partial.json"), "w") as f:
       json.dump(rows, f)
+  # the pairs' shape: the first given one, or the headline shape on a GPU
+  head = shapes[0] if args.shapes or not gpu else Shape(4, 4096, 4096, 16, 16, 128, False)
   if args.overhead_pairs:
-    head = shapes[0] if args.shapes or not gpu else Shape(4, 4096, 4096, 16, 16, 128, False)
     meta["compensation_overhead"] = []
     for layout in args.overhead_layouts.split(","):
       try:
@@ -259,7 +260,6 @@ def _bench(args):
         o = dict(layout=layout, shape=head.name, error=f"{type(e).__name__}: {e}"[:300])
       meta["compensation_overhead"].append(o)
   if args.paired_impls and args.overhead_pairs:
-    head = shapes[0] if args.shapes or not gpu else Shape(4, 4096, 4096, 16, 16, 128, False)
     meta["paired_ratios"] = []
     for impl in args.paired_impls.split(","):
       try:

@@ -23,6 +23,7 @@ import time
 from jax_flashstable.train import (NonFiniteError, TrainConfig, config_changes, describe_changes,
                                    explosion_step, read_diagnostics, read_metrics,
                                    train_and_evaluate)
+from pallas_kernels.policy import check_tile
 
 PAPER = "flash:numerics=paper,block_q={tiles},block_k={tiles}"
 
@@ -69,8 +70,7 @@ def variant_config(base: TrainConfig, variant: str, seed: int, out_dir, *, tiles
   the model does not have."""
   if variant not in VARIANTS:
     raise ValueError(f"unknown variant {variant!r}; choose from {sorted(VARIANTS)}")
-  if isinstance(tiles, bool) or not isinstance(tiles, int) or tiles < 16 or tiles & (tiles - 1):
-    raise ValueError(f"tiles={tiles!r}: the paper layout's logical tile must be a power of two >= 16")
+  check_tile("tiles", tiles)                 # the paper layout's logical tile
   n_layer = base.model_config().n_layer
   if not 0 <= layer < n_layer:
     raise ValueError(f"layer={layer} is not a layer of {base.model!r} (n_layer={n_layer})")

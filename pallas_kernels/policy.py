@@ -288,6 +288,12 @@ def compensated_tile_max(s, comp: Compensation | None, paper: bool = False, in_r
   return shifted_max(tile_max, tie_count(s, tile_max, comp, paper, in_range), comp, paper)
 
 
+def check_tile(name: str, b) -> None:
+  """Raises ValueError unless the tile size `b` is an int power of two >= 16 (every tile)."""
+  if not isinstance(b, (int, np.integer)) or isinstance(b, bool) or b < 16 or b & (b - 1):
+    raise ValueError(f"{name} must be a power of two >= 16, got {name}={b!r}")
+
+
 def next_power_of_2(n: int) -> int:
   return 1 << max(0, int(n) - 1).bit_length()
 
@@ -313,9 +319,7 @@ class BlockSizes:
 
   def __post_init__(self):
     for name in ("block_q", "block_k", "block_q_bwd", "block_k_bwd", "sub"):
-      b = getattr(self, name)
-      if not isinstance(b, (int, np.integer)) or isinstance(b, bool) or b < 16 or b & (b - 1):
-        raise ValueError(f"{name} must be a power of two >= 16, got {name}={b!r}")
+      check_tile(name, getattr(self, name))
 
   @classmethod
   def default(cls, head_dim: int, block_q: int | None = None, block_k: int | None = None):
