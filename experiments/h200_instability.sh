@@ -4,7 +4,7 @@
 # a queue is a space-separated list of variant:seeds[:steps[:recipe]] items run one after another
 # on its GPU (CUDA_VISIBLE_DEVICES), all within BUDGET seconds from the start (steps: a cap, the
 # cosine schedule keeps the recipe's length; recipe: one of experiment.RECIPES, default anchor);
-# the items "speed", "mgpu" and "tune" run h200_{item}_check.sh on that GPU. Runs land in /tmp/instability/RECIPE
+# the items "speed", "mgpu", "tune" (≥ 520 s left) and "profile" (≥ 300 s) run h200_{item}_check.sh on that GPU. Runs land in /tmp/instability/RECIPE
 # (resumable while the machine stays warm), one report per recipe; they come back as one tarball without checkpoints.
 # TAG names runs whose extra arguments change them (e.g. TAG=tiles128 with --tiles 128): they
 # go to /tmp/instability/RECIPE+TAG, so they never resume or skip as runs made without them.
@@ -24,8 +24,9 @@ run_queue() {  # gpu items...
   for item in "$@"; do
     local left=$(( BUDGET - ($(date +%s) - T0) ))
     if (( left < 60 )); then echo "GPU $gpu: $item not started, $left s left"; continue; fi
-    if [[ $item == speed || $item == mgpu || $item == tune ]]; then  # timeouts add up to ≤ 510 s
-      if (( left < 520 )); then echo "GPU $gpu: $item not started, $left s left"; continue; fi
+    if [[ $item == speed || $item == mgpu || $item == tune || $item == profile ]]; then
+      local need=520; [[ $item == profile ]] && need=300  # the scripts' timeouts add up to less
+      if (( left < need )); then echo "GPU $gpu: $item not started, $left s left"; continue; fi
       echo "GPU $gpu: $item with $left s left ($(date +%T))"
       CUDA_VISIBLE_DEVICES=$gpu bash experiments/h200_${item}_check.sh "$OUT"; continue
     fi

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Issue 7 on the H200 (device tool): what limits our kernels, read from Nsight Compute's hardware
+# counters (the device's runtime is Firecracker, where ncu reads them; clocks left alone).
+# Profiles experiments/05_profile_attention.py --which mgpu,bwd: our Mosaic GPU forward at
+# block_k 128 with compensation off and on, our Triton forward+backward with compensation
+# (forward, dQ and dK/dV kernels) and cuDNN's forward+backward, one call each. The Mosaic GPU
+# kernel has no name of ours, so the first 40 kernels are read (q, k, v's random fill comes first)
+# with autotuning off (it would launch kernels of its own). ~3 min.
+# Usage (repo root, on the device):  CUDA_VISIBLE_DEVICES=0 bash experiments/h200_profile_check.sh "$OUT"
+set -u
+OUT=${1:-runs/h200}
+mkdir -p "$OUT"
+source "$(dirname "$0")/h200_env.sh"
+XLA_FLAGS=--xla_gpu_autotune_level=0 timeout 300 ncu --clock-control none -c 40 \
+  --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+  python3 experiments/05_profile_attention.py --which mgpu,bwd --calls 1 > "$OUT/ncu.txt" 2>&1
+echo "ncu: exit $?, $(grep -c '^  [^ ]' "$OUT/ncu.txt") kernel reports"; tail -3 "$OUT/ncu.txt"
