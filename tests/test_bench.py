@@ -13,8 +13,8 @@ HASHES = json.loads((pathlib.Path(__file__).parent / "golden_hashes.json").read_
 
 
 def test_paired_overhead_measures_a_known_ratio():
-  fast = lambda: time.sleep(0.002)
-  slow = lambda: time.sleep(0.004)
+  fast = lambda calls=1: time.sleep(0.002 * calls)
+  slow = lambda calls=1: time.sleep(0.004 * calls)
   assert bench.paired_overhead(fast, slow, pairs=6, inner=2) == pytest.approx(1.0, abs=0.35)
   assert bench.paired_overhead(fast, fast, pairs=6, inner=2) == pytest.approx(0.0, abs=0.35)
 

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Issue 7 on the H200 (device tool): the targets as paired ratios, each the median of 30
+# interleaved pairs of 10 back-to-back calls (bench.paired_overhead), at the headline shape
+# (b4 × 4096 × 16 × d128), non-causal then causal: our Mosaic GPU forward (block_k 128,
+# compensation on) as a fraction of cuDNN, forward and forward+backward; the compensation
+# overhead of the Mosaic GPU forward and of the Triton kernels; then the Mosaic GPU forward's grid
+# order (forward_mgpu.Q_TILES_INNER: query tiles innermost or heads innermost), both orders
+# checked against the Triton forward. ~5 min. Usage (repo root, on the device):
+#   CUDA_VISIBLE_DEVICES=0 bash experiments/h200_ratio_check.sh "$OUT"
+set -u
+OUT=${1:-runs/h200}
+R=/tmp/ratio
+mkdir -p "$OUT" $R
+source "$(dirname "$0")/h200_env.sh"
+for causal in 0 1; do
+  timeout 150 python3 -m jax_flashstable.cli bench --shapes "4,4096,16,16,128,$causal" \
+    --impls flash-mgpu:fa2+stabilize@128,cudnn --overhead-layouts mgpu:fa2@128,fa2 \
+    --overhead-pairs 30 --paired-impls flash-mgpu:fa2+stabilize@128 --no-hashes \
+    --out $R/causal$causal 2>&1 | grep -v "^ \|^|\|^$" | tail -8
+done
+timeout 100 python3 - <<'PY' 2>&1 | tail -4
+import jax, jax.numpy as jnp
+from jax_flashstable import flash_attention
+from jax_flashstable.accuracy import Shape, make_inputs
+from jax_flashstable.bench import _waiting, attention_flops, median_seconds, paired_overhead
+import pallas_kernels.forward_mgpu as fm
+q, k, v, _ = make_inputs(Shape(4, 4096, 4096, 16, 16, 128), jnp.bfloat16, 0)
+ref = flash_attention(q, k, v, stabilize=True).astype(jnp.float32)
+runs = {}
+for inner in (False, True):   # the option is read when the kernel is traced: call once per order
+  fm.Q_TILES_INNER = inner
+  f = jax.jit(lambda q, k, v: flash_attention(q, k, v, stabilize=True, backend="mosaic_gpu",
+                                              block_k=128))
+  err = float(jnp.max(jnp.abs(f(q, k, v).astype(jnp.float32) - ref)))
+  runs[inner] = _waiting(f, q, k, v)
+  t = median_seconds(runs[inner], warmup=3, reps=30)
+  print(f"Q_TILES_INNER={inner}: {attention_flops(4, 4096, 4096, 16, 128, causal=False) / t / 1e12:.0f}"
+        f" TFLOP/s, max |mgpu - triton| {err:.1e}")
+print(f"time(q tiles inner) / time(heads inner) - 1, median of 30 pairs: "
+      f"{paired_overhead(runs[False], runs[True], 30):+.1%}")
+PY
+tar czf "$OUT/ratio.tgz" -C $R .
