@@ -19,6 +19,16 @@ def test_paired_overhead_measures_a_known_ratio():
   assert bench.paired_overhead(fast, fast, pairs=6, inner=2) == pytest.approx(0.0, abs=0.35)
 
 
+def test_timing_in_batches_spreads_a_fixed_wait_over_the_calls():
+  # 1 ms of "kernel" per call plus 2 ms of synchronisation per wait (sleep overshoots a little)
+  run = lambda calls=1: time.sleep(0.002 + 0.001 * calls)
+  assert bench.median_seconds(run, warmup=1, reps=3) == pytest.approx(0.003, rel=0.5)
+  assert 2 <= bench.calls_per_timing(run) <= 3                  # int(10 ms / ~3 ms)
+  assert bench.calls_per_timing(run, target_s=1.0) == 10         # capped
+  per_call = bench.median_seconds(run, warmup=1, reps=3, calls=10)
+  assert per_call == pytest.approx(0.0012, rel=0.4) and per_call < 0.002
+
+
 def test_flops_convention():
   f = bench.attention_flops(2, 1024, 1024, 4, 64, causal=False)
   assert f == 4 * 2 * 4 * 1024 * 1024 * 64
