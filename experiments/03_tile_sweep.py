@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_flashstable.accuracy import Shape, make_inputs
-from jax_flashstable.bench import attention_flops, median_seconds
+from jax_flashstable.bench import attention_flops, seconds_per_call, waiting
 from jax_flashstable.results import run_meta, write_results
 from pallas_kernels.attention import KernelConfig, flash_attention_padded
 from pallas_kernels.policy import BlockSizes, get_numerics
@@ -58,7 +58,7 @@ def main():
     f = jax.jit(lambda q, k, v, cfg=cfg: flash_attention_padded(q, k, v, cfg)[0])
     try:
       err = float(np.max(np.abs(np.asarray(f(q, k, v), np.float32) - ref)))
-      t = median_seconds(lambda: jax.block_until_ready(f(q, k, v)), 2, a.reps)
+      t = seconds_per_call(waiting(f, q, k, v), 2, a.reps)
     except Exception as e:                   # e.g. out of shared memory for this tile
       rows.append(dict(sweep="fwd", block_q=bq, block_k=bk, warps=warps, stages=stages,
                        error=str(e).splitlines()[0][:160]))
@@ -70,7 +70,7 @@ def main():
     cfg = config(dataclasses.replace(base, block_q_bwd=bqb, block_k_bwd=bkb), 8 if a.head_dim > 64 else 4, 2, warps)
     fb = jax.jit(lambda q, k, v, do, cfg=cfg: jax.vjp(lambda q, k, v: flash_attention_padded(q, k, v, cfg)[0], q, k, v)[1](do))
     try:
-      t = median_seconds(lambda: jax.block_until_ready(fb(q, k, v, do)), 2, a.reps)
+      t = seconds_per_call(waiting(fb, q, k, v, do), 2, a.reps)
     except Exception as e:
       rows.append(dict(sweep="fwd+bwd", block_q_bwd=bqb, block_k_bwd=bkb, warps=warps,
                        error=str(e).splitlines()[0][:160]))

@@ -4,8 +4,8 @@
 # a queue is a space-separated list of variant:seeds[:steps[:recipe]] items run one after another
 # on its GPU (CUDA_VISIBLE_DEVICES), all within BUDGET seconds from the start (steps: a cap, the
 # cosine schedule keeps the recipe's length; recipe: one of experiment.RECIPES, default anchor);
-# the items "speed", "mgpu", "tune" (≥ 520 s left), "ratio" (≥ 420 s) and "profile" (≥ 310 s) run
-# h200_{item}_check.sh on that GPU. Runs land in /tmp/instability/RECIPE
+# an item naming a check script (speed, mgpu, tune, ratio, profile) runs h200_{item}_check.sh on
+# that GPU if the script's declared "device seconds" are left. Runs land in /tmp/instability/RECIPE
 # (resumable while the machine stays warm), one report per recipe; they come back as one tarball without checkpoints.
 # TAG names runs whose extra arguments change them (e.g. TAG=tiles128 with --tiles 128): they
 # go to /tmp/instability/RECIPE+TAG, so they never resume or skip as runs made without them.
@@ -25,9 +25,9 @@ run_queue() {  # gpu items...
   for item in "$@"; do
     local left=$(( BUDGET - ($(date +%s) - T0) ))
     if (( left < 60 )); then echo "GPU $gpu: $item not started, $left s left"; continue; fi
-    local need=0   # seconds a check script's timeouts add up to, with a margin
-    case $item in speed|mgpu|tune) need=520;; ratio) need=420;; profile) need=310;; esac
-    if (( need )); then
+    local script=experiments/h200_${item}_check.sh
+    if [[ -f $script ]]; then   # a check script: its declared device seconds, plus a margin
+      local need=$(( $(sed -n 's/^# device seconds: \([0-9]*\).*/\1/p' $script) + 10 ))
       if (( left < need )); then echo "GPU $gpu: $item not started, $left s left"; continue; fi
       echo "GPU $gpu: $item with $left s left ($(date +%T))"
       CUDA_VISIBLE_DEVICES=$gpu bash experiments/h200_${item}_check.sh "$OUT"; continue

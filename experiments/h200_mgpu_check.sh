@@ -11,6 +11,7 @@
 # The speed options were chosen with h200_tune_check.sh. Each part has its own timeout (sum
 # ≤ 510 s). Usage (repo root, on the device):
 #   CUDA_VISIBLE_DEVICES=0 bash experiments/h200_mgpu_check.sh "$OUT"
+# device seconds: 510 (its timeouts added up; h200_instability.sh starts it only with that much left)
 set -u
 OUT=${1:-runs/h200}
 R=/tmp/mgpu

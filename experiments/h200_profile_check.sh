@@ -4,9 +4,10 @@
 # Profiles experiments/05_profile_attention.py --which mgpu,bwd: our Mosaic GPU forward at
 # block_k 128 with compensation off and on, our Triton forward+backward with compensation
 # (forward, dQ and dK/dV kernels) and cuDNN's forward+backward, one call each. The Mosaic GPU
-# kernel has no name of ours, so the first 40 kernels are read (q, k, v's random fill comes first)
+# kernel has no name of ours, so the first 80 kernels are read (q, k, v's random fill comes first)
 # with autotuning off (it would launch kernels of its own). ~1 min.
 # Usage (repo root, on the device):  CUDA_VISIBLE_DEVICES=0 bash experiments/h200_profile_check.sh "$OUT"
+# device seconds: 300 (its timeouts added up; h200_instability.sh starts it only with that much left)
 set -u
 OUT=${1:-runs/h200}
 mkdir -p "$OUT"

@@ -7,6 +7,7 @@
 # order (forward_mgpu.Q_TILES_INNER: query tiles innermost or heads innermost), both orders
 # checked against the Triton forward. ~5 min. Usage (repo root, on the device):
 #   CUDA_VISIBLE_DEVICES=0 bash experiments/h200_ratio_check.sh "$OUT"
+# device seconds: 400 (its timeouts added up; h200_instability.sh starts it only with that much left)
 set -u
 OUT=${1:-runs/h200}
 R=/tmp/ratio
@@ -17,12 +18,13 @@ for causal in 0 1; do
     --impls flash-mgpu:fa2+stabilize@128,cudnn --overhead-layouts mgpu:fa2@128,fa2 \
     --overhead-pairs 30 --paired-impls flash-mgpu:fa2+stabilize@128 --no-hashes \
     --out $R/causal$causal 2>&1 | grep -v "^ \|^|\|^$" | tail -8
+  echo "bench causal=$causal: exit ${PIPESTATUS[0]}"
 done
 timeout 100 python3 - <<'PY' 2>&1 | tail -4
 import jax, jax.numpy as jnp
 from jax_flashstable import flash_attention
 from jax_flashstable.accuracy import Shape, make_inputs
-from jax_flashstable.bench import _waiting, attention_flops, median_seconds, paired_overhead
+from jax_flashstable.bench import attention_flops, paired_overhead, seconds_per_call, waiting
 import pallas_kernels.forward_mgpu as fm
 q, k, v, _ = make_inputs(Shape(4, 4096, 4096, 16, 16, 128), jnp.bfloat16, 0)
 ref = flash_attention(q, k, v, stabilize=True).astype(jnp.float32)
@@ -32,11 +34,12 @@ for inner in (False, True):   # the option is read when the kernel is traced: ca
   f = jax.jit(lambda q, k, v: flash_attention(q, k, v, stabilize=True, backend="mosaic_gpu",
                                               block_k=128))
   err = float(jnp.max(jnp.abs(f(q, k, v).astype(jnp.float32) - ref)))
-  runs[inner] = _waiting(f, q, k, v)
-  t = median_seconds(runs[inner], warmup=3, reps=30)
+  runs[inner] = waiting(f, q, k, v)
+  t = seconds_per_call(runs[inner], warmup=3, reps=30)
   print(f"Q_TILES_INNER={inner}: {attention_flops(4, 4096, 4096, 16, 128, causal=False) / t / 1e12:.0f}"
         f" TFLOP/s, max |mgpu - triton| {err:.1e}")
 print(f"time(q tiles inner) / time(heads inner) - 1, median of 30 pairs: "
       f"{paired_overhead(runs[False], runs[True], 30):+.1%}")
 PY
+echo "grid-order A/B: exit ${PIPESTATUS[0]}"
 tar czf "$OUT/ratio.tgz" -C $R .

@@ -4,6 +4,7 @@
 # compensation overhead from 20 interleaved pairs), and an Nsight Compute profile of the forward
 # kernels (ours ± compensation, cuDNN) for "what limits it". One tarball back.
 # Usage (repo root, on the device): CUDA_VISIBLE_DEVICES=0 bash experiments/h200_speed_check.sh "$OUT"
+# device seconds: 490 (its timeouts added up; h200_instability.sh starts it only with that much left)
 set -u
 OUT=${1:-runs/h200}
 R=/tmp/speed

@@ -2,10 +2,11 @@
 # Issue 7 on the H200 (device tool): speed options of our Mosaic GPU forward
 # (pallas_kernels/forward_mgpu.py: FUSED_PV, EARLY_TURN, EXP2) at block_k 128 / 2 stages and
 # 64 / 3, compensation on (and off with none or all of them), on the headline shape
-# (b4 × 4096 × 16 × d128, non-causal), single timings (median of 30 calls); each configuration's
+# (b4 × 4096 × 16 × d128, non-causal), single timings (median of 30 batches of back-to-back calls); each configuration's
 # output is compared with the Triton forward's on the GPU; then causal with the default options,
 # and the jitted forward+backward GPU test. Usage (repo root, on the device):
 #   CUDA_VISIBLE_DEVICES=1 bash experiments/h200_tune_check.sh "$OUT"
+# device seconds: 490 (its timeouts added up; h200_instability.sh starts it only with that much left)
 set -u
 OUT=${1:-runs/h200}
 R=/tmp/mgpu_tune
@@ -15,7 +16,7 @@ timeout 300 python3 - <<'PY' 2>&1 | tee $R/tune.log
 import itertools, jax, jax.numpy as jnp, numpy as np
 from jax_flashstable import flash_attention
 from jax_flashstable.accuracy import Shape, make_inputs
-from jax_flashstable.bench import attention_flops, median_seconds
+from jax_flashstable.bench import attention_flops, seconds_per_call, waiting
 import pallas_kernels.forward_mgpu as fm
 s = Shape(4, 4096, 4096, 16, 16, 128)
 q, k, v, _ = make_inputs(s, jnp.bfloat16, 0)
@@ -25,7 +26,7 @@ def timed(block_k, stages, stabilize, causal=False):
               num_stages=stages, stabilize=stabilize, causal=causal))
   ref = flash_attention(q, k, v, block_k=block_k, stabilize=stabilize, causal=causal)
   err = float(jnp.max(jnp.abs(f(q, k, v).astype(jnp.float32) - ref.astype(jnp.float32))))
-  t = median_seconds(lambda: jax.block_until_ready(f(q, k, v)), warmup=3, reps=30)
+  t = seconds_per_call(waiting(f, q, k, v), warmup=3, reps=30)
   return t, err
 configs = [dict(FUSED_PV=f, EARLY_TURN=e, EXP2=x) for f, e, x in itertools.product((False, True), repeat=3)]
 for block_k, stages in ((128, 2), (64, 3)):

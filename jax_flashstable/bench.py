@@ -23,7 +23,7 @@ def attention_flops(batch, q_len, kv_len, num_heads, head_dim, causal, backward=
 def median_seconds(run, warmup=3, reps=20, calls=1):
   """Median wall time of one call, from `reps` timings of run() (which must wait for the device)
   after `warmup` calls; with calls > 1 each timing is run(calls) — that many calls dispatched
-  back to back with one wait (`_waiting`) — divided by calls."""
+  back to back with one wait (`waiting`) — divided by calls."""
   go = run if calls == 1 else (lambda: run(calls))
   for _ in range(warmup):
     go()
@@ -35,20 +35,25 @@ def median_seconds(run, warmup=3, reps=20, calls=1):
   return statistics.median(times)
 
 
-def calls_per_timing(run, target_s=0.01, most=10):
-  """How many back-to-back calls make one timing of ~target_s (1 to `most`): at 1 ms per call
-  the host's dispatch and synchronisation (0.2–0.4 ms per synchronised call at the headline
+def calls_per_timing(run, target_s=0.05, most=10):
+  """How many back-to-back calls make one timing of ~target_s (1 to `most`): at ~1–5 ms per
+  call the host's dispatch and synchronisation (0.2–0.4 ms per waited call at the headline
   shape on the H200, 2026-11-30: wall time against Nsight Compute's kernel time) would
   otherwise count as kernel time."""
   return max(1, min(most, int(target_s / median_seconds(run, warmup=1, reps=3))))
+
+
+def seconds_per_call(run, warmup=3, reps=20):
+  """`median_seconds` of run (a `waiting` callable) in batches of `calls_per_timing` calls."""
+  return median_seconds(run, warmup, reps, calls_per_timing(run))
 
 
 def paired_overhead(run_a, run_b, pairs=20, inner=10):
   """Median over `pairs` interleaved pairs of time(b)/time(a) − 1 (which of a and b runs first
   alternates from pair to pair, so drifts in clock or temperature cancel). Each time is one
   `run(inner)`: `inner` calls dispatched back to back with one wait at the end, so the host's
-  dispatch and synchronisation (tens of µs, more on a busy host) overlap the kernels instead
-  of adding to a ~1 ms kernel's time."""
+  dispatch and synchronisation (0.2–0.4 ms per waited call, see `calls_per_timing`) overlap
+  the kernels instead of adding to a ~1 ms kernel's time."""
   ratios = []
   for i in range(pairs):
     t = {}
@@ -117,7 +122,7 @@ def known_impl(name: str) -> bool:
 
 
 def _jax_runs(name, shape, q, k, v, do):
-  """(fwd, fwd+bwd) callables that wait for the device (`_waiting`), and the output."""
+  """(fwd, fwd+bwd) callables that wait for the device (`waiting`), and the output."""
   if name.startswith(tuple(FLASH_PREFIXES)):
     kw = dict(causal=shape.causal, **_flash_spec(name))
     f = lambda q, k, v: flash_attention(q, k, v, **kw)
@@ -136,13 +141,17 @@ def _jax_runs(name, shape, q, k, v, do):
 
   fb = jax.jit(fwd_bwd)
   out = fwd(q, k, v)
-  return _waiting(fwd, q, k, v), _waiting(fb, q, k, v, do), np.asarray(out, np.float32)
+  return waiting(fwd, q, k, v), waiting(fb, q, k, v, do), np.asarray(out, np.float32)
 
 
-def _waiting(f, *args):
-  """run(calls=1): `calls` calls of f(*args) dispatched back to back, then one wait (the device
-  runs them in order); the form `median_seconds` and `paired_overhead` time."""
-  return lambda calls=1: jax.block_until_ready([f(*args) for _ in range(calls)])
+def waiting(f, *args):
+  """run(calls=1): `calls` calls of f(*args) dispatched back to back, then a wait for the last
+  (the device runs them in order); the form `median_seconds` and `paired_overhead` time."""
+  def run(calls=1):
+    for _ in range(calls):
+      out = f(*args)
+    return jax.block_until_ready(out)
+  return run
 
 
 def _mosaic_gpu_attention(shape):
@@ -176,7 +185,7 @@ def _torch_runs(name, shape, q, k, v, do):
   gqa = shape.num_heads != shape.num_kv_heads
   sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
 
-  def fwd(calls=1):                     # `_waiting`'s form: calls back to back, one wait
+  def fwd(calls=1):                     # `waiting`'s form: calls back to back, one wait
     with sdpa_kernel([backend]), torch.no_grad():
       for _ in range(calls):
         out = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=shape.causal,
@@ -231,7 +240,7 @@ def bench(shapes, impls, *, dtype=jnp.bfloat16, warmup=3, reps=20, seed=0, log=p
         err = float(np.max(np.abs(out[:1, :, :g] - ref)))
         row.update(max_err=err, ok=bool(np.isfinite(err) and err <= 2 ** -5))
         if row["ok"]:
-          t_f, t_fb = (median_seconds(run, warmup, reps, calls_per_timing(run)) for run in (fwd, fb))
+          t_f, t_fb = seconds_per_call(fwd, warmup, reps), seconds_per_call(fb, warmup, reps)
           row.update(fwd_ms=1e3 * t_f, fwdbwd_ms=1e3 * t_fb, fwd_tflops=flops / t_f / 1e12,
                      fwdbwd_tflops=3.5 * flops / t_fb / 1e12)
       except Exception as e:                    # not available here (or failed): say why, go on

@@ -23,10 +23,16 @@ def test_timing_in_batches_spreads_a_fixed_wait_over_the_calls():
   # 1 ms of "kernel" per call plus 2 ms of synchronisation per wait (sleep overshoots a little)
   run = lambda calls=1: time.sleep(0.002 + 0.001 * calls)
   assert bench.median_seconds(run, warmup=1, reps=3) == pytest.approx(0.003, rel=0.5)
-  assert 2 <= bench.calls_per_timing(run) <= 3                  # int(10 ms / ~3 ms)
-  assert bench.calls_per_timing(run, target_s=1.0) == 10         # capped
+  assert bench.calls_per_timing(run) == 10                       # 50 ms / ~3 ms, capped at 10
+  assert bench.calls_per_timing(run, target_s=0.001) == 1        # one call is already longer
   per_call = bench.median_seconds(run, warmup=1, reps=3, calls=10)
   assert per_call == pytest.approx(0.0012, rel=0.4) and per_call < 0.002
+
+
+def test_waiting_dispatches_the_calls_and_returns_the_last_output():
+  seen = []
+  run = bench.waiting(lambda x: seen.append(x) or jax.numpy.asarray(len(seen)), 7)
+  assert int(run(4)) == 4 and seen == [7] * 4
 
 
 def test_flops_convention():
