@@ -82,7 +82,7 @@ def main():
           for s in ("fwd", "fwd+bwd")}
   table = "\n".join(["| sweep | config | ms | TFLOP/s |", "|---|---|---:|---:|"] +
                     [f"| {r['sweep']} | " + ", ".join(f"{k}={v}" for k, v in r.items() if k not in ("sweep", "ms", "tflops", "max_diff_vs_default", "error"))
-                     + (f" | {r['ms']:.3f} | {r['tflops']:.1f} |" if "tflops" in r else f" | error | {r['error'][:60]} |")
+                     + (f" | {r['ms']:.3f} | {r['tflops']:.3g} |" if "tflops" in r else f" | error | {r['error'][:60]} |")
                      for r in rows])
   write_results(a.out, "tiles", rows, table, run_meta(shape=shape.name, best=best))
 

@@ -233,15 +233,17 @@ def _bench(args):
   if unknown:
     raise SystemExit(f"flashstable bench: {'; '.join(unknown.values())}. Use "
                      f"{', '.join(bench.IMPL_FORMS)}")
-  paired = [n for n in args.paired_impls.split(",") + [args.paired_reference]
-            if args.paired_impls and bench.impl_error(n)]
+  paired = [n for n in (args.paired_impls.split(",") if args.paired_impls else [])
+            + [args.paired_reference] if bench.impl_error(n)]
   if paired:
-    raise SystemExit(f"flashstable bench: --paired-impls/--paired-reference: unknown {paired}")
+    raise SystemExit(f"flashstable bench: --paired-impls/--paired-reference: unknown "
+                     f"{', '.join(map(repr, paired))}. Use {', '.join(bench.IMPL_FORMS)}")
   bad = [l for l in args.overhead_layouts.split(",") if args.overhead_pairs
          and not bench.known_impl(bench.overhead_impl(l))]
   if bad:
-    raise SystemExit(f"flashstable bench: --overhead-layouts {bad}: use <layout>[@block_k] or "
-                     "mgpu:<layout>[@block_k] with a layout of the flash implementations above")
+    raise SystemExit(f"flashstable bench: --overhead-layouts {', '.join(map(repr, bad))}: use "
+                     f"<layout>[@block_k] or mgpu:<layout>[@block_k] with a layout of "
+                     f"{bench.IMPL_FORMS[0]} or {bench.IMPL_FORMS[1]}")
   meta = _meta(args)
   rows = []
   os.makedirs(args.out, exist_ok=True)
@@ -374,7 +376,8 @@ def build_parser():
   p.add_argument("--paired-impls", default="", help="comma-separated implementations whose "
                  "speed relative to --paired-reference is measured in --overhead-pairs "
                  "interleaved pairs on the first shape (a same-moment ratio)")
-  p.add_argument("--paired-reference", default="cudnn", help="the reference of --paired-impls")
+  p.add_argument("--paired-reference", default="cudnn",
+                 help="the reference of --paired-impls (cudnn: GPU only; on CPU name e.g. xla)")
   p.add_argument("--overhead-layouts", default="fa2", help="comma-separated layouts whose "
                  "compensation overhead is measured; mgpu:<layout> for the Mosaic GPU forward")
   p.add_argument("--hashes", action=argparse.BooleanOptionalAction, default=True,
