@@ -30,7 +30,7 @@ run_queue() {  # gpu items...
       local need=$(( $(sed -n 's/^# device seconds: \([0-9]*\).*/\1/p' $script) + 10 ))
       if (( left < need )); then echo "GPU $gpu: $item not started, $left s left"; continue; fi
       echo "GPU $gpu: $item with $left s left ($(date +%T))"
-      CUDA_VISIBLE_DEVICES=$gpu bash experiments/h200_${item}_check.sh "$OUT"; continue
+      CUDA_VISIBLE_DEVICES=$gpu bash $script "$OUT"; continue
     fi
     echo "GPU $gpu: $item with $left s left ($(date +%T))"
     IFS=: read -r variant seeds steps recipe <<< "$item"

@@ -8,8 +8,8 @@
 #    overhead of the Mosaic GPU forward and its speed as a fraction of cuDNN's (20 interleaved
 #    pairs each);
 # 3. (STEP=1) a gpt2-small training step with it and with cuDNN (tokens/s, MFU).
-# The speed options were chosen with h200_tune_check.sh. Each part has its own timeout (sum
-# ≤ 510 s). Usage (repo root, on the device):
+# The speed options were chosen with h200_tune_check.sh. Each part has its own timeout.
+# Usage (repo root, on the device):
 #   CUDA_VISIBLE_DEVICES=0 bash experiments/h200_mgpu_check.sh "$OUT"
 # device seconds: 510 (its timeouts added up; h200_instability.sh starts it only with that much left)
 set -u

@@ -185,20 +185,20 @@ def _torch_runs(name, shape, q, k, v, do):
   gqa = shape.num_heads != shape.num_kv_heads
   sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
 
+  sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=shape.causal,
+                                                                   enable_gqa=gqa)
+
   def fwd(calls=1):                     # `waiting`'s form: calls back to back, one wait
     with sdpa_kernel([backend]), torch.no_grad():
       for _ in range(calls):
-        out = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=shape.causal,
-                                                               enable_gqa=gqa)
+        out = sdpa()
     sync()
     return out
 
   def fb(calls=1):
     with sdpa_kernel([backend]):
       for _ in range(calls):
-        out = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=shape.causal,
-                                                               enable_gqa=gqa)
-        torch.autograd.grad(out, (tq, tk, tv), tdo)
+        torch.autograd.grad(sdpa(), (tq, tk, tv), tdo)
     sync()
 
   return fwd, fb, fwd().transpose(1, 2).float().cpu().numpy()

@@ -71,9 +71,9 @@ EARLY_TURN = False
 EXP2 = True
 # Q_TILES_INNER: the grid runs a head's query tiles one after another (Pallas's last grid axis is
 # CUDA's x, launched first), so the CTAs resident together share one head's K and V in L2. With
-# heads innermost ~64 heads' K/V (128 MiB at length 4096) were in flight. Nsight Compute, H200, 2026-11-30, headline shape: DRAM 60% → 6% and L2 87% → 32% busy,
-# but cycles only −1.3% and 30 interleaved pairs +0.7% (the kernel is not memory-bound): kept
-# for the traffic, not for speed.
+# heads innermost ~64 heads' K/V (128 MiB at length 4096) were in flight. Nsight Compute, H200,
+# 2026-11-30, headline shape: DRAM 60% → 6% and L2 87% → 32% busy, but cycles only −1.3% and
+# 30 interleaved pairs +0.7% (the kernel is not memory-bound): kept for the traffic, not speed.
 Q_TILES_INNER = True
 # Hopper's 227 KiB of shared memory per block, less Mosaic GPU's reduction scratch (2 KiB) and
 # room for the barriers.
