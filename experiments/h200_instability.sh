@@ -6,7 +6,8 @@
 # cosine schedule keeps the recipe's length; recipe: one of experiment.RECIPES, default anchor);
 # an item naming a check script (speed, mgpu, tune, ratio, profile) runs h200_{item}_check.sh on
 # that GPU if the script's declared "device seconds" are left. Runs land in /tmp/instability/RECIPE
-# (resumable while the machine stays warm), one report per recipe; they come back as one tarball without checkpoints.
+# (resumable while the machine stays warm), one report per recipe; the runs come back packed
+# (`experiment.pack_runs`: runs-RECIPE.jsonl.xz, no checkpoints; `--runs FILE` reports them).
 # TAG names runs whose extra arguments change them (e.g. TAG=tiles128 with --tiles 128): they
 # go to /tmp/instability/RECIPE+TAG, so they never resume or skip as runs made without them.
 # (the device returns at most 8 files). Extra arguments go to every run (e.g. --steps 4500).
@@ -38,7 +39,7 @@ run_queue() {  # gpu items...
     CUDA_VISIBLE_DEVICES=$gpu python3 -m jax_flashstable.cli experiment instability --recipe $recipe \
       --data .data --variants "$variant" --seeds "$seeds" ${steps:+--steps "$steps"} \
       --time-budget "$left" --no-progress --out $R/$recipe${TAG:++$TAG} "${EXTRA[@]}" 2>&1 \
-      | grep -v "^|\|^{\|^recipe\|^$\|^#" | sed "s/^/[GPU $gpu] /"
+      | grep --line-buffered -v "^|\|^{\|^recipe\|^$\|^#" | sed "s/^/[GPU $gpu] /"
   done
 }
 EXTRA=("$@")
@@ -53,7 +54,7 @@ shopt -s nullglob
 for dir in $R/*/; do
   name=$(basename $dir); recipe=${name%%+*}
   python3 -m jax_flashstable.cli experiment instability --recipe $recipe --data .data --report-only \
-    --out $dir "$@" | tail -30
+    --out $dir --pack "$OUT/runs-${name//+/_}.jsonl.xz" "$@" | tail -30
   cp $dir/report.md "$OUT/report-${name//+/_}.md" 2>/dev/null; cp $dir/curves.png "$OUT/curves-${name//+/_}.png" 2>/dev/null  # the device returns plain names only
 done
-tar czf "$OUT/runs.tgz" --exclude=checkpoints -C $R .
+cp $R/queue*.log "$OUT"/

@@ -5,6 +5,7 @@ import argparse
 import datetime
 import json
 import os
+import pathlib
 import sys
 
 
@@ -187,7 +188,11 @@ def _experiment(args):
   variants = args.variants.split(",")
   try:
     seeds = _ints(args.seeds, "--seeds")
-    if args.report_only:
+    if args.runs:
+      if not pathlib.Path(args.runs).is_file():
+        raise ValueError(f"--runs {args.runs!r}: no such file")
+      experiment.unpack_runs(args.runs, args.out)
+    if args.report_only or args.runs:
       rows = experiment.collect(args.out, base, args.layer)
     else:
       rows = experiment.run_matrix(base, variants, seeds, args.out, tiles=args.tiles, layer=args.layer,
@@ -195,11 +200,13 @@ def _experiment(args):
   except ValueError as e:
     raise SystemExit(f"flashstable experiment: {e}") from None
   meta = _meta(args) | dict(recipe_name=args.recipe)
-  if args.report_only:                                   # the runs' devices, not this machine's
+  if args.report_only or args.runs:                      # the runs' devices, not this machine's
     meta |= dict(report_made_on=meta.pop("device"), device=experiment.trained_on(args.out))
   path = experiment.write_report(args.out, rows, base, args.layer, meta)
   print(path.read_text())
   print(f"report: {path}, curves: {args.out}/curves.png")
+  if args.pack:
+    print(f"runs packed: {experiment.pack_runs(args.out, args.pack)}")
   return 0
 
 
@@ -349,7 +356,7 @@ def build_parser():
                  "or tiny (CPU); any training option below overrides it")
   p.add_argument("--variants", default="paper,paper+comp",
                  help="comma-separated, from: " + "paper, paper+comp, fa2, fa2+comp, fp32_out, "
-                 "stochastic, fp32-reference, paper@layer, paper+comp@layer, xla")
+                 "stochastic, fp32-reference, paper@layer, paper+comp@layer, xla, cudnn (GPU only)")
   p.add_argument("--seeds", default="0", help="comma-separated seeds (initialisation and data order)")
   p.add_argument("--tiles", type=int, default=512, help="the paper layout's block_q = block_k")
   p.add_argument("--layer", type=int, default=1, help="the watched layer (0-based); "
@@ -358,6 +365,10 @@ def build_parser():
                  "invocation (0: none); unfinished runs resume from their last checkpoint next time")
   p.add_argument("--report-only", action="store_true", help="train nothing; report every run "
                  "folder under --out (e.g. after runs made by several processes)")
+  p.add_argument("--runs", default=None, help="report the runs of a --pack file (unpacked into "
+                 "--out), training nothing")
+  p.add_argument("--pack", default=None, help="after the report, write every run folder "
+                 "(no checkpoints) into this one .jsonl.xz file")
   p.add_argument("--out", default="runs/instability")
   _add_train_options(p, skip=("attention", "seed", "out_dir", "max_seconds"), layer_attention=False,
                      defaults="default: the recipe's (experiment.RECIPES)")

@@ -8,17 +8,26 @@ summary.json is done and is skipped when the command is repeated; an unfinished 
 its last checkpoint (when the recipe checkpoints). The report (`OUT/report.md`, `report.json`,
 `curves.png`) gives per run the explosion step (after warmup: trailing-mean loss > 2× its
 running minimum, or non-finite; `train.ExplosionMonitor`), the loss, the spectral norm of the
-watched layer's whole W_Q and its tie rate (rows whose key tiles had tied maxima), and per
-variant how many seeds exploded.
+watched layer's whole W_Q and its tie rate (rows whose key tiles had tied maxima), the
+runaway step (the watched layer's max logit above `RUNAWAY_FACTOR` × the largest the
+fp32-reference runs of the matrix reached), per variant how many seeds exploded and ran away,
+the survival curve (fraction of seeds not yet exploded against the step, Kaplan–Meier with
+unfinished runs censored) and, for each variant beside its compensated twin (`paper` and
+`paper+comp`), the one-sided Fisher exact p-value that the compensation explodes less.
+`pack_runs` / `unpack_runs` keep a matrix's run folders as one small file (the results kept in
+git).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import lzma
 import math
 import pathlib
 import statistics
 import time
+
+import numpy as np
 
 from jax_flashstable.train import (NonFiniteError, TrainConfig, config_changes, describe_changes,
                                    explosion_step, read_diagnostics, read_metrics,
@@ -41,6 +50,7 @@ VARIANTS = {
     "paper@layer": ("xla", {"{layer}": PAPER}),
     "paper+comp@layer": ("xla", {"{layer}": PAPER + ",stabilize=true"}),
     "xla": ("xla", {}),
+    "cudnn": ("cudnn", {}),
 }
 
 # The anchor of issue 6 (measured with the paper's PyTorch model and kernel on one H200):
@@ -57,6 +67,10 @@ RECIPES = {
     **{f"anchor-lr{lr:g}": dict(_ANCHOR, lr=lr) for lr in (4e-3, 6e-3)},
     # ... and at another depth: 12 layers as in GPT-2 small (width and heads of the anchor), or 4
     **{f"anchor-{n}l": dict(_ANCHOR, model_overrides=(("n_layer", n),)) for n in (4, 12)},
+    # the anchor at batch 128 (131k tokens per step), where the key pair splits cleanly (issue
+    # 16); the cosine keeps the anchor's 20k-step length, the horizon is 3,000 steps. Diagnostics
+    # every 100 steps (they read the weights, not change them) for the early warning's lead.
+    "anchor-b128": dict(_ANCHOR, batch_size=128, steps=3000, diag_interval=100),
     # a CPU-sized matrix (the test suite runs it)
     "tiny": dict(model="tiny", batch_size=4, lr=3e-3, min_lr=3e-4, warmup_steps=5, steps=30,
                  weight_decay=0.0, eval_interval=0, eval_batches=1, diag_interval=10,
@@ -121,6 +135,14 @@ def run_matrix(base: TrainConfig, variants, seeds, out_dir, *, tiles=512, layer=
   return collect(out, base, layer)
 
 
+# A run "runs away" when the watched layer's max logit exceeds this many times the largest the
+# fp32-reference runs of the same matrix reached (every seed of them): the logit growth of the
+# paper's §4 without the loss explosion that may or may not follow within the horizon.
+RUNAWAY_FACTOR = 10.0
+REFERENCE_VARIANT = "fp32-reference"
+COMPENSATED = "+comp"        # variant v and v + COMPENSATED differ only in the compensation
+
+
 def _run_row(run_dir: pathlib.Path, warmup_steps: int, layer: int, diag_interval: int) -> dict:
   metrics = read_metrics(run_dir)
   diags = read_diagnostics(run_dir)
@@ -128,7 +150,7 @@ def _run_row(run_dir: pathlib.Path, warmup_steps: int, layer: int, diag_interval
   finite = [l for _, l in losses if math.isfinite(l)]
   times = [r["step_time_s"] for r in metrics[10:]] or [r["step_time_s"] for r in metrics]
   sigma = [d["sn_q_full"][layer] for d in diags]
-  logits = [max(d["max_logit"][layer]) for d in diags if "max_logit" in d]
+  logits = [(d["step"], max(d["max_logit"][layer])) for d in diags if "max_logit" in d]
   ties = [statistics.fmean(d["tie_rate"][layer]) for d in diags
           if all(math.isfinite(x) for x in d["tie_rate"][layer])]
   vals = [r["val_loss"] for r in metrics if "val_loss" in r]
@@ -142,14 +164,25 @@ def _run_row(run_dir: pathlib.Path, warmup_steps: int, layer: int, diag_interval
               final_val_loss=vals[-1] if vals else math.nan,
               max_grad_norm=max((r["grad_norm"] for r in metrics), default=math.nan),
               max_sigma_wq=max(sigma, default=math.nan), last_sigma_wq=sigma[-1] if sigma else math.nan,
-              max_logit=max(logits, default=math.nan),
+              max_logit=max((x for _, x in logits), default=math.nan),
+              logits=logits,
               mean_tie_rate=statistics.fmean(ties) if ties else math.nan,
               steps_per_s=1.0 / statistics.median(times) if times else math.nan,
               diag_cost=diag_cost)
 
 
+def runaway_threshold(rows) -> float | None:
+  """`RUNAWAY_FACTOR` × the largest watched-layer max logit of the fp32-reference rows, or None
+  when the matrix has no fp32-reference run with diagnostics."""
+  ref = [r["max_logit"] for r in rows if r["variant"] == REFERENCE_VARIANT
+         and math.isfinite(r["max_logit"])]
+  return RUNAWAY_FACTOR * max(ref) if ref else None
+
+
 def collect(out_dir, base: TrainConfig, layer=1) -> list[dict]:
-  """One row per run folder under out_dir (finished or not), read from its metrics."""
+  """One row per run folder under out_dir (finished or not), read from its metrics. A row's
+  `runaway_step` is the first diagnostics step whose watched-layer max logit exceeds
+  `runaway_threshold` (None: not by its last step, or no threshold)."""
   rows = []
   runs = [d for d in pathlib.Path(out_dir).glob("*/seed*") if d.name[4:].isdigit()]
   for run_dir in sorted(runs, key=lambda d: (d.parent.name, int(d.name[4:]))):
@@ -163,7 +196,47 @@ def collect(out_dir, base: TrainConfig, layer=1) -> list[dict]:
                       f"stable to step {row['steps']}" if row["finished"] else
                       "unfinished (stable so far)")
     rows.append(row)
+  threshold = runaway_threshold(rows)
+  for row in rows:
+    logits = row.pop("logits")
+    row["runaway_threshold"] = threshold
+    row["runaway_step"] = None if threshold is None else next(
+        (step for step, x in logits if x > threshold), None)
   return rows
+
+
+def _decided(row, event: str) -> bool:
+  """A run counts for `event` ("explosion" or "runaway") once it finished or the event happened."""
+  return row["finished"] or row[f"{event}_step"] is not None
+
+
+def survival(rows, event="explosion"):
+  """Kaplan–Meier fraction of runs not yet at `event` against the step: (steps, fractions),
+  starting at (0, 1.0); an unfinished run without the event is censored at its last step
+  (scipy.stats.ecdf)."""
+  import scipy.stats
+  hit = [r[f"{event}_step"] for r in rows if r[f"{event}_step"] is not None]
+  censored = [r["steps"] for r in rows if r[f"{event}_step"] is None]
+  if not hit:
+    return [0, max(censored, default=0)], [1.0, 1.0]
+  sf = scipy.stats.ecdf(scipy.stats.CensoredData(uncensored=hit, right=censored)).sf
+  return [0, *(int(q) for q in sf.quantiles)], [1.0, *(float(p) for p in sf.probabilities)]
+
+
+def fisher_p(rows, variant, event="explosion") -> float | None:
+  """One-sided Fisher exact p-value that `variant` has `event` more often than its compensated
+  twin (variant + "+comp") among decided runs; None without both."""
+  import scipy.stats
+  if event == "runaway" and runaway_threshold(rows) is None:
+    return None
+  counts = []
+  for v in (variant, variant + COMPENSATED):
+    rs = [r for r in rows if r["variant"] == v and _decided(r, event)]
+    n_hit = sum(r[f"{event}_step"] is not None for r in rs)
+    counts.append([n_hit, len(rs) - n_hit])
+  if not all(sum(c) for c in counts):
+    return None
+  return float(scipy.stats.fisher_exact(counts, alternative="greater").pvalue)
 
 
 def trained_on(out_dir) -> str:
@@ -176,52 +249,96 @@ def trained_on(out_dir) -> str:
   return ", ".join(sorted(found)) or "no runs"
 
 
+def _count(rs, event):
+  decided = [r for r in rs if _decided(r, event)]
+  n_hit = sum(r[f"{event}_step"] is not None for r in rs)
+  return f"{n_hit} / {len(decided)}" + (f" ({len(rs) - len(decided)} unfinished)"
+                                        if len(rs) > len(decided) else "")
+
+
 def format_report(rows, recipe: dict, layer: int) -> str:
+  threshold = rows[0]["runaway_threshold"] if rows else None
+  rule = (f"max logit > {threshold:,.0f} ({RUNAWAY_FACTOR:g} × the fp32-reference runs' largest)"
+          if threshold is not None else "not defined: the matrix has no fp32-reference run")
   lines = [f"recipe: {json.dumps(recipe, default=str)}", "",
-           f"| variant | seed | steps | explosion step | min loss | final loss | final val | max grad norm "
-           f"| layer {layer} W_Q σ max / last | layer {layer} max logit | layer {layer} tie rate | steps/s "
-           "| diagnostics cost | outcome |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---|"]
+           "explosion: trailing 10-step mean loss > 2× its running minimum after warmup, or a "
+           f"non-finite loss; runaway: layer {layer} {rule}.", "",
+           f"| variant | seed | steps | explosion step | runaway step | min loss | final loss | final val "
+           f"| max grad norm | layer {layer} W_Q σ max / last | layer {layer} max logit | layer {layer} tie rate "
+           "| steps/s | diagnostics cost | outcome |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---|"]
   for r in rows:
+    runaway = "n/a" if threshold is None else r["runaway_step"] or "–"
     lines.append(f"| {r['variant']} | {r['seed']} | {r['steps']} | {r['explosion_step'] or '–'} | "
-                 f"{r['min_loss']:.3f} | {r['final_loss']:.3f} | {r['final_val_loss']:.3f} | "
+                 f"{runaway} | {r['min_loss']:.3f} | {r['final_loss']:.3f} | {r['final_val_loss']:.3f} | "
                  f"{r['max_grad_norm']:.2f} | {r['max_sigma_wq']:.1f} / {r['last_sigma_wq']:.1f} | "
                  f"{r['max_logit']:,.0f} | "
                  f"{r['mean_tie_rate']:.3f} | {r['steps_per_s']:.1f} | {100 * r['diag_cost']:.1f}% | "
                  f"{r['outcome']} |")
-  lines += ["", "| variant | exploded / runs (finished or exploded) |", "|---|---|"]
-  for v in dict.fromkeys(r["variant"] for r in rows):
+  variants = list(dict.fromkeys(r["variant"] for r in rows))
+  horizon = max((r["steps"] for r in rows), default=0)
+  marks = [s for s in range(500, horizon + 1, 500)]
+  lines += ["", "| variant | exploded / runs (finished or exploded) | ran away / runs | "
+            + " | ".join(f"not exploded at {s:,}" for s in marks) + " |",
+            "|---|---|---|" + "---:|" * len(marks)]
+  for v in variants:
     rs = [r for r in rows if r["variant"] == v]
-    decided = [r for r in rs if r["finished"] or r["explosion_step"] is not None]
-    n_exp = sum(r["explosion_step"] is not None for r in rs)
-    lines.append(f"| {v} | {n_exp} / {len(decided)}" + (f" ({len(rs) - len(decided)} unfinished)"
-                                                         if len(rs) > len(decided) else "") + " |")
+    steps, frac = survival(rs)
+    at = lambda t: next((f for s, f in reversed(list(zip(steps, frac))) if s <= t), 1.0)
+    lines.append(f"| {v} | {_count(rs, 'explosion')} | "
+                 f"{_count(rs, 'runaway') if threshold is not None else 'n/a'} | "
+                 + " | ".join(f"{at(s):.2f}" for s in marks) + " |")
+  pairs = [v for v in variants if v + COMPENSATED in variants]
+  if pairs:
+    lines += ["", "One-sided Fisher exact test, H1: the variant has the event more often than with "
+              "the compensation (decided runs only):", "",
+              "| variant vs + comp | p (explosion) | p (runaway) |", "|---|---:|---:|"]
+    for v in pairs:
+      p = [fisher_p(rows, v, e) for e in ("explosion", "runaway")]
+      lines.append(f"| {v} vs {v + COMPENSATED} | "
+                   + " | ".join("n/a" if x is None else f"{x:.2g}" for x in p) + " |")
   return "\n".join(lines)
 
 
 def plot_report(out_dir, rows, layer=1):
-  """OUT/curves.png: loss, watched layer's W_Q spectral norm and tie rate, one line per run."""
+  """OUT/curves.png: per run the loss, the watched layer's W_Q spectral norm, tie rate and max
+  logit (with the runaway threshold), the grad norm; per variant the survival curve."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   out = pathlib.Path(out_dir)
-  fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+  fig, axes = plt.subplots(2, 3, figsize=(16, 8))
+  (loss_ax, sigma_ax, tie_ax), (logit_ax, grad_ax, surv_ax) = axes
   variants = list(dict.fromkeys(r["variant"] for r in rows))       # a colour per variant,
   styles = ["-", "--", ":", "-."]                                   # a line style per seed
-  for r in rows:
+  colour = lambda v: plt.cm.tab10(variants.index(v) % 10)
+  for i, r in enumerate(rows):
     run = out / r["variant"] / f"seed{r['seed']}"
     m, d = read_metrics(run), read_diagnostics(run)
-    kw = dict(color=plt.cm.tab10(variants.index(r["variant"]) % 10), ls=styles[r["seed"] % 4])
-    axes[0].plot([x["step"] for x in m], [x["loss"] for x in m], lw=0.6,
-                 label=f"{r['variant']} s{r['seed']}", **kw)
-    axes[1].plot([x["step"] for x in d], [x["sn_q_full"][layer] for x in d], lw=1, **kw)
-    axes[2].plot([x["step"] for x in d], [statistics.fmean(x["tie_rate"][layer]) for x in d], lw=1, **kw)
-  axes[0].set(title="training loss", xlabel="step", ylim=(None, None))
-  axes[1].set(title=f"σ_max of layer {layer}'s W_Q", xlabel="step", yscale="log")
-  axes[2].set(title=f"layer {layer}: rows with tied tile maxima", xlabel="step")
-  axes[0].legend(fontsize=6, ncol=2)
+    kw = dict(color=colour(r["variant"]), ls=styles[i % 4])
+    step = [x["step"] for x in m]
+    loss_ax.plot(step, [x["loss"] for x in m], lw=0.5, label=f"{r['variant']} s{r['seed']}", **kw)
+    grad_ax.plot(step, [x["grad_norm"] for x in m], lw=0.4, **kw)
+    dstep = [x["step"] for x in d]
+    sigma_ax.plot(dstep, [x["sn_q_full"][layer] for x in d], lw=1, **kw)
+    tie_ax.plot(dstep, [statistics.fmean(x["tie_rate"][layer]) for x in d], lw=1, **kw)
+    logit_ax.plot(dstep, [max(x["max_logit"][layer]) for x in d], lw=1, **kw)
+  if rows and rows[0]["runaway_threshold"] is not None:
+    logit_ax.axhline(rows[0]["runaway_threshold"], color="k", lw=0.8, ls=":", label="runaway")
+    logit_ax.legend(fontsize=7)
+  for v in variants:
+    steps, frac = survival([r for r in rows if r["variant"] == v])
+    surv_ax.step(steps, frac, where="post", color=colour(v), lw=1.5, label=v)
+  loss_ax.set(title="training loss", xlabel="step")
+  sigma_ax.set(title=f"σ_max of layer {layer}'s W_Q", xlabel="step", yscale="log")
+  tie_ax.set(title=f"layer {layer}: rows with tied tile maxima", xlabel="step")
+  logit_ax.set(title=f"layer {layer}: max attention logit", xlabel="step", yscale="log")
+  grad_ax.set(title="gradient norm (before clipping)", xlabel="step", yscale="log")
+  surv_ax.set(title="seeds not yet exploded (Kaplan–Meier)", xlabel="step", ylim=(-0.03, 1.03))
+  surv_ax.legend(fontsize=7)
+  loss_ax.legend(fontsize=6, ncol=2)
   fig.tight_layout()
-  fig.savefig(out / "curves.png", dpi=110)
+  fig.savefig(out / "curves.png", dpi=100)
   plt.close(fig)
   return out / "curves.png"
 
@@ -238,3 +355,55 @@ def write_report(out_dir, rows, base: TrainConfig, layer=1, meta=None) -> pathli
   if rows:
     plot_report(out, rows, layer)
   return out / "report.md"
+
+
+# --- the run folders as one small file ----------------------------------------------------------
+
+RUN_FILES = ("config.json", "summary.json", "metrics.jsonl", "diagnostics.jsonl")
+_TIMING = frozenset(("step_time_s", "tokens_per_s", "mfu", "diag_time_s"))
+
+
+def _compact(x, key=None):
+  """Floats to float32's shortest repr (the training logs' values are float32), timings to 4
+  significant digits; the rest unchanged."""
+  if isinstance(x, float):
+    return float(f"{x:.4g}") if key in _TIMING else float(str(np.float32(x)))
+  if isinstance(x, list):
+    return [_compact(y, key) for y in x]
+  if isinstance(x, dict):
+    return {k: _compact(v, k) for k, v in x.items()}
+  return x
+
+
+def pack_runs(out_dir, path) -> pathlib.Path:
+  """Writes every run folder under out_dir (`RUN_FILES`, no checkpoints) into one xz-compressed
+  JSON-lines file at `path`: a line per file, {"run": "variant/seedK", "file", "rows"}. Logged
+  floats keep float32 precision (timings 4 digits), enough to rebuild every report figure."""
+  out, path = pathlib.Path(out_dir), pathlib.Path(path)
+  lines = []
+  for run in sorted(d for d in out.glob("*/seed*") if d.name[4:].isdigit()):
+    for name in RUN_FILES:
+      f = run / name
+      if f.exists():
+        rows = (read_metrics(run) if name == "metrics.jsonl" else read_diagnostics(run)
+                if name == "diagnostics.jsonl" else [json.loads(f.read_text())])
+        lines.append(json.dumps(dict(run=f"{run.parent.name}/{run.name}", file=name,
+                                     rows=_compact(rows)), separators=(",", ":")))
+  path.write_bytes(lzma.compress(("\n".join(lines) + "\n").encode(), preset=9))
+  return path
+
+
+def unpack_runs(path, out_dir) -> list[str]:
+  """Recreates the run folders of a `pack_runs` file under out_dir; returns the runs."""
+  out, runs = pathlib.Path(out_dir), []
+  for line in lzma.decompress(pathlib.Path(path).read_bytes()).decode().splitlines():
+    rec = json.loads(line)
+    run = out / rec["run"]
+    if ".." in pathlib.PurePosixPath(rec["run"]).parts or rec["file"] not in RUN_FILES:
+      raise ValueError(f"{path}: unexpected entry {rec['run']}/{rec['file']}")
+    run.mkdir(parents=True, exist_ok=True)
+    text = (json.dumps(rec["rows"][0], indent=1) if rec["file"].endswith(".json") else
+            "".join(json.dumps(r) + "\n" for r in rec["rows"]))
+    (run / rec["file"]).write_text(text)
+    runs.append(rec["run"])
+  return list(dict.fromkeys(runs))

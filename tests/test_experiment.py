@@ -131,3 +131,60 @@ def test_a_run_of_other_settings_is_refused_not_reused(tmp_path):
       dict(train=json.loads(json.dumps(dataclasses.asdict(fixed), default=str)))))
   assert train.config_changes(cfg.out_dir, dataclasses.replace(fixed, steps=fixed.steps + 10)) == {}
   assert "steps" in train.config_changes(cfg.out_dir, dataclasses.replace(cfg, steps=cfg.steps + 10))
+
+
+def _fake_run(root, variant, seed, losses, logits, finished=True, layer=1):
+  """A run folder as train_and_evaluate leaves it: per-step losses, diagnostics every 10 steps
+  with the watched layer's per-head max logit `logits[i]` at step 10·(i+1)."""
+  run = root / variant / f"seed{seed}"
+  run.mkdir(parents=True)
+  (run / "metrics.jsonl").write_text("".join(json.dumps(dict(
+      step=s, loss=l, grad_norm=0.5, step_time_s=0.1234567)) + "\n" for s, l in enumerate(losses, 1)))
+  (run / "diagnostics.jsonl").write_text("".join(json.dumps(dict(
+      step=10 * (i + 1), sn_q_full=[1.0, 2.0 + i], max_logit=[[1.0], [x, x / 2]],
+      tie_rate=[[0.5], [0.25, 0.75]], diag_time_s=0.01)) + "\n" for i, x in enumerate(logits)))
+  (run / "config.json").write_text(json.dumps(dict(train={"seed": seed}, device="test")))
+  if finished:
+    (run / "summary.json").write_text(json.dumps(dict(variant=variant, seed=seed)))
+
+
+def test_runaway_survival_fisher_and_pack(tmp_path):
+  """The report's rules on runs whose answers are known by construction: explosions at given
+  steps, logits crossing 10× the fp32 reference's largest, Kaplan–Meier survival, the Fisher
+  p-value of 5 exploded of 5 against 0 of 4 (1/126), and a pack that rebuilds the same rows."""
+  cfg = dataclasses.replace(TINY, warmup_steps=5)
+  calm, n = [3.0] * 60, 60
+  boom = lambda at: [3.0] * (at - 1) + [100.0] * (n - at + 1)        # explodes at step `at`
+  for seed, at in zip(range(5), (20, 30, 30, 45, 50)):
+    _fake_run(tmp_path, "paper", seed, boom(at)[:at + 5], [10.0, 500.0, 2000.0], finished=True)
+  for seed in range(4):
+    _fake_run(tmp_path, "paper+comp", seed, calm, [10.0, 20.0 + seed, 30.0])
+  _fake_run(tmp_path, "paper+comp", 4, calm[:25], [10.0, 900.0], finished=False)   # unfinished
+  _fake_run(tmp_path, "fp32-reference", 0, calm, [12.0, 40.0, 35.0])
+  rows = experiment.collect(tmp_path, cfg)
+  by = {(r["variant"], r["seed"]): r for r in rows}
+  assert experiment.runaway_threshold(rows) == 400.0                # 10 × 40
+  assert [by["paper", s]["explosion_step"] for s in range(5)] == [20, 30, 30, 45, 50]
+  assert all(by["paper", s]["runaway_step"] == 20 for s in range(5))  # 500 > 400 at step 20
+  assert by["paper+comp", 4]["runaway_step"] == 20 and not by["paper+comp", 4]["finished"]
+  assert by["paper+comp", 0]["runaway_step"] is None and by["fp32-reference", 0]["runaway_step"] is None
+  steps, frac = experiment.survival([r for r in rows if r["variant"] == "paper"])
+  assert steps == [0, 20, 30, 45, 50] and frac == pytest.approx([1.0, 0.8, 0.4, 0.2, 0.0])
+  # censoring: of two runs one is cut (unfinished) at 25 and leaves the risk set; the other,
+  # then the only one at risk, explodes at 40
+  cut = [dict(explosion_step=None, steps=25), dict(explosion_step=40, steps=45)]
+  assert experiment.survival(cut) == ([0, 25, 40], pytest.approx([1.0, 1.0, 0.0]))
+  assert experiment.fisher_p(rows, "paper") == pytest.approx(1 / 126)     # C(9,5) = 126
+  # runaway: paper 5/5, paper+comp 0/4 decided (the unfinished run ran away: 1/5 decided)
+  assert experiment.fisher_p(rows, "paper", "runaway") == pytest.approx(6 / 252)  # C(6,5)/C(10,5)
+  text = experiment.format_report(rows, {}, 1)
+  assert "| paper | 5 / 5 | 5 / 5 | 0.00 |" not in text       # only 60 steps: no 500 mark
+  assert "| paper+comp | 0 / 4 (1 unfinished) | 1 / 5 |" in text and "| paper vs paper+comp | 0.0079 | 0.024 |" in text
+  # pack → unpack gives the same rows (timings kept to 4 digits)
+  pack = experiment.pack_runs(tmp_path, tmp_path / "runs.jsonl.xz")
+  assert set(experiment.unpack_runs(pack, tmp_path / "again")) == {f"{v}/seed{s}" for v, s in by}
+  again = experiment.collect(tmp_path / "again", cfg)
+  strip = lambda rs: [{k: v for k, v in r.items() if k not in ("steps_per_s", "diag_cost")} for r in rs]
+  assert strip(again) == strip(rows)
+  assert again[0]["steps_per_s"] == pytest.approx(rows[0]["steps_per_s"], rel=1e-3)
+  assert experiment.plot_report(tmp_path, rows).stat().st_size > 0

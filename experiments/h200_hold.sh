@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# One device hold used whole (device tool): `start` launches h200_instability.sh in a process
+# session of its own (setsid), so its queues outlive the call and run on while the machine stays
+# held; `wait` follows them for up to S seconds, then brings back under $OUT what exists so far
+# (the queue logs and every run, packed without checkpoints; the reports once all is done).
+# Call `wait` again at once (the machine goes back 30 s after a call) until it prints "done".
+# Usage (repo root, on the device; carry .data):
+#   QUEUES="paper+comp:24,25|paper:24,25" BUDGET=1480 bash experiments/h200_hold.sh start "$OUT"
+#   bash experiments/h200_hold.sh wait "$OUT" 570
+set -u
+cmd=$1; OUT=$2; shift 2
+H=/tmp/hold; R=${RUNS:-/tmp/instability}
+case $cmd in
+start)
+  mkdir -p $H/out $R
+  nvidia-smi -L
+  setsid nohup env QUEUES="$QUEUES" BUDGET="${BUDGET:-1480}" RUNS=$R \
+    bash experiments/h200_instability.sh $H/out "$@" > $H/log 2>&1 < /dev/null &
+  echo $! > $H/pid
+  sleep 45
+  tail -n 5 $R/queue*.log
+  ;;
+wait)
+  t0=$(date +%s)
+  while kill -0 "$(cat $H/pid)" 2>/dev/null && (( $(date +%s) - t0 < ${1:-570} )); do sleep 5; done
+  if kill -0 "$(cat $H/pid)" 2>/dev/null; then
+    tail -n 8 $R/queue*.log
+    cp $R/queue*.log "$OUT"/
+    for dir in $R/*/; do
+      PYTHONPATH=$PWD python3 -c "import sys; from jax_flashstable.experiment import pack_runs; pack_runs(*sys.argv[1:])" \
+        $dir "$OUT/partial-$(basename $dir | tr + _).jsonl.xz"
+    done
+    echo "running; call wait again"
+  else
+    cat $H/log
+    cp $H/out/* "$OUT"/ && echo done
+  fi
+  ;;
+*) echo "usage: h200_hold.sh start|wait OUT [...]" >&2; exit 2 ;;
+esac
