@@ -1,10 +1,10 @@
 """What does our kernel cost inside a GPT-2 training step? (issue 3's H200 measurement)
 
 Question: step time, tokens/s and MFU of gpt2-small at context 1024 in BF16 with `flash`,
-`flash-stable` and `cudnn` attention, in one run.
+`fa2+comp` and `cudnn` attention, in one run.
 Command (H200): python3 experiments/02_gpt2_step_time.py --out runs/step
 CPU smoke: python experiments/02_gpt2_step_time.py --model tiny --batch 2 --steps 2 \
-    --attention flash --attention flash:numerics=paper,stabilize=true
+    --attention fa2 --attention paper+comp
 Expected runtime: ~2 min on one H200.
 """
 import argparse
@@ -22,9 +22,9 @@ def main():
   ap.add_argument("--batch", type=int, default=16)
   ap.add_argument("--steps", type=int, default=10)
   ap.add_argument("--attention", action="append", help="an attention spec (repeatable), e.g. "
-                  "flash:numerics=paper,stabilize=true; default flash, flash-stable, cudnn (GPU)")
+                  "paper+comp; default fa2, fa2+comp, cudnn (GPU)")
   a = ap.parse_args()
-  attentions = a.attention or (["flash", "flash-stable", "cudnn"] if jax.default_backend() == "gpu" else ["flash", "xla"])
+  attentions = a.attention or (["fa2", "fa2+comp", "cudnn"] if jax.default_backend() == "gpu" else ["fa2", "xla"])
   rows = gpt2_step_table(a.model, tuple(attentions), a.batch, steps=a.steps)
   write_results(a.out, "step_time", rows, format_step_table(rows), run_meta(model=a.model, batch=a.batch))
 

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_flashstable.accuracy import Shape, make_inputs
+from jax_flashstable.lab.shapes import Shape, make_inputs
 from jax_flashstable.bench import attention_flops, seconds_per_call, waiting
 from jax_flashstable.results import run_meta, write_results
 from pallas_kernels.attention import KernelConfig, flash_attention_padded

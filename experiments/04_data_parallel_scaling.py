@@ -17,14 +17,14 @@ import argparse
 import jax
 
 from jax_flashstable.bench import format_step_table, gpt2_step_table
-from jax_flashstable.parallel import collective_counts, data_mesh, replicate, shard_batch
+from jax_flashstable.training.parallel import collective_counts, data_mesh, replicate, shard_batch
 from jax_flashstable.results import run_meta, write_results
 
 
 def plain_jit_collectives(model, attention, batch_size, mesh):
   """Collectives of the single-device step compiled with its inputs sharded over `mesh`."""
-  from jax_flashstable.data import Dataset
-  from jax_flashstable.train import TrainConfig, init_state, make_steps
+  from jax_flashstable.training.data import Dataset
+  from jax_flashstable.training.train import TrainConfig, init_state, make_steps
   cfg = TrainConfig(model=model, attention=attention, batch_size=batch_size, progress=False)
   _, graphdef, params, tx, opt_state = init_state(cfg)
   step, _ = make_steps(graphdef, tx)                                   # no mesh: no shard_map

@@ -20,7 +20,7 @@ python3 -c "import jax; print(jax.devices())"
   | grep -v "^WARNING" | tail -25
 LEFT=$(( BUDGET - ($(date +%s) - T0) ))
 python3 -m jax_flashstable.cli experiment instability --recipe anchor --data .data \
-  --variants "$VARIANTS" --seeds "$SEEDS" --data-parallel --steps "$STEPS" --time-budget "$LEFT" \
+  --attention "$VARIANTS" --seeds "$SEEDS" --data-parallel --steps "$STEPS" --time-budget "$LEFT" \
   --no-progress --out $R "$@" 2>&1 | tail -14
 cp $R/report.md "$OUT/dp_report.md"; cp $R/curves.png "$OUT/dp_curves.png" 2>/dev/null
 tar czf "$OUT/dp_runs.tgz" --exclude=checkpoints -C $R .

@@ -27,7 +27,7 @@ wait)
     tail -n 8 $R/queue*.log
     cp $R/queue*.log "$OUT"/
     for dir in $R/*/; do
-      PYTHONPATH=$PWD python3 -c "import sys; from jax_flashstable.experiment import pack_runs; pack_runs(*sys.argv[1:])" \
+      PYTHONPATH=$PWD python3 -c "import sys; from jax_flashstable.experiment.instability import pack_runs; pack_runs(*sys.argv[1:])" \
         $dir "$OUT/partial-$(basename $dir | tr + _).jsonl.xz"
     done
     echo "running; call wait again"

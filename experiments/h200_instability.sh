@@ -37,7 +37,7 @@ run_queue() {  # gpu items...
     IFS=: read -r variant seeds steps recipe <<< "$item"
     recipe=${recipe:-anchor}
     CUDA_VISIBLE_DEVICES=$gpu python3 -m jax_flashstable.cli experiment instability --recipe $recipe \
-      --data .data --variants "$variant" --seeds "$seeds" ${steps:+--steps "$steps"} \
+      --data .data --attention "$variant" --seeds "$seeds" ${steps:+--steps "$steps"} \
       --time-budget "$left" --no-progress --out $R/$recipe${TAG:++$TAG} "${EXTRA[@]}" 2>&1 \
       | grep --line-buffered -v "^|\|^{\|^recipe\|^$\|^#" | sed "s/^/[GPU $gpu] /"
   done

@@ -21,11 +21,11 @@ python3 -c "from jax._src.lib import cuda_versions as c; print('CUDA runtime', c
 timeout 210 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_mosaic_gpu.py 2>&1 \
   | tail -25 | tee $R/tests.log
 timeout 190 python3 -m jax_flashstable.cli bench --shapes "4,4096,16,16,128,0;4,4096,16,16,128,1" \
-  --impls flash:fa2+stabilize,flash-mgpu:fa2@128,flash-mgpu:fa2+stabilize@128,pallas-mgpu,cudnn \
-  --overhead-layouts mgpu:fa2@128 --overhead-pairs 20 --paired-impls flash-mgpu:fa2+stabilize@128 \
+  --attention fa2+comp,fa2+mgpu:block_k=128,fa2+comp+mgpu:block_k=128,pallas-mgpu,cudnn \
+  --overhead fa2+mgpu:block_k=128 --overhead-pairs 20 --paired fa2+comp+mgpu:block_k=128 \
   --no-hashes --out $R/headline 2>&1 \
   | grep -v "^ " | tail -20
 (( ${STEP:-1} )) && timeout 110 python3 experiments/02_gpt2_step_time.py --out $R/step \
-  --attention flash-stable:backend=mosaic_gpu,block_k=128 --attention cudnn 2>&1 \
+  --attention fa2+comp+mgpu:block_k=128 --attention cudnn 2>&1 \
   | grep -v "^WARNING" | tail -6
 tar czf "$OUT/mgpu.tgz" -C $R .

@@ -19,7 +19,7 @@ print(json.dumps(dict(gpu=got, d64_equal_to_record={k: got[k] == v for k, v in r
 PY
 tail -c 1500 $R/hashes.json
 timeout 170 python3 -m jax_flashstable.cli bench --shapes "4,4096,16,16,128,0;4,4096,16,16,128,1" \
-  --impls flash:fa2,flash:fa2+stabilize,cudnn --overhead-pairs 20 --no-hashes --out $R/headline 2>&1 \
+  --attention fa2,fa2+comp,cudnn --overhead-pairs 20 --no-hashes --out $R/headline 2>&1 \
   | grep -v "^ " | tail -14
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 echo "ncu: ${NCU:-not found, no profile}"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 3 on the H200 (device tool): gpt2-small step time / tokens/s / MFU for flash,
-# flash-stable and cudnn attention, then the main job unchanged on the GPU.
+# fa2+comp and cudnn attention, then the main job unchanged on the GPU.
 # Usage (repo root, on the device): bash experiments/h200_training_check.sh "$OUT"
 set -u
 OUT=${1:-runs/h200}

@@ -13,7 +13,7 @@ def _accuracy(args):
   import jax
   import jax.numpy as jnp
 
-  from jax_flashstable.accuracy import accuracy_report, format_report
+  from jax_flashstable.lab.accuracy import accuracy_report, format_report
   dtypes = [jnp.dtype(d) for d in args.dtypes.split(",")]
   rows = accuracy_report(dtypes=dtypes, seed=args.seed)
   table = format_report(rows)
@@ -37,9 +37,9 @@ def _train_config(args, **defaults):
   """TrainConfig from parsed CLI args (only the options the user gave override `defaults`)."""
   import dataclasses
 
-  from jax_flashstable.config import parse_field_value
-  from jax_flashstable.gpt2 import GPTConfig
-  from jax_flashstable.train import TrainConfig
+  from jax_flashstable.attention.config import parse_field_value
+  from jax_flashstable.models.gpt2 import GPTConfig
+  from jax_flashstable.training.train import TrainConfig
   kw = dict(defaults)
   for f in dataclasses.fields(TrainConfig):
     v = getattr(args, f.name, None)
@@ -73,7 +73,7 @@ def _add_train_options(p, skip=(), layer_attention=True, defaults=None):
   the help shows when the command does not use TrainConfig's own defaults."""
   import dataclasses
 
-  from jax_flashstable.train import TrainConfig
+  from jax_flashstable.training.train import TrainConfig
   for f in dataclasses.fields(TrainConfig):
     if f.name in ("model_overrides", "attention_overrides") or f.name in skip:
       continue
@@ -94,7 +94,7 @@ def _add_train_options(p, skip=(), layer_attention=True, defaults=None):
 
 
 def _train(args):
-  from jax_flashstable.train import NonFiniteError, train_and_evaluate
+  from jax_flashstable.training.train import NonFiniteError, train_and_evaluate
   cfg = _train_config(args)
   try:
     s = train_and_evaluate(cfg)
@@ -106,24 +106,22 @@ def _train(args):
   return 0
 
 
-# `flashstable compare` with no arguments: runs on the embedded sample on a 2-core CPU in
-# 6.8 minutes on the 2-core CPU (3 runs of 250 steps of the tiny model; measured 2026-11-29).
-COMPARE_DEFAULTS = dict(model="tiny", steps=250, batch_size=4, lr=3e-3, min_lr=3e-4,
-                        warmup_steps=25, eval_interval=50, eval_batches=4)
-
-
 def _compare(args):
-  from jax_flashstable.compare import run_compare
+  from jax_flashstable.experiment import compare
+  setting = compare.setting()
   out = args.out_dir or "runs/compare"
-  cfg = _train_config(args, **COMPARE_DEFAULTS)
-  results = run_compare(cfg, out)
-  print((__import__("pathlib").Path(out) / "report.md").read_text())
+  cfg = _train_config(args, **setting["recipe"])
+  try:
+    compare.run_compare(cfg, out, setting["variants"], cfg.seed if args.seed is not None else setting["seed"])
+  except ValueError as e:
+    raise SystemExit(f"flashstable compare: {e}") from None
+  print(pathlib.Path(out, "report.md").read_text())
   print(f"report: {out}/report.md, curves: {out}/curves.png")
   return 0
 
 
 def _prepare(args):
-  from jax_flashstable.data import prepare_text_folder
+  from jax_flashstable.training.data import prepare_text_folder
   counts = prepare_text_folder(args.text_dir, args.out_dir, val_every=args.val_every)
   print(f"wrote {args.out_dir}/train.bin ({counts['train']} tokens) and val.bin ({counts['val']} tokens)")
   return 0
@@ -142,11 +140,11 @@ def _ints(text, option="value"):
 
 
 def _deviation(args):
-  from jax_flashstable.numerics_lab import (deviation_benchmark, deviation_headline, format_deviation,
+  from jax_flashstable.lab.numerics_lab import (deviation_benchmark, deviation_headline, format_deviation,
                                             plot_deviation)
   from jax_flashstable.results import write_results
   rows = []
-  for layout in args.layouts.split(","):
+  for layout in args.numerics.split(","):
     rows += deviation_benchmark(_ints(args.seq_lens), _ints(args.head_dims), tuple(args.dtypes.split(",")),
                                 _ints(args.block_ks), num_heads=args.heads, seed=args.seed, layout=layout)
   write_results(args.out, "deviation", rows, format_deviation(rows), _meta(args))
@@ -158,7 +156,7 @@ def _deviation(args):
 
 
 def _bias(args):
-  from jax_flashstable.numerics_lab import bias_benchmark, bit_example, format_bias, plot_bias, tied_rows
+  from jax_flashstable.lab.numerics_lab import bias_benchmark, bit_example, format_bias, plot_bias, tied_rows
   from jax_flashstable.results import write_results
   rows = bias_benchmark(tied_rows(num_rows=args.rows, seed=args.seed), seed=args.seed)
   write_results(args.out, "bias", rows, format_bias(rows), _meta(args))
@@ -171,7 +169,7 @@ def _bias(args):
 
 
 def _crosscheck(args):
-  from jax_flashstable.crosscheck import crosscheck, format_report
+  from jax_flashstable.lab.crosscheck import crosscheck, format_report
   from jax_flashstable.results import write_results
   report = crosscheck(args.dump, numerics=args.numerics, stabilize=args.stabilize,
                       block_q=args.block_q, block_k=args.block_k)
@@ -181,11 +179,12 @@ def _crosscheck(args):
 
 
 def _experiment(args):
-  from jax_flashstable import experiment
+  from jax_flashstable.experiment import instability as experiment
   if args.recipe not in experiment.RECIPES:
     raise SystemExit(f"flashstable: unknown recipe {args.recipe!r}; choose from {sorted(experiment.RECIPES)}")
   base = _train_config(args, **experiment.RECIPES[args.recipe])
-  variants = args.variants.split(",")
+  from jax_flashstable.attention.config import split_specs
+  variants = split_specs(args.variants)
   try:
     seeds = _ints(args.seeds, "--seeds")
     if args.runs:
@@ -211,99 +210,39 @@ def _experiment(args):
 
 
 def _bench(args):
-  import jax
-
-  from jax_flashstable import bench
-  from jax_flashstable.accuracy import Shape
-  from jax_flashstable.results import write_results
-  gpu = jax.default_backend() == "gpu"
-  if args.shapes:
-    shapes = []
-    for spec in args.shapes.split(";"):
-      try:
-        b, n, h, hkv, d, c = spec.split(",")
-        if c.lower() not in ("0", "1", "causal", "full", "true", "false"):
-          raise ValueError
-        shapes.append(Shape(int(b), int(n), int(n), int(h), int(hkv), int(d),
-                            c.lower() in ("1", "causal", "true")))
-      except ValueError:
-        raise SystemExit(f"flashstable bench: --shapes item {spec!r} is not "
-                         "batch,len,heads,kv_heads,head_dim,causal") from None
-      s = shapes[-1]
-      if min(s.batch, s.q_len, s.num_heads, s.num_kv_heads, s.head_dim) < 1 or s.num_heads % s.num_kv_heads:
-        raise SystemExit(f"flashstable bench: --shapes item {spec!r}: sizes must be ≥ 1 and heads "
-                         f"({s.num_heads}) a multiple of kv_heads ({s.num_kv_heads})")
-  else:
-    shapes = bench.default_shapes(gpu)
-  impls = args.impls.split(",") if args.impls else bench.default_impls(gpu)
-  unknown = {name: why for name in impls if (why := bench.impl_error(name))}
-  if unknown:
-    raise SystemExit(f"flashstable bench: {'; '.join(unknown.values())}. Use "
-                     f"{', '.join(bench.IMPL_FORMS)}")
-  paired = [n for n in (args.paired_impls.split(",") if args.paired_impls else [])
-            + [args.paired_reference] if bench.impl_error(n)]
-  if paired:
-    raise SystemExit(f"flashstable bench: --paired-impls/--paired-reference: unknown "
-                     f"{', '.join(map(repr, paired))}. Use {', '.join(bench.IMPL_FORMS)}")
-  bad = [l for l in args.overhead_layouts.split(",") if args.overhead_pairs
-         and not bench.known_impl(bench.overhead_impl(l))]
-  if bad:
-    raise SystemExit(f"flashstable bench: --overhead-layouts {', '.join(map(repr, bad))}: use "
-                     f"<layout>[@block_k] or mgpu:<layout>[@block_k] with a layout of "
-                     f"{bench.IMPL_FORMS[0]} or {bench.IMPL_FORMS[1]}")
-  meta = _meta(args)
-  rows = []
-  os.makedirs(args.out, exist_ok=True)
-  for shape in shapes:                          # partial results survive a time limit
-    rows += bench.bench([shape], impls, warmup=args.warmup, reps=args.reps)
-    with open(os.path.join(args.out, "bench_partial.json"), "w") as f:
-      json.dump(rows, f)
-  # the pairs' shape: the first given one, or the headline shape on a GPU
-  head = shapes[0] if args.shapes or not gpu else Shape(4, 4096, 4096, 16, 16, 128, False)
-  if args.overhead_pairs:
-    meta["compensation_overhead"] = []
-    for layout in args.overhead_layouts.split(","):
-      try:
-        o = bench.compensation_overhead(head, layout, pairs=args.overhead_pairs)
-      except Exception as e:                     # the table still gets written; say why
-        o = dict(layout=layout, shape=head.name, error=f"{type(e).__name__}: {e}"[:300])
-      meta["compensation_overhead"].append(o)
-  if args.paired_impls and args.overhead_pairs:
-    meta["paired_ratios"] = []
-    for impl in args.paired_impls.split(","):
-      try:
-        o = bench.paired_speed_ratio(head, impl, args.paired_reference, pairs=args.overhead_pairs)
-      except Exception as e:                     # the table still gets written; say why
-        o = dict(impl=impl, reference=args.paired_reference, shape=head.name,
-                 error=f"{type(e).__name__}: {e}"[:300])
-      meta["paired_ratios"].append(o)
-  meta["golden_hashes"] = bench.golden_hashes() if args.hashes else None
-  write_results(args.out, "bench", rows, bench.format_bench(rows), meta)
-  bench.plot_bench(rows, os.path.join(args.out, "bench.png"))
-  os.remove(os.path.join(args.out, "bench_partial.json"))
-  for o in meta.get("compensation_overhead", []):
-    if "error" in o:
-      print(f"compensation overhead [{o['layout']}, {o['shape']}]: failed ({o['error']})")
-      continue
-    print(f"compensation overhead [{o['layout']}, {o['shape']}, median of {o['pairs']} interleaved "
-          f"pairs]: fwd {100 * o['fwd_overhead']:+.1f}%, fwd+bwd {100 * o['fwdbwd_overhead']:+.1f}%")
-  for o in meta.get("paired_ratios", []):
-    where = f"{o['impl']} vs {o['reference']}, {o['shape']}"
-    if "error" in o:
-      print(f"paired speed ratio [{where}]: failed ({o['error']})")
-      continue
-    print(f"paired speed ratio [{where}, median of {o['pairs']} interleaved pairs]: "
-          f"fwd {o['fwd_ratio']:.2f}×, fwd+bwd {o['fwdbwd_ratio']:.2f}×")
-  print(f"plot: {args.out}/bench.png")
-  ours_failed = [r for r in rows if r["impl"].startswith(tuple(bench.FLASH_PREFIXES))
-                 and not r.get("ok", False)]
-  return 1 if ours_failed or not all(r.get("ok", True) for r in rows) else 0
+  from jax_flashstable.attention.config import split_specs
+  from jax_flashstable.bench import suite
+  from jax_flashstable.lab.shapes import Shape
+  try:
+    shapes = [Shape.parse(t) for t in args.shapes.split(";")] if args.shapes else None
+    return suite.run(args.out, shapes=shapes, names=split_specs(args.names or ""),
+                     warmup=args.warmup, reps=args.reps, pairs=args.overhead_pairs,
+                     overhead=split_specs(args.overhead), paired=split_specs(args.paired),
+                     paired_reference=args.paired_reference, hashes=args.hashes, meta=_meta(args))
+  except ValueError as e:
+    raise SystemExit(f"flashstable bench: {e}") from None
 
 
 def _plot(args):
-  from jax_flashstable.plot import plot_run
+  from jax_flashstable.training.plot import plot_run
   print(f"wrote {plot_run(args.run_dir)}")
   return 0
+
+
+class _RenamedFlag(argparse.Action):
+  """An option's former name: still accepted, with a one-line note naming the new one."""
+
+  def __call__(self, parser, namespace, values, option_string=None):
+    print(f"flashstable: {option_string} is now {self.metavar}", file=sys.stderr)
+    setattr(namespace, self.dest, values)
+
+
+def _renamed(p, flag, old, dest=None, **kw):
+  """`flag` with `old` kept as a deprecated alias (hidden from --help)."""
+  dest = dest or flag.lstrip("-").replace("-", "_")
+  p.add_argument(flag, dest=dest, **kw)
+  p.add_argument(old, dest=dest, action=_RenamedFlag, metavar=flag, default=argparse.SUPPRESS,
+                 help=argparse.SUPPRESS)
 
 
 def build_parser():
@@ -320,7 +259,8 @@ def build_parser():
   p.set_defaults(func=_train)
   p = sub.add_parser("compare", help="the main job: flash vs flash+compensation vs FP32 "
                      "reference attention, same seed and data; report + PNG")
-  _add_train_options(p, skip=("attention",), defaults=COMPARE_DEFAULTS)
+  _add_train_options(p, skip=("attention",), defaults="default: the setting's (compare.SETTINGS: "
+                     "on a GPU the anchor-b128 key pair, on a CPU the tiny model)")
   p.set_defaults(func=_compare)
   p = sub.add_parser("deviation", help="max/mean |O − O_FP64| of flash vs standard attention "
                      "(Golden et al. 2024)")
@@ -328,7 +268,8 @@ def build_parser():
   p.add_argument("--head-dims", default="64")
   p.add_argument("--dtypes", default="bfloat16,float16,float32")
   p.add_argument("--block-ks", default="64")
-  p.add_argument("--layouts", default="fa2")
+  _renamed(p, "--numerics", "--layouts", default="fa2",
+           help="comma-separated precision layouts (pallas_kernels.policy.NUMERICS)")
   p.add_argument("--heads", type=int, default=2)
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--out", default="runs/deviation")
@@ -354,9 +295,10 @@ def build_parser():
   p.add_argument("name", choices=["instability"])
   p.add_argument("--recipe", default="anchor", help="anchor (GPT 6×384, the issue's H200 anchor) "
                  "or tiny (CPU); any training option below overrides it")
-  p.add_argument("--variants", default="paper,paper+comp",
-                 help="comma-separated, from: " + "paper, paper+comp, fa2, fa2+comp, fp32_out, "
-                 "stochastic, fp32-reference, paper@layer, paper+comp@layer, xla, cudnn (GPU only)")
+  _renamed(p, "--attention", "--variants", dest="variants", default="paper,paper+comp",
+           help="comma-separated variants: attention specs (PRESET[+MODIFIER...][:FIELD=VALUE,...], "
+           "e.g. paper, paper+comp, fa2, fa2+delta32+comp, cudnn (GPU only), reference-fp32), or "
+           "SPEC@layer (standard attention elsewhere, SPEC in the watched layer)")
   p.add_argument("--seeds", default="0", help="comma-separated seeds (initialisation and data order)")
   p.add_argument("--tiles", type=int, default=512, help="the paper layout's block_q = block_k")
   p.add_argument("--layer", type=int, default=1, help="the watched layer (0-based); "
@@ -377,20 +319,22 @@ def build_parser():
                      "compensation) next to cuDNN, XLA and torch SDPA; compensation overhead")
   p.add_argument("--shapes", default=None, help="';'-separated batch,len,heads,kv_heads,head_dim,"
                  "causal (default: 1k–16k, d64/128, causal and not, GQA on a GPU; small on CPU)")
-  p.add_argument("--impls", default=None, help="comma-separated: flash:<layout>[+stabilize][@block_k], "
-                 "flash-mgpu:<layout>[+stabilize][@block_k] (e.g. flash-mgpu:fa2+stabilize@128), "
-                 "cudnn, xla, pallas-mgpu, torch-flash, torch-cudnn, torch-efficient, torch-math")
+  _renamed(p, "--attention", "--impls", dest="names", default=None,
+           help="comma-separated: attention specs (PRESET[+MODIFIER...][:FIELD=VALUE,...], e.g. "
+           "fa2, paper+comp, fa2+comp+mgpu:block_k=128, xla, cudnn), pallas-mgpu, torch-flash, "
+           "torch-cudnn, torch-efficient, torch-math (cudnn, pallas-mgpu and torch-*: GPU only)")
   p.add_argument("--warmup", type=int, default=3)
   p.add_argument("--reps", type=int, default=20)
   p.add_argument("--overhead-pairs", type=int, default=20,
                  help="interleaved pairs for the compensation overhead (0: skip)")
-  p.add_argument("--paired-impls", default="", help="comma-separated implementations whose "
-                 "speed relative to --paired-reference is measured in --overhead-pairs "
-                 "interleaved pairs on the first shape (a same-moment ratio)")
+  _renamed(p, "--paired", "--paired-impls", default="", help="comma-separated implementations "
+           "whose speed relative to --paired-reference is measured in --overhead-pairs "
+           "interleaved pairs on the first shape (a same-moment ratio)")
   p.add_argument("--paired-reference", default="cudnn",
-                 help="the reference of --paired-impls (cudnn: GPU only; on CPU name e.g. xla)")
-  p.add_argument("--overhead-layouts", default="fa2", help="comma-separated layouts whose "
-                 "compensation overhead is measured; mgpu:<layout> for the Mosaic GPU forward")
+                 help="the reference of --paired (cudnn: GPU only; on CPU name e.g. xla)")
+  _renamed(p, "--overhead", "--overhead-layouts", default="fa2", help="comma-separated attention "
+           "specs of our kernels whose compensation overhead (against SPEC+comp) is measured, "
+           "e.g. fa2,fa2+mgpu:block_k=128")
   p.add_argument("--hashes", action=argparse.BooleanOptionalAction, default=True,
                  help="record the golden output hashes of every layout")
   p.add_argument("--out", default="runs/bench")

@@ -1,4 +1,11 @@
-"""The differentiable flash-attention op: padding, configuration and the custom_vjp wiring."""
+"""The differentiable flash-attention op: each backend's limits (`supported`), the launch
+heuristics (`kernel_config`), padding and the custom_vjp wiring.
+
+Everything a kernel decides for itself lives here or beside the kernel, not in the public layer
+(`jax_flashstable.attention.api`): tile defaults (`policy.BlockSizes`), Triton warps and
+stages, the Mosaic GPU forward's key tile and speed options (`forward_mgpu.MosaicGPUOptions`),
+head_dim padding.
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -8,10 +15,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pallas_kernels import forward_mgpu
 from pallas_kernels.backward import flash_backward
 from pallas_kernels.forward import flash_forward
-from pallas_kernels.forward_mgpu import flash_forward_mgpu
-from pallas_kernels.policy import BlockSizes, Compensation, Numerics, next_power_of_2
+from pallas_kernels.forward_mgpu import MosaicGPUOptions, flash_forward_mgpu
+from pallas_kernels.policy import BACKENDS, BlockSizes, Compensation, Numerics, next_power_of_2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,12 +39,70 @@ class KernelConfig:
   num_warps_bwd: int | None = None    # the two backward kernels
   num_stages_bwd: int | None = None
   backend: str = "triton"             # forward kernel: "triton" or "mosaic_gpu" (Hopper)
+  mgpu: MosaicGPUOptions = MosaicGPUOptions()   # the Mosaic GPU forward's speed options
 
   def compiler_params(self, backward=False):
     from jax.experimental.pallas import triton as plgpu
     if backward:
       return plgpu.CompilerParams(num_warps=self.num_warps_bwd, num_stages=self.num_stages_bwd)
     return plgpu.CompilerParams(num_warps=self.num_warps, num_stages=self.num_stages)
+
+
+def supported(backend: str, *, numerics, block_k=None, head_dim=None, dtype=None,
+              return_stats=False, num_stages=None, delta_float32=False,
+              center_keys=False) -> str | None:
+  """Why `backend` cannot run a call with these settings, or None when it can (or when the
+  arguments left None could still make it). The one statement of each backend's limits:
+  `AttentionConfig` asks it with what a config knows, `kernel_config` with the whole call.
+
+  numerics: a layout name or `Numerics`; head_dim: after padding to a power of two ≥ 16.
+  The Triton kernels run every layout and option; the Mosaic GPU forward's limits are
+  `forward_mgpu.supported`. The backward kernels are the Triton ones for both.
+  """
+  name = numerics.name if isinstance(numerics, Numerics) else numerics
+  if backend == "triton":
+    return None
+  if backend == "mosaic_gpu":
+    return forward_mgpu.supported(numerics=name, block_k=block_k, head_dim=head_dim, dtype=dtype,
+                                  return_stats=return_stats, num_stages=num_stages,
+                                  delta_float32=delta_float32)
+  return f"backend={backend!r} (one of {', '.join(BACKENDS)})"
+
+
+def kernel_config(*, q_len, kv_len, head_dim, dtype, softmax_scale, causal, numerics: Numerics,
+                  compensation, block_q=None, block_k=None, interpret, return_stats=False,
+                  num_warps=None, num_stages=None, backend="triton",
+                  mgpu_options: MosaicGPUOptions | None = None) -> KernelConfig:
+  """The `KernelConfig` of one call, with every launch heuristic applied:
+
+  - tiles: `BlockSizes.default` (the numerics' tiles; the paper layout's backward uses the
+    forward tiles), shrunk to the padded sequence; the Mosaic GPU forward keeps a key tile of
+    64 or more (shrinking a tile past the sequence changes nothing, and it needs 64 or 128);
+  - Triton forward: 4 warps (8 when head_dim > 64) and 2 stages; backward kernels: 4 warps and
+    2 stages (H200, d128, 64×64 backward tiles: fwd+bwd 317 TFLOP/s at 4 warps, 172 at 8;
+    `experiments/03_tile_sweep.py`);
+  - Mosaic GPU forward: 2 key/value tiles in flight, `MosaicGPUOptions()`.
+  Raises ValueError when `supported` says the backend cannot run the call.
+  """
+  blocks = BlockSizes.default(head_dim, block_q, block_k).for_numerics(numerics)
+  fitted = blocks.fit(q_len, kv_len)
+  if backend == "mosaic_gpu":
+    fitted = dataclasses.replace(fitted, block_k=max(fitted.block_k, min(blocks.block_k, 64)))
+  padded_head_dim = max(16, next_power_of_2(head_dim))
+  stages = num_stages if num_stages is not None else 2
+  why = supported(backend, numerics=numerics, block_k=fitted.block_k, head_dim=padded_head_dim,
+                  dtype=dtype, return_stats=return_stats, num_stages=stages,
+                  delta_float32=numerics.delta_float32, center_keys=numerics.center_keys)
+  if why is not None:
+    given = f" (query.shape[3] = {head_dim})" if padded_head_dim != head_dim and "head_dim" in why else ""
+    raise ValueError(f"backend={backend!r} does not support {why}{given}")
+  return KernelConfig(
+      softmax_scale=softmax_scale, causal=bool(causal), q_len=q_len, kv_len=kv_len,
+      blocks=fitted, numerics=numerics, compensation=compensation, interpret=bool(interpret),
+      return_stats=bool(return_stats),
+      num_warps=num_warps if num_warps is not None else (4 if head_dim <= 64 else 8),
+      num_stages=stages, num_warps_bwd=4, num_stages_bwd=2, backend=backend,
+      mgpu=mgpu_options if mgpu_options is not None else MosaicGPUOptions())
 
 
 def _pad_axis(x, axis, size):
@@ -55,11 +121,13 @@ def _flash(q, k, v, seeds, cfg):
 
 def _flash_fwd(q, k, v, seeds, cfg):
   if cfg.backend == "mosaic_gpu":
-    out, lse, stats = flash_forward_mgpu(q, k, v, cfg)
+    forward_mgpu.check_device(cfg)
+    out, lse, stats, o32 = flash_forward_mgpu(q, k, v, cfg)
   else:
-    out, lse, stats = flash_forward(q, k, v, cfg, seeds)
+    out, lse, stats, o32 = flash_forward(q, k, v, cfg, seeds)
   stats = (lse,) + stats if cfg.return_stats else ()
-  return (out, stats), (q, k, v, seeds, out, lse)
+  # delta's O: the output as returned, or the float32 O (delta_float32)
+  return (out, stats), (q, k, v, seeds, out if o32 is None else o32, lse)
 
 
 def _flash_bwd(cfg, res, cotangents):

@@ -2,10 +2,12 @@
 
 Two kernels and no atomics: dK/dV with one program per (key tile, batch, query head) looping
 over query tiles, and dQ with one program per (query tile, batch, query head) looping over key
-tiles. `delta` = rowsum(dO ∘ O) is computed in float32 by XLA from the rounded output O. For
-grouped-query attention each query head writes its own float32 dK/dV partial and XLA sums the
-group in a fixed order, so results are bitwise repeatable. P is recomputed from `lse`
-(natural log), so the forward pass's compensation does not enter here.
+tiles. `delta` = rowsum(dO ∘ O) is computed in float32 by XLA from the rounded output O (or,
+with the delta_float32 option, from the float32 O the forward kept). For grouped-query
+attention each query head writes its own float32 dK/dV partial and XLA sums the group in a
+fixed order, so results are bitwise repeatable. P is recomputed from `lse` (natural log), so
+the forward pass's compensation does not enter here. Every rounding point is a `numerics.`
+call (`pallas_kernels.policy`).
 """
 from __future__ import annotations
 
@@ -58,12 +60,13 @@ def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, 
   first = lax.div(k_tile * bk, bq) if cfg.causal else 0
   zeros = jnp.zeros(k.shape, jnp.float32)
   dk, dv = lax.fori_loop(first, pl.cdiv(cfg.q_len, bq), body, (zeros, zeros))
-  dk_ref[...] = (dk * numerics.grad_scale(cfg.softmax_scale)).astype(dk_ref.dtype)
-  dv_ref[...] = dv.astype(dv_ref.dtype)
+  dk_ref[...] = numerics.round_grad(dk, cfg.softmax_scale, dk_ref.dtype)
+  dv_ref[...] = numerics.round_grad(dv, cfg.softmax_scale, dv_ref.dtype, scaled=False)
 
 
-def dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, *, cfg):
+def dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, cfg):
   numerics, dtype = cfg.numerics, q_ref.dtype
+  kd_ref, dq_ref = refs if numerics.center_keys else (k_ref, refs[0])   # keys of dS K
   _, _, bq, sub_k = cfg.blocks.compute(numerics)    # this program's query rows; key sub-tile
   bk = cfg.blocks.block_k_bwd                        # logical key tile (paper: numerics)
   q_tile = pl.program_id(0)
@@ -75,7 +78,8 @@ def dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, *, cfg):
       start = j * bk + c * sub_k
       k, v = k_ref[pl.ds(start, sub_k), :], v_ref[pl.ds(start, sub_k), :]
       _, ds = _probs_and_dscores(q, k, v, do, lse, delta, q_pos, start + jnp.arange(sub_k), cfg)
-      return dq_t + dot_nn(numerics.round_ds(ds, dtype), k)       # dS K
+      kd = kd_ref[pl.ds(start, sub_k), :] if numerics.center_keys else k
+      return dq_t + dot_nn(numerics.round_ds(ds, dtype), kd)      # dS K
 
     return numerics.accumulate(dq, sub_tile_loop(bk // sub_k, sub, jnp.zeros_like(dq)))
 
@@ -83,22 +87,20 @@ def dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, *, cfg):
   if cfg.causal:
     n = jnp.minimum(n, lax.div(bq * (q_tile + 1) + bk - 1, bk))
   dq = lax.fori_loop(0, n, body, jnp.zeros(q.shape, jnp.float32))
-  dq_ref[...] = (dq * numerics.grad_scale(cfg.softmax_scale)).astype(dq_ref.dtype)
+  dq_ref[...] = numerics.round_grad(dq, cfg.softmax_scale, dq_ref.dtype)
 
 
 def flash_backward(q, k, v, o, lse, do, cfg, d_lse=None):
   """Gradients for padded [batch, len, heads, head_dim] arrays; returns (dq, dk, dv).
 
+  `o`: the output as returned, or the float32 O before its rounding (delta_float32).
   `d_lse` [batch, heads, q_len_p]: the cotangent of the returned lse, if any.
   """
   batch, q_len_p, num_heads, d = q.shape
   kv_len_p, num_kv_heads = k.shape[1], k.shape[2]
   group = num_heads // num_kv_heads
   _, _, bq, bk = cfg.blocks.compute(cfg.numerics)   # program tiles of the two kernels
-  # The dots take dO in the input dtype; delta must use the same dO (fp32_out's cotangent is
-  # float32), so that Σ_j dS_ij = 0 holds for the program the kernels differentiate.
-  do = do.astype(q.dtype)
-  # delta = rowsum(dO ∘ O) in float32, from the output as returned (rounded).
+  do = cfg.numerics.d_out(do, q.dtype)
   delta = cfg.numerics.delta(do, o).transpose(0, 2, 1)             # [batch, heads, q_len_p]
   if d_lse is not None:
     delta = delta - d_lse
@@ -121,19 +123,20 @@ def flash_backward(q, k, v, o, lse, do, cfg, d_lse=None):
       name=f"flashstable_backward_dkv_{cfg.numerics.name}",
   )(q, k, v, do, lse, delta)
   if group > 1:
-    dk = dk.reshape(batch, kv_len_p, num_kv_heads, group, d).sum(axis=3).astype(q.dtype)
-    dv = dv.reshape(batch, kv_len_p, num_kv_heads, group, d).sum(axis=3).astype(q.dtype)
+    dk = cfg.numerics.sum_group(dk.reshape(batch, kv_len_p, num_kv_heads, group, d), q.dtype)
+    dv = cfg.numerics.sum_group(dv.reshape(batch, kv_len_p, num_kv_heads, group, d), q.dtype)
 
   q_tile = pl.BlockSpec((None, bq, None, d), lambda t, b, h: (b, t, h, 0))
   row_tile = pl.BlockSpec((None, None, bq), lambda t, b, h: (b, h, t))
+  extra = [cfg.numerics.dq_keys(k, cfg.kv_len)] if cfg.numerics.center_keys else []
   dq = pl.pallas_call(
       functools.partial(dq_kernel, cfg=cfg),
       grid=(q_len_p // bq, batch, num_heads),
-      in_specs=[q_tile, kv_all, kv_all, q_tile, row_tile, row_tile],
+      in_specs=[q_tile, kv_all, kv_all, q_tile, row_tile, row_tile] + [kv_all] * len(extra),
       out_specs=q_tile,
       out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
       compiler_params=cfg.compiler_params(backward=True),
       interpret=cfg.interpret,
       name=f"flashstable_backward_dq_{cfg.numerics.name}",
-  )(q, k, v, do, lse, delta)
+  )(q, k, v, do, lse, delta, *extra)
   return dq, dk, dv

@@ -28,21 +28,13 @@ def round_bf16(x):
   return (bits & U32(0xFFFF0000)).view(F32)
 
 
-def hash_u32(x):
-  x = x ^ (x >> U32(16))
-  x = x * U32(0x7FEB352D)
-  x = x ^ (x >> U32(15))
-  x = x * U32(0x846CA68B)
-  return x ^ (x >> U32(16))
-
-
-def stochastic_bits(seeds, batch, heads, q_len, head_dim_padded):
-  """The kernel's random bits for O, [batch, heads, q_len, head_dim_padded] uint32."""
-  seed0, seed1 = (U32(s) for s in np.asarray(seeds, U32))
+def stochastic_bits(numerics, seeds, batch, heads, q_len, head_dim_padded):
+  """The kernel's random bits for O, [batch, heads, q_len, head_dim_padded] uint32: the policy's
+  own hash (`Numerics.random_bits`; a stream to reproduce, not a rounding to check)."""
+  seeds = tuple(np.uint32(s) for s in np.asarray(seeds, U32))
   head = (np.arange(batch)[:, None] * heads + np.arange(heads)[None, :]).astype(U32)
   pos = (np.arange(q_len)[:, None] * head_dim_padded + np.arange(head_dim_padded)[None, :]).astype(U32)
-  with np.errstate(over="ignore"):
-    return hash_u32(hash_u32(pos ^ seed0)[None, None] ^ hash_u32(head + seed1)[:, :, None, None])
+  return np.asarray(numerics.random_bits(seeds, head[:, :, None, None], pos[None, None]), U32)
 
 
 def _heads_first(x, group=1):
@@ -125,7 +117,7 @@ def emulate_forward(query, key, value, *, causal, softmax_scale, block_k, dtype,
   o = (acc / l[..., None]).astype(F32)
   if numerics.stochastic:
     d_p = head_dim_padded or d
-    bits = stochastic_bits(seeds, b, h, q_len, d_p)[..., :d]
+    bits = stochastic_bits(numerics, seeds, b, h, q_len, d_p)[..., :d]
     ob = o.view(U32) + (bits & U32(0xFFFF))
     out = (ob & U32(0xFFFF0000)).view(F32)
   elif numerics.out_float32:
@@ -146,6 +138,10 @@ def emulate_backward(query, key, value, out, lse, d_out, *, causal, softmax_scal
   The paper layout accumulates dK, dV per query tile of `block_q` and dQ per key tile of
   `block_k` in bf16 buffers; fa2 needs no tiling (float32 accumulation, one rounding).
   """
+  if numerics.delta_float32 or numerics.center_keys:
+    raise ValueError(f"the emulation covers the layouts' rounding points, not the backward "
+                     f"options (delta_float32={numerics.delta_float32}, "
+                     f"center_keys={numerics.center_keys}); FP64 tests check those")
   paper = numerics.paper and intermediate
   group = query.shape[2] // key.shape[2]
   q, k, v = _heads_first(query), _heads_first(key, group), _heads_first(value, group)

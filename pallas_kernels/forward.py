@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from pallas_kernels.policy import compensated_tile_max, hash_u32, shifted_max, tie_count
+from pallas_kernels.policy import compensated_tile_max, shifted_max, tie_count
 
 HIGHEST = lax.Precision.HIGHEST
 
@@ -75,7 +75,9 @@ def forward_kernel(q_ref, k_ref, v_ref, *refs, cfg):
   block_k = cfg.blocks.block_k                        # logical key tile (numerics)
   n_sub = block_k // sub_k
   seed_ref = refs[0] if numerics.stochastic else None
-  o_ref, lse_ref, *stats_refs = refs[1:] if numerics.stochastic else refs
+  o_ref, lse_ref, *refs = refs[1:] if numerics.stochastic else refs
+  o32_ref = refs.pop(0) if numerics.delta_float32 else None       # the float32 O for delta
+  stats_refs = refs
   q_tile = pl.program_id(0)
   q = q_ref[...]                                                   # [block_q, d]
   q_pos = q_tile * block_q + jnp.arange(block_q)
@@ -107,13 +109,13 @@ def forward_kernel(q_ref, k_ref, v_ref, *refs, cfg):
         n_ties = lax.fori_loop(0, n_sub, count, jnp.zeros_like(tile_max))
         m_tile, tied = shifted_max(tile_max, n_ties, comp, True)
     m_new = jnp.maximum(m_i, m_tile)
-    alpha = jnp.exp(numerics.exp_arg(m_i - m_new))                 # 0 on the first tile
+    alpha = numerics.rescale(m_i, m_new)                           # 0 on the first tile
 
     def accumulate(c, sums):
       tile_sum, pv, mp = sums
       s = s0 if n_sub == 1 else scores(j, c)[0]
       v = v_ref[pl.ds(j * block_k + c * sub_k, sub_k), :]
-      p = jnp.exp(numerics.exp_arg(s - m_new[:, None]))            # P̄, float32
+      p = numerics.exp_scores(s, m_new[:, None])                   # P̄, float32
       if cfg.return_stats:                                          # max_p: a stat only
         mp = jnp.maximum(mp, jnp.max(p, axis=-1))
       return tile_sum + jnp.sum(p, axis=-1), pv + dot_nn(numerics.round_p(p, dtype), v), mp
@@ -133,13 +135,15 @@ def forward_kernel(q_ref, k_ref, v_ref, *refs, cfg):
   o = acc / l_i[:, None]
   random_bits = None
   if numerics.stochastic:
-    seeds = seed_ref[...]
+    seeds = seed_ref[...]                     # two scalars, read without scalar indexing
     seed0 = jnp.sum(jnp.where(jnp.arange(2) == 0, seeds, jnp.uint32(0)))
     seed1 = jnp.sum(jnp.where(jnp.arange(2) == 1, seeds, jnp.uint32(0)))
     head = (pl.program_id(1) * pl.num_programs(2) + pl.program_id(2)).astype(jnp.uint32)
     pos = (q_pos[:, None] * o.shape[1] + jnp.arange(o.shape[1])[None, :]).astype(jnp.uint32)
-    random_bits = hash_u32(hash_u32(pos ^ seed0) ^ hash_u32(head + seed1))
+    random_bits = numerics.random_bits((seed0, seed1), head, pos)
   o_ref[...] = numerics.round_out(o, dtype, random_bits)
+  if o32_ref is not None:
+    o32_ref[...] = o
   lse_ref[...] = m_i + jnp.log(l_i)                                # natural log
   if stats_refs:
     row_max_ref, max_p_ref, tied_ref = stats_refs
@@ -153,7 +157,8 @@ def flash_forward(q, k, v, cfg, seeds=None):
 
   `seeds`: uint32 [2], needed by the stochastic layout.
   Returns (out [batch, q_len_p, heads, d_p] in the layout's output dtype,
-           lse [batch, heads, q_len_p] float32, stats tuple or ()).
+           lse [batch, heads, q_len_p] float32, stats tuple or (),
+           the float32 O before its rounding (numerics.delta_float32) or None).
   """
   batch, q_len_p, num_heads, d = q.shape
   kv_len_p, num_kv_heads = k.shape[1], k.shape[2]
@@ -166,19 +171,25 @@ def flash_forward(q, k, v, cfg, seeds=None):
   row_shape = jax.ShapeDtypeStruct((batch, num_heads, q_len_p), jnp.float32)
   n_stats = 3 if cfg.return_stats else 0
   out_shape = [jax.ShapeDtypeStruct(q.shape, cfg.numerics.output_dtype(q.dtype)), row_shape]
+  out_specs = [q_spec, row_spec]
+  if cfg.numerics.delta_float32:
+    out_shape.append(jax.ShapeDtypeStruct(q.shape, jnp.float32))
+    out_specs.append(q_spec)
   out_shape += [row_shape] * n_stats
+  out_specs += [row_spec] * n_stats
   in_specs, args = [q_spec, kv_spec, kv_spec], [q, k, v]
   if cfg.numerics.stochastic:
     in_specs.append(pl.BlockSpec((2,), lambda i, b, h: (0,)))
     args.append(seeds)
-  outs = pl.pallas_call(
+  outs = list(pl.pallas_call(
       functools.partial(forward_kernel, cfg=cfg),
       grid=grid,
       in_specs=in_specs,
-      out_specs=[q_spec, row_spec] + [row_spec] * n_stats,
+      out_specs=out_specs,
       out_shape=out_shape,
       compiler_params=cfg.compiler_params(),
       interpret=cfg.interpret,
       name=f"flashstable_forward_{cfg.numerics.name}",
-  )(*args)
-  return outs[0], outs[1], tuple(outs[2:])
+  )(*args))
+  o32 = outs.pop(2) if cfg.numerics.delta_float32 else None
+  return outs[0], outs[1], tuple(outs[2:]), o32

@@ -11,7 +11,7 @@ out the Hopper way of FlashAttention-3 (Shah et al. 2024, §3.1, warp specialisa
   registers; the online softmax (and the compensation's tie count) runs in registers between
   them;
 - a slot is refilled once both compute warpgroups have arrived on its "consumed" barrier.
-- the two compute warpgroups take turns on the tensor cores (`PINGPONG`, FlashAttention-3's
+- the two compute warpgroups take turns on the tensor cores (`MosaicGPUOptions.pingpong`, FlashAttention-3's
   ping-pong scheduling): one computes its softmax while the other's products run.
 
 The key tile `block_k` is the numerics' tile (ties are detected per tile); `block_q` plays no
@@ -19,10 +19,10 @@ part in fa2's numerics (rows are independent), so the 2 × 64-row CTA is fixed h
 Scores of padded keys (≥ kv_len) and, when causal, of keys after the query are −inf; the
 wrapper (`pallas_kernels.attention`) has padded head_dim and the sequences.
 Differences from the Triton kernel, all in float32 values and none at a bf16 rounding point or
-in the tie test: on the GPU the P̄V wgmma accumulates into α·acc (`FUSED_PV`, FlashAttention-3's
+in the tie test: on the GPU the P̄V wgmma accumulates into α·acc (`MosaicGPUOptions.fused_pv`, FlashAttention-3's
 order; the Triton kernel adds P̄V from its own accumulator; in interpret mode the unfused order
 runs, where the compiler may contract α·acc + P̄V into an FMA), P̄ = 2^(S·log₂e − m·log₂e) with
-one FMA (`EXP2`: the max's P̄ differs from 1 by about ln 2 · ½ ulp(m·log₂e), tens of float32
+one FMA (`MosaicGPUOptions.exp2`, `policy.Numerics.exp_scores`: the max's P̄ differs from 1 by about ln 2 · ½ ulp(m·log₂e), tens of float32
 ulps at |m| ≈ 100, and is still 1 after its bf16 rounding for ordinary scores), the summation
 order inside the two dots is the tensor core's (wgmma), exp2 and log are Mosaic GPU's fast
 approximations (`approx_math`: ex2.approx / lg2.approx, subnormals flushed), and the compiler
@@ -31,6 +31,8 @@ two (`tests/test_mosaic_gpu.py` bounds it; on the GPU it ran with the default op
 limit head_dim to 64 or 128 after padding and block_k to 64 or 128 (`supported`).
 """
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -44,41 +46,43 @@ from pallas_kernels.policy import compensated_tile_max
 
 ROWS_PER_WG = 64          # wgmma's M for one warpgroup
 COMPUTE_WGS = 2
-# Ping-pong scheduling of the two compute warpgroups (FlashAttention-3, §3.1): one's softmax
-# runs while the other's matrix products hold the tensor cores. Read when a kernel is traced
-# (an experiment hook: set it to False to time the kernel without it). It changes no
-# arithmetic. In interpret mode it is off unless PINGPONG_IN_INTERPRET: the interpreter runs
-# each warpgroup on a thread that executes compiled code, and inside an outer jit on a 2-core
-# CPU the two warpgroups' rendezvous can starve of threads and hang (seen with a jitted
-# forward+backward at 128 × 128); the tests turn it on for eager calls.
-PINGPONG = True
-PINGPONG_IN_INTERPRET = False
-# Speed options (experiment hooks, read when a kernel is traced; each changes float32 values
-# only, never where bf16 rounding happens or the tie test; valid for fa2 and fp32_out, whose
-# numerics hooks before the final rounding are identities):
-# FUSED_PV: the P̄V wgmma accumulates into α·acc (FlashAttention-3's order) instead of into its
-#   own accumulator added afterwards; saves a 64×head_dim float32 register tile and an add.
-# EARLY_TURN: with ping-pong, the turn is taken right after the QK wgmma is issued (as JAX's
-#   attention_mgpu does) rather than after its result is read.
-# EXP2: P̄ = 2^(S·log₂e − m·log₂e), one FMA before ex2, instead of exp(S − m) (a subtract,
-#   then the multiply by log₂e inside Mosaic GPU's approximate exp); S = qk·scale as before.
-# Measured on one H200 on 2026-11-29 (experiments/h200_tune_check.sh, compensation on,
-# b4 × 4096 × 16 × d128, block_k 128, 2 stages; single unpaired timings, noisy): none 402,
-# FUSED_PV+EXP2 425 TFLOP/s (399 in the headline bench later); EARLY_TURN did not help
-# (389–400) and stays off.
-FUSED_PV = True
-EARLY_TURN = False
-EXP2 = True
-# Q_TILES_INNER: the grid runs a head's query tiles one after another (Pallas's last grid axis is
-# CUDA's x, launched first), so the CTAs resident together share one head's K and V in L2. With
-# heads innermost ~64 heads' K/V (128 MiB at length 4096) were in flight. Nsight Compute, H200,
-# 2026-11-30, headline shape: DRAM 60% → 6% and L2 87% → 32% busy, but cycles only −1.3% and
-# 30 interleaved pairs +0.7% (the kernel is not memory-bound): kept for the traffic, not speed.
-Q_TILES_INNER = True
+@dataclasses.dataclass(frozen=True)
+class MosaicGPUOptions:
+  """Speed options of the Mosaic GPU forward (`flash_attention(mgpu_options=...)`). None of
+  them moves a bf16 rounding point or the tie test; `fused_pv` and `exp2` change float32
+  values (module docstring), valid for fa2 and fp32_out, whose numerics hooks before the final
+  rounding are identities.
+
+  pingpong: the two compute warpgroups take turns on the tensor cores (FlashAttention-3,
+    §3.1): one's softmax runs while the other's matrix products hold them. No arithmetic
+    changes. None: on for a GPU, off in interpret mode, where the interpreter runs each
+    warpgroup on a thread executing compiled code and, inside an outer jit on a 2-core CPU,
+    the two warpgroups' rendezvous can starve of threads and hang (seen with a jitted
+    forward+backward at 128 × 128); the tests turn it on for eager calls.
+  fused_pv: the P̄V wgmma accumulates into α·acc (FlashAttention-3's order) instead of into its
+    own accumulator added afterwards; saves a 64×head_dim float32 register tile and an add.
+    GPU only (the interpreter cannot run a wgmma into an initialised accumulator).
+  early_turn: with ping-pong, the turn is taken right after the QK wgmma is issued (as JAX's
+    attention_mgpu does) rather than after its result is read.
+  exp2: P̄ = 2^(S·log₂e − m·log₂e), one FMA before ex2 (`policy.exp_scores`), instead of
+    exp(S − m).
+  q_tiles_inner: the grid runs a head's query tiles one after another (Pallas's last grid
+    axis is CUDA's x, launched first), so the CTAs resident together share one head's K and V
+    in L2; with heads innermost ~64 heads' K/V (128 MiB at length 4096) were in flight.
+  Measured on one H200 (experiments/results/h200-2026-11-29-mgpu, -11-30-speed): fused_pv +
+  exp2 402 → 425 TFLOP/s (single timings, compensation on, b4 × 4096 × 16 × d128, block_k
+  128); early_turn 389–400 (no gain); q_tiles_inner: DRAM 60% → 6% busy but cycles −1.3%.
+  """
+  pingpong: bool | None = None
+  fused_pv: bool = True
+  early_turn: bool = False
+  exp2: bool = True
+  q_tiles_inner: bool = True
+
+
 # Hopper's 227 KiB of shared memory per block, less Mosaic GPU's reduction scratch (2 KiB) and
 # room for the barriers.
 SMEM_BYTES = 227 * 1024 - 3 * 1024
-LOG2E = float(np.log2(np.e))
 
 
 def smem_bytes(head_dim: int, block_k: int, stages: int, out_dtype) -> int:
@@ -90,29 +94,35 @@ def smem_bytes(head_dim: int, block_k: int, stages: int, out_dtype) -> int:
           + 4 * COMPUTE_WGS * ROWS_PER_WG)
 
 
-def supported(cfg, head_dim: int, dtype) -> str | None:
-  """Why the Mosaic GPU forward cannot run this call (None when it can); head_dim is the
-  padded one. Limits: wgmma's N and the registers of the 64×head_dim float32 accumulator(s)
-  (P̄V has its own unless `FUSED_PV`) bound head_dim to 64 or 128 and block_k to 64 or 128;
-  shared memory bounds block_k × stages."""
-  if cfg.numerics.name not in NUMERICS:
-    return f"numerics={cfg.numerics.name!r} (the Mosaic GPU forward has {', '.join(NUMERICS)})"
-  if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+def supported(*, numerics: str, block_k=None, head_dim=None, dtype=None, return_stats=False,
+              num_stages=None, delta_float32=False) -> str | None:
+  """Why the Mosaic GPU forward cannot run a call (None when it can, or when the arguments left
+  None could still make it); head_dim is the padded one. Limits: wgmma's N and the registers of
+  the 64×head_dim float32 accumulator(s) (P̄V has its own unless `fused_pv`) bound head_dim to
+  64 or 128 and block_k to 64 or 128; shared memory bounds block_k × stages; it writes out and
+  lse only (no statistics, no float32 O beside a rounded one)."""
+  if numerics not in NUMERICS:
+    return f"numerics={numerics!r} (the Mosaic GPU forward has {', '.join(NUMERICS)})"
+  if delta_float32:
+    return "delta_float32=True (the Mosaic GPU forward writes no float32 O for delta)"
+  if return_stats:
+    return "return_stats=True (the Mosaic GPU forward writes out and lse only)"
+  if block_k is not None and block_k not in MOSAIC_GPU_BLOCK_K:
+    return f"block_k={block_k} (the Mosaic GPU forward needs block_k 64 or 128)"
+  if dtype is not None and jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
     return f"dtype={jnp.dtype(dtype)} (the Mosaic GPU forward needs bfloat16 or float16)"
-  if head_dim not in (64, 128):
+  if head_dim is not None and head_dim not in (64, 128):
     return (f"head_dim={head_dim} after padding (the Mosaic GPU forward needs 64 or 128: "
             "head_dim 33–128)")
-  if cfg.return_stats:
-    return "return_stats=True (the Mosaic GPU forward writes out and lse only)"
-  if cfg.blocks.block_k not in MOSAIC_GPU_BLOCK_K:
-    return f"block_k={cfg.blocks.block_k} (the Mosaic GPU forward needs block_k 64 or 128)"
-  stages = cfg.num_stages
-  if not (isinstance(stages, (int, np.integer)) and not isinstance(stages, bool) and 1 <= stages <= 8):
-    return f"num_stages={stages!r} (key/value tiles in flight: an int from 1 to 8)"
-  need = smem_bytes(head_dim, cfg.blocks.block_k, stages, cfg.numerics.output_dtype(dtype))
-  if need > SMEM_BYTES:
-    return (f"block_k={cfg.blocks.block_k} with num_stages={stages} at head_dim={head_dim}: "
-            f"{need / 1024:.1f} KiB of shared memory, more than {SMEM_BYTES / 1024:.0f} KiB")
+  if num_stages is not None and not (isinstance(num_stages, (int, np.integer))
+                                     and not isinstance(num_stages, bool) and 1 <= num_stages <= 8):
+    return f"num_stages={num_stages!r} (key/value tiles in flight: an int from 1 to 8)"
+  if None not in (head_dim, block_k, num_stages, dtype):
+    out_dtype = jnp.float32 if numerics == "fp32_out" else dtype
+    need = smem_bytes(head_dim, block_k, num_stages, out_dtype)
+    if need > SMEM_BYTES:
+      return (f"block_k={block_k} with num_stages={num_stages} at head_dim={head_dim}: "
+              f"{need / 1024:.1f} KiB of shared memory, more than {SMEM_BYTES / 1024:.0f} KiB")
   return None
 
 
@@ -145,10 +155,11 @@ def _forward_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, cfg, n_kv, g
   numerics, comp, block_k = cfg.numerics, cfg.compensation, int(cfg.blocks.block_k)
   (q_smem2, k_smem, v_smem, o_smem2, lse_smem2, p_smem2), barriers = scoped
   k_ready, v_ready, q_ready, k_free, v_free, turn = barriers
-  pingpong = PINGPONG and (PINGPONG_IN_INTERPRET or not cfg.interpret)
+  opts = cfg.mgpu
+  pingpong = (not cfg.interpret) if opts.pingpong is None else opts.pingpong
   assert not numerics.paper, "the Mosaic GPU forward skips the paper layout's rounding hooks"
-  # (the interpreter cannot run a wgmma into an initialised accumulator: FUSED_PV is GPU-only)
-  early_turn, fused_pv, exp2 = pingpong and EARLY_TURN, FUSED_PV and not cfg.interpret, EXP2
+  # (the interpreter cannot run a wgmma into an initialised accumulator: fused_pv is GPU-only)
+  early_turn, fused_pv = pingpong and opts.early_turn, opts.fused_pv and not cfg.interpret
 
   def rendezvous():                     # both compute warpgroups arrive, then go on
     plgpu.barrier_arrive(turn)
@@ -207,12 +218,8 @@ def _forward_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, cfg, n_kv, g
         s = jnp.where(keep, s, numerics.mask_value)   # −inf; key 0 is visible to every row
       m_tile, _ = compensated_tile_max(s, comp)
       m_new = jnp.maximum(m_i, m_tile)
-      if exp2:                         # (exp_arg is the identity in fa2 and fp32_out)
-        alpha = jnp.exp2((m_i - m_new) * LOG2E)        # exactly 1 while the max stays, 0 first
-        p = jnp.exp2(s * LOG2E - lax.broadcast_in_dim(m_new * LOG2E, s.shape, [0]))
-      else:
-        alpha = jnp.exp(numerics.exp_arg(m_i - m_new))               # 0 on the first tile
-        p = jnp.exp(numerics.exp_arg(s - lax.broadcast_in_dim(m_new, s.shape, [0])))  # P̄, f32
+      alpha = numerics.rescale(m_i, m_new, opts.exp2)       # 1 while the max stays, 0 first
+      p = numerics.exp_scores(s, lax.broadcast_in_dim(m_new, s.shape, [0]), opts.exp2)  # P̄, f32
       l_new = numerics.state(alpha * l_i + numerics.clamp_sum(jnp.sum(p, axis=1)))  # from f32 P̄
       p_in = numerics.round_p(p, q_smem.dtype)
       if fused_pv:                     # α·acc now; the P̄V wgmma adds to it
@@ -306,17 +313,14 @@ def _forward_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, cfg, n_kv, g
 def flash_forward_mgpu(q, k, v, cfg):
   """Runs the Mosaic GPU forward on padded [batch, len, heads, head_dim] arrays.
 
-  Same contract as `pallas_kernels.forward.flash_forward` without statistics: returns
-  (out [batch, q_len_p, heads, d] in the layout's output dtype, lse [batch, heads, q_len_p]
-  float32 natural log, ()). q_len_p is padded here to a multiple of 128 and sliced back.
+  Same contract as `pallas_kernels.forward.flash_forward` without statistics and the float32
+  O: returns (out [batch, q_len_p, heads, d] in the layout's output dtype, lse [batch, heads,
+  q_len_p] float32 natural log, (), None). q_len_p is padded here to a multiple of 128 and sliced back.
   On CPU (cfg.interpret) it runs in Pallas' GPU interpret mode (slow; small shapes only).
-  Raises ValueError when `supported` says no.
+  `pallas_kernels.attention.kernel_config` has checked the call against `supported`.
   """
   batch, q_len_p, num_heads, d = q.shape
   kv_len_p, num_kv_heads = k.shape[1], k.shape[2]
-  if (why := supported(cfg, d, q.dtype)) is not None:
-    raise ValueError(f"backend='mosaic_gpu' does not support {why}")
-  check_device(cfg)
   block_k = int(cfg.blocks.block_k)
   if kv_len_p % block_k:
     raise ValueError(f"padded kv length {kv_len_p} is not a multiple of block_k={block_k}")
@@ -354,7 +358,7 @@ def flash_forward_mgpu(q, k, v, cfg):
     from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
     interpret = InterpretGPUParams()
   grid = dict(batch=batch, heads=num_heads, q_tiles=rows // cta_rows)
-  grid_names = ("batch", "heads", "q_tiles") if Q_TILES_INNER else ("q_tiles", "batch", "heads")
+  grid_names = ("batch", "heads", "q_tiles") if cfg.mgpu.q_tiles_inner else ("q_tiles", "batch", "heads")
   out, lse = plgpu.kernel(
       entry,
       out_type=(jax.ShapeDtypeStruct(q.shape[:3] + (d,), out_dtype),
@@ -366,4 +370,4 @@ def flash_forward_mgpu(q, k, v, cfg):
       compiler_params=plgpu.CompilerParams(approx_math=True),
       interpret=interpret,
   )(q, k, v)
-  return out[:, :q_len_p], lse[:, :, :q_len_p], ()
+  return out[:, :q_len_p], lse[:, :, :q_len_p], (), None

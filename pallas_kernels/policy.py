@@ -20,7 +20,20 @@ layouts are described on `Numerics`; the default "fa2" is:
     P → `Numerics.round_p`                 before the dV = Pᵀ dO dot
     dS     = P ∘ (dP − delta)              float32
     dS → `Numerics.round_ds`               before the dQ = dS K and dK = dSᵀ Q dots
-    dQ, dK, dV accumulated in float32 and rounded once to the input dtype.
+    dQ, dK, dV accumulated in float32 and rounded once to the input dtype (`round_grad`);
+    grouped query heads' dK, dV partials summed in float32, then rounded (`sum_group`).
+
+Backward options of any layout (each removes one piece of the bias mechanism of Qiu & Yao 2025,
+§4: a rounded O makes delta ≠ rowsum(P∘dP), so the rows of dS no longer sum to 0 and dQ picks
+up (rowsum dS)·c for keys sharing a component c):
+    delta_float32   delta = rowsum(dO ∘ O) from the float32 O before its rounding (the forward
+                    keeps it as a residual), no other rounding
+    center_keys     dQ = dS (K − c), c = the mean of the real keys per (batch, kv head),
+                    K − c rounded to the input dtype (`dq_keys`); exact in exact arithmetic,
+                    because each row of dS sums to 0
+
+This module is the one table of the layouts: `flash_attention`'s docstring and the kernels
+point here. The Mosaic GPU forward's float32 differences (`exp_scores` with base2) are here too.
 
 Compensation (Qiu & Yao 2025, arXiv 2510.04212, Alg. 1) is `compensated_tile_max`.
 """
@@ -38,6 +51,7 @@ MAX_HEAD_DIM = 256
 
 
 BF16_MAX = float(jnp.finfo(jnp.bfloat16).max)   # 3.3895e38
+LOG2E = float(np.log2(np.e))
 
 
 def round_bf16(x):
@@ -104,6 +118,12 @@ class Numerics:
   paper: bool = False                 # all paper_* rounding points, fwd and bwd
   out_float32: bool = False           # fp32_out
   stochastic: bool = False            # stochastic final rounding of O
+  delta_float32: bool = False         # backward option: delta from the float32 O
+  center_keys: bool = False           # backward option: dQ from the keys less their mean
+
+  def with_options(self, *, delta_float32=False, center_keys=False) -> "Numerics":
+    """This layout with the backward options (module docstring)."""
+    return dataclasses.replace(self, delta_float32=bool(delta_float32), center_keys=bool(center_keys))
 
   # --- forward -------------------------------------------------------------------------
   @property
@@ -118,6 +138,24 @@ class Numerics:
 
   def exp_arg(self, x):
     return round_bf16(x) if self.paper else x                       # paper: exp(bf16(·))
+
+  def exp_scores(self, s, m, base2=False):
+    """P̄ = exp(S − m) in float32, m broadcast to s. base2 (the Mosaic GPU forward's option, fa2
+    and fp32_out only): 2^(S·log₂e − m·log₂e), one FMA before ex2; the max's P̄ then differs
+    from 1 by about ln 2 · ½ ulp(m·log₂e) (tens of float32 ulps at |m| ≈ 100) and is still 1
+    after a bf16 rounding for ordinary scores."""
+    if base2:
+      assert not self.paper, "base2 skips the paper layout's exp_arg rounding"
+      return jnp.exp2(s * LOG2E - m * LOG2E)
+    return jnp.exp(self.exp_arg(s - m))
+
+  def rescale(self, m_old, m_new, base2=False):
+    """α = exp(m_old − m_new), the running sums' rescale factor: 0 on the first tile (m_old =
+    −inf), exactly 1 while the max stays (also with base2: 2^((m_old − m_new)·log₂e))."""
+    if base2:
+      assert not self.paper, "base2 skips the paper layout's exp_arg rounding"
+      return jnp.exp2((m_old - m_new) * LOG2E)
+    return jnp.exp(self.exp_arg(m_old - m_new))
 
   def clamp_sum(self, tile_sum):
     return jnp.maximum(tile_sum, 1e-10) if self.paper else tile_sum  # paper: clamp ≥ 1e−10
@@ -143,11 +181,33 @@ class Numerics:
       return round_bf16(o).astype(self.output_dtype(input_dtype))
     return o.astype(self.output_dtype(input_dtype))
 
+  def random_bits(self, seeds, head, pos):
+    """The stochastic layout's uint32 noise for O: a counter-based hash of (seeds [2], head
+    index = batch·heads + head, pos = row·head_dim_padded + column), arrays broadcast."""
+    seed0, seed1 = seeds
+    return hash_u32(hash_u32(pos ^ seed0) ^ hash_u32(head + seed1))
+
   # --- backward ------------------------------------------------------------------------
+  def d_out(self, d_out, input_dtype):
+    """dO as the backward's dots and delta take it: in the input dtype (fp32_out's cotangent is
+    float32), so that Σ_j dS_ij = 0 holds for the program the kernels differentiate."""
+    return d_out.astype(input_dtype)
+
   def delta(self, d_out, out):
-    """rowsum(dO∘O) in float32 over [..., head_dim]; paper: of bf16(dO∘O)."""
+    """rowsum(dO∘O) in float32 over [..., head_dim]; paper: of bf16(dO∘O). With delta_float32
+    `out` is the float32 O before its rounding and nothing is rounded."""
     prod = d_out.astype(jnp.float32) * out.astype(jnp.float32)
-    return jnp.sum(round_bf16(prod) if self.paper else prod, axis=-1)
+    return jnp.sum(round_bf16(prod) if self.paper and not self.delta_float32 else prod, axis=-1)
+
+  def dq_keys(self, k, kv_len):
+    """The keys of the dQ = dS K product, [batch, kv_len_p, kv_heads, d]: K itself, or
+    (center_keys) K − mean of the first kv_len keys per (batch, kv head), computed in float32
+    and rounded to the input dtype."""
+    if not self.center_keys:
+      return k
+    k32 = k.astype(jnp.float32)
+    c = jnp.mean(k32[:, :kv_len], axis=1, keepdims=True)
+    return (k32 - c).astype(k.dtype)
 
   def dp(self, dp):
     return round_bf16(dp) if self.paper else dp                     # paper: bf16(dO·Vᵀ)
@@ -163,6 +223,16 @@ class Numerics:
 
   def grad_scale(self, softmax_scale):
     return 1.0 if self.paper else softmax_scale
+
+  def round_grad(self, acc, softmax_scale, dtype, scaled=True):
+    """A dQ or dK (scaled) or dV float32 accumulator → the output dtype: fa2 multiplies by
+    the softmax scale here (the paper folded it into dS), then one rounding."""
+    return ((acc * self.grad_scale(softmax_scale)) if scaled else acc).astype(dtype)
+
+  def sum_group(self, partials, dtype):
+    """dK or dV of grouped-query heads: float32 partials [batch, len, kv_heads, group, d]
+    summed over the group in a fixed order (bitwise repeatable), then rounded once."""
+    return partials.sum(axis=3).astype(dtype)
 
   def accumulate(self, acc, tile):
     """dQ/dK/dV buffers: paper rounds each tile product and the running sum to bf16."""

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from jax_flashstable import flash_attention, reference_attention
-from jax_flashstable.accuracy import Shape, flash_vjp, make_inputs
+from jax_flashstable.lab.accuracy import flash_vjp
+from jax_flashstable.lab.shapes import Shape, make_inputs
 
 
 def test_bitwise_deterministic():

@@ -42,48 +42,48 @@ def test_flops_convention():
   assert bench.attention_flops(2, 1024, 1024, 4, 64, causal=False, backward=True) == 3.5 * f
 
 
-def test_flash_spec_reads_an_optional_block_k():
-  assert bench._flash_spec("flash-mgpu:fa2+stabilize@128") == dict(
-      numerics="fa2", stabilize=True, backend="mosaic_gpu", block_k=128)
-  assert bench._flash_spec("flash-mgpu:fa2@128+stabilize") == bench._flash_spec(
-      "flash-mgpu:fa2+stabilize@128")                # the overhead pairs append "+stabilize"
-  assert "block_k" not in bench._flash_spec("flash:paper")
-  for bad in ("flash:fa2@", "flash:fa2@12x", "flash:fa2@64@64", "flash:fa2@0", "flash:fa2@064",
-              "flash:fa2+@64", "flash:fa2+", "flash-mgpu:paper", "flash:fa2+stabilize@64+stabilize"):
-    with pytest.raises(ValueError, match=re.escape(repr(bad))):
-      bench._flash_spec(bad)
+def test_names_are_attention_specs_or_external():
+  assert bench.name_error("fa2+comp+mgpu:block_k=128") is None
+  assert bench.name_error("torch-math") is None and bench.name_error("pallas-mgpu") is None
+  assert bench.name_error("flash-mgpu:fa2+stabilize@128") is None          # an older spelling
+  for bad, why in (("fa3", "'fa3'"), ("fa2+mgpu:block_k=32", "block_k=32"), ("torch-fast", "'torch-fast'"),
+                   ("paper+mgpu", "numerics='paper'"), ("fa2:block_k=12x", "block_k='12x'")):
+    assert why in bench.name_error(bad), bad
 
 
-def test_bench_cli_on_cpu(tmp_path):
+def test_bench_cli_on_cpu(tmp_path, capsys):
   with pytest.raises(SystemExit, match="'nope'"):
-    cli.main(["bench", "--impls", "flash:fa2,nope", "--out", str(tmp_path)])
-  with pytest.raises(SystemExit, match="'flash:fa3'"):
-    cli.main(["bench", "--impls", "flash:fa3", "--out", str(tmp_path)])
-  with pytest.raises(SystemExit, match="'flash-mgpu:paper'"):
-    cli.main(["bench", "--impls", "flash-mgpu:paper", "--out", str(tmp_path)])
+    cli.main(["bench", "--attention", "fa2,nope", "--out", str(tmp_path)])
+  with pytest.raises(SystemExit, match="'fa3'"):
+    cli.main(["bench", "--attention", "fa3", "--out", str(tmp_path)])
+  with pytest.raises(SystemExit, match="'paper\\+mgpu'.*numerics='paper'"):
+    cli.main(["bench", "--attention", "paper+mgpu", "--out", str(tmp_path)])
   with pytest.raises(SystemExit, match=r"heads \(4\) a multiple of kv_heads \(3\)"):
     cli.main(["bench", "--shapes", "1,64,4,3,64,0", "--out", str(tmp_path)])
-  rc = cli.main(["bench", "--shapes", "1,128,4,2,64,causal", "--impls", "flash:fa2,flash:paper+stabilize,flash-mgpu:fa2+stabilize,xla,torch-math,pallas-mgpu",
+  with pytest.raises(SystemExit, match=r"--overhead 'xla'"):
+    cli.main(["bench", "--overhead", "xla", "--out", str(tmp_path)])
+  rc = cli.main(["bench", "--shapes", "1,128,4,2,64,causal", "--attention",
+                 "fa2,paper+comp,fa2+comp+mgpu,xla,torch-math,pallas-mgpu",
                  "--reps", "2", "--warmup", "1", "--overhead-pairs", "2", "--no-hashes", "--out", str(tmp_path),
-                 "--paired-impls", "flash:fa2", "--paired-reference", "xla"])
-  assert rc == 0
+                 "--paired-impls", "fa2", "--paired-reference", "xla"])     # an older flag name
+  assert rc == 0 and "--paired-impls is now --paired" in capsys.readouterr().err
   res = json.loads((tmp_path / "bench.json").read_text())
   rows = {r["impl"]: r for r in res["rows"]}
   assert "skipped" in rows["torch-math"] or rows["torch-math"]["ok"]     # torch is optional
   assert "needs a CUDA GPU" in rows["pallas-mgpu"]["skipped"]
   assert not (tmp_path / "bench_partial.json").exists()
-  for name in ("flash:fa2", "flash:paper+stabilize", "flash-mgpu:fa2+stabilize", "xla"):
+  for name in ("fa2", "paper+comp", "fa2+comp+mgpu", "xla"):
     r = rows[name]
     assert r["ok"] and r["max_err"] < 2 ** -5 and r["fwd_ms"] > 0 and r["fwdbwd_tflops"] > 0
   r = res["meta"]["paired_ratios"][0]                    # time(xla) / time(ours), same moment
-  assert r["impl"] == "flash:fa2" and r["reference"] == "xla" and r["pairs"] == 2
+  assert r["impl"] == "fa2" and r["reference"] == "xla" and r["pairs"] == 2
   assert 0 < r["fwd_ratio"] < 1e4 and 0 < r["fwdbwd_ratio"] < 1e4
-  with pytest.raises(SystemExit, match=r"--paired-impls/--paired-reference: unknown 'nope'"):
-    cli.main(["bench", "--paired-impls", "flash:fa2", "--paired-reference", "nope", "--out", str(tmp_path)])
-  with pytest.raises(SystemExit, match=r"unknown 'nope'"):       # checked without --paired-impls too
+  with pytest.raises(SystemExit, match=r"--paired/--paired-reference: unknown 'nope'"):
+    cli.main(["bench", "--paired", "fa2", "--paired-reference", "nope", "--out", str(tmp_path)])
+  with pytest.raises(SystemExit, match=r"unknown 'nope'"):       # checked without --paired too
     cli.main(["bench", "--paired-reference", "nope", "--out", str(tmp_path)])
   o = res["meta"]["compensation_overhead"][0]
-  assert o["layout"] == "fa2" and o["pairs"] == 2 and abs(o["fwd_overhead"]) < 5
+  assert o["attention"] == "fa2" and o["pairs"] == 2 and abs(o["fwd_overhead"]) < 5
   assert (tmp_path / "bench.png").stat().st_size > 0
 
 

@@ -10,24 +10,29 @@ FAST = ["--model-set", "block_size=32", "--batch-size", "2", "--eval-interval", 
         "--eval-batches", "1"]
 
 
-def test_compare_writes_report_and_png(tmp_path, capsys):
+def test_compare_writes_report_and_png_and_resumes(tmp_path, capsys):
   out = tmp_path / "cmp"
   assert main(["compare", "--steps", "3", "--warmup-steps", "1", "--out-dir", str(out)] + FAST) == 0
   report = (out / "report.md").read_text()
-  for label in ("flash (bf16)", "flash + compensation (bf16)", "reference attention (fp32)"):
-    assert f"| {label} |" in report
+  for name in ("fa2", "fa2+comp", "reference-fp32"):
+    assert f"| {name} | 3 |" in report
+  assert "No run exploded" in report and "noise" in report and "bit for bit" in report
   assert (out / "curves.png").read_bytes()[:4] == b"\x89PNG"
   summary = json.loads((out / "summary.json").read_text())
-  assert [v["attention"] for v in summary.values()] == ["flash", "flash-stable", "reference-fp32"]
+  assert [r["variant"] for r in summary] == ["fa2", "fa2+comp", "reference-fp32"]
+  assert all(r["last_steps"] == 3 and r["last_std"] >= 0 for r in summary)
   assert "report:" in capsys.readouterr().out
+  # a rerun keeps the finished runs (it trains nothing)
+  assert main(["compare", "--steps", "3", "--warmup-steps", "1", "--out-dir", str(out)] + FAST) == 0
+  assert capsys.readouterr().out.count("done before, skipped") == 3
 
 
 def test_train_with_a_layer_override(tmp_path):
   out = tmp_path / "train"
-  assert main(["train", "--steps", "2", "--attention", "flash-stable", "--layer-attention",
+  assert main(["train", "--steps", "2", "--attention", "fa2+comp", "--layer-attention",
                "1=reference-fp32", "--out-dir", str(out)] + FAST) == 0
   cfg = json.loads((out / "config.json").read_text())["train"]
-  assert cfg["attention"] == "flash-stable" and cfg["attention_overrides"] == [[1, "reference-fp32"]]
+  assert cfg["attention"] == "fa2+comp" and cfg["attention_overrides"] == [[1, "reference-fp32"]]
   assert cfg["model_overrides"] == [["block_size", 32]]
 
 
@@ -57,4 +62,4 @@ def test_every_help_page_renders(capsys):
     with pytest.raises(SystemExit) as e:
       parser.parse_args(argv)
     assert e.value.code == 0, argv
-  assert "default 250" in commands["compare"].format_help()          # compare's own defaults
+  assert "compare.SETTINGS" in commands["compare"].format_help()      # compare's own defaults

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from jax_flashstable import flash_attention, reference_attention_vjp
-from jax_flashstable.accuracy import flash_vjp, ulp_at_scale
+from jax_flashstable.lab.accuracy import flash_vjp, ulp_at_scale
 from pallas_kernels.policy import Compensation
 
 

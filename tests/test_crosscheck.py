@@ -7,8 +7,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from jax_flashstable.crosscheck import compare_tensors, crosscheck, ulp_difference
-from jax_flashstable.dumpfile import load_dump, save_dump
+from jax_flashstable.lab.crosscheck import compare_tensors, crosscheck, ulp_difference
+from jax_flashstable.lab.dumpfile import load_dump, save_dump
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TORCH_PYTHON = os.environ.get("FLASHSTABLE_TORCH_PYTHON", str(ROOT / ".torchvenv" / "bin" / "python"))

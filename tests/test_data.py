@@ -4,8 +4,8 @@ import lzma
 import numpy as np
 import pytest
 
-from jax_flashstable import data as data_module
-from jax_flashstable.data import Dataset, gpt2_encoding, load_tokens, prepare_text_folder
+from jax_flashstable.training import data as data_module
+from jax_flashstable.training.data import Dataset, gpt2_encoding, load_tokens, prepare_text_folder
 
 
 @pytest.fixture(autouse=True)

@@ -7,10 +7,10 @@ import numpy as np
 from flax import nnx
 
 from jax_flashstable.cli import main
-from jax_flashstable.data import Dataset
-from jax_flashstable.diagnostics import converge_power_state, diagnose, init_power_state
-from jax_flashstable.gpt2 import GPT, GPTConfig
-from jax_flashstable.train import TrainConfig, read_diagnostics, train_and_evaluate
+from jax_flashstable.training.data import Dataset
+from jax_flashstable.training.diagnostics import converge_power_state, diagnose, init_power_state
+from jax_flashstable.models.gpt2 import GPT, GPTConfig
+from jax_flashstable.training.train import TrainConfig, read_diagnostics, train_and_evaluate
 
 
 def test_diagnostics_match_direct_computations():

@@ -7,8 +7,10 @@ import pathlib
 
 import pytest
 
-from jax_flashstable import cli, experiment, train
-from jax_flashstable.train import TrainConfig
+from jax_flashstable import cli
+from jax_flashstable.experiment import instability as experiment
+from jax_flashstable.training import train
+from jax_flashstable.training.train import TrainConfig
 
 TINY = dataclasses.replace(TrainConfig(**experiment.RECIPES["tiny"]), steps=12, diag_interval=6,
                            progress=False)
@@ -17,7 +19,7 @@ TINY = dataclasses.replace(TrainConfig(**experiment.RECIPES["tiny"]), steps=12, 
 def test_variant_configs_are_what_they_say():
   c = experiment.variant_config(TINY, "paper@layer", 3, "/x", tiles=64, layer=1)
   assert c.seed == 3 and c.attention == "xla"
-  assert c.attention_overrides == ((1, "flash:numerics=paper,block_q=64,block_k=64"),)
+  assert c.attention_overrides == ((1, "paper:block_q=64,block_k=64"),)
   m = c.model_config()
   assert m.attention_for(1).numerics == "paper" and m.attention_for(0).implementation == "xla"
   assert experiment.variant_config(TINY, "paper+comp", 0, "/x").model_config().attention.stabilize
@@ -25,6 +27,20 @@ def test_variant_configs_are_what_they_say():
     experiment.variant_config(TINY, "nope", 0, "/x")
   with pytest.raises(ValueError, match="layer=5"):
     experiment.variant_config(TINY, "paper", 0, "/x", layer=5)
+  # any spec of the grammar is a variant; the paper layout's tile is the experiment's unless set
+  c = experiment.variant_config(TINY, "fa2+delta32+comp", 0, "/x").model_config().attention
+  assert c.delta_float32 and c.stabilize and not c.center_keys and c.block_k is None
+  assert experiment.variant_config(TINY, "paper:block_k=32", 0, "/x", tiles=64).attention == \
+      "paper:block_k=32"
+
+
+def test_a_run_stored_with_an_older_spelling_is_the_same_run(tmp_path):
+  cfg = experiment.variant_config(TINY, "paper+comp", 0, tmp_path, tiles=32)
+  old = dataclasses.replace(cfg, attention="flash:numerics=paper,block_q=32,block_k=32,stabilize=true")
+  (tmp_path / "config.json").write_text(json.dumps(
+      dict(train=json.loads(json.dumps(dataclasses.asdict(old), default=str)))))
+  assert train.config_changes(tmp_path, cfg) == {}
+  assert "attention" in train.config_changes(tmp_path, dataclasses.replace(cfg, attention="paper"))
 
 
 def test_small_matrix_runs_resumes_and_reports(tmp_path):
@@ -70,7 +86,7 @@ def test_cli_experiment_tiny(tmp_path):
   report = json.loads((tmp_path / "report.json").read_text())
   assert report["recipe"]["steps"] == 4 and report["rows"][0]["variant"] == "fa2+comp"
   assert cli.main(["experiment", "instability", "--recipe", "tiny", "--report-only", "--out", str(tmp_path)]) == 0
-  with pytest.raises(SystemExit, match="unknown variant"):
+  with pytest.raises(SystemExit, match="variant .bogus.: unknown attention .bogus."):
     cli.main(["experiment", "instability", "--recipe", "tiny", "--variants", "paper,bogus", "--out", str(tmp_path)])
 
 
@@ -160,14 +176,14 @@ def test_runaway_survival_fisher_and_pack(tmp_path):
   for seed in range(4):
     _fake_run(tmp_path, "paper+comp", seed, calm, [10.0, 20.0 + seed, 30.0])
   _fake_run(tmp_path, "paper+comp", 4, calm[:25], [10.0, 900.0], finished=False)   # unfinished
-  _fake_run(tmp_path, "fp32-reference", 0, calm, [12.0, 40.0, 35.0])
+  _fake_run(tmp_path, "reference-fp32", 0, calm, [12.0, 40.0, 35.0])
   rows = experiment.collect(tmp_path, cfg)
   by = {(r["variant"], r["seed"]): r for r in rows}
   assert experiment.runaway_threshold(rows) == 400.0                # 10 × 40
   assert [by["paper", s]["explosion_step"] for s in range(5)] == [20, 30, 30, 45, 50]
   assert all(by["paper", s]["runaway_step"] == 20 for s in range(5))  # 500 > 400 at step 20
   assert by["paper+comp", 4]["runaway_step"] == 20 and not by["paper+comp", 4]["finished"]
-  assert by["paper+comp", 0]["runaway_step"] is None and by["fp32-reference", 0]["runaway_step"] is None
+  assert by["paper+comp", 0]["runaway_step"] is None and by["reference-fp32", 0]["runaway_step"] is None
   steps, frac = experiment.survival([r for r in rows if r["variant"] == "paper"])
   assert steps == [0, 20, 30, 45, 50] and frac == pytest.approx([1.0, 0.8, 0.4, 0.2, 0.0])
   # censoring: of two runs one is cut (unfinished) at 25 and leaves the risk set; the other,
@@ -188,3 +204,19 @@ def test_runaway_survival_fisher_and_pack(tmp_path):
   assert strip(again) == strip(rows)
   assert again[0]["steps_per_s"] == pytest.approx(rows[0]["steps_per_s"], rel=1e-3)
   assert experiment.plot_report(tmp_path, rows).stat().st_size > 0
+
+
+def test_early_warning_fires_at_a_jump_not_at_a_ramp():
+  """A layer whose max logit jumps ≥ 50× its median over the previous five rows fires the
+  warning at that row; a steady 3× per row ramp, a jump before warmup and a 40× jump do not."""
+  ramp = [[[1.0], [10.0 * 3 ** i]] for i in range(8)]
+  assert train.warning_step([dict(step=100 * (i + 1), max_logit=x) for i, x in enumerate(ramp)], 200) == (None, None)
+  calm = [[[20.0, 30.0], [10.0]]] * 6
+  jump = calm + [[[20.0, 1600.0], [10.0]]]          # layer 0: 1600 / 30 ≈ 53×
+  rows = [dict(step=100 * (i + 1), max_logit=x) for i, x in enumerate(jump)]
+  assert train.warning_step(rows, 200) == (700, 0)
+  assert train.warning_step(rows, 700) == (None, None)         # not after `start`
+  near = calm + [[[20.0, 1200.0], [10.0]]]                     # 40×: no warning
+  assert train.warning_step([dict(step=100 * (i + 1), max_logit=x) for i, x in enumerate(near)], 200) == (None, None)
+  w = train.EarlyWarning(start=0, window=2)
+  assert [w.update(s, [[x]]) for s, x in ((1, 1.0), (2, 2.0), (3, 200.0), (4, 1.0))] == [None, None, 3, 3]

@@ -1,5 +1,6 @@
 """attention_fn in flax.nnx and flax.linen: wiring, options reaching the kernel, clear errors."""
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -7,9 +8,9 @@ import numpy as np
 import pytest
 from flax import linen, nnx
 
-import jax_flashstable.attention as attention_module
-from jax_flashstable.config import AttentionConfig
-from jax_flashstable.flax_attention import attend, make_attention_fn
+import jax_flashstable.attention.api as attention_module
+from jax_flashstable.attention.config import AttentionConfig
+from jax_flashstable.attention.flax_adapter import attend, make_attention_fn
 
 
 @pytest.fixture
@@ -40,7 +41,7 @@ def test_nnx_multihead_attention(recorder):
   (call,) = recorder
   assert call == dict(causal=True, softmax_scale=pytest.approx(16 ** -0.5), stabilize=True, beta=3.0,
                       tie_tolerance=0.01, numerics="fa2", block_q=32, block_k=16, rng_key=None,
-                      backend="triton")
+                      backend="triton", delta_float32=False, center_keys=False)
 
 
 def test_linen_multihead_attention_with_partial_causal(recorder):
@@ -55,7 +56,7 @@ def test_linen_multihead_attention_with_partial_causal(recorder):
 
 
 def test_unsupported_options_raise():
-  fn = make_attention_fn("flash")
+  fn = make_attention_fn("fa2")
   q = jnp.zeros((1, 8, 2, 16))
   with pytest.raises(NotImplementedError, match="mask"):
     fn(q, q, q, mask=jnp.ones((1, 1, 8, 8), bool))
@@ -66,7 +67,7 @@ def test_unsupported_options_raise():
   assert fn(q, q, q, dropout_rate=0.1, deterministic=True).shape == q.shape
 
 
-@pytest.mark.parametrize("impl", ["flash", "reference-fp32", "reference-bf16", "xla"])
+@pytest.mark.parametrize("impl", ["fa2", "reference-fp32", "reference-bf16", "xla"])
 def test_every_implementation_agrees_with_fp64(impl):
   rng = np.random.default_rng(0)
   q, k, v = (jnp.asarray(rng.standard_normal((1, 33, 4, 32)), jnp.bfloat16) for _ in range(3))
@@ -78,21 +79,25 @@ def test_every_implementation_agrees_with_fp64(impl):
 
 
 def test_attention_config_parsing_and_errors():
-  assert AttentionConfig.parse("flash-stable") == AttentionConfig("flash", stabilize=True)
-  assert AttentionConfig.parse("flash:stabilize=true,block_k=32,beta=2.5") == AttentionConfig(
+  assert AttentionConfig.parse("fa2+comp") == AttentionConfig("flash", stabilize=True)
+  assert AttentionConfig.parse("fa2+comp:block_k=32,beta=2.5") == AttentionConfig(
       "flash", stabilize=True, block_k=32, beta=2.5)
-  assert AttentionConfig.parse("flash:stabilize=true").name == "flash-stable"
+  assert AttentionConfig.parse("fa2:stabilize=true").name == "fa2+comp"
   with pytest.raises(ValueError, match="'nope'"):
     AttentionConfig.parse("nope")
-  with pytest.raises(ValueError, match="'colour'"):
-    AttentionConfig.parse("flash:colour=red")
+  with pytest.raises(ValueError, match="'colour=red'"):
+    AttentionConfig.parse("fa2:colour=red")
+  with pytest.raises(ValueError, match=r"'\+x'"):
+    AttentionConfig.parse("fa2+x")
   with pytest.raises(ValueError, match="implementation='sdpa'"):
     AttentionConfig("sdpa")
   with pytest.raises(ValueError, match="stabilize=True needs"):
     AttentionConfig("xla", stabilize=True)
+  with pytest.raises(ValueError, match="stabilize=True needs"):
+    AttentionConfig.parse("xla+comp")
   with pytest.raises(ValueError, match="block_k=24"):
     AttentionConfig(block_k=24)
-  assert AttentionConfig.parse("flash-stable:backend=mosaic_gpu") == AttentionConfig(
+  assert AttentionConfig.parse("fa2+comp+mgpu") == AttentionConfig(
       "flash", stabilize=True, backend="mosaic_gpu")
   with pytest.raises(ValueError, match="backend='cuda'"):
     AttentionConfig(backend="cuda")
@@ -102,3 +107,33 @@ def test_attention_config_parsing_and_errors():
     AttentionConfig(numerics="paper", backend="mosaic_gpu")
   with pytest.raises(ValueError, match="block_k=32"):
     AttentionConfig(block_k=32, backend="mosaic_gpu")
+  with pytest.raises(ValueError, match="delta_float32"):
+    AttentionConfig.parse("fa2+mgpu+delta32")
+
+
+@pytest.mark.parametrize("old,new", [
+    ("flash", "fa2"), ("flash-stable", "fa2+comp"), ("fp32-reference", "reference-fp32"),
+    ("flash:numerics=paper,block_q=512,block_k=512,stabilize=true", "paper+comp:block_q=512,block_k=512"),
+    ("flash:paper+stabilize@128", "paper+comp:block_k=128"),
+    ("flash-mgpu:fa2+stabilize@128", "fa2+comp+mgpu:block_k=128"),
+    ("flash-mgpu:fa2@128+stabilize", "fa2+comp+mgpu:block_k=128"),
+    ("mgpu:fp32_out@64", "fp32_out+mgpu:block_k=64")])
+def test_old_spellings_parse_with_a_warning_naming_the_new_one(old, new):
+  with pytest.warns(FutureWarning, match=re.escape(repr(new))):
+    config = AttentionConfig.parse(old)
+  assert config.name == new and AttentionConfig.parse(new) == config
+
+
+@pytest.mark.parametrize("spec", ["fa2", "paper+comp", "fa2+comp+mgpu:block_k=128", "xla", "cudnn",
+                                  "reference-bf16", "stochastic+comp", "fa2+comp+delta32+center",
+                                  "paper:tie_tolerance=0.01,block_q=512,block_k=512"])
+def test_every_config_has_one_name_that_parses_back(spec):
+  config = AttentionConfig.parse(spec)
+  assert config.name == spec and AttentionConfig.parse(config.name) == config
+
+
+def test_spec_lists_split_at_specs_not_fields():
+  from jax_flashstable.attention.config import split_specs
+  assert split_specs("fa2:block_q=64,block_k=64,xla,paper+comp") == [
+      "fa2:block_q=64,block_k=64", "xla", "paper+comp"]
+  assert split_specs("") == []

@@ -5,8 +5,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_flashstable.accuracy import TENSORS, Shape, compare_to_golden, flash_vjp, make_inputs
-from jax_flashstable.attention import reference_attention_vjp
+from jax_flashstable.lab.accuracy import TENSORS, compare_to_golden, flash_vjp
+from jax_flashstable.lab.shapes import Shape, make_inputs
+from jax_flashstable.attention.api import reference_attention_vjp
 
 S = Shape
 # Lengths 1, 17, 128, 200 and q_len ≠ kv_len, GQA/MQA, head_dim 32/64/128/256 and a padded 96.

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from jax_flashstable import flash_attention, reference_attention
-from jax_flashstable.accuracy import TENSORS, Shape, bf16_ulp, compare_to_golden, make_inputs
+from jax_flashstable.lab.accuracy import TENSORS, bf16_ulp, compare_to_golden
+from jax_flashstable.lab.shapes import Shape, make_inputs
 
 LAYOUTS = ["fa2", "paper", "fp32_out", "stochastic"]
 

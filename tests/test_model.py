@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jax_flashstable.config import AttentionConfig
-from jax_flashstable.gpt2 import GPT, GPTConfig, count_params
+from jax_flashstable.attention.config import AttentionConfig
+from jax_flashstable.models.gpt2 import GPT, GPTConfig, count_params
 
 
 def test_gpt2_small_parameter_count_and_names():

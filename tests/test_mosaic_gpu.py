@@ -8,10 +8,10 @@ import pytest
 
 import pallas_kernels.forward_mgpu as fm
 from jax_flashstable import flash_attention, reference_attention
-from jax_flashstable.config import AttentionConfig
-from jax_flashstable.flax_attention import attend
-from jax_flashstable.accuracy import (TENSORS, Shape, bf16_ulp, compare_to_golden, make_inputs,
-                                     ulp_at_scale)
+from jax_flashstable.attention.config import AttentionConfig
+from jax_flashstable.attention.flax_adapter import attend
+from jax_flashstable.lab.accuracy import TENSORS, bf16_ulp, compare_to_golden, ulp_at_scale
+from jax_flashstable.lab.shapes import Shape, make_inputs
 
 
 @pytest.mark.parametrize("shape,dtype,numerics", [
@@ -50,16 +50,16 @@ def _tied(shape, dtype, seed):
 ], ids=["partial-tile", "mqa-causal-d128", "f16-causal-3stages", "fp32_out-d96", "short",
         "block_k128-1stage"])
 @pytest.mark.parametrize("stabilize", [False, True], ids=["plain", "stable"])
-def test_mosaic_gpu_matches_triton_forward(shape, dtype, numerics, extra, stabilize, monkeypatch):
-  """The Triton kernel's rounding points, with float32 differences (EXP2; on the GPU also
-  FUSED_PV): the outputs agree to one ulp of the output dtype in interpret mode (the float32
+def test_mosaic_gpu_matches_triton_forward(shape, dtype, numerics, extra, stabilize):
+  """The Triton kernel's rounding points, with float32 differences (exp2; on the GPU also
+  fused_pv): the outputs agree to one ulp of the output dtype in interpret mode (the float32
   summation order of a row sum may differ by an FMA; two on the GPU, whose Mosaic exp/log are
   approximations), and so do the gradients (to one
   bf16 ulp at their scale), which the Triton backward computes from each forward's out and
   lse. num_stages changes nothing but speed."""
   _skip_if_causal_refused(shape.causal)
-  monkeypatch.setattr(fm, "PINGPONG_IN_INTERPRET", True)      # eager calls: the GPU's schedule
   q, k, v, do = _tied(shape, dtype, 3)
+  turns = fm.MosaicGPUOptions(pingpong=True)                  # eager calls: the GPU's schedule
   kw = dict(causal=shape.causal, stabilize=stabilize, numerics=numerics,
             block_k=extra.get("block_k"))
   ulps = 1 if jax.default_backend() == "cpu" else 2
@@ -68,7 +68,7 @@ def test_mosaic_gpu_matches_triton_forward(shape, dtype, numerics, extra, stabil
     out, vjp = jax.vjp(lambda q, k, v: flash_attention(q, k, v, backend=backend, **kw, **more),
                        q, k, v)
     return (out,) + vjp(do.astype(out.dtype))
-  mgpu, triton = run("mosaic_gpu", num_stages=extra.get("num_stages")), run("triton")
+  mgpu, triton = run("mosaic_gpu", num_stages=extra.get("num_stages"), mgpu_options=turns), run("triton")
   assert mgpu[0].dtype == triton[0].dtype and mgpu[0].shape == triton[0].shape
   for name, a, b in zip(TENSORS, mgpu, triton):
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
@@ -113,7 +113,7 @@ def test_mosaic_gpu_refuses_small_head_dim_and_float32():
 def test_flax_attention_config_selects_the_mosaic_gpu_forward():
   _skip_if_causal_refused(True)
   q, k, v, _ = make_inputs(Shape(1, 70, 70, 4, 2, 64, causal=True), jnp.bfloat16, 4)
-  cfg = AttentionConfig.parse("flash-stable:backend=mosaic_gpu")
+  cfg = AttentionConfig.parse("fa2+comp+mgpu")
   out = attend(q, k, v, cfg, causal=True)
   direct = flash_attention(q, k, v, causal=True, stabilize=True, backend="mosaic_gpu")
   assert np.array_equal(np.asarray(out), np.asarray(direct))
@@ -129,17 +129,15 @@ def test_mosaic_gpu_without_interpret_needs_a_hopper_gpu():
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_mosaic_gpu_without_pingpong_is_the_same_function(monkeypatch, causal):
+def test_mosaic_gpu_without_pingpong_is_the_same_function(causal):
   """The ping-pong schedule orders the warpgroups, not the arithmetic: without it the output
   is bit-identical (interpret mode; on the GPU too, as the same instructions run)."""
   _skip_if_causal_refused(causal)
-  monkeypatch.setattr(fm, "PINGPONG_IN_INTERPRET", True)
   q, k, v, _ = _tied(Shape(1, 200, 260, 2, 1, 64, causal=causal), jnp.bfloat16, 5)
-  run = lambda: np.asarray(flash_attention(q, k, v, causal=causal, stabilize=True,
-                                           backend="mosaic_gpu"))
-  with_turns = run()
-  monkeypatch.setattr(fm, "PINGPONG", False)
-  assert np.array_equal(run(), with_turns)
+  run = lambda turns: np.asarray(flash_attention(
+      q, k, v, causal=causal, stabilize=True, backend="mosaic_gpu",
+      mgpu_options=fm.MosaicGPUOptions(pingpong=turns)))
+  assert np.array_equal(run(False), run(True))
 
 
 def test_mosaic_gpu_jitted_forward_backward_matches_eager():

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from jax_flashstable.cli import main
-from jax_flashstable.numerics_lab import Bias, bit_example, bias_benchmark, tied_rows
+from jax_flashstable.lab.numerics_lab import Bias, bit_example, bias_benchmark, tied_rows
 
 
 def test_bit_example_through_the_kernel():

@@ -12,9 +12,9 @@ SCRIPT = textwrap.dedent("""
     import json, sys, tempfile
     import jax, numpy as np
     from flax import nnx
-    from jax_flashstable.data import Dataset
-    from jax_flashstable.parallel import collective_counts, data_mesh, replicate, shard_batch
-    from jax_flashstable.train import TrainConfig, init_state, make_steps, read_metrics, train_and_evaluate
+    from jax_flashstable.training.data import Dataset
+    from jax_flashstable.training.parallel import collective_counts, data_mesh, replicate, shard_batch
+    from jax_flashstable.training.train import TrainConfig, init_state, make_steps, read_metrics, train_and_evaluate
     assert jax.device_count() == 4, jax.devices()
     base = dict(model="tiny", model_overrides=(("block_size", 32),), steps=3, batch_size=8,
                 warmup_steps=1, eval_interval=0, progress=False)

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from jax_flashstable.train import (NonFiniteError, TrainConfig, explosion_step, read_metrics,
+from jax_flashstable.training.train import (NonFiniteError, TrainConfig, explosion_step, read_metrics,
                                    train_and_evaluate)
 
 SMALL = (("block_size", 32),)
@@ -24,7 +24,7 @@ def losses(run):
 
 
 def test_loss_decreases_determinism_and_resume(tmp_path):
-  a = cfg(tmp_path, "a", checkpoint_interval=4, attention="flash-stable", grad_accum=2)
+  a = cfg(tmp_path, "a", checkpoint_interval=4, attention="fa2+comp", grad_accum=2)
   s = train_and_evaluate(a)
   la = losses(a)
   assert len(la) == 8 and la[-1] < la[0] - 0.5          # learns on real text
@@ -62,3 +62,23 @@ def test_explosion_detection():
   jump = steady + [(i, 9.0) for i in range(40, 60)]
   assert 40 < explosion_step(jump, 5) < 50
   assert explosion_step([(i, 9.0 if i < 5 else 3.0) for i in range(1, 30)], 10) is None
+
+
+@pytest.mark.parametrize("action", ["log", "stop"])
+def test_early_warning_action(tmp_path, monkeypatch, capsys, action):
+  """The loop acts on the early warning as configured: "log" notes it and trains on, "stop"
+  saves a checkpoint at the warning step and stops there (a rule that fires at the first
+  diagnostics row after warmup that has a row before it stands in for a real logit jump)."""
+  import functools
+  from jax_flashstable.training import train
+  monkeypatch.setattr(train, "EarlyWarning", functools.partial(train.EarlyWarning, factor=0.0, window=1))
+  c = cfg(tmp_path, action, steps=10, diag_interval=2, diag_rows=4, warning_action=action)
+  s = train_and_evaluate(c)
+  assert s["warning_step"] == 4 and "early warning at step 4" in capsys.readouterr().out
+  if action == "log":
+    assert s["stopped"] is None and s["step"] == 10
+  else:
+    assert s["stopped"] == "warning" and s["step"] == 4
+    assert sorted(p.name for p in (tmp_path / action / "checkpoints").iterdir()) == ["4"]
+  with pytest.raises(ValueError, match="warning_action='shout'"):
+    train_and_evaluate(dataclasses.replace(c, warning_action="shout"))

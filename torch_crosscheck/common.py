@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import torch
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "jax_flashstable"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "jax_flashstable" / "lab"))
 from dumpfile import save_dump  # noqa: E402  (NumPy-only module; importing the package needs JAX)
 
 BF = torch.bfloat16

@@ -5,7 +5,7 @@ import pathlib
 
 import numpy as np
 
-from jax_flashstable.train import read_diagnostics, read_metrics
+from jax_flashstable.training.train import read_diagnostics, read_metrics
 
 PANELS = (("sn_q_full", "spectral norm of W_Q (whole)", None), ("tie_rate", "rows with tied tile maxima", "mean"),
           ("max_logit", "max attention logit", "max"), ("delta_err", "delta(bf16) − delta(fp32), mean", "mean"))

@@ -29,29 +29,22 @@ import time
 
 import numpy as np
 
-from jax_flashstable.train import (NonFiniteError, TrainConfig, config_changes, describe_changes,
-                                   explosion_step, read_diagnostics, read_metrics,
-                                   train_and_evaluate)
+from jax_flashstable.training.train import (NonFiniteError, TrainConfig, config_changes,
+                                           describe_changes, explosion_step, read_diagnostics,
+                                           read_metrics, train_and_evaluate, warning_step)
+from jax_flashstable.attention.config import AttentionConfig
 from pallas_kernels.policy import check_tile
 
-PAPER = "flash:numerics=paper,block_q={tiles},block_k={tiles}"
-
-# name -> (attention of every layer, per-layer overrides {layer: spec}); "{tiles}" is the
-# paper layout's logical tile (the paper's kernel: 512×512 at length 1024), "{layer}" the
-# watched layer. "xla" is standard (materialized) attention: jax.nn.dot_product_attention.
-VARIANTS = {
-    "paper": (PAPER, {}),
-    "paper+comp": (PAPER + ",stabilize=true", {}),
-    "fa2": ("flash", {}),
-    "fa2+comp": ("flash-stable", {}),
-    "fp32_out": ("flash:numerics=fp32_out", {}),
-    "stochastic": ("flash:numerics=stochastic", {}),
-    "fp32-reference": ("reference-fp32", {}),
-    "paper@layer": ("xla", {"{layer}": PAPER}),
-    "paper+comp@layer": ("xla", {"{layer}": PAPER + ",stabilize=true"}),
-    "xla": ("xla", {}),
-    "cudnn": ("cudnn", {}),
-}
+# A variant is an attention spec of `AttentionConfig`'s grammar ("paper", "paper+comp", "fa2",
+# "cudnn", "reference-fp32", "fa2+delta32+comp", …) for every layer, or SPEC@layer: standard
+# attention (xla) in every layer but the watched one, which uses SPEC. The paper layout's
+# logical tile is the experiment's `tiles` (the paper's kernel: 512×512 at length 1024) unless
+# the spec sets block_q or block_k.
+LAYER_SUFFIX = "@layer"
+# The variants of the study so far, in the order a report lists them (any spec is accepted).
+VARIANTS = ("paper", "paper+comp", "fa2", "fa2+comp", "fp32_out", "stochastic", "cudnn", "xla",
+            "reference-fp32", "paper@layer", "paper+comp@layer", "fa2+delta32", "fa2+delta32+comp",
+            "fa2+center", "fa2+center+comp")
 
 # The anchor of issue 6 (measured with the paper's PyTorch model and kernel on one H200):
 # GPT 6 layers × 6 heads × 384, no bias, context 1024, batch 32, AdamW (0.9, 0.95), no weight
@@ -78,20 +71,31 @@ RECIPES = {
 }
 
 
+def variant_attention(variant: str, *, tiles=512, layer=1) -> tuple[str, tuple]:
+  """(attention of every layer, ((layer, spec),) or ()) of a variant; ValueError naming what is
+  wrong in it."""
+  spec = variant.removesuffix(LAYER_SUFFIX)
+  cfg = AttentionConfig.parse(spec)
+  if cfg.implementation == "flash" and cfg.numerics == "paper" and cfg.block_q is None and cfg.block_k is None:
+    cfg = dataclasses.replace(cfg, block_q=tiles, block_k=tiles)
+  if variant.endswith(LAYER_SUFFIX):
+    return "xla", ((layer, cfg.name),)
+  return cfg.name, ()
+
+
 def variant_config(base: TrainConfig, variant: str, seed: int, out_dir, *, tiles=512,
                    layer=1) -> TrainConfig:
-  """The TrainConfig of one run. Raises ValueError for an unknown variant or a watched layer
-  the model does not have."""
-  if variant not in VARIANTS:
-    raise ValueError(f"unknown variant {variant!r}; choose from {sorted(VARIANTS)}")
+  """The TrainConfig of one run. Raises ValueError for a variant that does not parse or a
+  watched layer the model does not have."""
   check_tile("tiles", tiles)                 # the paper layout's logical tile
   n_layer = base.model_config().n_layer
   if not 0 <= layer < n_layer:
     raise ValueError(f"layer={layer} is not a layer of {base.model!r} (n_layer={n_layer})")
-  spec, per_layer = VARIANTS[variant]
-  fill = lambda s: s.format(tiles=tiles, layer=layer)
-  overrides = tuple((int(fill(k)), fill(v)) for k, v in per_layer.items())
-  return dataclasses.replace(base, attention=fill(spec), attention_overrides=overrides, seed=seed,
+  try:
+    attention, overrides = variant_attention(variant, tiles=tiles, layer=layer)
+  except ValueError as e:
+    raise ValueError(f"variant {variant!r}: {e}") from None
+  return dataclasses.replace(base, attention=attention, attention_overrides=overrides, seed=seed,
                              out_dir=str(out_dir))
 
 
@@ -139,7 +143,7 @@ def run_matrix(base: TrainConfig, variants, seeds, out_dir, *, tiles=512, layer=
 # fp32-reference runs of the same matrix reached (every seed of them): the logit growth of the
 # paper's §4 without the loss explosion that may or may not follow within the horizon.
 RUNAWAY_FACTOR = 10.0
-REFERENCE_VARIANT = "fp32-reference"
+REFERENCE = AttentionConfig.parse("reference-fp32")   # (a run folder named fp32-reference too)
 COMPENSATED = "+comp"        # variant v and v + COMPENSATED differ only in the compensation
 
 
@@ -157,8 +161,10 @@ def _run_row(run_dir: pathlib.Path, warmup_steps: int, layer: int, diag_interval
   diag_times = [d["diag_time_s"] for d in diags[1:] if "diag_time_s" in d]     # [0] compiles
   diag_cost = (statistics.median(diag_times) / (diag_interval * statistics.median(times))
                if diag_times and times and diag_interval else math.nan)
+  warned, warned_layer = warning_step(diags, warmup_steps)
   return dict(steps=metrics[-1]["step"] if metrics else 0,
               explosion_step=explosion_step(losses, warmup_steps),
+              warning_step=warned, warning_layer=warned_layer,
               min_loss=min(finite) if finite else math.nan,
               final_loss=metrics[-1]["loss"] if metrics else math.nan,
               final_val_loss=vals[-1] if vals else math.nan,
@@ -171,11 +177,20 @@ def _run_row(run_dir: pathlib.Path, warmup_steps: int, layer: int, diag_interval
               diag_cost=diag_cost)
 
 
+def _is_reference(variant: str) -> bool:
+  import warnings
+  with warnings.catch_warnings():                 # older run folders have older spellings
+    warnings.simplefilter("ignore", FutureWarning)
+    try:
+      return AttentionConfig.parse(variant) == REFERENCE
+    except ValueError:
+      return False
+
+
 def runaway_threshold(rows) -> float | None:
   """`RUNAWAY_FACTOR` × the largest watched-layer max logit of the fp32-reference rows, or None
   when the matrix has no fp32-reference run with diagnostics."""
-  ref = [r["max_logit"] for r in rows if r["variant"] == REFERENCE_VARIANT
-         and math.isfinite(r["max_logit"])]
+  ref = [r["max_logit"] for r in rows if _is_reference(r["variant"]) and math.isfinite(r["max_logit"])]
   return RUNAWAY_FACTOR * max(ref) if ref else None
 
 
@@ -202,6 +217,11 @@ def collect(out_dir, base: TrainConfig, layer=1) -> list[dict]:
     row["runaway_threshold"] = threshold
     row["runaway_step"] = None if threshold is None else next(
         (step for step, x in logits if x > threshold), None)
+    for event in ("explosion", "runaway"):           # steps from the warning to the event
+      row[f"{event}_lead"] = (row[f"{event}_step"] - row["warning_step"] if None not in
+                              (row[f"{event}_step"], row["warning_step"]) else None)
+    row["false_alarm"] = (row["warning_step"] is not None and row["explosion_step"] is None
+                          and row["runaway_step"] is None)
   return rows
 
 
@@ -263,14 +283,15 @@ def format_report(rows, recipe: dict, layer: int) -> str:
   lines = [f"recipe: {json.dumps(recipe, default=str)}", "",
            "explosion: trailing 10-step mean loss > 2× its running minimum after warmup, or a "
            f"non-finite loss; runaway: layer {layer} {rule}.", "",
-           f"| variant | seed | steps | explosion step | runaway step | min loss | final loss | final val "
-           f"| max grad norm | layer {layer} W_Q σ max / last | layer {layer} max logit | layer {layer} tie rate "
-           "| steps/s | diagnostics cost | outcome |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---|"]
+           f"| variant | seed | steps | explosion step | runaway step | warning step (layer) | min loss "
+           f"| final loss | final val | max grad norm | layer {layer} W_Q σ max / last "
+           f"| layer {layer} max logit | layer {layer} tie rate | steps/s | diagnostics cost | outcome |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---|"]
   for r in rows:
     runaway = "n/a" if threshold is None else r["runaway_step"] or "–"
+    warned = f"{r['warning_step']} ({r['warning_layer']})" if r["warning_step"] is not None else "–"
     lines.append(f"| {r['variant']} | {r['seed']} | {r['steps']} | {r['explosion_step'] or '–'} | "
-                 f"{runaway} | {r['min_loss']:.3f} | {r['final_loss']:.3f} | {r['final_val_loss']:.3f} | "
+                 f"{runaway} | {warned} | {r['min_loss']:.3f} | {r['final_loss']:.3f} | {r['final_val_loss']:.3f} | "
                  f"{r['max_grad_norm']:.2f} | {r['max_sigma_wq']:.1f} / {r['last_sigma_wq']:.1f} | "
                  f"{r['max_logit']:,.0f} | "
                  f"{r['mean_tie_rate']:.3f} | {r['steps_per_s']:.1f} | {100 * r['diag_cost']:.1f}% | "
@@ -288,6 +309,25 @@ def format_report(rows, recipe: dict, layer: int) -> str:
     lines.append(f"| {v} | {_count(rs, 'explosion')} | "
                  f"{_count(rs, 'runaway') if threshold is not None else 'n/a'} | "
                  + " | ".join(f"{at(s):.2f}" for s in marks) + " |")
+  lines += ["", "Early warning (`train.EarlyWarning`: a layer's max logit ≥ 50× its median over its "
+            "previous 5 diagnostics rows, after warmup): per variant, the runs it warned before "
+            "the event, the lead in steps (event step − warning step), and false alarms (a "
+            "warning on a run with neither event).", "",
+            "| variant | warned before explosion | lead to explosion | warned before runaway | "
+            "lead to runaway | false alarms |", "|---|---|---|---|---|---|"]
+  for v in variants:
+    rs = [r for r in rows if r["variant"] == v]
+    cells = []
+    for event in ("explosion", "runaway"):
+      hit = [r for r in rs if r[f"{event}_step"] is not None]
+      leads = [r[f"{event}_lead"] for r in hit if r[f"{event}_lead"] is not None and r[f"{event}_lead"] >= 0]
+      if event == "runaway" and threshold is None:
+        cells += ["n/a", "n/a"]
+        continue
+      cells += [f"{len(leads)} / {len(hit)}",
+                f"{min(leads)}–{max(leads)} (median {statistics.median(leads):g})" if leads else "–"]
+    cells.append(str(sum(r["false_alarm"] for r in rs)))
+    lines.append(f"| {v} | " + " | ".join(cells) + " |")
   pairs = [v for v in variants if v + COMPENSATED in variants]
   if pairs:
     lines += ["", "One-sided Fisher exact test, H1: the variant has the event more often than with "

@@ -21,8 +21,8 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from jax_flashstable.config import AttentionConfig
-from jax_flashstable.flax_attention import attend
+from jax_flashstable.attention.config import AttentionConfig
+from jax_flashstable.attention.flax_adapter import attend
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,9 +20,9 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jax_flashstable.config import AttentionConfig
-from jax_flashstable.data import Dataset
-from jax_flashstable.gpt2 import GPT, GPTConfig, count_params, flops_per_token, loss_fn
+from jax_flashstable.attention.config import AttentionConfig
+from jax_flashstable.training.data import Dataset
+from jax_flashstable.models.gpt2 import GPT, GPTConfig, count_params, flops_per_token, loss_fn
 from jax_flashstable.results import run_meta
 
 def peak_flops():
@@ -40,7 +40,7 @@ class NonFiniteError(RuntimeError):
 class TrainConfig:
   model: str = "tiny"                 # GPTConfig preset
   model_overrides: tuple = ()         # ((field, value), ...) applied to the preset
-  attention: str = "flash"            # AttentionConfig preset/spec for every layer
+  attention: str = "fa2"              # AttentionConfig spec for every layer
   attention_overrides: tuple = ()     # ((layer, spec), ...), 0-based layer index
   data: str | None = None             # data folder; None = the embedded sample
   steps: int = 200                    # optimizer steps
@@ -64,6 +64,8 @@ class TrainConfig:
   diag_rows: int = 64                 # sampled rows per diagnostics call
   data_parallel: bool = False         # split each batch over all local devices (shard_map)
   stop_after_explosion: int = -1      # stop this many steps after an explosion (-1: never)
+  warning_action: str = "log"         # on the early warning (`EarlyWarning`, needs diag_interval):
+                                      # "off", "log", "checkpoint" (and go on) or "stop" (after one)
   max_seconds: float = 0.0            # stop (and checkpoint) this long after the start (0: no limit)
   out_dir: str = "runs/train"
   progress: bool = True               # tqdm progress bar
@@ -149,7 +151,9 @@ def make_steps(graphdef, tx, mesh=None):
 
 # Fields a resumed or repeated run may change: they decide when training stops and what is
 # saved, not the trajectory (`steps` too when the cosine length is fixed by decay_steps).
-RESUMABLE_FIELDS = ("max_seconds", "progress", "checkpoint_interval", "stop_after_explosion")
+RESUMABLE_FIELDS = ("max_seconds", "progress", "checkpoint_interval", "stop_after_explosion",
+                    "warning_action")
+WARNING_ACTIONS = ("off", "log", "checkpoint", "stop")
 
 
 def config_changes(out_dir, cfg: TrainConfig) -> dict:
@@ -164,7 +168,27 @@ def config_changes(out_dir, cfg: TrainConfig) -> dict:
   free = set(RESUMABLE_FIELDS)
   if old.get("decay_steps") is not None and new["decay_steps"] is not None:
     free.add("steps")
-  return {k: (old[k], v) for k, v in new.items() if k not in free and k in old and old[k] != v}
+  return {k: (old[k], v) for k, v in new.items()
+          if k not in free and k in old and not _same_setting(k, old[k], v)}
+
+
+def _same_setting(field, old, new) -> bool:
+  """Equal values; attention specs compare as the configs they name (a run stored with an
+  older spelling of the same attention is the same run)."""
+  if old == new:
+    return True
+  import warnings
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", FutureWarning)
+    try:
+      if field == "attention":
+        return AttentionConfig.parse(old) == AttentionConfig.parse(new)
+      if field == "attention_overrides":
+        norm = lambda pairs: sorted((int(i), AttentionConfig.parse(s)) for i, s in pairs)
+        return norm(old) == norm(new)
+    except (ValueError, TypeError):
+      return False
+  return False
 
 
 def describe_changes(changes: dict) -> str:
@@ -210,6 +234,50 @@ class ExplosionMonitor:
     return self.step
 
 
+class EarlyWarning:
+  """Fed the diagnostics rows in order (`diagnostics.diagnose`: per layer and head the max
+  attention logit of sampled rows); `step` is the first diagnostics step, after `start`, at
+  which some layer's max logit reaches `factor` × its median over that layer's previous
+  `window` rows: the onset of the logit runaway of Qiu & Yao 2025 (§4), which comes with a
+  jump of σ(W_Q) and a collapse of the attention entropy.
+
+  Measured on the anchor-b128 recipe (H200, 2026-11-30, a row every 100 steps, after step
+  500): in the five exploding paper-layout runs layer 1's max logit reached 216–1,331× that
+  median, no other layer more than 5.3×; in the four compensated runs no layer went past 17×.
+  So 50× separates them with a 3–4× margin each way; the warning led the loss explosion by
+  221–1,238 steps (median 304; `experiment.instability` reports it per run).
+  """
+
+  def __init__(self, start: int, factor: float = 50.0, window: int = 5):
+    self.start, self.factor, self.window = start, factor, window
+    self.history, self.step, self.layer = [], None, None
+
+  def update(self, step, max_logit) -> int | None:
+    """max_logit: [layers][heads] (a diagnostics row's "max_logit"). Returns the warning step
+    once it has fired (None before)."""
+    if self.step is not None:
+      return self.step
+    layers = [max(heads) for heads in max_logit]
+    if step > self.start and len(self.history) >= self.window:
+      for i, x in enumerate(layers):
+        past = sorted(h[i] for h in self.history[-self.window:])
+        median = past[len(past) // 2] if len(past) % 2 else 0.5 * (past[len(past) // 2 - 1] + past[len(past) // 2])
+        if math.isfinite(x) and median > 0 and x >= self.factor * median:
+          self.step, self.layer = step, i
+          return step
+    self.history.append(layers)
+    return None
+
+
+def warning_step(diagnostics_rows, start: int) -> tuple[int | None, int | None]:
+  """`EarlyWarning` over a whole run's diagnostics rows: (warning step, layer) or (None, None)."""
+  monitor = EarlyWarning(start)
+  for row in diagnostics_rows:
+    if "max_logit" in row:
+      monitor.update(row["step"], row["max_logit"])
+  return monitor.step, monitor.layer
+
+
 def explosion_step(losses, warmup_steps, factor=2.0, window=10):
   """`ExplosionMonitor` over a whole run's (step, loss) pairs: the explosion step or None."""
   monitor = ExplosionMonitor(warmup_steps, factor, window)
@@ -232,6 +300,8 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None) -> dict
   """
   import orbax.checkpoint as ocp
   t_start = time.perf_counter()                    # max_seconds counts setup and compilation too
+  if cfg.warning_action not in WARNING_ACTIONS:
+    raise ValueError(f"warning_action={cfg.warning_action!r} is not one of {WARNING_ACTIONS}")
   out = pathlib.Path(cfg.out_dir)
   out.mkdir(parents=True, exist_ok=True)
   mcfg = cfg.model_config()
@@ -241,7 +311,7 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None) -> dict
   n_params = count_params(params)
   mesh = None
   if cfg.data_parallel:
-    from jax_flashstable.parallel import data_mesh
+    from jax_flashstable.training.parallel import data_mesh
     mesh = data_mesh()
     if cfg.batch_size % mesh.size:
       raise ValueError(f"batch_size={cfg.batch_size} is not a multiple of the {mesh.size} devices")
@@ -249,7 +319,7 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None) -> dict
   schedule = cfg.schedule()
   place = lambda a, axis: a
   if mesh is not None:
-    from jax_flashstable.parallel import replicate, shard_batch
+    from jax_flashstable.training.parallel import replicate, shard_batch
     place = lambda a, axis: shard_batch(mesh, a, axis)
     params, opt_state = replicate(mesh, (params, opt_state))   # before a restore: it takes this sharding
   # Several hosts: every process trains, process 0 writes the logs (checkpoints are collective).
@@ -288,6 +358,7 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None) -> dict
     bar = tqdm(total=cfg.steps, initial=start, desc=f"{cfg.attention}", leave=False)
   state, summary = (params, opt_state), {}
   monitor, stopped = ExplosionMonitor(cfg.warmup_steps), None
+  warning = EarlyWarning(start=cfg.warmup_steps)
   kept = [r for r in read_metrics(out) if r["step"] <= start] if start else []   # resumed rows
   for r in kept:
     monitor.update(r["step"], r["loss"])
@@ -295,12 +366,14 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None) -> dict
   if not cfg.diag_interval and not start and log_dir:
     (log_dir / "diagnostics.jsonl").unlink(missing_ok=True)    # no stale rows from an older run
   if cfg.diag_interval:
-    from jax_flashstable import diagnostics
+    from jax_flashstable.training import diagnostics
     power = diagnostics.init_power_state(mcfg, jax.random.key(cfg.seed))
     power = diagnostics.converge_power_state(graphdef, params, power)   # params: as (re)started
     diag_path = log_dir / "diagnostics.jsonl" if log_dir else pathlib.Path(os.devnull)
     kept_diag = [r for r in _read_jsonl(diag_path) if r["step"] <= start] if start else []
     diag_path.write_text("".join(json.dumps(r) + "\n" for r in kept_diag))
+    for r in kept_diag:
+      warning.update(r["step"], r["max_logit"])
   metrics_path = log_dir / "metrics.jsonl" if log_dir else pathlib.Path(os.devnull)
   with open(metrics_path, "w") as log:                 # a fresh run, or rows up to the checkpoint
     log.writelines(json.dumps(r) + "\n" for r in kept)
@@ -329,6 +402,16 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None) -> dict
         drow["diag_time_s"] = time.perf_counter() - t_diag             # its cost, vs step_time_s
         with open(diag_path, "a") as f:
           f.write(json.dumps(drow) + "\n")
+        if cfg.warning_action != "off" and warning.step is None and warning.update(step, drow["max_logit"]):
+          note = (f"early warning at step {step}: layer {warning.layer}'s max attention logit "
+                  f"jumped ≥{warning.factor:g}× (EarlyWarning); {cfg.warning_action}")
+          (bar.write if bar is not None else print)(note)
+          if cfg.warning_action in ("checkpoint", "stop"):
+            mngr = mngr or _checkpoint_manager(out)
+            if mngr.latest_step() != step:
+              mngr.save(step, args=ocp.args.StandardSave(dict(params=state[0], opt_state=state[1])))
+          if cfg.warning_action == "stop":
+            stopped = "warning"
       if bar is not None:
         bar.set_postfix(loss=f"{m['loss']:.3f}", gnorm=f"{m['grad_norm']:.2f}")
         bar.update(1)
@@ -341,11 +424,14 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None) -> dict
                              f"{'step ' + str(last) if last is not None else 'none'} in {out}")
       summary = row
       exploded = monitor.update(step, m["loss"])
-      if exploded is not None and 0 <= cfg.stop_after_explosion <= step - exploded:
+      if stopped:                                  # the early warning's "stop"
+        pass
+      elif exploded is not None and 0 <= cfg.stop_after_explosion <= step - exploded:
         stopped = "explosion"
       elif cfg.max_seconds and time.perf_counter() - t_start > cfg.max_seconds and step < cfg.steps:
         stopped = "time"
-      if mngr is not None and (step % cfg.checkpoint_interval == 0 or stopped == "time"):
+      due = cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0
+      if mngr is not None and (due or stopped == "time") and mngr.latest_step() != step:
         mngr.save(step, args=ocp.args.StandardSave(dict(params=state[0], opt_state=state[1])))
       if stopped:
         break
@@ -353,7 +439,7 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None) -> dict
     bar.close()
   if mngr is not None:
     mngr.wait_until_finished()
-  summary = dict(summary, n_params=n_params, stopped=stopped,
+  summary = dict(summary, n_params=n_params, stopped=stopped, warning_step=warning.step,
                  explosion_step=monitor.step)                  # fed every logged loss, resumed too
   return summary
 

@@ -21,7 +21,7 @@ import warnings
 
 import numpy as np
 
-ASSETS = pathlib.Path(__file__).parent / "assets"
+ASSETS = pathlib.Path(__file__).parents[1] / "assets"
 SAMPLE_DIR = ASSETS / "sample"
 EOT = 50256
 GPT2_TIKTOKEN_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"

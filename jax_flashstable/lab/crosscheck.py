@@ -7,8 +7,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_flashstable.attention import flash_attention
-from jax_flashstable.dumpfile import load_dump
+from jax_flashstable.attention.api import flash_attention
+from jax_flashstable.lab.dumpfile import load_dump
 
 COMPARED = ("out", "d_query", "d_key", "d_value")
 

@@ -1,7 +1,6 @@
 """Public attention functions: `flash_attention` (the Pallas kernels) and the references."""
 from __future__ import annotations
 
-import dataclasses
 
 from typing import NamedTuple
 
@@ -9,9 +8,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_kernels.attention import KernelConfig, flash_attention_padded
+from pallas_kernels.attention import flash_attention_padded, kernel_config
 from pallas_kernels.checks import check_inputs
-from pallas_kernels.policy import BACKENDS, BlockSizes, Compensation, get_numerics, next_power_of_2
+from pallas_kernels.forward_mgpu import MosaicGPUOptions
+from pallas_kernels.policy import BACKENDS, Compensation, get_numerics
 from pallas_kernels.reference import reference_attention, reference_attention_vjp
 
 __all__ = ["AttentionStats", "flash_attention", "reference_attention", "reference_attention_vjp"]
@@ -49,16 +49,17 @@ def _default_interpret() -> bool:
 
 
 def flash_attention(query, key, value, *, causal=False, softmax_scale=None, stabilize=False,
-                    beta=2.0, tie_tolerance=1e-3, numerics="fa2", block_q=None, block_k=None,
-                    interpret=None, return_stats=False, rng_key=None, num_warps=None,
-                    num_stages=None, backend="triton"):
+                    beta=2.0, tie_tolerance=1e-3, numerics="fa2", delta_float32=False,
+                    center_keys=False, block_q=None, block_k=None, interpret=None,
+                    return_stats=False, rng_key=None, num_warps=None, num_stages=None,
+                    backend="triton", mgpu_options: MosaicGPUOptions | None = None):
   """Flash attention (FlashAttention-2, Dao 2023, Alg. 1 and 2) as Pallas kernels.
 
   Scores, running `row_max`, `row_sum` and the output accumulator are float32; P̄ = exp(S − m)
   is rounded to the input dtype before the P̄V dot; the output is rounded once. The backward
   pass recomputes P from the saved natural-log `lse`, uses `delta` = rowsum(dO∘O) from the
-  rounded output, and is deterministic (no atomics). `pallas_kernels/policy.py` lists every
-  rounding point.
+  rounded output, and is deterministic (no atomics). `pallas_kernels/policy.py` is the table
+  of every layout's rounding points.
 
   With `stabilize=True` the kernel applies the compensation of Qiu & Yao 2025
   (arXiv 2510.04212, Alg. 1): per key/value tile, a row with more than one score within
@@ -81,6 +82,13 @@ def flash_attention(query, key, value, *, causal=False, softmax_scale=None, stab
       kernel, rounded every tile; backward tiles = forward tiles), "fp32_out" (fa2 returning a
       float32 O), "stochastic" (fa2 with an unbiased stochastic final rounding of O to bf16;
       needs `rng_key` and bfloat16 inputs).
+    delta_float32: the backward's delta = rowsum(dO∘O) from the float32 O before its rounding
+      (the forward keeps it: 4 bytes per output element more), so the rows of dS sum to 0 up
+      to float32 rounding (Qiu & Yao 2025, §4: the bias enters through delta). The returned O
+      is rounded as the layout says.
+    center_keys: the backward's dQ = dS·(K − c) with c the mean key per (batch, kv head)
+      (K − c in float32, rounded to the input dtype): exact because each row of dS sums to 0,
+      and removes the (rowsum dS)·c term rounding leaves when keys share a large component.
     block_q, block_k: forward tile sizes, powers of two ≥ 16. They are part of the numerics
       (ties are detected per key tile). Defaults: block_k = 64, block_q = 128 (64 when
       head_dim > 128), the same on CPU and GPU.
@@ -96,6 +104,8 @@ def flash_attention(query, key, value, *, causal=False, softmax_scale=None, stab
       and 2 stages (H200, d128, 64×64 backward tiles: fwd+bwd 317 TFLOP/s at 4 warps, 172 at 8;
       `experiments/03_tile_sweep.py`). With backend="mosaic_gpu", num_stages is the number of
       key/value tiles in flight (default 2) and num_warps is not used.
+    mgpu_options: speed options of the Mosaic GPU forward (`MosaicGPUOptions`; defaults
+      measured on the H200).
     backend: the forward kernel. "triton" (default): Pallas Triton, every layout, any GPU.
       "mosaic_gpu": Pallas Mosaic GPU for Hopper (wgmma, TMA and a warp-specialised producer,
       FlashAttention-3, Shah et al. 2024, §3.1; `pallas_kernels.forward_mgpu`) with the same
@@ -122,16 +132,9 @@ def flash_attention(query, key, value, *, causal=False, softmax_scale=None, stab
                                         _number("tie_tolerance", tie_tolerance))
   if not isinstance(causal, (bool, np.bool_)):
     raise TypeError(f"causal must be a bool, got causal={causal!r}")
-  head_dim = query.shape[3]
-  layout = get_numerics(numerics)
-  blocks = BlockSizes.default(head_dim, block_q, block_k).for_numerics(layout)
   if backend not in BACKENDS:
-    raise ValueError(f"backend must be 'triton' or 'mosaic_gpu', got backend={backend!r}")
-  fitted = blocks.fit(query.shape[1], key.shape[1])
-  if backend == "mosaic_gpu":      # a key tile ≥ the (padded) sequence: shrinking it changes
-    fitted = dataclasses.replace(  # nothing, and the Mosaic GPU forward needs 64 or more
-        fitted, block_k=max(fitted.block_k, min(blocks.block_k, 64)))
-  blocks = fitted
+    raise ValueError(f"backend must be one of {BACKENDS}, got backend={backend!r}")
+  layout = get_numerics(numerics).with_options(delta_float32=delta_float32, center_keys=center_keys)
   seeds = None
   if layout.stochastic:
     if query.dtype != jnp.bfloat16:
@@ -142,22 +145,13 @@ def flash_attention(query, key, value, *, causal=False, softmax_scale=None, stab
     seeds = jax.random.bits(rng_key, (2,), jnp.uint32)
   elif rng_key is not None:
     raise ValueError(f"rng_key is only used by numerics='stochastic', got numerics={numerics!r}")
-  cfg = KernelConfig(
-      softmax_scale=softmax_scale, causal=bool(causal), q_len=query.shape[1],
-      kv_len=key.shape[1], blocks=blocks, numerics=layout,
-      compensation=compensation if stabilize else None,
-      interpret=_default_interpret() if interpret is None else bool(interpret),
-      return_stats=bool(return_stats),
-      num_warps=num_warps if num_warps is not None else (4 if head_dim <= 64 else 8),
-      num_stages=num_stages if num_stages is not None else 2,
-      num_warps_bwd=4, num_stages_bwd=2, backend=backend)
-  if backend == "mosaic_gpu":
-    from pallas_kernels.forward_mgpu import check_device, supported
-    padded = max(16, next_power_of_2(head_dim))
-    if (why := supported(cfg, padded, query.dtype)) is not None:
-      given = f" (query.shape[3] = {head_dim})" if padded != head_dim else ""
-      raise ValueError(f"backend='mosaic_gpu' does not support {why}{given}")
-    check_device(cfg)
+  cfg = kernel_config(
+      q_len=query.shape[1], kv_len=key.shape[1], head_dim=query.shape[3], dtype=query.dtype,
+      softmax_scale=softmax_scale, causal=causal, numerics=layout,
+      compensation=compensation if stabilize else None, block_q=block_q, block_k=block_k,
+      interpret=_default_interpret() if interpret is None else interpret,
+      return_stats=return_stats, num_warps=num_warps, num_stages=num_stages, backend=backend,
+      mgpu_options=mgpu_options)
   out, stats = flash_attention_padded(query, key, value, cfg, seeds)
   if not return_stats:
     return out

@@ -15,36 +15,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_flashstable.attention import flash_attention, reference_attention_vjp
+from jax_flashstable.attention.api import flash_attention, reference_attention_vjp
+from jax_flashstable.lab.shapes import Shape, make_inputs
 
 TENSORS = ("out", "d_query", "d_key", "d_value")
-
-
-@dataclasses.dataclass(frozen=True)
-class Shape:
-  """One attention problem; `name` labels it in reports."""
-  batch: int
-  q_len: int
-  kv_len: int
-  num_heads: int
-  num_kv_heads: int
-  head_dim: int
-  causal: bool = False
-
-  @property
-  def name(self):
-    c = "causal" if self.causal else "full"
-    return (f"b{self.batch} q{self.q_len} kv{self.kv_len} h{self.num_heads}/{self.num_kv_heads}"
-            f" d{self.head_dim} {c}")
-
-
-def make_inputs(shape: Shape, dtype, seed=0, scale=1.0):
-  """query, key, value, d_out ~ N(0, scale²), rounded to `dtype` (jax arrays)."""
-  rng = np.random.default_rng(seed)
-  q_shape = (shape.batch, shape.q_len, shape.num_heads, shape.head_dim)
-  kv_shape = (shape.batch, shape.kv_len, shape.num_kv_heads, shape.head_dim)
-  return tuple(jnp.asarray(scale * rng.standard_normal(s), dtype)
-               for s in (q_shape, kv_shape, kv_shape, q_shape))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,8 +77,16 @@ class Comparison:
 def compare_to_golden(shape: Shape, dtype, seed=0, **flash_kwargs) -> Comparison:
   """Runs flash and standard attention in `dtype` on seeded inputs and compares with FP64."""
   q, k, v, do = make_inputs(shape, dtype, seed)
-  kw = dict(causal=shape.causal, softmax_scale=flash_kwargs.get("softmax_scale"))
-  out, grads = flash_vjp(q, k, v, do, causal=shape.causal, **flash_kwargs)
+  return compare(q, k, v, do, causal=shape.causal, **flash_kwargs)
+
+
+def compare(query, key, value, d_out, *, causal, **flash_kwargs) -> Comparison:
+  """Flash (`flash_kwargs`) and standard attention in the inputs' dtype on these inputs,
+  [batch, seq, heads, head_dim], against FP64: O and the three gradients for cotangent d_out."""
+  q, k, v, do = query, key, value, d_out
+  dtype = q.dtype
+  kw = dict(causal=causal, softmax_scale=flash_kwargs.get("softmax_scale"))
+  out, grads = flash_vjp(q, k, v, do, causal=causal, **flash_kwargs)
   gold, gold_grads = reference_attention_vjp(q, k, v, do, dtype=jnp.float64, **kw)
   std, std_grads = reference_attention_vjp(q, k, v, do, dtype=dtype, **kw)
   golds = (gold,) + tuple(gold_grads)

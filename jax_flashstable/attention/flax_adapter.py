@@ -8,8 +8,8 @@ import math
 import jax
 import jax.numpy as jnp
 
-from jax_flashstable import attention as _attention
-from jax_flashstable.config import AttentionConfig
+from jax_flashstable.attention import api as _attention
+from jax_flashstable.attention.config import AttentionConfig
 
 
 def attend(query, key, value, config: AttentionConfig, *, causal: bool, softmax_scale=None,
@@ -29,11 +29,10 @@ def attend(query, key, value, config: AttentionConfig, *, causal: bool, softmax_
     stochastic = config.numerics == "stochastic"
     if stochastic and rng_key is None:
       raise ValueError(f"attention {config.name!r} uses numerics='stochastic' and needs rng_key")
-    return _attention.flash_attention(
-        query, key, value, causal=causal, softmax_scale=softmax_scale,
-        stabilize=config.stabilize, beta=config.beta, tie_tolerance=config.tie_tolerance,
-        numerics=config.numerics, block_q=config.block_q, block_k=config.block_k,
-        rng_key=rng_key if stochastic else None, backend=config.backend)
+    return _attention.flash_attention(query, key, value, causal=causal,
+                                      softmax_scale=softmax_scale,
+                                      rng_key=rng_key if stochastic else None,
+                                      **config.flash_kwargs())
   if impl == "reference":
     out = _attention.reference_attention(query, key, value, causal=causal,
                                          softmax_scale=softmax_scale,
@@ -75,6 +74,7 @@ def attention_fn(query, key, value, bias=None, mask=None, broadcast_dropout=True
   return attend(query, key, value, config, causal=bool(causal or is_causal))
 
 
-def make_attention_fn(config: AttentionConfig | str = "flash", causal: bool = False):
-  """`attention_fn` bound to a config (a preset name or an AttentionConfig)."""
+def make_attention_fn(config: AttentionConfig | str = "fa2", causal: bool = False):
+  """`attention_fn` bound to a config (a spec of `AttentionConfig`'s grammar, e.g. "fa2+comp",
+  or an AttentionConfig)."""
   return functools.partial(attention_fn, config=AttentionConfig.parse(config), causal=causal)

@@ -13,8 +13,9 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-from jax_flashstable.attention import flash_attention, reference_attention
-from jax_flashstable.accuracy import Shape, bf16_ulp, make_inputs
+from jax_flashstable.attention.api import flash_attention, reference_attention
+from jax_flashstable.lab.accuracy import bf16_ulp
+from jax_flashstable.lab.shapes import Shape, make_inputs
 from pallas_kernels.policy import get_numerics
 
 LAYOUTS = ("fa2", "paper", "fp32_out", "stochastic")

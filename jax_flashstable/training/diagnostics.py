@@ -18,8 +18,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jax_flashstable.attention import flash_attention
-from jax_flashstable.gpt2 import loss_fn
+from jax_flashstable.attention.api import flash_attention
+from jax_flashstable.models.gpt2 import loss_fn
 from pallas_kernels.policy import get_numerics
 
 HIGHEST = jax.lax.Precision.HIGHEST

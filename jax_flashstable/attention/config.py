@@ -1,0 +1,215 @@
+"""`AttentionConfig`: one frozen description of an attention choice, and the one grammar that
+names it everywhere (the Flax module, the GPT-2 model, `flashstable train --attention`,
+`--layer-attention`, the experiment's variants, the bench's implementations).
+
+    SPEC     := NAME ("+" MODIFIER)* [":" FIELD "=" VALUE ("," FIELD "=" VALUE)*]
+    NAME     := a preset (`PRESETS`): fa2, paper, fp32_out, stochastic (our flash kernels in
+                that precision layout, `pallas_kernels.policy`), reference-fp32,
+                reference-bf16 (materialized attention), xla, cudnn
+                (`jax.nn.dot_product_attention`)
+    MODIFIER := comp (stabilize=true: the compensation of Qiu & Yao 2025), mgpu
+                (backend=mosaic_gpu: our Hopper forward), delta32 (delta_float32=true),
+                center (center_keys=true)
+    FIELD    := any field of AttentionConfig
+
+For example "paper+comp", "fa2+comp+mgpu:block_k=128", "fa2:tie_tolerance=0.01".
+`AttentionConfig.name` is the shortest spec of a config (`parse(config.name) == config`).
+Older spellings still parse, with a FutureWarning naming the new one (`ALIASES`, and the
+bench's "flash:<layout>[+stabilize][@block_k]", "flash-mgpu:…" and "mgpu:<layout>[@block_k]").
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import re
+import warnings
+
+from pallas_kernels.policy import BACKENDS, NUMERICS, BlockSizes, Compensation
+
+IMPLEMENTATIONS = ("flash", "reference", "xla", "cudnn")
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionConfig:
+  """How one attention layer computes softmax(scale·QKᵀ)V.
+
+  implementation: "flash" (our Pallas kernels), "reference" (materialized, in
+    `reference_dtype`), "xla" or "cudnn" (`jax.nn.dot_product_attention`).
+  numerics: precision layout of the flash kernels (`pallas_kernels.policy.NUMERICS`);
+    "stochastic" needs an `rng_key` per call (`attend(..., rng_key=)`; the GPT model folds one
+    per step and layer).
+  stabilize, beta, tie_tolerance: the compensation of Qiu & Yao 2025 (flash only).
+  delta_float32, center_keys: backward options of the flash kernels that remove one piece of
+    the bias mechanism each (`flash_attention`).
+  block_q, block_k: flash tile sizes (None: the kernel defaults).
+  backend: the flash forward kernel, "triton" or "mosaic_gpu" (Hopper; see `flash_attention`).
+  reference_dtype: "float32" or "bfloat16" for implementation="reference".
+
+  Raises ValueError naming the field for a value no attention accepts; whether a kernel
+  supports a combination is checked by `pallas_kernels.attention.supported`.
+  """
+  implementation: str = "flash"
+  numerics: str = "fa2"
+  stabilize: bool = False
+  beta: float = 2.0
+  tie_tolerance: float = 1e-3
+  delta_float32: bool = False
+  center_keys: bool = False
+  block_q: int | None = None
+  block_k: int | None = None
+  reference_dtype: str = "float32"
+  backend: str = "triton"
+
+  def __post_init__(self):
+    if self.implementation not in IMPLEMENTATIONS:
+      raise ValueError(f"implementation={self.implementation!r} is not one of {IMPLEMENTATIONS}")
+    if self.numerics not in NUMERICS:
+      raise ValueError(f"numerics={self.numerics!r} is not one of {sorted(NUMERICS)}")
+    if self.reference_dtype not in ("float32", "bfloat16"):
+      raise ValueError(f"reference_dtype={self.reference_dtype!r} must be 'float32' or 'bfloat16'")
+    if self.backend not in BACKENDS:
+      raise ValueError(f"backend={self.backend!r} must be one of {BACKENDS}")
+    if self.implementation != "flash":
+      flash_only = [f.name for f in dataclasses.fields(self) if f.name in _FLASH_FIELDS
+                    and getattr(self, f.name) != f.default]
+      if flash_only:
+        raise ValueError(f"{', '.join(f'{n}={getattr(self, n)!r}' for n in flash_only)} needs "
+                         f"implementation='flash', got {self.implementation!r}")
+      return
+    Compensation(beta=self.beta, tie_tolerance=self.tie_tolerance)   # validates
+    if self.block_q is not None or self.block_k is not None:
+      BlockSizes.default(64, self.block_q, self.block_k)              # validates
+    from pallas_kernels.attention import supported
+    if (why := supported(self.backend, numerics=self.numerics, block_k=self.block_k,
+                         delta_float32=self.delta_float32, center_keys=self.center_keys)):
+      raise ValueError(f"backend={self.backend!r} does not support {why}")
+
+  def flash_kwargs(self) -> dict:
+    """The keyword arguments of `flash_attention` this config stands for."""
+    return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+            if f.name in _FLASH_FIELDS}
+
+  @property
+  def name(self) -> str:
+    """The shortest spec of this config: a preset, its modifiers, then the fields that still
+    differ (e.g. "paper+comp:block_q=512,block_k=512")."""
+    best = None
+    for preset, base in PRESETS.items():
+      mods = [m for m in MODIFIERS if base.implementation == "flash"]
+      for n in range(len(mods) + 1):
+        for chosen in itertools.combinations(mods, n):
+          try:
+            cand = dataclasses.replace(base, **{k: v for m in chosen for k, v in MODIFIERS[m].items()})
+          except ValueError:                   # a combination no kernel runs
+            continue
+          diff = [f.name for f in dataclasses.fields(self) if getattr(self, f.name) != getattr(cand, f.name)]
+          key = (len(diff), n)
+          if best is None or key < best[0]:
+            best = (key, preset, chosen, diff)
+    _, preset, chosen, diff = best
+    text = "".join([preset, *(f"+{m}" for m in chosen)])
+    if diff:
+      text += ":" + ",".join(f"{k}={_format_value(getattr(self, k))}" for k in diff)
+    return text
+
+  @classmethod
+  def parse(cls, spec: str | "AttentionConfig") -> "AttentionConfig":
+    """A SPEC of the module's grammar → AttentionConfig. Raises ValueError naming the part of
+    the spec that is wrong."""
+    if isinstance(spec, AttentionConfig):
+      return spec
+    if not isinstance(spec, str) or not spec:
+      raise ValueError(f"an attention spec must be a non-empty string, got {spec!r}")
+    given, spec = spec, _translate_old(spec)
+    head, _, overrides = spec.partition(":")
+    name, *mods = head.split("+")
+    if name in ALIASES:
+      new = ALIASES[name]
+      name, mods = new.split("+")[0], new.split("+")[1:] + mods
+    if name not in PRESETS:
+      raise ValueError(f"unknown attention {name!r} in {spec!r}; presets: {', '.join(PRESETS)}")
+    kw = {}
+    for mod in mods:
+      if mod not in MODIFIERS:
+        raise ValueError(f"unknown modifier '+{mod}' in {spec!r}; modifiers: "
+                         f"{', '.join('+' + m for m in MODIFIERS)}")
+      kw.update(MODIFIERS[mod])
+    types = {f.name: f.type for f in dataclasses.fields(cls)}
+    for item in filter(None, overrides.split(",")):
+      key, eq, value = item.partition("=")
+      if key not in types or not eq:
+        raise ValueError(f"{item!r} in {spec!r} is not FIELD=VALUE with a field of "
+                         f"AttentionConfig ({', '.join(types)})")
+      kw[key] = parse_field_value(key, value, types[key])
+    config = dataclasses.replace(PRESETS[name], **kw)
+    if spec != given or head.split("+")[0] in ALIASES:        # an older spelling
+      warnings.warn(f"attention {given!r} is now spelled {config.name!r}", FutureWarning, stacklevel=2)
+    return config
+
+
+_FLASH_FIELDS = ("numerics", "stabilize", "beta", "tie_tolerance", "delta_float32",
+                 "center_keys", "block_q", "block_k", "backend")
+
+
+def _format_value(value) -> str:
+  return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def parse_field_value(key, text, type_name):
+  """Text → a dataclass field's type ("bool", "int | None", "float", "str"); ValueError naming
+  the key and the text when it does not parse."""
+  t = str(type_name)
+  try:
+    if "bool" in t:
+      if text.lower() not in ("true", "false", "1", "0"):
+        raise ValueError
+      return text.lower() in ("true", "1")
+    if "int" in t and "float" not in t:
+      return None if text.lower() == "none" else int(text)
+    if "float" in t:
+      return float(text)
+  except ValueError:
+    raise ValueError(f"{key}={text!r} is not a valid {t}") from None
+  return text
+
+
+def split_specs(text: str) -> list[str]:
+  """A comma-separated list of specs → the specs. A FIELD=VALUE item continues the spec before
+  it ("fa2:block_q=64,block_k=64,xla" → ["fa2:block_q=64,block_k=64", "xla"])."""
+  specs = []
+  for item in text.split(","):
+    if specs and "=" in item and ":" not in item:
+      specs[-1] += "," + item
+    elif item:
+      specs.append(item)
+  return specs
+
+
+PRESETS = {
+    **{layout: AttentionConfig("flash", numerics=layout) for layout in NUMERICS},
+    "reference-fp32": AttentionConfig("reference", reference_dtype="float32"),
+    "reference-bf16": AttentionConfig("reference", reference_dtype="bfloat16"),
+    "xla": AttentionConfig("xla"),
+    "cudnn": AttentionConfig("cudnn"),
+}
+MODIFIERS = {
+    "comp": dict(stabilize=True),
+    "mgpu": dict(backend="mosaic_gpu"),
+    "delta32": dict(delta_float32=True),
+    "center": dict(center_keys=True),
+}
+# Older spellings → their spec now (parse warns with FutureWarning).
+ALIASES = {"flash": "fa2", "flash-stable": "fa2+comp", "fp32-reference": "reference-fp32"}
+
+
+def _translate_old(spec: str) -> str:
+  """The bench's former names ("flash:<layout>[+stabilize][@block_k]", "flash-mgpu:…") and
+  --overhead-layouts' ("mgpu:<layout>[@block_k]") → specs of the grammar; anything else
+  unchanged."""
+  m = re.fullmatch(r"(?P<prefix>flash:|flash-mgpu:|mgpu:)(?P<layout>\w+)"
+                   r"(?P<stab>\+stabilize)?(?:@(?P<bk>\d+))?(?P<stab2>\+stabilize)?", spec)
+  if m is None or m["layout"] not in NUMERICS:
+    return spec
+  new = m["layout"] + ("+comp" if m["stab"] or m["stab2"] else "")
+  new += "+mgpu" if m["prefix"] != "flash:" else ""
+  return new + (f":block_k={m['bk']}" if m["bk"] else "")

@@ -1,0 +1,1 @@
+"""Training experiments: the instability matrix (`instability`) and the main job (`compare`)."""

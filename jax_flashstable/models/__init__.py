@@ -1,0 +1,1 @@
+"""GPT-2 in flax.nnx (`gpt2`)."""

@@ -1,0 +1,68 @@
+"""The bias mechanism of Qiu & Yao 2025 (§4) on two small inputs, against FP64 (issue 16).
+
+The exact dQ_i = scale·Σ_j dS_ij k_j does not depend on a component c that all keys share,
+because each row of dS = P∘(dP − delta) sums to 0. An FA2 backward breaks that twice:
+delta = rowsum(dO∘O) comes from the rounded O, and dS is rounded to the input dtype before
+the dS·K product. The two inputs separate the pieces: one is fixed by `delta_float32` only,
+the other by `center_keys` only; both options together fix both. The rule is the accuracy
+rule of the suite: error ≤ 2·error(naive attention in bf16) + one bf16 ulp at the FP64 value's
+scale (`lab.accuracy`).
+"""
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jax_flashstable.lab.accuracy import compare
+
+OPTIONS = {"fa2": {}, "delta32": dict(delta_float32=True), "center": dict(center_keys=True),
+           "both": dict(delta_float32=True, center_keys=True)}
+
+
+def nine():
+  """q = k = v = [[1,2,3],[4,5,6],[7,8,9]] (bf16, one head), dO = 1 on the first two rows:
+  row 0 of dQ is 4.78e-4 in every channel (FP64). Its error comes from delta."""
+  x = jnp.asarray([[1, 2, 3], [4, 5, 6], [7, 8, 9]], jnp.bfloat16)[None, :, None, :]
+  do = jnp.asarray([[1, 1, 1], [1, 1, 1], [0, 0, 0]], jnp.bfloat16)[None, :, None, :]
+  return (x, x, x, do), False
+
+
+def common_keys():
+  """q = 1 in channel 0 and 0.1·N(0,1) elsewhere, keys at −480 in channel 0 (T = S = 2,
+  H = 16, causal): dQ in channel 0 is 0 (FP64). Its error is (rowsum of the rounded dS)·c."""
+  rng = np.random.default_rng(0)
+  q, k = (0.1 * rng.standard_normal((1, 2, 16, 16)) for _ in range(2))
+  q[..., 0], k[..., 0] = 1.0, -480.0
+  v, do = (rng.standard_normal((1, 2, 16, 16)) for _ in range(2))
+  return tuple(jnp.asarray(a, jnp.bfloat16) for a in (q, k, v, do)), True
+
+
+# which options keep dQ within the rule on each input
+EXPECTED = {"nine": {"fa2": False, "delta32": True, "center": False, "both": True},
+            "common_keys": {"fa2": False, "delta32": False, "center": True, "both": True}}
+
+
+@pytest.mark.parametrize("case", ["nine", "common_keys"])
+def test_each_option_fixes_its_piece(case):
+  inputs, causal = {"nine": nine, "common_keys": common_keys}[case]()
+  got = {name: compare(*inputs, causal=causal, **kw) for name, kw in OPTIONS.items()}
+  passes = {name: c.passes()["d_query"] for name, c in got.items()}
+  assert passes == EXPECTED[case], {n: (c.flash["d_query"].max, c.standard["d_query"].max)
+                                   for n, c in got.items()}
+  for c in got.values():              # the options change the backward's dQ only
+    assert c.flash["out"].max == got["fa2"].flash["out"].max
+    assert c.passes()["out"] and c.passes()["d_value"]
+
+
+def test_the_issue_numbers():
+  """The values quoted in issue 16: dQ row 0 of the 3×3 input is [−6.4e-4, −8.0e-4, −9.6e-4]
+  with fa2 against 4.78e-4 (FP64), the wrong sign; with delta from the float32 O it is
+  [4.71e-4, 4.71e-4, 4.69e-4], a few bf16 ulps (1.9e-6) off."""
+  import jax
+  from jax_flashstable import flash_attention, reference_attention_vjp
+  (q, k, v, do), _ = nine()
+  gold = np.asarray(reference_attention_vjp(q, k, v, do, dtype=jnp.float64)[1][0])[0, 0, 0]
+  assert gold == pytest.approx([4.7809e-4] * 3, rel=1e-4)
+  dq = lambda **kw: np.asarray(jax.vjp(lambda q: flash_attention(q, k, v, **kw), q)[1](do)[0],
+                               np.float64)[0, 0, 0]
+  assert dq() == pytest.approx([-6.37e-4, -7.97e-4, -9.57e-4], rel=2e-2)
+  assert dq(delta_float32=True) == pytest.approx(gold, abs=5 * 2.0 ** -19)
