@@ -524,42 +524,82 @@ def load_npz(model: GPT, path):
 
 # --- optimizer -------------------------------------------------------------------------------
 
-def learning_rate(count, *, lr, min_lr, warmup_steps, decay_steps) -> np.float32:
-  """optax.warmup_cosine_decay_schedule(init_value=0, peak_value=lr, warmup_steps,
-  decay_steps, end_value=min_lr) at integer `count`, in float32 op for op (optax 0.2.8).
+def _f32(x) -> float:
+  """The float32 nearest to `x`, as a Python float (exactly representable)."""
+  return float(F32(x))
 
-  `decay_steps` must already be > warmup_steps (the JAX config passes
-  max(decay_steps or steps, warmup_steps + 1)).
+
+def _fma_scalar(a, b, c) -> float:
+  """float32 fma(a, b, c) (one rounding) of float32 values, through float64, as a Python float.
+  Exact: a·b has ≤ 48 significant bits; the float64 sum rounds only when the float32 result
+  is inexact anyway (double rounding happens with probability ~2⁻²⁹)."""
+  return _f32(float(np.float64(a) * np.float64(b) + np.float64(c)))
+
+
+def _cos32(x) -> float:
+  """cos of a float32 argument, correctly rounded to float32 (XLA's differs in ~1% of
+  arguments by one ulp; NumPy's float32 cos in ~17%)."""
+  return _f32(math.cos(x))
+
+
+def learning_rate(count, *, lr, min_lr, warmup_steps, decay_steps, jitted=True) -> float:
+  """optax.warmup_cosine_decay_schedule(init_value=0, peak_value=lr, warmup_steps,
+  decay_steps, end_value=min_lr) at integer `count`, in float32 (optax 0.2.8), as XLA
+  computes it (a float32 value as a Python float).
+
+  jitted=True: as compiled inside the jitted update, where XLA (CPU, read from its HLO) turns a
+  division by a constant into a product with its reciprocal and folds constants — c·(π·(1/T))
+  for π·c/T, (1 + cos)·(0.5·(1 − α)) for (1 − α)·0.5·(1 + cos), c·(1/W) for c/W — and
+  contracts a·b + c into one fma. jitted=False: as the eager call that
+  writes metrics.jsonl's `lr` (every op rounded on its own). Against JAX 0.11.2 on CPU over
+  the anchor's 25,000 counts: equal except where XLA's float32 cos is off by an ulp (0.4% of
+  counts, ≤ 2.7e-7 relative). `decay_steps` must already be > warmup_steps (the JAX config
+  passes max(decay_steps or steps, warmup_steps + 1)).
   """
-  f = F32
-  if count < warmup_steps:                                 # linear_schedule(0 → lr)
+  f = _f32
+  alpha = 0.0 if lr == 0.0 else min_lr / lr
+  if count < warmup_steps:                                  # linear_schedule(0 → lr)
     c = f(min(max(count, 0), warmup_steps))
-    frac = f(1) - c / f(warmup_steps)
-    return f(f(0.0 - lr) * frac + f(lr))
-  alpha = 0.0 if lr == 0.0 else min_lr / lr                # cosine_decay_schedule(lr, …, alpha)
-  length = decay_steps - warmup_steps
+    if jitted:
+      frac = _fma_scalar(-c, f(f(1.0) / f(warmup_steps)), 1.0)
+      return _fma_scalar(frac, f(0.0 - lr), f(lr))
+    frac = f(1.0 - f(c / f(warmup_steps)))
+    return f(f(f(0.0 - lr) * frac) + f(lr))
+  length = decay_steps - warmup_steps                       # cosine_decay_schedule(lr, …, α)
   c = f(min(count - warmup_steps, length))
-  cosine = f(0.5) * (f(1) + np.cos(f(math.pi) * c / f(length)))
-  return f(f(lr) * (f(1 - alpha) * cosine + f(alpha)))
+  if jitted:
+    cos = _cos32(f(c * f(f(math.pi) * f(1.0 / f(length)))))
+    return f(_fma_scalar(f(cos + 1.0), f(0.5 * f(1 - alpha)), f(alpha)) * f(lr))
+  cosine = f(0.5 * f(1.0 + _cos32(f(f(f(math.pi) * c) / f(length)))))
+  return f(f(f(f(1 - alpha) * cosine) + f(alpha)) * f(lr))
+
+
+def _fma(a, b, c):
+  """float32 fma(a, b, c) elementwise, one rounding, exact through float64 (`_fma_scalar`);
+  a, b: float32 tensors or float32 values as Python floats; c a float32 tensor."""
+  d = lambda x: x.double() if torch.is_tensor(x) else x
+  return (d(a) * d(b) + c.double()).float()
 
 
 class OptaxAdamW:
   """optax.chain(clip_by_global_norm(grad_clip), adamw(schedule, b1, b2, eps, weight_decay,
-  mask=ndim ≥ 2)) in float32, operation for operation as optax 0.2.8 writes it:
+  mask=ndim ≥ 2)) in float32 as optax 0.2.8 writes it and XLA compiles it (jax 0.11.2, CPU,
+  read from the HLO of `train.make_steps`' update and checked against optax bit for bit):
 
-    g_norm = √(Σ_leaves Σ g²)            (leaves in JAX's order; before clipping: the metric)
-    g ← g                  if g_norm < grad_clip, else (g / g_norm) · grad_clip    (no +1e-6)
-    mu ← (1 − b1)·g + b1·mu;   nu ← (1 − b2)·(g·g) + b2·nu
-    count ← count + 1;  u = (mu / (1 − b1^count)) / (√(nu / (1 − b2^count)) + eps)
-    u ← u + weight_decay·p on ≥2-D parameters (skipped when weight_decay = 0, as optax)
-    p ← p + (−lr(count − 1))·u
+    g_norm = √(Σ_leaves Σ g²)                  (leaves in JAX's order; the logged grad_norm)
+    g ← g                  if g_norm < grad_clip, else (g / g_norm) · grad_clip   (no +1e-6)
+    mu ← fma(1 − b1, g, b1·mu);   nu ← fma(b2, nu, (1 − b2)·g²)       (XLA contracts into fma)
+    count ← count + 1;   bcᵢ = 1 − bᵢ^count      (float32 pow, correctly rounded like XLA's)
+    u = mu / ((√(nu / bc2) + eps) · bc1)          (XLA's form of (mu/bc1) / (√(nu/bc2) + eps))
+    u ← fma(p, weight_decay, u) on ≥2-D parameters (skipped when weight_decay = 0, as optax)
+    p ← fma(−lr(count − 1), u, p)                                     (`learning_rate`)
 
-  torch.optim.AdamW differs (eps inside the bias correction of the denominator, decoupled
-  decay p·(1 − lr·wd), lr of the current count), hence this class. Each line is a separate
-  eager torch op rounded to float32 (foreach kernels, no FMA across ops). What can still differ
-  from JAX in the last bit: XLA fuses these lines into one loop and may contract a·b + c into
-  an FMA (GPU); its float32 pow, cos and sqrt and the order of its reductions (the norms) are
-  its own. Scalars (lr, the bias corrections) are computed on the host in float32.
+  torch.optim.AdamW is another algorithm at this precision (eps added to √v̂ after a different
+  bias correction, decoupled decay p·(1 − lr·wd), its own lr count), hence this class; each
+  line above is a separate eager op (foreach kernels), the fmas exact through float64.
+  What can still differ from JAX: the order of XLA's sums in the norms (one ulp of g_norm
+  changes the clipped g), its cos (`learning_rate`), and on GPU whichever contractions XLA's
+  GPU backend makes there (these are the CPU's; not checked on a GPU).
   """
 
   def __init__(self, named_params, *, lr, min_lr, warmup_steps, decay_steps, beta1, beta2,
@@ -588,38 +628,27 @@ class OptaxAdamW:
   def step(self, grads):
     """Applies one update from `grads` (float32, in `self.names` order; overwritten); returns
     the global norm of `grads` before clipping (a 0-d tensor on the parameters' device)."""
+    f = _f32
     g_norm = self.global_norm(grads)
     keep = g_norm < self.clip                                  # optax: select(trigger, g, g/n·c)
     torch._foreach_div_(grads, torch.where(keep, torch.ones_like(g_norm), g_norm))
     torch._foreach_mul_(grads, torch.where(keep, torch.ones_like(g_norm),
                                            torch.full_like(g_norm, self.clip)))
-    g2 = torch._foreach_mul(grads, grads)
-    torch._foreach_mul_(grads, 1 - self.b1)                    # mu = (1 − b1)·g + b1·mu
-    torch._foreach_mul_(self.mu, self.b1)
-    torch._foreach_add_(self.mu, grads)
-    torch._foreach_mul_(g2, 1 - self.b2)                       # nu = (1 − b2)·g² + b2·nu
-    torch._foreach_mul_(self.nu, self.b2)
-    torch._foreach_add_(self.nu, g2)
     self.count += 1
-    c = F32(self.count)
-    bc1 = float(F32(1) - np.power(F32(self.b1), c))            # 1 − b1^count in float32
-    bc2 = float(F32(1) - np.power(F32(self.b2), c))
-    den = torch._foreach_div(self.nu, bc2)                     # √(nu/bc2) + eps
-    torch._foreach_sqrt_(den)
-    torch._foreach_add_(den, self.eps)
-    u = torch._foreach_div(self.mu, bc1)                       # (mu/bc1) / den
-    torch._foreach_div_(u, den)
-    if self.wd != 0.0:
-      for ui, p, d in zip(u, self.params, self.decay):
-        if d:
-          ui.add_(p * self.wd)                                 # u + wd·p
-    torch._foreach_mul_(u, float(-self.schedule(self.count - 1)))
-    torch._foreach_add_(self.params, u)
+    bc1 = f(1.0 - f(float(np.float64(f(self.b1)) ** self.count)))
+    bc2 = f(1.0 - f(float(np.float64(f(self.b2)) ** self.count)))
+    neg_lr = -self.schedule(self.count - 1)
+    for i, (p, g) in enumerate(zip(self.params, grads)):
+      self.mu[i] = _fma(f(1 - self.b1), g, self.mu[i] * self.b1)
+      self.nu[i] = _fma(f(self.b2), self.nu[i], (g * g) * (1 - self.b2))
+      u = self.mu[i] / (((self.nu[i] / bc2).sqrt_() + self.eps) * bc1)
+      if self.wd != 0.0 and self.decay[i]:
+        u = _fma(p, f(self.wd), u)
+      p.copy_(_fma(neg_lr, u, p))
     return g_norm
 
   # Python-float multipliers are rounded to the tensors' float32 by torch, as JAX rounds its
-  # weakly typed constants (1 − 0.9 → float32(0.1)). a·b + c·d with separately rounded terms
-  # is symmetric, so updating mu in place (b1·mu, then + (1 − b1)·g) is optax's value.
+  # weakly typed constants (1 − 0.9 → float32(0.1)).
 
 
 # --- training --------------------------------------------------------------------------------
@@ -854,7 +883,7 @@ def train(cfg: TwinConfig) -> dict:
       param_norm = opt.global_norm(params)
       m = dict(loss=loss.item(), grad_norm=grad_norm.item(), param_norm=param_norm.item())
       dt = time.perf_counter() - t0
-      row = dict(step=step, lr=float(opt.schedule(step - 1)), step_time_s=dt,
+      row = dict(step=step, lr=opt.schedule(step - 1, jitted=False), step_time_s=dt,
                  tokens_per_s=tokens_per_step / dt, **m)
       if peak:
         row["mfu"] = flops_step / dt / peak
