@@ -89,12 +89,16 @@ Attention choices (`--attention`; layout [batch, seq, heads, head_dim], bf16 in 
                       efficient and cudnn need CUDA and are refused on CPU.
 
 Optimizer: `OptaxAdamW` is optax.chain(clip_by_global_norm(c), adamw(schedule, b1, b2, eps,
-weight_decay, mask=ndim ≥ 2)) written op for op in float32 (optax 0.2.8; see its docstring for
-what can still differ in the last bit). The schedule is `warmup_cosine_decay_schedule` at
-count = step − 1 (lr = 0 on step 1), as the JAX loop.
+weight_decay, mask=ndim ≥ 2)) in float32 as optax 0.2.8 writes it and XLA compiles it (its fma
+contractions and rewrites, read from the CPU HLO): bit-identical to optax on CPU over 12 steps
+of random gradients (tests/test_torch_twin.py); torch.optim.AdamW is not. The schedule
+(`learning_rate`) is `warmup_cosine_decay_schedule` at count = step − 1 (lr = 0 on step 1), as
+the JAX loop; equal to optax's but where XLA's float32 cos is an ulp off.
 
 Batches: `Dataset.batch` of the JAX package's data module, imported from its file
-(`import_data_module`), so the (seed, step) → batch rule is the JAX side's own code.
+(`import_data_module`), so the (seed, step) → batch rule is the JAX side's own code. --data
+must hold train.bin[.xz] / val.bin[.xz] (a folder of text files needs tiktoken, which the torch
+environment lacks: pass the tokenized copy the JAX side made in its cache instead).
 """
 from __future__ import annotations
 
