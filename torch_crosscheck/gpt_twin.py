@@ -1,0 +1,980 @@
+"""A PyTorch twin of the JAX GPT-2 training (`jax_flashstable/gpt2.py`, `train.py`): the same
+model, precision split, optimizer, schedule and batches, so one run can be made in both
+frameworks from the same initial weights and compared step by step.
+
+Runs in the torch environment (torch + NumPy, no JAX):
+
+  python torch_crosscheck/gpt_twin.py train --init INIT.npz --data DIR --attention paper+comp \\
+      --steps 3000 --batch-size 128 --lr 3e-3 --seed 24 --out runs/torch/paper+comp/seed24
+
+Every option defaults to the recipe `anchor-b128` of `jax_flashstable/experiment.py` (GPT 6
+layers × 6 heads × 384, no bias, context 1024, vocab 50304; batch 128, AdamW (0.9, 0.95), eps
+1e-8, no weight decay, peak lr 3e-3 after 200 warmup steps, cosine to 1e-5 over 20,000 steps,
+clipping 1.0, 3,000 steps, validation every 500 steps on 4 batches); `--help` lists them.
+The JAX run to compare with must use the same `--seed` (it fixes the data order; the
+initialisation comes from INIT.npz) and the same recipe. Writes OUT/config.json, OUT/metrics.jsonl
+(one row per step, the keys of `train.train_and_evaluate`: step, lr, step_time_s,
+tokens_per_s, loss, grad_norm (before clipping), param_norm (after the update), mfu on
+H100/H200, val_loss on evaluation steps), OUT/summary.json, and with --save-final
+OUT/final_params.npz. A non-finite loss or gradient ends the run as in JAX (the row is
+written first); the command then exits with status 3 and summary.json says stopped="non-finite".
+`stop_after_explosion`, checkpoints, resumption and diagnostics are not mirrored: read the
+explosion step from metrics.jsonl with `train.explosion_step`.
+
+Initial parameters: the .npz layout (what the JAX side must write)
+-------------------------------------------------------------------
+One uncompressed or compressed NumPy .npz (`np.savez` / `np.savez_compressed`), one array per
+parameter of the JAX model, nothing else; every array float32, C order, in the JAX orientation.
+The key is the parameter's path in `nnx.state(model, nnx.Param)` joined with "." (list indices
+in decimal), with the trailing ".embedding" of the two `nnx.Embed` tables dropped:
+
+  key                         shape                      JAX path (nnx.state)
+  wte                         [vocab_size, n_embd]       wte.embedding
+  wpe                         [block_size, n_embd]       wpe.embedding
+  h.{i}.ln_1.scale            [n_embd]                   (i = 0 … n_layer−1)
+  h.{i}.ln_1.bias             [n_embd]                   only when bias=True
+  h.{i}.attn.c_attn.kernel    [n_embd, 3·n_embd]         [in, out]; output columns q | k | v,
+                                                         each head-major (head·head_dim + j)
+  h.{i}.attn.c_attn.bias      [3·n_embd]                 only when bias=True
+  h.{i}.attn.c_proj.kernel    [n_embd, n_embd]
+  h.{i}.attn.c_proj.bias      [n_embd]                   only when bias=True
+  h.{i}.ln_2.scale / .bias    [n_embd]                   bias only when bias=True
+  h.{i}.mlp.c_fc.kernel       [n_embd, 4·n_embd]
+  h.{i}.mlp.c_fc.bias         [4·n_embd]                 only when bias=True
+  h.{i}.mlp.c_proj.kernel     [4·n_embd, n_embd]
+  h.{i}.mlp.c_proj.bias       [n_embd]                   only when bias=True
+  ln_f.scale / ln_f.bias      [n_embd]                   bias only when bias=True
+
+(anchor: 6 layers, no bias: 2 + 6·6 + 1 = 39 arrays.) For example, from the JAX side:
+
+  flat = nnx.to_flat_state(nnx.state(model, nnx.Param))
+  arrays = {".".join(map(str, path)).removesuffix(".embedding"): np.asarray(p[...], np.float32)
+            for path, p in flat}
+  np.savez(path, **arrays)
+
+`load_npz` refuses a file with a missing or unexpected key, a wrong shape or a dtype other than
+float32, naming them. `save_npz` writes the same layout (e.g. the twin's final parameters).
+
+Precision split (as `gpt2.py`, i.e. BF16 autocast with float32 master weights)
+-----------------------------------------------------------------------------
+Parameters, LayerNorm, the residual stream, logits → loss and the optimizer in float32. Every
+Linear is `nnx.Linear(dtype=bfloat16, param_dtype=float32)`: input and kernel rounded to bf16,
+products accumulated in float32, the result rounded once to bf16, a bias added in bf16. The
+logits are bf16(bf16(x) @ bf16(wte)ᵀ) cast to float32. The roundings are written out as casts
+(as `paper_fa2.py` does for autocast), not left to torch.autocast, so that they sit where
+XLA puts them on every device. With `--matmul emulated` (the default on CPU) a bf16 matmul is
+computed as a float32 matmul of the bf16-rounded operands (exact products, float32 sums), with
+`--matmul bf16` (the default on CUDA) by torch's bf16 GEMM with float32 accumulation (cuBLAS,
+reduced-precision reductions switched off): the same rounding points, another summation order.
+LayerNorm is flax's: var = max(0, E[x²] − E[x]²), y = (x − mean)·(rsqrt(var + 1e−5)·scale)
++ bias. GELU is `jax.nn.gelu(approximate=False)` on bf16 as XLA compiles it (jax 0.11.2, CPU
+HLO): forward bf16(bf16(0.5x) · bf16(erfc(−x · bf16(√½)))), the product −x·0.70703125 kept in
+float32; backward JAX's autodiff chain with every bf16 op rounded (`_Gelu`; autograd through
+the forward's casts would round elsewhere). Loss: logsumexp(logits) − logit[target], mean,
+float32 (optax's formula).
+
+Attention choices (`--attention`; layout [batch, seq, heads, head_dim], bf16 in and out)
+-----------------------------------------------------------------------------------------
+  paper, paper+comp   `paper_fa2.forward`/`backward` (Qiu & Yao, arXiv 2510.04212, Alg. 1,
+                      §3: BF16 O, m, l buffers; the backward with its bf16 rounding points),
+                      without / with the compensation; tiles --block-q × --block-k (default
+                      512×512, the JAX experiment's at length 1024). JAX twin:
+                      "flash:numerics=paper,block_q=T,block_k=T[,stabilize=true]".
+  reference-fp32      materialised softmax(QKᵀ·scale)V in float32 from the bf16 q, k, v,
+                      output rounded to bf16 (JAX: "reference-fp32").
+  sdpa-flash, sdpa-efficient, sdpa-cudnn, sdpa-math
+                      torch.nn.functional.scaled_dot_product_attention restricted to one
+                      backend (no JAX twin bit for bit; "cudnn" is the nearest for sdpa-cudnn).
+                      On CPU torch has only math and flash (its CPU flash kernel, not FA2);
+                      efficient and cudnn need CUDA and are refused on CPU.
+
+Optimizer: `OptaxAdamW` is optax.chain(clip_by_global_norm(c), adamw(schedule, b1, b2, eps,
+weight_decay, mask=ndim ≥ 2)) in float32 as optax 0.2.8 writes it and XLA compiles it (its fma
+contractions and rewrites, read from the CPU HLO): bit-identical to optax on CPU over 12 steps
+of random gradients (tests/test_torch_twin.py); torch.optim.AdamW is not. The schedule
+(`learning_rate`) is `warmup_cosine_decay_schedule` at count = step − 1 (lr = 0 on step 1), as
+the JAX loop; equal to optax's but where XLA's float32 cos is an ulp off.
+
+Batches: `Dataset.batch` of the JAX package's data module, imported from its file
+(`import_data_module`), so the (seed, step) → batch rule is the JAX side's own code. --data
+must hold train.bin[.xz] / val.bin[.xz] (a folder of text files needs tiktoken, which the torch
+environment lacks: pass the tokenized copy the JAX side made in its cache instead).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import functools
+import hashlib
+import importlib.util
+import json
+import math
+import pathlib
+import sys
+import time
+
+import numpy as np
+import torch
+from torch import nn
+
+HERE = pathlib.Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+import paper_fa2  # noqa: E402  (the paper layout's forward and backward, torch only)
+
+BF = torch.bfloat16
+F32 = np.float32
+LN_EPS = 1e-5
+SQRT_HALF_BF16 = 0.70703125          # np.sqrt(0.5) rounded to bf16, as jax.nn.gelu builds it
+NEG_TWO_OVER_SQRT_PI_BF16 = -1.125   # −2/√π rounded to bf16 (the erfc jvp on bf16)
+ATTENTIONS = ("paper", "paper+comp", "reference-fp32", "sdpa-flash", "sdpa-efficient",
+              "sdpa-cudnn", "sdpa-math")
+CPU_ATTENTIONS = ("paper", "paper+comp", "reference-fp32", "sdpa-flash", "sdpa-math")
+MATMULS = ("bf16", "emulated")
+EXIT_NON_FINITE = 3
+# The data module's file, newest location first (the JAX package is being reorganised).
+DATA_MODULE_PATHS = ("jax_flashstable/training/data.py", "jax_flashstable/data.py")
+
+
+# --- batches ---------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def import_data_module(root: str = str(ROOT)):
+  """The JAX package's NumPy-only data module (`Dataset`, `Dataset.batch`), imported from its
+  file: importing it as `jax_flashstable.data` would import the package, hence JAX. Tries
+  `DATA_MODULE_PATHS` in order under `root`.
+
+  Raises:
+    ImportError: none of the files exists, or the module imports something the torch
+      environment lacks (it must stay NumPy-only).
+  """
+  for rel in DATA_MODULE_PATHS:
+    path = pathlib.Path(root) / rel
+    if not path.is_file():
+      continue
+    spec = importlib.util.spec_from_file_location("flashstable_data", path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+      spec.loader.exec_module(module)
+    except ImportError as e:
+      raise ImportError(f"{path} imports {e.name!r}, which the torch environment lacks; the twin "
+                        "needs the data module to import with NumPy only") from e
+    return module
+  raise ImportError(f"no data module under {root}: tried {', '.join(DATA_MODULE_PATHS)}")
+
+
+# --- model -----------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """`gpt2.GPTConfig`'s shape fields; defaults: the anchor ("gpt-6l")."""
+  n_layer: int = 6
+  n_head: int = 6
+  n_embd: int = 384
+  block_size: int = 1024
+  vocab_size: int = 50304
+  bias: bool = False
+
+  def __post_init__(self):
+    for f in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
+      if not isinstance(getattr(self, f), int) or getattr(self, f) < 1:
+        raise ValueError(f"{f} must be a positive int, got {f}={getattr(self, f)!r}")
+    if self.n_embd % self.n_head:
+      raise ValueError(f"n_embd={self.n_embd} is not a multiple of n_head={self.n_head}")
+
+
+def check_tile(name, b):
+  """ValueError unless `b` is a power of two ≥ 16 (`pallas_kernels.policy.check_tile`)."""
+  if not isinstance(b, int) or isinstance(b, bool) or b < 16 or b & (b - 1):
+    raise ValueError(f"{name} must be a power of two >= 16, got {name}={b!r}")
+
+
+def fit_tile(block: int, length: int) -> int:
+  """A tile shrunk to the power-of-two-rounded length, as `BlockSizes.fit` (same numerics)."""
+  return min(block, max(16, 1 << max(0, length - 1).bit_length()))
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionChoice:
+  """One of `ATTENTIONS`, with the paper layout's tiles and compensation settings."""
+  kind: str = "paper"
+  block_q: int = 512
+  block_k: int = 512
+  beta: float = 2.0
+  tie_tolerance: float = 1e-3
+
+  def __post_init__(self):
+    if self.kind not in ATTENTIONS:
+      raise ValueError(f"attention={self.kind!r} is not one of {', '.join(ATTENTIONS)}")
+    check_tile("block_q", self.block_q)
+    check_tile("block_k", self.block_k)
+    if not (math.isfinite(self.beta) and self.beta > 1):
+      raise ValueError(f"beta must be a finite number > 1, got beta={self.beta!r}")
+    if not (math.isfinite(self.tie_tolerance) and self.tie_tolerance >= 0):
+      raise ValueError(f"tie_tolerance must be >= 0, got tie_tolerance={self.tie_tolerance!r}")
+
+  def jax_spec(self) -> str | None:
+    """The `AttentionConfig.parse` spec of the JAX run with the same numerics (None: none)."""
+    if self.kind == "reference-fp32":
+      return "reference-fp32"
+    if self.kind.startswith("paper"):
+      spec = f"flash:numerics=paper,block_q={self.block_q},block_k={self.block_k}"
+      if self.kind == "paper+comp":
+        spec += ",stabilize=true"
+        if self.beta != 2.0:
+          spec += f",beta={self.beta!r}"
+        if self.tie_tolerance != 1e-3:
+          spec += f",tie_tolerance={self.tie_tolerance!r}"
+      return spec
+    return None
+
+
+def check_attention_device(choice: AttentionChoice, device: torch.device):
+  """ValueError for an SDPA backend torch does not have on `device` (efficient, cudnn: CUDA)."""
+  if device.type != "cuda" and choice.kind not in CPU_ATTENTIONS:
+    raise ValueError(f"attention={choice.kind!r} needs CUDA (torch's SDPA has only its math and "
+                     f"flash backends on {device.type}); on {device.type} choose one of "
+                     f"{', '.join(CPU_ATTENTIONS)}")
+
+
+class _PaperAttention(torch.autograd.Function):
+  """`paper_fa2.forward` with `paper_fa2.backward` as its gradient: the paper's backward with
+  its own bf16 rounding points (as the JAX paper layout's custom_vjp), not autograd through the
+  forward's loops. Tensors [batch, heads, seq, head_dim] bf16."""
+
+  @staticmethod
+  def forward(ctx, query, key, value, softmax_scale, causal, block_q, block_k, stabilize, beta,
+              tie_tolerance):
+    out, lse = paper_fa2.forward(query, key, value, softmax_scale, causal, block_q, block_k,
+                                 stabilize, beta, tie_tolerance)
+    ctx.save_for_backward(query, key, value, out, lse)
+    ctx.settings = (softmax_scale, causal, block_q, block_k)
+    return out
+
+  @staticmethod
+  def backward(ctx, d_out):
+    query, key, value, out, lse = ctx.saved_tensors
+    d_query, d_key, d_value = paper_fa2.backward(query, key, value, out, lse, d_out.to(BF),
+                                                 *ctx.settings)
+    return d_query, d_key, d_value, None, None, None, None, None, None, None
+
+
+def _sdpa_backend(kind):
+  from torch.nn.attention import SDPBackend
+  return dict(flash=SDPBackend.FLASH_ATTENTION, efficient=SDPBackend.EFFICIENT_ATTENTION,
+              cudnn=SDPBackend.CUDNN_ATTENTION, math=SDPBackend.MATH)[kind.removeprefix("sdpa-")]
+
+
+def backend_context(choice: AttentionChoice):
+  """`sdpa_kernel([backend])` for an sdpa-* choice (a no-op context otherwise)."""
+  if not choice.kind.startswith("sdpa-"):
+    return contextlib.nullcontext()
+  from torch.nn.attention import sdpa_kernel
+  return sdpa_kernel([_sdpa_backend(choice.kind)])
+
+
+def attend(query, key, value, choice: AttentionChoice, *, causal=True, softmax_scale=None):
+  """softmax(softmax_scale·QKᵀ)V by `choice.kind` (see the module docstring).
+
+  Args:
+    query, key, value: [batch, seq, heads, head_dim] bfloat16 (equal lengths for causal).
+    causal: key j visible to query i iff j ≤ i.
+    softmax_scale: defaults to 1/√head_dim (Python float, as the JAX side).
+  Returns:
+    [batch, seq, heads, head_dim] bfloat16, differentiable in query, key and value.
+  Raises:
+    RuntimeError: from torch, for an SDPA backend that has no kernel for the device/shape.
+  """
+  if softmax_scale is None:
+    softmax_scale = 1.0 / math.sqrt(query.shape[-1])
+  q, k, v = (x.transpose(1, 2) for x in (query, key, value))          # [b, h, s, d]
+  kind = choice.kind
+  if kind.startswith("paper"):
+    bq, bk = fit_tile(choice.block_q, q.shape[2]), fit_tile(choice.block_k, k.shape[2])
+    out = _PaperAttention.apply(q, k, v, softmax_scale, causal, bq, bk, kind == "paper+comp",
+                                choice.beta, choice.tie_tolerance)
+  elif kind == "reference-fp32":
+    s = (q.float() @ k.float().transpose(-1, -2)) * softmax_scale     # [b, h, s, s] float32
+    if causal:
+      keep = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
+      s = s.masked_fill(~keep, -math.inf)
+    out = (torch.softmax(s, dim=-1) @ v.float()).to(BF)
+  else:
+    with backend_context(choice):
+      out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                                             scale=softmax_scale)
+  return out.transpose(1, 2)
+
+
+def bf16_matmul(x, w, mode="emulated"):
+  """bf16(bf16(x) @ bf16(w)) with float32 accumulation, as XLA's bf16 dot.
+
+  x [..., n] (any float dtype), w [n, m] float32 → [..., m] bfloat16. mode "emulated": a
+  float32 matmul of the rounded operands (their products are exact in float32); "bf16":
+  torch's bf16 GEMM (float32 accumulation). Autograd gives the JAX backward's rounding points:
+  dx = bf16(dy @ bf16(w)ᵀ), dw = bf16(bf16(x)ᵀ @ dy), each cast to float32.
+  """
+  xb, wb = x.to(BF), w.to(BF)
+  if mode == "emulated":
+    return (xb.float() @ wb.float()).to(BF)
+  return xb @ wb
+
+
+class Linear(nn.Module):
+  """`nnx.Linear(dtype=bfloat16, param_dtype=float32)`: kernel [in, out] (JAX orientation)."""
+
+  def __init__(self, n_in, n_out, bias, std, generator, matmul):
+    super().__init__()
+    self.kernel = nn.Parameter(torch.empty(n_in, n_out).normal_(0.0, std, generator=generator))
+    self.bias = nn.Parameter(torch.zeros(n_out)) if bias else None
+    self.matmul = matmul
+
+  def forward(self, x):                                               # → bf16
+    y = bf16_matmul(x, self.kernel, self.matmul)
+    return y + self.bias.to(BF) if self.bias is not None else y       # bf16 add, as nnx
+
+
+class LayerNorm(nn.Module):
+  """flax `nnx.LayerNorm(epsilon=1e-5, dtype=float32)` with its fast variance, in float32."""
+
+  def __init__(self, n, bias):
+    super().__init__()
+    self.scale = nn.Parameter(torch.ones(n))
+    self.bias = nn.Parameter(torch.zeros(n)) if bias else None
+
+  def forward(self, x):                                               # x float32
+    mean = x.mean(-1, keepdim=True)
+    mean2 = (x * x).mean(-1, keepdim=True)
+    var = torch.clamp_min(mean2 - mean * mean, 0.0)
+    y = (x - mean) * (torch.rsqrt(var + LN_EPS) * self.scale)
+    return y + self.bias if self.bias is not None else y
+
+
+def _rb(x):
+  """Round float32 to bf16 and go on in float32."""
+  return x.to(BF).float()
+
+
+class _Gelu(torch.autograd.Function):
+  """`jax.nn.gelu(h, approximate=False)` on bf16 h, 0.5·h·erfc(−h·bf16(√½)), with the rounding
+  points XLA gives its forward and its autodiff backward (jax 0.11.2 CPU, read from the
+  compiled HLO and checked bit for bit against JAX, `gelu`). Tensors bf16."""
+
+  @staticmethod
+  def forward(ctx, h):
+    x = h.float()
+    e = torch.erfc(-x * SQRT_HALF_BF16).to(BF)          # the argument stays float32
+    ctx.save_for_backward(h, e)
+    return (_rb(0.5 * x) * e.float()).to(BF)
+
+  @staticmethod
+  def backward(ctx, d_out):
+    h, e = ctx.saved_tensors
+    x, g = h.float(), d_out.float()
+    # JAX's jvp of erfc, d/da erfc(a) = −2/√π·exp(−a²), in bf16 ops: every product rounded,
+    # −2/√π rounded to bf16 (−1.125), a = bf16(−h·bf16(√½)).
+    d_e = _rb(_rb(0.5 * x) * g)
+    a = _rb(-x * SQRT_HALF_BF16)
+    d_a = _rb(_rb(d_e * NEG_TWO_OVER_SQRT_PI_BF16) * _rb(torch.exp(-_rb(a * a))))
+    from_e = -_rb(d_a * SQRT_HALF_BF16)
+    from_h = _rb(_rb(g * e.float()) * 0.5)
+    return (from_e + from_h).to(BF)
+
+
+def gelu(h):
+  """`jax.nn.gelu(h, approximate=False)` for bf16 h → bf16, with XLA's rounding points:
+  forward bf16(bf16(0.5h) · bf16(erfc(−h·bf16(√½)))), the product −h·0.70703125 kept in
+  float32; backward the bf16 chain of JAX's autodiff (`_Gelu.backward`). Against jax 0.11.2 (CPU):
+  forward equal for every bf16 h with |h| < 20 except denormal results (XLA flushes them to
+  zero), backward equal for 200,000 random (h, dO) pairs."""
+  return _Gelu.apply(h)
+
+
+class CausalSelfAttention(nn.Module):
+  def __init__(self, cfg: ModelConfig, attention: AttentionChoice, generator, matmul):
+    super().__init__()
+    proj_std = 0.02 / math.sqrt(2 * cfg.n_layer)
+    self.c_attn = Linear(cfg.n_embd, 3 * cfg.n_embd, cfg.bias, 0.02, generator, matmul)
+    self.c_proj = Linear(cfg.n_embd, cfg.n_embd, cfg.bias, proj_std, generator, matmul)
+    self.n_head = cfg.n_head
+    self.attention = attention
+
+  def forward(self, x):                                               # x [b, t, c] float32
+    b, t, c = x.shape
+    q, k, v = self.c_attn(x).split(c, dim=-1)                         # 3 × [b, t, c] bf16
+    q, k, v = (y.reshape(b, t, self.n_head, c // self.n_head) for y in (q, k, v))
+    y = attend(q, k, v, self.attention, causal=True)                  # [b, t, h, d] bf16
+    return self.c_proj(y.reshape(b, t, c))
+
+
+class MLP(nn.Module):
+  def __init__(self, cfg: ModelConfig, generator, matmul):
+    super().__init__()
+    proj_std = 0.02 / math.sqrt(2 * cfg.n_layer)
+    self.c_fc = Linear(cfg.n_embd, 4 * cfg.n_embd, cfg.bias, 0.02, generator, matmul)
+    self.c_proj = Linear(4 * cfg.n_embd, cfg.n_embd, cfg.bias, proj_std, generator, matmul)
+
+  def forward(self, x):
+    return self.c_proj(gelu(self.c_fc(x)))
+
+
+class Block(nn.Module):
+  def __init__(self, cfg: ModelConfig, attention, generator, matmul):
+    super().__init__()
+    self.ln_1 = LayerNorm(cfg.n_embd, cfg.bias)
+    self.attn = CausalSelfAttention(cfg, attention, generator, matmul)
+    self.ln_2 = LayerNorm(cfg.n_embd, cfg.bias)
+    self.mlp = MLP(cfg, generator, matmul)
+
+  def forward(self, x):                                               # float32 residual stream
+    x = x + self.attn(self.ln_1(x))
+    return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+  """`gpt2.GPT` in PyTorch; parameter names = the .npz keys (module docstring).
+
+  The initialisation (GPT-2's: normal(0, 0.02), residual projections 0.02/√(2·n_layer), zero
+  biases, unit LayerNorm scales; torch generator `seed`) only matters when no .npz is loaded.
+  """
+
+  def __init__(self, cfg: ModelConfig, attention: AttentionChoice = AttentionChoice(), *,
+               matmul="emulated", seed=0):
+    super().__init__()
+    if matmul not in MATMULS:
+      raise ValueError(f"matmul={matmul!r} is not one of {MATMULS}")
+    g = torch.Generator().manual_seed(seed)
+    self.config, self.attention, self.matmul = cfg, attention, matmul
+    self.wte = nn.Parameter(torch.empty(cfg.vocab_size, cfg.n_embd).normal_(0.0, 0.02, generator=g))
+    self.wpe = nn.Parameter(torch.empty(cfg.block_size, cfg.n_embd).normal_(0.0, 0.02, generator=g))
+    self.h = nn.ModuleList(Block(cfg, attention, g, matmul) for _ in range(cfg.n_layer))
+    self.ln_f = LayerNorm(cfg.n_embd, cfg.bias)
+
+  def forward(self, tokens):
+    """tokens [batch, t] integer (t ≤ block_size) → logits [batch, t, vocab_size] float32.
+
+    Raises:
+      ValueError: t > block_size.
+    """
+    t = tokens.shape[1]
+    if t > self.config.block_size:
+      raise ValueError(f"sequence length {t} exceeds block_size={self.config.block_size}")
+    x = self.wte[tokens] + self.wpe[:t][None]
+    for block in self.h:
+      x = block(x)
+    x = self.ln_f(x)
+    return bf16_matmul(x, self.wte.t(), self.matmul).float()          # tied output embedding
+
+
+def loss_fn(model: GPT, tokens, targets):
+  """Mean next-token cross-entropy in float32 (nats): optax's logsumexp − target logit."""
+  logits = model(tokens)
+  label = logits.gather(-1, targets[..., None]).squeeze(-1)
+  return (torch.logsumexp(logits, dim=-1) - label).mean()
+
+
+def jax_order(names):
+  """`names` in JAX's pytree leaf order for the nnx state (paths sorted, list indices as ints):
+  the order of optax's sums over leaves (global norms)."""
+  return sorted(names, key=lambda n: tuple((0, int(p), "") if p.isdigit() else (1, 0, p)
+                                           for p in n.split(".")))
+
+
+def count_params(model) -> int:
+  return sum(p.numel() for p in model.parameters())
+
+
+def flops_per_token(cfg: ModelConfig, n_params, seq_len) -> float:
+  """6·N + 12·n_layer·n_head·head_dim·T (PaLM appendix B; `gpt2.flops_per_token`)."""
+  return 6.0 * n_params + 12.0 * cfg.n_layer * cfg.n_embd * seq_len
+
+
+# --- parameters in .npz ----------------------------------------------------------------------
+
+def save_npz(model: GPT, path):
+  """Writes the parameters in the .npz layout of the module docstring (float32, JAX order)."""
+  np.savez(path, **{n: p.detach().float().cpu().numpy() for n, p in model.named_parameters()})
+
+
+def load_npz(model: GPT, path):
+  """Copies the parameters of a .npz in the layout of the module docstring into `model`.
+
+  Raises:
+    FileNotFoundError: no such file.
+    ValueError: a missing or unexpected key, a shape that differs from the model's or a dtype
+      other than float32 (the message names them).
+  """
+  path = pathlib.Path(path)
+  if not path.is_file():
+    raise FileNotFoundError(f"initial parameters not found: {path}")
+  params = dict(model.named_parameters())
+  with np.load(path) as f:
+    arrays = {k: f[k] for k in f.files}
+  problems = [f"missing {k}" for k in params if k not in arrays]
+  problems += [f"unexpected {k}" for k in arrays if k not in params]
+  for k, a in arrays.items():
+    if k in params and tuple(a.shape) != tuple(params[k].shape):
+      problems.append(f"{k} has shape {list(a.shape)}, the model {list(params[k].shape)}")
+    elif k in params and a.dtype != np.float32:
+      problems.append(f"{k} has dtype {a.dtype}, not float32")
+  if problems:
+    more = f" (and {len(problems) - 8} more)" if len(problems) > 8 else ""
+    raise ValueError(f"{path} does not fit the model: {'; '.join(problems[:8])}{more}")
+  with torch.no_grad():
+    for k, p in params.items():
+      p.copy_(torch.from_numpy(arrays[k]))
+
+
+# --- optimizer -------------------------------------------------------------------------------
+
+def _f32(x) -> float:
+  """The float32 nearest to `x`, as a Python float (exactly representable)."""
+  return float(F32(x))
+
+
+def _fma_scalar(a, b, c) -> float:
+  """float32 fma(a, b, c) (one rounding) of float32 values, through float64, as a Python float.
+  Exact: a·b has ≤ 48 significant bits; the float64 sum rounds only when the float32 result
+  is inexact anyway (double rounding happens with probability ~2⁻²⁹)."""
+  return _f32(float(np.float64(a) * np.float64(b) + np.float64(c)))
+
+
+def _cos32(x) -> float:
+  """cos of a float32 argument, correctly rounded to float32 (XLA's differs in ~1% of
+  arguments by one ulp; NumPy's float32 cos in ~17%)."""
+  return _f32(math.cos(x))
+
+
+def learning_rate(count, *, lr, min_lr, warmup_steps, decay_steps, jitted=True) -> float:
+  """optax.warmup_cosine_decay_schedule(init_value=0, peak_value=lr, warmup_steps,
+  decay_steps, end_value=min_lr) at integer `count`, in float32 (optax 0.2.8), as XLA
+  computes it (a float32 value as a Python float).
+
+  jitted=True: as compiled inside the jitted update, where XLA (CPU, read from its HLO) turns a
+  division by a constant into a product with its reciprocal and folds constants — c·(π·(1/T))
+  for π·c/T, (1 + cos)·(0.5·(1 − α)) for (1 − α)·0.5·(1 + cos), c·(1/W) for c/W — and
+  contracts a·b + c into one fma. jitted=False: as the eager call that
+  writes metrics.jsonl's `lr` (every op rounded on its own). Against JAX 0.11.2 on CPU over
+  the anchor's 25,000 counts: equal except where XLA's float32 cos is off by an ulp (0.4% of
+  counts, ≤ 2.7e-7 relative). `decay_steps` must already be > warmup_steps (the JAX config
+  passes max(decay_steps or steps, warmup_steps + 1)).
+  """
+  f = _f32
+  alpha = 0.0 if lr == 0.0 else min_lr / lr
+  if count < warmup_steps:                                  # linear_schedule(0 → lr)
+    c = f(min(max(count, 0), warmup_steps))
+    if jitted:
+      frac = _fma_scalar(-c, f(f(1.0) / f(warmup_steps)), 1.0)
+      return _fma_scalar(frac, f(0.0 - lr), f(lr))
+    frac = f(1.0 - f(c / f(warmup_steps)))
+    return f(f(f(0.0 - lr) * frac) + f(lr))
+  length = decay_steps - warmup_steps                       # cosine_decay_schedule(lr, …, α)
+  c = f(min(count - warmup_steps, length))
+  if jitted:
+    cos = _cos32(f(c * f(f(math.pi) * f(1.0 / f(length)))))
+    return f(_fma_scalar(f(cos + 1.0), f(0.5 * f(1 - alpha)), f(alpha)) * f(lr))
+  cosine = f(0.5 * f(1.0 + _cos32(f(f(f(math.pi) * c) / f(length)))))
+  return f(f(f(f(1 - alpha) * cosine) + f(alpha)) * f(lr))
+
+
+def _fma(a, b, c):
+  """float32 fma(a, b, c) elementwise, one rounding, exact through float64 (`_fma_scalar`);
+  a, b: float32 tensors or float32 values as Python floats; c a float32 tensor."""
+  d = lambda x: x.double() if torch.is_tensor(x) else x
+  return (d(a) * d(b) + c.double()).float()
+
+
+class OptaxAdamW:
+  """optax.chain(clip_by_global_norm(grad_clip), adamw(schedule, b1, b2, eps, weight_decay,
+  mask=ndim ≥ 2)) in float32 as optax 0.2.8 writes it and XLA compiles it (jax 0.11.2, CPU,
+  read from the HLO of `train.make_steps`' update and checked against optax bit for bit):
+
+    g_norm = √(Σ_leaves Σ g²)                  (leaves in JAX's order; the logged grad_norm)
+    g ← g                  if g_norm < grad_clip, else (g / g_norm) · grad_clip   (no +1e-6)
+    mu ← fma(1 − b1, g, b1·mu);   nu ← fma(b2, nu, (1 − b2)·g²)       (XLA contracts into fma)
+    count ← count + 1;   bcᵢ = 1 − bᵢ^count      (float32 pow, correctly rounded like XLA's)
+    u = mu / ((√(nu / bc2) + eps) · bc1)          (XLA's form of (mu/bc1) / (√(nu/bc2) + eps))
+    u ← fma(p, weight_decay, u) on ≥2-D parameters (skipped when weight_decay = 0, as optax)
+    p ← fma(−lr(count − 1), u, p)                                     (`learning_rate`)
+
+  torch.optim.AdamW is another algorithm at this precision (eps added to √v̂ after a different
+  bias correction, decoupled decay p·(1 − lr·wd), its own lr count), hence this class; each
+  line above is a separate eager op (foreach kernels), the fmas exact through float64.
+  What can still differ from JAX: the order of XLA's sums in the norms (one ulp of g_norm
+  changes the clipped g), its cos (`learning_rate`), and on GPU whichever contractions XLA's
+  GPU backend makes there (these are the CPU's; not checked on a GPU).
+  """
+
+  def __init__(self, named_params, *, lr, min_lr, warmup_steps, decay_steps, beta1, beta2,
+               eps, weight_decay, grad_clip):
+    names = jax_order([n for n, _ in named_params])
+    by_name = dict(named_params)
+    self.names = names
+    self.params = [by_name[n] for n in names]
+    self.decay = [p.ndim >= 2 for p in self.params]
+    self.mu = [torch.zeros_like(p) for p in self.params]
+    self.nu = [torch.zeros_like(p) for p in self.params]
+    self.count = 0
+    self.schedule = functools.partial(learning_rate, lr=lr, min_lr=min_lr,
+                                      warmup_steps=warmup_steps, decay_steps=decay_steps)
+    self.b1, self.b2, self.eps, self.wd, self.clip = beta1, beta2, eps, weight_decay, grad_clip
+
+  @staticmethod
+  def global_norm(tensors):
+    """√(Σ_leaves Σ x²) in float32, summed leaf by leaf in order (optax.tree.norm)."""
+    total = None
+    for s in (torch.sum(x * x) for x in tensors):
+      total = s if total is None else total + s
+    return torch.sqrt(total)
+
+  @torch.no_grad()
+  def step(self, grads):
+    """Applies one update from `grads` (float32, in `self.names` order; overwritten); returns
+    the global norm of `grads` before clipping (a 0-d tensor on the parameters' device)."""
+    f = _f32
+    g_norm = self.global_norm(grads)
+    keep = g_norm < self.clip                                  # optax: select(trigger, g, g/n·c)
+    torch._foreach_div_(grads, torch.where(keep, torch.ones_like(g_norm), g_norm))
+    torch._foreach_mul_(grads, torch.where(keep, torch.ones_like(g_norm),
+                                           torch.full_like(g_norm, self.clip)))
+    self.count += 1
+    bc1 = f(1.0 - f(float(np.float64(f(self.b1)) ** self.count)))
+    bc2 = f(1.0 - f(float(np.float64(f(self.b2)) ** self.count)))
+    neg_lr = -self.schedule(self.count - 1)
+    for i, (p, g) in enumerate(zip(self.params, grads)):
+      self.mu[i] = _fma(f(1 - self.b1), g, self.mu[i] * self.b1)
+      self.nu[i] = _fma(f(self.b2), self.nu[i], (g * g) * (1 - self.b2))
+      u = self.mu[i] / (((self.nu[i] / bc2).sqrt_() + self.eps) * bc1)
+      if self.wd != 0.0 and self.decay[i]:
+        u = _fma(p, f(self.wd), u)
+      p.copy_(_fma(neg_lr, u, p))
+    return g_norm
+
+  # Python-float multipliers are rounded to the tensors' float32 by torch, as JAX rounds its
+  # weakly typed constants (1 − 0.9 → float32(0.1)).
+
+
+# --- training --------------------------------------------------------------------------------
+
+class NonFiniteError(RuntimeError):
+  """A step produced a non-finite loss or gradient (as `train.NonFiniteError`)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TwinConfig:
+  """The twin's run: `train.TrainConfig`'s fields that decide the trajectory (same names and
+  meaning), the model shape, the attention and the torch-side settings. Defaults: anchor-b128."""
+  init: str = ""                      # the .npz of initial parameters (required)
+  data: str | None = None             # data folder; None = the JAX package's embedded sample
+  attention: str = "paper"
+  block_q: int = 512
+  block_k: int = 512
+  beta: float = 2.0
+  tie_tolerance: float = 1e-3
+  n_layer: int = 6
+  n_head: int = 6
+  n_embd: int = 384
+  block_size: int = 1024
+  vocab_size: int = 50304
+  bias: bool = False
+  steps: int = 3000
+  batch_size: int = 128
+  grad_accum: int = 1
+  seq_len: int | None = None          # default: block_size
+  lr: float = 3e-3
+  min_lr: float = 1e-5
+  warmup_steps: int = 200
+  decay_steps: int | None = 20000     # None: steps
+  weight_decay: float = 0.0
+  beta1: float = 0.9
+  beta2: float = 0.95
+  eps: float = 1e-8
+  grad_clip: float = 1.0
+  seed: int = 0                       # data order (the JAX run's seed)
+  eval_interval: int = 500
+  eval_batches: int = 4
+  out_dir: str = "runs/torch_twin"
+  device: str = "auto"                # auto: cuda if available, else cpu
+  compile: str = "auto"               # auto: on for CUDA, off on CPU
+  matmul: str = "auto"                # auto: bf16 on CUDA, emulated on CPU
+  deterministic: bool = False         # torch.use_deterministic_algorithms (CUDA: slower)
+  save_final: bool = False            # OUT/final_params.npz after the last step
+  print_interval: int = 100           # progress line every N steps (0: none)
+  threads: int = 0                    # torch CPU threads (0: torch's default)
+
+  def model_config(self) -> ModelConfig:
+    return ModelConfig(self.n_layer, self.n_head, self.n_embd, self.block_size, self.vocab_size,
+                       self.bias)
+
+  def attention_choice(self) -> AttentionChoice:
+    return AttentionChoice(self.attention, self.block_q, self.block_k, self.beta,
+                           self.tie_tolerance)
+
+  def decay_length(self) -> int:
+    return max(self.decay_steps or self.steps, self.warmup_steps + 1)     # as TrainConfig
+
+  def torch_device(self) -> torch.device:
+    if self.device == "auto":
+      return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(self.device)
+
+  def validate(self):
+    """ValueError naming the first bad field (before any expensive work)."""
+    self.model_config()
+    self.attention_choice()
+    positive = ("steps", "batch_size", "grad_accum", "eval_batches")
+    for f in positive:
+      if getattr(self, f) < 1:
+        raise ValueError(f"{f} must be >= 1, got {f}={getattr(self, f)}")
+    for f in ("warmup_steps", "eval_interval", "print_interval", "threads"):
+      if getattr(self, f) < 0:
+        raise ValueError(f"{f} must be >= 0, got {f}={getattr(self, f)}")
+    seq = self.seq_len or self.block_size
+    if not 1 <= seq <= self.block_size:
+      raise ValueError(f"seq_len={self.seq_len} must be in [1, block_size={self.block_size}]")
+    if self.decay_steps is not None and self.decay_steps < 1:
+      raise ValueError(f"decay_steps must be >= 1, got decay_steps={self.decay_steps}")
+    for f in ("lr", "min_lr", "weight_decay", "eps"):
+      v = getattr(self, f)
+      if not (math.isfinite(v) and v >= 0):
+        raise ValueError(f"{f} must be a finite number >= 0, got {f}={v!r}")
+    for f in ("beta1", "beta2"):
+      if not 0 <= getattr(self, f) < 1:
+        raise ValueError(f"{f} must be in [0, 1), got {f}={getattr(self, f)!r}")
+    if not (math.isfinite(self.grad_clip) and self.grad_clip > 0):
+      raise ValueError(f"grad_clip must be a finite number > 0, got grad_clip={self.grad_clip!r}")
+    if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
+      raise ValueError(f"device={self.device!r} must be auto, cpu or cuda[:N]")
+    device = self.torch_device()
+    if device.type == "cuda" and not torch.cuda.is_available():
+      raise ValueError(f"device={self.device!r}, but torch {torch.__version__} sees no CUDA device")
+    check_attention_device(self.attention_choice(), device)
+    for f, allowed in (("compile", ("auto", "on", "off")), ("matmul", ("auto",) + MATMULS)):
+      if getattr(self, f) not in allowed:
+        raise ValueError(f"{f}={getattr(self, f)!r} is not one of {', '.join(allowed)}")
+    if not self.init:
+      raise ValueError("init is required: the .npz of initial parameters")
+    if not pathlib.Path(self.init).is_file():
+      raise ValueError(f"init={self.init!r}: no such file")
+    if self.data is not None and not pathlib.Path(self.data).is_dir():
+      raise ValueError(f"data={self.data!r}: no such folder")
+
+
+def train_batches(data, cfg: TwinConfig, step: int, seq_len: int):
+  """The (x, y) int32 [batch_size, seq_len] micro-batches of optimizer step `step` (1-based):
+  `Dataset.batch("train", seed, step·grad_accum + j, …)` for j < grad_accum, as JAX."""
+  return [data.batch("train", cfg.seed, step * cfg.grad_accum + j, cfg.batch_size, seq_len)
+          for j in range(cfg.grad_accum)]
+
+
+def eval_batches(data, cfg: TwinConfig, seq_len: int):
+  """The validation batches: `Dataset.batch("val", 1234, i, …)` for i < eval_batches, as JAX."""
+  return [data.batch("val", 1234, i, cfg.batch_size, seq_len) for i in range(cfg.eval_batches)]
+
+
+def setup_precision(device: torch.device, compiled: bool, deterministic=False):
+  """float32 matmuls in full float32 (no TF32, as JAX's HIGHEST), bf16 GEMMs without
+  reduced-precision reductions, and, when compiling, Inductor keeping every explicit bf16
+  rounding (`emulate_precision_casts`: without it a fused kernel may drop an x.to(bf16).float()
+  pair, as XLA's excess precision does)."""
+  torch.set_float32_matmul_precision("highest")
+  if device.type == "cuda":
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+  if compiled:
+    import torch._inductor.config as inductor_config         # (2.5 s to import: only here)
+    inductor_config.emulate_precision_casts = True
+  if deterministic:
+    import os
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+
+
+def _device_name(device):
+  if device.type == "cuda":
+    return torch.cuda.get_device_name(device)
+  import platform
+  return platform.processor() or platform.machine() or "cpu"
+
+
+def _sha256(path):
+  h = hashlib.sha256()
+  with open(path, "rb") as f:
+    for chunk in iter(lambda: f.read(1 << 20), b""):
+      h.update(chunk)
+  return h.hexdigest()
+
+
+def train(cfg: TwinConfig) -> dict:
+  """Trains as `train.train_and_evaluate` does, logging to cfg.out_dir; returns the summary
+  (the last row, n_params, stopped).
+
+  Per step s = 1 … steps: batches `Dataset.batch("train", seed, s·grad_accum + j, batch_size,
+  seq_len)` for j < grad_accum; loss and gradients averaged over them; the update; a row with
+  lr = schedule(s − 1). Validation (eval_interval, and at the last step): the mean loss of
+  `Dataset.batch("val", 1234, i, …)` for i < eval_batches, as JAX.
+
+  Raises:
+    ValueError: a bad field (`TwinConfig.validate`) or an .npz that does not fit the model.
+    NonFiniteError: a non-finite loss or gradient (after writing that step's row).
+  """
+  cfg.validate()
+  device = cfg.torch_device()
+  matmul = cfg.matmul if cfg.matmul != "auto" else ("bf16" if device.type == "cuda" else "emulated")
+  use_compile = cfg.compile == "on" or (cfg.compile == "auto" and device.type == "cuda")
+  setup_precision(device, use_compile, cfg.deterministic)
+  if cfg.threads:
+    torch.set_num_threads(cfg.threads)
+  mcfg, choice = cfg.model_config(), cfg.attention_choice()
+  seq_len = cfg.seq_len or mcfg.block_size
+  data = import_data_module().Dataset(cfg.data, mcfg.vocab_size)
+  model = GPT(mcfg, choice, matmul=matmul)
+  load_npz(model, cfg.init)
+  model.to(device)
+  n_params = count_params(model)
+  opt = OptaxAdamW(list(model.named_parameters()), lr=cfg.lr, min_lr=cfg.min_lr,
+                   warmup_steps=cfg.warmup_steps, decay_steps=cfg.decay_length(),
+                   beta1=cfg.beta1, beta2=cfg.beta2, eps=cfg.eps,
+                   weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip)
+  out = pathlib.Path(cfg.out_dir)
+  out.mkdir(parents=True, exist_ok=True)
+  with open(out / "config.json", "w") as f:
+    json.dump(dict(train=dataclasses.asdict(cfg), n_params=n_params, data=str(data.folder),
+                   backend=f"torch-{device.type}", device=_device_name(device), device_count=1,
+                   framework=f"torch {torch.__version__}", matmul=matmul, compiled=use_compile,
+                   jax_attention=choice.jax_spec(), init_sha256=_sha256(cfg.init)),
+              f, indent=1, default=str)
+
+  def loss_of(x, y):
+    return loss_fn(model, x, y)
+
+  compiled = torch.compile(loss_of) if use_compile else loss_of
+
+  def to_device(a):
+    return torch.from_numpy(np.asarray(a, np.int64)).to(device, non_blocking=True)
+
+  def evaluate():
+    with torch.no_grad(), backend_context(choice):
+      losses = [compiled(to_device(x), to_device(y)).item()
+                for x, y in eval_batches(data, cfg, seq_len)]
+    return float(np.mean(losses))
+
+  tokens_per_step = cfg.batch_size * cfg.grad_accum * seq_len
+  flops_step = flops_per_token(mcfg, n_params, seq_len) * tokens_per_step
+  peak = 989e12 if device.type == "cuda" and any(
+      s in _device_name(device) for s in ("H100", "H200")) else None   # as train.peak_flops
+  params = opt.params
+  summary, stopped = {}, None
+  with open(out / "metrics.jsonl", "w") as log:
+    for step in range(1, cfg.steps + 1):
+      xy = train_batches(data, cfg, step, seq_len)
+      t0 = time.perf_counter()
+      for p in params:
+        p.grad = None
+      loss = None
+      with backend_context(choice):
+        for x, y in xy:
+          micro = compiled(to_device(x), to_device(y))
+          micro.backward()
+          loss = micro.detach() if loss is None else loss + micro.detach()
+      grads = [p.grad for p in params]
+      if cfg.grad_accum > 1:                                       # JAX: Σ then / grad_accum
+        loss = loss / cfg.grad_accum
+        grads = torch._foreach_div(grads, float(cfg.grad_accum))
+      grad_norm = opt.step(grads)
+      param_norm = opt.global_norm(params)
+      m = dict(loss=loss.item(), grad_norm=grad_norm.item(), param_norm=param_norm.item())
+      dt = time.perf_counter() - t0
+      row = dict(step=step, lr=opt.schedule(step - 1, jitted=False), step_time_s=dt,
+                 tokens_per_s=tokens_per_step / dt, **m)
+      if peak:
+        row["mfu"] = flops_step / dt / peak
+      finite = math.isfinite(m["loss"]) and math.isfinite(m["grad_norm"])
+      if finite and (step == cfg.steps or (cfg.eval_interval and step % cfg.eval_interval == 0)):
+        row["val_loss"] = evaluate()
+      log.write(json.dumps(row) + "\n")
+      log.flush()
+      if cfg.print_interval and (step % cfg.print_interval == 0 or step in (1, cfg.steps)):
+        print(f"step {step}: loss {m['loss']:.4f}, grad_norm {m['grad_norm']:.3f}, "
+              f"{row['tokens_per_s']:.0f} tokens/s", flush=True)
+      if not finite:
+        raise NonFiniteError(f"non-finite loss or gradient at step {step} (loss={m['loss']}, "
+                             f"grad_norm={m['grad_norm']}) in {out}")
+      summary = row
+  if cfg.save_final:
+    save_npz(model, out / "final_params.npz")
+  return dict(summary, n_params=n_params, stopped=stopped)
+
+
+# --- command line ----------------------------------------------------------------------------
+
+def _bool(text):
+  if text.lower() in ("true", "1", "yes"):
+    return True
+  if text.lower() in ("false", "0", "no"):
+    return False
+  raise argparse.ArgumentTypeError(f"{text!r} is not a bool (true/false)")
+
+
+def build_parser():
+  ap = argparse.ArgumentParser(prog="gpt_twin.py", description=__doc__.splitlines()[0])
+  sub = ap.add_subparsers(dest="command", required=True)
+  tr = sub.add_parser("train", help="train the twin; defaults: the anchor-b128 recipe",
+                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  d = TwinConfig()
+  types = {"int": int, "float": float, "str": str, "bool": _bool,
+           "str | None": lambda s: None if s.lower() == "none" else s}
+  helps = dict(init="the .npz of initial parameters (layout: this file's docstring)",
+               data="data folder with train.bin[.xz]/val.bin[.xz]; none: the JAX package's "
+               "embedded sample",
+               attention=f"one of {', '.join(ATTENTIONS)}", out_dir="output folder",
+               seed="data order: the JAX run's seed", seq_len="default: block_size",
+               decay_steps="cosine length incl. warmup (0 or none: steps)",
+               device="auto, cpu or cuda[:N]", compile="auto (on for CUDA), on, off",
+               matmul="auto (bf16 on CUDA, emulated on CPU), bf16, emulated",
+               threads="torch CPU threads (0: torch's default; 1 is fastest for tiny models "
+               "on a small CPU)")
+  for f in dataclasses.fields(TwinConfig):
+    flag = "--out" if f.name == "out_dir" else "--" + f.name.replace("_", "-")
+    kw = dict(dest=f.name, default=getattr(d, f.name), help=helps.get(f.name))
+    if f.name == "init":
+      kw.update(required=True, default=None)
+    if f.name in ("seq_len", "decay_steps"):
+      kw["type"] = lambda s: None if s.lower() in ("none", "0") else int(s)
+    else:
+      kw["type"] = types[str(f.type)]
+    if kw["type"] is _bool:
+      kw.update(metavar="{true,false}", nargs="?", const=True)     # --save-final = true
+    tr.add_argument(flag, **kw)
+  return ap
+
+
+def main(argv=None):
+  ap = build_parser()
+  a = ap.parse_args(argv)
+  fields = {f.name for f in dataclasses.fields(TwinConfig)}
+  cfg = TwinConfig(**{k: v for k, v in vars(a).items() if k in fields})
+  try:
+    cfg.validate()
+  except ValueError as e:
+    ap.error(str(e))
+  out = pathlib.Path(cfg.out_dir)
+  try:
+    summary = train(cfg)
+  except NonFiniteError as e:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(dict(stopped="non-finite", error=str(e))))
+    print(e, file=sys.stderr)
+    return EXIT_NON_FINITE
+  except ValueError as e:                                          # e.g. an .npz that does not fit
+    print(f"gpt_twin.py: error: {e}", file=sys.stderr)
+    return 2
+  (out / "summary.json").write_text(json.dumps(summary, default=str))
+  print(f"done: {cfg.steps} steps, final loss {summary.get('loss')}; {out}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
