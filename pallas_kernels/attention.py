@@ -122,22 +122,22 @@ def _flash(q, k, v, seeds, cfg):
 def _flash_fwd(q, k, v, seeds, cfg):
   if cfg.backend == "mosaic_gpu":
     forward_mgpu.check_device(cfg)
-    out, lse, stats, o32 = flash_forward_mgpu(q, k, v, cfg)
+    out, m, log_l, stats, o32 = flash_forward_mgpu(q, k, v, cfg)
   else:
-    out, lse, stats, o32 = flash_forward(q, k, v, cfg, seeds)
-  stats = (lse,) + stats if cfg.return_stats else ()
+    out, m, log_l, stats, o32 = flash_forward(q, k, v, cfg, seeds)
+  stats = (m + log_l, m) + stats if cfg.return_stats else ()        # lse, row_max, max_p, tied
   # delta's O: the output as returned, or the float32 O (delta_float32)
-  return (out, stats), (q, k, v, seeds, out if o32 is None else o32, lse)
+  return (out, stats), (q, k, v, seeds, out if o32 is None else o32, m, log_l)
 
 
 def _flash_bwd(cfg, res, cotangents):
-  q, k, v, seeds, out, lse = res
+  q, k, v, seeds, out, m, log_l = res
   d_out, d_stats = cotangents
   # ∂lse/∂S = P, so an lse cotangent enters dS = P∘(dP − delta) as delta − d_lse. The other
   # statistics (row_max, max_p, tied_tiles) are not differentiated: their cotangents are dropped.
   d_lse = d_stats[0] if d_stats else None
   d_seeds = np.zeros(seeds.shape, jax.dtypes.float0)
-  return flash_backward(q, k, v, out, lse, d_out, cfg, d_lse) + (d_seeds,)
+  return flash_backward(q, k, v, out, m, log_l, d_out, cfg, d_lse) + (d_seeds,)
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)

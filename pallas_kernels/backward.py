@@ -5,8 +5,9 @@ over query tiles, and dQ with one program per (query tile, batch, query head) lo
 tiles. `delta` = rowsum(dO ∘ O) is computed in float32 by XLA from the rounded output O (or,
 with the delta_float32 option, from the float32 O the forward kept). For grouped-query
 attention each query head writes its own float32 dK/dV partial and XLA sums the group in a
-fixed order, so results are bitwise repeatable. P is recomputed from `lse` (natural log), so
-the forward pass's compensation does not enter here. Every rounding point is a `numerics.`
+fixed order, so results are bitwise repeatable. P is recomputed from the forward's row max m
+and log(row_sum) kept apart (`Numerics.probs`: their float32 sum, the usual lse, would lose
+log(l) at large |m|), so the forward pass's compensation does not enter here. Every rounding point is a `numerics.`
 call (`pallas_kernels.policy`).
 """
 from __future__ import annotations
@@ -21,18 +22,18 @@ from jax.experimental import pallas as pl
 from pallas_kernels.forward import sub_tile_loop, dot_nn, dot_nt, dot_tn, score_mask
 
 
-def _probs_and_dscores(q, k, v, do, lse, delta, q_pos, k_pos, cfg):
-  """P = exp(S − lse) and dS for one tile pair, float32, 0 where masked."""
+def _probs_and_dscores(q, k, v, do, m, log_l, delta, q_pos, k_pos, cfg):
+  """P = exp(S − m − log l) and dS for one tile pair, float32, 0 where masked."""
   numerics = cfg.numerics
   valid = score_mask(q_pos, k_pos, causal=cfg.causal, kv_len=cfg.kv_len, q_len=cfg.q_len)
   s = numerics.scores(dot_nt(q, k), cfg.softmax_scale)             # [bq, bk]
-  p = jnp.where(valid, jnp.exp(s - lse[:, None]), 0.0)
+  p = jnp.where(valid, numerics.probs(s, m[:, None], log_l[:, None]), 0.0)
   dp = numerics.dp(dot_nt(do, v))                                  # dO Vᵀ, [bq, bk]
   ds = jnp.where(valid, numerics.dscores(p, dp, delta[:, None], cfg.softmax_scale), 0.0)
   return p, ds
 
 
-def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *, cfg):
+def dkv_kernel(q_ref, k_ref, v_ref, do_ref, m_ref, log_l_ref, delta_ref, dk_ref, dv_ref, *, cfg):
   numerics, dtype = cfg.numerics, q_ref.dtype
   _, _, sub_q, bk = cfg.blocks.compute(numerics)    # query sub-tile; this program's key rows
   bq = cfg.blocks.block_q_bwd                        # logical query tile (paper: numerics)
@@ -47,7 +48,7 @@ def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, 
       dk_t, dv_t = sums
       rows = pl.ds(i * bq + c * sub_q, sub_q)
       q, do = q_ref[rows, :], do_ref[rows, :]
-      p, ds = _probs_and_dscores(q, k, v, do, lse_ref[rows], delta_ref[rows],
+      p, ds = _probs_and_dscores(q, k, v, do, m_ref[rows], log_l_ref[rows], delta_ref[rows],
                                  i * bq + c * sub_q + jnp.arange(sub_q), k_pos, cfg)
       return (dk_t + dot_tn(numerics.round_ds(ds, dtype), q),     # dSᵀ Q
               dv_t + dot_tn(numerics.round_p(p, dtype), do))      # Pᵀ dO
@@ -64,20 +65,20 @@ def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, 
   dv_ref[...] = numerics.round_grad(dv, cfg.softmax_scale, dv_ref.dtype, scaled=False)
 
 
-def dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, cfg):
+def dq_kernel(q_ref, k_ref, v_ref, do_ref, m_ref, log_l_ref, delta_ref, *refs, cfg):
   numerics, dtype = cfg.numerics, q_ref.dtype
   kd_ref, dq_ref = refs if numerics.center_keys else (k_ref, refs[0])   # keys of dS K
   _, _, bq, sub_k = cfg.blocks.compute(numerics)    # this program's query rows; key sub-tile
   bk = cfg.blocks.block_k_bwd                        # logical key tile (paper: numerics)
   q_tile = pl.program_id(0)
-  q, do, lse, delta = q_ref[...], do_ref[...], lse_ref[...], delta_ref[...]
+  q, do, m, log_l, delta = q_ref[...], do_ref[...], m_ref[...], log_l_ref[...], delta_ref[...]
   q_pos = q_tile * bq + jnp.arange(bq)
 
   def body(j, dq):
     def sub(c, dq_t):
       start = j * bk + c * sub_k
       k, v = k_ref[pl.ds(start, sub_k), :], v_ref[pl.ds(start, sub_k), :]
-      _, ds = _probs_and_dscores(q, k, v, do, lse, delta, q_pos, start + jnp.arange(sub_k), cfg)
+      _, ds = _probs_and_dscores(q, k, v, do, m, log_l, delta, q_pos, start + jnp.arange(sub_k), cfg)
       kd = kd_ref[pl.ds(start, sub_k), :] if numerics.center_keys else k
       return dq_t + dot_nn(numerics.round_ds(ds, dtype), kd)      # dS K
 
@@ -90,10 +91,11 @@ def dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, cfg):
   dq_ref[...] = numerics.round_grad(dq, cfg.softmax_scale, dq_ref.dtype)
 
 
-def flash_backward(q, k, v, o, lse, do, cfg, d_lse=None):
+def flash_backward(q, k, v, o, m, log_l, do, cfg, d_lse=None):
   """Gradients for padded [batch, len, heads, head_dim] arrays; returns (dq, dk, dv).
 
   `o`: the output as returned, or the float32 O before its rounding (delta_float32).
+  `m`, `log_l` [batch, heads, q_len_p]: the forward's row max and log(row_sum).
   `d_lse` [batch, heads, q_len_p]: the cotangent of the returned lse, if any.
   """
   batch, q_len_p, num_heads, d = q.shape
@@ -115,13 +117,13 @@ def flash_backward(q, k, v, o, lse, do, cfg, d_lse=None):
   dk, dv = pl.pallas_call(
       functools.partial(dkv_kernel, cfg=cfg),
       grid=(kv_len_p // bk, batch, num_heads),
-      in_specs=[q_all, kv_tile, kv_tile, q_all, row_all, row_all],
+      in_specs=[q_all, kv_tile, kv_tile, q_all, row_all, row_all, row_all],
       out_specs=[out_tile, out_tile],
       out_shape=[jax.ShapeDtypeStruct((batch, kv_len_p, num_heads, d), partial_dtype)] * 2,
       compiler_params=cfg.compiler_params(backward=True),
       interpret=cfg.interpret,
       name=f"flashstable_backward_dkv_{cfg.numerics.name}",
-  )(q, k, v, do, lse, delta)
+  )(q, k, v, do, m, log_l, delta)
   if group > 1:
     dk = cfg.numerics.sum_group(dk.reshape(batch, kv_len_p, num_kv_heads, group, d), q.dtype)
     dv = cfg.numerics.sum_group(dv.reshape(batch, kv_len_p, num_kv_heads, group, d), q.dtype)
@@ -132,11 +134,11 @@ def flash_backward(q, k, v, o, lse, do, cfg, d_lse=None):
   dq = pl.pallas_call(
       functools.partial(dq_kernel, cfg=cfg),
       grid=(q_len_p // bq, batch, num_heads),
-      in_specs=[q_tile, kv_all, kv_all, q_tile, row_tile, row_tile] + [kv_all] * len(extra),
+      in_specs=[q_tile, kv_all, kv_all, q_tile, row_tile, row_tile, row_tile] + [kv_all] * len(extra),
       out_specs=q_tile,
       out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
       compiler_params=cfg.compiler_params(backward=True),
       interpret=cfg.interpret,
       name=f"flashstable_backward_dq_{cfg.numerics.name}",
-  )(q, k, v, do, lse, delta, *extra)
+  )(q, k, v, do, m, log_l, delta, *extra)
   return dq, dk, dv

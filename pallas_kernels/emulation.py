@@ -66,7 +66,7 @@ def emulate_forward(query, key, value, *, causal, softmax_scale, block_k, dtype,
                     numerics: Numerics = Numerics("fa2"), compensation: Compensation | None = None,
                     intermediate=True, seeds=None, head_dim_padded=None):
   """Returns (out [b, q_len, h, d] float32 holding the output dtype's values,
-  lse [b, h, q_len] float32).
+  row_max and log(row_sum) [b, h, q_len] float32; lse = row_max + log(row_sum)).
 
   `dtype` is the input dtype (ml_dtypes / NumPy). `intermediate=False` skips every rounding
   before the final one (to show that the test can tell the difference). The stochastic layout
@@ -126,11 +126,10 @@ def emulate_forward(query, key, value, *, causal, softmax_scale, block_k, dtype,
     out = _cast(round_bf16(o), dtype)
   else:
     out = _cast(o, dtype)
-  lse = (m + np.log(l)).astype(F32)
-  return out.transpose(0, 2, 1, 3), lse
+  return out.transpose(0, 2, 1, 3), m, np.log(l).astype(F32)
 
 
-def emulate_backward(query, key, value, out, lse, d_out, *, causal, softmax_scale, dtype,
+def emulate_backward(query, key, value, out, row_max, log_l, d_out, *, causal, softmax_scale, dtype,
                      numerics: Numerics = Numerics("fa2"), block_q=None, block_k=None,
                      intermediate=True):
   """Returns (dq, dk, dv) as float32 holding values of `dtype`.
@@ -151,7 +150,7 @@ def emulate_backward(query, key, value, out, lse, d_out, *, causal, softmax_scal
   prod = (do * o).astype(F32)
   delta = (round_bf16(prod) if paper else prod).sum(-1, dtype=F32)
   s = _scores(q, k, numerics, softmax_scale, intermediate)
-  p = np.where(valid, np.exp(s - lse[..., None]), 0).astype(F32)
+  p = np.where(valid, np.exp((s - row_max[..., None]) - log_l[..., None]), 0).astype(F32)
   dp = _dot(do, v.swapaxes(-1, -2))
   if paper:
     dp = round_bf16(dp)

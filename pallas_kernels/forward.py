@@ -75,9 +75,9 @@ def forward_kernel(q_ref, k_ref, v_ref, *refs, cfg):
   block_k = cfg.blocks.block_k                        # logical key tile (numerics)
   n_sub = block_k // sub_k
   seed_ref = refs[0] if numerics.stochastic else None
-  o_ref, lse_ref, *refs = refs[1:] if numerics.stochastic else refs
+  o_ref, m_ref, log_l_ref, *refs = refs[1:] if numerics.stochastic else refs
   o32_ref = refs.pop(0) if numerics.delta_float32 else None       # the float32 O for delta
-  stats_refs = refs
+  stats_refs = refs                                                # max_p, tied_tiles
   q_tile = pl.program_id(0)
   q = q_ref[...]                                                   # [block_q, d]
   q_pos = q_tile * block_q + jnp.arange(block_q)
@@ -144,10 +144,12 @@ def forward_kernel(q_ref, k_ref, v_ref, *refs, cfg):
   o_ref[...] = numerics.round_out(o, dtype, random_bits)
   if o32_ref is not None:
     o32_ref[...] = o
-  lse_ref[...] = m_i + jnp.log(l_i)                                # natural log
+  # m and log(l), not their sum: lse = m + log(l) in float32 loses log(l) when |m| is large
+  # (`Numerics.probs`); natural log
+  m_ref[...] = m_i
+  log_l_ref[...] = jnp.log(l_i)
   if stats_refs:
-    row_max_ref, max_p_ref, tied_ref = stats_refs
-    row_max_ref[...] = m_i
+    max_p_ref, tied_ref = stats_refs
     max_p_ref[...] = max_p
     tied_ref[...] = tied_tiles
 
@@ -157,7 +159,8 @@ def flash_forward(q, k, v, cfg, seeds=None):
 
   `seeds`: uint32 [2], needed by the stochastic layout.
   Returns (out [batch, q_len_p, heads, d_p] in the layout's output dtype,
-           lse [batch, heads, q_len_p] float32, stats tuple or (),
+           row_max and log(row_sum), each [batch, heads, q_len_p] float32 (natural log),
+           (max_p, tied_tiles) with return_stats else (),
            the float32 O before its rounding (numerics.delta_float32) or None).
   """
   batch, q_len_p, num_heads, d = q.shape
@@ -169,9 +172,9 @@ def flash_forward(q, k, v, cfg, seeds=None):
   kv_spec = pl.BlockSpec((None, kv_len_p, None, d), lambda i, b, h: (b, 0, h // group, 0))
   row_spec = pl.BlockSpec((None, None, block_q), lambda i, b, h: (b, h, i))
   row_shape = jax.ShapeDtypeStruct((batch, num_heads, q_len_p), jnp.float32)
-  n_stats = 3 if cfg.return_stats else 0
-  out_shape = [jax.ShapeDtypeStruct(q.shape, cfg.numerics.output_dtype(q.dtype)), row_shape]
-  out_specs = [q_spec, row_spec]
+  n_stats = 2 if cfg.return_stats else 0
+  out_shape = [jax.ShapeDtypeStruct(q.shape, cfg.numerics.output_dtype(q.dtype)), row_shape, row_shape]
+  out_specs = [q_spec, row_spec, row_spec]
   if cfg.numerics.delta_float32:
     out_shape.append(jax.ShapeDtypeStruct(q.shape, jnp.float32))
     out_specs.append(q_spec)
@@ -191,5 +194,5 @@ def flash_forward(q, k, v, cfg, seeds=None):
       interpret=cfg.interpret,
       name=f"flashstable_forward_{cfg.numerics.name}",
   )(*args))
-  o32 = outs.pop(2) if cfg.numerics.delta_float32 else None
-  return outs[0], outs[1], tuple(outs[2:]), o32
+  o32 = outs.pop(3) if cfg.numerics.delta_float32 else None
+  return outs[0], outs[1], outs[2], tuple(outs[3:]), o32

@@ -87,11 +87,11 @@ SMEM_BYTES = 227 * 1024 - 3 * 1024
 
 def smem_bytes(head_dim: int, block_k: int, stages: int, out_dtype) -> int:
   """Shared memory the kernel allocates: Q (reused for a 2-byte O), a ring of `stages` K and
-  V tiles, a float32 O for fp32_out, and lse."""
+  V tiles, a float32 O for fp32_out, and the rows' m and log(l)."""
   q = k = v = 2
   o = 4 * COMPUTE_WGS * ROWS_PER_WG * head_dim if jnp.dtype(out_dtype).itemsize == 4 else 0
   return (COMPUTE_WGS * ROWS_PER_WG * head_dim * q + stages * block_k * head_dim * (k + v) + o
-          + 4 * COMPUTE_WGS * ROWS_PER_WG)
+          + 2 * 4 * COMPUTE_WGS * ROWS_PER_WG)
 
 
 def supported(*, numerics: str, block_k=None, head_dim=None, dtype=None, return_stats=False,
@@ -100,13 +100,13 @@ def supported(*, numerics: str, block_k=None, head_dim=None, dtype=None, return_
   None could still make it); head_dim is the padded one. Limits: wgmma's N and the registers of
   the 64×head_dim float32 accumulator(s) (P̄V has its own unless `fused_pv`) bound head_dim to
   64 or 128 and block_k to 64 or 128; shared memory bounds block_k × stages; it writes out and
-  lse only (no statistics, no float32 O beside a rounded one)."""
+  the rows' m and log(l) only (no statistics, no float32 O beside a rounded one)."""
   if numerics not in NUMERICS:
     return f"numerics={numerics!r} (the Mosaic GPU forward has {', '.join(NUMERICS)})"
   if delta_float32:
     return "delta_float32=True (the Mosaic GPU forward writes no float32 O for delta)"
   if return_stats:
-    return "return_stats=True (the Mosaic GPU forward writes out and lse only)"
+    return "return_stats=True (the Mosaic GPU forward writes out, m and log(l) only)"
   if block_k is not None and block_k not in MOSAIC_GPU_BLOCK_K:
     return f"block_k={block_k} (the Mosaic GPU forward needs block_k 64 or 128)"
   if dtype is not None and jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
@@ -151,9 +151,10 @@ def causal_miscompiled() -> int | None:
   return version if version is not None and 12080 <= version < 12091 else None
 
 
-def _forward_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, cfg, n_kv, group, stages):
+def _forward_kernel(q_ref, k_ref, v_ref, o_ref, m_ref, log_l_ref, scoped, *, cfg, n_kv, group,
+                    stages):
   numerics, comp, block_k = cfg.numerics, cfg.compensation, int(cfg.blocks.block_k)
-  (q_smem2, k_smem, v_smem, o_smem2, lse_smem2, p_smem2), barriers = scoped
+  (q_smem2, k_smem, v_smem, o_smem2, m_smem2, log_l_smem2, p_smem2), barriers = scoped
   k_ready, v_ready, q_ready, k_free, v_free, turn = barriers
   opts = cfg.mgpu
   pingpong = (not cfg.interpret) if opts.pingpong is None else opts.pingpong
@@ -178,7 +179,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, cfg, n_kv, g
   @pl.when(wg < COMPUTE_WGS)
   def _compute():
     plgpu.set_max_registers(232, action="increase")
-    q_smem, lse_smem = q_smem2.at[wg], lse_smem2.at[wg]
+    q_smem, m_smem, log_l_smem = q_smem2.at[wg], m_smem2.at[wg], log_l_smem2.at[wg]
     o_smem = None if o_smem2 is None else o_smem2.at[wg]
     p_smem = None if p_smem2 is None else p_smem2.at[wg]
     row0 = cta_row0 + wg * ROWS_PER_WG
@@ -277,10 +278,13 @@ def _forward_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, cfg, n_kv, g
       pl.when(wg == 0)(rendezvous)
     o = acc / lax.broadcast_in_dim(l_i, acc.shape, [0])  # final rescale once (FA2 §3.1.1)
     o_smem[...] = numerics.round_out(o, q_smem.dtype)  # a 2-byte O reuses Q's buffer
-    lse_smem[...] = m_i + jnp.log(l_i)                   # natural log
+    m_smem[...] = m_i                                    # m and log(l) apart, natural log
+    log_l_smem[...] = jnp.log(l_i)                       # (`Numerics.probs`)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(o_smem, o_ref.at[batch, pl.ds(row0, ROWS_PER_WG), head])
-    plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[batch, head, pl.ds(row0, ROWS_PER_WG)])
+    rows_out = (batch, head, pl.ds(row0, ROWS_PER_WG))
+    plgpu.copy_smem_to_gmem(m_smem, m_ref.at[rows_out])
+    plgpu.copy_smem_to_gmem(log_l_smem, log_l_ref.at[rows_out])
     plgpu.wait_smem_to_gmem(0)
 
   @pl.when(wg == COMPUTE_WGS)
@@ -314,8 +318,8 @@ def flash_forward_mgpu(q, k, v, cfg):
   """Runs the Mosaic GPU forward on padded [batch, len, heads, head_dim] arrays.
 
   Same contract as `pallas_kernels.forward.flash_forward` without statistics and the float32
-  O: returns (out [batch, q_len_p, heads, d] in the layout's output dtype, lse [batch, heads,
-  q_len_p] float32 natural log, (), None). q_len_p is padded here to a multiple of 128 and sliced back.
+  O: returns (out [batch, q_len_p, heads, d] in the layout's output dtype, row_max and
+  log(row_sum) [batch, heads, q_len_p] float32 natural log, (), None). q_len_p is padded here to a multiple of 128 and sliced back.
   On CPU (cfg.interpret) it runs in Pallas' GPU interpret mode (slow; small shapes only).
   `pallas_kernels.attention.kernel_config` has checked the call against `supported`.
   """
@@ -332,13 +336,14 @@ def flash_forward_mgpu(q, k, v, cfg):
   swizzled = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
   out_dtype = cfg.numerics.output_dtype(q.dtype)
 
-  def entry(q_ref, k_ref, v_ref, o_ref, lse_ref):
+  def entry(q_ref, k_ref, v_ref, o_ref, m_ref, log_l_ref):
     smem = (plgpu.SMEM((COMPUTE_WGS, ROWS_PER_WG, d), q.dtype, transforms=swizzled),
             plgpu.SMEM((stages, block_k, d), k.dtype, transforms=swizzled),
             plgpu.SMEM((stages, block_k, d), v.dtype, transforms=swizzled),
             None if out_dtype.itemsize == 2 else plgpu.SMEM(      # fp32_out: float32 O
                 (COMPUTE_WGS, ROWS_PER_WG, d), out_dtype,
                 transforms=(plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))),
+            plgpu.SMEM((COMPUTE_WGS, ROWS_PER_WG), jnp.float32),
             plgpu.SMEM((COMPUTE_WGS, ROWS_PER_WG), jnp.float32),
             # P̄ for the P̄V wgmma: a register operand on the GPU; the interpreter's wgmma reads
             # both operands from shared memory (same values, one more copy)
@@ -348,7 +353,7 @@ def flash_forward_mgpu(q, k, v, cfg):
     free = plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=stages)
     pl.run_scoped(
         lambda *scoped: _forward_kernel(
-            q_ref, k_ref, v_ref, o_ref, lse_ref, (scoped[0], scoped[1:]), cfg=cfg, n_kv=n_kv,
+            q_ref, k_ref, v_ref, o_ref, m_ref, log_l_ref, (scoped[0], scoped[1:]), cfg=cfg, n_kv=n_kv,
             group=num_heads // num_kv_heads, stages=stages),
         smem, ready, ready, plgpu.Barrier(num_barriers=COMPUTE_WGS), free, free,
         plgpu.Barrier(num_arrivals=COMPUTE_WGS), collective_axes="wg")
@@ -359,10 +364,10 @@ def flash_forward_mgpu(q, k, v, cfg):
     interpret = InterpretGPUParams()
   grid = dict(batch=batch, heads=num_heads, q_tiles=rows // cta_rows)
   grid_names = ("batch", "heads", "q_tiles") if cfg.mgpu.q_tiles_inner else ("q_tiles", "batch", "heads")
-  out, lse = plgpu.kernel(
+  row = jax.ShapeDtypeStruct((batch, num_heads, rows), jnp.float32)
+  out, m, log_l = plgpu.kernel(
       entry,
-      out_type=(jax.ShapeDtypeStruct(q.shape[:3] + (d,), out_dtype),
-                jax.ShapeDtypeStruct((batch, num_heads, rows), jnp.float32)),
+      out_type=(jax.ShapeDtypeStruct(q.shape[:3] + (d,), out_dtype), row, row),
       grid=tuple(grid[name] for name in grid_names),
       grid_names=grid_names,
       num_threads=COMPUTE_WGS + 1,
@@ -370,4 +375,4 @@ def flash_forward_mgpu(q, k, v, cfg):
       compiler_params=plgpu.CompilerParams(approx_math=True),
       interpret=interpret,
   )(q, k, v)
-  return out[:, :q_len_p], lse[:, :, :q_len_p], (), None
+  return out[:, :q_len_p], m[:, :, :q_len_p], log_l[:, :, :q_len_p], (), None

@@ -12,11 +12,12 @@ layouts are described on `Numerics`; the default "fa2" is:
     l      = α·l + rowsum(P̄)               float32 (from the float32 P̄, as FA2 does)
     acc    = α·acc + P̄V                    float32
     O      = acc / l → `Numerics.round_out` input dtype, rounded once
-    lse    = m + log(l)                    float32, natural log (JAX's own Pallas
-                                           kernel stores base 2: do not mix them)
+    m, log l                               float32, natural log, kept for the backward
+                                           (lse = m + log l is a statistic only; JAX's
+                                           own Pallas kernel stores base-2 lse)
   backward (FlashAttention-2, Alg. 2)
     delta  = rowsum(dO ∘ O)                float32, from the rounded O
-    P      = exp(S − lse)                  float32
+    P      = exp((S − m) − log l)          float32, m and log l kept apart (`Numerics.probs`)
     P → `Numerics.round_p`                 before the dV = Pᵀ dO dot
     dS     = P ∘ (dP − delta)              float32
     dS → `Numerics.round_ds`               before the dQ = dS K and dK = dSᵀ Q dots
@@ -188,6 +189,18 @@ class Numerics:
     return hash_u32(hash_u32(pos ^ seed0) ^ hash_u32(head + seed1))
 
   # --- backward ------------------------------------------------------------------------
+  def probs(self, s, m, log_l):
+    """P = exp(S − m − log l) in float32, every layout. FlashAttention-2 (and FA3, cuDNN)
+    store lse = m + log l and form exp(S − lse); in float32 that sum rounds log l away once
+    |m| is large (ulp(lse) ≈ |m|·2^−23: at m ≈ 10^5, 0.008), so P and every gradient err in
+    proportion — at the logits of an exploding run. Subtracting m first keeps S − m exact
+    near the row max (Sterbenz) and P's relative error at a float32 ulp. Where S equals m bit
+    for bit the difference is written as 0: a compiler may contract S = QKᵀ·scale into this
+    subtraction (an FMA: XLA on CPU does), which skips the rounding of S that m had, and the
+    max's P would be off by up to ½ ulp(S) (2e-6 at S ≈ 70 in float32); the comparison gives S
+    a second use, so it is rounded as in the forward."""
+    return jnp.exp(jnp.where(s == m, 0.0, s - m) - log_l)
+
   def d_out(self, d_out, input_dtype):
     """dO as the backward's dots and delta take it: in the input dtype (fp32_out's cotangent is
     float32), so that Σ_j dS_ij = 0 holds for the program the kernels differentiate."""

@@ -70,8 +70,8 @@ def test_large_and_zero_ties_stay_accurate(tie_value, dtype):
   for x, g in zip((out2,) + tuple(grads), (gold,) + tuple(gold_grads)):
     x = np.asarray(x, np.float64)
     assert np.isfinite(x).all()
-    # Absolute bounds at each tensor's scale (dK reaches ~480 for ties at ±120: with scores
-    # that large even float32 exp(S − lse) carries ~|S|·2^−24 relative error).
+    # Absolute bounds at each tensor's scale (dK reaches ~480 for ties at ±120; the float32
+    # scores themselves carry ~|S|·2^−24 of rounding at that size).
     top = max(1.0, float(np.abs(g).max()))
     bound = 1e-5 * top if dtype == jnp.float32 else 2 * ulp_at_scale(g) + 2.0 ** -8
     if dtype == jnp.float16:   # 3 more mantissa bits than bf16, scores ~|t|·2^−11 apart

@@ -69,7 +69,7 @@ def test_small_matrix_runs_resumes_and_reports(tmp_path):
 def test_explosion_stops_the_run_and_is_reported(tmp_path):
   """A learning rate far too large for the tiny model makes it explode; the run stops a fixed
   number of steps later and the report says so."""
-  cfg = dataclasses.replace(TINY, lr=3.0, min_lr=3.0, steps=60, warmup_steps=2, diag_interval=0,
+  cfg = dataclasses.replace(TINY, lr=30.0, min_lr=30.0, steps=60, warmup_steps=2, diag_interval=0,
                             stop_after_explosion=2)
   rows = experiment.run_matrix(cfg, ["fa2"], [0], tmp_path)
   (r,) = rows

@@ -33,11 +33,7 @@ CASES = [
 @pytest.mark.parametrize("shape,dtype", CASES, ids=[f"{s.name} {d.__name__}" for s, d in CASES])
 def test_against_fp64(shape, dtype, stabilize):
   c = compare_to_golden(shape, dtype, seed=zlib.crc32(shape.name.encode()) % 1000, stabilize=stabilize)
-  if dtype == jnp.float32:
-    for t in TENSORS:
-      assert c.flash[t].finite and c.flash[t].max <= 1e-5, (t, c.flash[t])
-  else:
-    assert all(c.passes().values()), {t: (c.flash[t], c.standard[t], c.ulp[t]) for t in TENSORS}
+  assert all(c.passes().values()), {t: (c.flash[t], c.standard[t], c.ulp[t]) for t in TENSORS}
 
 
 def test_rule_rejects_a_wrong_kernel():

@@ -65,10 +65,12 @@ def test_kernel_matches_bit_level_emulation(case):
   blocks = BlockSizes.default(d, bq, bk).for_numerics(numerics).fit(L, L)
   seeds = np.asarray(jax.random.bits(key, (2,), jnp.uint32)) if numerics.stochastic else None
   for intermediate in (True, False):
-    eo, e_lse = emulate_forward(q, k, v, causal=causal, softmax_scale=scale, block_k=blocks.block_k,
-                               dtype=dt, numerics=numerics, compensation=comp,
-                               intermediate=intermediate, seeds=seeds, head_dim_padded=d)
-    eg = emulate_backward(q, k, v, np.asarray(o, np.float32), lse, do, causal=causal,
+    eo, e_m, e_log_l = emulate_forward(q, k, v, causal=causal, softmax_scale=scale,
+                                       block_k=blocks.block_k, dtype=dt, numerics=numerics,
+                                       compensation=comp, intermediate=intermediate, seeds=seeds,
+                                       head_dim_padded=d)
+    e_lse = e_m + e_log_l
+    eg = emulate_backward(q, k, v, np.asarray(o, np.float32), e_m, e_log_l, do, causal=causal,
                           softmax_scale=scale, dtype=dt, numerics=numerics, block_q=blocks.block_q_bwd,
                           block_k=blocks.block_k_bwd, intermediate=intermediate)
     grad_rates = [same(g, e) for g, e in zip(grads, eg)]

@@ -27,17 +27,17 @@ import optax
 import pytest
 from flax import nnx
 
-from jax_flashstable.config import AttentionConfig
-from jax_flashstable.data import Dataset
-from jax_flashstable.flax_attention import attend
-from jax_flashstable.train import TrainConfig, make_optimizer, read_metrics
+from jax_flashstable.attention.config import AttentionConfig
+from jax_flashstable.training.data import Dataset
+from jax_flashstable.attention.flax_adapter import attend
+from jax_flashstable.training.train import TrainConfig, make_optimizer, read_metrics
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TORCH_PYTHON = os.environ.get("FLASHSTABLE_TORCH_PYTHON",
                               str(ROOT / ".torchvenv" / "bin" / "python"))
 JAX_TRAIN_FLAGS = "--xla_cpu_experimental_ynn_fusion_type="
 BF16 = ml_dtypes.bfloat16
-PAPER64 = "flash:numerics=paper,block_q=64,block_k=64"
+PAPER64 = "paper:block_q=64,block_k=64"
 
 
 def _torch_ok():
@@ -111,7 +111,7 @@ def test_twin_batches_are_dataset_batch(tmp_path):
     print(json.dumps(dict(module=dm.__file__, folder=str(d.folder))))
   """, out)
   info = json.loads(stdout)
-  assert pathlib.Path(info["module"]) == ROOT / "jax_flashstable" / "data.py"
+  assert pathlib.Path(info["module"]) == ROOT / "jax_flashstable" / "training" / "data.py"
   d = Dataset()
   assert pathlib.Path(info["folder"]) == pathlib.Path(d.folder)
   got = np.load(out)
@@ -132,7 +132,7 @@ def test_twin_batches_are_dataset_batch(tmp_path):
 def test_npz_layout_round_trip_and_errors(tmp_path):
   """A JAX model's parameters (bias=True, so every kind of key) load into the twin and save
   back bit for bit; files that do not fit are refused naming the key."""
-  from jax_flashstable.gpt2 import GPT, GPTConfig
+  from jax_flashstable.models.gpt2 import GPT, GPTConfig
   model = GPT(GPTConfig.preset("tiny", bias=True), rngs=nnx.Rngs(3))
   arrays = export_npz(model, tmp_path / "init.npz")
   assert len(arrays) == 2 + 2 * 12 + 2                  # wte, wpe; 12 per block; ln_f
@@ -466,7 +466,7 @@ import json, sys
 import numpy as np
 from flax import nnx
 sys.path.insert(0, {str(ROOT)!r})
-from jax_flashstable.train import TrainConfig, init_state, train_and_evaluate
+from jax_flashstable.training.train import TrainConfig, init_state, train_and_evaluate
 init = np.load(sys.argv[1])
 for fields in json.loads(sys.argv[2]):
   cfg = TrainConfig(**fields)
@@ -495,7 +495,7 @@ def training_runs(tmp_path_factory):
   fusions off) and by the twin (torch subprocess, at the same time) from the same initial
   parameters (the JAX run's, written here and checked there), for reference-fp32 and the paper
   layout with 64×64 tiles (2×2 tiles at length 128)."""
-  from jax_flashstable.train import init_state
+  from jax_flashstable.training.train import init_state
   out = tmp_path_factory.mktemp("twin_training")
   configs = [train_config(name, out) for name in ("reference-fp32", "paper")]
   export_npz(init_state(TrainConfig(**configs[0]))[2], out / "init.npz")

@@ -1,4 +1,4 @@
-"""A PyTorch twin of the JAX GPT-2 training (`jax_flashstable/gpt2.py`, `train.py`): the same
+"""A PyTorch twin of the JAX GPT-2 training (`jax_flashstable/models/gpt2.py`, `training/train.py`): the same
 model, precision split, optimizer, schedule and batches, so one run can be made in both
 frameworks from the same initial weights and compared step by step.
 
@@ -7,7 +7,7 @@ Runs in the torch environment (torch + NumPy, no JAX):
   python torch_crosscheck/gpt_twin.py train --init INIT.npz --data DIR --attention paper+comp \\
       --steps 3000 --batch-size 128 --lr 3e-3 --seed 24 --out runs/torch/paper+comp/seed24
 
-Every option defaults to the recipe `anchor-b128` of `jax_flashstable/experiment.py` (GPT 6
+Every option defaults to the recipe `anchor-b128` of `jax_flashstable/experiment/instability.py` (GPT 6
 layers × 6 heads × 384, no bias, context 1024, vocab 50304; batch 128, AdamW (0.9, 0.95), eps
 1e-8, no weight decay, peak lr 3e-3 after 200 warmup steps, cosine to 1e-5 over 20,000 steps,
 clipping 1.0, 3,000 steps, validation every 500 steps on 4 batches); `--help` lists them.
@@ -79,7 +79,7 @@ Attention choices (`--attention`; layout [batch, seq, heads, head_dim], bf16 in 
                       §3: BF16 O, m, l buffers; the backward with its bf16 rounding points),
                       without / with the compensation; tiles --block-q × --block-k (default
                       512×512, the JAX experiment's at length 1024). JAX twin:
-                      "flash:numerics=paper,block_q=T,block_k=T[,stabilize=true]".
+                      "paper[+comp]:block_q=T,block_k=T".
   reference-fp32      materialised softmax(QKᵀ·scale)V in float32 from the bf16 q, k, v,
                       output rounded to bf16 (JAX: "reference-fp32").
   sdpa-flash, sdpa-efficient, sdpa-cudnn, sdpa-math
@@ -134,7 +134,7 @@ CPU_ATTENTIONS = ("paper", "paper+comp", "reference-fp32", "sdpa-flash", "sdpa-m
 MATMULS = ("bf16", "emulated")
 EXIT_NON_FINITE = 3
 # The data module's file, newest location first (the JAX package is being reorganised).
-DATA_MODULE_PATHS = ("jax_flashstable/training/data.py", "jax_flashstable/data.py")
+DATA_MODULE_PATHS = ("jax_flashstable/training/data.py",)
 
 
 # --- batches ---------------------------------------------------------------------------------
@@ -219,7 +219,7 @@ class AttentionChoice:
     if self.kind == "reference-fp32":
       return "reference-fp32"
     if self.kind.startswith("paper"):
-      spec = f"flash:numerics=paper,block_q={self.block_q},block_k={self.block_k}"
+      spec = f"paper:block_q={self.block_q},block_k={self.block_k}"
       if self.kind == "paper+comp":
         spec += ",stabilize=true"
         if self.beta != 2.0:

@@ -3,8 +3,9 @@
 Shared by the tests and by `flashstable accuracy`: seeded inputs, error summaries, and the
 acceptance rule used by flash-attention's own test-suite: for each tensor (O, dQ, dK, dV),
 error(flash, FP64) ≤ 2·error(standard attention in the same low precision, FP64) + u, for the
-max and for the mean absolute error, with u = one bf16 ulp at the reference's scale,
-2^(⌊log2 max|ref|⌋ − 7) (scale floored at 2^−10).
+max and for the mean absolute error, with u = one ulp of the inputs' dtype at the reference's
+scale, 2^(⌊log2 max|ref|⌋ − p) with p = 7 (bfloat16), 10 (float16) or 23 (float32) mantissa
+bits (scale floored at 2^−10).
 """
 from __future__ import annotations
 
@@ -39,15 +40,18 @@ def bf16_ulp(x):
   return 2.0 ** (np.floor(np.log2(np.abs(np.asarray(x, np.float64)) + 1e-300)) - 7)
 
 
-def ulp_at_scale(ref, floor=2.0 ** -10) -> float:
-  """One bf16 ulp at the reference's scale: 2^(⌊log2 max|ref|⌋ − 7).
+def ulp_at_scale(ref, floor=None, dtype=jnp.bfloat16) -> float:
+  """One ulp of `dtype` at the reference's scale: 2^(⌊log2 max|ref|⌋ − mantissa bits).
 
-  The scale is floored at `floor` so that a reference that is exactly zero (dQ and dK of a
-  length-1 softmax, where dP − delta cancels) is compared at the scale of the float32
-  cancellation, not at 2^−133.
+  The scale is floored so that a reference that is exactly zero (dQ and dK of a length-1
+  softmax, where dP − delta cancels) is compared at the scale of the float32 cancellation of
+  unit-scale inputs, not at 2^−133: `floor` defaults to 2^−10 for 16-bit dtypes (one bf16 ulp
+  there is 2^−17) and to 1 for float32 (one ulp 2^−23).
   """
+  if floor is None:
+    floor = 1.0 if jnp.dtype(dtype).itemsize == 4 else 2.0 ** -10
   top = max(float(np.max(np.abs(ref))), floor)
-  return 2.0 ** (math.floor(math.log2(top)) - 7)
+  return 2.0 ** (math.floor(math.log2(top)) - jnp.finfo(dtype).nmant)
 
 
 def flash_vjp(query, key, value, d_out, **kwargs):
@@ -92,7 +96,7 @@ def compare(query, key, value, d_out, *, causal, **flash_kwargs) -> Comparison:
   golds = (gold,) + tuple(gold_grads)
   flash = dict(zip(TENSORS, (Error.of(x, g) for x, g in zip((out,) + tuple(grads), golds))))
   standard = dict(zip(TENSORS, (Error.of(x, g) for x, g in zip((std,) + tuple(std_grads), golds))))
-  return Comparison(flash, standard, dict(zip(TENSORS, (ulp_at_scale(g) for g in golds))))
+  return Comparison(flash, standard, dict(zip(TENSORS, (ulp_at_scale(g, dtype=dtype) for g in golds))))
 
 
 # The fixed sweep of `flashstable accuracy` (the main job until the training loop lands).
