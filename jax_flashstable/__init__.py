@@ -4,7 +4,7 @@ The names a user needs, flat (imported on first use, so that `flashstable --help
 `import jax_flashstable` stay fast):
 
   attention      flash_attention, reference_attention, reference_attention_vjp, AttentionStats,
-                 AttentionConfig, attend (`jax_flashstable.attention`)
+                 AttentionConfig, attend, resolved_backend (`jax_flashstable.attention`)
   Flax           attention_fn, make_attention_fn (for nnx/linen multi-head attention)
   numerics       Numerics, Compensation, NUMERICS, get_numerics (`pallas_kernels.policy`)
   GPT-2          GPT, GPTConfig (`jax_flashstable.models.gpt2`)
@@ -17,6 +17,7 @@ _EXPORTS = {
     "reference_attention": "jax_flashstable.attention.api",
     "reference_attention_vjp": "jax_flashstable.attention.api",
     "AttentionStats": "jax_flashstable.attention.api",
+    "resolved_backend": "jax_flashstable.attention.api",
     "AttentionConfig": "jax_flashstable.attention.config",
     "attend": "jax_flashstable.attention.flax_adapter",
     "attention_fn": "jax_flashstable.attention.flax_adapter",

@@ -38,8 +38,10 @@ class KernelConfig:
   num_stages: int | None = None      # Triton pipeline stages; mosaic_gpu: K/V tiles in flight
   num_warps_bwd: int | None = None    # the two backward kernels
   num_stages_bwd: int | None = None
-  backend: str = "triton"             # forward kernel: "triton" or "mosaic_gpu" (Hopper)
+  backend: str = "triton"             # forward kernel: "triton" or "mosaic_gpu" (Hopper);
+                                      # never "auto" here (`choose_backend` resolved it)
   mgpu: MosaicGPUOptions = MosaicGPUOptions()   # the Mosaic GPU forward's speed options
+  backend_bwd: str = "triton"         # backward kernels: "triton" or "mosaic_gpu"
 
   def compiler_params(self, backward=False):
     from jax.experimental.pallas import triton as plgpu
@@ -56,11 +58,12 @@ def supported(backend: str, *, numerics, block_k=None, head_dim=None, dtype=None
   `AttentionConfig` asks it with what a config knows, `kernel_config` with the whole call.
 
   numerics: a layout name or `Numerics`; head_dim: after padding to a power of two ≥ 16.
-  The Triton kernels run every layout and option; the Mosaic GPU forward's limits are
-  `forward_mgpu.supported`. The backward kernels are the Triton ones for both.
+  The Triton kernels run every layout and option, and so does "auto", which falls back to
+  them (`choose_backend`); the Mosaic GPU forward's limits are `forward_mgpu.supported`. The
+  backward kernels are the Triton ones for both.
   """
   name = numerics.name if isinstance(numerics, Numerics) else numerics
-  if backend == "triton":
+  if backend in ("triton", "auto"):      # auto falls back to Triton (`choose_backend`)
     return None
   if backend == "mosaic_gpu":
     return forward_mgpu.supported(numerics=name, block_k=block_k, head_dim=head_dim, dtype=dtype,
@@ -69,9 +72,38 @@ def supported(backend: str, *, numerics, block_k=None, head_dim=None, dtype=None
   return f"backend={backend!r} (one of {', '.join(BACKENDS)})"
 
 
+def choose_backend(backend: str, *, numerics, block_k=None, head_dim=None, dtype=None,
+                   return_stats=False, num_stages=None, delta_float32=False, center_keys=False,
+                   causal=False, interpret=False) -> str:
+  """The forward kernel a call gets: `backend` itself unless it is "auto"; for "auto" the
+  Mosaic GPU forward when all of these hold, else the Triton one:
+  - not interpret mode (on a CPU, auto is Triton in interpret mode: the CPU's numerics and
+    golden hashes are the Triton kernels');
+  - the default device is a Hopper GPU (compute capability 9.0: wgmma, TMA);
+  - `supported("mosaic_gpu", ...)` is None for these settings (layout, dtype, head_dim,
+    block_k, stages, statistics, options);
+  - causal=False, or a CUDA runtime whose ptxas compiles the causal mask
+    (`forward_mgpu.causal_miscompiled`).
+  Same arguments as `supported` (block_k: the tile `kernel_config` gives the Mosaic GPU
+  forward), plus causal and interpret. Both choices have the same rounding points
+  (`pallas_kernels.policy`); float32 intermediates may differ by ulps (`forward_mgpu`).
+  """
+  if backend != "auto":
+    return backend
+  if interpret or not forward_mgpu.on_hopper():
+    return "triton"
+  if supported("mosaic_gpu", numerics=numerics, block_k=block_k, head_dim=head_dim, dtype=dtype,
+               return_stats=return_stats, num_stages=num_stages, delta_float32=delta_float32,
+               center_keys=center_keys) is not None:
+    return "triton"
+  if causal and forward_mgpu.causal_miscompiled() is not None:
+    return "triton"
+  return "mosaic_gpu"
+
+
 def kernel_config(*, q_len, kv_len, head_dim, dtype, softmax_scale, causal, numerics: Numerics,
                   compensation, block_q=None, block_k=None, interpret, return_stats=False,
-                  num_warps=None, num_stages=None, backend="triton",
+                  num_warps=None, num_stages=None, backend="auto",
                   mgpu_options: MosaicGPUOptions | None = None) -> KernelConfig:
   """The `KernelConfig` of one call, with every launch heuristic applied:
 
@@ -81,15 +113,23 @@ def kernel_config(*, q_len, kv_len, head_dim, dtype, softmax_scale, causal, nume
   - Triton forward: 4 warps (8 when head_dim > 64) and 2 stages; backward kernels: 4 warps and
     2 stages (H200, d128, 64×64 backward tiles: fwd+bwd 317 TFLOP/s at 4 warps, 172 at 8;
     `experiments/03_tile_sweep.py`);
-  - Mosaic GPU forward: 2 key/value tiles in flight, `MosaicGPUOptions()`.
+  - Mosaic GPU forward: 2 key/value tiles in flight, `MosaicGPUOptions()`;
+  - backend="auto" resolved by `choose_backend` (`KernelConfig.backend` is the kernel that runs).
   Raises ValueError when `supported` says the backend cannot run the call.
   """
   blocks = BlockSizes.default(head_dim, block_q, block_k).for_numerics(numerics)
   fitted = blocks.fit(q_len, kv_len)
-  if backend == "mosaic_gpu":
-    fitted = dataclasses.replace(fitted, block_k=max(fitted.block_k, min(blocks.block_k, 64)))
+  # the Mosaic GPU forward keeps a key tile of 64 or more (the same numerics: padding adds no
+  # score and no tie)
+  fitted_mgpu = dataclasses.replace(fitted, block_k=max(fitted.block_k, min(blocks.block_k, 64)))
   padded_head_dim = max(16, next_power_of_2(head_dim))
   stages = num_stages if num_stages is not None else 2
+  backend = choose_backend(backend, numerics=numerics, block_k=fitted_mgpu.block_k,
+                           head_dim=padded_head_dim, dtype=dtype, return_stats=return_stats,
+                           num_stages=stages, delta_float32=numerics.delta_float32,
+                           center_keys=numerics.center_keys, causal=causal, interpret=interpret)
+  if backend == "mosaic_gpu":
+    fitted = fitted_mgpu
   why = supported(backend, numerics=numerics, block_k=fitted.block_k, head_dim=padded_head_dim,
                   dtype=dtype, return_stats=return_stats, num_stages=stages,
                   delta_float32=numerics.delta_float32, center_keys=numerics.center_keys)

@@ -126,6 +126,13 @@ def supported(*, numerics: str, block_k=None, head_dim=None, dtype=None, return_
   return None
 
 
+def on_hopper() -> bool:
+  """Whether JAX's default device is a Hopper GPU (compute capability 9.0: wgmma is sm_90a
+  only), the device `check_device` requires outside interpret mode."""
+  dev = jax.devices()[0]
+  return dev.platform == "gpu" and getattr(dev, "compute_capability", None) == "9.0"
+
+
 def check_device(cfg) -> None:
   """Raises ValueError unless the kernel can run: interpret mode, or a Hopper GPU (wgmma is
   sm_90a only). Causal masks are refused on CUDA 12.8.0–12.9.0, whose ptxas miscompiles them

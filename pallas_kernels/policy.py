@@ -262,9 +262,11 @@ NUMERICS = {
 }
 
 
-# The forward kernels (`flash_attention(backend=)`), and the layouts and key tiles the Mosaic
-# GPU forward (`pallas_kernels.forward_mgpu`) implements.
-BACKENDS = ("triton", "mosaic_gpu")
+# The kernel choices of `flash_attention(backend=)`: "auto" (the default: the Mosaic GPU kernels
+# on a Hopper GPU wherever they support the call, else Triton; `attention.choose_backend`), and
+# the two kernel families; the layouts and key tiles the Mosaic GPU forward
+# (`pallas_kernels.forward_mgpu`) implements.
+BACKENDS = ("auto", "triton", "mosaic_gpu")
 MOSAIC_GPU_NUMERICS = ("fa2", "fp32_out")
 MOSAIC_GPU_BLOCK_K = (64, 128)
 

@@ -41,7 +41,7 @@ def test_nnx_multihead_attention(recorder):
   (call,) = recorder
   assert call == dict(causal=True, softmax_scale=pytest.approx(16 ** -0.5), stabilize=True, beta=3.0,
                       tie_tolerance=0.01, numerics="fa2", block_q=32, block_k=16, rng_key=None,
-                      backend="triton", delta_float32=False, center_keys=False)
+                      backend="auto", delta_float32=False, center_keys=False)
 
 
 def test_linen_multihead_attention_with_partial_causal(recorder):

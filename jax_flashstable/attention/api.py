@@ -14,7 +14,8 @@ from pallas_kernels.forward_mgpu import MosaicGPUOptions
 from pallas_kernels.policy import BACKENDS, Compensation, get_numerics
 from pallas_kernels.reference import reference_attention, reference_attention_vjp
 
-__all__ = ["AttentionStats", "flash_attention", "reference_attention", "reference_attention_vjp"]
+__all__ = ["AttentionStats", "Kernels", "flash_attention", "reference_attention",
+           "reference_attention_vjp", "resolved_backend"]
 
 
 class AttentionStats(NamedTuple):
@@ -52,7 +53,7 @@ def flash_attention(query, key, value, *, causal=False, softmax_scale=None, stab
                     beta=2.0, tie_tolerance=1e-3, numerics="fa2", delta_float32=False,
                     center_keys=False, block_q=None, block_k=None, interpret=None,
                     return_stats=False, rng_key=None, num_warps=None, num_stages=None,
-                    backend="triton", mgpu_options: MosaicGPUOptions | None = None):
+                    backend="auto", mgpu_options: MosaicGPUOptions | None = None):
   """Flash attention (FlashAttention-2, Dao 2023, Alg. 1 and 2) as Pallas kernels.
 
   Scores, running `row_max`, `row_sum` and the output accumulator are float32; P̄ = exp(S − m)
@@ -106,15 +107,21 @@ def flash_attention(query, key, value, *, causal=False, softmax_scale=None, stab
       key/value tiles in flight (default 2) and num_warps is not used.
     mgpu_options: speed options of the Mosaic GPU forward (`MosaicGPUOptions`; defaults
       measured on the H200).
-    backend: the forward kernel. "triton" (default): Pallas Triton, every layout, any GPU.
+    backend: the kernels. "auto" (default): the Mosaic GPU forward on a Hopper GPU wherever
+      it supports the call (the limits below; causal also needs a CUDA runtime outside
+      12.8.0–12.9.0), the Triton kernels elsewhere — on a CPU, on other GPUs, in interpret
+      mode, and for the layouts and options the Mosaic GPU kernel lacks
+      (`pallas_kernels.attention.choose_backend`); `resolved_backend` says which a call gets.
+      "triton": Pallas Triton, every layout, any GPU.
       "mosaic_gpu": Pallas Mosaic GPU for Hopper (wgmma, TMA and a warp-specialised producer,
       FlashAttention-3, Shah et al. 2024, §3.1; `pallas_kernels.forward_mgpu`) with the same
       rounding points (outputs may differ by an ulp or two of the input dtype; float32
       intermediates differ more), for numerics "fa2" and
       "fp32_out", bfloat16/float16 inputs,
       head_dim 33–128 (padded to 64 or 128), block_k 64 or 128, num_stages 1–8 within shared
-      memory, no return_stats; it needs a Hopper GPU or interpret mode. The backward kernels
-      are the Triton ones for both. On CPU it runs in Pallas' GPU interpret mode.
+      memory, no return_stats; it needs a Hopper GPU or interpret mode, and raises
+      ValueError for a call it does not support. The backward kernels are the Triton ones for
+      both. On CPU it runs in Pallas' GPU interpret mode.
   Returns:
     [batch, q_len, num_heads, head_dim] in query's dtype (float32 for "fp32_out"), or
     (out, AttentionStats).
@@ -127,6 +134,41 @@ def flash_attention(query, key, value, *, causal=False, softmax_scale=None, stab
       support.
     TypeError: unsupported or mixed dtypes.
   """
+  cfg, seeds = _kernel_config(
+      query, key, value, causal=causal, softmax_scale=softmax_scale, stabilize=stabilize,
+      beta=beta, tie_tolerance=tie_tolerance, numerics=numerics, delta_float32=delta_float32,
+      center_keys=center_keys, block_q=block_q, block_k=block_k, interpret=interpret,
+      return_stats=return_stats, rng_key=rng_key, num_warps=num_warps, num_stages=num_stages,
+      backend=backend, mgpu_options=mgpu_options)
+  out, stats = flash_attention_padded(query, key, value, cfg, seeds)
+  if not return_stats:
+    return out
+  return out, AttentionStats(*(x.transpose(0, 2, 1) for x in stats))  # -> [batch, q, heads]
+
+
+class Kernels(NamedTuple):
+  """The kernels a `flash_attention` call runs: "triton" or "mosaic_gpu" each."""
+  forward: str
+  backward: str
+
+
+def resolved_backend(query, key, value, **kwargs) -> Kernels:
+  """Which kernels `flash_attention(query, key, value, **kwargs)` runs (the forward, and the
+  backward its gradient runs), with backend="auto" resolved on this machine's default device
+  and `interpret` default (`pallas_kernels.attention.choose_backend`): for experiments to
+  record. query/key/value may be arrays or `jax.ShapeDtypeStruct`s; kwargs are
+  `flash_attention`'s and are checked the same way (same errors).
+  """
+  cfg, _ = _kernel_config(query, key, value, **kwargs)
+  return Kernels(cfg.backend, cfg.backend_bwd)
+
+
+def _kernel_config(query, key, value, *, causal=False, softmax_scale=None, stabilize=False,
+                   beta=2.0, tie_tolerance=1e-3, numerics="fa2", delta_float32=False,
+                   center_keys=False, block_q=None, block_k=None, interpret=None,
+                   return_stats=False, rng_key=None, num_warps=None, num_stages=None,
+                   backend="auto", mgpu_options=None):
+  """`flash_attention`'s checks and its (KernelConfig, seeds or None)."""
   softmax_scale = check_inputs(query, key, value, softmax_scale)
   compensation = Compensation.for_dtype(query.dtype, _number("beta", beta),
                                         _number("tie_tolerance", tie_tolerance))
@@ -152,7 +194,4 @@ def flash_attention(query, key, value, *, causal=False, softmax_scale=None, stab
       interpret=_default_interpret() if interpret is None else interpret,
       return_stats=return_stats, num_warps=num_warps, num_stages=num_stages, backend=backend,
       mgpu_options=mgpu_options)
-  out, stats = flash_attention_padded(query, key, value, cfg, seeds)
-  if not return_stats:
-    return out
-  return out, AttentionStats(*(x.transpose(0, 2, 1) for x in stats))  # -> [batch, q, heads]
+  return cfg, seeds

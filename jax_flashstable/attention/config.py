@@ -8,11 +8,14 @@ names it everywhere (the Flax module, the GPT-2 model, `flashstable train --atte
                 reference-bf16 (materialized attention), xla, cudnn
                 (`jax.nn.dot_product_attention`)
     MODIFIER := comp (stabilize=true: the compensation of Qiu & Yao 2025), mgpu
-                (backend=mosaic_gpu: our Hopper forward), delta32 (delta_float32=true),
-                center (center_keys=true)
+                (backend=mosaic_gpu: our Hopper kernels, explicitly), triton
+                (backend=triton: the Triton kernels, explicitly), delta32
+                (delta_float32=true), center (center_keys=true)
     FIELD    := any field of AttentionConfig
 
-For example "paper+comp", "fa2+comp+mgpu:block_k=128", "fa2:tie_tolerance=0.01".
+For example "paper+comp", "fa2+comp+mgpu:block_k=128", "fa2:tie_tolerance=0.01". A flash spec
+without +mgpu or +triton has backend="auto": the Mosaic GPU kernels on a Hopper GPU where they
+support the call, else Triton (`flash_attention`).
 `AttentionConfig.name` is the shortest spec of a config (`parse(config.name) == config`).
 Older spellings still parse, with a FutureWarning naming the new one (`ALIASES`, and the
 bench's "flash:<layout>[+stabilize][@block_k]", "flash-mgpu:…" and "mgpu:<layout>[@block_k]").
@@ -42,7 +45,8 @@ class AttentionConfig:
   delta_float32, center_keys: backward options of the flash kernels that remove one piece of
     the bias mechanism each (`flash_attention`).
   block_q, block_k: flash tile sizes (None: the kernel defaults).
-  backend: the flash forward kernel, "triton" or "mosaic_gpu" (Hopper; see `flash_attention`).
+  backend: the flash kernels, "auto" (default: Mosaic GPU on a Hopper GPU where it supports
+    the call, else Triton), "triton" or "mosaic_gpu" (Hopper; see `flash_attention`).
   reference_dtype: "float32" or "bfloat16" for implementation="reference".
 
   Raises ValueError naming the field for a value no attention accepts; whether a kernel
@@ -58,7 +62,7 @@ class AttentionConfig:
   block_q: int | None = None
   block_k: int | None = None
   reference_dtype: str = "float32"
-  backend: str = "triton"
+  backend: str = "auto"
 
   def __post_init__(self):
     if self.implementation not in IMPLEMENTATIONS:
@@ -195,6 +199,7 @@ PRESETS = {
 MODIFIERS = {
     "comp": dict(stabilize=True),
     "mgpu": dict(backend="mosaic_gpu"),
+    "triton": dict(backend="triton"),
     "delta32": dict(delta_float32=True),
     "center": dict(center_keys=True),
 }

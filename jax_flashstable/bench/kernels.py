@@ -12,7 +12,7 @@ import numpy as np
 
 from jax_flashstable.attention.api import flash_attention, reference_attention
 from jax_flashstable.attention.config import AttentionConfig
-from jax_flashstable.bench.runners import name_error, runs
+from jax_flashstable.bench.runners import kernels, name_error, runs
 from jax_flashstable.bench.timing import attention_flops, median_seconds, paired_overhead, seconds_per_call
 from jax_flashstable.lab.shapes import Shape, make_inputs
 
@@ -24,6 +24,7 @@ def bench(shapes, impls, *, dtype=jnp.bfloat16, warmup=3, reps=20, seed=0, log=p
   (`max_err` ≤ 2⁻⁵ for bf16 inputs of unit variance, else the row says `ok: False` and is not
   timed). TFLOP/s follow FlashAttention's convention (`attention_flops`). Implementations a
   device lacks (cuDNN off GPU, torch not importable) become rows with a `skipped` reason.
+  Rows of our kernels say which ran (`kernels`: "forward/backward", e.g. "mosaic_gpu/triton").
   Returns a list of dict rows.
   """
   rows = []
@@ -37,6 +38,8 @@ def bench(shapes, impls, *, dtype=jnp.bfloat16, warmup=3, reps=20, seed=0, log=p
                  num_heads=shape.num_heads, num_kv_heads=shape.num_kv_heads,
                  head_dim=shape.head_dim, causal=shape.causal)
       try:
+        if (which := kernels(name, shape, q, k, v)) is not None:
+          row["kernels"] = which                # forward/backward, backend="auto" resolved
         fwd, fb, out = runs(name, shape, q, k, v, do)
         err = float(np.max(np.abs(out[:1, :, :g] - ref)))
         row.update(max_err=err, ok=bool(np.isfinite(err) and err <= 2 ** -5))

@@ -14,7 +14,8 @@ def format_bench(rows):
       lines.append(f"| {r['shape']} | {r['impl']} | failed check | | | | | {r['max_err']:.2e} |")
     else:
       ratio = (f"{r['fwd_vs_cudnn']:.2f} / {r['fwdbwd_vs_cudnn']:.2f}" if "fwd_vs_cudnn" in r else "")
-      lines.append(f"| {r['shape']} | {r['impl']} | {r['fwd_ms']:.3f} | {r['fwd_tflops']:.3g} | "
+      impl = r["impl"] + (f" ({r['kernels']})" if "kernels" in r else "")
+      lines.append(f"| {r['shape']} | {impl} | {r['fwd_ms']:.3f} | {r['fwd_tflops']:.3g} | "
                    f"{r['fwdbwd_ms']:.3f} | {r['fwdbwd_tflops']:.3g} | {ratio} | {r['max_err']:.1e} |")
   return "\n".join(lines)
 

@@ -47,6 +47,18 @@ def name_error(name: str) -> str | None:
   return None
 
 
+def kernels(name, shape, q, k, v) -> str | None:
+  """"forward/backward" kernels ("triton", "mosaic_gpu") that our attention `name` runs on this
+  problem here (backend="auto" resolved: `resolved_backend`); None for the others."""
+  config = attention_config(name)
+  if config is None or config.implementation != "flash":
+    return None
+  from jax_flashstable.attention.api import resolved_backend
+  key = jax.random.key(0) if config.numerics == "stochastic" else None
+  return "/".join(resolved_backend(q, k, v, causal=shape.causal, rng_key=key,
+                                   **config.flash_kwargs()))
+
+
 def runs(name, shape, q, k, v, do):
   """(fwd, fwd+bwd, out as float32 NumPy) for one implementation on one problem."""
   if name.startswith("torch-"):
