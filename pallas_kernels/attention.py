@@ -19,7 +19,8 @@ from pallas_kernels import forward_mgpu
 from pallas_kernels.backward import flash_backward
 from pallas_kernels.forward import flash_forward
 from pallas_kernels.forward_mgpu import MosaicGPUOptions, flash_forward_mgpu
-from pallas_kernels.policy import BACKENDS, BlockSizes, Compensation, Numerics, next_power_of_2
+from pallas_kernels.policy import (BACKENDS, TIE_METHODS, BlockSizes, Compensation, Numerics,
+                                   next_power_of_2)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +43,14 @@ class KernelConfig:
                                       # never "auto" here (`choose_backend` resolved it)
   mgpu: MosaicGPUOptions = MosaicGPUOptions()   # the Mosaic GPU forward's speed options
   backend_bwd: str = "triton"         # backward kernels: "triton" or "mosaic_gpu"
+  # The compensation's tie rule (speed only, the same decisions): "top2", from the row's two
+  # largest scores in one reduction (`pallas_kernels.top2`), or "count", the max then a count
+  # of the scores within tol of it (a second reduction); both forwards.
+  tie_method: str = "top2"
+
+  def __post_init__(self):
+    if self.tie_method not in TIE_METHODS:
+      raise ValueError(f"tie_method={self.tie_method!r} is not one of {TIE_METHODS}")
 
   def compiler_params(self, backward=False):
     from jax.experimental.pallas import triton as plgpu

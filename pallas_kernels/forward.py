@@ -16,7 +16,9 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from pallas_kernels.policy import compensated_tile_max, shifted_max, tie_count
+from pallas_kernels.policy import (compensated_tile_max, shifted_max, tie_count, tied_by_top2,
+                                   tile_top2, tile_top2_merge)
+from pallas_kernels.top2 import row_top2
 
 HIGHEST = lax.Precision.HIGHEST
 
@@ -93,21 +95,35 @@ def forward_kernel(q_ref, k_ref, v_ref, *refs, cfg):
     # the first tile); the paper's kernel uses −BF16_MAX.
     return jnp.where(valid, s, numerics.mask_value), k_pos < cfg.kv_len
 
+  # the tie rule from the row's top-2 in one reduction (`pallas_kernels.top2`), or by counting
+  top2 = row_top2 if cfg.tie_method == "top2" else None
+
   def body(j, carry):
     acc, m_i, l_i, max_p, tied_tiles = carry
     if n_sub == 1:
       s0, real0 = scores(j, 0)
-      m_tile, tied = compensated_tile_max(s0, comp, numerics.paper, real0)
-    else:  # paper layout, logical tile larger than a program can hold: two passes for max, ties
-      tile_max = lax.fori_loop(0, n_sub, lambda c, mx: jnp.maximum(mx, jnp.max(scores(j, c)[0], axis=-1)),
-                               jnp.full((block_q,), -jnp.inf, jnp.float32))
-      m_tile, tied = tile_max, jnp.zeros_like(tile_max)
-      if comp is not None:
+      m_tile, tied = compensated_tile_max(s0, comp, numerics.paper, real0, top2)
+    else:  # paper layout, logical tile larger than a program can hold: sub-tile passes
+      row = jnp.full((block_q,), -jnp.inf, jnp.float32)
+      if comp is None:
+        tile_max = lax.fori_loop(0, n_sub, lambda c, mx: jnp.maximum(mx, jnp.max(scores(j, c)[0], axis=-1)),
+                                 row)
+        m_tile, tied = tile_max, jnp.zeros_like(tile_max)
+      elif top2 is not None:      # one pass: the sub-tiles' top-2 summaries merged
+        def summarise(c, summary):
+          s, real = scores(j, c)
+          return tile_top2_merge(summary, tile_top2(s, top2, True, real))
+        summary = lax.fori_loop(0, n_sub, summarise, (row, row, row, jnp.float32(0.0)))
+        m_tile, tied = shifted_max(summary[0], tied_by_top2(*summary, comp, True), comp, True)
+      else:                       # two passes: the max, then the tie count
+        tile_max = lax.fori_loop(0, n_sub, lambda c, mx: jnp.maximum(mx, jnp.max(scores(j, c)[0], axis=-1)),
+                                 row)
+
         def count(c, n):
           s, real = scores(j, c)
           return n + tie_count(s, tile_max, comp, True, real)
         n_ties = lax.fori_loop(0, n_sub, count, jnp.zeros_like(tile_max))
-        m_tile, tied = shifted_max(tile_max, n_ties, comp, True)
+        m_tile, tied = shifted_max(tile_max, n_ties > 1.0, comp, True)
     m_new = jnp.maximum(m_i, m_tile)
     alpha = numerics.rescale(m_i, m_new)                           # 0 on the first tile
 

@@ -43,6 +43,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.policy import MOSAIC_GPU_BLOCK_K, MOSAIC_GPU_NUMERICS as NUMERICS
 from pallas_kernels.policy import compensated_tile_max
+from pallas_kernels.top2 import column_top2
 
 ROWS_PER_WG = 64          # wgmma's M for one warpgroup
 COMPUTE_WGS = 2
@@ -168,6 +169,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, o_ref, m_ref, log_l_ref, scoped, *, cfg
   assert not numerics.paper, "the Mosaic GPU forward skips the paper layout's rounding hooks"
   # (the interpreter cannot run a wgmma into an initialised accumulator: fused_pv is GPU-only)
   early_turn, fused_pv = pingpong and opts.early_turn, opts.fused_pv and not cfg.interpret
+  top2_ties = cfg.tie_method == "top2"
 
   def rendezvous():                     # both compute warpgroups arrive, then go on
     plgpu.barrier_arrive(turn)
@@ -224,7 +226,9 @@ def _forward_kernel(q_ref, k_ref, v_ref, o_ref, m_ref, log_l_ref, scoped, *, cfg
         if cfg.causal:
           keep = jnp.logical_and(keep, q_pos >= k_pos)
         s = jnp.where(keep, s, numerics.mask_value)   # −inf; key 0 is visible to every row
-      m_tile, _ = compensated_tile_max(s, comp)
+      # the tie rule from top-2 summaries of 8-column groups (register slices, `top2`) or by
+      # counting (a second reduction over the tile): the same decisions
+      m_tile, _ = compensated_tile_max(s, comp, top2=column_top2 if top2_ties else None)
       m_new = jnp.maximum(m_i, m_tile)
       alpha = numerics.rescale(m_i, m_new, opts.exp2)       # 1 while the max stays, 0 first
       p = numerics.exp_scores(s, lax.broadcast_in_dim(m_new, s.shape, [0]), opts.exp2)  # P̄, f32

@@ -268,6 +268,9 @@ NUMERICS = {
 # (`pallas_kernels.forward_mgpu`) implements.
 BACKENDS = ("auto", "triton", "mosaic_gpu")
 MOSAIC_GPU_NUMERICS = ("fa2", "fp32_out")
+# How the forwards decide the compensation's tie rule (speed only: the same decisions,
+# `compensated_tile_max`): from a top-2 summary, or by counting.
+TIE_METHODS = ("top2", "count")
 MOSAIC_GPU_BLOCK_K = (64, 128)
 
 
@@ -321,7 +324,9 @@ class Compensation:
 
 
 def tie_count(s, tile_max, comp: Compensation, paper: bool = False, in_range=None):
-  """Per row, how many scores of the tile are tied with its max (float32 count).
+  """Per row, how many scores of the tile are tied with its max (float32 count): the rule, by
+  counting (a second pass over the tile; `compensated_tile_max` decides the same from a top-2
+  summary instead, `tied_by_top2`).
 
   fa2: unmasked scores ≥ max − tie_tolerance (masked scores are −inf, so on a row with a
   finite max none of them counts; a row masked in the whole tile, max −inf, counts 0 — one
@@ -339,13 +344,75 @@ def tie_count(s, tile_max, comp: Compensation, paper: bool = False, in_range=Non
   return jnp.where(tile_max > -jnp.inf, n, 0.0)
 
 
-def shifted_max(tile_max, n_ties, comp: Compensation, paper: bool = False):
-  """(m_tile, tied as float32) from the tile max and its tie count.
+def top2_merge(a, b):
+  """The top-2 summary (first, second) of the union of two sets of scores from theirs —
+  second counts a duplicate of first — with max and min only: exact, associative and
+  commutative, so any reduction tree gives the same pair (`pallas_kernels.top2`)."""
+  (a1, a2), (b1, b2) = a, b
+  return jnp.maximum(a1, b1), jnp.maximum(jnp.minimum(a1, b1), jnp.maximum(a2, b2))
+
+
+def tile_top2(s, top2, paper: bool = False, in_range=None):
+  """The summary of one score tile [rows, block_k] the top-2 tie rule needs:
+  (tile_max [rows], first, second, n_real). `top2` maps scores to (first, second), either
+  [rows] each (`top2.row_top2`, whose first is the row max bit for bit) or [rows, g] for g
+  column groups (`top2.column_top2`). fa2: tile_max comes from `first`, n_real is None.
+  paper: first/second of the real keys only (`in_range`; padded keys −inf), the tile max of
+  every entry (jnp.max, as the count rule takes it) and n_real = the number of real keys."""
+  if not paper:
+    first, second = top2(s)
+    tile_max = first if first.ndim == 1 else jnp.max(first, axis=-1)
+    return tile_max, first, second, None
+  real = s if in_range is None else jnp.where(in_range[None, :], s, -jnp.inf)
+  first, second = top2(real)
+  n_real = (jnp.float32(s.shape[-1]) if in_range is None
+            else jnp.sum(in_range.astype(jnp.float32)))
+  return jnp.max(s, axis=-1), first, second, n_real
+
+
+def tile_top2_merge(a, b):
+  """`tile_top2` of two key sub-tiles of one logical tile → that of the tile (the paper
+  layout's wide tiles, processed in sub-tiles: one pass over them, not two)."""
+  (mx_a, *fs_a, n_a), (mx_b, *fs_b, n_b) = a, b
+  first, second = top2_merge(fs_a, fs_b)
+  return jnp.maximum(mx_a, mx_b), first, second, None if n_a is None else n_a + n_b
+
+
+def tied_by_top2(tile_max, first, second, n_real, comp: Compensation, paper: bool = False):
+  """`tie_count(...) > 1`, decided from a `tile_top2` summary (bool [rows]): identical for every
+  tile without NaN scores — exact ties, ties at tol ± an ulp, masked entries, fully masked
+  rows, ±inf, any tol — and with NaN scores on the CPU (XLA's max propagates NaN: both say
+  untied) and for fa2 on the GPU (`top2.row_top2`); the paper rule on a GPU could differ only
+  on a row with a NaN score where also bf16(max − tol) = −inf, whose outputs are NaN anyway.
+
+  "two scores ≥ t" ⇔ second ≥ t (one summary per row), or Σ_c [first_c ≥ t] + [second_c ≥ t]
+  ≥ 2 over column groups c (each group adds min(its count, 2)).
+  fa2: t = max − tol in float32, counted only on rows with max > −inf (as `tie_count`); a NaN
+    max compares false, as there.
+  paper: t = bf16(max − tol) over the real keys' summary; masked real keys (−BF16_MAX) count
+    as in the paper's kernel; padded keys are −inf in the summary and count only if t = −inf,
+    where every real key counts in the rule: then the decision is n_real ≥ 2.
+  """
+  thr = (round_bf16(tile_max - comp.tie_tolerance) if paper
+         else tile_max - comp.tie_tolerance)
+  if first.ndim == thr.ndim:
+    two = second >= thr
+  else:
+    t = lax.broadcast_in_dim(thr, first.shape, [0])          # (Mosaic GPU has no [:, None])
+    n = jnp.sum((first >= t).astype(jnp.float32) + (second >= t).astype(jnp.float32), axis=-1)
+    two = n >= 2.0
+  if paper:
+    return jnp.where(thr == -jnp.inf, n_real >= 2.0, two)
+  return jnp.logical_and(tile_max > -jnp.inf, two)
+
+
+def shifted_max(tile_max, tied, comp: Compensation, paper: bool = False):
+  """(m_tile, tied as float32) from the tile max and its tie decision (bool [rows]; the count
+  rule's is `tie_count(...) > 1`).
 
   paper: the literal rule, m' = bf16(β·max) for max > 0, 0 for max < 0, unchanged at 0.
   fa2: the paper's shift d = m' − max clipped to [min_shift, max_shift] (`Compensation`).
   """
-  tied = n_ties > 1.0
   if paper:
     shifted = jnp.where(tile_max > 0, round_bf16(comp.beta * tile_max),
                         jnp.where(tile_max < 0, 0.0, tile_max))
@@ -355,7 +422,8 @@ def shifted_max(tile_max, n_ties, comp: Compensation, paper: bool = False):
   return jnp.where(tied, shifted, tile_max), tied.astype(jnp.float32)
 
 
-def compensated_tile_max(s, comp: Compensation | None, paper: bool = False, in_range=None):
+def compensated_tile_max(s, comp: Compensation | None, paper: bool = False, in_range=None,
+                         top2=None):
   """Row max of one score tile, shifted on tied rows (Qiu & Yao 2025, Alg. 1).
 
   Args:
@@ -364,13 +432,21 @@ def compensated_tile_max(s, comp: Compensation | None, paper: bool = False, in_r
     comp: the compensation settings, or None for plain FA2.
     paper: the literal rule of the paper's kernel (see `tie_count`, `shifted_max`).
     in_range: [block_k] bool, True for real (not padded) keys; used by the paper rule.
+    top2: None: the max, then the tie count (a second pass over the tile, `tie_count`);
+      else a map scores → top-2 summary (`pallas_kernels.top2.row_top2` in the Triton kernel,
+      `column_top2` in the Mosaic GPU one) and the rule decided from it (`tied_by_top2`):
+      the same decisions and the same max, one pass.
   Returns:
     (m_tile [rows] float32, tied [rows] float32 with 1.0 where the rule fired).
   """
-  tile_max = jnp.max(s, axis=-1)
   if comp is None:
+    tile_max = jnp.max(s, axis=-1)
     return tile_max, jnp.zeros_like(tile_max)
-  return shifted_max(tile_max, tie_count(s, tile_max, comp, paper, in_range), comp, paper)
+  if top2 is None:
+    tile_max = jnp.max(s, axis=-1)
+    return shifted_max(tile_max, tie_count(s, tile_max, comp, paper, in_range) > 1.0, comp, paper)
+  summary = tile_top2(s, top2, paper, in_range)
+  return shifted_max(summary[0], tied_by_top2(*summary, comp, paper), comp, paper)
 
 
 def check_tile(name: str, b) -> None:

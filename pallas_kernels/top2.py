@@ -1,0 +1,125 @@
+"""The two largest scores of each row in one reduction: the compensation's tie test without a
+second pass over the tile (`policy.compensated_tile_max`).
+
+"More than one score within tol of the row max" is "the second largest score, a duplicate of
+the max counted, is ≥ max − tol". A top-2 summary (first, second) of a set of floats merges
+exactly, with max and min only (`merge`, `policy.top2_merge`):
+
+    (a1, a2) ⊕ (b1, b2) = (max(a1, b1), max(min(a1, b1), max(a2, b2)))
+
+which is associative and commutative, so any reduction tree gives the same two values (for
+inputs without NaN; NaN: `row_top2`).
+
+What each Pallas lowering offers for a two-value reduction (jax 0.11.2):
+- Triton: `tt.reduce` takes several operands and a combine region (Pallas uses it for argmax),
+  but Pallas exposes no variadic reduction (no rule for `lax.reduce_p`). `row_top2` is a
+  primitive whose Triton rule is one `tt.reduce` over (s, NaN) with `merge` as the region
+  (built like Pallas' own `_reduction_lowering` for argmax): per score one max, one min and one
+  max in registers, one round of warp shuffles carrying two values, instead of the max's
+  reduction followed by a compare, a convert and an add per score and a second reduction that
+  has to wait for the max.
+- Mosaic GPU: only single-operand sum/max/min reductions (`FragmentedArray.reduce`), but static
+  column slices aligned to the WGMMA layout's 8-column tiles are free (they select registers).
+  `column_top2` halves the tile in registers — (max, min) of the two halves, then `merge` of
+  halves — down to 8 columns: per score ≈ 2.5–2.75 max/min (block_k 64 / 128) instead of
+  1 (max) + 3 (compare, convert, add), and the tie count that remains runs over 8 columns of
+  (first, second) pairs, not over block_k scores.
+On CPU (interpret mode) both are plain XLA: `row_top2` lowers to `jnp.max` and a variadic
+`lax.reduce`.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.extend import core as jex_core
+from jax.interpreters import mlir
+
+from pallas_kernels.policy import top2_merge as merge
+
+top2_p = jex_core.Primitive("flashstable_row_top2")
+top2_p.multiple_results = True
+
+
+def row_top2(s):
+  """(first, second) of s [rows, n] float32 along the last axis, each [rows]: the row max and
+  the largest of the rest, a second copy of the max counted. `first` is the kernel's
+  `jnp.max(s, axis=-1)` bit for bit. One reduction in the Triton lowering (module docstring).
+  NaN follows each platform's max, as the count rule's max and compares do: XLA (interpret
+  mode) propagates it (first NaN, and `policy.tied_by_top2` says untied, as the count does);
+  the Triton lowering's max ignores NaN and second is the runner-up of the non-NaN scores (NaN
+  when there are fewer than two), so the fa2 decision is the count's there too."""
+  return tuple(top2_p.bind(s))
+
+
+def _top2_impl(s):
+  first = jnp.max(s, axis=-1)                         # the same op as the plain row max
+  pad = jnp.full_like(s, -jnp.inf)                    # leaves (s, −inf)
+  _, second = lax.reduce((s, pad), (jnp.float32(-jnp.inf),) * 2,
+                         lambda a, b: merge((a[0], a[1]), (b[0], b[1])), (s.ndim - 1,))
+  return first, second
+
+
+@top2_p.def_abstract_eval
+def _top2_abstract(s):
+  row = jax.core.ShapedArray(s.shape[:-1], s.dtype)
+  return row, row
+
+
+top2_p.def_impl(_top2_impl)
+mlir.register_lowering(top2_p, mlir.lower_fun(_top2_impl, multiple_results=True))
+
+
+def _top2_triton(ctx, s):
+  """One `tt.reduce` over the leaves (s, NaN) whose region is `merge` in arith ops. first uses
+  maxnumf, the op of Pallas' own max reduction (`jnp.max`), so first is the tile max the
+  kernel took before. second = maxnumf(minimumf(a1, b1), maxnumf(a2, b2)): minimumf propagates
+  NaN (PTX min.NaN) and maxnumf drops it, so second is the runner-up of the non-NaN scores and
+  NaN when there are fewer than two — the count rule's decision on the GPU, where NaN counts
+  nowhere. The NaN leaf (not −inf) lets the compiler fold maxnumf(a2, leaf) = a2: three ops
+  per score inside a thread."""
+  from jax._src.lib.mlir import ir
+  from jax._src.lib.mlir.dialects import arith
+  from jax._src.lib.triton import dialect as tt_dialect
+  f32 = ir.F32Type.get()
+  nan = tt_dialect.splat(ir.RankedTensorType(s.type), arith.constant(f32, float("nan")))
+  reduce_op = tt_dialect.ReduceOp([s, nan], len(ctx.avals_in[0].shape) - 1)
+  entry = reduce_op.regions[0].blocks.append(f32, f32, f32, f32)
+  with ir.InsertionPoint.at_block_begin(entry):
+    a1, a2, b1, b2 = entry.arguments
+    first = arith.maxnumf(a1, b1)
+    second = arith.maxnumf(arith.minimumf(a1, b1), arith.maxnumf(a2, b2))
+    tt_dialect.reduce_return([first, second])
+  reduce_op.verify()
+  return list(reduce_op.result)
+
+
+def _register_triton():
+  try:
+    from jax._src.pallas.triton import lowering as tl
+  except ImportError:            # a jaxlib without the Triton dialect: interpret mode only
+    return
+  tl.triton_lowering_rules.setdefault(top2_p, _top2_triton)
+
+
+_register_triton()
+
+
+def column_top2(s, width=8):
+  """Top-2 summaries of column groups of s [rows, n] (n a power of two ≥ width): (first,
+  second), each [rows, width], where column c summarises the columns ≡ c (mod width) of s.
+  Halves the tile with static slices — Mosaic GPU's WGMMA layout slices at multiples of 8
+  columns for free — and `merge`s the halves. Σ_c min(#{scores ≥ t in group c}, 2) =
+  Σ_c [first_c ≥ t] + [second_c ≥ t], so a row has two scores ≥ t iff that sum is ≥ 2."""
+  n = s.shape[-1]
+  if n < width:
+    raise ValueError(f"column_top2 needs at least width={width} columns, got {n}")
+  if n == width:
+    return s, jnp.full_like(s, -jnp.inf)
+  half = n // 2
+  lo, hi = s[:, :half], s[:, half:]
+  first, second = jnp.maximum(lo, hi), jnp.minimum(lo, hi)
+  while half > width:
+    half //= 2
+    first, second = merge((first[:, :half], second[:, :half]), (first[:, half:], second[:, half:]))
+  return first, second

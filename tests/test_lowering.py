@@ -1,0 +1,86 @@
+"""The GPU kernels lower for CUDA on any machine (JAX cross-lowering: `.lower(lowering_platforms=
+("cuda",))`): the Pallas Triton kernels to Triton IR for an H200 (sm_90), the Mosaic GPU kernels
+to Mosaic GPU MLIR (wgmma, TMA). On a CPU this is the check, short of a GPU, that the code the
+GPU will compile passes the Pallas lowerings' rules (layouts, tile alignment, supported
+primitives); what ptxas and the hardware then do is only tested on the GPU."""
+import dataclasses
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from pallas_kernels.attention import kernel_config
+from pallas_kernels.backward import flash_backward
+from pallas_kernels.forward import flash_forward
+from pallas_kernels.forward_mgpu import flash_forward_mgpu
+from pallas_kernels.policy import Compensation, get_numerics
+
+
+@pytest.fixture
+def triton_modules(monkeypatch):
+  """Lower Pallas Triton calls for an H200 without one; collect the Triton modules' text."""
+  from jax._src.pallas.triton import gpu_info, pallas_call_registration as pcr
+  monkeypatch.setattr(pcr.gpu_info_lib, "get_gpu_info",
+                      lambda: gpu_info.get_gpu_info_from_version(gpu_info.GpuVersion.H200))
+  modules = []
+  lower = pcr.lowering.lower_jaxpr_to_triton_module
+
+  def recording(*args, **kwargs):
+    result = lower(*args, **kwargs)
+    modules.append(result.module.operation.get_asm())
+    return result
+  monkeypatch.setattr(pcr.lowering, "lower_jaxpr_to_triton_module", recording)
+  return modules
+
+
+def _cfg(numerics="fa2", backend="triton", head_dim=128, causal=True, stabilize=True, **kw):
+  return kernel_config(q_len=256, kv_len=256, head_dim=head_dim, dtype=jnp.bfloat16,
+                       softmax_scale=0.1, causal=causal, numerics=get_numerics(numerics),
+                       compensation=Compensation() if stabilize else None, interpret=False,
+                       backend=backend, **kw)
+
+
+def _lower_for_cuda(f, *args):
+  return jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
+def _qkv(head_dim=128, heads=2, kv_heads=2):
+  q = jnp.zeros((1, 256, heads, head_dim), jnp.bfloat16)
+  k = jnp.zeros((1, 256, kv_heads, head_dim), jnp.bfloat16)
+  return q, k, k
+
+
+TWO_VALUE_REDUCE = re.compile(r'"tt\.reduce"\(%\w+, %\w+\)')
+
+
+@pytest.mark.parametrize("numerics,blocks", [("fa2", {}), ("paper", dict(block_q=256, block_k=256))],
+                         ids=["fa2", "paper-subtiles"])
+def test_triton_forward_ties_in_one_two_value_reduction(triton_modules, numerics, blocks):
+  """With the compensation, the forward's tie rule is one tt.reduce of two operands (the row's
+  top-2); with tie_method="count" there is none (a max, then a sum)."""
+  cfg = _cfg(numerics, **blocks)
+  _lower_for_cuda(lambda q, k, v: flash_forward(q, k, v, cfg)[:3], *_qkv())
+  _lower_for_cuda(lambda q, k, v: flash_forward(q, k, v, dataclasses.replace(cfg, tie_method="count"))[:3],
+                  *_qkv())
+  top2, count = triton_modules
+  assert len(TWO_VALUE_REDUCE.findall(top2)) == 1 and "arith.minimumf" in top2
+  assert not TWO_VALUE_REDUCE.findall(count)
+
+
+def test_triton_backward_lowers(triton_modules):
+  cfg = _cfg(backend="triton")
+  q, k, v = _qkv(heads=4)
+  rows = jnp.zeros((1, 4, 256), jnp.float32)
+  _lower_for_cuda(lambda q, k, v: flash_backward(q, k, v, q, rows, rows, q, cfg), q, k, v)
+  assert len(triton_modules) == 2                      # dK/dV and dQ
+
+
+@pytest.mark.parametrize("head_dim,block_k,causal", [(64, 64, True), (128, 128, False),
+                                                     (128, 64, True)])
+@pytest.mark.parametrize("tie_method", ["top2", "count"])
+def test_mosaic_gpu_forward_lowers(head_dim, block_k, causal, tie_method):
+  cfg = dataclasses.replace(_cfg(backend="mosaic_gpu", head_dim=head_dim, causal=causal,
+                                 block_k=block_k), tie_method=tie_method)
+  text = _lower_for_cuda(lambda q, k, v: flash_forward_mgpu(q, k, v, cfg)[:3], *_qkv(head_dim))
+  assert "wgmma" in text and "cp.async.bulk.tensor" in text
