@@ -7,6 +7,14 @@ import os
 # kernels and references under the plain dot semantics the GPU has.
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_experimental_ynn_fusion_type=").strip()
 
+# Pallas' GPU interpret mode (the Mosaic GPU kernels on a CPU) runs each warpgroup as a JAX
+# computation that blocks in barrier callbacks; some run on the XLA CPU client's thread pool,
+# sized to the cores. With 2 cores, inside an outer jit, the caller and one blocked warpgroup
+# took both threads and the next warpgroup never started (a hang, about one run in two of a
+# jitted Mosaic GPU forward+backward, 2026-12-01). PJRT_NPROC sizes that pool; CPU golden
+# hashes are unchanged with it.
+os.environ.setdefault("PJRT_NPROC", "8")
+
 # Persistent compilation cache: Triton/interpret compiles dominate the suite's time.
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", ".jaxcache"))
 
