@@ -27,8 +27,9 @@ ulps at |m| ≈ 100, and is still 1 after its bf16 rounding for ordinary scores)
 order inside the two dots is the tensor core's (wgmma), exp2 and log are Mosaic GPU's fast
 approximations (`approx_math`: ex2.approx / lg2.approx, subnormals flushed), and the compiler
 may contract α·l + Σ into an FMA; so outputs may differ from the Triton kernel's by an ulp or
-two (`tests/test_mosaic_gpu.py` bounds it; on the GPU it ran with the default options). Shared memory and registers
-limit head_dim to 64 or 128 after padding and block_k to 64 or 128 (`supported`).
+two (`tests/test_mosaic_gpu.py` bounds it; on the GPU it ran with the default options). wgmma's
+shapes, registers and shared memory limit head_dim to 32, 64, 128 or 256 after padding and
+block_k to 64 or 128, and 64 at head_dim 256 (`supported`).
 """
 from __future__ import annotations
 
@@ -86,6 +87,14 @@ class MosaicGPUOptions:
 SMEM_BYTES = 227 * 1024 - 3 * 1024
 
 
+def smem_transforms(cols: int, itemsize: int):
+  """Tiling and swizzle of a [rows, cols] shared-memory tile that wgmma and TMA use: rows of
+  min(128, cols · itemsize) bytes swizzled (64 bytes for head_dim 32 in 2 bytes), in tiles of
+  8 rows."""
+  swizzle = min(128, cols * itemsize)
+  return (plgpu.TilingTransform((8, swizzle // itemsize)), plgpu.SwizzleTransform(swizzle))
+
+
 def smem_bytes(head_dim: int, block_k: int, stages: int, out_dtype) -> int:
   """Shared memory the kernel allocates: Q (reused for a 2-byte O), a ring of `stages` K and
   V tiles, a float32 O for fp32_out, and the rows' m and log(l)."""
@@ -95,13 +104,26 @@ def smem_bytes(head_dim: int, block_k: int, stages: int, out_dtype) -> int:
           + 2 * 4 * COMPUTE_WGS * ROWS_PER_WG)
 
 
+HEAD_DIMS = (32, 64, 128, 256)      # padded head_dim: head_dim 17–256
+
+
 def supported(*, numerics: str, block_k=None, head_dim=None, dtype=None, return_stats=False,
               num_stages=None, delta_float32=False) -> str | None:
   """Why the Mosaic GPU forward cannot run a call (None when it can, or when the arguments left
-  None could still make it); head_dim is the padded one. Limits: wgmma's N and the registers of
-  the 64×head_dim float32 accumulator(s) (P̄V has its own unless `fused_pv`) bound head_dim to
-  64 or 128 and block_k to 64 or 128; shared memory bounds block_k × stages; it writes out and
-  the rows' m and log(l) only (no statistics, no float32 O beside a rounded one)."""
+  None could still make it); head_dim is the padded one. Limits:
+  - head_dim 32, 64, 128 or 256 after padding (head_dim 17–256): the P̄V wgmma's N is
+    head_dim (a multiple of 8 up to 256) and the QKᵀ wgmma's K steps by 16; below 32 a row of
+    Q, K or V is under the 64 bytes of the narrowest swizzle we use, and a padded 16 would
+    buy nothing over 32 but another layout;
+  - block_k 64 or 128 (the numerics' tile; wgmma's N of QKᵀ), and 64 at head_dim 256: the
+    registers of a compute warpgroup's thread hold the 64×head_dim float32 O accumulator
+    (head_dim / 2 registers), the 64×block_k float32 scores (block_k / 2) and P̄ in 16 bits
+    (block_k / 4): 128 + 64 + 32 at head_dim 256 and block_k 128, with m, l and addresses
+    beyond the 232 a thread is given (`set_max_registers`);
+  - shared memory bounds block_k × stages (`smem_bytes`; fp32_out's float32 O at head_dim 256
+    does not fit);
+  - it writes out and the rows' m and log(l) only (no statistics, no float32 O beside a
+    rounded one)."""
   if numerics not in NUMERICS:
     return f"numerics={numerics!r} (the Mosaic GPU forward has {', '.join(NUMERICS)})"
   if delta_float32:
@@ -112,9 +134,12 @@ def supported(*, numerics: str, block_k=None, head_dim=None, dtype=None, return_
     return f"block_k={block_k} (the Mosaic GPU forward needs block_k 64 or 128)"
   if dtype is not None and jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
     return f"dtype={jnp.dtype(dtype)} (the Mosaic GPU forward needs bfloat16 or float16)"
-  if head_dim is not None and head_dim not in (64, 128):
-    return (f"head_dim={head_dim} after padding (the Mosaic GPU forward needs 64 or 128: "
-            "head_dim 33–128)")
+  if head_dim is not None and head_dim not in HEAD_DIMS:
+    return (f"head_dim={head_dim} after padding (the Mosaic GPU forward needs 32, 64, 128 or "
+            "256: head_dim 17–256)")
+  if head_dim == 256 and block_k is not None and block_k > 64:
+    return (f"block_k={block_k} at head_dim=256 (registers: the 64×256 float32 accumulator "
+            "and a 64×128 score tile exceed a thread's 232; block_k 64 at head_dim 256)")
   if num_stages is not None and not (isinstance(num_stages, (int, np.integer))
                                      and not isinstance(num_stages, bool) and 1 <= num_stages <= 8):
     return f"num_stages={num_stages!r} (key/value tiles in flight: an int from 1 to 8)"
@@ -344,7 +369,7 @@ def flash_forward_mgpu(q, k, v, cfg):
   q = jnp.pad(q, ((0, 0), (0, rows - q_len_p), (0, 0), (0, 0))) if rows != q_len_p else q
   n_kv = -(-cfg.kv_len // block_k)                 # tiles of padding only are skipped
   stages = int(min(cfg.num_stages, n_kv))
-  swizzled = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+  swizzled = smem_transforms(d, 2)            # Q, K, V: rows of head_dim 2-byte elements
   out_dtype = cfg.numerics.output_dtype(q.dtype)
 
   def entry(q_ref, k_ref, v_ref, o_ref, m_ref, log_l_ref):
@@ -353,12 +378,13 @@ def flash_forward_mgpu(q, k, v, cfg):
             plgpu.SMEM((stages, block_k, d), v.dtype, transforms=swizzled),
             None if out_dtype.itemsize == 2 else plgpu.SMEM(      # fp32_out: float32 O
                 (COMPUTE_WGS, ROWS_PER_WG, d), out_dtype,
-                transforms=(plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))),
+                transforms=smem_transforms(d, 4)),
             plgpu.SMEM((COMPUTE_WGS, ROWS_PER_WG), jnp.float32),
             plgpu.SMEM((COMPUTE_WGS, ROWS_PER_WG), jnp.float32),
             # P̄ for the P̄V wgmma: a register operand on the GPU; the interpreter's wgmma reads
             # both operands from shared memory (same values, one more copy)
-            plgpu.SMEM((COMPUTE_WGS, ROWS_PER_WG, block_k), q.dtype, transforms=swizzled)
+            plgpu.SMEM((COMPUTE_WGS, ROWS_PER_WG, block_k), q.dtype,
+                       transforms=smem_transforms(block_k, 2))
             if cfg.interpret else None)
     ready = plgpu.Barrier(num_barriers=stages)
     free = plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=stages)

@@ -77,7 +77,8 @@ def test_triton_backward_lowers(triton_modules):
 
 
 @pytest.mark.parametrize("head_dim,block_k,causal", [(64, 64, True), (128, 128, False),
-                                                     (128, 64, True)])
+                                                     (128, 64, True), (32, 128, True),
+                                                     (256, 64, False)])
 @pytest.mark.parametrize("tie_method", ["top2", "count"])
 def test_mosaic_gpu_forward_lowers(head_dim, block_k, causal, tie_method):
   cfg = dataclasses.replace(_cfg(backend="mosaic_gpu", head_dim=head_dim, causal=causal,

@@ -99,12 +99,14 @@ def test_mosaic_gpu_refusals_name_the_value(kwargs, match):
 
 
 def test_mosaic_gpu_refuses_small_head_dim_and_float32():
-  q, k, v, _ = make_inputs(Shape(1, 64, 64, 1, 1, 32), jnp.bfloat16, 0)
-  with pytest.raises(ValueError, match="head_dim=32"):
+  q, k, v, _ = make_inputs(Shape(1, 64, 64, 1, 1, 16), jnp.bfloat16, 0)
+  with pytest.raises(ValueError, match="head_dim=16 after padding"):
     flash_attention(q, k, v, backend="mosaic_gpu")
-  q, k, v, _ = make_inputs(Shape(1, 64, 64, 1, 1, 192), jnp.bfloat16, 0)
-  with pytest.raises(ValueError, match=r"head_dim=256 after padding.*query.shape\[3\] = 192"):
-    flash_attention(q, k, v, backend="mosaic_gpu")
+  q, k, v, _ = make_inputs(Shape(1, 256, 256, 1, 1, 192), jnp.bfloat16, 0)
+  with pytest.raises(ValueError, match=r"block_k=128 at head_dim=256 \(registers"):
+    flash_attention(q, k, v, backend="mosaic_gpu", block_k=128)
+  with pytest.raises(ValueError, match=r"fp32_out.*|KiB of shared memory"):
+    flash_attention(q, k, v, backend="mosaic_gpu", numerics="fp32_out")
   q, k, v, _ = make_inputs(Shape(1, 64, 64, 1, 1, 64), jnp.float32, 0)
   with pytest.raises(ValueError, match="dtype=float32"):
     flash_attention(q, k, v, backend="mosaic_gpu")
