@@ -15,8 +15,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_kernels import forward_mgpu
+from pallas_kernels import backward_mgpu, forward_mgpu
 from pallas_kernels.backward import flash_backward
+from pallas_kernels.backward_mgpu import flash_backward_mgpu
 from pallas_kernels.forward import flash_forward
 from pallas_kernels.forward_mgpu import MosaicGPUOptions, flash_forward_mgpu
 from pallas_kernels.policy import (BACKENDS, TIE_METHODS, BlockSizes, Compensation, Numerics,
@@ -61,19 +62,25 @@ class KernelConfig:
 
 def supported(backend: str, *, numerics, block_k=None, head_dim=None, dtype=None,
               return_stats=False, num_stages=None, delta_float32=False,
-              center_keys=False) -> str | None:
+              center_keys=False, backward=False, group=None) -> str | None:
   """Why `backend` cannot run a call with these settings, or None when it can (or when the
   arguments left None could still make it). The one statement of each backend's limits:
   `AttentionConfig` asks it with what a config knows, `kernel_config` with the whole call.
 
   numerics: a layout name or `Numerics`; head_dim: after padding to a power of two ≥ 16.
   The Triton kernels run every layout and option, and so does "auto", which falls back to
-  them (`choose_backend`); the Mosaic GPU forward's limits are `forward_mgpu.supported`. The
-  backward kernels are the Triton ones for both.
+  them (`choose_backend`); the Mosaic GPU forward's limits are `forward_mgpu.supported`.
+  backward=True asks about the backward kernels instead (num_stages: the backward's; group:
+  num_heads // num_kv_heads): the Mosaic GPU backward's limits are `backward_mgpu.supported`;
+  it runs after the Mosaic GPU forward where it supports the call, the Triton backward
+  elsewhere (`kernel_config`).
   """
   name = numerics.name if isinstance(numerics, Numerics) else numerics
   if backend in ("triton", "auto"):      # auto falls back to Triton (`choose_backend`)
     return None
+  if backend == "mosaic_gpu" and backward:
+    return backward_mgpu.supported(numerics=name, head_dim=head_dim, dtype=dtype,
+                                   num_stages=num_stages, group=group, center_keys=center_keys)
   if backend == "mosaic_gpu":
     return forward_mgpu.supported(numerics=name, block_k=block_k, head_dim=head_dim, dtype=dtype,
                                   return_stats=return_stats, num_stages=num_stages,
@@ -113,7 +120,7 @@ def choose_backend(backend: str, *, numerics, block_k=None, head_dim=None, dtype
 def kernel_config(*, q_len, kv_len, head_dim, dtype, softmax_scale, causal, numerics: Numerics,
                   compensation, block_q=None, block_k=None, interpret, return_stats=False,
                   num_warps=None, num_stages=None, backend="auto",
-                  mgpu_options: MosaicGPUOptions | None = None) -> KernelConfig:
+                  mgpu_options: MosaicGPUOptions | None = None, group=1) -> KernelConfig:
   """The `KernelConfig` of one call, with every launch heuristic applied:
 
   - tiles: `BlockSizes.default` (the numerics' tiles; the paper layout's backward uses the
@@ -123,8 +130,12 @@ def kernel_config(*, q_len, kv_len, head_dim, dtype, softmax_scale, causal, nume
     2 stages (H200, d128, 64×64 backward tiles: fwd+bwd 317 TFLOP/s at 4 warps, 172 at 8;
     `experiments/03_tile_sweep.py`);
   - Mosaic GPU forward: 2 key/value tiles in flight, `MosaicGPUOptions()`;
-  - backend="auto" resolved by `choose_backend` (`KernelConfig.backend` is the kernel that runs).
-  Raises ValueError when `supported` says the backend cannot run the call.
+  - backend="auto" resolved by `choose_backend` (`KernelConfig.backend` is the kernel that runs);
+  - the backward (`KernelConfig.backend_bwd`): the Mosaic GPU one after the Mosaic GPU forward
+    where `supported(..., backward=True)` allows (group = num_heads // num_kv_heads), else the
+    Triton one; 2 tiles in flight.
+  Raises ValueError when `supported` says the backend cannot run the call (the forward; a
+  backward it cannot run falls back to Triton).
   """
   blocks = BlockSizes.default(head_dim, block_q, block_k).for_numerics(numerics)
   fitted = blocks.fit(q_len, kv_len)
@@ -145,13 +156,19 @@ def kernel_config(*, q_len, kv_len, head_dim, dtype, softmax_scale, causal, nume
   if why is not None:
     given = f" (query.shape[3] = {head_dim})" if padded_head_dim != head_dim and "head_dim" in why else ""
     raise ValueError(f"backend={backend!r} does not support {why}{given}")
+  backend_bwd = "triton"
+  if backend == "mosaic_gpu" and supported(
+      "mosaic_gpu", backward=True, numerics=numerics, head_dim=padded_head_dim, dtype=dtype,
+      num_stages=2, group=group, center_keys=numerics.center_keys) is None:
+    backend_bwd = "mosaic_gpu"
   return KernelConfig(
       softmax_scale=softmax_scale, causal=bool(causal), q_len=q_len, kv_len=kv_len,
       blocks=fitted, numerics=numerics, compensation=compensation, interpret=bool(interpret),
       return_stats=bool(return_stats),
       num_warps=num_warps if num_warps is not None else (4 if head_dim <= 64 else 8),
       num_stages=stages, num_warps_bwd=4, num_stages_bwd=2, backend=backend,
-      mgpu=mgpu_options if mgpu_options is not None else MosaicGPUOptions())
+      mgpu=mgpu_options if mgpu_options is not None else MosaicGPUOptions(),
+      backend_bwd=backend_bwd)
 
 
 def _pad_axis(x, axis, size):
@@ -186,7 +203,8 @@ def _flash_bwd(cfg, res, cotangents):
   # statistics (row_max, max_p, tied_tiles) are not differentiated: their cotangents are dropped.
   d_lse = d_stats[0] if d_stats else None
   d_seeds = np.zeros(seeds.shape, jax.dtypes.float0)
-  return flash_backward(q, k, v, out, m, log_l, d_out, cfg, d_lse) + (d_seeds,)
+  backward = flash_backward_mgpu if cfg.backend_bwd == "mosaic_gpu" else flash_backward
+  return backward(q, k, v, out, m, log_l, d_out, cfg, d_lse) + (d_seeds,)
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)

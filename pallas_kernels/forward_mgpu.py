@@ -184,6 +184,13 @@ def causal_miscompiled() -> int | None:
   return version if version is not None and 12080 <= version < 12091 else None
 
 
+def visited_key_tiles(row_end, n_tiles, block_k, causal):
+  """Key tiles a block of rows ending before row_end visits (causal: none past it)."""
+  if not causal:
+    return jnp.int32(n_tiles)
+  return jnp.minimum(jnp.int32(n_tiles), pl.cdiv(row_end, jnp.int32(block_k)))
+
+
 def _forward_kernel(q_ref, k_ref, v_ref, o_ref, m_ref, log_l_ref, scoped, *, cfg, n_kv, group,
                     stages):
   numerics, comp, block_k = cfg.numerics, cfg.compensation, int(cfg.blocks.block_k)
@@ -202,12 +209,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, o_ref, m_ref, log_l_ref, scoped, *, cfg
   batch, head, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
   cta_row0 = lax.axis_index("q_tiles") * (COMPUTE_WGS * ROWS_PER_WG)
 
-  def key_steps(row_end):
-    """Key tiles a block of rows ending before row_end visits (causal: none past it)."""
-    if not cfg.causal:
-      return jnp.int32(n_kv)
-    return jnp.minimum(jnp.int32(n_kv), pl.cdiv(row_end, jnp.int32(block_k)))
-
+  key_steps = lambda row_end: visited_key_tiles(row_end, n_kv, block_k, cfg.causal)
   cta_steps = key_steps(cta_row0 + COMPUTE_WGS * ROWS_PER_WG)
 
   @pl.when(wg < COMPUTE_WGS)

@@ -23,7 +23,7 @@ def test_auto_is_the_triton_kernels_on_cpu_bit_for_bit():
   shape = Shape(1, 70, 90, 4, 2, 64, causal=True)
   q, k, v, do = make_inputs(shape, jnp.bfloat16, 7)
   assert resolved_backend(q, k, v, causal=True) == ("triton", "triton")
-  assert resolved_backend(q, k, v, backend="mosaic_gpu", interpret=True) == ("mosaic_gpu", "triton")
+  assert resolved_backend(q, k, v, backend="mosaic_gpu", interpret=True) == ("mosaic_gpu", "mosaic_gpu")
 
   def run(**kw):
     f = lambda q, k, v: flash_attention(q, k, v, causal=True, stabilize=True, return_stats=True, **kw)
@@ -48,7 +48,7 @@ def hopper(monkeypatch):
 
 def test_auto_takes_the_mosaic_gpu_kernels_on_hopper_where_supported(hopper):
   cfg = kernel_config(**BASE)
-  assert (cfg.backend, cfg.backend_bwd) == ("mosaic_gpu", "triton")
+  assert (cfg.backend, cfg.backend_bwd) == ("mosaic_gpu", "mosaic_gpu")
   short = kernel_config(**dict(BASE, q_len=20, kv_len=20))
   assert short.backend == "mosaic_gpu" and short.blocks.block_k == 64   # not shrunk below 64
   assert kernel_config(**dict(BASE, q_len=20, kv_len=20), backend="triton").blocks.block_k == 32
@@ -58,6 +58,10 @@ def test_auto_takes_the_mosaic_gpu_kernels_on_hopper_where_supported(hopper):
         cfg = kernel_config(**dict(BASE, numerics=get_numerics(numerics), dtype=dtype,
                                    head_dim=head_dim, causal=True))
         assert cfg.backend == "mosaic_gpu", (numerics, dtype, head_dim)
+  # head_dim 17–256: the Mosaic GPU forward; its backward up to a padded 128, Triton's above
+  wide = [kernel_config(**dict(BASE, head_dim=d, group=2)) for d in (20, 192)]
+  assert [(c.backend, c.backend_bwd) for c in wide] == [("mosaic_gpu", "mosaic_gpu"),
+                                                       ("mosaic_gpu", "triton")]
   q, k, v, _ = make_inputs(Shape(1, 64, 64, 2, 2, 64), jnp.bfloat16, 0)
   assert resolved_backend(q, k, v, interpret=False).forward == "mosaic_gpu"
   assert resolved_backend(q, k, v, interpret=True).forward == "triton"    # interpret: Triton
@@ -72,9 +76,11 @@ def test_auto_takes_the_mosaic_gpu_kernels_on_hopper_where_supported(hopper):
     dict(block_k=32),
     dict(block_k=256),
     dict(block_k=128, num_stages=4),            # more shared memory than Hopper has
+    dict(head_dim=256, block_k=128),            # registers
+    dict(head_dim=16),
     dict(interpret=True),
 ], ids=["paper", "stochastic", "delta_float32", "float32", "return_stats", "block_k32",
-        "block_k256", "smem", "interpret"])
+        "block_k256", "smem", "d256-block_k128", "d16", "interpret"])
 def test_auto_falls_back_to_triton_where_mosaic_gpu_refuses(hopper, change):
   """Every refusal of `supported` is a fallback for auto, and an error for explicit
   backend="mosaic_gpu" (except interpret mode, which the Mosaic GPU kernels also run in)."""

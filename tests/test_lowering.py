@@ -85,3 +85,24 @@ def test_mosaic_gpu_forward_lowers(head_dim, block_k, causal, tie_method):
                                  block_k=block_k), tie_method=tie_method)
   text = _lower_for_cuda(lambda q, k, v: flash_forward_mgpu(q, k, v, cfg)[:3], *_qkv(head_dim))
   assert "wgmma" in text and "cp.async.bulk.tensor" in text
+
+
+@pytest.mark.parametrize("head_dim,causal,group,center_keys", [
+    (128, True, 1, False), (64, False, 2, True), (32, True, 4, False)],
+    ids=["d128-causal", "d64-gqa-center_keys", "d32-causal-gqa4"])
+def test_mosaic_gpu_backward_lowers(head_dim, causal, group, center_keys):
+  """The GPU path of the Mosaic GPU backward (register operands of wgmma, accumulation in the
+  wgmma accumulators, the early read of S, 240/24 registers), which interpret mode does not
+  run, lowers through Mosaic GPU to NVVM: two kernels, dK/dV and dQ."""
+  from pallas_kernels.backward_mgpu import flash_backward_mgpu
+  cfg = kernel_config(q_len=200, kv_len=250, head_dim=head_dim, dtype=jnp.bfloat16,
+                      softmax_scale=0.1, causal=causal,
+                      numerics=get_numerics("fa2").with_options(center_keys=center_keys),
+                      compensation=None, interpret=False, backend="mosaic_gpu", group=group)
+  assert cfg.backend_bwd == "mosaic_gpu"
+  q, k, v = _qkv(head_dim, heads=2 * group, kv_heads=2)
+  rows = jnp.zeros((1, 2 * group, 256), jnp.float32)
+  text = _lower_for_cuda(lambda q, k, v: flash_backward_mgpu(q, k, v, q, rows, rows, q, cfg),
+                         q, k, v)
+  assert text.count("stablehlo.custom_call @mosaic_gpu") == 2
+  assert "wgmma" in text and "cp.async.bulk.tensor" in text and "setmaxnreg" in text

@@ -107,21 +107,23 @@ def flash_attention(query, key, value, *, causal=False, softmax_scale=None, stab
       key/value tiles in flight (default 2) and num_warps is not used.
     mgpu_options: speed options of the Mosaic GPU forward (`MosaicGPUOptions`; defaults
       measured on the H200).
-    backend: the kernels. "auto" (default): the Mosaic GPU forward on a Hopper GPU wherever
-      it supports the call (the limits below; causal also needs a CUDA runtime outside
+    backend: the kernels. "auto" (default): the Mosaic GPU kernels on a Hopper GPU wherever
+      they support the call (the limits below; causal also needs a CUDA runtime outside
       12.8.0–12.9.0), the Triton kernels elsewhere — on a CPU, on other GPUs, in interpret
-      mode, and for the layouts and options the Mosaic GPU kernel lacks
-      (`pallas_kernels.attention.choose_backend`); `resolved_backend` says which a call gets.
+      mode, and for the layouts and options the Mosaic GPU forward lacks
+      (`pallas_kernels.attention.choose_backend`); `resolved_backend` says which forward and
+      backward a call gets.
       "triton": Pallas Triton, every layout, any GPU.
       "mosaic_gpu": Pallas Mosaic GPU for Hopper (wgmma, TMA and a warp-specialised producer,
-      FlashAttention-3, Shah et al. 2024, §3.1; `pallas_kernels.forward_mgpu`) with the same
-      rounding points (outputs may differ by an ulp or two of the input dtype; float32
-      intermediates differ more), for numerics "fa2" and
-      "fp32_out", bfloat16/float16 inputs,
-      head_dim 33–128 (padded to 64 or 128), block_k 64 or 128, num_stages 1–8 within shared
-      memory, no return_stats; it needs a Hopper GPU or interpret mode, and raises
-      ValueError for a call it does not support. The backward kernels are the Triton ones for
-      both. On CPU it runs in Pallas' GPU interpret mode.
+      FlashAttention-3, Shah et al. 2024, §3; `pallas_kernels.forward_mgpu`, `backward_mgpu`)
+      with the same rounding points (outputs may differ by an ulp or two of the input dtype;
+      float32 intermediates differ more), for numerics "fa2" and "fp32_out",
+      bfloat16/float16 inputs, head_dim 17–256 (padded to 32, 64, 128 or 256), block_k 64
+      or 128 (64 at head_dim > 128), num_stages 1–8 within shared memory, no return_stats;
+      it needs a Hopper GPU or interpret mode, and raises ValueError for a call its forward
+      does not support. Its backward (two kernels, deterministic) runs head_dim up to 128
+      (padded); above, the Triton backward follows the Mosaic GPU forward. On CPU it runs in
+      Pallas' GPU interpret mode.
   Returns:
     [batch, q_len, num_heads, head_dim] in query's dtype (float32 for "fp32_out"), or
     (out, AttentionStats).
@@ -193,5 +195,5 @@ def _kernel_config(query, key, value, *, causal=False, softmax_scale=None, stabi
       compensation=compensation if stabilize else None, block_q=block_q, block_k=block_k,
       interpret=_default_interpret() if interpret is None else interpret,
       return_stats=return_stats, num_warps=num_warps, num_stages=num_stages, backend=backend,
-      mgpu_options=mgpu_options)
+      mgpu_options=mgpu_options, group=query.shape[2] // key.shape[2])
   return cfg, seeds

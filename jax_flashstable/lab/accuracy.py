@@ -84,13 +84,15 @@ def compare_to_golden(shape: Shape, dtype, seed=0, **flash_kwargs) -> Comparison
   return compare(q, k, v, do, causal=shape.causal, **flash_kwargs)
 
 
-def compare(query, key, value, d_out, *, causal, **flash_kwargs) -> Comparison:
+def compare(query, key, value, d_out, *, causal, result=None, **flash_kwargs) -> Comparison:
   """Flash (`flash_kwargs`) and standard attention in the inputs' dtype on these inputs,
-  [batch, seq, heads, head_dim], against FP64: O and the three gradients for cotangent d_out."""
+  [batch, seq, heads, head_dim], against FP64: O and the three gradients for cotangent d_out.
+  result: flash's (out, (d_query, d_key, d_value)) when already computed (not run again)."""
   q, k, v, do = query, key, value, d_out
   dtype = q.dtype
   kw = dict(causal=causal, softmax_scale=flash_kwargs.get("softmax_scale"))
-  out, grads = flash_vjp(q, k, v, do, causal=causal, **flash_kwargs)
+  out, grads = result if result is not None else flash_vjp(q, k, v, do, causal=causal,
+                                                           **flash_kwargs)
   gold, gold_grads = reference_attention_vjp(q, k, v, do, dtype=jnp.float64, **kw)
   std, std_grads = reference_attention_vjp(q, k, v, do, dtype=dtype, **kw)
   golds = (gold,) + tuple(gold_grads)

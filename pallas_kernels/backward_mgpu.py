@@ -1,0 +1,501 @@
+"""Backward flash-attention kernels for Hopper in Pallas Mosaic GPU (fa2 and fp32_out layouts).
+
+The Triton backward's numerics (`pallas_kernels.backward`; FlashAttention-2, Dao 2023, Alg. 2;
+every rounding point a `numerics.` call, `pallas_kernels.policy`) laid out the Hopper way of
+FlashAttention-3 (Shah et al. 2024, §3; warp specialisation as in `forward_mgpu`):
+
+- two kernels, no atomics (the library promises bitwise repeatable gradients; FlashAttention-3
+  accumulates dQ across CTAs with float atomics, which are not), like the Triton backward:
+  dK/dV — one CTA per (128 keys, batch, query head) looping over query tiles — and dQ — one
+  CTA per (128 query rows, batch, head) looping over key tiles;
+- each CTA has two compute warpgroups of 64 rows (the M of one wgmma) and a producer warpgroup
+  that streams the other side's tiles by TMA into a ring of `stages` shared-memory slots,
+  refilled once both compute warpgroups have arrived on the slot's "free" barrier;
+- dK/dV works on the transposed problem, as JAX's `attention_mgpu` does: Sᵀ = K Qᵀ and
+  dPᵀ = V dOᵀ are wgmma's with the keys as rows, so Pᵀ and dSᵀ are register operands of
+  dV += Pᵀ dO and dK += dSᵀ Q with no transpose; the rows' m, log l and delta arrive per query
+  tile as [3, block_q] float32 (one TMA) and broadcast along the columns;
+- dQ: S = Q Kᵀ, dP = dO Vᵀ, dQ += dS K (or the centred keys, `dq_keys`) with dS in registers.
+- On the GPU each step issues the S and dP wgmma's back to back and reads S while dP runs
+  (`wgmma_accumulator_load(wait_n=1)`); the dK, dV and dQ products accumulate in the wgmma
+  accumulators (FlashAttention-3's order; float32 summation order only).
+
+Rounding points, as the Triton backward: S = `numerics.scores`; P = `numerics.probs(s, m,
+log l)` (m and log l kept apart) with the mask applied by a select after it; dP =
+`numerics.dp`; dS = `numerics.dscores(P, dP, delta)` and the mask; `round_p` before the dV
+product, `round_ds` before the dQ and dK products; dQ's keys `dq_keys` (center_keys); one
+`round_grad` at the end; grouped heads' float32 partials summed by `sum_group` in XLA in a
+fixed order. delta (− the lse cotangent) is XLA's, from the forward's O (`numerics.delta`).
+
+Interpret mode (CPU): the interpreter's wgmma reads both operands from shared memory and
+cannot accumulate into an initialised accumulator, so there P and dS go through shared memory
+and each product lands in a fresh accumulator that is then added (`numerics.accumulate`, the
+Triton kernels' order) — the same values, by another path; the GPU's register operands,
+fused accumulation and the early read of S are tested on the GPU only.
+Tiles: 64 rows per warpgroup; dK/dV takes query tiles of `DKV_BLOCK_Q`, dQ key tiles of
+`DQ_BLOCK_K`; in fa2 and fp32_out they change float32 summation order only.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallas_kernels.forward_mgpu import smem_transforms, visited_key_tiles
+from pallas_kernels.policy import MOSAIC_GPU_NUMERICS as NUMERICS
+
+ROWS = 64                 # wgmma's M: rows per compute warpgroup
+COMPUTE_WGS = 2
+DKV_BLOCK_Q = 64          # dK/dV: query rows per step
+DQ_BLOCK_K = 64           # dQ: keys per step
+MAX_HEAD_DIM = 128        # dK and dV accumulators: 2 × 64 × head_dim float32 per warpgroup
+# Registers per thread (setmaxnreg), FlashAttention-3's split: 2 × 128 × 240 + 128 × 24 ≤ 64 Ki.
+# At head_dim 128 a dK/dV thread holds dK and dV (128), the Sᵀ or Pᵀ and dPᵀ tiles (2 × 32),
+# Pᵀ and dSᵀ in 16 bits (2 × 16) and its 16 query columns of m, log l and delta.
+COMPUTE_REGISTERS, PRODUCER_REGISTERS = 240, 24
+SMEM_BYTES = 227 * 1024 - 3 * 1024      # as `forward_mgpu.SMEM_BYTES`
+
+
+def smem_bytes(head_dim: int, stages: int, group: int = 1, center_keys: bool = False) -> int:
+  """The larger of the two kernels' shared memory: dK/dV holds each warpgroup's K and V, a ring
+  of Q, dO and the rows' statistics, and (grouped heads: float32 partials) a float32 output
+  tile per warpgroup; dQ holds each warpgroup's Q and dO and a ring of K, V (and the centred
+  keys)."""
+  dkv = (COMPUTE_WGS * ROWS * head_dim * 2 * 2
+         + stages * DKV_BLOCK_Q * (head_dim * 2 * 2 + 3 * 4)
+         + (COMPUTE_WGS * ROWS * head_dim * 4 if group > 1 else 0))
+  dq = (COMPUTE_WGS * ROWS * (head_dim * 2 * 2 + 3 * 4)
+        + stages * DQ_BLOCK_K * head_dim * 2 * (3 if center_keys else 2))
+  return max(dkv, dq)
+
+
+def supported(*, numerics: str, head_dim=None, dtype=None, num_stages=None, group=None,
+              center_keys=False) -> str | None:
+  """Why the Mosaic GPU backward cannot run a call (None when it can, or when the arguments
+  left None could still make it); head_dim is the padded one, group = num_heads //
+  num_kv_heads. It runs after the Mosaic GPU forward (`attention.kernel_config`; else the
+  Triton backward does). Limits: the layouts of the Mosaic GPU forward, bfloat16/float16, the
+  registers of the dK and dV float32 accumulators (2 × 64 × head_dim per warpgroup: head_dim
+  ≤ 128), shared memory (`smem_bytes`)."""
+  if numerics not in NUMERICS:
+    return f"numerics={numerics!r} (the Mosaic GPU backward has {', '.join(NUMERICS)})"
+  if dtype is not None and jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16):
+    return f"dtype={jnp.dtype(dtype)} (the Mosaic GPU backward needs bfloat16 or float16)"
+  if head_dim is not None and not (32 <= head_dim <= MAX_HEAD_DIM):
+    return (f"head_dim={head_dim} after padding (the Mosaic GPU backward keeps dK and dV, "
+            f"2 × 64 × head_dim float32, in registers: head_dim 32–{MAX_HEAD_DIM})")
+  if None not in (head_dim, num_stages):
+    need = smem_bytes(head_dim, num_stages, group or 1, center_keys)
+    if need > SMEM_BYTES:
+      return (f"num_stages={num_stages} at head_dim={head_dim}: the Mosaic GPU backward needs "
+              f"{need / 1024:.1f} KiB of shared memory, more than {SMEM_BYTES / 1024:.0f} KiB")
+  return None
+
+
+def _acc_dot(a, b, shape):
+  """a @ b into a fresh float32 accumulator, read back (waits for it)."""
+  def run(acc_ref):
+    plgpu.wgmma(acc_ref, a, b)
+    return acc_ref[...]
+  return pl.run_scoped(run, plgpu.ACC(shape, jnp.float32))
+
+
+def _interpret_params(cfg):
+  if not cfg.interpret:
+    return None
+  from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+  return InterpretGPUParams()
+
+
+def _row_slice(rows_smem, r, layout):
+  return plgpu.load(rows_smem.at[r], layout=layout)
+
+
+def _iota(tile, dim):
+  return plgpu.broadcasted_iota(jnp.int32, tile, dim, layout=plgpu.Layout.WGMMA)
+
+
+def _valid(q_pos, k_pos, cfg, real_queries=False):
+  """True where a score counts: a real key, (real_queries) a real query, (causal) key ≤ query
+  (`forward.score_mask`)."""
+  valid = k_pos < cfg.kv_len
+  if real_queries:
+    valid = jnp.logical_and(valid, q_pos < cfg.q_len)
+  if cfg.causal:
+    valid = jnp.logical_and(valid, q_pos >= k_pos)
+  return valid
+
+
+def _probs_and_dscores(s, dp, m, log_l, delta, cfg, valid=None):
+  """P and dS of one tile of QKᵀ and dO Vᵀ products, float32, 0 where not `valid` (None:
+  nothing masked) — the Triton backward's `_probs_and_dscores`, on wgmma tiles (either
+  orientation: m, log l and delta come broadcast to the tile)."""
+  numerics, scale = cfg.numerics, cfg.softmax_scale
+  p = numerics.probs(numerics.scores(s, scale), m, log_l)
+  if valid is None:
+    return p, numerics.dscores(p, numerics.dp(dp), delta, scale)
+  p = jnp.where(valid, p, 0.0)
+  return p, jnp.where(valid, numerics.dscores(p, numerics.dp(dp), delta, scale), 0.0)
+
+
+def _store(smem, value, dst):
+  """value → a shared-memory tile → its place in global memory (TMA; not waited for)."""
+  smem[...] = value
+  plgpu.commit_smem()
+  plgpu.copy_smem_to_gmem(smem, dst)
+
+
+def _producer(n_steps, stages, free, load):
+  """The producer warpgroup: load(t, slot) issues step t's TMA copies into ring slot t mod
+  stages once both compute warpgroups have freed it, then waits until the last `stages` slots
+  are consumed (every warpgroup observes every phase of `free`)."""
+  plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
+
+  @pl.loop(0, n_steps)
+  def _load(t):
+    slot = lax.rem(t, jnp.int32(stages))
+
+    @pl.when(t >= stages)                   # the slot's previous tile must be consumed first
+    def _():
+      plgpu.barrier_wait(free.at[slot])
+    load(t, slot)
+
+  @pl.loop(jnp.maximum(n_steps - stages, 0), n_steps)
+  def _last(t):
+    plgpu.barrier_wait(free.at[lax.rem(t, jnp.int32(stages))])
+
+
+# --- dK, dV ---------------------------------------------------------------------------------
+
+def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, dk_ref, dv_ref, scoped, *, cfg, n_q,
+                group, stages):
+  numerics, dtype, scale, bq = cfg.numerics, q_ref.dtype, cfg.softmax_scale, DKV_BLOCK_Q
+  smem, barriers = scoped
+  k_smem2, v_smem2, q_smem, do_smem, rows_smem, out_smem2, p_smem2, ds_smem2 = smem
+  k_ready, v_ready, q_ready, do_ready, rows_ready, free = barriers
+  batch, head, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
+  cta_key0 = lax.axis_index("kv_tiles") * (COMPUTE_WGS * ROWS)
+  # causal: query tiles that end before this CTA's first key see none of its keys
+  first = lax.div(cta_key0, jnp.int32(bq)) if cfg.causal else jnp.int32(0)
+  n_steps = jnp.maximum(jnp.int32(n_q) - first, 0)
+  fused = not cfg.interpret
+
+  @pl.when(wg < COMPUTE_WGS)
+  def _compute():
+    plgpu.set_max_registers(COMPUTE_REGISTERS, action="increase")
+    k_smem, v_smem = k_smem2.at[wg], v_smem2.at[wg]
+    key0 = cta_key0 + wg * ROWS
+    kv_head = lax.div(head, jnp.int32(group))
+    keys = (batch, pl.ds(key0, ROWS), kv_head)
+    plgpu.copy_gmem_to_smem(k_ref.at[keys], k_smem, k_ready.at[wg])
+    plgpu.copy_gmem_to_smem(v_ref.at[keys], v_smem, v_ready.at[wg])
+    plgpu.barrier_wait(k_ready.at[wg])
+    plgpu.barrier_wait(v_ready.at[wg])
+    d = k_smem.shape[-1]
+    tile = (ROWS, bq)
+    col = plgpu.Layout.WGMMA.reduce(0)             # a per-query vector along the columns
+
+    def elementwise(s, dp, slot, i, masked):
+      """Pᵀ and dSᵀ (keys × queries) of one step, rounded for their products."""
+      m, log_l, delta = (lax.broadcast_in_dim(_row_slice(rows_smem.at[slot], r, col), tile, [1])
+                         for r in range(3))
+      valid = _valid(i * bq + _iota(tile, 1), key0 + _iota(tile, 0), cfg, True) if masked else None
+      p, ds = _probs_and_dscores(s, dp, m, log_l, delta, cfg, valid)
+      return numerics.round_p(p, dtype), numerics.round_ds(ds, dtype)
+
+    def step(t, carry, masked):
+      dk, dv = carry
+      i = first + t
+      slot = lax.rem(t, jnp.int32(stages))
+      q_slot, do_slot = q_smem.at[slot], do_smem.at[slot]
+      if fused:
+        def products(refs):
+          dk_acc, dv_acc = refs
+
+          def scoped_step(s_acc, dp_acc):
+            plgpu.barrier_wait(q_ready.at[slot])
+            plgpu.wgmma(s_acc, k_smem, q_slot.transpose((1, 0)))        # Sᵀ = K Qᵀ
+            plgpu.barrier_wait(do_ready.at[slot])
+            plgpu.wgmma(dp_acc, v_smem, do_slot.transpose((1, 0)))      # dPᵀ = V dOᵀ
+            plgpu.barrier_wait(rows_ready.at[slot])
+            s = plgpu.wgmma_accumulator_load(s_acc, wait_n=1)           # while dPᵀ runs
+            dp = dp_acc[...]
+            p_in, ds_in = elementwise(s, dp, slot, i, masked)
+            plgpu.wgmma(dv_acc, p_in, do_slot)                          # dV += Pᵀ dO
+            plgpu.wgmma(dk_acc, ds_in, q_slot)                          # dK += dSᵀ Q
+          pl.run_scoped(scoped_step, plgpu.ACC(tile, jnp.float32), plgpu.ACC(tile, jnp.float32))
+        dk, dv = pl.run_state(products)((plgpu.ACC.init(dk), plgpu.ACC.init(dv)))
+      else:                      # interpret mode: operands from shared memory, fresh accumulators
+        plgpu.barrier_wait(q_ready.at[slot])
+        plgpu.barrier_wait(do_ready.at[slot])
+        plgpu.barrier_wait(rows_ready.at[slot])
+        s = _acc_dot(k_smem, q_slot.transpose((1, 0)), tile)
+        dp = _acc_dot(v_smem, do_slot.transpose((1, 0)), tile)
+        p_in, ds_in = elementwise(s, dp, slot, i, masked)
+        p_smem, ds_smem = p_smem2.at[wg], ds_smem2.at[wg]
+        p_smem[...] = p_in
+        ds_smem[...] = ds_in
+        plgpu.commit_smem()
+        dv = numerics.accumulate(dv, _acc_dot(p_smem, do_slot, (ROWS, d)))
+        dk = numerics.accumulate(dk, _acc_dot(ds_smem, q_slot, (ROWS, d)))
+      plgpu.barrier_arrive(free.at[slot])
+      return dk, dv
+
+    # Steps [0, a) and [b, n_steps) need the mask (the causal diagonal; padded queries in the
+    # last tile); [a, b) do not, unless this warpgroup has padded keys.
+    diagonal_end = (pl.cdiv(key0 + ROWS - 1, jnp.int32(bq)) if cfg.causal else first)
+    a = jnp.clip(diagonal_end - first, 0, n_steps)
+    b = jnp.clip(jnp.int32(cfg.q_len // bq) - first, a, n_steps)
+    b = jnp.where(key0 + ROWS > cfg.kv_len, a, b)
+    zeros = plgpu.layout_cast(jnp.zeros((ROWS, d), jnp.float32), plgpu.Layout.WGMMA)
+    carry = lax.fori_loop(0, a, lambda t, c: step(t, c, True), (zeros, zeros))
+    carry = lax.fori_loop(a, b, lambda t, c: step(t, c, False), carry)
+    dk, dv = lax.fori_loop(b, n_steps, lambda t, c: step(t, c, True), carry)
+
+    out_dtype = dk_ref.dtype
+    dk = numerics.round_grad(dk, scale, out_dtype)
+    dv = numerics.round_grad(dv, scale, out_dtype, scaled=False)
+    rows_out = (batch, pl.ds(key0, ROWS), head)
+    if out_smem2 is None:                # a 2-byte dK, dV: K's and V's buffers are free now
+      _store(k_smem, dk, dk_ref.at[rows_out])
+      _store(v_smem, dv, dv_ref.at[rows_out])
+    else:                                # float32 partials (grouped heads): one buffer in turn
+      _store(out_smem2.at[wg], dk, dk_ref.at[rows_out])
+      plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+      _store(out_smem2.at[wg], dv, dv_ref.at[rows_out])
+    plgpu.wait_smem_to_gmem(0)
+
+  @pl.when(wg == COMPUTE_WGS)
+  def _memory():
+    def load(t, slot):
+      rows = pl.ds((first + t) * bq, bq)
+      plgpu.copy_gmem_to_smem(q_ref.at[batch, rows, head], q_smem.at[slot], q_ready.at[slot])
+      plgpu.copy_gmem_to_smem(do_ref.at[batch, rows, head], do_smem.at[slot], do_ready.at[slot])
+      plgpu.copy_gmem_to_smem(rows_ref.at[batch, head, :, rows], rows_smem.at[slot],
+                              rows_ready.at[slot])
+    _producer(n_steps, stages, free, load)
+
+
+def _dkv(q, k, v, do, rows, cfg, stages):
+  batch, q_len_p, num_heads, d = q.shape
+  kv_len_p, num_kv_heads = k.shape[1], k.shape[2]
+  group = num_heads // num_kv_heads
+  out_dtype = jnp.dtype(q.dtype if group == 1 else jnp.float32)
+  n_q = -(-cfg.q_len // DKV_BLOCK_Q)
+  stages = int(max(1, min(stages, n_q)))
+  sw = smem_transforms(d, 2)
+
+  def entry(q_ref, k_ref, v_ref, do_ref, rows_ref, dk_ref, dv_ref):
+    smem = (plgpu.SMEM((COMPUTE_WGS, ROWS, d), k.dtype, transforms=sw),
+            plgpu.SMEM((COMPUTE_WGS, ROWS, d), v.dtype, transforms=sw),
+            plgpu.SMEM((stages, DKV_BLOCK_Q, d), q.dtype, transforms=sw),
+            plgpu.SMEM((stages, DKV_BLOCK_Q, d), do.dtype, transforms=sw),
+            plgpu.SMEM((stages, 3, DKV_BLOCK_Q), jnp.float32),
+            None if out_dtype.itemsize == 2 else plgpu.SMEM(
+                (COMPUTE_WGS, ROWS, d), jnp.float32, transforms=smem_transforms(d, 4)),
+            *((plgpu.SMEM((COMPUTE_WGS, ROWS, DKV_BLOCK_Q), q.dtype,
+                          transforms=smem_transforms(DKV_BLOCK_Q, 2)),) * 2
+              if cfg.interpret else (None, None)))
+    per_wg = plgpu.Barrier(num_barriers=COMPUTE_WGS)
+    ready = plgpu.Barrier(num_barriers=stages)
+    free = plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=stages)
+    pl.run_scoped(
+        lambda *scoped: _dkv_kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, dk_ref, dv_ref,
+                                    (scoped[0], scoped[1:]), cfg=cfg, n_q=n_q, group=group,
+                                    stages=stages),
+        smem, per_wg, per_wg, ready, ready, ready, free, collective_axes="wg")
+
+  grid = dict(batch=batch, heads=num_heads, kv_tiles=kv_len_p // (COMPUTE_WGS * ROWS))
+  names = ("batch", "heads", "kv_tiles")      # key tiles innermost: a head's Q, dO shared in L2
+  out = jax.ShapeDtypeStruct((batch, kv_len_p, num_heads, d), out_dtype)
+  return plgpu.kernel(
+      entry, out_type=(out, out), grid=tuple(grid[n] for n in names), grid_names=names,
+      num_threads=COMPUTE_WGS + 1, thread_name="wg",
+      compiler_params=plgpu.CompilerParams(approx_math=True),
+      interpret=_interpret_params(cfg),
+  )(q, k, v, do, rows)
+
+
+# --- dQ -------------------------------------------------------------------------------------
+
+def _dq_kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, *refs, cfg, n_kv, group, stages):
+  kd_ref, dq_ref, scoped = refs if cfg.numerics.center_keys else (None, *refs)
+  numerics, dtype, scale, bk = cfg.numerics, q_ref.dtype, cfg.softmax_scale, DQ_BLOCK_K
+  smem, barriers = scoped
+  q_smem2, do_smem2, rows_smem2, k_smem, v_smem, kd_smem, ds_smem2 = smem
+  q_ready, do_ready, rows_ready, k_ready, v_ready, kd_ready, free = barriers
+  batch, head, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
+  cta_row0 = lax.axis_index("q_tiles") * (COMPUTE_WGS * ROWS)
+  fused = not cfg.interpret
+
+  key_steps = lambda row_end: visited_key_tiles(row_end, n_kv, bk, cfg.causal)
+  cta_steps = key_steps(cta_row0 + COMPUTE_WGS * ROWS)
+
+  @pl.when(wg < COMPUTE_WGS)
+  def _compute():
+    plgpu.set_max_registers(COMPUTE_REGISTERS, action="increase")
+    q_smem, do_smem, rows_smem = q_smem2.at[wg], do_smem2.at[wg], rows_smem2.at[wg]
+    row0 = cta_row0 + wg * ROWS
+    mine = (batch, pl.ds(row0, ROWS), head)
+    plgpu.copy_gmem_to_smem(q_ref.at[mine], q_smem, q_ready.at[wg])
+    plgpu.copy_gmem_to_smem(do_ref.at[mine], do_smem, do_ready.at[wg])
+    plgpu.copy_gmem_to_smem(rows_ref.at[batch, head, :, pl.ds(row0, ROWS)], rows_smem,
+                            rows_ready.at[wg])
+    plgpu.barrier_wait(q_ready.at[wg])
+    plgpu.barrier_wait(do_ready.at[wg])
+    plgpu.barrier_wait(rows_ready.at[wg])
+    d = q_smem.shape[-1]
+    tile = (ROWS, bk)
+    row = plgpu.Layout.WGMMA.reduce(1)
+    m, log_l, delta = (lax.broadcast_in_dim(_row_slice(rows_smem, r, row), tile, [0])
+                       for r in range(3))
+    steps = key_steps(row0 + ROWS)
+    # key tiles below `unmasked` have neither padded keys nor (causal) keys after any row
+    unmasked = jnp.int32(cfg.kv_len // bk)
+    if cfg.causal:
+      unmasked = jnp.minimum(unmasked, lax.div(row0 + 1, jnp.int32(bk)))
+
+    def elementwise(s, dp, j, masked):
+      """dS of one step, rounded for its product (padded query rows are not masked: their
+      dQ rows are cut off by the wrapper)."""
+      valid = _valid(row0 + _iota(tile, 0), j * bk + _iota(tile, 1), cfg) if masked else None
+      return numerics.round_ds(_probs_and_dscores(s, dp, m, log_l, delta, cfg, valid)[1], dtype)
+
+    def step(j, dq, masked):
+      slot = lax.rem(j, jnp.int32(stages))
+      k_slot, v_slot = k_smem.at[slot], v_smem.at[slot]
+      kd_slot = k_slot if kd_smem is None else kd_smem.at[slot]
+      if fused:
+        def products(dq_acc):
+          def scoped_step(s_acc, dp_acc):
+            plgpu.barrier_wait(k_ready.at[slot])
+            plgpu.wgmma(s_acc, q_smem, k_slot.transpose((1, 0)))       # S = Q Kᵀ
+            plgpu.barrier_wait(v_ready.at[slot])
+            plgpu.wgmma(dp_acc, do_smem, v_slot.transpose((1, 0)))     # dP = dO Vᵀ
+            s = plgpu.wgmma_accumulator_load(s_acc, wait_n=1)          # while dP runs
+            ds_in = elementwise(s, dp_acc[...], j, masked)
+            if kd_smem is not None:
+              plgpu.barrier_wait(kd_ready.at[slot])
+            plgpu.wgmma(dq_acc, ds_in, kd_slot)                        # dQ += dS K
+          pl.run_scoped(scoped_step, plgpu.ACC(tile, jnp.float32), plgpu.ACC(tile, jnp.float32))
+        dq = pl.run_state(products)(plgpu.ACC.init(dq))
+      else:                      # interpret mode: operands from shared memory, fresh accumulators
+        plgpu.barrier_wait(k_ready.at[slot])
+        plgpu.barrier_wait(v_ready.at[slot])
+        if kd_smem is not None:
+          plgpu.barrier_wait(kd_ready.at[slot])
+        s = _acc_dot(q_smem, k_slot.transpose((1, 0)), tile)
+        dp = _acc_dot(do_smem, v_slot.transpose((1, 0)), tile)
+        ds_smem = ds_smem2.at[wg]
+        ds_smem[...] = elementwise(s, dp, j, masked)
+        plgpu.commit_smem()
+        dq = numerics.accumulate(dq, _acc_dot(ds_smem, kd_slot, (ROWS, d)))
+      plgpu.barrier_arrive(free.at[slot])
+      return dq
+
+    zeros = plgpu.layout_cast(jnp.zeros((ROWS, d), jnp.float32), plgpu.Layout.WGMMA)
+    mid = jnp.minimum(unmasked, steps)
+    dq = lax.fori_loop(0, mid, lambda j, c: step(j, c, False), zeros)
+    dq = lax.fori_loop(mid, steps, lambda j, c: step(j, c, True), dq)
+
+    @pl.loop(steps, cta_steps)           # causal: free the slots the other warpgroup still reads
+    def _drain(j):
+      slot = lax.rem(j, jnp.int32(stages))
+      plgpu.barrier_wait(k_ready.at[slot])             # every warpgroup sees every phase
+      plgpu.barrier_wait(v_ready.at[slot])
+      if kd_smem is not None:
+        plgpu.barrier_wait(kd_ready.at[slot])
+      plgpu.barrier_arrive(free.at[slot])
+
+    _store(q_smem, numerics.round_grad(dq, scale, dq_ref.dtype), dq_ref.at[mine])  # Q is dead
+    plgpu.wait_smem_to_gmem(0)
+
+  @pl.when(wg == COMPUTE_WGS)
+  def _memory():
+    def load(j, slot):
+      keys = (batch, pl.ds(j * bk, bk), lax.div(head, jnp.int32(group)))
+      plgpu.copy_gmem_to_smem(k_ref.at[keys], k_smem.at[slot], k_ready.at[slot])
+      plgpu.copy_gmem_to_smem(v_ref.at[keys], v_smem.at[slot], v_ready.at[slot])
+      if kd_smem is not None:
+        plgpu.copy_gmem_to_smem(kd_ref.at[keys], kd_smem.at[slot], kd_ready.at[slot])
+    _producer(cta_steps, stages, free, load)
+
+
+def _dq(q, k, v, do, rows, kd, cfg, stages):
+  batch, q_len_p, num_heads, d = q.shape
+  num_kv_heads = k.shape[2]
+  group = num_heads // num_kv_heads
+  n_kv = -(-cfg.kv_len // DQ_BLOCK_K)               # tiles of padding only are skipped
+  stages = int(max(1, min(stages, n_kv)))
+  sw = smem_transforms(d, 2)
+  center = kd is not None
+
+  def entry(q_ref, k_ref, v_ref, do_ref, rows_ref, *refs):
+    smem = (plgpu.SMEM((COMPUTE_WGS, ROWS, d), q.dtype, transforms=sw),
+            plgpu.SMEM((COMPUTE_WGS, ROWS, d), do.dtype, transforms=sw),
+            plgpu.SMEM((COMPUTE_WGS, 3, ROWS), jnp.float32),
+            plgpu.SMEM((stages, DQ_BLOCK_K, d), k.dtype, transforms=sw),
+            plgpu.SMEM((stages, DQ_BLOCK_K, d), v.dtype, transforms=sw),
+            plgpu.SMEM((stages, DQ_BLOCK_K, d), k.dtype, transforms=sw) if center else None,
+            plgpu.SMEM((COMPUTE_WGS, ROWS, DQ_BLOCK_K), q.dtype,
+                       transforms=smem_transforms(DQ_BLOCK_K, 2)) if cfg.interpret else None)
+    per_wg = plgpu.Barrier(num_barriers=COMPUTE_WGS)
+    ready = plgpu.Barrier(num_barriers=stages)
+    free = plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=stages)
+    pl.run_scoped(
+        lambda *scoped: _dq_kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, *refs,
+                                   (scoped[0], scoped[1:]), cfg=cfg, n_kv=n_kv, group=group,
+                                   stages=stages),
+        smem, per_wg, per_wg, per_wg, ready, ready, ready if center else None, free,
+        collective_axes="wg")
+
+  grid = dict(batch=batch, heads=num_heads, q_tiles=q_len_p // (COMPUTE_WGS * ROWS))
+  names = ("batch", "heads", "q_tiles")       # query tiles innermost: a head's K, V shared in L2
+  return plgpu.kernel(
+      entry, out_type=jax.ShapeDtypeStruct(q.shape, q.dtype),
+      grid=tuple(grid[n] for n in names), grid_names=names,
+      num_threads=COMPUTE_WGS + 1, thread_name="wg",
+      compiler_params=plgpu.CompilerParams(approx_math=True),
+      interpret=_interpret_params(cfg),
+  )(q, k, v, do, rows, *([kd] if center else []))
+
+
+def _pad_to(x, axis, multiple):
+  pad = -x.shape[axis] % multiple
+  if pad == 0:
+    return x
+  widths = [(0, 0)] * x.ndim
+  widths[axis] = (0, pad)
+  return jnp.pad(x, widths)
+
+
+def flash_backward_mgpu(q, k, v, o, m, log_l, do, cfg, d_lse=None):
+  """The Mosaic GPU backward on padded [batch, len, heads, head_dim] arrays; returns (dq, dk,
+  dv) as `pallas_kernels.backward.flash_backward` does (same arguments). The sequences are
+  padded here to the CTAs' 128 rows and sliced back; padded keys and queries are masked.
+  `pallas_kernels.attention.kernel_config` has checked the call against `supported`.
+  """
+  batch, q_len_p, num_heads, d = q.shape
+  kv_len_p, num_kv_heads = k.shape[1], k.shape[2]
+  group = num_heads // num_kv_heads
+  cta = COMPUTE_WGS * ROWS
+  do = cfg.numerics.d_out(do, q.dtype)
+  delta = cfg.numerics.delta(do, o).transpose(0, 2, 1)             # [batch, heads, q_len_p]
+  if d_lse is not None:
+    delta = delta - d_lse
+  rows = jnp.stack([m, log_l, delta], axis=2)                      # [batch, heads, 3, q_len_p]
+  qp, dop, rows = _pad_to(q, 1, cta), _pad_to(do, 1, cta), _pad_to(rows, 3, cta)
+  kp, vp = _pad_to(k, 1, cta), _pad_to(v, 1, cta)
+  kd = _pad_to(cfg.numerics.dq_keys(k, cfg.kv_len), 1, cta) if cfg.numerics.center_keys else None
+  stages = cfg.num_stages_bwd if cfg.num_stages_bwd is not None else 2
+  dk, dv = _dkv(qp, kp, vp, dop, rows, cfg, stages)
+  dk, dv = dk[:, :kv_len_p], dv[:, :kv_len_p]
+  if group > 1:
+    dk = cfg.numerics.sum_group(dk.reshape(batch, kv_len_p, num_kv_heads, group, d), q.dtype)
+    dv = cfg.numerics.sum_group(dv.reshape(batch, kv_len_p, num_kv_heads, group, d), q.dtype)
+  if cfg.interpret:     # dQ after dK/dV: XLA could otherwise run the two interpreted kernels
+    qp, dk, dv = lax.optimization_barrier((qp, dk, dv))   # at once, six blocking warpgroups
+  dq = _dq(qp, kp, vp, dop, rows, kd, cfg, stages)[:, :q_len_p]
+  return dq, dk, dv
