@@ -131,7 +131,9 @@ def golden_hashes(layouts=("fa2", "paper", "fp32_out", "stochastic"), block_q=64
   stabilize × head_dim on fixed inputs (seed 0, batch 1, length 200, 2 heads, causal; every
   odd key a copy of the even one before it, so rows have tied maxima and the compensation
   acts) with the given tiles: tuning (warps, stages, loop structure) must leave them unchanged.
-  Keys: "<layout>[+comp]" for head_dim 64, with "@d<head_dim>" appended for the others."""
+  The Triton kernels' hashes (backend="triton": on a Hopper GPU "auto" would pick the Mosaic
+  GPU kernels, whose float32 values differ). Keys: "<layout>[+comp]" for head_dim 64, with
+  "@d<head_dim>" appended for the others."""
   out = {}
   for head_dim in head_dims:
     q, k, v, do = make_inputs(Shape(1, 200, 200, 2, 2, head_dim, True), jnp.bfloat16, 0)
@@ -140,7 +142,8 @@ def golden_hashes(layouts=("fa2", "paper", "fp32_out", "stochastic"), block_q=64
       for stab in (False, True):
         name = f"{layout}{'+comp' if stab else ''}"
         kw = dict(AttentionConfig.parse(name).flash_kwargs(), causal=True, block_q=block_q,
-                  block_k=block_k, rng_key=jax.random.key(0) if layout == "stochastic" else None)
+                  block_k=block_k, rng_key=jax.random.key(0) if layout == "stochastic" else None,
+                  backend="triton")
         _, stats = flash_attention(q, k, v, return_stats=True, **kw)
         o, vjp = jax.vjp(lambda q, k, v: flash_attention(q, k, v, **kw), q, k, v)
         grads = vjp(do.astype(o.dtype))
