@@ -210,15 +210,25 @@ def _experiment(args):
 
 
 def _bench(args):
+  import dataclasses
+
+  import jax
+
   from jax_flashstable.attention.config import split_specs
-  from jax_flashstable.bench import suite
+  from jax_flashstable.bench import suite, targets
   from jax_flashstable.lab.shapes import Shape
   try:
     shapes = [Shape.parse(t) for t in args.shapes.split(";")] if args.shapes else None
+    step = None
+    if args.step_model or args.step_batch:
+      step = targets.StepSetting.default(jax.default_backend() == "gpu")
+      step = dataclasses.replace(step, model=args.step_model or step.model,
+                                 batch_size=args.step_batch or step.batch_size)
     return suite.run(args.out, shapes=shapes, names=split_specs(args.names or ""),
                      warmup=args.warmup, reps=args.reps, pairs=args.overhead_pairs,
                      overhead=split_specs(args.overhead), paired=split_specs(args.paired),
-                     paired_reference=args.paired_reference, hashes=args.hashes, meta=_meta(args))
+                     paired_reference=args.paired_reference, hashes=args.hashes, meta=_meta(args),
+                     targets=args.targets, step=step)
   except ValueError as e:
     raise SystemExit(f"flashstable bench: {e}") from None
 
@@ -337,6 +347,16 @@ def build_parser():
            "e.g. fa2,fa2+mgpu:block_k=128")
   p.add_argument("--hashes", action=argparse.BooleanOptionalAction, default=True,
                  help="record the golden output hashes of every layout")
+  p.add_argument("--targets", nargs="?", const="fa2+comp", default=None, metavar="SPEC",
+                 help="judge SPEC (default fa2+comp) against the speed targets (forward ≥ 0.95× "
+                 "and forward+backward ≥ 0.80× --paired-reference, ahead of pallas-mgpu, "
+                 "compensation overhead ≤ 3%% / 1%%, training step): shapes default to the "
+                 "headline b4×4096×16×d128 non-causal and causal on a GPU; a 'targets' table "
+                 "closes bench.md")
+  p.add_argument("--step-model", default=None, help="with --targets: the training-step model "
+                 "(default gpt2-small on a GPU, tiny on a CPU)")
+  p.add_argument("--step-batch", type=int, default=None, help="with --targets: its global batch "
+                 "(default 16 on a GPU, 2 on a CPU)")
   p.add_argument("--out", default="runs/bench")
   p.set_defaults(func=_bench)
   p = sub.add_parser("plot", help="draw loss, grad norm and diagnostics of a training run")

@@ -93,3 +93,30 @@ def test_golden_hashes_unchanged():
   if backend not in HASHES:
     pytest.skip(f"no golden hashes recorded for backend {backend!r}")
   assert bench.golden_hashes() == HASHES[backend]
+
+
+def test_bench_targets_on_cpu(tmp_path, capsys):
+  """`flashstable bench --targets` at toy size on a CPU (XLA as the reference): every target has
+  a row, measured or n/a with the reason (JAX's Mosaic GPU attention needs a GPU), and a
+  'targets' table closes bench.md."""
+  with pytest.raises(SystemExit, match="compensation"):
+    cli.main(["bench", "--targets", "fa2", "--paired-reference", "xla", "--out", str(tmp_path)])
+  rc = cli.main(["bench", "--targets", "--paired-reference", "xla", "--shapes", "1,64,2,2,32,1",
+                 "--reps", "1", "--warmup", "1", "--overhead-pairs", "2", "--no-hashes",
+                 "--step-batch", "2", "--out", str(tmp_path)])
+  assert rc == 0
+  res = json.loads((tmp_path / "bench.json").read_text())
+  assert {r["impl"] for r in res["rows"]} == {"fa2+comp", "pallas-mgpu", "xla"}
+  targets = res["meta"]["targets"]
+  assert targets["attention"] == "fa2+comp" and targets["shapes"][0]["kernels"] == "triton/triton"
+  rows = {(r["target"], r["shape"]): r for r in targets["rows"]}
+  shape = "b1 q64 kv64 h2/2 d32 causal"
+  for target in ("forward ≥ 0.95× xla", "forward+backward ≥ 0.80× xla",
+                 "compensation overhead, forward ≤ 3%", "compensation overhead, forward+backward ≤ 1%"):
+    assert rows[(target, shape)]["met"] in (True, False), target      # measured
+  rival = rows[("forward ahead of pallas-mgpu", shape)]
+  assert rival["met"] is None and "needs a CUDA GPU" in rival["measured"]
+  step = rows[("tiny training step ≤ xla's", "batch 2")]
+  assert step["met"] in (True, False) and " ms against " in step["measured"]
+  md = (tmp_path / "bench.md").read_text()
+  assert "| target | shape | measured | met |" in md and "forward ≥ 0.95× xla" in md

@@ -1,6 +1,7 @@
 """`flashstable bench` end to end: check every name first, time every shape (partial results
-kept as they come), then the compensation overheads and paired speed ratios on the first shape,
-the golden hashes, and the JSON, table and plot."""
+kept as they come), then the compensation overheads and paired speed ratios on the first shape
+(or, with targets, the issue's targets on every shape: `bench.targets`), the golden hashes, and
+the JSON, table and plot."""
 from __future__ import annotations
 
 import json
@@ -32,10 +33,26 @@ def check(names, paired, paired_reference, overhead) -> None:
 
 
 def run(out, *, shapes=None, names=None, warmup=3, reps=20, pairs=20, overhead=("fa2",),
-        paired=(), paired_reference="cudnn", hashes=True, meta=None, log=print) -> int:
+        paired=(), paired_reference="cudnn", hashes=True, meta=None, log=print, targets=None,
+        step=None) -> int:
   """Runs the bench into `out` (bench.json, bench.md, bench.png); returns the exit status: 1
-  when one of our kernels failed its check against the FP32 reference, else 0."""
+  when one of our kernels failed its check against the FP32 reference, else 0.
+
+  targets: an attention spec with the compensation (e.g. "fa2+comp") to judge against the
+  issue's targets (`bench.targets`): the shapes default to the headline pair on a GPU
+  (`targets.HEADLINE`), the first default shape on a CPU; the timed names to it, the rival
+  ("pallas-mgpu") and `paired_reference`; the overheads and ratios are measured per shape
+  there (the generic --overhead/--paired measurements are then skipped), with the training
+  step (`step`: `targets.StepSetting`); a "targets" table closes bench.md (until then the
+  measurements so far are in targets_partial.json)."""
   gpu = jax.default_backend() == "gpu"
+  if targets is not None:
+    from jax_flashstable.bench import targets as target_lib
+    check([targets], [], paired_reference, [])
+    target_lib.check(targets)
+    names = list(names) if names else [targets, "pallas-mgpu", paired_reference]
+    shapes = list(shapes or (target_lib.HEADLINE if gpu else default_shapes(gpu)[:1]))
+    overhead, paired = (), ()
   names = list(names) if names else default_impls(gpu)
   check(names, list(paired), paired_reference, list(overhead) if pairs else [])
   given, shapes = bool(shapes), list(shapes) if shapes else default_shapes(gpu)
@@ -56,8 +73,21 @@ def run(out, *, shapes=None, names=None, warmup=3, reps=20, pairs=20, overhead=(
       meta["paired_ratios"] = [_safe(lambda: paired_speed_ratio(head, name, paired_reference, pairs=pairs),
                                      dict(impl=name, reference=paired_reference, shape=head.name))
                                for name in paired]
+  table = format_bench(rows)
+  if targets is not None:
+    partial_targets = os.path.join(out, "targets_partial.json")
+
+    def save(results):
+      with open(partial_targets, "w") as f:
+        json.dump(results, f)
+    results = target_lib.measure(shapes, targets, paired_reference, pairs=max(pairs, 1),
+                                 step=step, log=log, save=save)
+    if os.path.exists(partial_targets):
+      os.remove(partial_targets)
+    meta["targets"] = dict(results, rows=target_lib.target_rows(results))
+    table += "\n\n" + target_lib.format_targets(meta["targets"]["rows"], results)
   meta["golden_hashes"] = golden_hashes() if hashes else None
-  write_results(out, "bench", rows, format_bench(rows), meta)
+  write_results(out, "bench", rows, table, meta)
   plot_bench(rows, os.path.join(out, "bench.png"))
   os.remove(partial)
   for o in meta.get("compensation_overhead", []):
