@@ -6,8 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from jax_flashstable.training.train import (NonFiniteError, TrainConfig, explosion_step, read_metrics,
-                                   train_and_evaluate)
+from jax_flashstable.training.train import (ConfigError, NonFiniteError, TrainConfig,
+                                            explosion_step, read_metrics, train_and_evaluate)
 
 SMALL = (("block_size", 32),)
 
@@ -82,3 +82,56 @@ def test_early_warning_action(tmp_path, monkeypatch, capsys, action):
     assert sorted(p.name for p in (tmp_path / action / "checkpoints").iterdir()) == ["4"]
   with pytest.raises(ValueError, match="warning_action='shout'"):
     train_and_evaluate(dataclasses.replace(c, warning_action="shout"))
+
+
+# --- bad values: refused with a message naming them ----------------------------------------
+
+@pytest.mark.parametrize("field,value,message", [
+    ("steps", -5, "steps=-5 must be an integer ≥ 1"), ("steps", 0, "steps=0"),
+    ("batch_size", 0, "batch_size=0"), ("grad_accum", 0, "grad_accum=0"),
+    ("lr", -1.0, "lr=-1.0 must be a finite number > 0"), ("lr", float("nan"), "lr=nan"),
+    ("grad_clip", -1.0, r"grad_clip=-1.0 must be .* ≥ 0 \(0: no clipping\)"),
+    ("beta2", 1.0, "beta2=1.0"), ("seed", -1, "seed=-1"), ("eval_batches", 0, "eval_batches=0"),
+    ("seq_len", 0, "seq_len=0"), ("steps", 2.5, "steps=2.5"), ("progress", "yes", "progress='yes'"),
+    ("warning_action", "shout", "warning_action='shout'")])
+def test_bad_values_are_refused_on_construction(field, value, message):
+  with pytest.raises(ConfigError, match=message):
+    dataclasses.replace(TrainConfig(), **{field: value})
+  assert issubclass(ConfigError, ValueError)
+
+
+def test_validate_names_the_setting(tmp_path):
+  ok = TrainConfig(out_dir=str(tmp_path / "new" / "run"), data=None)
+  assert ok.validate() is ok and not (tmp_path / "new").exists()       # creates nothing
+  (tmp_path / "file").write_text("")
+  for kw, message in (
+      (dict(seq_len=5000), r"seq_len=5000 exceeds the context of model 'tiny' \(block_size=128\)"),
+      (dict(model="nope"), r"model='nope': unknown model preset 'nope'"),
+      (dict(attention="nope"), r"attention='nope': .*'nope'"),
+      (dict(attention_overrides=((5, "xla"),)), "layer 5, but n_layer=2"),
+      (dict(model_overrides=(("n_head", 0),)), r"model_overrides=.*n_head=0 must be an integer ≥ 1"),
+      (dict(data=str(tmp_path / "missing")), r"data='.*missing': folder not found"),
+      (dict(out_dir=str(tmp_path / "file")), r"out_dir='.*file' is a file, not a folder"),
+      (dict(out_dir=str(tmp_path / "file" / "run")), r"out_dir='.*run' cannot be created"),
+      (dict(out_dir="/proc/no/such/run"), r"out_dir='/proc/no/such/run' cannot be created")):
+    with pytest.raises(ConfigError, match=message):
+      dataclasses.replace(ok, **kw).validate()
+
+
+def test_grad_clip_zero_means_no_clipping():
+  """nanoGPT's grad_clip=0 is "off": the update is AdamW's own (not 0), and a zero gradient
+  gives a zero update (not NaN, which clip_by_global_norm(0) gives)."""
+  import jax.numpy as jnp
+  import optax
+  from jax_flashstable.training.train import make_optimizer
+  c = TrainConfig(grad_clip=0.0, warmup_steps=0, lr=1e-2)
+  params = {"w": jnp.ones((3, 3))}
+  tx = make_optimizer(c)
+  plain = optax.adamw(c.schedule(), b1=c.beta1, b2=c.beta2, eps=c.eps, weight_decay=0.0)
+  grads = {"w": jnp.full((3, 3), 10.0)}
+  got, _ = tx.update(grads, tx.init(params), params)
+  want, _ = plain.update(grads, plain.init(params), params)
+  np.testing.assert_array_equal(got["w"], want["w"])
+  assert float(jnp.abs(got["w"]).min()) > 0
+  zero, _ = tx.update({"w": jnp.zeros((3, 3))}, tx.init(params), params)
+  assert np.isfinite(np.asarray(zero["w"])).all() and float(jnp.abs(zero["w"]).max()) == 0.0

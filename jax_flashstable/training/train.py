@@ -21,8 +21,10 @@ import optax
 from flax import nnx
 
 from jax_flashstable.attention.config import AttentionConfig
+from jax_flashstable.training.config import (  # noqa: F401 (WARNING_ACTIONS: re-exported)
+    RESUMABLE_FIELDS, WARNING_ACTIONS, ConfigError, TrainConfig)
 from jax_flashstable.training.data import Dataset
-from jax_flashstable.models.gpt2 import GPT, GPTConfig, count_params, flops_per_token, loss_fn
+from jax_flashstable.models.gpt2 import GPT, count_params, flops_per_token, loss_fn
 from jax_flashstable.results import run_meta
 
 def peak_flops():
@@ -36,57 +38,11 @@ class NonFiniteError(RuntimeError):
   """Raised when a step produces a non-finite loss or gradient."""
 
 
-@dataclasses.dataclass(frozen=True)
-class TrainConfig:
-  model: str = "tiny"                 # GPTConfig preset
-  model_overrides: tuple = ()         # ((field, value), ...) applied to the preset
-  attention: str = "fa2"              # AttentionConfig spec for every layer
-  attention_overrides: tuple = ()     # ((layer, spec), ...), 0-based layer index
-  data: str | None = None             # data folder; None = the embedded sample
-  steps: int = 200                    # optimizer steps
-  batch_size: int = 8                 # sequences per micro-batch
-  grad_accum: int = 1                 # micro-batches per step
-  seq_len: int | None = None          # default: the model's block_size
-  lr: float = 1e-3                    # peak learning rate
-  min_lr: float = 1e-5                # floor of the cosine decay
-  warmup_steps: int = 20              # linear warmup from 0
-  decay_steps: int | None = None      # cosine length incl. warmup; default `steps`
-  weight_decay: float = 0.0
-  beta1: float = 0.9
-  beta2: float = 0.95
-  eps: float = 1e-8
-  grad_clip: float = 1.0              # global-norm clipping
-  seed: int = 0                       # init and data order
-  eval_interval: int = 50             # steps between validation losses (0: only at the end)
-  eval_batches: int = 4
-  checkpoint_interval: int = 0        # steps between Orbax checkpoints (0: none)
-  diag_interval: int = 0              # steps between diagnostics rows (0: off), `diagnostics.py`
-  diag_rows: int = 64                 # sampled rows per diagnostics call
-  data_parallel: bool = False         # split each batch over all local devices (shard_map)
-  stop_after_explosion: int = -1      # stop this many steps after an explosion (-1: never)
-  warning_action: str = "log"         # on the early warning (`EarlyWarning`, needs diag_interval):
-                                      # "off", "log", "checkpoint" (and go on) or "stop" (after one)
-  max_seconds: float = 0.0            # stop (and checkpoint) this long after the start (0: no limit)
-  out_dir: str = "runs/train"
-  progress: bool = True               # tqdm progress bar
-
-  def model_config(self) -> GPTConfig:
-    overrides = dict(self.model_overrides)
-    overrides["attention"] = AttentionConfig.parse(self.attention)
-    overrides["attention_overrides"] = tuple(
-        (int(i), AttentionConfig.parse(s)) for i, s in self.attention_overrides)
-    return GPTConfig.preset(self.model, **overrides)
-
-  def schedule(self):
-    return optax.warmup_cosine_decay_schedule(
-        init_value=0.0, peak_value=self.lr, warmup_steps=self.warmup_steps,
-        decay_steps=max(self.decay_steps or self.steps, self.warmup_steps + 1), end_value=self.min_lr)
-
-
 def make_optimizer(cfg: TrainConfig):
+  """AdamW after global-norm clipping at `grad_clip` (0: no clipping, nanoGPT's convention)."""
   decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
   return optax.chain(
-      optax.clip_by_global_norm(cfg.grad_clip),
+      optax.clip_by_global_norm(cfg.grad_clip) if cfg.grad_clip > 0 else optax.identity(),
       optax.adamw(cfg.schedule(), b1=cfg.beta1, b2=cfg.beta2, eps=cfg.eps,
                   weight_decay=cfg.weight_decay, mask=decay_mask))
 
@@ -147,13 +103,6 @@ def make_steps(graphdef, tx, mesh=None):
 
   return (jax.jit(train_step, donate_argnums=0),
           jax.jit(eval_loss))
-
-
-# Fields a resumed or repeated run may change: they decide when training stops and what is
-# saved, not the trajectory (`steps` too when the cosine length is fixed by decay_steps).
-RESUMABLE_FIELDS = ("max_seconds", "progress", "checkpoint_interval", "stop_after_explosion",
-                    "warning_action")
-WARNING_ACTIONS = ("off", "log", "checkpoint", "stop")
 
 
 def config_changes(out_dir, cfg: TrainConfig) -> dict:
@@ -286,6 +235,29 @@ def explosion_step(losses, warmup_steps, factor=2.0, window=10):
   return monitor.step
 
 
+def load_dataset(cfg: TrainConfig, dataset: Dataset | None = None) -> Dataset:
+  """The run's Dataset (`dataset`, or the one `cfg.data` names), with every token file checked
+  once (`data.load_tokens`) and each split longer than seq_len + 1 tokens.
+
+  Raises:
+    ConfigError: naming the data folder, for a missing or malformed token file, an id beyond
+      the model's vocabulary, or a split too short for seq_len.
+  """
+  mcfg = cfg.model_config()
+  seq_len = cfg.seq_len or mcfg.block_size
+  name = f"data={cfg.data!r}" if cfg.data is not None else "the embedded sample"
+  if dataset is None:
+    try:
+      dataset = Dataset(cfg.data, mcfg.vocab_size)
+    except (ValueError, FileNotFoundError) as e:
+      raise ConfigError(f"{name}: {e}") from None
+  for split in ("train", "val"):
+    n = len(getattr(dataset, split))
+    if n <= seq_len + 1:
+      raise ConfigError(f"{name}: the {split} split has {n} tokens, too few for seq_len={seq_len}")
+  return dataset
+
+
 def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None) -> dict:
   """Trains, logs to `out_dir/metrics.jsonl`, returns a summary dict.
 
@@ -297,16 +269,22 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None) -> dict
   that run's configuration differs in anything but `RESUMABLE_FIELDS`. On a non-finite loss or
   gradient it stops and raises `NonFiniteError` naming the step and the last finite
   checkpoint (checkpoints are written only from finite states).
+
+  Raises:
+    ConfigError: a setting `TrainConfig.validate` refuses, data that cannot be used
+      (`load_dataset`), or an out_dir that cannot be created.
   """
   import orbax.checkpoint as ocp
   t_start = time.perf_counter()                    # max_seconds counts setup and compilation too
-  if cfg.warning_action not in WARNING_ACTIONS:
-    raise ValueError(f"warning_action={cfg.warning_action!r} is not one of {WARNING_ACTIONS}")
+  cfg.validate()
   out = pathlib.Path(cfg.out_dir)
-  out.mkdir(parents=True, exist_ok=True)
+  try:
+    out.mkdir(parents=True, exist_ok=True)
+  except OSError as e:
+    raise ConfigError(f"out_dir={cfg.out_dir!r} cannot be created ({e.strerror})") from None
   mcfg = cfg.model_config()
   seq_len = cfg.seq_len or mcfg.block_size
-  data = dataset or Dataset(cfg.data, mcfg.vocab_size)
+  data = load_dataset(cfg, dataset)
   model, graphdef, params, tx, opt_state = init_state(cfg)
   n_params = count_params(params)
   mesh = None
@@ -314,7 +292,8 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None) -> dict
     from jax_flashstable.training.parallel import data_mesh
     mesh = data_mesh()
     if cfg.batch_size % mesh.size:
-      raise ValueError(f"batch_size={cfg.batch_size} is not a multiple of the {mesh.size} devices")
+      raise ConfigError(f"batch_size={cfg.batch_size} is not a multiple of the {mesh.size} "
+                        f"devices (data_parallel=True)")
   train_step, eval_step = make_steps(graphdef, tx, mesh)
   schedule = cfg.schedule()
   place = lambda a, axis: a
