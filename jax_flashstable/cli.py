@@ -3,7 +3,7 @@
 A user error (a bad option value, a missing file, an unknown name) ends the command before any
 work with one line naming the option and the value, exit status 2: commands raise
 `SystemExit("flashstable <command>: ...")` (what the tests match) and `console_main`, the
-console entry point, prints it. Importing this
+console entry point, prints it. Ctrl-C ends with one line and status 130. Importing this
 module, and `--help`, import no JAX (the training options come from `training.config`).
 """
 from __future__ import annotations
@@ -164,12 +164,17 @@ def _add_train_options(p, skip=(), layer_attention=True, defaults=None):
 
 def _train(args):
   cfg = _train_config(args).validate()            # ConfigError: one line (main), before any work
-  from jax_flashstable.training.train import NonFiniteError, train_and_evaluate
+  from jax_flashstable.training.train import CheckpointError, NonFiniteError, train_and_evaluate
   try:
     s = train_and_evaluate(cfg)
   except NonFiniteError as e:
     print(f"flashstable train: {e}", file=sys.stderr)
     return 2
+  except CheckpointError as e:
+    raise SystemExit(f"flashstable train: {e}") from None
+  if s.get("already_finished"):
+    print(f"{cfg.out_dir} holds a finished run (trained to step {s['step']}, steps={cfg.steps}): "
+          "nothing to train; its summary:")
   print(json.dumps(s))
   print(f"metrics in {pathlib.Path(cfg.out_dir) / 'metrics.jsonl'}")
   return 0
@@ -180,9 +185,10 @@ def _compare(args):
   setting = compare.setting()
   out = _out("compare", args.out_dir or "runs/compare", "--out-dir")
   cfg = _train_config(args, **setting["recipe"])
+  from jax_flashstable.training.train import CheckpointError
   try:
     compare.run_compare(cfg, out, setting["variants"], cfg.seed if args.seed is not None else setting["seed"])
-  except (ValueError, FileNotFoundError) as e:
+  except (ValueError, FileNotFoundError, CheckpointError) as e:
     raise SystemExit(f"flashstable compare: {e}") from None
   print(pathlib.Path(out, "report.md").read_text())
   print(f"report: {out}/report.md, curves: {out}/curves.png")
@@ -295,6 +301,7 @@ def _experiment(args):
                      f"{sorted(experiment.RECIPES)}")
   base = _train_config(args, **experiment.RECIPES[args.recipe])
   from jax_flashstable.attention.config import split_specs
+  from jax_flashstable.training.train import CheckpointError
   variants = split_specs(args.variants)
   seeds = _ints(args.seeds, "--seeds", 0, "experiment")
   _out("experiment", args.out)
@@ -312,7 +319,7 @@ def _experiment(args):
     else:
       rows = experiment.run_matrix(base, variants, seeds, args.out, tiles=args.tiles, layer=args.layer,
                                    time_budget=args.time_budget)
-  except (ValueError, FileNotFoundError) as e:
+  except (ValueError, FileNotFoundError, CheckpointError) as e:
     raise SystemExit(f"flashstable experiment: {e}") from None
   meta = _meta(args) | dict(recipe_name=args.recipe)
   if args.report_only or args.runs:                      # the runs' devices, not this machine's
@@ -488,7 +495,8 @@ def main(argv=None):
 
 def console_main(argv=None):
   """The `flashstable` console entry point (and `python -m jax_flashstable.cli`): a user error
-  is its one line on stderr and exit status 2, not a traceback."""
+  is its one line on stderr and exit status 2; Ctrl-C one line and status 130 (the training
+  loop has saved a checkpoint and says how to resume); never a traceback for either."""
   try:
     code = main(argv)
   except SystemExit as e:
@@ -496,6 +504,9 @@ def console_main(argv=None):
       raise
     print(e.code, file=sys.stderr)
     code = 2
+  except KeyboardInterrupt as e:
+    print(f"flashstable: {e}" if str(e) else "flashstable: interrupted", file=sys.stderr)
+    code = 130
   sys.exit(code)
 
 

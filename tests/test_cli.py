@@ -3,8 +3,10 @@ import json
 import os
 import pathlib
 import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -143,3 +145,61 @@ def test_help_imports_no_jax():
   assert out.returncode == 0, out.stderr
   assert out.stdout.strip() == "[]"
   assert _run_cli("train", "--help").stdout.startswith("usage: flashstable train")
+
+
+def test_ctrl_c_saves_resumable_checkpoint_and_exits_130(tmp_path, capsys):
+  """A real SIGINT during `train`: one line saying where and how to resume, status 130, no
+  traceback, no "terminate called"; the checkpoint is of the last logged step; rerunning a
+  finished run reports it instead of training (steps may shrink: decay_steps is fixed)."""
+  run = tmp_path / "r"
+  argv = ["train", "--steps", "5000", "--decay-steps", "5000", "--attention", "xla",
+          "--out-dir", str(run)] + FAST
+  env = dict(os.environ, PYTHONPATH=str(REPO))
+  proc = subprocess.Popen([sys.executable, "-m", "jax_flashstable.cli", *argv], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  try:
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:
+      metrics = run / "metrics.jsonl"
+      if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
+        break
+      time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+  last = steps[-1]
+  assert proc.returncode == 130, err
+  assert "Traceback" not in err and "terminate called" not in err
+  assert err.strip().splitlines()[-1] == (
+      f"flashstable: interrupted after step {last}: checkpoint of step {last} in "
+      f"{run / 'checkpoints'}; to resume, rerun the same command (same out_dir and settings)")
+  assert steps == list(range(1, last + 1)) and last >= 3
+  assert [p.name for p in (run / "checkpoints").iterdir()] == [str(last)]
+  argv[argv.index("5000")] = "2"                                   # --steps 2 ≤ the checkpoint
+  assert main(argv) == 0
+  printed = capsys.readouterr().out
+  assert f"holds a finished run (trained to step {last}, steps=2): nothing to train" in printed
+  assert json.loads(printed.splitlines()[1])["step"] == last
+
+
+def test_prepare(tmp_path):
+  (tmp_path / "t").mkdir()
+  (tmp_path / "t" / "a.txt").write_text("hello world " * 20)
+  (tmp_path / "t" / "b.md").write_text("second file " * 20)
+  assert main(["prepare", str(tmp_path / "t"), str(tmp_path / "bin")]) == 0
+  assert pathlib.Path(tmp_path / "bin" / "train.bin").stat().st_size > 0
+
+
+def test_every_help_page_renders(capsys):
+  """argparse formats help strings with %: a stray % would crash `--help`."""
+  from jax_flashstable.cli import build_parser
+  parser = build_parser()
+  commands = parser._subparsers._group_actions[0].choices
+  for argv in [["--help"]] + [[c, "--help"] for c in commands]:
+    with pytest.raises(SystemExit) as e:
+      parser.parse_args(argv)
+    assert e.value.code == 0, argv
+  assert "compare.SETTINGS" in commands["compare"].format_help()      # compare's own defaults

@@ -31,8 +31,8 @@ import numpy as np
 
 from jax_flashstable.training.train import (NonFiniteError, TrainConfig, config_changes,
                                            describe_changes, explosion_step, load_dataset,
-                                           read_diagnostics, read_metrics, train_and_evaluate,
-                                           warning_step)
+                                           read_diagnostics, read_metrics, stored_values,
+                                           train_and_evaluate, warning_step)
 from jax_flashstable.attention.config import AttentionConfig
 from pallas_kernels.policy import check_tile
 
@@ -109,7 +109,7 @@ def run_matrix(base: TrainConfig, variants, seeds, out_dir, *, tiles=512, layer=
   Raises:
     ValueError (`train.ConfigError`), before any training: a variant, seed, setting
       (`TrainConfig.validate`) or data folder that cannot run, or a run folder that was run
-      with another configuration.
+      with another configuration (the message names the settings it was run with).
   """
   out = pathlib.Path(out_dir)
   t0 = time.perf_counter()
@@ -124,7 +124,9 @@ def run_matrix(base: TrainConfig, variants, seeds, out_dir, *, tiles=512, layer=
     if ((run_dir / "summary.json").exists() or (run_dir / "checkpoints").exists()) and (
         changes := config_changes(run_dir, cfg)):
       raise ValueError(f"{variant} seed {seed}: {run_dir} was run with another configuration "
-                       f"({describe_changes(changes)}); use another --out (or delete the run)")
+                       f"({describe_changes(changes)}); to keep it and train this one, use "
+                       f"another --out; to continue it, use its settings "
+                       f"({stored_values(changes)})")
   dataset = load_dataset(base) if configs else None                 # checked once, shared
   for variant, seed, cfg in configs:
     run_dir = pathlib.Path(cfg.out_dir)

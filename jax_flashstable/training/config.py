@@ -14,9 +14,11 @@ import tempfile
 
 WARNING_ACTIONS = ("off", "log", "checkpoint", "stop")
 # Fields a resumed or repeated run may change: they decide when training stops and what is
-# saved, not the trajectory (`steps` too when the cosine length is fixed by decay_steps).
+# saved, not the trajectory (`steps` too when the cosine length is fixed by decay_steps), and
+# `out_dir`: the folder is where the run lives (spelled `runs/r`, `runs/r/` or absolute, or
+# moved), not part of what it is.
 RESUMABLE_FIELDS = ("max_seconds", "progress", "checkpoint_interval", "stop_after_explosion",
-                    "warning_action")
+                    "warning_action", "out_dir")
 
 
 class ConfigError(ValueError):
@@ -54,7 +56,7 @@ class TrainConfig:
   seed: int = 0                       # init and data order
   eval_interval: int = 50             # steps between validation losses (0: only at the end)
   eval_batches: int = 4
-  checkpoint_interval: int = 0        # steps between Orbax checkpoints (0: none)
+  checkpoint_interval: int = 500      # steps between Orbax checkpoints (0: none)
   diag_interval: int = 0              # steps between diagnostics rows (0: off), `diagnostics.py`
   diag_rows: int = 64                 # sampled rows per diagnostics call
   data_parallel: bool = False         # split each batch over all local devices (shard_map)
