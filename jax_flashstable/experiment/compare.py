@@ -13,7 +13,6 @@ Two settings (`SETTINGS`), picked by the default device:
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import pathlib
@@ -100,7 +99,7 @@ def findings(rows) -> list[str]:
 
 def report(base: TrainConfig, rows) -> str:
   dev = jax.devices()[0]
-  lines = [f"# flashstable compare", "",
+  lines = ["# flashstable compare", "",
            f"Device: {getattr(dev, 'device_kind', dev.platform)} ({jax.default_backend()}), jax "
            f"{jax.__version__}. Model `{base.model}`"
            f"{' ' + str(dict(base.model_overrides)) if base.model_overrides else ''}, "
