@@ -56,7 +56,8 @@ _ANCHOR = dict(model="gpt-6l", batch_size=32, lr=3e-3, min_lr=1e-5, warmup_steps
                stop_after_explosion=300, checkpoint_interval=1000)
 RECIPES = {
     "anchor": _ANCHOR,
-    # the search for a recipe that fails more reliably than the anchor (5/9 seeds on 2026-11-29):
+    # the search for a recipe that fails more reliably than the anchor
+    # (docs/studies/instability-anchor.md):
     # the anchor at a higher peak learning rate
     **{f"anchor-lr{lr:g}": dict(_ANCHOR, lr=lr) for lr in (4e-3, 6e-3)},
     # ... and at another depth: 12 layers as in GPT-2 small (width and heads of the anchor), or 4

@@ -310,11 +310,9 @@ class EarlyWarning:
   `window` rows: the onset of the logit runaway of Qiu & Yao 2025 (§4), which comes with a
   jump of σ(W_Q) and a collapse of the attention entropy.
 
-  Measured on the anchor-b128 recipe (H200, 2026-11-30, a row every 100 steps, after step
-  500): in the five exploding paper-layout runs layer 1's max logit reached 216–1,331× that
-  median, no other layer more than 5.3×; in the four compensated runs no layer went past 17×.
-  So 50× separates them with a 3–4× margin each way; the warning led the loss explosion by
-  221–1,238 steps (median 304; `experiment.instability` reports it per run).
+  The factor 50 was calibrated on the anchor-b128 runs, where it separates the exploding runs
+  from the compensated ones with a margin each way and warns ahead of every explosion
+  (docs/studies/instability-anchor-b128.md; `experiment.instability` reports it per run).
   """
 
   def __init__(self, start: int, factor: float = 50.0, window: int = 5):
