@@ -1,5 +1,4 @@
 """attention_fn in flax.nnx and flax.linen: wiring, options reaching the kernel, clear errors."""
-import functools
 import json
 import re
 
