@@ -175,8 +175,9 @@ def test_export_round_trip_first_loss_diagnostics_and_errors(tmp_path):
   bit for bit; files that do not fit are refused naming the key. From the exported initial
   parameters of a run (`export_init`), the twin's first loss equals the JAX model's on the
   run's first batch, and its diagnostics, given JAX's own sampled rows, the max logits of
-  `diagnostics.diagnose`. Also: the twin's attention list is the command's, and its explosion
-  rule gives `train.explosion_step`'s steps."""
+  `diagnostics.diagnose`; a twin run with a diagnostics row every step logs the same float32
+  loss, grad norm and param norm as one without. Also: the twin's attention list is the
+  command's, and its explosion rule gives `train.explosion_step`'s steps."""
   from jax_flashstable.models.gpt2 import GPT, GPTConfig, loss_fn
   from jax_flashstable.training import diagnostics
   from jax_flashstable.training.train import init_state
@@ -226,6 +227,18 @@ def test_export_round_trip_first_loss_diagnostics_and_errors(tmp_path):
     with torch.no_grad():
       loss = T.loss_fn(run, x, y).item()
     diag = T.diagnose(run, x, (b["b"], b["t"]))
+    runs = {}                                    # diagnostics change nothing in the training
+    for every in (0, 1):
+      cfg = T.TwinConfig(init=folder + "/run_init.npz", attention="reference-fp32", n_layer=2,
+                         n_head=2, n_embd=64, block_size=128, steps=3, batch_size=1, seed=3,
+                         warmup_steps=1, eval_interval=0, eval_batches=1, diag_interval=every,
+                         diag_rows=0, device="cpu", print_interval=0,
+                         out_dir=f"{folder}/diag{every}")
+      T.train(cfg)
+      runs[every] = [json.loads(l) for l in open(f"{folder}/diag{every}/metrics.jsonl")]
+    keys = ("loss", "grad_norm", "param_norm")
+    same = [[a[k] for k in keys] == [b[k] for k in keys] for a, b in zip(runs[0], runs[1])]
+    diag_rows = [json.loads(l)["step"] for l in open(folder + "/diag1/diagnostics.jsonl")]
     monitor = []
     for losses in json.loads(sys.argv[2]):
       mon = T.ExplosionMonitor(5)
@@ -233,7 +246,8 @@ def test_export_round_trip_first_loss_diagnostics_and_errors(tmp_path):
         mon.update(step, l)
       monitor.append(mon.step)
     print(json.dumps(dict(names=[n for n, _ in m.named_parameters()], errors=errors, loss=loss,
-                          diag=diag, monitor=monitor, attentions=T.ATTENTIONS,
+                          diag=diag, monitor=monitor, attentions=T.ATTENTIONS, same=same,
+                          diag_rows=diag_rows,
                           all_rows=[r.tolist() for r in T.diagnostic_rows(3, 1, 4, 128, 0)])))
   """, tmp_path, json.dumps(losses))
   out = json.loads(stdout)
@@ -262,6 +276,7 @@ def test_export_round_trip_first_loss_diagnostics_and_errors(tmp_path):
   assert np.all(sigma_j <= sigma_t * (1 + 1e-6)) and np.all(sigma_j >= sigma_t * (1 - 1e-3))
   assert np.isnan(out["diag"]["tie_rate"]).all()
   assert out["all_rows"] == [[0] * 128, list(range(128))]               # --diag-rows 0
+  assert out["same"] == [True] * 3 and out["diag_rows"] == [1, 2, 3]    # diagnostics: no effect
   expected = [explosion_step(enumerate(l, 1), 5) for l in losses]
   assert out["monitor"] == expected == [32, 13, None, None, 39]
   assert tuple(out["attentions"]) == twin.TWIN_ATTENTIONS
