@@ -692,6 +692,7 @@ CROSSCHECK_ERRORS = [
      "--torch-python '/nonexistent/python': no such file"),
     (["--data-parallel"], "data_parallel=True: the twin trains on one device"),
     (["--null-steps", "2", "--batch-size", "3"], "batch_size=3 is odd"),
+    (["--steps", "0"], "steps must be >= 1, got steps=0"),
     (["--runs", "/nonexistent.jsonl.xz"], "--runs '/nonexistent.jsonl.xz': no such file"),
 ]
 

@@ -192,6 +192,11 @@ def twin_fields(cfg: TrainConfig, attention: str, tiles: int) -> dict:
                      "attention in every layer")
   if cfg.data_parallel:
     raise ValueError("data_parallel=True: the twin trains on one device")
+  for f, low in (("steps", 1), ("batch_size", 1), ("grad_accum", 1), ("eval_batches", 1),
+                 ("eval_interval", 0), ("diag_interval", 0), ("diag_rows", 0),
+                 ("stop_after_explosion", -1)):
+    if getattr(cfg, f) < low:                 # what gpt_twin would refuse, refused here first
+      raise ValueError(f"{f} must be >= {low}, got {f}={getattr(cfg, f)}")
   att = AttentionConfig.parse(cfg.attention)
   fields = dict(
       data=None if cfg.data is None else str(resolve_data_dir(cfg.data)),
