@@ -332,6 +332,46 @@ def _experiment(args):
   return 0
 
 
+def _crosscheck_train(args):
+  import shlex
+
+  from jax_flashstable.experiment import instability, twin
+  if args.recipe not in instability.RECIPES:
+    raise SystemExit(f"flashstable crosscheck-train: unknown recipe {args.recipe!r}; choose from "
+                     f"{sorted(instability.RECIPES)}")
+  base = _train_config(args, **instability.RECIPES[args.recipe])
+  seeds = _ints(args.seeds, "--seeds")
+  report = args.side == "both" or args.report_only or args.runs
+  try:
+    twin.check_tolerance(args.tolerance)
+    pairs = twin.parse_pairs(args.pairs)
+    if args.runs:
+      if not pathlib.Path(args.runs).is_file():
+        raise ValueError(f"--runs {args.runs!r}: no such file")
+      instability.unpack_runs(args.runs, args.out)
+    elif not args.report_only:
+      done = twin.run(base, pairs, seeds, args.out, side=args.side, tiles=args.tiles,
+                      layer=args.layer, time_budget=args.time_budget, null_steps=args.null_steps,
+                      torch_python=args.torch_python, torch_gpu=args.torch_gpu,
+                      torch_args=shlex.split(args.torch_args))
+    result = twin.collect(args.out, base, pairs, tiles=args.tiles, layer=args.layer,
+                          tolerance=args.tolerance) if report else None
+  except ValueError as e:
+    raise SystemExit(f"flashstable crosscheck-train: {e}") from None
+  if result is not None:
+    meta = _meta(args) | dict(recipe_name=args.recipe)
+    if args.report_only or args.runs:
+      meta["report_made_on"] = meta.pop("device")
+    path = twin.write_report(args.out, result, base, args.layer, meta)
+    print(path.read_text())
+    print(f"report: {path}, curves: {args.out}/twin.png")
+  else:
+    print(f"{args.side} side done; report: the same command with --report-only")
+  if args.pack:
+    print(f"runs packed: {twin.pack(args.out, args.pack)}")
+  return 1 if not (args.report_only or args.runs) and done["failed"] else 0
+
+
 def _bench(args):
   from jax_flashstable.attention.config import split_specs
   from jax_flashstable.bench import suite
@@ -446,6 +486,46 @@ def build_parser():
   _add_train_options(p, skip=("attention", "seed", "out_dir", "max_seconds"), layer_attention=False,
                      defaults="default: the recipe's (experiment.RECIPES)")
   p.set_defaults(func=_experiment)
+  p = sub.add_parser("crosscheck-train", help="the training beside its PyTorch twin "
+                     "(torch_crosscheck/gpt_twin.py): same weights and batches, per-step loss "
+                     "difference, outcomes under the experiment's rules; report + PNG")
+  p.add_argument("--recipe", default="anchor-b128", help="one of experiment.RECIPES (tiny: CPU); "
+                 "any training option below overrides it")
+  p.add_argument("--pairs", default="reference-fp32,paper", help="comma-separated twin attentions "
+                 "(paired with their default JAX partner: reference-fp32, paper, paper+comp, "
+                 "sdpa-cudnn=cudnn, sdpa-flash=fa2) or TWIN=JAXSPEC (twin attentions: "
+                 "paper, paper+comp, reference-fp32, sdpa-flash, sdpa-efficient, sdpa-cudnn, "
+                 "sdpa-math; efficient and cudnn need CUDA)")
+  p.add_argument("--seeds", default="24", help="comma-separated seeds (initialisation and data "
+                 "order)")
+  p.add_argument("--tiles", type=int, default=512, help="the paper layout's block_q = block_k, "
+                 "both sides")
+  p.add_argument("--layer", type=int, default=1, help="the watched layer (runaway rule)")
+  p.add_argument("--side", choices=["both", "jax", "torch"], default="both", help="both: JAX in "
+                 "this process, the twin in subprocesses at the same time; jax / torch: one side "
+                 "only (e.g. one process per GPU), no report")
+  p.add_argument("--null-steps", type=int, default=0, help="also run the first N steps of each "
+                 "JAX run with every batch as two half-batches (the rounding-level baseline)")
+  p.add_argument("--tolerance", type=float, default=2.0 ** -8, help="relative |Δloss| within "
+                 "which the curves agree (default 2^-8: one bf16 ulp of the loss's scale)")
+  p.add_argument("--torch-python", default=None, help="the twin's interpreter (default "
+                 "$FLASHSTABLE_TORCH_PYTHON, else .torchvenv/bin/python if present, else this one)")
+  p.add_argument("--torch-gpu", default=None, help="CUDA_VISIBLE_DEVICES of the twin's "
+                 "processes (default: inherited)")
+  p.add_argument("--torch-args", default="", help="extra gpt_twin.py train options, e.g. "
+                 "'--threads 1' or '--compile off'")
+  p.add_argument("--time-budget", type=float, default=0.0, help="seconds of wall time (0: none); "
+                 "unfinished JAX runs resume from their checkpoint, twin runs start again")
+  p.add_argument("--report-only", action="store_true", help="train nothing; report the runs "
+                 "under --out")
+  p.add_argument("--runs", default=None, help="report the runs of a --pack file (unpacked into "
+                 "--out), training nothing")
+  p.add_argument("--pack", default=None, help="write every run (no checkpoints) into this one "
+                 ".jsonl.xz file")
+  p.add_argument("--out", default="runs/twin")
+  _add_train_options(p, skip=("attention", "seed", "out_dir", "max_seconds"), layer_attention=False,
+                     defaults="default: the recipe's (experiment.RECIPES)")
+  p.set_defaults(func=_crosscheck_train)
   p = sub.add_parser("bench", help="fwd and fwd+bwd TFLOP/s of our kernels (layouts × "
                      "compensation) next to cuDNN, XLA and torch SDPA; compensation overhead")
   p.add_argument("--shapes", default=None, help="';'-separated batch,len,heads,kv_heads,head_dim,"
