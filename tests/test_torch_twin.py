@@ -19,7 +19,6 @@ import math
 import os
 import pathlib
 import subprocess
-import sys
 import textwrap
 
 import jax
@@ -692,7 +691,7 @@ CROSSCHECK_ERRORS = [
      "--torch-python '/nonexistent/python': no such file"),
     (["--data-parallel"], "data_parallel=True: the twin trains on one device"),
     (["--null-steps", "2", "--batch-size", "3"], "batch_size=3 is odd"),
-    (["--steps", "0"], "steps must be >= 1, got steps=0"),
+    (["--steps", "0"], "steps=0 must be an integer ≥ 1"),
     (["--runs", "/nonexistent.jsonl.xz"], "--runs '/nonexistent.jsonl.xz': no such file"),
 ]
 

@@ -287,6 +287,7 @@ class HalvedBatches:
 
   def __init__(self, data, grad_accum: int = 1):
     self.data, self.grad_accum, self.folder = data, grad_accum, data.folder
+    self.train, self.val = data.train, data.val
     self._last = None
 
   def batch(self, split, seed, step, batch_size, seq_len):
