@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The training cross-check on an nvidia-h200-x2 machine (device tool; carry .data): `flashstable
 # crosscheck-train` with its two sides in parallel — JAX on GPU 0, the PyTorch twin on GPU 1
+# (on a one-GPU machine both on GPU 0, concurrently)
 # (CUDA_VISIBLE_DEVICES; the twin runs in this image's python3, which has torch beside JAX) —
 # each side working through the same QUEUE in order, within BUDGET seconds from the start.
 # An item is PAIRS:SEEDS:STEPS[:NULL] (PAIRS: crosscheck-train's default pairs, comma-separated;
@@ -68,8 +69,9 @@ queues() {
     name=$(basename $f .jsonl.xz); name=${name#twin-}; name=${name#partial-}
     unpack $f $R/$name && echo "unpacked $f into $R/$name"
   done
-  run_side jax 0 > $R/queue-jax.log 2>&1 &
-  run_side torch 1 > $R/queue-torch.log 2>&1 &
+  local ngpu; ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+  run_side jax 0 > $R/queue-jax.log 2>&1 &     # one GPU (nvidia-h200): both sides share it
+  run_side torch $(( ngpu > 1 ? 1 : 0 )) > $R/queue-torch.log 2>&1 &
   wait
   for dir in $R/$RECIPE-s*/; do
     name=$(basename $dir)
