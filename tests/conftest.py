@@ -7,8 +7,11 @@ import os
 # kernels and references under the plain dot semantics the GPU has.
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_experimental_ynn_fusion_type=").strip()
 
-# Persistent compilation cache: Triton/interpret compiles dominate the suite's time.
+# Persistent compilation cache: compiles (interpret-mode kernels above all) are most of the
+# suite's time and many tests compile the same program; every compile is cached, however short,
+# so the tests (and both xdist workers) share them within one run too.
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", ".jaxcache"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

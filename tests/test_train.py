@@ -50,7 +50,7 @@ def test_loss_decreases_determinism_and_resume(tmp_path):
   assert losses(c) == la
   assert json.load(open(tmp_path / "c" / "config.json"))["n_params"] == s["n_params"]
   # running again into the same folder starts a fresh metrics file (no mixed runs)
-  train_and_evaluate(dataclasses.replace(b, steps=3))
+  train_and_evaluate(dataclasses.replace(b, steps=3, decay_steps=8))
   assert [r["step"] for r in read_metrics(b.out_dir)] == [1, 2, 3]
 
 

@@ -120,6 +120,26 @@ def make_steps(graphdef, tx, mesh=None):
           jax.jit(eval_loss))
 
 
+# The fields a step function depends on (model, attention, optimizer, schedule, sharding); runs
+# that agree on them share one jitted step, so a second run in a process compiles nothing new.
+STEP_FIELDS = ("model", "model_overrides", "attention", "attention_overrides", "lr", "min_lr",
+               "warmup_steps", "weight_decay", "beta1", "beta2", "eps", "grad_clip",
+               "data_parallel")
+_SHARED_STEPS: dict = {}
+
+
+def shared_steps(cfg: TrainConfig, graphdef, tx, mesh=None):
+  """`make_steps(graphdef, tx, mesh)` for `cfg`, made once per process for each setting of
+  `STEP_FIELDS` and the schedule's length (the 8 newest kept): the same jitted functions, and so
+  the same compiled programs, for every run that agrees on them."""
+  key = tuple(getattr(cfg, f) for f in STEP_FIELDS) + (cfg.decay_steps or cfg.steps,)
+  if key not in _SHARED_STEPS:
+    if len(_SHARED_STEPS) >= 8:
+      _SHARED_STEPS.pop(next(iter(_SHARED_STEPS)))
+    _SHARED_STEPS[key] = make_steps(graphdef, tx, mesh)
+  return _SHARED_STEPS[key]
+
+
 def config_changes(out_dir, cfg: TrainConfig) -> dict:
   """{field: (stored, new)} for each field that would change the trajectory of the run stored
   in out_dir (its config.json) if it were resumed or reused with `cfg`; {} when there is none
@@ -459,7 +479,7 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None, log=pri
     if start >= cfg.steps:                         # finished before: report it, train nothing
       return dict(kept[-1] if kept else dict(step=start), n_params=n_params, stopped=None,
                   warning_step=warning.step, explosion_step=monitor.step, already_finished=True)
-    train_step, eval_step = make_steps(graphdef, tx, mesh)
+    train_step, eval_step = shared_steps(cfg, graphdef, tx, mesh)
     schedule = cfg.schedule()
     with open(log_dir / "config.json" if log_dir else os.devnull, "w") as f:
       json.dump(dict(train=dataclasses.asdict(cfg), n_params=n_params, data=str(data.folder),
