@@ -39,7 +39,7 @@ def main():
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--out", default="runs/scaling")
   ap.add_argument("--model", default="gpt2-small")
-  ap.add_argument("--attention", default="flash")
+  ap.add_argument("--attention", default="fa2")
   ap.add_argument("--per-device-batch", type=int, default=16)
   ap.add_argument("--steps", type=int, default=10)
   ap.add_argument("--devices", default=None,

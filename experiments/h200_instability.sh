@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 6 on the H200s (device tool): `flashstable experiment instability` on the anchor recipe
-# with the carried corpus (.data/, carry it). QUEUES holds one queue per GPU, separated by "|";
+# with the carried corpus (.data/, carry it). QUEUES holds one queue per GPU, separated by "|"
+# (queue i runs on GPU i mod the GPUs present: two queues on one H200 share it, concurrently);
 # a queue is a space-separated list of variant:seeds[:steps[:recipe]] items run one after another
 # on its GPU (CUDA_VISIBLE_DEVICES), all within BUDGET seconds from the start (steps: a cap, the
 # cosine schedule keeps the recipe's length; recipe: one of experiment.RECIPES, default anchor);
@@ -44,9 +45,10 @@ run_queue() {  # gpu items...
 }
 EXTRA=("$@")
 IFS='|' read -ra QS <<< "$QUEUES"
+NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); NGPU=$(( NGPU > 0 ? NGPU : 1 ))
 for i in "${!QS[@]}"; do
   read -ra ITEMS <<< "${QS[$i]}"
-  run_queue "$i" "${ITEMS[@]}" > "$R/queue$i.log" 2>&1 &
+  run_queue "$(( i % NGPU ))" "${ITEMS[@]}" > "$R/queue$i.log" 2>&1 &
 done
 wait
 cat $R/queue*.log

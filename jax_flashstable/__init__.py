@@ -8,7 +8,8 @@ The names a user needs, flat (imported on first use, so that `flashstable --help
   Flax           attention_fn, make_attention_fn (for nnx/linen multi-head attention)
   numerics       Numerics, Compensation, NUMERICS, get_numerics (`pallas_kernels.policy`)
   GPT-2          GPT, GPTConfig (`jax_flashstable.models.gpt2`)
-  training       TrainConfig, train_and_evaluate (`jax_flashstable.training.train`)
+  training       TrainConfig (`jax_flashstable.training.config`), train_and_evaluate
+                 (`jax_flashstable.training.train`)
 """
 import importlib
 
@@ -28,7 +29,7 @@ _EXPORTS = {
     "get_numerics": "pallas_kernels.policy",
     "GPT": "jax_flashstable.models.gpt2",
     "GPTConfig": "jax_flashstable.models.gpt2",
-    "TrainConfig": "jax_flashstable.training.train",
+    "TrainConfig": "jax_flashstable.training.config",
     "train_and_evaluate": "jax_flashstable.training.train",
 }
 __all__ = sorted(_EXPORTS)

@@ -1,4 +1,11 @@
-"""`flashstable` command line: thin wrappers over the library (parse, call, say where results went)."""
+"""`flashstable` command line: thin wrappers over the library (parse, call, say where results went).
+
+A user error (a bad option value, a missing file, an unknown name) ends the command before any
+work with one line naming the option and the value, exit status 2: commands raise
+`SystemExit("flashstable <command>: ...")` (what the tests match) and `console_main`, the
+console entry point, prints it. Ctrl-C ends with one line and status 130. Importing this
+module, and `--help`, import no JAX (the training options come from `training.config`).
+"""
 from __future__ import annotations
 
 import argparse
@@ -8,13 +15,71 @@ import os
 import pathlib
 import sys
 
+DTYPES = ("bfloat16", "float16", "float32")
+
+
+class _Parser(argparse.ArgumentParser):
+  """argparse with one-line errors: `flashstable train: argument --steps: invalid int value:
+  'x'` instead of the usage text and the message (`console_main` prints it, status 2)."""
+
+  def error(self, message):
+    raise SystemExit(f"{self.prog}: {message} (see {self.prog} --help)")
+
+
+def _count(low):
+  """argparse type: an integer ≥ low (its error names the value)."""
+  def parse(text):
+    try:
+      value = int(text)
+    except ValueError:
+      raise argparse.ArgumentTypeError(f"expected an integer ≥ {low}, got {text!r}") from None
+    if value < low:
+      raise argparse.ArgumentTypeError(f"must be ≥ {low}, got {value}")
+    return value
+  parse.__name__ = f"integer ≥ {low}"
+  return parse
+
+
+def _non_negative(text):
+  """argparse type: a finite float ≥ 0."""
+  try:
+    value = float(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"expected a number ≥ 0, got {text!r}") from None
+  if not 0 <= value < float("inf"):
+    raise argparse.ArgumentTypeError(f"must be a finite number ≥ 0, got {text}")
+  return value
+
+
+def _out(command, path, option="--out"):
+  """`path` when it is a folder that can be written (or created); else the one-line error."""
+  from jax_flashstable.training.config import ConfigError, check_output_dir
+  try:
+    check_output_dir(path, option)
+  except ConfigError as e:
+    raise SystemExit(f"flashstable {command}: {e}") from None
+  return path
+
+
+def _choices(command, option, text, allowed):
+  """The comma-separated items of `text`, each one of `allowed`; else the one-line error."""
+  items = [x.strip() for x in text.split(",")]
+  bad = [x for x in items if x not in allowed]
+  if bad or not text.strip():
+    raise SystemExit(f"flashstable {command}: {option} {text!r}: "
+                     f"{'unknown ' + ', '.join(map(repr, bad)) if bad else 'empty'}; choose from "
+                     f"{', '.join(allowed)}")
+  return items
+
 
 def _accuracy(args):
+  names = _choices("accuracy", "--dtypes", args.dtypes, DTYPES)
+  _out("accuracy", args.out)
   import jax
   import jax.numpy as jnp
 
   from jax_flashstable.lab.accuracy import accuracy_report, format_report
-  dtypes = [jnp.dtype(d) for d in args.dtypes.split(",")]
+  dtypes = [jnp.dtype(d) for d in names]
   rows = accuracy_report(dtypes=dtypes, seed=args.seed)
   table = format_report(rows)
   dev = jax.devices()[0]
@@ -34,37 +99,41 @@ def _accuracy(args):
 
 
 def _train_config(args, **defaults):
-  """TrainConfig from parsed CLI args (only the options the user gave override `defaults`)."""
+  """TrainConfig from parsed CLI args (only the options the user gave override `defaults`).
+  Its values are checked on construction (ConfigError) before anything heavy is imported."""
   import dataclasses
 
-  from jax_flashstable.attention.config import parse_field_value
-  from jax_flashstable.models.gpt2 import GPTConfig
-  from jax_flashstable.training.train import TrainConfig
+  from jax_flashstable.training.config import TrainConfig
+  command = f"flashstable {getattr(args, 'command', '')}".rstrip()
   kw = dict(defaults)
   for f in dataclasses.fields(TrainConfig):
     v = getattr(args, f.name, None)
     if v is not None and f.name not in ("model_overrides", "attention_overrides"):
       kw[f.name] = v
-  gtypes = {f.name: f.type for f in dataclasses.fields(GPTConfig)}
-  model_overrides = list(kw.get("model_overrides", ()))
-  for item in args.model_set or []:
-    key, _, value = item.partition("=")
-    if key not in gtypes or key.startswith("attention"):
-      raise SystemExit(f"flashstable: --model-set {key!r} is not a GPTConfig field "
-                       f"({sorted(k for k in gtypes if not k.startswith('attention'))})")
-    try:
-      model_overrides.append((key, parse_field_value(key, value, gtypes[key])))
-    except ValueError as e:
-      raise SystemExit(f"flashstable: {e}") from None
-  kw["model_overrides"] = tuple(model_overrides)
   layer_overrides = []
   for item in getattr(args, "layer_attention", None) or []:
     layer, _, spec = item.partition("=")
     if not layer.isdigit() or not spec:
-      raise SystemExit(f"flashstable: --layer-attention expects LAYER=SPEC, got {item!r}")
+      raise SystemExit(f"{command}: --layer-attention expects LAYER=SPEC, got {item!r}")
     layer_overrides.append((int(layer), spec))
   if layer_overrides:
     kw["attention_overrides"] = tuple(layer_overrides)
+  TrainConfig(**kw)                                  # the values, before JAX is imported
+  if args.model_set:
+    from jax_flashstable.attention.config import parse_field_value
+    from jax_flashstable.models.gpt2 import GPTConfig
+    gtypes = {f.name: f.type for f in dataclasses.fields(GPTConfig)}
+    model_overrides = list(kw.get("model_overrides", ()))
+    for item in args.model_set:
+      key, _, value = item.partition("=")
+      if key not in gtypes or key.startswith("attention"):
+        raise SystemExit(f"{command}: --model-set {key!r} is not a GPTConfig field "
+                         f"({sorted(k for k in gtypes if not k.startswith('attention'))})")
+      try:
+        model_overrides.append((key, parse_field_value(key, value, gtypes[key])))
+      except ValueError as e:
+        raise SystemExit(f"{command}: --model-set {item!r}: {e}") from None
+    kw["model_overrides"] = tuple(model_overrides)
   return TrainConfig(**kw)
 
 
@@ -73,7 +142,7 @@ def _add_train_options(p, skip=(), layer_attention=True, defaults=None):
   the help shows when the command does not use TrainConfig's own defaults."""
   import dataclasses
 
-  from jax_flashstable.training.train import TrainConfig
+  from jax_flashstable.training.config import TrainConfig
   for f in dataclasses.fields(TrainConfig):
     if f.name in ("model_overrides", "attention_overrides") or f.name in skip:
       continue
@@ -94,26 +163,32 @@ def _add_train_options(p, skip=(), layer_attention=True, defaults=None):
 
 
 def _train(args):
-  from jax_flashstable.training.train import NonFiniteError, train_and_evaluate
-  cfg = _train_config(args)
+  cfg = _train_config(args).validate()            # ConfigError: one line (main), before any work
+  from jax_flashstable.training.train import CheckpointError, NonFiniteError, train_and_evaluate
   try:
     s = train_and_evaluate(cfg)
   except NonFiniteError as e:
     print(f"flashstable train: {e}", file=sys.stderr)
     return 2
+  except CheckpointError as e:
+    raise SystemExit(f"flashstable train: {e}") from None
+  if s.get("already_finished"):
+    print(f"{cfg.out_dir} holds a finished run (trained to step {s['step']}, steps={cfg.steps}): "
+          "nothing to train; its summary:")
   print(json.dumps(s))
-  print(f"metrics in {cfg.out_dir}/metrics.jsonl")
+  print(f"metrics in {pathlib.Path(cfg.out_dir) / 'metrics.jsonl'}")
   return 0
 
 
 def _compare(args):
   from jax_flashstable.experiment import compare
   setting = compare.setting()
-  out = args.out_dir or "runs/compare"
+  out = _out("compare", args.out_dir or "runs/compare", "--out-dir")
   cfg = _train_config(args, **setting["recipe"])
+  from jax_flashstable.training.train import CheckpointError
   try:
     compare.run_compare(cfg, out, setting["variants"], cfg.seed if args.seed is not None else setting["seed"])
-  except ValueError as e:
+  except (ValueError, FileNotFoundError, CheckpointError) as e:
     raise SystemExit(f"flashstable compare: {e}") from None
   print(pathlib.Path(out, "report.md").read_text())
   print(f"report: {out}/report.md, curves: {out}/curves.png")
@@ -121,8 +196,14 @@ def _compare(args):
 
 
 def _prepare(args):
+  if not pathlib.Path(args.text_dir).exists():
+    raise SystemExit(f"flashstable prepare: text folder not found: {args.text_dir}")
+  _out("prepare", args.out_dir, "OUT_DIR")
   from jax_flashstable.training.data import prepare_text_folder
-  counts = prepare_text_folder(args.text_dir, args.out_dir, val_every=args.val_every)
+  try:
+    counts = prepare_text_folder(args.text_dir, args.out_dir, val_every=args.val_every)
+  except (ValueError, FileNotFoundError) as e:
+    raise SystemExit(f"flashstable prepare: {e}") from None
   print(f"wrote {args.out_dir}/train.bin ({counts['train']} tokens) and val.bin ({counts['val']} tokens)")
   return 0
 
@@ -132,21 +213,38 @@ def _meta(args):
   return run_meta(args={k: v for k, v in vars(args).items() if k != "func"})
 
 
-def _ints(text, option="value"):
+def _ints(text, option="value", low=None, command=""):
+  """The comma-separated integers of `text` (each ≥ low when given); else the one-line error."""
+  where = f"flashstable{' ' + command if command else ''}: {option}"
   try:
-    return tuple(int(x) for x in text.split(","))
+    values = tuple(int(x) for x in text.split(","))
   except ValueError:
-    raise SystemExit(f"flashstable: {option} expects comma-separated integers, got {text!r}") from None
+    raise SystemExit(f"{where} expects comma-separated integers, got {text!r}") from None
+  if low is not None and min(values) < low:
+    raise SystemExit(f"{where} {text!r}: every value must be ≥ {low}, got {min(values)}")
+  return values
 
 
 def _deviation(args):
   from jax_flashstable.lab.numerics_lab import (deviation_benchmark, deviation_headline, format_deviation,
                                             plot_deviation)
   from jax_flashstable.results import write_results
+  from pallas_kernels.policy import NUMERICS, check_tile
+  seq_lens = _ints(args.seq_lens, "--seq-lens", 1, "deviation")
+  head_dims = _ints(args.head_dims, "--head-dims", 1, "deviation")
+  block_ks = _ints(args.block_ks, "--block-ks", 16, "deviation")
+  for b in block_ks:
+    try:
+      check_tile("--block-ks", b)
+    except ValueError as e:
+      raise SystemExit(f"flashstable deviation: {e}") from None
+  dtypes = _choices("deviation", "--dtypes", args.dtypes, DTYPES)
+  layouts = _choices("deviation", "--numerics", args.numerics, sorted(NUMERICS))
+  _out("deviation", args.out)
   rows = []
-  for layout in args.numerics.split(","):
-    rows += deviation_benchmark(_ints(args.seq_lens), _ints(args.head_dims), tuple(args.dtypes.split(",")),
-                                _ints(args.block_ks), num_heads=args.heads, seed=args.seed, layout=layout)
+  for layout in layouts:
+    rows += deviation_benchmark(seq_lens, head_dims, tuple(dtypes), block_ks, num_heads=args.heads,
+                                seed=args.seed, layout=layout)
   write_results(args.out, "deviation", rows, format_deviation(rows), _meta(args))
   print(f"plot: {plot_deviation(rows, os.path.join(args.out, 'deviation.png'))}")
   for layout, ratio in deviation_headline(rows).items():
@@ -158,6 +256,7 @@ def _deviation(args):
 def _bias(args):
   from jax_flashstable.lab.numerics_lab import bias_benchmark, bit_example, format_bias, plot_bias, tied_rows
   from jax_flashstable.results import write_results
+  _out("bias", args.out)
   rows = bias_benchmark(tied_rows(num_rows=args.rows, seed=args.seed), seed=args.seed)
   write_results(args.out, "bias", rows, format_bias(rows), _meta(args))
   print(f"plot: {plot_bias(rows, os.path.join(args.out, 'bias.png'))}")
@@ -169,6 +268,23 @@ def _bias(args):
 
 
 def _crosscheck(args):
+  if not pathlib.Path(args.dump).is_file():
+    raise SystemExit(f"flashstable crosscheck: dump file not found: {args.dump}")
+  from jax_flashstable.lab.dumpfile import load_dump
+  from pallas_kernels.policy import NUMERICS, check_tile
+  try:
+    load_dump(args.dump, as_bits=True)
+  except Exception as e:                  # not a zip, not .npz, not our format: one line either way
+    raise SystemExit(f"flashstable crosscheck: {args.dump} is not a readable dump "
+                     f"({type(e).__name__}: {e})") from None
+  for name in ("block_q", "block_k"):
+    if getattr(args, name) is not None:
+      try:
+        check_tile(f"--{name.replace('_', '-')}", getattr(args, name))
+      except ValueError as e:
+        raise SystemExit(f"flashstable crosscheck: {e}") from None
+  _choices("crosscheck", "--numerics", args.numerics, sorted(NUMERICS))
+  _out("crosscheck", args.out)
   from jax_flashstable.lab.crosscheck import crosscheck, format_report
   from jax_flashstable.results import write_results
   report = crosscheck(args.dump, numerics=args.numerics, stabilize=args.stabilize,
@@ -181,12 +297,19 @@ def _crosscheck(args):
 def _experiment(args):
   from jax_flashstable.experiment import instability as experiment
   if args.recipe not in experiment.RECIPES:
-    raise SystemExit(f"flashstable: unknown recipe {args.recipe!r}; choose from {sorted(experiment.RECIPES)}")
+    raise SystemExit(f"flashstable experiment: --recipe {args.recipe!r} is unknown; choose from "
+                     f"{sorted(experiment.RECIPES)}")
   base = _train_config(args, **experiment.RECIPES[args.recipe])
   from jax_flashstable.attention.config import split_specs
+  from jax_flashstable.training.train import CheckpointError
   variants = split_specs(args.variants)
+  seeds = _ints(args.seeds, "--seeds", 0, "experiment")
+  _out("experiment", args.out)
+  if args.pack:
+    _out("experiment", str(pathlib.Path(args.pack).parent), "--pack's folder")
+  if not variants:
+    raise SystemExit(f"flashstable experiment: --attention {args.variants!r}: no variant")
   try:
-    seeds = _ints(args.seeds, "--seeds")
     if args.runs:
       if not pathlib.Path(args.runs).is_file():
         raise ValueError(f"--runs {args.runs!r}: no such file")
@@ -196,7 +319,7 @@ def _experiment(args):
     else:
       rows = experiment.run_matrix(base, variants, seeds, args.out, tiles=args.tiles, layer=args.layer,
                                    time_budget=args.time_budget)
-  except ValueError as e:
+  except (ValueError, FileNotFoundError, CheckpointError) as e:
     raise SystemExit(f"flashstable experiment: {e}") from None
   meta = _meta(args) | dict(recipe_name=args.recipe)
   if args.report_only or args.runs:                      # the runs' devices, not this machine's
@@ -209,6 +332,46 @@ def _experiment(args):
   return 0
 
 
+def _crosscheck_train(args):
+  import shlex
+
+  from jax_flashstable.experiment import instability, twin
+  if args.recipe not in instability.RECIPES:
+    raise SystemExit(f"flashstable crosscheck-train: unknown recipe {args.recipe!r}; choose from "
+                     f"{sorted(instability.RECIPES)}")
+  base = _train_config(args, **instability.RECIPES[args.recipe])
+  seeds = _ints(args.seeds, "--seeds")
+  report = args.side == "both" or args.report_only or args.runs
+  try:
+    twin.check_tolerance(args.tolerance)
+    pairs = twin.parse_pairs(args.pairs)
+    if args.runs:
+      if not pathlib.Path(args.runs).is_file():
+        raise ValueError(f"--runs {args.runs!r}: no such file")
+      instability.unpack_runs(args.runs, args.out)
+    elif not args.report_only:
+      done = twin.run(base, pairs, seeds, args.out, side=args.side, tiles=args.tiles,
+                      layer=args.layer, time_budget=args.time_budget, null_steps=args.null_steps,
+                      torch_python=args.torch_python, torch_gpu=args.torch_gpu,
+                      torch_args=shlex.split(args.torch_args))
+    result = twin.collect(args.out, base, pairs, tiles=args.tiles, layer=args.layer,
+                          tolerance=args.tolerance) if report else None
+  except ValueError as e:
+    raise SystemExit(f"flashstable crosscheck-train: {e}") from None
+  if result is not None:
+    meta = _meta(args) | dict(recipe_name=args.recipe)
+    if args.report_only or args.runs:
+      meta["report_made_on"] = meta.pop("device")
+    path = twin.write_report(args.out, result, base, args.layer, meta)
+    print(path.read_text())
+    print(f"report: {path}, curves: {args.out}/twin.png")
+  else:
+    print(f"{args.side} side done; report: the same command with --report-only")
+  if args.pack:
+    print(f"runs packed: {twin.pack(args.out, args.pack)}")
+  return 1 if not (args.report_only or args.runs) and done["failed"] else 0
+
+
 def _bench(args):
   import dataclasses
 
@@ -217,6 +380,7 @@ def _bench(args):
   from jax_flashstable.attention.config import split_specs
   from jax_flashstable.bench import suite, targets
   from jax_flashstable.lab.shapes import Shape
+  _out("bench", args.out)
   try:
     shapes = [Shape.parse(t) for t in args.shapes.split(";")] if args.shapes else None
     step = None
@@ -234,6 +398,11 @@ def _bench(args):
 
 
 def _plot(args):
+  run = pathlib.Path(args.run_dir)
+  if not (run / "metrics.jsonl").is_file():
+    what = "has no metrics.jsonl" if run.is_dir() else "not found"
+    raise SystemExit(f"flashstable plot: run folder {args.run_dir!r} {what}")
+  _out("plot", args.run_dir, "RUN_DIR")
   from jax_flashstable.training.plot import plot_run
   print(f"wrote {plot_run(args.run_dir)}")
   return 0
@@ -256,12 +425,12 @@ def _renamed(p, flag, old, dest=None, **kw):
 
 
 def build_parser():
-  ap = argparse.ArgumentParser(prog="flashstable", description="BF16 flash attention numerics, "
-                               "visible and verifiable.")
+  ap = _Parser(prog="flashstable", description="BF16 flash attention numerics, "
+               "visible and verifiable.")
   sub = ap.add_subparsers(dest="command", required=True)
   p = sub.add_parser("accuracy", help="flash_attention vs the FP64 golden value on a fixed sweep")
   p.add_argument("--dtypes", default="bfloat16", help="comma-separated, e.g. bfloat16,float16")
-  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--seed", type=_count(0), default=0)
   p.add_argument("--out", default="runs/accuracy")
   p.set_defaults(func=_accuracy)
   p = sub.add_parser("train", help="train GPT-2 (Flax/Optax) with a per-layer attention choice")
@@ -280,14 +449,14 @@ def build_parser():
   p.add_argument("--block-ks", default="64")
   _renamed(p, "--numerics", "--layouts", default="fa2",
            help="comma-separated precision layouts (pallas_kernels.policy.NUMERICS)")
-  p.add_argument("--heads", type=int, default=2)
-  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--heads", type=_count(1), default=2)
+  p.add_argument("--seed", type=_count(0), default=0)
   p.add_argument("--out", default="runs/deviation")
   p.set_defaults(func=_deviation)
   p = sub.add_parser("bias", help="signed error of O and delta on rows with tied maxima, every "
                      "layout × stabilize (Qiu & Yao 2025), and the paper's bit example")
-  p.add_argument("--rows", type=int, default=512)
-  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--rows", type=_count(1), default=512)
+  p.add_argument("--seed", type=_count(0), default=0)
   p.add_argument("--out", default="runs/bias")
   p.set_defaults(func=_bias)
   p = sub.add_parser("crosscheck", help="recompute a tensor dump (e.g. from PyTorch) with our "
@@ -296,8 +465,8 @@ def build_parser():
   p.add_argument("--numerics", default="fa2")
   p.add_argument("--stabilize", action=argparse.BooleanOptionalAction, default=None,
                  help="default: the dump's attrs")
-  p.add_argument("--block-q", type=int, default=None)
-  p.add_argument("--block-k", type=int, default=None)
+  p.add_argument("--block-q", type=_count(16), default=None)
+  p.add_argument("--block-k", type=_count(16), default=None)
   p.add_argument("--out", default="runs/crosscheck")
   p.set_defaults(func=_crosscheck)
   p = sub.add_parser("experiment", help="the BF16 loss-explosion experiment: attention variants "
@@ -310,11 +479,13 @@ def build_parser():
            "e.g. paper, paper+comp, fa2, fa2+delta32+comp, cudnn (GPU only), reference-fp32), or "
            "SPEC@layer (standard attention elsewhere, SPEC in the watched layer)")
   p.add_argument("--seeds", default="0", help="comma-separated seeds (initialisation and data order)")
-  p.add_argument("--tiles", type=int, default=512, help="the paper layout's block_q = block_k")
-  p.add_argument("--layer", type=int, default=1, help="the watched layer (0-based); "
+  p.add_argument("--tiles", type=_count(16), default=512,
+                 help="the paper layout's block_q = block_k")
+  p.add_argument("--layer", type=_count(0), default=1, help="the watched layer (0-based); "
                  "the @layer variants use flash there only")
-  p.add_argument("--time-budget", type=float, default=0.0, help="seconds of wall time for this "
-                 "invocation (0: none); unfinished runs resume from their last checkpoint next time")
+  p.add_argument("--time-budget", type=_non_negative, default=0.0,
+                 help="seconds of wall time for this invocation (0: none); unfinished runs "
+                 "resume from their last checkpoint next time")
   p.add_argument("--report-only", action="store_true", help="train nothing; report every run "
                  "folder under --out (e.g. after runs made by several processes)")
   p.add_argument("--runs", default=None, help="report the runs of a --pack file (unpacked into "
@@ -325,6 +496,46 @@ def build_parser():
   _add_train_options(p, skip=("attention", "seed", "out_dir", "max_seconds"), layer_attention=False,
                      defaults="default: the recipe's (experiment.RECIPES)")
   p.set_defaults(func=_experiment)
+  p = sub.add_parser("crosscheck-train", help="the training beside its PyTorch twin "
+                     "(torch_crosscheck/gpt_twin.py): same weights and batches, per-step loss "
+                     "difference, outcomes under the experiment's rules; report + PNG")
+  p.add_argument("--recipe", default="anchor-b128", help="one of experiment.RECIPES (tiny: CPU); "
+                 "any training option below overrides it")
+  p.add_argument("--pairs", default="reference-fp32,paper", help="comma-separated twin attentions "
+                 "(paired with their default JAX partner: reference-fp32, paper, paper+comp, "
+                 "sdpa-cudnn=cudnn, sdpa-flash=fa2) or TWIN=JAXSPEC (twin attentions: "
+                 "paper, paper+comp, reference-fp32, sdpa-flash, sdpa-efficient, sdpa-cudnn, "
+                 "sdpa-math; efficient and cudnn need CUDA)")
+  p.add_argument("--seeds", default="24", help="comma-separated seeds (initialisation and data "
+                 "order)")
+  p.add_argument("--tiles", type=int, default=512, help="the paper layout's block_q = block_k, "
+                 "both sides")
+  p.add_argument("--layer", type=int, default=1, help="the watched layer (runaway rule)")
+  p.add_argument("--side", choices=["both", "jax", "torch"], default="both", help="both: JAX in "
+                 "this process, the twin in subprocesses at the same time; jax / torch: one side "
+                 "only (e.g. one process per GPU), no report")
+  p.add_argument("--null-steps", type=int, default=0, help="also run the first N steps of each "
+                 "JAX run with every batch as two half-batches (the rounding-level baseline)")
+  p.add_argument("--tolerance", type=float, default=2.0 ** -8, help="relative |Δloss| within "
+                 "which the curves agree (default 2^-8: one bf16 ulp of the loss's scale)")
+  p.add_argument("--torch-python", default=None, help="the twin's interpreter (default "
+                 "$FLASHSTABLE_TORCH_PYTHON, else .torchvenv/bin/python if present, else this one)")
+  p.add_argument("--torch-gpu", default=None, help="CUDA_VISIBLE_DEVICES of the twin's "
+                 "processes (default: inherited)")
+  p.add_argument("--torch-args", default="", help="extra gpt_twin.py train options, e.g. "
+                 "'--threads 1' or '--compile off'")
+  p.add_argument("--time-budget", type=float, default=0.0, help="seconds of wall time (0: none); "
+                 "unfinished JAX runs resume from their checkpoint, twin runs start again")
+  p.add_argument("--report-only", action="store_true", help="train nothing; report the runs "
+                 "under --out")
+  p.add_argument("--runs", default=None, help="report the runs of a --pack file (unpacked into "
+                 "--out), training nothing")
+  p.add_argument("--pack", default=None, help="write every run (no checkpoints) into this one "
+                 ".jsonl.xz file")
+  p.add_argument("--out", default="runs/twin")
+  _add_train_options(p, skip=("attention", "seed", "out_dir", "max_seconds"), layer_attention=False,
+                     defaults="default: the recipe's (experiment.RECIPES)")
+  p.set_defaults(func=_crosscheck_train)
   p = sub.add_parser("bench", help="fwd and fwd+bwd TFLOP/s of our kernels (layouts × "
                      "compensation) next to cuDNN, XLA and torch SDPA; compensation overhead")
   p.add_argument("--shapes", default=None, help="';'-separated batch,len,heads,kv_heads,head_dim,"
@@ -333,9 +544,9 @@ def build_parser():
            help="comma-separated: attention specs (PRESET[+MODIFIER...][:FIELD=VALUE,...], e.g. "
            "fa2, paper+comp, fa2+comp+mgpu:block_k=128, xla, cudnn), pallas-mgpu, torch-flash, "
            "torch-cudnn, torch-efficient, torch-math (cudnn, pallas-mgpu and torch-*: GPU only)")
-  p.add_argument("--warmup", type=int, default=3)
-  p.add_argument("--reps", type=int, default=20)
-  p.add_argument("--overhead-pairs", type=int, default=20,
+  p.add_argument("--warmup", type=_count(0), default=3)
+  p.add_argument("--reps", type=_count(1), default=20)
+  p.add_argument("--overhead-pairs", type=_count(0), default=20,
                  help="interleaved pairs for the compensation overhead (0: skip)")
   _renamed(p, "--paired", "--paired-impls", default="", help="comma-separated implementations "
            "whose speed relative to --paired-reference is measured in --overhead-pairs "
@@ -365,15 +576,39 @@ def build_parser():
   p = sub.add_parser("prepare", help="tokenize a folder of text files into train.bin/val.bin")
   p.add_argument("text_dir")
   p.add_argument("out_dir")
-  p.add_argument("--val-every", type=int, default=100, help="document i goes to val if i %% N == 0")
+  p.add_argument("--val-every", type=_count(1), default=100,
+                 help="document i goes to val if i %% N == 0")
   p.set_defaults(func=_prepare)
   return ap
 
 
 def main(argv=None):
+  """Runs one command; returns its exit status. User errors raise SystemExit with the one-line
+  message (`flashstable <command>: ...`); `console_main` prints it."""
   args = build_parser().parse_args(argv)
-  return args.func(args)
+  from jax_flashstable.training.config import ConfigError
+  try:
+    return args.func(args)
+  except ConfigError as e:               # a TrainConfig value, name or path (TrainConfig.validate)
+    raise SystemExit(f"flashstable {args.command}: {e}") from None
+
+
+def console_main(argv=None):
+  """The `flashstable` console entry point (and `python -m jax_flashstable.cli`): a user error
+  is its one line on stderr and exit status 2; Ctrl-C one line and status 130 (the training
+  loop has saved a checkpoint and says how to resume); never a traceback for either."""
+  try:
+    code = main(argv)
+  except SystemExit as e:
+    if e.code is None or isinstance(e.code, int):
+      raise
+    print(e.code, file=sys.stderr)
+    code = 2
+  except KeyboardInterrupt as e:
+    print(f"flashstable: {e}" if str(e) else "flashstable: interrupted", file=sys.stderr)
+    code = 130
+  sys.exit(code)
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  console_main()

@@ -32,7 +32,7 @@ def check_inputs(query, key, value, softmax_scale, *, allow_float64=False):
   allowed = SUPPORTED_DTYPES + ((jnp.dtype(jnp.float64),) if allow_float64 else ())
   if dtype not in allowed:
     raise TypeError(f"unsupported dtype {dtype}; supported: {[str(d) for d in allowed]}")
-  (b, q_len, num_heads, head_dim), (bk, kv_len, num_kv_heads, dk) = query.shape, key.shape
+  (b, _, num_heads, head_dim), (bk, _, num_kv_heads, dk) = query.shape, key.shape
   if key.shape != value.shape:
     raise ValueError(f"key and value shapes differ: key.shape={key.shape}, value.shape={value.shape}")
   if bk != b:

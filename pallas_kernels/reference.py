@@ -13,6 +13,8 @@ Grouped heads: query head h reads key/value head h // (num_heads // num_kv_heads
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -44,6 +46,23 @@ def _attention(query, key, value, causal, softmax_scale, dtype):
   return o.astype(dtype)                                          # rounding point 3
 
 
+# float64: one compiled program (eager op-by-op dispatch is most of its cost). The
+# low-precision references run op by op, each op rounding its result as written: under jit
+# XLA may fuse and contract (an FMA) where the plain arithmetic rounds: jitted, the float32
+# baseline of the accuracy rule came out more accurate than float32 arithmetic (the float32
+# case of tests/test_mechanism.py: naive dQ error 2.1e-6 jitted, 7.0e-6 op by op).
+@functools.partial(jax.jit, static_argnums=(3, 4))
+def _attention_fp64(query, key, value, causal, softmax_scale):
+  return _attention(query, key, value, causal, softmax_scale, jnp.float64)
+
+
+@functools.partial(jax.jit, static_argnums=(4, 5))
+def _attention_vjp_fp64(query, key, value, d_out, causal, softmax_scale):
+  out, vjp = jax.vjp(lambda q, k, v: _attention(q, k, v, causal, softmax_scale, jnp.float64),
+                     query, key, value)
+  return out, vjp(d_out)
+
+
 def _check_dtype(dtype):
   dtype = jnp.dtype(dtype)
   if dtype not in (jnp.float64, jnp.float32, jnp.bfloat16, jnp.float16):
@@ -71,7 +90,7 @@ def reference_attention(query, key, value, *, causal=False, softmax_scale=None, 
   if dtype == jnp.float64:
     with jax.enable_x64(True):
       args = [jnp.asarray(np.asarray(x, np.float64)) for x in (query, key, value)]
-      return np.asarray(_attention(*args, causal, softmax_scale, jnp.float64))
+      return np.asarray(_attention_fp64(*args, causal, softmax_scale))
   return _attention(query, key, value, causal, softmax_scale, dtype)
 
 
@@ -80,22 +99,18 @@ def reference_attention_vjp(query, key, value, d_out, *, causal=False, softmax_s
   """(out, (d_query, d_key, d_value)) of `reference_attention` for the cotangent `d_out`.
 
   float64 results are NumPy arrays (computed with x64 on locally); the gradients of the
-  low-precision references are the autodiff of the rounded program.
+  low-precision references are the autodiff of the rounded program, evaluated op by op.
   """
   dtype = _check_dtype(dtype)
   softmax_scale = check_inputs(query, key, value, softmax_scale, allow_float64=True)
-
-  def run():
-    f = lambda q, k, v: _attention(q, k, v, causal, softmax_scale, dtype)
-    return jax.vjp(f, query, key, value)
 
   if dtype == jnp.float64:
     with jax.enable_x64(True):
       query, key, value, d_out = [jnp.asarray(np.asarray(x, np.float64))
                                   for x in (query, key, value, d_out)]
-      out, vjp = run()
-      grads = vjp(d_out)
+      out, grads = _attention_vjp_fp64(query, key, value, d_out, causal, softmax_scale)
       return np.asarray(out), tuple(np.asarray(g) for g in grads)
   query, key, value = (x.astype(dtype) for x in (query, key, value))
-  out, vjp = run()
+  out, vjp = jax.vjp(lambda q, k, v: _attention(q, k, v, causal, softmax_scale, dtype),
+                     query, key, value)
   return out, vjp(jnp.asarray(d_out).astype(out.dtype))

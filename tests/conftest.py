@@ -10,13 +10,16 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_experim
 # Pallas' GPU interpret mode (the Mosaic GPU kernels on a CPU) runs each warpgroup as a JAX
 # computation that blocks in barrier callbacks; some run on the XLA CPU client's thread pool,
 # sized to the cores. With 2 cores, inside an outer jit, the caller and one blocked warpgroup
-# took both threads and the next warpgroup never started (a hang, about one run in two of a
-# jitted Mosaic GPU forward+backward, 2026-12-01). PJRT_NPROC sizes that pool; CPU golden
-# hashes are unchanged with it.
+# took both threads and the next warpgroup never started (a hang in about half the runs of a
+# jitted Mosaic GPU forward+backward; docs/architecture.md). PJRT_NPROC sizes that pool; CPU
+# golden hashes are unchanged with it.
 os.environ.setdefault("PJRT_NPROC", "8")
 
-# Persistent compilation cache: Triton/interpret compiles dominate the suite's time.
+# Persistent compilation cache: compiles (interpret-mode kernels above all) are most of the
+# suite's time and many tests compile the same program; every compile is cached, however short,
+# so the tests (and both xdist workers) share them within one run too.
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", ".jaxcache"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

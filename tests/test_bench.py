@@ -1,6 +1,5 @@
 """`flashstable bench`: timing helpers, the CLI at CPU size, and the golden output hashes."""
 import json
-import re
 import pathlib
 import time
 

@@ -1,7 +1,6 @@
 """The compensation (Qiu & Yao 2025, Alg. 1) and its guard, read from the kernel itself."""
 import math
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

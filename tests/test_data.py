@@ -80,3 +80,28 @@ def test_missing_and_malformed_files(tmp_path):
   d.train = d.val = load_tokens(tmp_path / "short.bin")
   with pytest.raises(ValueError, match="too few"):
     d.batch("train", 0, 0, 2, 32)
+
+
+def test_an_id_beyond_the_vocabulary_anywhere_is_named(tmp_path, monkeypatch):
+  """The whole file is checked when it is opened (not only its first and last 64k tokens): the
+  first offending position and its value are named."""
+  tokens = np.zeros(300_000, "<u2")
+  tokens[150_000], tokens[200_000] = 50_400, 60_000                   # mid-file, two of them
+  tokens.tofile(tmp_path / "mid.bin")
+  with pytest.raises(ValueError, match=r"token id 50400 at position 150,000 \(the first id ≥ "
+                                       r"vocab_size=50304; 300,000 tokens\)"):
+    load_tokens(tmp_path / "mid.bin")
+  monkeypatch.setattr(data_module, "CHECK_CHUNK", 4096)       # a file of many checking chunks
+  with pytest.raises(ValueError, match="at position 150,000"):
+    load_tokens(tmp_path / "mid.bin")
+  assert load_tokens(tmp_path / "mid.bin", vocab_size=60_001)[200_000] == 60_000
+
+
+def test_prepare_names_a_missing_folder(tmp_path):
+  with pytest.raises(FileNotFoundError, match="text folder not found: .*nonexistent"):
+    prepare_text_folder(tmp_path / "nonexistent", tmp_path / "out")
+  (tmp_path / "a.txt").write_text("x")
+  with pytest.raises(ValueError, match="is a file, not a folder"):
+    prepare_text_folder(tmp_path / "a.txt", tmp_path / "out")
+  with pytest.raises(ValueError, match="val_every=0"):
+    prepare_text_folder(tmp_path, tmp_path / "out", val_every=0)

@@ -1,5 +1,4 @@
 """Diagnostics inside training: values against direct computations, rows on disk, the plot."""
-import dataclasses
 
 import jax
 import jax.numpy as jnp

@@ -1,5 +1,5 @@
 """attention_fn in flax.nnx and flax.linen: wiring, options reaching the kernel, clear errors."""
-import functools
+import json
 import re
 
 import jax
@@ -137,3 +137,71 @@ def test_spec_lists_split_at_specs_not_fields():
   assert split_specs("fa2:block_q=64,block_k=64,xla,paper+comp") == [
       "fa2:block_q=64,block_k=64", "xla", "paper+comp"]
   assert split_specs("") == []
+
+
+def test_top_level_export_is_the_adapter():
+  import jax_flashstable
+  from jax_flashstable import make_attention_fn as exported
+  from jax_flashstable.attention import flax_adapter
+  assert exported is flax_adapter.make_attention_fn
+  assert "make_attention_fn" in jax_flashstable.__all__
+  assert "make_attention_fn" in dir(jax_flashstable)
+  fn = exported("xla", causal=True)
+  q = jax.random.normal(jax.random.key(0), (1, 8, 2, 16), jnp.float32)
+  want = jax.nn.dot_product_attention(q, q, q, is_causal=True)
+  np.testing.assert_allclose(np.asarray(fn(q, q, q)), np.asarray(want), rtol=1e-6)
+
+
+def test_nnx_decode_cache_is_named_as_unsupported():
+  """nnx.MultiHeadAttention(decode=True) passes the mask of its KV cache although the user gave
+  none: the error names decoding and says what to use instead."""
+  mha = nnx.MultiHeadAttention(num_heads=2, in_features=16, decode=True, rngs=nnx.Rngs(0),
+                               attention_fn=make_attention_fn("fa2"))
+  mha.init_cache((1, 8, 16))
+  with pytest.raises(NotImplementedError, match=r"autoregressive decoding with a KV cache: it got "
+                     r"a mask of one query over 8 cached keys.*decode=False and is_causal=True.*"
+                     r"jax.nn.dot_product_attention"):
+    mha(jnp.ones((1, 1, 16)))
+  q = jnp.zeros((1, 8, 2, 16))
+  with pytest.raises(NotImplementedError, match=r"no mask \(got mask.shape=\(1, 1, 8, 8\)\)"):
+    make_attention_fn("fa2")(q, q, q, mask=jnp.ones((1, 1, 8, 8), bool))
+
+
+NNX_JIT_STEP = """
+import jax, jax.numpy as jnp, optax
+from flax import nnx
+from jax_flashstable import AttentionConfig, GPT, GPTConfig
+from jax_flashstable.models.gpt2 import loss_fn
+traces = []
+jax.monitoring.register_event_duration_secs_listener(
+    lambda name, secs, **kw: traces.append(name) if name.endswith("jaxpr_trace_duration") else None)
+cfg = GPTConfig.preset("tiny", block_size=16, n_layer=1, attention=AttentionConfig.parse("fa2"))
+model = GPT(cfg, rngs=nnx.Rngs(0))
+opt = nnx.Optimizer(model, optax.adamw(1e-3), wrt=nnx.Param)
+
+@nnx.jit
+def step(model, opt, x):
+  loss, grads = nnx.value_and_grad(lambda m: loss_fn(m, x[:, :-1], x[:, 1:]))(model)
+  opt.update(model, grads)
+  return loss
+
+x = jnp.arange(34, dtype=jnp.int32).reshape(2, 17)
+print([float(step(model, opt, x)) > 0 and len(traces) for _ in range(3)])   # traces so far
+"""
+
+
+def test_nnx_jit_step_compiles_once():
+  """A user's nnx.jit training step over GPT with our attention traces once in three calls. It
+  traced twice when Pallas's interpret mode imported, inside the first trace, a module that
+  adds a JAX config option to the tracing context (`flax_adapter._register_interpret_config`).
+  A fresh interpreter, so that nothing imported by other tests hides it."""
+  import os
+  import pathlib
+  import subprocess
+  import sys
+  env = dict(os.environ, PYTHONPATH=str(pathlib.Path(__file__).parents[1]))
+  out = subprocess.run([sys.executable, "-c", NNX_JIT_STEP], env=env, capture_output=True,
+                       text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  first, second, third = json.loads(out.stdout.strip().splitlines()[-1])
+  assert first > 0 and second == first and third == first     # no trace after the first call

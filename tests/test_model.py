@@ -1,5 +1,4 @@
 """GPT-2 in nnx: names, shapes, parameter count, initialisation, per-layer attention."""
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

@@ -1,22 +1,24 @@
-"""The PyTorch training twin (`torch_crosscheck/gpt_twin.py`) against the JAX training, on CPU.
+"""The PyTorch training twin (`torch_crosscheck/gpt_twin.py`) against the JAX training, on CPU,
+and the side-by-side command that runs both (`flashstable crosscheck-train`,
+`jax_flashstable/experiment/twin.py`).
 
 The torch side runs in its own environment (TORCH_PYTHON, as in test_crosscheck.py) through
-subprocesses; JAX runs in this process, except the training runs, which run in a JAX
-subprocess with XLA CPU's YNNPACK fusions switched off (`JAX_TRAIN_FLAGS`). With them, XLA CPU
-computes some of the backward's bf16 dots without float32 accumulation: at step 1 of the tiny
-model JAX's gradient of h.1.mlp.c_proj.kernel equals bf16(exact product of JAX's own operands)
-in 11% of its entries (the twin's in 99.99%), only ~10% of the kernel-gradient entries of the
-two frameworks agree, and their grad norms differ by 1.4e-4; with the fusions off, 55–97% agree
-and the grad norms differ by 6e-7. That is XLA CPU's, not the model's (XLA on GPU accumulates
-bf16 dots in float32), so the comparison switches it off.
+subprocesses; JAX runs in this process, with XLA CPU's YNNPACK fusions switched off (conftest.py).
+With them, XLA CPU computes some of the backward's bf16 dots without float32 accumulation: at
+step 1 of the tiny model JAX's gradient of h.1.mlp.c_proj.kernel equals bf16(exact product of
+JAX's own operands) in 11% of its entries (the twin's in 99.99%), only ~10% of the
+kernel-gradient entries of the two frameworks agree, and their grad norms differ by 1.4e-4;
+with the fusions off, 55–97% agree and the grad norms differ by 6e-7. That is XLA CPU's, not
+the model's (XLA on GPU accumulates bf16 dots in float32), so the comparison switches it off.
+The training runs are made once, by the command (`training_runs`), and read by several tests.
 
 Run with PYTHONPATH=<this checkout> so that `jax_flashstable` is this checkout's.
 """
 import json
+import math
 import os
 import pathlib
 import subprocess
-import sys
 import textwrap
 
 import jax
@@ -27,23 +29,27 @@ import optax
 import pytest
 from flax import nnx
 
+from jax_flashstable import cli
 from jax_flashstable.attention.config import AttentionConfig
+from jax_flashstable.experiment import twin
 from jax_flashstable.training.data import Dataset
 from jax_flashstable.attention.flax_adapter import attend
-from jax_flashstable.training.train import TrainConfig, make_optimizer, read_metrics
+from jax_flashstable.training.train import (TrainConfig, explosion_step, make_optimizer,
+                                           read_diagnostics, read_metrics)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TORCH_PYTHON = os.environ.get("FLASHSTABLE_TORCH_PYTHON",
                               str(ROOT / ".torchvenv" / "bin" / "python"))
-JAX_TRAIN_FLAGS = "--xla_cpu_experimental_ynn_fusion_type="
 BF16 = ml_dtypes.bfloat16
 PAPER64 = "paper:block_q=64,block_k=64"
 
 
 def _torch_ok():
+  """torch installed in TORCH_PYTHON (found, not imported: importing it takes ~5 s)."""
   if not pathlib.Path(TORCH_PYTHON).exists():
     return False
-  return subprocess.run([TORCH_PYTHON, "-c", "import torch"], capture_output=True).returncode == 0
+  probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is None)"
+  return subprocess.run([TORCH_PYTHON, "-c", probe], capture_output=True).returncode == 0
 
 
 pytestmark = pytest.mark.skipif(
@@ -57,25 +63,58 @@ sys.path.insert(0, {str(ROOT / 'torch_crosscheck')!r})
 import gpt_twin as T
 torch.set_num_threads(1)           # a 2-core CPU: torch's thread pool costs ~5 ms per op
 """
+# One torch process for the module's snippets (starting one costs ~5 s: torch and gpt_twin
+# imports): each request line {"code", "args"} runs the code with sys.argv = ["-c", *args] in
+# a fresh copy of the prelude's namespace; the reply line holds its stdout or its traceback.
+TORCH_WORKER = TORCH_PRELUDE + """
+import contextlib, io, traceback
+prelude = dict(globals())
+for line in sys.stdin:
+  request = json.loads(line)
+  sys.argv = ["-c", *request["args"]]
+  out, ok = io.StringIO(), True
+  try:
+    with contextlib.redirect_stdout(out):
+      exec(compile(request["code"], "<snippet>", "exec"), dict(prelude))
+  except BaseException:
+    ok = False
+    out.write(traceback.format_exc())
+  sys.__stdout__.write(json.dumps(dict(ok=ok, stdout=out.getvalue())) + "\\n")
+  sys.__stdout__.flush()
+"""
+_worker = None
 
 
-def run_torch(code, *args, timeout=600):
-  """Runs TORCH_PRELUDE + code in the torch environment; returns its stdout."""
-  cmd = [TORCH_PYTHON, "-c", TORCH_PRELUDE + textwrap.dedent(code), *map(str, args)]
-  proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  return proc.stdout
+def _start_worker():
+  global _worker
+  if _worker is None or _worker.poll() is not None:
+    _worker = subprocess.Popen([TORCH_PYTHON, "-c", TORCH_WORKER], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True)
 
 
-def export_npz(params, path):
-  """JAX parameters (a model or its nnx.Param state) in the twin's .npz layout (gpt_twin's
-  docstring): the nnx state path joined by ".", without the ".embedding" of wte/wpe. (The JAX
-  side's exporter will replace this helper.)"""
-  state = nnx.state(params, nnx.Param) if isinstance(params, nnx.Module) else params
-  arrays = {".".join(map(str, p)).removesuffix(".embedding"): np.asarray(v[...], np.float32)
-            for p, v in nnx.to_flat_state(state)}
-  np.savez(path, **arrays)
-  return arrays
+def run_torch(code, *args):
+  """Runs `code` after TORCH_PRELUDE in the torch environment (one worker process for the
+  module); returns what it printed. Fails the test with the snippet's traceback."""
+  _start_worker()
+  _worker.stdin.write(json.dumps(dict(code=textwrap.dedent(code), args=list(map(str, args))))
+                      + "\n")
+  _worker.stdin.flush()
+  line = _worker.stdout.readline()
+  assert line, f"the torch worker died (exit status {_worker.wait()})"
+  reply = json.loads(line)
+  assert reply["ok"], reply["stdout"][-3000:]
+  return reply["stdout"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _torch_worker():
+  """Starts the worker at once (its imports overlap the first test's JAX side), stops it at
+  the end of the module."""
+  _start_worker()
+  yield
+  if _worker is not None and _worker.poll() is None:
+    _worker.stdin.close()
+    _worker.wait(timeout=60)
 
 
 def bits(x):
@@ -129,12 +168,20 @@ def test_twin_batches_are_dataset_batch(tmp_path):
   assert not np.array_equal(got["train_0_1_0_x"], got["train_0_1_1_x"])   # not one window
 
 
-def test_npz_layout_round_trip_and_errors(tmp_path):
-  """A JAX model's parameters (bias=True, so every kind of key) load into the twin and save
-  back bit for bit; files that do not fit are refused naming the key."""
-  from jax_flashstable.models.gpt2 import GPT, GPTConfig
+def test_export_round_trip_first_loss_diagnostics_and_errors(tmp_path):
+  """The library's export (`twin.export_params`, `twin.export_init`) in the twin's layout:
+  a JAX model's parameters (bias=True, so every kind of key) load into the twin and save back
+  bit for bit; files that do not fit are refused naming the key. From the exported initial
+  parameters of a run (`export_init`), the twin's first loss equals the JAX model's on the
+  run's first batch, and its diagnostics, given JAX's own sampled rows, the max logits of
+  `diagnostics.diagnose`; a twin run with a diagnostics row every step logs the same float32
+  loss, grad norm and param norm as one without. Also: the twin's attention list is the
+  command's, and its explosion rule gives `train.explosion_step`'s steps."""
+  from jax_flashstable.models.gpt2 import GPT, GPTConfig, loss_fn
+  from jax_flashstable.training import diagnostics
+  from jax_flashstable.training.train import init_state
   model = GPT(GPTConfig.preset("tiny", bias=True), rngs=nnx.Rngs(3))
-  arrays = export_npz(model, tmp_path / "init.npz")
+  arrays = twin.export_params(model, tmp_path / "init.npz")
   assert len(arrays) == 2 + 2 * 12 + 2                  # wte, wpe; 12 per block; ln_f
   bad = {
       "missing": {k: v for k, v in arrays.items() if k != "h.1.mlp.c_fc.bias"},
@@ -144,6 +191,23 @@ def test_npz_layout_round_trip_and_errors(tmp_path):
   }
   for name, a in bad.items():
     np.savez(tmp_path / f"{name}.npz", **a)
+  # a run's initial parameters and first batch; JAX's loss and diagnostics on them
+  cfg = TrainConfig(model="tiny", attention="reference-fp32", seed=3, batch_size=4, diag_rows=16)
+  run_init = twin.export_init(cfg, tmp_path / "run_init.npz")
+  jmodel, graphdef, params, _, _ = init_state(cfg)
+  x, y = Dataset().batch("train", cfg.seed, 1, cfg.batch_size, 128)
+  jax_loss = float(jax.jit(lambda p, a, b: loss_fn(nnx.merge(graphdef, p), a, b))(params, x, y))
+  key = jax.random.fold_in(jax.random.key(cfg.seed), 1)               # as train_and_evaluate
+  power = diagnostics.converge_power_state(
+      graphdef, params, diagnostics.init_power_state(jmodel.config, jax.random.key(cfg.seed)))
+  d, _ = diagnostics.diagnose(graphdef, params, x, y, power, cfg.diag_rows, key)
+  jax_diag = diagnostics.to_row(1, d)
+  rows = (np.asarray(jax.random.randint(key, (16,), 0, 4)),             # diagnose's draws
+          np.asarray(jax.random.randint(jax.random.fold_in(key, 1), (16,), 0, 128)))
+  losses = [[3.0] * 30 + [20.0] * 10, [3.0] * 12 + [math.nan], [3.0, 2.0, 1.5] * 9 + [4.0] * 10,
+            list(np.random.default_rng(1).uniform(1, 4.5, 60)), [5.0] * 3 + [40.0] * 8 + [3.0] * 20
+            + [7.0] * 10]
+  np.savez(tmp_path / "batch.npz", x=x, y=y, b=rows[0], t=rows[1])
   stdout = run_torch("""
     folder = sys.argv[1]
     m = T.GPT(T.ModelConfig(2, 2, 64, 128, 50304, True))
@@ -155,8 +219,36 @@ def test_npz_layout_round_trip_and_errors(tmp_path):
         T.load_npz(T.GPT(T.ModelConfig(2, 2, 64, 128, 50304, True)), f"{folder}/{name}.npz")
       except ValueError as e:
         errors[name] = str(e)
-    print(json.dumps(dict(names=[n for n, _ in m.named_parameters()], errors=errors)))
-  """, tmp_path)
+    run = T.GPT(T.ModelConfig(2, 2, 64, 128, 50304, False), T.AttentionChoice("reference-fp32"))
+    T.load_npz(run, folder + "/run_init.npz")
+    b = np.load(folder + "/batch.npz")
+    x, y = (torch.from_numpy(b[n].astype(np.int64)) for n in "xy")
+    with torch.no_grad():
+      loss = T.loss_fn(run, x, y).item()
+    diag = T.diagnose(run, x, (b["b"], b["t"]))
+    runs = {}                                    # diagnostics change nothing in the training
+    for every in (0, 1):
+      cfg = T.TwinConfig(init=folder + "/run_init.npz", attention="reference-fp32", n_layer=2,
+                         n_head=2, n_embd=64, block_size=128, steps=3, batch_size=1, seed=3,
+                         warmup_steps=1, eval_interval=0, eval_batches=1, diag_interval=every,
+                         diag_rows=0, device="cpu", print_interval=0,
+                         out_dir=f"{folder}/diag{every}")
+      T.train(cfg)
+      runs[every] = [json.loads(l) for l in open(f"{folder}/diag{every}/metrics.jsonl")]
+    keys = ("loss", "grad_norm", "param_norm")
+    same = [[a[k] for k in keys] == [b[k] for k in keys] for a, b in zip(runs[0], runs[1])]
+    diag_rows = [json.loads(l)["step"] for l in open(folder + "/diag1/diagnostics.jsonl")]
+    monitor = []
+    for losses in json.loads(sys.argv[2]):
+      mon = T.ExplosionMonitor(5)
+      for step, l in enumerate(losses, 1):
+        mon.update(step, l)
+      monitor.append(mon.step)
+    print(json.dumps(dict(names=[n for n, _ in m.named_parameters()], errors=errors, loss=loss,
+                          diag=diag, monitor=monitor, attentions=T.ATTENTIONS, same=same,
+                          diag_rows=diag_rows,
+                          all_rows=[r.tolist() for r in T.diagnostic_rows(3, 1, 4, 128, 0)])))
+  """, tmp_path, json.dumps(losses))
   out = json.loads(stdout)
   assert sorted(out["names"]) == sorted(arrays)
   back = np.load(tmp_path / "back.npz")
@@ -169,6 +261,24 @@ def test_npz_layout_round_trip_and_errors(tmp_path):
   assert "unexpected h.2.ln_1.scale" in e["extra"]
   assert "h.0.mlp.c_fc.kernel has shape [256, 64], the model [64, 256]" in e["transposed"]
   assert "ln_f.scale has dtype float64" in e["float64"]
+  # the run's initial parameters: JAX's, in the layout; the first loss (10.66, ulp 9.5e-7)
+  # equal up to float32 summation order (measured: equal)
+  for k, v in twin.params_arrays(params).items():
+    np.testing.assert_array_equal(run_init[k], v)
+  assert abs(out["loss"] - jax_loss) <= np.spacing(np.float32(jax_loss)), (out["loss"], jax_loss)
+  # diagnostics on JAX's rows: max logits (≈ 0.08) equal up to float32 rounding (measured:
+  # equal); W_Q's σ_max exact in the twin, a power-iteration estimate (from below) in JAX
+  # (measured 5e-8 and 7.5e-5 under it)
+  t_logit, j_logit = np.array(out["diag"]["max_logit"]), np.array(jax_diag["max_logit"])
+  assert np.all(np.abs(t_logit - j_logit) <= 2 * np.spacing(j_logit.astype(np.float32)))
+  sigma_t, sigma_j = np.array(out["diag"]["sn_q_full"]), np.array(jax_diag["sn_q_full"])
+  assert np.all(sigma_j <= sigma_t * (1 + 1e-6)) and np.all(sigma_j >= sigma_t * (1 - 1e-3))
+  assert np.isnan(out["diag"]["tie_rate"]).all()
+  assert out["all_rows"] == [[0] * 128, list(range(128))]               # --diag-rows 0
+  assert out["same"] == [True] * 3 and out["diag_rows"] == [1, 2, 3]    # diagnostics: no effect
+  expected = [explosion_step(enumerate(l, 1), 5) for l in losses]
+  assert out["monitor"] == expected == [32, 13, None, None, 39]
+  assert tuple(out["attentions"]) == twin.TWIN_ATTENTIONS
 
 
 CLI_ERRORS = [
@@ -451,65 +561,27 @@ def test_optimizer_and_schedule_match_optax(tmp_path):
 # --- training, step by step ---------------------------------------------------------------
 
 STEPS, BATCH = 4, 2
-
-def train_config(name, out) -> dict:
-  """The JAX run's TrainConfig fields: the tiny preset, STEPS steps of BATCH sequences, warmup
-  2, cosine to 1e-5."""
-  return dict(model="tiny", attention=PAPER64 if name == "paper" else "reference-fp32",
-              steps=STEPS, batch_size=BATCH, lr=3e-3, min_lr=1e-5, warmup_steps=2,
-              eval_interval=0, eval_batches=1, seed=0, progress=False,
-              out_dir=f"{out}/jax-{name}")
-
-
-JAX_TRAIN = f"""
-import json, sys
-import numpy as np
-from flax import nnx
-sys.path.insert(0, {str(ROOT)!r})
-from jax_flashstable.training.train import TrainConfig, init_state, train_and_evaluate
-init = np.load(sys.argv[1])
-for fields in json.loads(sys.argv[2]):
-  cfg = TrainConfig(**fields)
-  for p, v in nnx.to_flat_state(init_state(cfg)[2]):       # the parameters the twin starts from
-    key = ".".join(map(str, p)).removesuffix(".embedding")
-    assert np.array_equal(np.asarray(v[...]), init[key]), key
-  train_and_evaluate(cfg)
-"""
-
-TWIN_TRAIN = f"""
-out = sys.argv[1]
-for name in ("reference-fp32", "paper"):
-  T.main(["train", "--init", out + "/init.npz", "--attention", name, "--block-q", "64",
-          "--block-k", "64", "--n-layer", "2", "--n-head", "2", "--n-embd", "64",
-          "--block-size", "128", "--bias", "false", "--steps", "{STEPS}", "--batch-size",
-          "{BATCH}", "--lr", "3e-3", "--min-lr", "1e-5", "--warmup-steps", "2",
-          "--decay-steps", "none", "--eval-interval", "0", "--eval-batches", "1", "--seed", "0",
-          "--device", "cpu", "--threads", "1", "--print-interval", "0",
-          "--out", f"{{out}}/torch-{{name}}"])
-"""
+# `flashstable crosscheck-train` on the tiny model: STEPS steps of BATCH sequences, warmup 2,
+# cosine to 1e-5 over STEPS, 64×64 tiles (2×2 at length 128), diagnostics every 2 steps; the
+# twin on one thread.
+CROSSCHECK = ["crosscheck-train", "--recipe", "tiny", "--seeds", "0", "--tiles", "64",
+              "--steps", str(STEPS), "--batch-size", str(BATCH), "--lr", "3e-3", "--min-lr", "1e-5",
+              "--warmup-steps", "2", "--eval-interval", "0", "--eval-batches", "1",
+              "--diag-interval", "2", "--no-progress", "--torch-python", TORCH_PYTHON,
+              "--torch-args", "--threads 1 --print-interval 0"]
 
 
 @pytest.fixture(scope="module")
 def training_runs(tmp_path_factory):
-  """The tiny model trained STEPS steps by `train_and_evaluate` (JAX subprocess, YNNPACK
-  fusions off) and by the twin (torch subprocess, at the same time) from the same initial
-  parameters (the JAX run's, written here and checked there), for reference-fp32 and the paper
-  layout with 64×64 tiles (2×2 tiles at length 128)."""
-  from jax_flashstable.training.train import init_state
+  """The runs of `CROSSCHECK` for reference-fp32 and the paper layout (JAX in this process, the
+  twin in a torch subprocess at the same time, from the JAX run's initial parameters exported
+  by the command), then the same command for reference-fp32 with the JAX null (each batch as
+  two halves) over all STEPS, which adds only the null, and the report."""
   out = tmp_path_factory.mktemp("twin_training")
-  configs = [train_config(name, out) for name in ("reference-fp32", "paper")]
-  export_npz(init_state(TrainConfig(**configs[0]))[2], out / "init.npz")
-  env = dict(os.environ, XLA_FLAGS=JAX_TRAIN_FLAGS, JAX_PLATFORMS="cpu",
-             PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-  env.setdefault("JAX_COMPILATION_CACHE_DIR", str(ROOT / ".jaxcache"))
-  jax_run = subprocess.Popen([sys.executable, "-c", JAX_TRAIN, str(out / "init.npz"),
-                              json.dumps(configs)], env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-  try:
-    run_torch(TWIN_TRAIN, out)
-  finally:
-    _, err = jax_run.communicate(timeout=900)
-  assert jax_run.returncode == 0, err[-3000:]
+  assert cli.main(CROSSCHECK + ["--pairs", "reference-fp32,paper", "--out", str(out)]) == 0
+  assert not (out / "null").exists()
+  assert cli.main(CROSSCHECK + ["--pairs", "reference-fp32", "--null-steps", str(STEPS),
+                                "--out", str(out)]) == 0
   return out
 
 
@@ -538,8 +610,8 @@ def rel(a, b):
 
 @pytest.mark.parametrize("name", ["reference-fp32", "paper"])
 def test_training_matches_jax_step_by_step(training_runs, name):
-  j = read_metrics(training_runs / f"jax-{name}")
-  t = read_metrics(training_runs / f"torch-{name}")
+  j = read_metrics(training_runs / "jax" / name / "seed0")
+  t = read_metrics(training_runs / "torch" / name / "seed0")
   assert [r["step"] for r in t] == [r["step"] for r in j] == list(range(1, STEPS + 1))
   assert [set(r) for r in t] == [set(r) for r in j]            # the same keys, val_loss at the end
   for a, b in zip(t, j):
@@ -552,7 +624,84 @@ def test_training_matches_jax_step_by_step(training_runs, name):
   assert rel(t[0]["param_norm"], j[0]["param_norm"]) < 1e-6     # the same initial parameters
   assert rel(t[-1]["val_loss"], j[-1]["val_loss"]) < TOL["loss"]
   assert t[-1]["loss"] < t[0]["loss"] - 0.3                        # it learns, in both
-  config = json.loads((training_runs / f"torch-{name}" / "config.json").read_text())
+  config = json.loads((training_runs / "torch" / name / "seed0" / "config.json").read_text())
   assert config["jax_attention"] == (PAPER64 if name == "paper" else "reference-fp32")
-  jax_config = json.loads((training_runs / f"jax-{name}" / "config.json").read_text())
+  jax_config = json.loads((training_runs / "jax" / name / "seed0" / "config.json").read_text())
   assert config["n_params"] == jax_config["n_params"]
+
+
+# --- the side-by-side command ---------------------------------------------------------------
+
+def test_crosscheck_train_report_and_resumption(training_runs, capsys):
+  """The command again over the runs: every side is done, nothing trains. Its report: both
+  exact pairs agree within τ (2⁻⁸) at every step, far inside it (the step-by-step tolerances
+  above), as the JAX null does; each side's runaway threshold comes from its own
+  reference-fp32 run; the outcomes are the same. The comparison rule finds the step from
+  which a loss is off by 2τ."""
+  capsys.readouterr()
+  assert cli.main(CROSSCHECK + ["--pairs", "reference-fp32,paper",
+                                "--out", str(training_runs)]) == 0
+  log = capsys.readouterr().out.split("# Training cross-check")[0]
+  assert log.count("done before, skipped") == 4, log              # 2 JAX, 2 twin runs
+  assert "training" not in log and "torch 2" not in log, log      # no run, no torch started
+  report = json.loads((training_runs / "report.json").read_text())
+  assert report["tolerance"] == twin.TOLERANCE == 2 ** -8
+  rows = {r["torch"]: r for r in report["rows"]}
+  assert set(rows) == {"reference-fp32", "paper"}
+  for name, r in rows.items():
+    c = r["twin"]
+    assert r["exact"] and r["seed"] == 0 and r["jax"] == name
+    assert c["steps"] == STEPS and c["first_apart"] is None
+    assert c["start_rel"] < TOL["loss_start"] and c["max_rel"] < TOL["loss"], c   # ≪ τ
+    assert 0 < c["param_rel_end"] < TOL["param_norm"]
+    assert r["jax_outcome"] == r["torch_outcome"] == "calm" and r["same_outcome"]
+    assert r["statement"].startswith(f"within τ over all {STEPS} common steps"), r["statement"]
+    for side in ("jax", "torch"):                   # diagnostics rows at steps 2 and 4
+      diag = read_diagnostics(training_runs / side / name / "seed0")
+      assert [d["step"] for d in diag] == [2, 4] and len(diag[0]["max_logit"]) == 2
+  null = rows["reference-fp32"]["null"]
+  assert rows["paper"]["null"] is None and null["steps"] == STEPS and null["first_apart"] is None
+  assert null["max_rel"] < TOL["loss"], null        # measured: 1.2e-5
+  th = report["thresholds"]                         # 10 × the reference's largest max logit;
+  assert 0.5 < th["torch"] / th["jax"] < 2, th      # other rows drawn (measured 1.34 / 1.72)
+  md = (training_runs / "report.md").read_text()
+  assert "Exact pairs agreeing within τ over the first 100 steps: 2 of 2 compared" in md
+  assert "| reference-fp32 ↔ reference-fp32 | 0 | yes | 4 / 4 |" in md
+  assert (training_runs / "twin.png").stat().st_size > 20_000
+  assert (training_runs / "init" / "seed0.npz").exists()
+  # the rule: a twin whose loss is 2τ off from step 3 on parts at step 3
+  j = read_metrics(training_runs / "jax" / "paper" / "seed0")
+  off = [dict(r, loss=r["loss"] * (1 + 2 * twin.TOLERANCE * (r["step"] >= 3))) for r in j]
+  c = twin.compare_losses(j, off)
+  assert c["first_apart"] == 3 and c["start_rel"] == 0
+  assert c["max_rel"] == pytest.approx(2 * twin.TOLERANCE, rel=1e-5)   # float32 losses
+
+
+CROSSCHECK_ERRORS = [
+    (["--pairs", "flash"], "pair 'flash': 'flash' is not a twin attention"),
+    (["--pairs", "sdpa-math"], "pair 'sdpa-math': sdpa-math has no default JAX partner"),
+    (["--pairs", "paper=bogus"], "variant 'bogus'"),
+    (["--pairs", "paper=paper@layer"], "the twin uses one attention in every layer"),
+    (["--seeds", "1,x"], "--seeds expects comma-separated integers, got '1,x'"),
+    (["--recipe", "nope"], "unknown recipe 'nope'"),
+    (["--tolerance", "0"], "tolerance must be a number > 0, got tolerance=0.0"),
+    (["--null-steps", "-1"], "null_steps must be an int >= 0, got null_steps=-1"),
+    (["--time-budget", "-5"], "time_budget must be a number >= 0 (seconds), got -5.0"),
+    (["--torch-python", "/nonexistent/python"],
+     "--torch-python '/nonexistent/python': no such file"),
+    (["--data-parallel"], "data_parallel=True: the twin trains on one device"),
+    (["--null-steps", "2", "--batch-size", "3"], "batch_size=3 is odd"),
+    (["--steps", "0"], "steps=0 must be an integer ≥ 1"),
+    (["--runs", "/nonexistent.jsonl.xz"], "--runs '/nonexistent.jsonl.xz': no such file"),
+]
+
+
+@pytest.mark.parametrize("args,message", CROSSCHECK_ERRORS,
+                         ids=[" ".join(a) for a, _ in CROSSCHECK_ERRORS])
+def test_crosscheck_train_rejects_bad_input_in_one_line(tmp_path, args, message):
+  """Each bad value: one line naming it, before anything is trained or written."""
+  with pytest.raises(SystemExit) as e:
+    cli.main(["crosscheck-train", "--recipe", "tiny", "--out", str(tmp_path / "out")] + args)
+  text = str(e.value.code)
+  assert message in text and "\n" not in text, text
+  assert not (tmp_path / "out").exists()

@@ -10,16 +10,34 @@ Runs in the torch environment (torch + NumPy, no JAX):
 Every option defaults to the recipe `anchor-b128` of `jax_flashstable/experiment/instability.py` (GPT 6
 layers × 6 heads × 384, no bias, context 1024, vocab 50304; batch 128, AdamW (0.9, 0.95), eps
 1e-8, no weight decay, peak lr 3e-3 after 200 warmup steps, cosine to 1e-5 over 20,000 steps,
-clipping 1.0, 3,000 steps, validation every 500 steps on 4 batches); `--help` lists them.
+clipping 1.0, 3,000 steps, validation every 500 steps on 4 batches, diagnostics every 100
+steps on 64 rows, stop 300 steps after an explosion); `--help` lists them.
 The JAX run to compare with must use the same `--seed` (it fixes the data order; the
-initialisation comes from INIT.npz) and the same recipe. Writes OUT/config.json, OUT/metrics.jsonl
-(one row per step, the keys of `train.train_and_evaluate`: step, lr, step_time_s,
-tokens_per_s, loss, grad_norm (before clipping), param_norm (after the update), mfu on
-H100/H200, val_loss on evaluation steps), OUT/summary.json, and with --save-final
-OUT/final_params.npz. A non-finite loss or gradient ends the run as in JAX (the row is
-written first); the command then exits with status 3 and summary.json says stopped="non-finite".
-`stop_after_explosion`, checkpoints, resumption and diagnostics are not mirrored: read the
-explosion step from metrics.jsonl with `train.explosion_step`.
+initialisation comes from INIT.npz) and the same recipe; `flashstable crosscheck-train`
+(`jax_flashstable/experiment/twin.py`) runs both and compares them. Writes OUT/config.json,
+OUT/metrics.jsonl (one row per step, the keys of `train.train_and_evaluate`: step, lr,
+step_time_s, tokens_per_s, loss, grad_norm (before clipping), param_norm (after the update),
+mfu on H100/H200, val_loss on evaluation steps), OUT/diagnostics.jsonl (`--diag-interval`),
+OUT/summary.json, and with --save-final OUT/final_params.npz. A non-finite loss or gradient
+ends the run as in JAX (the row is written first); the command then exits with status 3 and
+summary.json says stopped="non-finite". `--stop-after-explosion N` ends the run N steps after
+the explosion step of JAX's rule (`ExplosionMonitor`; summary.json: stopped="explosion").
+Checkpoints and resumption are not mirrored (a cut run starts again from step 1).
+
+Diagnostics (`diagnose`, for the instability experiment's runaway rule): a row every
+--diag-interval steps with "step", "max_logit" [layer][head], "sn_q_full" [layer] and
+"tie_rate" [layer][head] (NaN: the twin does not compute it), the keys `instability.collect`
+reads. The max logit is taken over --diag-rows (sequence, position) rows of the step's batch
+drawn with NumPy (seeded by seed and step), or over every position of its first sequence
+(--diag-rows 0). JAX draws its 64 rows with jax.random, which NumPy cannot reproduce, so the
+two sides read the same statistic (the max over 64 uniformly drawn rows) on different rows: a
+max logit differs between them by the spread of that max over draws (tiny model, 16 rows, a
+row every 10 steps: the largest over 100 steps 4.65 in JAX and 4.53 in the twin for
+reference-fp32, 3.86 and 4.20 for the paper layout; given JAX's rows the twin's max logits
+equal JAX's, tests/test_torch_twin.py). The runaway rule is unaffected in practice: it compares
+a run with 10× the largest max logit of the reference runs of the same side (same sampling),
+and a runaway moves the max logit by orders of magnitude (anchor-b128 in JAX: 10⁵–10⁶ in the
+exploding paper runs, 10²–10³ in the compensated ones).
 
 Initial parameters: the .npz layout (what the JAX side must write)
 -------------------------------------------------------------------
@@ -400,10 +418,12 @@ class CausalSelfAttention(nn.Module):
     self.n_head = cfg.n_head
     self.attention = attention
 
-  def forward(self, x):                                               # x [b, t, c] float32
+  def forward(self, x, record=None):                                  # x [b, t, c] float32
     b, t, c = x.shape
     q, k, v = self.c_attn(x).split(c, dim=-1)                         # 3 × [b, t, c] bf16
     q, k, v = (y.reshape(b, t, self.n_head, c // self.n_head) for y in (q, k, v))
+    if record is not None:                                            # diagnostics: the inputs
+      record.append((q, k))                                           # of the attention
     y = attend(q, k, v, self.attention, causal=True)                  # [b, t, h, d] bf16
     return self.c_proj(y.reshape(b, t, c))
 
@@ -427,8 +447,8 @@ class Block(nn.Module):
     self.ln_2 = LayerNorm(cfg.n_embd, cfg.bias)
     self.mlp = MLP(cfg, generator, matmul)
 
-  def forward(self, x):                                               # float32 residual stream
-    x = x + self.attn(self.ln_1(x))
+  def forward(self, x, record=None):                                  # float32 residual stream
+    x = x + self.attn(self.ln_1(x), record)
     return x + self.mlp(self.ln_2(x))
 
 
@@ -451,20 +471,27 @@ class GPT(nn.Module):
     self.h = nn.ModuleList(Block(cfg, attention, g, matmul) for _ in range(cfg.n_layer))
     self.ln_f = LayerNorm(cfg.n_embd, cfg.bias)
 
-  def forward(self, tokens):
+  def forward(self, tokens, record=None):
     """tokens [batch, t] integer (t ≤ block_size) → logits [batch, t, vocab_size] float32.
+    `record`: a list to which each layer appends its attention's (query, key), [batch, t,
+    heads, head_dim] bf16 (diagnostics).
 
     Raises:
       ValueError: t > block_size.
     """
+    x = self.ln_f(self.hidden(tokens, record))
+    return bf16_matmul(x, self.wte.t(), self.matmul).float()          # tied output embedding
+
+  def hidden(self, tokens, record=None):
+    """The residual stream after the last block, [batch, t, n_embd] float32 (`forward`
+    without the final LayerNorm and the logits)."""
     t = tokens.shape[1]
     if t > self.config.block_size:
       raise ValueError(f"sequence length {t} exceeds block_size={self.config.block_size}")
     x = self.wte[tokens] + self.wpe[:t][None]
     for block in self.h:
-      x = block(x)
-    x = self.ln_f(x)
-    return bf16_matmul(x, self.wte.t(), self.matmul).float()          # tied output embedding
+      x = block(x, record)
+    return x
 
 
 def loss_fn(model: GPT, tokens, targets):
@@ -488,6 +515,83 @@ def count_params(model) -> int:
 def flops_per_token(cfg: ModelConfig, n_params, seq_len) -> float:
   """6·N + 12·n_layer·n_head·head_dim·T (PaLM appendix B; `gpt2.flops_per_token`)."""
   return 6.0 * n_params + 12.0 * cfg.n_layer * cfg.n_embd * seq_len
+
+
+# --- diagnostics -----------------------------------------------------------------------------
+
+def diagnostic_rows(seed: int, step: int, batch: int, seq_len: int, n_rows: int):
+  """The (sequence, position) rows a diagnostics call reads, as two int64 arrays [R].
+
+  n_rows > 0: n_rows pairs drawn uniformly from the step's batch by NumPy's generator seeded
+  with (seed, step, 2) — the distribution of `diagnostics.diagnose`'s 64 rows in JAX, not its
+  draws (those come from jax.random, which NumPy cannot reproduce). n_rows = 0: every position
+  of the batch's first sequence (R = seq_len).
+  """
+  if n_rows == 0:
+    return np.zeros(seq_len, np.int64), np.arange(seq_len, dtype=np.int64)
+  rng = np.random.default_rng([seed, step, 2])
+  return rng.integers(0, batch, n_rows), rng.integers(0, seq_len, n_rows)
+
+
+@torch.no_grad()
+def diagnose(model: "GPT", tokens, rows) -> dict:
+  """The twin's diagnostics row (without step), as `diagnostics.diagnose` names them:
+
+    max_logit [layer][head]   the largest scaled score q·k/√head_dim over the `rows`
+                              (`diagnostic_rows`) and their visible keys (causal), in float32
+                              from the bf16 query and key of the model's own forward — as
+                              JAX's `_attention_rows`
+    sn_q_full [layer]         σ_max of the layer's whole W_Q ([n_embd, n_embd] float32), exact
+                              (float64 singular values; JAX: power iteration, one step a call)
+    tie_rate [layer][head]    NaN: not computed by the twin (JAX reads it from its kernel)
+
+  tokens: the step's batch [batch, t] int64 on the model's device; only the sequences that
+  `rows` name are run (no logits). Changes nothing in the model (no_grad, no state).
+  """
+  b_idx, t_idx = (np.asarray(r) for r in rows)
+  seqs, where = np.unique(b_idx, return_inverse=True)
+  record = []
+  model.hidden(tokens[torch.from_numpy(seqs).to(tokens.device)], record)
+  n_layer, n_head, n_embd = model.config.n_layer, model.config.n_head, model.config.n_embd
+  scale = 1.0 / math.sqrt(n_embd // n_head)
+  max_logit = []
+  for query, key in record:                                          # [s, t, h, d] bf16
+    best = torch.full((n_head,), -math.inf, device=query.device)
+    for j in range(len(seqs)):
+      pos = torch.from_numpy(t_idx[where == j]).to(query.device)     # this sequence's rows
+      q, k = query[j, pos].float(), key[j].float()                   # [r, h, d], [t, h, d]
+      s = torch.einsum("rhd,khd->hrk", q, k) * scale                 # [h, r, t] float32
+      hidden = torch.arange(k.shape[0], device=q.device)[None, None, :] > pos[None, :, None]
+      best = torch.maximum(best, s.masked_fill(hidden, -math.inf).amax(dim=(1, 2)))
+    max_logit.append(best.tolist())
+  sn_q = [torch.linalg.svdvals(blk.attn.c_attn.kernel[:, :n_embd].detach().double().cpu())[0]
+          .item() for blk in model.h]
+  return dict(max_logit=max_logit, sn_q_full=sn_q, tie_rate=[[math.nan] * n_head] * n_layer)
+
+
+class ExplosionMonitor:
+  """`train.ExplosionMonitor`, the same rule: fed (step, loss) in order, `step` is the first
+  step whose loss is non-finite or, after warmup, whose trailing mean over `window` steps
+  exceeds `factor` × the running minimum of that mean."""
+
+  def __init__(self, warmup_steps, factor=2.0, window=10):
+    self.warmup_steps, self.factor, self.window = warmup_steps, factor, window
+    self.running, self.recent, self.step = math.inf, [], None
+
+  def update(self, step, loss):
+    """Returns the explosion step once one has been seen (None before)."""
+    if self.step is not None:
+      return self.step
+    if not math.isfinite(loss):
+      self.step = step
+      return step
+    self.recent = (self.recent + [loss])[-self.window:]
+    smooth = sum(self.recent) / len(self.recent)
+    if step > self.warmup_steps and smooth > self.factor * self.running:
+      self.step = step
+    elif len(self.recent) == self.window:
+      self.running = min(self.running, smooth)
+    return self.step
 
 
 # --- parameters in .npz ----------------------------------------------------------------------
@@ -694,6 +798,9 @@ class TwinConfig:
   seed: int = 0                       # data order (the JAX run's seed)
   eval_interval: int = 500
   eval_batches: int = 4
+  diag_interval: int = 100            # steps between diagnostics rows (0: off), `diagnose`
+  diag_rows: int = 64                 # rows per diagnostics call (0: the first sequence's all)
+  stop_after_explosion: int = 300     # stop this many steps after an explosion (-1: never)
   out_dir: str = "runs/torch_twin"
   device: str = "auto"                # auto: cuda if available, else cpu
   compile: str = "auto"               # auto: on for CUDA, off on CPU
@@ -727,9 +834,13 @@ class TwinConfig:
     for f in positive:
       if getattr(self, f) < 1:
         raise ValueError(f"{f} must be >= 1, got {f}={getattr(self, f)}")
-    for f in ("warmup_steps", "eval_interval", "print_interval", "threads"):
+    for f in ("warmup_steps", "eval_interval", "print_interval", "threads", "diag_interval",
+              "diag_rows"):
       if getattr(self, f) < 0:
         raise ValueError(f"{f} must be >= 0, got {f}={getattr(self, f)}")
+    if self.stop_after_explosion < -1:
+      raise ValueError(f"stop_after_explosion must be >= -1, got "
+                       f"stop_after_explosion={self.stop_after_explosion}")
     seq = self.seq_len or self.block_size
     if not 1 <= seq <= self.block_size:
       raise ValueError(f"seq_len={self.seq_len} must be in [1, block_size={self.block_size}]")
@@ -809,12 +920,15 @@ def _sha256(path):
 
 def train(cfg: TwinConfig) -> dict:
   """Trains as `train.train_and_evaluate` does, logging to cfg.out_dir; returns the summary
-  (the last row, n_params, stopped).
+  (the last row, n_params, stopped: None or "explosion", explosion_step).
 
   Per step s = 1 … steps: batches `Dataset.batch("train", seed, s·grad_accum + j, batch_size,
   seq_len)` for j < grad_accum; loss and gradients averaged over them; the update; a row with
   lr = schedule(s − 1). Validation (eval_interval, and at the last step): the mean loss of
-  `Dataset.batch("val", 1234, i, …)` for i < eval_batches, as JAX.
+  `Dataset.batch("val", 1234, i, …)` for i < eval_batches, as JAX. Every diag_interval steps
+  (after the update, on the step's first micro-batch, as JAX) a row of `diagnose` in
+  OUT/diagnostics.jsonl. stop_after_explosion ≥ 0: the run ends that many steps after the
+  explosion step of `ExplosionMonitor` (as JAX).
 
   Raises:
     ValueError: a bad field (`TwinConfig.validate`) or an .npz that does not fit the model.
@@ -867,6 +981,12 @@ def train(cfg: TwinConfig) -> dict:
       s in _device_name(device) for s in ("H100", "H200")) else None   # as train.peak_flops
   params = opt.params
   summary, stopped = {}, None
+  monitor = ExplosionMonitor(cfg.warmup_steps)
+  diag_path = out / "diagnostics.jsonl"
+  if cfg.diag_interval:
+    diag_path.write_text("")
+  else:
+    diag_path.unlink(missing_ok=True)                          # no stale rows of an older run
   with open(out / "metrics.jsonl", "w") as log:
     for step in range(1, cfg.steps + 1):
       xy = train_batches(data, cfg, step, seq_len)
@@ -896,16 +1016,29 @@ def train(cfg: TwinConfig) -> dict:
         row["val_loss"] = evaluate()
       log.write(json.dumps(row) + "\n")
       log.flush()
+      if finite and cfg.diag_interval and step % cfg.diag_interval == 0:
+        t_diag = time.perf_counter()
+        x0 = xy[0][0]
+        rows = diagnostic_rows(cfg.seed, step, x0.shape[0], x0.shape[1], cfg.diag_rows)
+        with backend_context(choice):
+          drow = dict(step=step, **diagnose(model, to_device(x0), rows))
+        drow["diag_time_s"] = time.perf_counter() - t_diag
+        with open(diag_path, "a") as f:
+          f.write(json.dumps(drow) + "\n")
       if cfg.print_interval and (step % cfg.print_interval == 0 or step in (1, cfg.steps)):
         print(f"step {step}: loss {m['loss']:.4f}, grad_norm {m['grad_norm']:.3f}, "
-              f"{row['tokens_per_s']:.0f} tokens/s", flush=True)
+              f"{row['tokens_per_s']:.0f} tokens/s ({1 / dt:.2f} steps/s)", flush=True)
       if not finite:
         raise NonFiniteError(f"non-finite loss or gradient at step {step} (loss={m['loss']}, "
                              f"grad_norm={m['grad_norm']}) in {out}")
       summary = row
+      exploded = monitor.update(step, m["loss"])
+      if exploded is not None and 0 <= cfg.stop_after_explosion <= step - exploded:
+        stopped = "explosion"
+        break
   if cfg.save_final:
     save_npz(model, out / "final_params.npz")
-  return dict(summary, n_params=n_params, stopped=stopped)
+  return dict(summary, n_params=n_params, stopped=stopped, explosion_step=monitor.step)
 
 
 # --- command line ----------------------------------------------------------------------------
@@ -972,7 +1105,8 @@ def main(argv=None):
     print(f"gpt_twin.py: error: {e}", file=sys.stderr)
     return 2
   (out / "summary.json").write_text(json.dumps(summary, default=str))
-  print(f"done: {cfg.steps} steps, final loss {summary.get('loss')}; {out}")
+  print(f"done: {summary.get('step')} steps, final loss {summary.get('loss')}"
+        f"{', stopped after the explosion' if summary.get('stopped') else ''}; {out}")
   return 0
 
 

@@ -3,6 +3,7 @@ that every model layer uses (`attend`)."""
 from __future__ import annotations
 
 import functools
+import importlib
 import math
 
 import jax
@@ -10,6 +11,23 @@ import jax.numpy as jnp
 
 from jax_flashstable.attention import api as _attention
 from jax_flashstable.attention.config import AttentionConfig
+
+
+def _register_interpret_config():
+  """Imports, now, the modules that Pallas's interpret-mode lowering (our kernels on a CPU)
+  imports on first use. One of them defines a JAX config option that is part of the tracing
+  context (`pallas_fuser_disable_nested_fuse`, jax 0.11), so when it first appears inside a
+  jitted step the context of the second call differs from the first one's: every `jax.jit` or
+  `nnx.jit` step over our attention traced and compiled twice (first and second call)."""
+  for name in ("jax._src.pallas.mosaic.interpret.interpret_pallas_call",
+               "jax._src.pallas.mosaic_gpu.interpret.interpret_pallas_call"):
+    try:
+      importlib.import_module(name)
+    except ImportError:                  # another jax version: nothing to register early
+      pass
+
+
+_register_interpret_config()
 
 
 def attend(query, key, value, config: AttentionConfig, *, causal: bool, softmax_scale=None,
@@ -54,15 +72,16 @@ def attention_fn(query, key, value, bias=None, mask=None, broadcast_dropout=True
   [batch, len, heads, head_dim] (key/value may have fewer heads) and applies 1/√head_dim.
 
   Raises:
-    NotImplementedError: an explicit mask or bias (only causal masking is supported),
-      dropout_rate > 0 when not deterministic, or batch dimensions other than one.
+    NotImplementedError: a mask (an explicit one, or the one `nnx.MultiHeadAttention(decode=
+      True)` builds from its KV cache: autoregressive decoding is not supported) or a bias
+      (only causal masking is), dropout_rate > 0 when not deterministic, or batch dimensions
+      other than one.
     ValueError: a config with numerics="stochastic" (it needs a key per call; use `attend`
       with `rng_key=`, as the GPT model does).
   """
-  del broadcast_dropout, dropout_rng, precision, module, promote_dtype
+  del broadcast_dropout, dropout_rng, precision, promote_dtype
   if mask is not None:
-    raise NotImplementedError("jax_flashstable attention_fn supports no explicit mask; use "
-                              "is_causal=True (nnx) or functools.partial(attention_fn, causal=True)")
+    raise NotImplementedError(_mask_message(query, key, mask, module))
   if bias is not None:
     raise NotImplementedError("jax_flashstable attention_fn supports no attention bias")
   if dropout_rate > 0.0 and not deterministic:
@@ -72,6 +91,21 @@ def attention_fn(query, key, value, bias=None, mask=None, broadcast_dropout=True
   if dtype is not None:
     query, key, value = (x.astype(dtype) for x in (query, key, value))
   return attend(query, key, value, config, causal=bool(causal or is_causal))
+
+
+def _mask_message(query, key, mask, module) -> str:
+  """What is unsupported about a mask, and what to do instead."""
+  decoding = getattr(module, "decode", False) or (
+      query.ndim == 4 and query.shape[1] == 1 and key.shape[1] > 1 and mask.shape[-2] == 1)
+  if decoding:
+    return ("jax_flashstable attention_fn does not support autoregressive decoding with a KV "
+            f"cache: it got a mask of one query over {key.shape[1]} cached keys, the mask "
+            "nnx.MultiHeadAttention(decode=True) builds from its cache (no explicit mask is "
+            "supported either). Train or prefill with decode=False and is_causal=True; decode "
+            "with the default attention_fn (jax.nn.dot_product_attention)")
+  return (f"jax_flashstable attention_fn supports no mask (got mask.shape={tuple(mask.shape)}): "
+          "only causal masking, with is_causal=True (nnx) or make_attention_fn(..., "
+          "causal=True) (linen); for other masks use jax.nn.dot_product_attention")
 
 
 def make_attention_fn(config: AttentionConfig | str = "fa2", causal: bool = False):

@@ -97,8 +97,8 @@ def paired_speed_ratio(shape, impl, reference="cudnn", *, dtype=jnp.bfloat16, pa
   """Speed of `impl` as a fraction of `reference` (1.2: 1.2× as fast), forward and
   forward+backward, each the median over `pairs` interleaved pairs (`paired_overhead`), so
   that both run under the same clocks and load: the ratio of one run, not of two medians
-  taken at different moments (on 2026-11-29 cuDNN's forward varied 401–509 TFLOP/s between
-  runs). Raises ValueError for an unknown name."""
+  taken at different moments (cuDNN's own speed varies between runs: docs/bench.md). Raises
+  ValueError for an unknown name."""
   for name in (impl, reference):
     if (why := name_error(name)) is not None:
       raise ValueError(why)

@@ -33,9 +33,8 @@ def median_seconds(run, warmup=3, reps=20, calls=1):
 
 def calls_per_timing(run, target_s=0.05, most=10):
   """How many back-to-back calls make one timing of ~target_s (1 to `most`): at ~1–5 ms per
-  call the host's dispatch and synchronisation (0.2–0.4 ms per waited call at the headline
-  shape on the H200, 2026-11-30: wall time against Nsight Compute's kernel time) would
-  otherwise count as kernel time."""
+  call the host's dispatch and synchronisation (a fraction of a millisecond per waited call
+  on the H200: docs/bench.md) would otherwise count as kernel time."""
   return max(1, min(most, int(target_s / median_seconds(run, warmup=1, reps=3))))
 
 
@@ -48,8 +47,8 @@ def paired_overhead(run_a, run_b, pairs=20, inner=10):
   """Median over `pairs` interleaved pairs of time(b)/time(a) − 1 (which of a and b runs first
   alternates from pair to pair, so drifts in clock or temperature cancel). Each time is one
   `run(inner)`: `inner` calls dispatched back to back with one wait at the end, so the host's
-  dispatch and synchronisation (0.2–0.4 ms per waited call, see `calls_per_timing`) overlap
-  the kernels instead of adding to a ~1 ms kernel's time."""
+  dispatch and synchronisation (see `calls_per_timing`) overlap the kernels instead of adding
+  to a ~1 ms kernel's time."""
   ratios = []
   for i in range(pairs):
     t = {}

@@ -13,7 +13,6 @@ Two settings (`SETTINGS`), picked by the default device:
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import pathlib
@@ -24,7 +23,7 @@ import jax
 from jax_flashstable.experiment import instability
 from jax_flashstable.training.train import TrainConfig, read_metrics
 
-# the CPU setting: 3 runs of 250 steps of the tiny model in 6.8 minutes on 2 cores (2026-11-29)
+# the CPU setting: 3 runs of 250 steps of the tiny model (its time: README, first lines)
 CPU_DEFAULTS = dict(model="tiny", steps=250, batch_size=4, lr=3e-3, min_lr=3e-4, warmup_steps=25,
                     eval_interval=50, eval_batches=4, checkpoint_interval=50, diag_interval=25,
                     diag_rows=16)
@@ -100,7 +99,7 @@ def findings(rows) -> list[str]:
 
 def report(base: TrainConfig, rows) -> str:
   dev = jax.devices()[0]
-  lines = [f"# flashstable compare", "",
+  lines = ["# flashstable compare", "",
            f"Device: {getattr(dev, 'device_kind', dev.platform)} ({jax.default_backend()}), jax "
            f"{jax.__version__}. Model `{base.model}`"
            f"{' ' + str(dict(base.model_overrides)) if base.model_overrides else ''}, "

@@ -30,8 +30,9 @@ import time
 import numpy as np
 
 from jax_flashstable.training.train import (NonFiniteError, TrainConfig, config_changes,
-                                           describe_changes, explosion_step, read_diagnostics,
-                                           read_metrics, train_and_evaluate, warning_step)
+                                           describe_changes, explosion_step, load_dataset,
+                                           read_diagnostics, read_metrics, stored_values,
+                                           train_and_evaluate, warning_step)
 from jax_flashstable.attention.config import AttentionConfig
 from pallas_kernels.policy import check_tile
 
@@ -55,7 +56,8 @@ _ANCHOR = dict(model="gpt-6l", batch_size=32, lr=3e-3, min_lr=1e-5, warmup_steps
                stop_after_explosion=300, checkpoint_interval=1000)
 RECIPES = {
     "anchor": _ANCHOR,
-    # the search for a recipe that fails more reliably than the anchor (5/9 seeds on 2026-11-29):
+    # the search for a recipe that fails more reliably than the anchor
+    # (docs/studies/instability-anchor.md):
     # the anchor at a higher peak learning rate
     **{f"anchor-lr{lr:g}": dict(_ANCHOR, lr=lr) for lr in (4e-3, 6e-3)},
     # ... and at another depth: 12 layers as in GPT-2 small (width and heads of the anchor), or 4
@@ -103,17 +105,30 @@ def run_matrix(base: TrainConfig, variants, seeds, out_dir, *, tiles=512, layer=
                time_budget=0.0, log=print) -> list[dict]:
   """Runs every (variant, seed) not yet done, in order, within `time_budget` seconds of wall
   time (0: none; a run cut by it is left unfinished and resumes next time). Returns the report
-  rows (`collect`)."""
+  rows (`collect`).
+
+  Raises:
+    ValueError (`train.ConfigError`), before any training: a variant, seed, setting
+      (`TrainConfig.validate`) or data folder that cannot run, or a run folder that was run
+      with another configuration (the message names the settings it was run with).
+  """
   out = pathlib.Path(out_dir)
   t0 = time.perf_counter()
+  if any(not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in seeds):
+    raise ValueError(f"seeds={list(seeds)!r}: every seed must be an integer ≥ 0")
   configs = [(v, s, variant_config(base, v, s, out / v / f"seed{s}", tiles=tiles, layer=layer))
              for v in variants for s in seeds]                       # validates all first
+  for _, _, cfg in configs:
+    cfg.validate()
   for variant, seed, cfg in configs:        # a run done or checkpointed with other settings
     run_dir = pathlib.Path(cfg.out_dir)
     if ((run_dir / "summary.json").exists() or (run_dir / "checkpoints").exists()) and (
         changes := config_changes(run_dir, cfg)):
       raise ValueError(f"{variant} seed {seed}: {run_dir} was run with another configuration "
-                       f"({describe_changes(changes)}); use another --out (or delete the run)")
+                       f"({describe_changes(changes)}); to keep it and train this one, use "
+                       f"another --out; to continue it, use its settings "
+                       f"({stored_values(changes)})")
+  dataset = load_dataset(base) if configs else None                 # checked once, shared
   for variant, seed, cfg in configs:
     run_dir = pathlib.Path(cfg.out_dir)
     if (run_dir / "summary.json").exists():
@@ -126,7 +141,7 @@ def run_matrix(base: TrainConfig, variants, seeds, out_dir, *, tiles=512, layer=
     cfg = dataclasses.replace(cfg, max_seconds=left)
     log(f"{variant} seed {seed}: training ({cfg.attention}, overrides {cfg.attention_overrides})")
     try:
-      s = train_and_evaluate(cfg)
+      s = train_and_evaluate(cfg, dataset)
     except NonFiniteError as e:
       s = dict(stopped="non-finite", error=str(e))
     if s.get("stopped") == "time":

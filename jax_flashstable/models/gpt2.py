@@ -39,6 +39,15 @@ class GPTConfig:
   attention_overrides: tuple[tuple[int, AttentionConfig], ...] = ()
 
   def __post_init__(self):
+    """Raises ValueError naming the field for a size < 1, an unknown compute_dtype, n_embd not
+    a multiple of n_head, or an attention override of a layer the model does not have."""
+    for name in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
+      value = getattr(self, name)
+      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name}={value!r} must be an integer ≥ 1")
+    if self.compute_dtype not in ("bfloat16", "float16", "float32"):
+      raise ValueError(f"compute_dtype={self.compute_dtype!r} must be 'bfloat16', 'float16' or "
+                       f"'float32'")
     if self.n_embd % self.n_head:
       raise ValueError(f"n_embd={self.n_embd} is not a multiple of n_head={self.n_head}")
     for i, _ in self.attention_overrides:

@@ -7,11 +7,16 @@ micro-batches inside the same jit. Parameters float32, matmuls bfloat16 (`gpt2.p
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import os
 import pathlib
+import shutil
+import signal
+import sys
+import threading
 import time
 
 import jax
@@ -21,8 +26,10 @@ import optax
 from flax import nnx
 
 from jax_flashstable.attention.config import AttentionConfig
+from jax_flashstable.training.config import (  # noqa: F401 (WARNING_ACTIONS: re-exported)
+    RESUMABLE_FIELDS, WARNING_ACTIONS, ConfigError, TrainConfig)
 from jax_flashstable.training.data import Dataset
-from jax_flashstable.models.gpt2 import GPT, GPTConfig, count_params, flops_per_token, loss_fn
+from jax_flashstable.models.gpt2 import GPT, count_params, flops_per_token, loss_fn
 from jax_flashstable.results import run_meta
 
 def peak_flops():
@@ -36,57 +43,21 @@ class NonFiniteError(RuntimeError):
   """Raised when a step produces a non-finite loss or gradient."""
 
 
-@dataclasses.dataclass(frozen=True)
-class TrainConfig:
-  model: str = "tiny"                 # GPTConfig preset
-  model_overrides: tuple = ()         # ((field, value), ...) applied to the preset
-  attention: str = "fa2"              # AttentionConfig spec for every layer
-  attention_overrides: tuple = ()     # ((layer, spec), ...), 0-based layer index
-  data: str | None = None             # data folder; None = the embedded sample
-  steps: int = 200                    # optimizer steps
-  batch_size: int = 8                 # sequences per micro-batch
-  grad_accum: int = 1                 # micro-batches per step
-  seq_len: int | None = None          # default: the model's block_size
-  lr: float = 1e-3                    # peak learning rate
-  min_lr: float = 1e-5                # floor of the cosine decay
-  warmup_steps: int = 20              # linear warmup from 0
-  decay_steps: int | None = None      # cosine length incl. warmup; default `steps`
-  weight_decay: float = 0.0
-  beta1: float = 0.9
-  beta2: float = 0.95
-  eps: float = 1e-8
-  grad_clip: float = 1.0              # global-norm clipping
-  seed: int = 0                       # init and data order
-  eval_interval: int = 50             # steps between validation losses (0: only at the end)
-  eval_batches: int = 4
-  checkpoint_interval: int = 0        # steps between Orbax checkpoints (0: none)
-  diag_interval: int = 0              # steps between diagnostics rows (0: off), `diagnostics.py`
-  diag_rows: int = 64                 # sampled rows per diagnostics call
-  data_parallel: bool = False         # split each batch over all local devices (shard_map)
-  stop_after_explosion: int = -1      # stop this many steps after an explosion (-1: never)
-  warning_action: str = "log"         # on the early warning (`EarlyWarning`, needs diag_interval):
-                                      # "off", "log", "checkpoint" (and go on) or "stop" (after one)
-  max_seconds: float = 0.0            # stop (and checkpoint) this long after the start (0: no limit)
-  out_dir: str = "runs/train"
-  progress: bool = True               # tqdm progress bar
+class CheckpointError(RuntimeError):
+  """A run folder holds checkpoints and none of them can be read; nothing is moved or written
+  then (starting afresh would overwrite the run's logs)."""
 
-  def model_config(self) -> GPTConfig:
-    overrides = dict(self.model_overrides)
-    overrides["attention"] = AttentionConfig.parse(self.attention)
-    overrides["attention_overrides"] = tuple(
-        (int(i), AttentionConfig.parse(s)) for i, s in self.attention_overrides)
-    return GPTConfig.preset(self.model, **overrides)
 
-  def schedule(self):
-    return optax.warmup_cosine_decay_schedule(
-        init_value=0.0, peak_value=self.lr, warmup_steps=self.warmup_steps,
-        decay_steps=max(self.decay_steps or self.steps, self.warmup_steps + 1), end_value=self.min_lr)
+class TrainingInterrupted(KeyboardInterrupt):
+  """Ctrl-C stopped training after saving a checkpoint; the message says which step was saved,
+  where, and how to resume. A KeyboardInterrupt, so that a script stops as on any Ctrl-C."""
 
 
 def make_optimizer(cfg: TrainConfig):
+  """AdamW after global-norm clipping at `grad_clip` (0: no clipping, nanoGPT's convention)."""
   decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
   return optax.chain(
-      optax.clip_by_global_norm(cfg.grad_clip),
+      optax.clip_by_global_norm(cfg.grad_clip) if cfg.grad_clip > 0 else optax.identity(),
       optax.adamw(cfg.schedule(), b1=cfg.beta1, b2=cfg.beta2, eps=cfg.eps,
                   weight_decay=cfg.weight_decay, mask=decay_mask))
 
@@ -149,34 +120,65 @@ def make_steps(graphdef, tx, mesh=None):
           jax.jit(eval_loss))
 
 
-# Fields a resumed or repeated run may change: they decide when training stops and what is
-# saved, not the trajectory (`steps` too when the cosine length is fixed by decay_steps).
-RESUMABLE_FIELDS = ("max_seconds", "progress", "checkpoint_interval", "stop_after_explosion",
-                    "warning_action")
-WARNING_ACTIONS = ("off", "log", "checkpoint", "stop")
+# The fields a step function depends on (model, attention, optimizer, schedule, sharding); runs
+# that agree on them share one jitted step, so a second run in a process compiles nothing new.
+STEP_FIELDS = ("model", "model_overrides", "attention", "attention_overrides", "lr", "min_lr",
+               "warmup_steps", "weight_decay", "beta1", "beta2", "eps", "grad_clip",
+               "data_parallel")
+_SHARED_STEPS: dict = {}
+
+
+def shared_steps(cfg: TrainConfig, graphdef, tx, mesh=None):
+  """`make_steps(graphdef, tx, mesh)` for `cfg`, made once per process for each setting of
+  `STEP_FIELDS` and the schedule's length (the 8 newest kept): the same jitted functions, and so
+  the same compiled programs, for every run that agrees on them."""
+  key = tuple(getattr(cfg, f) for f in STEP_FIELDS) + (cfg.decay_steps or cfg.steps,)
+  if key not in _SHARED_STEPS:
+    if len(_SHARED_STEPS) >= 8:
+      _SHARED_STEPS.pop(next(iter(_SHARED_STEPS)))
+    _SHARED_STEPS[key] = make_steps(graphdef, tx, mesh)
+  return _SHARED_STEPS[key]
 
 
 def config_changes(out_dir, cfg: TrainConfig) -> dict:
   """{field: (stored, new)} for each field that would change the trajectory of the run stored
   in out_dir (its config.json) if it were resumed or reused with `cfg`; {} when there is none
-  or nothing is stored. Fields a stored config lacks (older versions) are not compared."""
+  or nothing is stored. Fields a stored config lacks (older versions) are not compared; nor is
+  out_dir (`RESUMABLE_FIELDS`: the folder is where the run lives, however it is spelled), and a
+  data folder compares as the folder it names (`runs/d`, `runs/d/` and its absolute path)."""
   path = pathlib.Path(out_dir) / "config.json"
   if not path.exists():
     return {}
-  old = json.loads(path.read_text()).get("train", {})
+  stored = json.loads(path.read_text())
+  old = stored.get("train", {})
   new = json.loads(json.dumps(dataclasses.asdict(cfg), default=str))   # as config.json has it
   free = set(RESUMABLE_FIELDS)
   if old.get("decay_steps") is not None and new["decay_steps"] is not None:
     free.add("steps")
-  return {k: (old[k], v) for k, v in new.items()
-          if k not in free and k in old and not _same_setting(k, old[k], v)}
+  changes = {k: (old[k], v) for k, v in new.items()
+             if k not in free and k in old and not _same_setting(k, old[k], v)}
+  if "data" in changes and _same_folder(stored.get("data_path"), new["data"]):
+    del changes["data"]                   # a relative path given from another working directory
+  return changes
+
+
+def _same_folder(a, b) -> bool:
+  """Both name the same existing folder (or the same absolute path)."""
+  if a is None or b is None:
+    return False
+  try:
+    return os.path.samefile(a, b)
+  except OSError:
+    return pathlib.Path(a).resolve() == pathlib.Path(b).resolve()
 
 
 def _same_setting(field, old, new) -> bool:
   """Equal values; attention specs compare as the configs they name (a run stored with an
-  older spelling of the same attention is the same run)."""
+  older spelling of the same attention is the same run), data folders as folders."""
   if old == new:
     return True
+  if field == "data":
+    return _same_folder(old, new)
   import warnings
   with warnings.catch_warnings():
     warnings.simplefilter("ignore", FutureWarning)
@@ -195,10 +197,97 @@ def describe_changes(changes: dict) -> str:
   return ", ".join(f"{k}: {old!r} → {new!r}" for k, (old, new) in changes.items())
 
 
+def stored_values(changes: dict) -> str:
+  """The stored values of `changes` as field=value: the settings that would match the run."""
+  return ", ".join(f"{k}={old!r}" for k, (old, _) in changes.items())
+
+
 def _checkpoint_manager(out_dir):
   import orbax.checkpoint as ocp
   return ocp.CheckpointManager(pathlib.Path(out_dir).resolve() / "checkpoints",
                                options=ocp.CheckpointManagerOptions(max_to_keep=2))
+
+
+def _first_line(e: BaseException, limit=200) -> str:
+  """`Type: first line` of the root cause of `e` (TensorStore's OUT_OF_RANGE, not Orbax's
+  wrapper), cut at `limit` characters."""
+  while e.__cause__ is not None:
+    e = e.__cause__
+  text = (str(e).strip().splitlines() or [""])[0]
+  return f"{type(e).__name__}: {text[:limit]}{'…' if len(text) > limit else ''}"
+
+
+def restore_checkpoint(out_dir, target, log=print):
+  """(restored, step, manager) from the newest readable checkpoint in out_dir/checkpoints, or
+  (None, None, manager) when it holds none. A newer checkpoint that cannot be read (a truncated
+  or damaged file) is moved into out_dir/checkpoints_damaged/ (kept, not deleted) and one line
+  through `log` names its step, where it went and the step used instead.
+
+  Raises:
+    CheckpointError: there are checkpoints and none can be read; nothing is moved then.
+  """
+  import orbax.checkpoint as ocp
+  folder = pathlib.Path(out_dir).resolve() / "checkpoints"
+  mngr = _checkpoint_manager(out_dir)
+  failed = []
+  for step in sorted(mngr.all_steps(), reverse=True):
+    try:
+      restored = mngr.restore(step, args=ocp.args.StandardRestore(target))
+    except Exception as e:           # Orbax and TensorStore raise Exception, ValueError, OSError…
+      failed.append((step, _first_line(e)))
+      continue
+    if failed:
+      mngr.close()
+      damaged = pathlib.Path(out_dir).resolve() / "checkpoints_damaged"
+      moved = [_move_aside(folder / str(s), damaged) for s, _ in failed]
+      mngr = _checkpoint_manager(out_dir)
+      log(f"checkpoint{'s' * (len(failed) > 1)} of step {', '.join(str(s) for s, _ in failed)} "
+          f"in {folder} cannot be read ({failed[0][1]}); moved to "
+          f"{', '.join(map(str, moved))}; resuming from step {step}")
+    return restored, step, mngr
+  mngr.close()
+  if failed:
+    raise CheckpointError(
+        f"no checkpoint in {folder} can be read (step "
+        f"{', '.join(str(s) for s, _ in failed)}: {failed[0][1]}); the folder is "
+        f"left as it is; to train afresh, use another out_dir")
+  return None, None, _checkpoint_manager(out_dir)
+
+
+def _move_aside(path: pathlib.Path, folder: pathlib.Path) -> pathlib.Path:
+  """Moves `path` into `folder` under its own name (name.1, name.2, … if taken)."""
+  folder.mkdir(parents=True, exist_ok=True)
+  dest, n = folder / path.name, 0
+  while dest.exists():
+    n += 1
+    dest = folder / f"{path.name}.{n}"
+  shutil.move(str(path), str(dest))
+  return dest
+
+
+@contextlib.contextmanager
+def _deferred_interrupt():
+  """Within: the first Ctrl-C (SIGINT) sets the yielded flag instead of raising, so that the
+  loop stops at the end of the step with consistent state and logs; a second Ctrl-C raises
+  KeyboardInterrupt at once. Only in the main thread and over Python's default handler (a
+  handler the caller installed is left alone)."""
+  flag = threading.Event()
+  if (threading.current_thread() is not threading.main_thread()
+      or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+    yield flag
+    return
+
+  def first(signum, frame):
+    flag.set()
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    print("\nCtrl-C: stopping after this step, with a checkpoint (Ctrl-C again: at once)",
+          file=sys.stderr, flush=True)
+
+  signal.signal(signal.SIGINT, first)
+  try:
+    yield flag
+  finally:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def init_state(cfg: TrainConfig):
@@ -241,11 +330,9 @@ class EarlyWarning:
   `window` rows: the onset of the logit runaway of Qiu & Yao 2025 (§4), which comes with a
   jump of σ(W_Q) and a collapse of the attention entropy.
 
-  Measured on the anchor-b128 recipe (H200, 2026-11-30, a row every 100 steps, after step
-  500): in the five exploding paper-layout runs layer 1's max logit reached 216–1,331× that
-  median, no other layer more than 5.3×; in the four compensated runs no layer went past 17×.
-  So 50× separates them with a 3–4× margin each way; the warning led the loss explosion by
-  221–1,238 steps (median 304; `experiment.instability` reports it per run).
+  The factor 50 was calibrated on the anchor-b128 runs, where it separates the exploding runs
+  from the compensated ones with a margin each way and warns ahead of every explosion
+  (docs/studies/instability-anchor-b128.md; `experiment.instability` reports it per run).
   """
 
   def __init__(self, start: int, factor: float = 50.0, window: int = 5):
@@ -286,27 +373,77 @@ def explosion_step(losses, warmup_steps, factor=2.0, window=10):
   return monitor.step
 
 
-def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None) -> dict:
-  """Trains, logs to `out_dir/metrics.jsonl`, returns a summary dict.
+def load_dataset(cfg: TrainConfig, dataset: Dataset | None = None) -> Dataset:
+  """The run's Dataset (`dataset`, or the one `cfg.data` names), with every token file checked
+  once (`data.load_tokens`) and each split longer than seq_len + 1 tokens.
 
+  Raises:
+    ConfigError: naming the data folder, for a missing or malformed token file, an id beyond
+      the model's vocabulary, or a split too short for seq_len.
+  """
+  mcfg = cfg.model_config()
+  seq_len = cfg.seq_len or mcfg.block_size
+  name = f"data={cfg.data!r}" if cfg.data is not None else "the embedded sample"
+  if dataset is None:
+    try:
+      dataset = Dataset(cfg.data, mcfg.vocab_size)
+    except (ValueError, FileNotFoundError) as e:
+      raise ConfigError(f"{name}: {e}") from None
+  for split in ("train", "val"):
+    n = len(getattr(dataset, split))
+    if n <= seq_len + 1:
+      raise ConfigError(f"{name}: the {split} split has {n} tokens, too few for seq_len={seq_len}")
+  return dataset
+
+
+def _has_checkpoints(out: pathlib.Path) -> bool:
+  folder = out / "checkpoints"
+  return folder.is_dir() and any(p.name.isdigit() for p in folder.iterdir())
+
+
+def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None, log=print) -> dict:
+  """Trains, logs to `out_dir/metrics.jsonl`, returns a summary dict (the last metrics row,
+  n_params, stopped, warning_step, explosion_step).
+
+  Resumes from the newest readable checkpoint in `out_dir` if there is one
+  (`restore_checkpoint`: a damaged newer one is moved into checkpoints_damaged/, said in one
+  line through `log`), whatever `checkpoint_interval` is now. A run whose checkpoint has
+  reached `steps` is not trained again: the summary is its last metrics row, with
+  `already_finished=True`.
   Stops early `stop_after_explosion` steps after an explosion (`ExplosionMonitor`) or after
   `max_seconds` of wall time from the call (setup and compilation included; checkpointing
-  there when checkpoints are on); the summary's
-  `stopped` says which ("explosion", "time" or None).
-  Resumes from the latest checkpoint in `out_dir` if there is one, and raises ValueError if
-  that run's configuration differs in anything but `RESUMABLE_FIELDS`. On a non-finite loss or
-  gradient it stops and raises `NonFiniteError` naming the step and the last finite
-  checkpoint (checkpoints are written only from finite states).
+  there when checkpoints are on); the summary's `stopped` says which ("explosion", "time",
+  "warning" or None). Checkpoints every `checkpoint_interval` steps, and at the last step when
+  the run has a checkpoint (so that its final state is kept and a rerun trains nothing).
+  Ctrl-C stops at the end of the current step (a second Ctrl-C: at once), saves a checkpoint
+  of the last completed step and raises `TrainingInterrupted`; the same call resumes there.
+
+  Raises:
+    ConfigError: a setting `TrainConfig.validate` refuses, data that cannot be used
+      (`load_dataset`), an out_dir that cannot be created, or an out_dir holding a checkpoint
+      of another configuration (one differing in anything but `RESUMABLE_FIELDS`).
+    CheckpointError: out_dir holds checkpoints and none can be read.
+    NonFiniteError: a non-finite loss or gradient, naming the step and the last finite
+      checkpoint (checkpoints are written only from finite states).
+    TrainingInterrupted: Ctrl-C (or any KeyboardInterrupt in the loop), after the checkpoint.
   """
   import orbax.checkpoint as ocp
   t_start = time.perf_counter()                    # max_seconds counts setup and compilation too
-  if cfg.warning_action not in WARNING_ACTIONS:
-    raise ValueError(f"warning_action={cfg.warning_action!r} is not one of {WARNING_ACTIONS}")
+  cfg.validate()
   out = pathlib.Path(cfg.out_dir)
-  out.mkdir(parents=True, exist_ok=True)
+  resuming = _has_checkpoints(out)
+  if resuming and (changes := config_changes(out, cfg)):
+    raise ConfigError(f"{out} holds a checkpoint of another configuration "
+                      f"({describe_changes(changes)}); to resume it, use its settings "
+                      f"({stored_values(changes)}); to train this configuration, use another "
+                      f"out_dir")
+  try:
+    out.mkdir(parents=True, exist_ok=True)
+  except OSError as e:
+    raise ConfigError(f"out_dir={cfg.out_dir!r} cannot be created ({e.strerror})") from None
   mcfg = cfg.model_config()
   seq_len = cfg.seq_len or mcfg.block_size
-  data = dataset or Dataset(cfg.data, mcfg.vocab_size)
+  data = load_dataset(cfg, dataset)
   model, graphdef, params, tx, opt_state = init_state(cfg)
   n_params = count_params(params)
   mesh = None
@@ -314,9 +451,8 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None) -> dict
     from jax_flashstable.training.parallel import data_mesh
     mesh = data_mesh()
     if cfg.batch_size % mesh.size:
-      raise ValueError(f"batch_size={cfg.batch_size} is not a multiple of the {mesh.size} devices")
-  train_step, eval_step = make_steps(graphdef, tx, mesh)
-  schedule = cfg.schedule()
+      raise ConfigError(f"batch_size={cfg.batch_size} is not a multiple of the {mesh.size} "
+                        f"devices (data_parallel=True)")
   place = lambda a, axis: a
   if mesh is not None:
     from jax_flashstable.training.parallel import replicate, shard_batch
@@ -324,124 +460,162 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None) -> dict
     params, opt_state = replicate(mesh, (params, opt_state))   # before a restore: it takes this sharding
   # Several hosts: every process trains, process 0 writes the logs (checkpoints are collective).
   log_dir = out if jax.process_index() == 0 else None
-  mngr = _checkpoint_manager(out) if cfg.checkpoint_interval else None
-  start = 0
-  if mngr is not None and mngr.latest_step() is not None:
-    if changes := config_changes(out, cfg):
-      raise ValueError(f"{out} holds a checkpoint of another configuration "
-                       f"({describe_changes(changes)}); use another out_dir or delete it")
-    target = dict(params=params, opt_state=opt_state)
-    restored = mngr.restore(mngr.latest_step(), args=ocp.args.StandardRestore(target))
-    params, opt_state, start = restored["params"], restored["opt_state"], mngr.latest_step()
-  with open(log_dir / "config.json" if log_dir else os.devnull, "w") as f:
-    json.dump(dict(train=dataclasses.asdict(cfg), n_params=n_params, data=str(data.folder),
-                   backend=jax.default_backend(), device=run_meta()["device"],
-                   device_count=jax.device_count() if cfg.data_parallel else 1),
-              f, indent=1, default=str)
-
-  step_key, eval_key = jax.random.split(jax.random.key(cfg.seed))   # for stochastic rounding
-
-  def evaluate(params):
-    losses = [eval_step(params, *(place(a, 0) for a in data.batch("val", 1234, i, cfg.batch_size,
-                                                                   seq_len)),
-                        jax.random.fold_in(eval_key, i)) for i in range(cfg.eval_batches)]
-    return float(np.mean([float(l) for l in losses]))
-
-  tokens_per_step = cfg.batch_size * cfg.grad_accum * seq_len
-  flops_step = flops_per_token(mcfg, n_params, seq_len) * tokens_per_step
-  peak = peak_flops()
-  if peak and mesh is not None:
-    peak *= mesh.size                                              # MFU over all the devices
-  bar = None
-  if cfg.progress:
-    from tqdm.auto import tqdm
-    bar = tqdm(total=cfg.steps, initial=start, desc=f"{cfg.attention}", leave=False)
-  state, summary = (params, opt_state), {}
-  monitor, stopped = ExplosionMonitor(cfg.warmup_steps), None
-  warning = EarlyWarning(start=cfg.warmup_steps)
-  kept = [r for r in read_metrics(out) if r["step"] <= start] if start else []   # resumed rows
-  for r in kept:
-    monitor.update(r["step"], r["loss"])
-  power = None
-  if not cfg.diag_interval and not start and log_dir:
-    (log_dir / "diagnostics.jsonl").unlink(missing_ok=True)    # no stale rows from an older run
-  if cfg.diag_interval:
-    from jax_flashstable.training import diagnostics
-    power = diagnostics.init_power_state(mcfg, jax.random.key(cfg.seed))
-    power = diagnostics.converge_power_state(graphdef, params, power)   # params: as (re)started
-    diag_path = log_dir / "diagnostics.jsonl" if log_dir else pathlib.Path(os.devnull)
-    kept_diag = [r for r in _read_jsonl(diag_path) if r["step"] <= start] if start else []
-    diag_path.write_text("".join(json.dumps(r) + "\n" for r in kept_diag))
+  mngr, start = None, 0
+  if resuming:
+    restored, step, mngr = restore_checkpoint(out, dict(params=params, opt_state=opt_state), log)
+    if restored is not None:
+      params, opt_state, start = restored["params"], restored["opt_state"], step
+  bar, state, summary, stopped = None, (params, opt_state), {}, None
+  done = state_step = start     # the last step logged with finite values / whose state `state` is
+  try:                          # from here on, Ctrl-C saves and the manager is closed in the end
+    kept = [r for r in read_metrics(out) if r["step"] <= start] if start else []   # resumed rows
+    monitor, warning = ExplosionMonitor(cfg.warmup_steps), EarlyWarning(start=cfg.warmup_steps)
+    for r in kept:
+      monitor.update(r["step"], r["loss"])
+    kept_diag = [r for r in read_diagnostics(out) if r["step"] <= start] if start else []
     for r in kept_diag:
-      warning.update(r["step"], r["max_logit"])
-  metrics_path = log_dir / "metrics.jsonl" if log_dir else pathlib.Path(os.devnull)
-  with open(metrics_path, "w") as log:                 # a fresh run, or rows up to the checkpoint
-    log.writelines(json.dumps(r) + "\n" for r in kept)
-    for step in range(start + 1, cfg.steps + 1):
-      xy = [data.batch("train", cfg.seed, step * cfg.grad_accum + j, cfg.batch_size, seq_len)
-            for j in range(cfg.grad_accum)]
-      xs, ys = (np.stack(a) for a in zip(*xy))
-      t0 = time.perf_counter()
-      state, m = train_step(state, place(xs, 1), place(ys, 1), jax.random.fold_in(step_key, step))
-      m = {k: float(v) for k, v in m.items()}                        # syncs the device
-      dt = time.perf_counter() - t0
-      row = dict(step=step, lr=float(schedule(step - 1)), step_time_s=dt,
-                 tokens_per_s=tokens_per_step / dt, **m)
-      if peak:
-        row["mfu"] = flops_step / dt / peak
-      finite = math.isfinite(m["loss"]) and math.isfinite(m["grad_norm"])
-      if finite and (step == cfg.steps or (cfg.eval_interval and step % cfg.eval_interval == 0)):
-        row["val_loss"] = evaluate(state[0])
-      log.write(json.dumps(row) + "\n")
-      log.flush()
-      if finite and cfg.diag_interval and step % cfg.diag_interval == 0:
-        t_diag = time.perf_counter()
-        d, power = diagnostics.diagnose(graphdef, state[0], xs[0], ys[0], power, cfg.diag_rows,
-                                        jax.random.fold_in(jax.random.key(cfg.seed), step))
-        drow = diagnostics.to_row(step, d)                              # syncs the device
-        drow["diag_time_s"] = time.perf_counter() - t_diag             # its cost, vs step_time_s
-        with open(diag_path, "a") as f:
-          f.write(json.dumps(drow) + "\n")
-        if cfg.warning_action != "off" and warning.step is None and warning.update(step, drow["max_logit"]):
-          note = (f"early warning at step {step}: layer {warning.layer}'s max attention logit "
-                  f"jumped ≥{warning.factor:g}× (EarlyWarning); {cfg.warning_action}")
-          (bar.write if bar is not None else print)(note)
-          if cfg.warning_action in ("checkpoint", "stop"):
-            mngr = mngr or _checkpoint_manager(out)
-            if mngr.latest_step() != step:
-              mngr.save(step, args=ocp.args.StandardSave(dict(params=state[0], opt_state=state[1])))
-          if cfg.warning_action == "stop":
-            stopped = "warning"
-      if bar is not None:
-        bar.set_postfix(loss=f"{m['loss']:.3f}", gnorm=f"{m['grad_norm']:.2f}")
-        bar.update(1)
-      if not finite:
-        last = mngr.latest_step() if mngr is not None else None
-        if mngr is not None:
-          mngr.wait_until_finished()
-        raise NonFiniteError(f"non-finite loss or gradient at step {step} (loss={m['loss']}, "
-                             f"grad_norm={m['grad_norm']}); last finite checkpoint: "
-                             f"{'step ' + str(last) if last is not None else 'none'} in {out}")
-      summary = row
-      exploded = monitor.update(step, m["loss"])
-      if stopped:                                  # the early warning's "stop"
-        pass
-      elif exploded is not None and 0 <= cfg.stop_after_explosion <= step - exploded:
-        stopped = "explosion"
-      elif cfg.max_seconds and time.perf_counter() - t_start > cfg.max_seconds and step < cfg.steps:
-        stopped = "time"
-      due = cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0
-      if mngr is not None and (due or stopped == "time") and mngr.latest_step() != step:
+      if "max_logit" in r:
+        warning.update(r["step"], r["max_logit"])
+    if start >= cfg.steps:                         # finished before: report it, train nothing
+      return dict(kept[-1] if kept else dict(step=start), n_params=n_params, stopped=None,
+                  warning_step=warning.step, explosion_step=monitor.step, already_finished=True)
+    train_step, eval_step = shared_steps(cfg, graphdef, tx, mesh)
+    schedule = cfg.schedule()
+    with open(log_dir / "config.json" if log_dir else os.devnull, "w") as f:
+      json.dump(dict(train=dataclasses.asdict(cfg), n_params=n_params, data=str(data.folder),
+                     data_path=str(pathlib.Path(cfg.data).resolve()) if cfg.data else None,
+                     backend=jax.default_backend(), device=run_meta()["device"],
+                     device_count=jax.device_count() if cfg.data_parallel else 1),
+                f, indent=1, default=str)
+
+    step_key, eval_key = jax.random.split(jax.random.key(cfg.seed))   # for stochastic rounding
+
+    def evaluate(params):
+      losses = [eval_step(params, *(place(a, 0) for a in data.batch("val", 1234, i, cfg.batch_size,
+                                                                     seq_len)),
+                          jax.random.fold_in(eval_key, i)) for i in range(cfg.eval_batches)]
+      return float(np.mean([float(l) for l in losses]))
+
+    def save(step, state):
+      nonlocal mngr
+      mngr = mngr or _checkpoint_manager(out)
+      if mngr.latest_step() != step:
         mngr.save(step, args=ocp.args.StandardSave(dict(params=state[0], opt_state=state[1])))
-      if stopped:
-        break
-  if bar is not None:
-    bar.close()
-  if mngr is not None:
-    mngr.wait_until_finished()
+
+    tokens_per_step = cfg.batch_size * cfg.grad_accum * seq_len
+    flops_step = flops_per_token(mcfg, n_params, seq_len) * tokens_per_step
+    peak = peak_flops()
+    if peak and mesh is not None:
+      peak *= mesh.size                                              # MFU over all the devices
+    if cfg.progress:
+      from tqdm.auto import tqdm
+      bar = tqdm(total=cfg.steps, initial=start, desc=f"{cfg.attention}", leave=False)
+    power = None
+    if not cfg.diag_interval and not start and log_dir:
+      (log_dir / "diagnostics.jsonl").unlink(missing_ok=True)    # no stale rows from an older run
+    if cfg.diag_interval:
+      from jax_flashstable.training import diagnostics
+      power = diagnostics.init_power_state(mcfg, jax.random.key(cfg.seed))
+      power = diagnostics.converge_power_state(graphdef, params, power)   # params: as (re)started
+      diag_path = log_dir / "diagnostics.jsonl" if log_dir else pathlib.Path(os.devnull)
+      diag_path.write_text("".join(json.dumps(r) + "\n" for r in kept_diag))
+    metrics_path = log_dir / "metrics.jsonl" if log_dir else pathlib.Path(os.devnull)
+    with _deferred_interrupt() as stop_requested, open(metrics_path, "w") as log_file:
+      log_file.writelines(json.dumps(r) + "\n" for r in kept)   # a fresh run, or rows up to start
+      for step in range(start + 1, cfg.steps + 1):
+        xy = [data.batch("train", cfg.seed, step * cfg.grad_accum + j, cfg.batch_size, seq_len)
+              for j in range(cfg.grad_accum)]
+        xs, ys = (np.stack(a) for a in zip(*xy))
+        t0 = time.perf_counter()
+        state, m = train_step(state, place(xs, 1), place(ys, 1),
+                              jax.random.fold_in(step_key, step))
+        state_step = step
+        m = {k: float(v) for k, v in m.items()}                        # syncs the device
+        dt = time.perf_counter() - t0
+        row = dict(step=step, lr=float(schedule(step - 1)), step_time_s=dt,
+                   tokens_per_s=tokens_per_step / dt, **m)
+        if peak:
+          row["mfu"] = flops_step / dt / peak
+        finite = math.isfinite(m["loss"]) and math.isfinite(m["grad_norm"])
+        if finite and (step == cfg.steps or (cfg.eval_interval and step % cfg.eval_interval == 0)):
+          row["val_loss"] = evaluate(state[0])
+        log_file.write(json.dumps(row) + "\n")
+        log_file.flush()
+        if finite:
+          done = step
+        if finite and cfg.diag_interval and step % cfg.diag_interval == 0:
+          t_diag = time.perf_counter()
+          d, power = diagnostics.diagnose(graphdef, state[0], xs[0], ys[0], power, cfg.diag_rows,
+                                          jax.random.fold_in(jax.random.key(cfg.seed), step))
+          drow = diagnostics.to_row(step, d)                              # syncs the device
+          drow["diag_time_s"] = time.perf_counter() - t_diag             # its cost, vs step_time_s
+          with open(diag_path, "a") as f:
+            f.write(json.dumps(drow) + "\n")
+          if (cfg.warning_action != "off" and warning.step is None
+              and warning.update(step, drow["max_logit"])):
+            note = (f"early warning at step {step}: layer {warning.layer}'s max attention logit "
+                    f"jumped ≥{warning.factor:g}× (EarlyWarning); {cfg.warning_action}")
+            (bar.write if bar is not None else print)(note)
+            if cfg.warning_action in ("checkpoint", "stop"):
+              save(step, state)
+            if cfg.warning_action == "stop":
+              stopped = "warning"
+        if bar is not None:
+          bar.set_postfix(loss=f"{m['loss']:.3f}", gnorm=f"{m['grad_norm']:.2f}")
+          bar.update(1)
+        if not finite:
+          last = mngr.latest_step() if mngr is not None else None
+          raise NonFiniteError(f"non-finite loss or gradient at step {step} (loss={m['loss']}, "
+                               f"grad_norm={m['grad_norm']}); last finite checkpoint: "
+                               f"{'step ' + str(last) if last is not None else 'none'} in {out}")
+        summary = row
+        exploded = monitor.update(step, m["loss"])
+        if stopped:                                  # the early warning's "stop"
+          pass
+        elif exploded is not None and 0 <= cfg.stop_after_explosion <= step - exploded:
+          stopped = "explosion"
+        elif (cfg.max_seconds and time.perf_counter() - t_start > cfg.max_seconds
+              and step < cfg.steps):
+          stopped = "time"
+        due = cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0
+        if due or (stopped == "time" and (cfg.checkpoint_interval or mngr is not None)):
+          save(step, state)
+        if stopped:
+          break
+        if stop_requested.is_set():
+          raise KeyboardInterrupt
+    if mngr is not None and mngr.latest_step() is not None and done > mngr.latest_step():
+      save(done, state)                          # the final state of a run that checkpoints
+  except KeyboardInterrupt:
+    # the state of the last completed step, unless the interrupt came inside a step after its
+    # input state was donated to it (a second Ctrl-C, or a KeyboardInterrupt raised elsewhere)
+    intact = done == state_step and not any(
+        getattr(x, "is_deleted", lambda: False)() for x in jax.tree.leaves(state))
+    if intact and done > 0:
+      save(done, state)
+    last = mngr.latest_step() if mngr is not None else None
+    raise TrainingInterrupted(_interrupt_message(out, done if intact else None, last)) from None
+  finally:
+    if bar is not None:
+      bar.close()
+    if mngr is not None:
+      mngr.wait_until_finished()                 # no async save left behind a raised error
+      mngr.close()
   summary = dict(summary, n_params=n_params, stopped=stopped, warning_step=warning.step,
                  explosion_step=monitor.step)                  # fed every logged loss, resumed too
   return summary
+
+
+def _interrupt_message(out, saved, last) -> str:
+  """One line: the step saved (or the last checkpoint) and how to resume."""
+  folder = pathlib.Path(out).resolve() / "checkpoints"
+  resume = "to resume, rerun the same command (same out_dir and settings)"
+  if saved:
+    return f"interrupted after step {saved}: checkpoint of step {saved} in {folder}; {resume}"
+  if last is not None:
+    return (f"interrupted inside a step, whose state is lost; the last checkpoint is step {last} "
+            f"in {folder}; {resume}")
+  return "interrupted before the first step finished; nothing to save (a rerun starts afresh)"
 
 
 def _read_jsonl(path) -> list[dict]:

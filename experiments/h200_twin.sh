@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# The training cross-check on an nvidia-h200-x2 machine (device tool; carry .data): `flashstable
+# crosscheck-train` with its two sides in parallel — JAX on GPU 0, the PyTorch twin on GPU 1
+# (on a one-GPU machine both on GPU 0, concurrently)
+# (CUDA_VISIBLE_DEVICES; the twin runs in this image's python3, which has torch beside JAX) —
+# each side working through the same QUEUE in order, within BUDGET seconds from the start.
+# An item is PAIRS:SEEDS:STEPS[:NULL] (PAIRS: crosscheck-train's default pairs, comma-separated;
+# NULL: --null-steps, the JAX run again with each batch as two halves). Items with the same
+# STEPS share the folder $R/RECIPE-sSTEPS, so their report reads every pair of that cap (and
+# its reference-fp32 runs give the runaway thresholds). Runs resume while the machine stays
+# warm (JAX from its checkpoints; a cut twin run starts again); PREVIOUS=FILES (packs brought
+# back by an earlier session, e.g. experiments/results/…/twin-*.jsonl.xz, made with the same
+# RUNS folder: a JAX run's out_dir is part of its configuration) are unpacked first, so their
+# finished runs are skipped. TORCH_ARGS go to every twin run (e.g. "--compile off"). What
+# comes back under $OUT (at most 8 files): per folder its runs packed (twin-NAME.jsonl.xz, no
+# checkpoints; `crosscheck-train --runs FILE` reports them), report-NAME.md, twin-NAME.png,
+# and the queue logs (queues.log).
+#   run    the queues in the foreground, then the reports (one call: BUDGET ≤ 540)
+#   start  the same in a session of its own (setsid), so it outlives the call
+#   wait   follows it for up to S seconds, then brings back what exists so far (logs, packs);
+#          call it again at once (the machine goes back 30 s after a call) until "done"
+# Usage (repo root, on the device):
+#   BUDGET=1450 bash experiments/h200_twin.sh start "$OUT"
+#   bash experiments/h200_twin.sh wait "$OUT" 570
+# Plan (the default QUEUE): the agreement checks first (reference-fp32 and paper, seed 24, 300
+# steps, with their JAX nulls), then the explosion pairs seed by seed (paper and paper+comp on
+# seed 24, 25, 26: to 3,000 steps or 300 past an explosion), a full reference-fp32 run (the
+# runaway thresholds), then SDPA flash and cuDNN beside fa2 and cudnn on seeds 24–26. At ~9 JAX
+# steps/s (anchor-b128, one run per GPU; 2026-11-30) the agreement items take ~5 min with
+# compilation, a 3,000-step run ~6 min, an exploding paper run 3–5 min (JAX exploded at
+# 1,521–2,304 on these seeds on 2026-11-30): one 25-minute session reaches about seed 25's
+# pair on the JAX side, two or three more finish the queue (PREVIOUS=the packs of the last).
+# The twin's speed (torch.compile, bf16 cuBLAS) is unmeasured: each run prints its steps/s, and
+# a slower twin only makes the torch queue lag (the report pairs whatever both sides finished).
+set -u
+cmd=${1:-run}; OUT=${2:-runs/h200}
+RECIPE=${RECIPE:-anchor-b128}; BUDGET=${BUDGET:-540}
+QUEUE=${QUEUE:-"reference-fp32,paper:24:300:300 paper,paper+comp:24:3000 paper,paper+comp:25:3000
+  paper,paper+comp:26:3000 reference-fp32:24:3000 sdpa-flash,sdpa-cudnn:24,25,26:3000"}
+R=${RUNS:-/tmp/twin}; H=/tmp/twin-hold
+mkdir -p "$OUT" $R
+shopt -s nullglob
+source "$(dirname "$0")/h200_env.sh"
+read -ra ITEMS <<< "$(tr '\n' ' ' <<< "$QUEUE")"
+ALLPAIRS=$(printf "%s\n" "${ITEMS[@]}" | cut -d: -f1 | tr , '\n' | awk '!seen[$0]++' | paste -sd,)
+cli() { python3 -m jax_flashstable.cli crosscheck-train --recipe $RECIPE --data .data "$@"; }
+unpack() { python3 -c "import sys; import jax_flashstable.experiment.instability as i
+i.unpack_runs(*sys.argv[1:])" "$@"; }
+pack() { python3 -c "import sys; import jax_flashstable.experiment.twin as t
+t.pack(*sys.argv[1:])" "$@"; }
+
+run_side() {  # side gpu: every item's runs of that side, in order
+  local side=$1 gpu=$2 T0=$(date +%s)
+  for item in "${ITEMS[@]}"; do
+    local left=$(( BUDGET - ($(date +%s) - T0) ))
+    if (( left < 60 )); then echo "[$side] $item not started, $left s left"; continue; fi
+    IFS=: read -r pairs seeds steps null <<< "$item"
+    echo "[$side] $item with $left s left ($(date +%T))"
+    CUDA_VISIBLE_DEVICES=$gpu cli --side $side --pairs "$pairs" --seeds "$seeds" --steps "$steps" \
+      --null-steps "${null:-0}" --time-budget "$left" --torch-python python3 --no-progress \
+      --torch-args "${TORCH_ARGS:-}" \
+      --out $R/$RECIPE-s$steps 2>&1 | sed -u "s/^/[$side] /"
+  done
+}
+
+queues() {
+  nvidia-smi -L
+  for f in ${PREVIOUS:-}; do    # twin-NAME.jsonl.xz → $R/NAME
+    name=$(basename $f .jsonl.xz); name=${name#twin-}; name=${name#partial-}
+    unpack $f $R/$name && echo "unpacked $f into $R/$name"
+  done
+  local ngpu; ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+  run_side jax 0 > $R/queue-jax.log 2>&1 &     # one GPU (nvidia-h200): both sides share it
+  run_side torch $(( ngpu > 1 ? 1 : 0 )) > $R/queue-torch.log 2>&1 &
+  wait
+  for dir in $R/$RECIPE-s*/; do
+    name=$(basename $dir)
+    cli --report-only --pairs "$ALLPAIRS" --steps ${name##*-s} --out $dir \
+      --pack "$OUT/twin-$name.jsonl.xz" | grep -v "^{" | tail -30
+    cp $dir/report.md "$OUT/report-$name.md"; cp $dir/twin.png "$OUT/twin-$name.png"
+  done
+  cat $R/queue-*.log > "$OUT/queues.log"
+}
+
+case $cmd in
+run) queues ;;
+start)
+  mkdir -p $H/out
+  setsid nohup env QUEUE="$QUEUE" BUDGET="$BUDGET" RECIPE=$RECIPE RUNS=$R PREVIOUS="${PREVIOUS:-}" \
+    TORCH_ARGS="${TORCH_ARGS:-}" bash "$0" run $H/out > $H/log 2>&1 < /dev/null &
+  echo $! > $H/pid
+  sleep 60
+  tail -n 5 $R/queue-*.log
+  ;;
+wait)
+  t0=$(date +%s)
+  while kill -0 "$(cat $H/pid)" 2>/dev/null && (( $(date +%s) - t0 < ${3:-570} )); do sleep 5; done
+  if kill -0 "$(cat $H/pid)" 2>/dev/null; then
+    tail -n 12 $R/queue-*.log
+    cat $R/queue-*.log > "$OUT/queues.log"
+    for dir in $R/*-s*/; do
+      pack $dir "$OUT/partial-$(basename $dir).jsonl.xz"
+    done
+    echo "running; call wait again"
+  else
+    cat $H/log | tail -60
+    cp $H/out/* "$OUT"/ && echo done
+  fi
+  ;;
+*) echo "usage: h200_twin.sh run|start|wait OUT [S]" >&2; exit 2 ;;
+esac
