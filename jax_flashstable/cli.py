@@ -380,7 +380,10 @@ def _bench(args):
   from jax_flashstable.attention.config import split_specs
   from jax_flashstable.bench import suite, targets
   from jax_flashstable.lab.shapes import Shape
+  from jax_flashstable.models.gpt2 import MODEL_PRESETS
   _out("bench", args.out)
+  if args.step_model is not None:
+    _choices("bench", "--step-model", args.step_model, sorted(MODEL_PRESETS))
   try:
     shapes = [Shape.parse(t) for t in args.shapes.split(";")] if args.shapes else None
     step = None
@@ -566,8 +569,8 @@ def build_parser():
                  "closes bench.md")
   p.add_argument("--step-model", default=None, help="with --targets: the training-step model "
                  "(default gpt2-small on a GPU, tiny on a CPU)")
-  p.add_argument("--step-batch", type=int, default=None, help="with --targets: its global batch "
-                 "(default 16 on a GPU, 2 on a CPU)")
+  p.add_argument("--step-batch", type=_count(1), default=None, help="with --targets: its global "
+                 "batch (default 16 on a GPU, 2 on a CPU)")
   p.add_argument("--out", default="runs/bench")
   p.set_defaults(func=_bench)
   p = sub.add_parser("plot", help="draw loss, grad norm and diagnostics of a training run")

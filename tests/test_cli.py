@@ -82,6 +82,10 @@ def _bad_inputs(tmp):
        r"data='.*none': folder not found"),
       (["bench", "--reps", "0"], r"flashstable bench: argument --reps: must be ≥ 1, got 0"),
       (["bench", "--out", str(tmp / "file")], r"flashstable bench: --out='.*file' is a file"),
+      (["bench", "--targets", "fa2"], r"flashstable bench: --targets needs our attention with "
+                                      r"the compensation \(e.g. fa2\+comp\), got 'fa2'"),
+      (["bench", "--targets", "--step-model", "gpt5"], r"--step-model 'gpt5': unknown 'gpt5'"),
+      (["bench", "--targets", "--step-batch", "0"], r"argument --step-batch: must be ≥ 1, got 0"),
       (["deviation", "--seq-lens", "128,-1"], r"--seq-lens '128,-1': every value must be ≥ 1"),
       (["deviation", "--dtypes", "bfloat17"], r"--dtypes 'bfloat17': unknown 'bfloat17'"),
       (["deviation", "--numerics", "fa3"], r"--numerics 'fa3': unknown 'fa3'"),
