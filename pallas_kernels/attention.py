@@ -127,8 +127,8 @@ def kernel_config(*, q_len, kv_len, head_dim, dtype, softmax_scale, causal, nume
     forward tiles), shrunk to the padded sequence; the Mosaic GPU forward keeps a key tile of
     64 or more (shrinking a tile past the sequence changes nothing, and it needs 64 or 128);
   - Triton forward: 4 warps (8 when head_dim > 64) and 2 stages; backward kernels: 4 warps and
-    2 stages (H200, d128, 64×64 backward tiles: fwd+bwd 317 TFLOP/s at 4 warps, 172 at 8;
-    `experiments/03_tile_sweep.py`);
+    2 stages (4 warps were faster than 8 in the H200 tile sweep, `experiments/03_tile_sweep.py`;
+    figures: docs/studies/speed.md);
   - Mosaic GPU forward: 2 key/value tiles in flight, `MosaicGPUOptions()`;
   - backend="auto" resolved by `choose_backend` (`KernelConfig.backend` is the kernel that runs);
   - the backward (`KernelConfig.backend_bwd`): the Mosaic GPU one after the Mosaic GPU forward

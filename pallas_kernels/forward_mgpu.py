@@ -71,9 +71,8 @@ class MosaicGPUOptions:
   q_tiles_inner: the grid runs a head's query tiles one after another (Pallas's last grid
     axis is CUDA's x, launched first), so the CTAs resident together share one head's K and V
     in L2; with heads innermost ~64 heads' K/V (128 MiB at length 4096) were in flight.
-  Measured on one H200 (experiments/results/h200-2026-11-29-mgpu, -11-30-speed): fused_pv +
-  exp2 402 → 425 TFLOP/s (single timings, compensation on, b4 × 4096 × 16 × d128, block_k
-  128); early_turn 389–400 (no gain); q_tiles_inner: DRAM 60% → 6% busy but cycles −1.3%.
+  The defaults are the ones that were faster on the H200, or no slower; what each option
+  measured, with command and date: docs/studies/speed.md ("The Mosaic GPU route").
   """
   pingpong: bool | None = None
   fused_pv: bool = True

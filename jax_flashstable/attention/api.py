@@ -101,12 +101,12 @@ def flash_attention(query, key, value, *, causal=False, softmax_scale=None, stab
       derivatives are not supported (custom_vjp).
     rng_key: a `jax.random` key, for numerics="stochastic" only.
     num_warps, num_stages: Triton launch parameters of the forward kernel (speed only);
-      defaults 4 warps (8 when head_dim > 64) and 2 stages. The backward kernels use 4 warps
-      and 2 stages (H200, d128, 64×64 backward tiles: fwd+bwd 317 TFLOP/s at 4 warps, 172 at 8;
-      `experiments/03_tile_sweep.py`). With backend="mosaic_gpu", num_stages is the number of
-      key/value tiles in flight (default 2) and num_warps is not used.
-    mgpu_options: speed options of the Mosaic GPU forward (`MosaicGPUOptions`; defaults
-      measured on the H200).
+      defaults 4 warps (8 when head_dim > 64) and 2 stages. The Triton backward kernels use 4
+      warps and 2 stages (the faster choice in the H200 tile sweep; docs/studies/speed.md).
+      With backend="mosaic_gpu", num_stages is the number of key/value tiles in flight
+      (default 2; the Mosaic GPU backward keeps 2) and num_warps is not used.
+    mgpu_options: speed options of the Mosaic GPU forward (`MosaicGPUOptions`; the defaults
+      and their measurements: docs/studies/speed.md).
     backend: the kernels. "auto" (default): the Mosaic GPU kernels on a Hopper GPU wherever
       they support the call (the limits below; causal also needs a CUDA runtime outside
       12.8.0–12.9.0), the Triton kernels elsewhere — on a CPU, on other GPUs, in interpret
