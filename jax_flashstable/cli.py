@@ -476,10 +476,11 @@ def _bench(args):
   from jax_flashstable.attention.config import split_specs
   from jax_flashstable.bench import suite, targets
   from jax_flashstable.lab.shapes import Shape
-  from jax_flashstable.models.gpt2 import MODEL_PRESETS
 
   _out("bench", args.out)
   if args.step_model is not None:
+    from jax_flashstable.models.gpt2 import MODEL_PRESETS
+
     _choices("bench", "--step-model", args.step_model, sorted(MODEL_PRESETS))
   try:
     shapes = [Shape.parse(t) for t in args.shapes.split(";")] if args.shapes else None

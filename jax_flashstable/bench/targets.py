@@ -1,6 +1,6 @@
-"""The speed targets of the issue "the fast kernel by default, a Mosaic GPU backward, and a
-cheaper compensation", measured in one run and judged in one table (`flashstable bench
---targets`):
+"""Issue 19's speed targets ("Speed": the fast kernels by default, a Mosaic GPU backward, a
+cheaper compensation), measured in one run and judged in one table (`flashstable bench
+--targets`; docs/bench.md, docs/studies/speed.md):
 
   forward ≥ 0.95× cuDNN, forward+backward ≥ 0.80× cuDNN       (paired ratios, each shape)
   both ahead of JAX's own Mosaic GPU attention ("pallas-mgpu")  (paired ratios to it, > 1)
