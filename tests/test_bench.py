@@ -2,31 +2,54 @@
 
 import json
 import pathlib
-import time
 
 import jax
 import pytest
 
 from jax_flashstable import bench, cli
+from jax_flashstable.bench import timing
 
 HASHES = json.loads((pathlib.Path(__file__).parent / "golden_hashes.json").read_text())
 
 
-def test_paired_overhead_measures_a_known_ratio():
-  fast = lambda calls=1: time.sleep(0.002 * calls)
-  slow = lambda calls=1: time.sleep(0.004 * calls)
-  assert bench.paired_overhead(fast, slow, pairs=6, inner=2) == pytest.approx(1.0, abs=0.35)
-  assert bench.paired_overhead(fast, fast, pairs=6, inner=2) == pytest.approx(0.0, abs=0.35)
+class FakeClock:
+  """A clock that moves only when the fake work says so: the timing helpers' arithmetic is
+  checked exactly, whatever else the machine is doing (sleep-based timings failed under load)."""
+
+  def __init__(self):
+    self.now = 0.0
+
+  def perf_counter(self):
+    return self.now
+
+  def work(self, seconds):
+    self.now += seconds
 
 
-def test_timing_in_batches_spreads_a_fixed_wait_over_the_calls():
-  # 1 ms of "kernel" per call plus 2 ms of synchronisation per wait (sleep overshoots a little)
-  run = lambda calls=1: time.sleep(0.002 + 0.001 * calls)
-  assert bench.median_seconds(run, warmup=1, reps=3) == pytest.approx(0.003, rel=0.5)
-  assert bench.calls_per_timing(run) == 10  # 50 ms / ~3 ms, capped at 10
+@pytest.fixture
+def clock(monkeypatch):
+  c = FakeClock()
+  monkeypatch.setattr(timing, "time", c)
+  return c
+
+
+def test_paired_overhead_measures_a_known_ratio(clock):
+  fast = lambda calls=1: clock.work(0.002 * calls)
+  slow = lambda calls=1: clock.work(0.004 * calls)
+  assert bench.paired_overhead(fast, slow, pairs=6, inner=2) == pytest.approx(1.0, rel=1e-9)
+  assert bench.paired_overhead(fast, fast, pairs=6, inner=2) == pytest.approx(0.0, abs=1e-9)
+  assert bench.paired_overhead(slow, fast, pairs=6, inner=2) == pytest.approx(-0.5, rel=1e-9)
+
+
+def test_timing_in_batches_spreads_a_fixed_wait_over_the_calls(clock):
+  # 1 ms of "kernel" per call plus 2 ms of synchronisation per wait
+  run = lambda calls=1: clock.work(0.002 + 0.001 * calls)
+  assert bench.median_seconds(run, warmup=1, reps=3) == pytest.approx(0.003, rel=1e-9)
+  assert bench.calls_per_timing(run) == 10  # 50 ms / 3 ms = 16, capped at 10
   assert bench.calls_per_timing(run, target_s=0.001) == 1  # one call is already longer
   per_call = bench.median_seconds(run, warmup=1, reps=3, calls=10)
-  assert per_call == pytest.approx(0.0012, rel=0.4) and per_call < 0.002
+  assert per_call == pytest.approx(0.0012, rel=1e-9)  # (2 + 10·1) ms / 10 calls
+  assert bench.seconds_per_call(run, warmup=1, reps=3) == pytest.approx(0.0012, rel=1e-9)
 
 
 def test_waiting_dispatches_the_calls_and_returns_the_last_output():
