@@ -7,6 +7,7 @@ CPU smoke: python experiments/02_gpt2_step_time.py --model tiny --batch 2 --step
     --attention fa2 --attention paper+comp
 Expected runtime: ~2 min on one H200.
 """
+
 import argparse
 
 import jax
@@ -21,12 +22,19 @@ def main():
   ap.add_argument("--model", default="gpt2-small")
   ap.add_argument("--batch", type=int, default=16)
   ap.add_argument("--steps", type=int, default=10)
-  ap.add_argument("--attention", action="append", help="an attention spec (repeatable), e.g. "
-                  "paper+comp; default fa2, fa2+comp, cudnn (GPU)")
+  ap.add_argument(
+    "--attention",
+    action="append",
+    help="an attention spec (repeatable), e.g. paper+comp; default fa2, fa2+comp, cudnn (GPU)",
+  )
   a = ap.parse_args()
-  attentions = a.attention or (["fa2", "fa2+comp", "cudnn"] if jax.default_backend() == "gpu" else ["fa2", "xla"])
+  attentions = a.attention or (
+    ["fa2", "fa2+comp", "cudnn"] if jax.default_backend() == "gpu" else ["fa2", "xla"]
+  )
   rows = gpt2_step_table(a.model, tuple(attentions), a.batch, steps=a.steps)
-  write_results(a.out, "step_time", rows, format_step_table(rows), run_meta(model=a.model, batch=a.batch))
+  write_results(
+    a.out, "step_time", rows, format_step_table(rows), run_meta(model=a.model, batch=a.batch)
+  )
 
 
 if __name__ == "__main__":

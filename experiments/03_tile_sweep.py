@@ -8,6 +8,7 @@ Command (H200): python3 experiments/03_tile_sweep.py --out runs/tiles
 CPU smoke: python experiments/03_tile_sweep.py --seq-len 128 --batch 1 --heads 2 --head-dim 64 --reps 1 --quick
 Expected runtime: ~2 min on one H200.
 """
+
 import argparse
 import dataclasses
 import itertools
@@ -41,15 +42,28 @@ def main():
   interpret = jax.default_backend() != "gpu"
 
   def config(blocks, warps, stages, warps_bwd=4):
-    return KernelConfig(softmax_scale=a.head_dim ** -0.5, causal=a.causal, q_len=a.seq_len,
-                        kv_len=a.seq_len, blocks=blocks.fit(a.seq_len, a.seq_len),
-                        numerics=get_numerics("fa2"), compensation=None, interpret=interpret,
-                        num_warps=warps, num_stages=stages, num_warps_bwd=warps_bwd,
-                        num_stages_bwd=2)
+    return KernelConfig(
+      softmax_scale=a.head_dim**-0.5,
+      causal=a.causal,
+      q_len=a.seq_len,
+      kv_len=a.seq_len,
+      blocks=blocks.fit(a.seq_len, a.seq_len),
+      numerics=get_numerics("fa2"),
+      compensation=None,
+      interpret=interpret,
+      num_warps=warps,
+      num_stages=stages,
+      num_warps_bwd=warps_bwd,
+      num_stages_bwd=2,
+    )
 
   ref = np.asarray(flash_attention_padded(q, k, v, config(base, 8, 2))[0], np.float32)
-  fwd_grid = list(itertools.product([(64, 64), (128, 64), (128, 128), (64, 128), (256, 64)], (4, 8), (2, 3, 4)))
-  bwd_grid = list(itertools.product([(32, 64), (64, 64), (64, 128), (128, 64), (128, 128), (32, 128)], (4, 8)))
+  fwd_grid = list(
+    itertools.product([(64, 64), (128, 64), (128, 128), (64, 128), (256, 64)], (4, 8), (2, 3, 4))
+  )
+  bwd_grid = list(
+    itertools.product([(32, 64), (64, 64), (64, 128), (128, 64), (128, 128), (32, 128)], (4, 8))
+  )
   if a.quick:
     fwd_grid, bwd_grid = fwd_grid[:2], bwd_grid[:2]
   rows = []
@@ -59,31 +73,92 @@ def main():
     try:
       err = float(np.max(np.abs(np.asarray(f(q, k, v), np.float32) - ref)))
       t = seconds_per_call(waiting(f, q, k, v), 2, a.reps)
-    except Exception as e:                   # e.g. out of shared memory for this tile
-      rows.append(dict(sweep="fwd", block_q=bq, block_k=bk, warps=warps, stages=stages,
-                       error=str(e).splitlines()[0][:160]))
+    except Exception as e:  # e.g. out of shared memory for this tile
+      rows.append(
+        dict(
+          sweep="fwd",
+          block_q=bq,
+          block_k=bk,
+          warps=warps,
+          stages=stages,
+          error=str(e).splitlines()[0][:160],
+        )
+      )
       continue
-    rows.append(dict(sweep="fwd", block_q=bq, block_k=bk, warps=warps, stages=stages,
-                     ms=1e3 * t, tflops=flops / t / 1e12, max_diff_vs_default=err))
+    rows.append(
+      dict(
+        sweep="fwd",
+        block_q=bq,
+        block_k=bk,
+        warps=warps,
+        stages=stages,
+        ms=1e3 * t,
+        tflops=flops / t / 1e12,
+        max_diff_vs_default=err,
+      )
+    )
     print(rows[-1], flush=True)
   for (bqb, bkb), warps in bwd_grid:
-    cfg = config(dataclasses.replace(base, block_q_bwd=bqb, block_k_bwd=bkb), 8 if a.head_dim > 64 else 4, 2, warps)
-    fb = jax.jit(lambda q, k, v, do, cfg=cfg: jax.vjp(lambda q, k, v: flash_attention_padded(q, k, v, cfg)[0], q, k, v)[1](do))
+    cfg = config(
+      dataclasses.replace(base, block_q_bwd=bqb, block_k_bwd=bkb),
+      8 if a.head_dim > 64 else 4,
+      2,
+      warps,
+    )
+    fb = jax.jit(
+      lambda q, k, v, do, cfg=cfg: jax.vjp(
+        lambda q, k, v: flash_attention_padded(q, k, v, cfg)[0], q, k, v
+      )[1](do)
+    )
     try:
       t = seconds_per_call(waiting(fb, q, k, v, do), 2, a.reps)
     except Exception as e:
-      rows.append(dict(sweep="fwd+bwd", block_q_bwd=bqb, block_k_bwd=bkb, warps=warps,
-                       error=str(e).splitlines()[0][:160]))
+      rows.append(
+        dict(
+          sweep="fwd+bwd",
+          block_q_bwd=bqb,
+          block_k_bwd=bkb,
+          warps=warps,
+          error=str(e).splitlines()[0][:160],
+        )
+      )
       continue
-    rows.append(dict(sweep="fwd+bwd", block_q_bwd=bqb, block_k_bwd=bkb, warps=warps, ms=1e3 * t,
-                     tflops=3.5 * flops / t / 1e12))
+    rows.append(
+      dict(
+        sweep="fwd+bwd",
+        block_q_bwd=bqb,
+        block_k_bwd=bkb,
+        warps=warps,
+        ms=1e3 * t,
+        tflops=3.5 * flops / t / 1e12,
+      )
+    )
     print(rows[-1], flush=True)
-  best = {s: max((r for r in rows if r["sweep"] == s and "tflops" in r), key=lambda r: r["tflops"], default=None)
-          for s in ("fwd", "fwd+bwd")}
-  table = "\n".join(["| sweep | config | ms | TFLOP/s |", "|---|---|---:|---:|"] +
-                    [f"| {r['sweep']} | " + ", ".join(f"{k}={v}" for k, v in r.items() if k not in ("sweep", "ms", "tflops", "max_diff_vs_default", "error"))
-                     + (f" | {r['ms']:.3f} | {r['tflops']:.3g} |" if "tflops" in r else f" | error | {r['error'][:60]} |")
-                     for r in rows])
+  best = {
+    s: max(
+      (r for r in rows if r["sweep"] == s and "tflops" in r),
+      key=lambda r: r["tflops"],
+      default=None,
+    )
+    for s in ("fwd", "fwd+bwd")
+  }
+  table = "\n".join(
+    ["| sweep | config | ms | TFLOP/s |", "|---|---|---:|---:|"]
+    + [
+      f"| {r['sweep']} | "
+      + ", ".join(
+        f"{k}={v}"
+        for k, v in r.items()
+        if k not in ("sweep", "ms", "tflops", "max_diff_vs_default", "error")
+      )
+      + (
+        f" | {r['ms']:.3f} | {r['tflops']:.3g} |"
+        if "tflops" in r
+        else f" | error | {r['error'][:60]} |"
+      )
+      for r in rows
+    ]
+  )
   write_results(a.out, "tiles", rows, table, run_meta(shape=shape.name, best=best))
 
 

@@ -12,6 +12,7 @@ CPU smoke (simulated devices share 2 cores, so the efficiency there means nothin
     experiments/04_data_parallel_scaling.py --model tiny --per-device-batch 2 --steps 2
 Expected runtime: ~2 min on two H200s.
 """
+
 import argparse
 
 import jax
@@ -25,13 +26,19 @@ def plain_jit_collectives(model, attention, batch_size, mesh):
   """Collectives of the single-device step compiled with its inputs sharded over `mesh`."""
   from jax_flashstable.training.data import Dataset
   from jax_flashstable.training.train import TrainConfig, init_state, make_steps
+
   cfg = TrainConfig(model=model, attention=attention, batch_size=batch_size, progress=False)
   _, graphdef, params, tx, opt_state = init_state(cfg)
-  step, _ = make_steps(graphdef, tx)                                   # no mesh: no shard_map
+  step, _ = make_steps(graphdef, tx)  # no mesh: no shard_map
   x, y = Dataset(None, cfg.model_config().vocab_size).batch(
-      "train", 0, 0, batch_size, cfg.model_config().block_size)
-  lowered = step.lower(replicate(mesh, (params, opt_state)), shard_batch(mesh, x[None], 1),
-                       shard_batch(mesh, y[None], 1), jax.random.key(0))
+    "train", 0, 0, batch_size, cfg.model_config().block_size
+  )
+  lowered = step.lower(
+    replicate(mesh, (params, opt_state)),
+    shard_batch(mesh, x[None], 1),
+    shard_batch(mesh, y[None], 1),
+    jax.random.key(0),
+  )
   return collective_counts(lowered.compile().as_text())
 
 
@@ -42,15 +49,23 @@ def main():
   ap.add_argument("--attention", default="fa2")
   ap.add_argument("--per-device-batch", type=int, default=16)
   ap.add_argument("--steps", type=int, default=10)
-  ap.add_argument("--devices", default=None,
-                  help="comma-separated device counts (default: 1, 2, 4, … up to all devices)")
+  ap.add_argument(
+    "--devices",
+    default=None,
+    help="comma-separated device counts (default: 1, 2, 4, … up to all devices)",
+  )
   a = ap.parse_args()
   total = jax.device_count()
   try:
-    counts = ([int(c) for c in a.devices.split(",")] if a.devices else
-              [n for n in (1, 2, 4, 8, 16, 32, 64) if n < total] + [total])
+    counts = (
+      [int(c) for c in a.devices.split(",")]
+      if a.devices
+      else [n for n in (1, 2, 4, 8, 16, 32, 64) if n < total] + [total]
+    )
   except ValueError:
-    raise SystemExit(f"--devices {a.devices!r}: expected comma-separated device counts, e.g. 1,2") from None
+    raise SystemExit(
+      f"--devices {a.devices!r}: expected comma-separated device counts, e.g. 1,2"
+    ) from None
   for n in counts:
     if not 1 <= n <= total:
       raise SystemExit(f"--devices: {n} is not between 1 and the {total} devices here")
@@ -59,20 +74,35 @@ def main():
   rows = []
   for n in counts:
     mesh = data_mesh(jax.devices()[:n])
-    rows += gpt2_step_table(a.model, (a.attention,), a.per_device_batch * n, steps=a.steps,
-                            mesh=mesh)
+    rows += gpt2_step_table(
+      a.model, (a.attention,), a.per_device_batch * n, steps=a.steps, mesh=mesh
+    )
   base = rows[0]["tokens_per_s"] / rows[0]["devices"]
   for r in rows:
     r["efficiency"] = r["tokens_per_s"] / (r["devices"] * base)
   plain = plain_jit_collectives(a.model, a.attention, a.per_device_batch * total, data_mesh())
-  table = (format_step_table(rows) + "\n\n| devices | tokens/s | scaling efficiency |\n|---:|---:|---:|\n"
-           + "\n".join(f"| {r['devices']} | {r['tokens_per_s']:,.0f} | {100 * r['efficiency']:.1f}% |"
-                       for r in rows)
-           + f"\n\nThe same step without shard_map, inputs sharded over {total} devices (plain jit): "
-             f"{plain['all_gathers']} all-gathers, {plain['all_reduces']} all-reduces.")
-  write_results(a.out, "scaling", rows, table,
-                run_meta(model=a.model, attention=a.attention, per_device_batch=a.per_device_batch,
-                         device_count=total, plain_jit=plain))
+  table = (
+    format_step_table(rows)
+    + "\n\n| devices | tokens/s | scaling efficiency |\n|---:|---:|---:|\n"
+    + "\n".join(
+      f"| {r['devices']} | {r['tokens_per_s']:,.0f} | {100 * r['efficiency']:.1f}% |" for r in rows
+    )
+    + f"\n\nThe same step without shard_map, inputs sharded over {total} devices (plain jit): "
+    f"{plain['all_gathers']} all-gathers, {plain['all_reduces']} all-reduces."
+  )
+  write_results(
+    a.out,
+    "scaling",
+    rows,
+    table,
+    run_meta(
+      model=a.model,
+      attention=a.attention,
+      per_device_batch=a.per_device_batch,
+      device_count=total,
+      plain_jit=plain,
+    ),
+  )
 
 
 if __name__ == "__main__":

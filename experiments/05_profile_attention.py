@@ -13,6 +13,7 @@ Command (H200): ncu -k regex:"flashstable|sdpa|fmha|cudnn" --section SpeedOfLigh
 CPU: runs (interpret mode, small shape with --length 256) but there is nothing to profile.
 Expected runtime: seconds alone; ~1 min under ncu.
 """
+
 import argparse
 
 import jax
@@ -29,8 +30,10 @@ def main():
   a = ap.parse_args()
   which = set(a.which.split(","))
   if not which <= {"triton", "mgpu", "bwd"}:
-    raise SystemExit(f"--which: unknown group(s) {sorted(which - {'triton', 'mgpu', 'bwd'})}; "
-                     "use a comma-separated subset of triton, mgpu, bwd")
+    raise SystemExit(
+      f"--which: unknown group(s) {sorted(which - {'triton', 'mgpu', 'bwd'})}; "
+      "use a comma-separated subset of triton, mgpu, bwd"
+    )
   gpu = jax.default_backend() == "gpu"
   keys = jax.random.split(jax.random.key(0), 3)
   q, k, v = (jax.random.normal(key, (4, a.length, 16, 128), jnp.bfloat16) for key in keys)
@@ -43,12 +46,21 @@ def main():
       fns["cudnn"] = jax.jit(cudnn)
   if "mgpu" in which:
     for stabilize in (False, True):
-      fns[f"mgpu{'+comp' * stabilize}"] = jax.jit(lambda q, k, v, s=stabilize: flash_attention(
-          q, k, v, stabilize=s, backend="mosaic_gpu", block_k=128, interpret=not gpu))
+      fns[f"mgpu{'+comp' * stabilize}"] = jax.jit(
+        lambda q, k, v, s=stabilize: flash_attention(
+          q, k, v, stabilize=s, backend="mosaic_gpu", block_k=128, interpret=not gpu
+        )
+      )
   if "bwd" in which:
     # all three gradients, so that no backward kernel (dK/dV's) is dead code
-    grad = lambda f: jax.jit(lambda q, k, v: sum(g.astype(jnp.float32).sum() for g in jax.grad(
-        lambda q, k, v: f(q, k, v).astype(jnp.float32).sum(), argnums=(0, 1, 2))(q, k, v)))
+    grad = lambda f: jax.jit(
+      lambda q, k, v: sum(
+        g.astype(jnp.float32).sum()
+        for g in jax.grad(lambda q, k, v: f(q, k, v).astype(jnp.float32).sum(), argnums=(0, 1, 2))(
+          q, k, v
+        )
+      )
+    )
     fns["fa2+comp fwd+bwd"] = grad(lambda q, k, v: flash_attention(q, k, v, stabilize=True))
     if gpu:
       fns["cudnn fwd+bwd"] = grad(cudnn)

@@ -11,26 +11,27 @@ The names a user needs, flat (imported on first use, so that `flashstable --help
   training       TrainConfig (`jax_flashstable.training.config`), train_and_evaluate
                  (`jax_flashstable.training.train`)
 """
+
 import importlib
 
 _EXPORTS = {
-    "flash_attention": "jax_flashstable.attention.api",
-    "reference_attention": "jax_flashstable.attention.api",
-    "reference_attention_vjp": "jax_flashstable.attention.api",
-    "AttentionStats": "jax_flashstable.attention.api",
-    "resolved_backend": "jax_flashstable.attention.api",
-    "AttentionConfig": "jax_flashstable.attention.config",
-    "attend": "jax_flashstable.attention.flax_adapter",
-    "attention_fn": "jax_flashstable.attention.flax_adapter",
-    "make_attention_fn": "jax_flashstable.attention.flax_adapter",
-    "Numerics": "pallas_kernels.policy",
-    "Compensation": "pallas_kernels.policy",
-    "NUMERICS": "pallas_kernels.policy",
-    "get_numerics": "pallas_kernels.policy",
-    "GPT": "jax_flashstable.models.gpt2",
-    "GPTConfig": "jax_flashstable.models.gpt2",
-    "TrainConfig": "jax_flashstable.training.config",
-    "train_and_evaluate": "jax_flashstable.training.train",
+  "flash_attention": "jax_flashstable.attention.api",
+  "reference_attention": "jax_flashstable.attention.api",
+  "reference_attention_vjp": "jax_flashstable.attention.api",
+  "AttentionStats": "jax_flashstable.attention.api",
+  "resolved_backend": "jax_flashstable.attention.api",
+  "AttentionConfig": "jax_flashstable.attention.config",
+  "attend": "jax_flashstable.attention.flax_adapter",
+  "attention_fn": "jax_flashstable.attention.flax_adapter",
+  "make_attention_fn": "jax_flashstable.attention.flax_adapter",
+  "Numerics": "pallas_kernels.policy",
+  "Compensation": "pallas_kernels.policy",
+  "NUMERICS": "pallas_kernels.policy",
+  "get_numerics": "pallas_kernels.policy",
+  "GPT": "jax_flashstable.models.gpt2",
+  "GPTConfig": "jax_flashstable.models.gpt2",
+  "TrainConfig": "jax_flashstable.training.config",
+  "train_and_evaluate": "jax_flashstable.training.train",
 }
 __all__ = sorted(_EXPORTS)
 

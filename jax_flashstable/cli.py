@@ -6,6 +6,7 @@ work with one line naming the option and the value, exit status 2: commands rais
 console entry point, prints it. Ctrl-C ends with one line and status 130. Importing this
 module, and `--help`, import no JAX (the training options come from `training.config`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,6 +29,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _count(low):
   """argparse type: an integer ≥ low (its error names the value)."""
+
   def parse(text):
     try:
       value = int(text)
@@ -36,6 +38,7 @@ def _count(low):
     if value < low:
       raise argparse.ArgumentTypeError(f"must be ≥ {low}, got {value}")
     return value
+
   parse.__name__ = f"integer ≥ {low}"
   return parse
 
@@ -54,6 +57,7 @@ def _non_negative(text):
 def _out(command, path, option="--out"):
   """`path` when it is a folder that can be written (or created); else the one-line error."""
   from jax_flashstable.training.config import ConfigError, check_output_dir
+
   try:
     check_output_dir(path, option)
   except ConfigError as e:
@@ -66,9 +70,11 @@ def _choices(command, option, text, allowed):
   items = [x.strip() for x in text.split(",")]
   bad = [x for x in items if x not in allowed]
   if bad or not text.strip():
-    raise SystemExit(f"flashstable {command}: {option} {text!r}: "
-                     f"{'unknown ' + ', '.join(map(repr, bad)) if bad else 'empty'}; choose from "
-                     f"{', '.join(allowed)}")
+    raise SystemExit(
+      f"flashstable {command}: {option} {text!r}: "
+      f"{'unknown ' + ', '.join(map(repr, bad)) if bad else 'empty'}; choose from "
+      f"{', '.join(allowed)}"
+    )
   return items
 
 
@@ -79,14 +85,17 @@ def _accuracy(args):
   import jax.numpy as jnp
 
   from jax_flashstable.lab.accuracy import accuracy_report, format_report
+
   dtypes = [jnp.dtype(d) for d in names]
   rows = accuracy_report(dtypes=dtypes, seed=args.seed)
   table = format_report(rows)
   dev = jax.devices()[0]
-  header = (f"# flash_attention vs FP64 golden\n\n{datetime.date.today()} · "
-            f"{getattr(dev, 'device_kind', dev.platform)} · jax {jax.__version__} · seed {args.seed}\n\n"
-            "Rule: error(flash) ≤ 2·error(standard attention, same dtype) + 1 bf16 ulp at the "
-            "reference's scale, for max and mean.\n\n")
+  header = (
+    f"# flash_attention vs FP64 golden\n\n{datetime.date.today()} · "
+    f"{getattr(dev, 'device_kind', dev.platform)} · jax {jax.__version__} · seed {args.seed}\n\n"
+    "Rule: error(flash) ≤ 2·error(standard attention, same dtype) + 1 bf16 ulp at the "
+    "reference's scale, for max and mean.\n\n"
+  )
   os.makedirs(args.out, exist_ok=True)
   with open(os.path.join(args.out, "accuracy.md"), "w") as f:
     f.write(header + table + "\n")
@@ -104,6 +113,7 @@ def _train_config(args, **defaults):
   import dataclasses
 
   from jax_flashstable.training.config import TrainConfig
+
   command = f"flashstable {getattr(args, 'command', '')}".rstrip()
   kw = dict(defaults)
   for f in dataclasses.fields(TrainConfig):
@@ -118,17 +128,20 @@ def _train_config(args, **defaults):
     layer_overrides.append((int(layer), spec))
   if layer_overrides:
     kw["attention_overrides"] = tuple(layer_overrides)
-  TrainConfig(**kw)                                  # the values, before JAX is imported
+  TrainConfig(**kw)  # the values, before JAX is imported
   if args.model_set:
     from jax_flashstable.attention.config import parse_field_value
     from jax_flashstable.models.gpt2 import GPTConfig
+
     gtypes = {f.name: f.type for f in dataclasses.fields(GPTConfig)}
     model_overrides = list(kw.get("model_overrides", ()))
     for item in args.model_set:
       key, _, value = item.partition("=")
       if key not in gtypes or key.startswith("attention"):
-        raise SystemExit(f"{command}: --model-set {key!r} is not a GPTConfig field "
-                         f"({sorted(k for k in gtypes if not k.startswith('attention'))})")
+        raise SystemExit(
+          f"{command}: --model-set {key!r} is not a GPTConfig field "
+          f"({sorted(k for k in gtypes if not k.startswith('attention'))})"
+        )
       try:
         model_overrides.append((key, parse_field_value(key, value, gtypes[key])))
       except ValueError as e:
@@ -143,6 +156,7 @@ def _add_train_options(p, skip=(), layer_attention=True, defaults=None):
   import dataclasses
 
   from jax_flashstable.training.config import TrainConfig
+
   for f in dataclasses.fields(TrainConfig):
     if f.name in ("model_overrides", "attention_overrides") or f.name in skip:
       continue
@@ -152,19 +166,31 @@ def _add_train_options(p, skip=(), layer_attention=True, defaults=None):
       p.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None)
     else:
       typ = int if ("int" in t and "float" not in t) else float if "float" in t else str
-      shown = (defaults if isinstance(defaults, str) else
-               f"default {(defaults or {}).get(f.name, f.default)}")
+      shown = (
+        defaults
+        if isinstance(defaults, str)
+        else f"default {(defaults or {}).get(f.name, f.default)}"
+      )
       p.add_argument(flag, dest=f.name, type=typ, default=None, help=shown)
-  p.add_argument("--model-set", action="append", metavar="FIELD=VALUE",
-                 help="override a GPTConfig field of the preset, e.g. n_layer=4 (repeatable)")
+  p.add_argument(
+    "--model-set",
+    action="append",
+    metavar="FIELD=VALUE",
+    help="override a GPTConfig field of the preset, e.g. n_layer=4 (repeatable)",
+  )
   if layer_attention:
-    p.add_argument("--layer-attention", action="append", metavar="LAYER=SPEC",
-                   help="attention of one layer (0-based), e.g. 1=reference-fp32 (repeatable)")
+    p.add_argument(
+      "--layer-attention",
+      action="append",
+      metavar="LAYER=SPEC",
+      help="attention of one layer (0-based), e.g. 1=reference-fp32 (repeatable)",
+    )
 
 
 def _train(args):
-  cfg = _train_config(args).validate()            # ConfigError: one line (main), before any work
+  cfg = _train_config(args).validate()  # ConfigError: one line (main), before any work
   from jax_flashstable.training.train import CheckpointError, NonFiniteError, train_and_evaluate
+
   try:
     s = train_and_evaluate(cfg)
   except NonFiniteError as e:
@@ -173,8 +199,10 @@ def _train(args):
   except CheckpointError as e:
     raise SystemExit(f"flashstable train: {e}") from None
   if s.get("already_finished"):
-    print(f"{cfg.out_dir} holds a finished run (trained to step {s['step']}, steps={cfg.steps}): "
-          "nothing to train; its summary:")
+    print(
+      f"{cfg.out_dir} holds a finished run (trained to step {s['step']}, steps={cfg.steps}): "
+      "nothing to train; its summary:"
+    )
   print(json.dumps(s))
   print(f"metrics in {pathlib.Path(cfg.out_dir) / 'metrics.jsonl'}")
   return 0
@@ -182,12 +210,16 @@ def _train(args):
 
 def _compare(args):
   from jax_flashstable.experiment import compare
+
   setting = compare.setting()
   out = _out("compare", args.out_dir or "runs/compare", "--out-dir")
   cfg = _train_config(args, **setting["recipe"])
   from jax_flashstable.training.train import CheckpointError
+
   try:
-    compare.run_compare(cfg, out, setting["variants"], cfg.seed if args.seed is not None else setting["seed"])
+    compare.run_compare(
+      cfg, out, setting["variants"], cfg.seed if args.seed is not None else setting["seed"]
+    )
   except (ValueError, FileNotFoundError, CheckpointError) as e:
     raise SystemExit(f"flashstable compare: {e}") from None
   print(pathlib.Path(out, "report.md").read_text())
@@ -200,16 +232,20 @@ def _prepare(args):
     raise SystemExit(f"flashstable prepare: text folder not found: {args.text_dir}")
   _out("prepare", args.out_dir, "OUT_DIR")
   from jax_flashstable.training.data import prepare_text_folder
+
   try:
     counts = prepare_text_folder(args.text_dir, args.out_dir, val_every=args.val_every)
   except (ValueError, FileNotFoundError) as e:
     raise SystemExit(f"flashstable prepare: {e}") from None
-  print(f"wrote {args.out_dir}/train.bin ({counts['train']} tokens) and val.bin ({counts['val']} tokens)")
+  print(
+    f"wrote {args.out_dir}/train.bin ({counts['train']} tokens) and val.bin ({counts['val']} tokens)"
+  )
   return 0
 
 
 def _meta(args):
   from jax_flashstable.results import run_meta
+
   return run_meta(args={k: v for k, v in vars(args).items() if k != "func"})
 
 
@@ -226,10 +262,15 @@ def _ints(text, option="value", low=None, command=""):
 
 
 def _deviation(args):
-  from jax_flashstable.lab.numerics_lab import (deviation_benchmark, deviation_headline, format_deviation,
-                                            plot_deviation)
+  from jax_flashstable.lab.numerics_lab import (
+    deviation_benchmark,
+    deviation_headline,
+    format_deviation,
+    plot_deviation,
+  )
   from jax_flashstable.results import write_results
   from pallas_kernels.policy import NUMERICS, check_tile
+
   seq_lens = _ints(args.seq_lens, "--seq-lens", 1, "deviation")
   head_dims = _ints(args.head_dims, "--head-dims", 1, "deviation")
   block_ks = _ints(args.block_ks, "--block-ks", 16, "deviation")
@@ -243,19 +284,35 @@ def _deviation(args):
   _out("deviation", args.out)
   rows = []
   for layout in layouts:
-    rows += deviation_benchmark(seq_lens, head_dims, tuple(dtypes), block_ks, num_heads=args.heads,
-                                seed=args.seed, layout=layout)
+    rows += deviation_benchmark(
+      seq_lens,
+      head_dims,
+      tuple(dtypes),
+      block_ks,
+      num_heads=args.heads,
+      seed=args.seed,
+      layout=layout,
+    )
   write_results(args.out, "deviation", rows, format_deviation(rows), _meta(args))
   print(f"plot: {plot_deviation(rows, os.path.join(args.out, 'deviation.png'))}")
   for layout, ratio in deviation_headline(rows).items():
-    print(f"headline [{layout}]: flash / standard max deviation at bf16 (geometric mean over the "
-          f"sweep) = {ratio:.2f} (Golden et al. 2024 report about 10x for their kernel)")
+    print(
+      f"headline [{layout}]: flash / standard max deviation at bf16 (geometric mean over the "
+      f"sweep) = {ratio:.2f} (Golden et al. 2024 report about 10x for their kernel)"
+    )
   return 0
 
 
 def _bias(args):
-  from jax_flashstable.lab.numerics_lab import bias_benchmark, bit_example, format_bias, plot_bias, tied_rows
+  from jax_flashstable.lab.numerics_lab import (
+    bias_benchmark,
+    bit_example,
+    format_bias,
+    plot_bias,
+    tied_rows,
+  )
   from jax_flashstable.results import write_results
+
   _out("bias", args.out)
   rows = bias_benchmark(tied_rows(num_rows=args.rows, seed=args.seed), seed=args.seed)
   write_results(args.out, "bias", rows, format_bias(rows), _meta(args))
@@ -263,7 +320,9 @@ def _bias(args):
   ex = bit_example()
   print("\nbit example (P̄V tile sum as rounded by each layout, read back from the kernel as O·l):")
   for layout, r in ex.items():
-    print(f"  {layout:>10}: ties+small {r['ties+small']['pv_sum']:+.6f}, ties alone {r['ties']['pv_sum']:+.6f}")
+    print(
+      f"  {layout:>10}: ties+small {r['ties+small']['pv_sum']:+.6f}, ties alone {r['ties']['pv_sum']:+.6f}"
+    )
   return 0
 
 
@@ -272,11 +331,13 @@ def _crosscheck(args):
     raise SystemExit(f"flashstable crosscheck: dump file not found: {args.dump}")
   from jax_flashstable.lab.dumpfile import load_dump
   from pallas_kernels.policy import NUMERICS, check_tile
+
   try:
     load_dump(args.dump, as_bits=True)
-  except Exception as e:                  # not a zip, not .npz, not our format: one line either way
-    raise SystemExit(f"flashstable crosscheck: {args.dump} is not a readable dump "
-                     f"({type(e).__name__}: {e})") from None
+  except Exception as e:  # not a zip, not .npz, not our format: one line either way
+    raise SystemExit(
+      f"flashstable crosscheck: {args.dump} is not a readable dump ({type(e).__name__}: {e})"
+    ) from None
   for name in ("block_q", "block_k"):
     if getattr(args, name) is not None:
       try:
@@ -287,8 +348,14 @@ def _crosscheck(args):
   _out("crosscheck", args.out)
   from jax_flashstable.lab.crosscheck import crosscheck, format_report
   from jax_flashstable.results import write_results
-  report = crosscheck(args.dump, numerics=args.numerics, stabilize=args.stabilize,
-                      block_q=args.block_q, block_k=args.block_k)
+
+  report = crosscheck(
+    args.dump,
+    numerics=args.numerics,
+    stabilize=args.stabilize,
+    block_q=args.block_q,
+    block_k=args.block_k,
+  )
   rows = [dict(tensor=name, **r) for name, r in report.items()]
   write_results(args.out, "crosscheck", rows, format_report(report), _meta(args))
   return 0
@@ -296,12 +363,16 @@ def _crosscheck(args):
 
 def _experiment(args):
   from jax_flashstable.experiment import instability as experiment
+
   if args.recipe not in experiment.RECIPES:
-    raise SystemExit(f"flashstable experiment: --recipe {args.recipe!r} is unknown; choose from "
-                     f"{sorted(experiment.RECIPES)}")
+    raise SystemExit(
+      f"flashstable experiment: --recipe {args.recipe!r} is unknown; choose from "
+      f"{sorted(experiment.RECIPES)}"
+    )
   base = _train_config(args, **experiment.RECIPES[args.recipe])
   from jax_flashstable.attention.config import split_specs
   from jax_flashstable.training.train import CheckpointError
+
   variants = split_specs(args.variants)
   seeds = _ints(args.seeds, "--seeds", 0, "experiment")
   _out("experiment", args.out)
@@ -317,12 +388,19 @@ def _experiment(args):
     if args.report_only or args.runs:
       rows = experiment.collect(args.out, base, args.layer)
     else:
-      rows = experiment.run_matrix(base, variants, seeds, args.out, tiles=args.tiles, layer=args.layer,
-                                   time_budget=args.time_budget)
+      rows = experiment.run_matrix(
+        base,
+        variants,
+        seeds,
+        args.out,
+        tiles=args.tiles,
+        layer=args.layer,
+        time_budget=args.time_budget,
+      )
   except (ValueError, FileNotFoundError, CheckpointError) as e:
     raise SystemExit(f"flashstable experiment: {e}") from None
   meta = _meta(args) | dict(recipe_name=args.recipe)
-  if args.report_only or args.runs:                      # the runs' devices, not this machine's
+  if args.report_only or args.runs:  # the runs' devices, not this machine's
     meta |= dict(report_made_on=meta.pop("device"), device=experiment.trained_on(args.out))
   path = experiment.write_report(args.out, rows, base, args.layer, meta)
   print(path.read_text())
@@ -336,9 +414,12 @@ def _crosscheck_train(args):
   import shlex
 
   from jax_flashstable.experiment import instability, twin
+
   if args.recipe not in instability.RECIPES:
-    raise SystemExit(f"flashstable crosscheck-train: unknown recipe {args.recipe!r}; choose from "
-                     f"{sorted(instability.RECIPES)}")
+    raise SystemExit(
+      f"flashstable crosscheck-train: unknown recipe {args.recipe!r}; choose from "
+      f"{sorted(instability.RECIPES)}"
+    )
   base = _train_config(args, **instability.RECIPES[args.recipe])
   seeds = _ints(args.seeds, "--seeds")
   report = args.side == "both" or args.report_only or args.runs
@@ -350,12 +431,27 @@ def _crosscheck_train(args):
         raise ValueError(f"--runs {args.runs!r}: no such file")
       instability.unpack_runs(args.runs, args.out)
     elif not args.report_only:
-      done = twin.run(base, pairs, seeds, args.out, side=args.side, tiles=args.tiles,
-                      layer=args.layer, time_budget=args.time_budget, null_steps=args.null_steps,
-                      torch_python=args.torch_python, torch_gpu=args.torch_gpu,
-                      torch_args=shlex.split(args.torch_args))
-    result = twin.collect(args.out, base, pairs, tiles=args.tiles, layer=args.layer,
-                          tolerance=args.tolerance) if report else None
+      done = twin.run(
+        base,
+        pairs,
+        seeds,
+        args.out,
+        side=args.side,
+        tiles=args.tiles,
+        layer=args.layer,
+        time_budget=args.time_budget,
+        null_steps=args.null_steps,
+        torch_python=args.torch_python,
+        torch_gpu=args.torch_gpu,
+        torch_args=shlex.split(args.torch_args),
+      )
+    result = (
+      twin.collect(
+        args.out, base, pairs, tiles=args.tiles, layer=args.layer, tolerance=args.tolerance
+      )
+      if report
+      else None
+    )
   except ValueError as e:
     raise SystemExit(f"flashstable crosscheck-train: {e}") from None
   if result is not None:
@@ -380,22 +476,35 @@ def _bench(args):
   from jax_flashstable.attention.config import split_specs
   from jax_flashstable.bench import suite, targets
   from jax_flashstable.lab.shapes import Shape
+
   _out("bench", args.out)
   if args.step_model is not None:
     from jax_flashstable.models.gpt2 import MODEL_PRESETS
+
     _choices("bench", "--step-model", args.step_model, sorted(MODEL_PRESETS))
   try:
     shapes = [Shape.parse(t) for t in args.shapes.split(";")] if args.shapes else None
     step = None
     if args.step_model or args.step_batch:
       step = targets.StepSetting.default(jax.default_backend() == "gpu")
-      step = dataclasses.replace(step, model=args.step_model or step.model,
-                                 batch_size=args.step_batch or step.batch_size)
-    return suite.run(args.out, shapes=shapes, names=split_specs(args.names or ""),
-                     warmup=args.warmup, reps=args.reps, pairs=args.overhead_pairs,
-                     overhead=split_specs(args.overhead), paired=split_specs(args.paired),
-                     paired_reference=args.paired_reference, hashes=args.hashes, meta=_meta(args),
-                     targets=args.targets, step=step)
+      step = dataclasses.replace(
+        step, model=args.step_model or step.model, batch_size=args.step_batch or step.batch_size
+      )
+    return suite.run(
+      args.out,
+      shapes=shapes,
+      names=split_specs(args.names or ""),
+      warmup=args.warmup,
+      reps=args.reps,
+      pairs=args.overhead_pairs,
+      overhead=split_specs(args.overhead),
+      paired=split_specs(args.paired),
+      paired_reference=args.paired_reference,
+      hashes=args.hashes,
+      meta=_meta(args),
+      targets=args.targets,
+      step=step,
+    )
   except ValueError as e:
     raise SystemExit(f"flashstable bench: {e}") from None
 
@@ -407,6 +516,7 @@ def _plot(args):
     raise SystemExit(f"flashstable plot: run folder {args.run_dir!r} {what}")
   _out("plot", args.run_dir, "RUN_DIR")
   from jax_flashstable.training.plot import plot_run
+
   print(f"wrote {plot_run(args.run_dir)}")
   return 0
 
@@ -423,13 +533,20 @@ def _renamed(p, flag, old, dest=None, **kw):
   """`flag` with `old` kept as a deprecated alias (hidden from --help)."""
   dest = dest or flag.lstrip("-").replace("-", "_")
   p.add_argument(flag, dest=dest, **kw)
-  p.add_argument(old, dest=dest, action=_RenamedFlag, metavar=flag, default=argparse.SUPPRESS,
-                 help=argparse.SUPPRESS)
+  p.add_argument(
+    old,
+    dest=dest,
+    action=_RenamedFlag,
+    metavar=flag,
+    default=argparse.SUPPRESS,
+    help=argparse.SUPPRESS,
+  )
 
 
 def build_parser():
-  ap = _Parser(prog="flashstable", description="BF16 flash attention numerics, "
-               "visible and verifiable.")
+  ap = _Parser(
+    prog="flashstable", description="BF16 flash attention numerics, visible and verifiable."
+  )
   sub = ap.add_subparsers(dest="command", required=True)
   p = sub.add_parser("accuracy", help="flash_attention vs the FP64 golden value on a fixed sweep")
   p.add_argument("--dtypes", default="bfloat16", help="comma-separated, e.g. bfloat16,float16")
@@ -439,138 +556,299 @@ def build_parser():
   p = sub.add_parser("train", help="train GPT-2 (Flax/Optax) with a per-layer attention choice")
   _add_train_options(p)
   p.set_defaults(func=_train)
-  p = sub.add_parser("compare", help="the main job: flash vs flash+compensation vs FP32 "
-                     "reference attention, same seed and data; report + PNG")
-  _add_train_options(p, skip=("attention",), defaults="default: the setting's (compare.SETTINGS: "
-                     "on a GPU the anchor-b128 key pair, on a CPU the tiny model)")
+  p = sub.add_parser(
+    "compare",
+    help="the main job: flash vs flash+compensation vs FP32 "
+    "reference attention, same seed and data; report + PNG",
+  )
+  _add_train_options(
+    p,
+    skip=("attention",),
+    defaults="default: the setting's (compare.SETTINGS: "
+    "on a GPU the anchor-b128 key pair, on a CPU the tiny model)",
+  )
   p.set_defaults(func=_compare)
-  p = sub.add_parser("deviation", help="max/mean |O − O_FP64| of flash vs standard attention "
-                     "(Golden et al. 2024)")
+  p = sub.add_parser(
+    "deviation", help="max/mean |O − O_FP64| of flash vs standard attention (Golden et al. 2024)"
+  )
   p.add_argument("--seq-lens", default="128,256,512")
   p.add_argument("--head-dims", default="64")
   p.add_argument("--dtypes", default="bfloat16,float16,float32")
   p.add_argument("--block-ks", default="64")
-  _renamed(p, "--numerics", "--layouts", default="fa2",
-           help="comma-separated precision layouts (pallas_kernels.policy.NUMERICS)")
+  _renamed(
+    p,
+    "--numerics",
+    "--layouts",
+    default="fa2",
+    help="comma-separated precision layouts (pallas_kernels.policy.NUMERICS)",
+  )
   p.add_argument("--heads", type=_count(1), default=2)
   p.add_argument("--seed", type=_count(0), default=0)
   p.add_argument("--out", default="runs/deviation")
   p.set_defaults(func=_deviation)
-  p = sub.add_parser("bias", help="signed error of O and delta on rows with tied maxima, every "
-                     "layout × stabilize (Qiu & Yao 2025), and the paper's bit example")
+  p = sub.add_parser(
+    "bias",
+    help="signed error of O and delta on rows with tied maxima, every "
+    "layout × stabilize (Qiu & Yao 2025), and the paper's bit example",
+  )
   p.add_argument("--rows", type=_count(1), default=512)
   p.add_argument("--seed", type=_count(0), default=0)
   p.add_argument("--out", default="runs/bias")
   p.set_defaults(func=_bias)
-  p = sub.add_parser("crosscheck", help="recompute a tensor dump (e.g. from PyTorch) with our "
-                     "kernels: %% bit-identical, ulp histogram, max and signed mean error")
+  p = sub.add_parser(
+    "crosscheck",
+    help="recompute a tensor dump (e.g. from PyTorch) with our "
+    "kernels: %% bit-identical, ulp histogram, max and signed mean error",
+  )
   p.add_argument("dump", help=".npz in the format of jax_flashstable/dumpfile.py")
   p.add_argument("--numerics", default="fa2")
-  p.add_argument("--stabilize", action=argparse.BooleanOptionalAction, default=None,
-                 help="default: the dump's attrs")
+  p.add_argument(
+    "--stabilize",
+    action=argparse.BooleanOptionalAction,
+    default=None,
+    help="default: the dump's attrs",
+  )
   p.add_argument("--block-q", type=_count(16), default=None)
   p.add_argument("--block-k", type=_count(16), default=None)
   p.add_argument("--out", default="runs/crosscheck")
   p.set_defaults(func=_crosscheck)
-  p = sub.add_parser("experiment", help="the BF16 loss-explosion experiment: attention variants "
-                     "× seeds on one recipe, resumable, with a report (Qiu & Yao 2025)")
+  p = sub.add_parser(
+    "experiment",
+    help="the BF16 loss-explosion experiment: attention variants "
+    "× seeds on one recipe, resumable, with a report (Qiu & Yao 2025)",
+  )
   p.add_argument("name", choices=["instability"])
-  p.add_argument("--recipe", default="anchor", help="anchor (GPT 6×384, the issue's H200 anchor) "
-                 "or tiny (CPU); any training option below overrides it")
-  _renamed(p, "--attention", "--variants", dest="variants", default="paper,paper+comp",
-           help="comma-separated variants: attention specs (PRESET[+MODIFIER...][:FIELD=VALUE,...], "
-           "e.g. paper, paper+comp, fa2, fa2+delta32+comp, cudnn (GPU only), reference-fp32), or "
-           "SPEC@layer (standard attention elsewhere, SPEC in the watched layer)")
-  p.add_argument("--seeds", default="0", help="comma-separated seeds (initialisation and data order)")
-  p.add_argument("--tiles", type=_count(16), default=512,
-                 help="the paper layout's block_q = block_k")
-  p.add_argument("--layer", type=_count(0), default=1, help="the watched layer (0-based); "
-                 "the @layer variants use flash there only")
-  p.add_argument("--time-budget", type=_non_negative, default=0.0,
-                 help="seconds of wall time for this invocation (0: none); unfinished runs "
-                 "resume from their last checkpoint next time")
-  p.add_argument("--report-only", action="store_true", help="train nothing; report every run "
-                 "folder under --out (e.g. after runs made by several processes)")
-  p.add_argument("--runs", default=None, help="report the runs of a --pack file (unpacked into "
-                 "--out), training nothing")
-  p.add_argument("--pack", default=None, help="after the report, write every run folder "
-                 "(no checkpoints) into this one .jsonl.xz file")
+  p.add_argument(
+    "--recipe",
+    default="anchor",
+    help="anchor (GPT 6×384, the issue's H200 anchor) "
+    "or tiny (CPU); any training option below overrides it",
+  )
+  _renamed(
+    p,
+    "--attention",
+    "--variants",
+    dest="variants",
+    default="paper,paper+comp",
+    help="comma-separated variants: attention specs (PRESET[+MODIFIER...][:FIELD=VALUE,...], "
+    "e.g. paper, paper+comp, fa2, fa2+delta32+comp, cudnn (GPU only), reference-fp32), or "
+    "SPEC@layer (standard attention elsewhere, SPEC in the watched layer)",
+  )
+  p.add_argument(
+    "--seeds", default="0", help="comma-separated seeds (initialisation and data order)"
+  )
+  p.add_argument(
+    "--tiles", type=_count(16), default=512, help="the paper layout's block_q = block_k"
+  )
+  p.add_argument(
+    "--layer",
+    type=_count(0),
+    default=1,
+    help="the watched layer (0-based); the @layer variants use flash there only",
+  )
+  p.add_argument(
+    "--time-budget",
+    type=_non_negative,
+    default=0.0,
+    help="seconds of wall time for this invocation (0: none); unfinished runs "
+    "resume from their last checkpoint next time",
+  )
+  p.add_argument(
+    "--report-only",
+    action="store_true",
+    help="train nothing; report every run "
+    "folder under --out (e.g. after runs made by several processes)",
+  )
+  p.add_argument(
+    "--runs",
+    default=None,
+    help="report the runs of a --pack file (unpacked into --out), training nothing",
+  )
+  p.add_argument(
+    "--pack",
+    default=None,
+    help="after the report, write every run folder (no checkpoints) into this one .jsonl.xz file",
+  )
   p.add_argument("--out", default="runs/instability")
-  _add_train_options(p, skip=("attention", "seed", "out_dir", "max_seconds"), layer_attention=False,
-                     defaults="default: the recipe's (experiment.RECIPES)")
+  _add_train_options(
+    p,
+    skip=("attention", "seed", "out_dir", "max_seconds"),
+    layer_attention=False,
+    defaults="default: the recipe's (experiment.RECIPES)",
+  )
   p.set_defaults(func=_experiment)
-  p = sub.add_parser("crosscheck-train", help="the training beside its PyTorch twin "
-                     "(torch_crosscheck/gpt_twin.py): same weights and batches, per-step loss "
-                     "difference, outcomes under the experiment's rules; report + PNG")
-  p.add_argument("--recipe", default="anchor-b128", help="one of experiment.RECIPES (tiny: CPU); "
-                 "any training option below overrides it")
-  p.add_argument("--pairs", default="reference-fp32,paper", help="comma-separated twin attentions "
-                 "(paired with their default JAX partner: reference-fp32, paper, paper+comp, "
-                 "sdpa-cudnn=cudnn, sdpa-flash=fa2) or TWIN=JAXSPEC (twin attentions: "
-                 "paper, paper+comp, reference-fp32, sdpa-flash, sdpa-efficient, sdpa-cudnn, "
-                 "sdpa-math; efficient and cudnn need CUDA)")
-  p.add_argument("--seeds", default="24", help="comma-separated seeds (initialisation and data "
-                 "order)")
-  p.add_argument("--tiles", type=int, default=512, help="the paper layout's block_q = block_k, "
-                 "both sides")
+  p = sub.add_parser(
+    "crosscheck-train",
+    help="the training beside its PyTorch twin "
+    "(torch_crosscheck/gpt_twin.py): same weights and batches, per-step loss "
+    "difference, outcomes under the experiment's rules; report + PNG",
+  )
+  p.add_argument(
+    "--recipe",
+    default="anchor-b128",
+    help="one of experiment.RECIPES (tiny: CPU); any training option below overrides it",
+  )
+  p.add_argument(
+    "--pairs",
+    default="reference-fp32,paper",
+    help="comma-separated twin attentions "
+    "(paired with their default JAX partner: reference-fp32, paper, paper+comp, "
+    "sdpa-cudnn=cudnn, sdpa-flash=fa2) or TWIN=JAXSPEC (twin attentions: "
+    "paper, paper+comp, reference-fp32, sdpa-flash, sdpa-efficient, sdpa-cudnn, "
+    "sdpa-math; efficient and cudnn need CUDA)",
+  )
+  p.add_argument(
+    "--seeds", default="24", help="comma-separated seeds (initialisation and data order)"
+  )
+  p.add_argument(
+    "--tiles", type=int, default=512, help="the paper layout's block_q = block_k, both sides"
+  )
   p.add_argument("--layer", type=int, default=1, help="the watched layer (runaway rule)")
-  p.add_argument("--side", choices=["both", "jax", "torch"], default="both", help="both: JAX in "
-                 "this process, the twin in subprocesses at the same time; jax / torch: one side "
-                 "only (e.g. one process per GPU), no report")
-  p.add_argument("--null-steps", type=int, default=0, help="also run the first N steps of each "
-                 "JAX run with every batch as two half-batches (the rounding-level baseline)")
-  p.add_argument("--tolerance", type=float, default=2.0 ** -8, help="relative |Δloss| within "
-                 "which the curves agree (default 2^-8: one bf16 ulp of the loss's scale)")
-  p.add_argument("--torch-python", default=None, help="the twin's interpreter (default "
-                 "$FLASHSTABLE_TORCH_PYTHON, else .torchvenv/bin/python if present, else this one)")
-  p.add_argument("--torch-gpu", default=None, help="CUDA_VISIBLE_DEVICES of the twin's "
-                 "processes (default: inherited)")
-  p.add_argument("--torch-args", default="", help="extra gpt_twin.py train options, e.g. "
-                 "'--threads 1' or '--compile off'")
-  p.add_argument("--time-budget", type=float, default=0.0, help="seconds of wall time (0: none); "
-                 "unfinished JAX runs resume from their checkpoint, twin runs start again")
-  p.add_argument("--report-only", action="store_true", help="train nothing; report the runs "
-                 "under --out")
-  p.add_argument("--runs", default=None, help="report the runs of a --pack file (unpacked into "
-                 "--out), training nothing")
-  p.add_argument("--pack", default=None, help="write every run (no checkpoints) into this one "
-                 ".jsonl.xz file")
+  p.add_argument(
+    "--side",
+    choices=["both", "jax", "torch"],
+    default="both",
+    help="both: JAX in "
+    "this process, the twin in subprocesses at the same time; jax / torch: one side "
+    "only (e.g. one process per GPU), no report",
+  )
+  p.add_argument(
+    "--null-steps",
+    type=int,
+    default=0,
+    help="also run the first N steps of each "
+    "JAX run with every batch as two half-batches (the rounding-level baseline)",
+  )
+  p.add_argument(
+    "--tolerance",
+    type=float,
+    default=2.0**-8,
+    help="relative |Δloss| within "
+    "which the curves agree (default 2^-8: one bf16 ulp of the loss's scale)",
+  )
+  p.add_argument(
+    "--torch-python",
+    default=None,
+    help="the twin's interpreter (default "
+    "$FLASHSTABLE_TORCH_PYTHON, else .torchvenv/bin/python if present, else this one)",
+  )
+  p.add_argument(
+    "--torch-gpu",
+    default=None,
+    help="CUDA_VISIBLE_DEVICES of the twin's processes (default: inherited)",
+  )
+  p.add_argument(
+    "--torch-args",
+    default="",
+    help="extra gpt_twin.py train options, e.g. '--threads 1' or '--compile off'",
+  )
+  p.add_argument(
+    "--time-budget",
+    type=float,
+    default=0.0,
+    help="seconds of wall time (0: none); "
+    "unfinished JAX runs resume from their checkpoint, twin runs start again",
+  )
+  p.add_argument(
+    "--report-only", action="store_true", help="train nothing; report the runs under --out"
+  )
+  p.add_argument(
+    "--runs",
+    default=None,
+    help="report the runs of a --pack file (unpacked into --out), training nothing",
+  )
+  p.add_argument(
+    "--pack", default=None, help="write every run (no checkpoints) into this one .jsonl.xz file"
+  )
   p.add_argument("--out", default="runs/twin")
-  _add_train_options(p, skip=("attention", "seed", "out_dir", "max_seconds"), layer_attention=False,
-                     defaults="default: the recipe's (experiment.RECIPES)")
+  _add_train_options(
+    p,
+    skip=("attention", "seed", "out_dir", "max_seconds"),
+    layer_attention=False,
+    defaults="default: the recipe's (experiment.RECIPES)",
+  )
   p.set_defaults(func=_crosscheck_train)
-  p = sub.add_parser("bench", help="fwd and fwd+bwd TFLOP/s of our kernels (layouts × "
-                     "compensation) next to cuDNN, XLA and torch SDPA; compensation overhead")
-  p.add_argument("--shapes", default=None, help="';'-separated batch,len,heads,kv_heads,head_dim,"
-                 "causal (default: 1k–16k, d64/128, causal and not, GQA on a GPU; small on CPU)")
-  _renamed(p, "--attention", "--impls", dest="names", default=None,
-           help="comma-separated: attention specs (PRESET[+MODIFIER...][:FIELD=VALUE,...], e.g. "
-           "fa2, paper+comp, fa2+comp+mgpu:block_k=128, xla, cudnn), pallas-mgpu, torch-flash, "
-           "torch-cudnn, torch-efficient, torch-math (cudnn, pallas-mgpu and torch-*: GPU only)")
+  p = sub.add_parser(
+    "bench",
+    help="fwd and fwd+bwd TFLOP/s of our kernels (layouts × "
+    "compensation) next to cuDNN, XLA and torch SDPA; compensation overhead",
+  )
+  p.add_argument(
+    "--shapes",
+    default=None,
+    help="';'-separated batch,len,heads,kv_heads,head_dim,"
+    "causal (default: 1k–16k, d64/128, causal and not, GQA on a GPU; small on CPU)",
+  )
+  _renamed(
+    p,
+    "--attention",
+    "--impls",
+    dest="names",
+    default=None,
+    help="comma-separated: attention specs (PRESET[+MODIFIER...][:FIELD=VALUE,...], e.g. "
+    "fa2, paper+comp, fa2+comp+mgpu:block_k=128, xla, cudnn), pallas-mgpu, torch-flash, "
+    "torch-cudnn, torch-efficient, torch-math (cudnn, pallas-mgpu and torch-*: GPU only)",
+  )
   p.add_argument("--warmup", type=_count(0), default=3)
   p.add_argument("--reps", type=_count(1), default=20)
-  p.add_argument("--overhead-pairs", type=_count(0), default=20,
-                 help="interleaved pairs for the compensation overhead (0: skip)")
-  _renamed(p, "--paired", "--paired-impls", default="", help="comma-separated implementations "
-           "whose speed relative to --paired-reference is measured in --overhead-pairs "
-           "interleaved pairs on the first shape (a same-moment ratio)")
-  p.add_argument("--paired-reference", default="cudnn",
-                 help="the reference of --paired (cudnn: GPU only; on CPU name e.g. xla)")
-  _renamed(p, "--overhead", "--overhead-layouts", default="fa2", help="comma-separated attention "
-           "specs of our kernels whose compensation overhead (against SPEC+comp) is measured, "
-           "e.g. fa2,fa2+mgpu:block_k=128")
-  p.add_argument("--hashes", action=argparse.BooleanOptionalAction, default=True,
-                 help="record the golden output hashes of every layout")
-  p.add_argument("--targets", nargs="?", const="fa2+comp", default=None, metavar="SPEC",
-                 help="judge SPEC (default fa2+comp) against the speed targets (forward ≥ 0.95× "
-                 "and forward+backward ≥ 0.80× --paired-reference, ahead of pallas-mgpu, "
-                 "compensation overhead ≤ 3%% / 1%%, training step): shapes default to the "
-                 "headline b4×4096×16×d128 non-causal and causal on a GPU; a 'targets' table "
-                 "closes bench.md")
-  p.add_argument("--step-model", default=None, help="with --targets: the training-step model "
-                 "(default gpt2-small on a GPU, tiny on a CPU)")
-  p.add_argument("--step-batch", type=_count(1), default=None, help="with --targets: its global "
-                 "batch (default 16 on a GPU, 2 on a CPU)")
+  p.add_argument(
+    "--overhead-pairs",
+    type=_count(0),
+    default=20,
+    help="interleaved pairs for the compensation overhead (0: skip)",
+  )
+  _renamed(
+    p,
+    "--paired",
+    "--paired-impls",
+    default="",
+    help="comma-separated implementations "
+    "whose speed relative to --paired-reference is measured in --overhead-pairs "
+    "interleaved pairs on the first shape (a same-moment ratio)",
+  )
+  p.add_argument(
+    "--paired-reference",
+    default="cudnn",
+    help="the reference of --paired (cudnn: GPU only; on CPU name e.g. xla)",
+  )
+  _renamed(
+    p,
+    "--overhead",
+    "--overhead-layouts",
+    default="fa2",
+    help="comma-separated attention "
+    "specs of our kernels whose compensation overhead (against SPEC+comp) is measured, "
+    "e.g. fa2,fa2+mgpu:block_k=128",
+  )
+  p.add_argument(
+    "--hashes",
+    action=argparse.BooleanOptionalAction,
+    default=True,
+    help="record the golden output hashes of every layout",
+  )
+  p.add_argument(
+    "--targets",
+    nargs="?",
+    const="fa2+comp",
+    default=None,
+    metavar="SPEC",
+    help="judge SPEC (default fa2+comp) against the speed targets (forward ≥ 0.95× "
+    "and forward+backward ≥ 0.80× --paired-reference, ahead of pallas-mgpu, "
+    "compensation overhead ≤ 3%% / 1%%, training step): shapes default to the "
+    "headline b4×4096×16×d128 non-causal and causal on a GPU; a 'targets' table "
+    "closes bench.md",
+  )
+  p.add_argument(
+    "--step-model",
+    default=None,
+    help="with --targets: the training-step model (default gpt2-small on a GPU, tiny on a CPU)",
+  )
+  p.add_argument(
+    "--step-batch",
+    type=_count(1),
+    default=None,
+    help="with --targets: its global batch (default 16 on a GPU, 2 on a CPU)",
+  )
   p.add_argument("--out", default="runs/bench")
   p.set_defaults(func=_bench)
   p = sub.add_parser("plot", help="draw loss, grad norm and diagnostics of a training run")
@@ -579,8 +857,9 @@ def build_parser():
   p = sub.add_parser("prepare", help="tokenize a folder of text files into train.bin/val.bin")
   p.add_argument("text_dir")
   p.add_argument("out_dir")
-  p.add_argument("--val-every", type=_count(1), default=100,
-                 help="document i goes to val if i %% N == 0")
+  p.add_argument(
+    "--val-every", type=_count(1), default=100, help="document i goes to val if i %% N == 0"
+  )
   p.set_defaults(func=_prepare)
   return ap
 
@@ -590,9 +869,10 @@ def main(argv=None):
   message (`flashstable <command>: ...`); `console_main` prints it."""
   args = build_parser().parse_args(argv)
   from jax_flashstable.training.config import ConfigError
+
   try:
     return args.func(args)
-  except ConfigError as e:               # a TrainConfig value, name or path (TrainConfig.validate)
+  except ConfigError as e:  # a TrainConfig value, name or path (TrainConfig.validate)
     raise SystemExit(f"flashstable {args.command}: {e}") from None
 
 

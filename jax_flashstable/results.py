@@ -1,4 +1,5 @@
 """Writing measured results: one JSON (rows + metadata) and one markdown table per benchmark."""
+
 from __future__ import annotations
 
 import datetime
@@ -9,9 +10,14 @@ import os
 def run_meta(**extra) -> dict:
   """Date, device and JAX version of this run, plus `extra`."""
   import jax
+
   dev = jax.devices()[0]
-  return dict(date=datetime.date.today().isoformat(),
-              device=getattr(dev, "device_kind", dev.platform), jax=jax.__version__, **extra)
+  return dict(
+    date=datetime.date.today().isoformat(),
+    device=getattr(dev, "device_kind", dev.platform),
+    jax=jax.__version__,
+    **extra,
+  )
 
 
 def write_results(out_dir, name, rows, table, meta) -> None:

@@ -6,6 +6,7 @@ Everything a kernel decides for itself lives here or beside the kernel, not in t
 stages, the Mosaic GPU forward's key tile and speed options (`forward_mgpu.MosaicGPUOptions`),
 head_dim padding.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,30 +21,37 @@ from pallas_kernels.backward import flash_backward
 from pallas_kernels.backward_mgpu import flash_backward_mgpu
 from pallas_kernels.forward import flash_forward
 from pallas_kernels.forward_mgpu import MosaicGPUOptions, flash_forward_mgpu
-from pallas_kernels.policy import (BACKENDS, TIE_METHODS, BlockSizes, Compensation, Numerics,
-                                   next_power_of_2)
+from pallas_kernels.policy import (
+  BACKENDS,
+  TIE_METHODS,
+  BlockSizes,
+  Compensation,
+  Numerics,
+  next_power_of_2,
+)
 
 
 @dataclasses.dataclass(frozen=True)
 class KernelConfig:
   """Everything static about one call (hashable: it is a jit/custom_vjp static argument)."""
+
   softmax_scale: float
   causal: bool
-  q_len: int          # unpadded lengths; the kernels mask beyond them
+  q_len: int  # unpadded lengths; the kernels mask beyond them
   kv_len: int
   blocks: BlockSizes
   numerics: Numerics
   compensation: Compensation | None
   interpret: bool
   return_stats: bool = False
-  num_warps: int | None = None        # forward kernel
-  num_stages: int | None = None      # Triton pipeline stages; mosaic_gpu: K/V tiles in flight
-  num_warps_bwd: int | None = None    # the two backward kernels
+  num_warps: int | None = None  # forward kernel
+  num_stages: int | None = None  # Triton pipeline stages; mosaic_gpu: K/V tiles in flight
+  num_warps_bwd: int | None = None  # the two backward kernels
   num_stages_bwd: int | None = None
-  backend: str = "triton"             # forward kernel: "triton" or "mosaic_gpu" (Hopper);
-                                      # never "auto" here (`choose_backend` resolved it)
-  mgpu: MosaicGPUOptions = MosaicGPUOptions()   # the Mosaic GPU forward's speed options
-  backend_bwd: str = "triton"         # backward kernels: "triton" or "mosaic_gpu"
+  backend: str = "triton"  # forward kernel: "triton" or "mosaic_gpu" (Hopper);
+  # never "auto" here (`choose_backend` resolved it)
+  mgpu: MosaicGPUOptions = MosaicGPUOptions()  # the Mosaic GPU forward's speed options
+  backend_bwd: str = "triton"  # backward kernels: "triton" or "mosaic_gpu"
   # The compensation's tie rule (speed only, the same decisions): "top2", from the row's two
   # largest scores in one reduction (`pallas_kernels.top2`), or "count", the max then a count
   # of the scores within tol of it (a second reduction); both forwards.
@@ -55,14 +63,26 @@ class KernelConfig:
 
   def compiler_params(self, backward=False):
     from jax.experimental.pallas import triton as plgpu
+
     if backward:
       return plgpu.CompilerParams(num_warps=self.num_warps_bwd, num_stages=self.num_stages_bwd)
     return plgpu.CompilerParams(num_warps=self.num_warps, num_stages=self.num_stages)
 
 
-def supported(backend: str, *, numerics, block_k=None, head_dim=None, dtype=None,
-              return_stats=False, num_stages=None, delta_float32=False,
-              center_keys=False, backward=False, group=None) -> str | None:
+def supported(
+  backend: str,
+  *,
+  numerics,
+  block_k=None,
+  head_dim=None,
+  dtype=None,
+  return_stats=False,
+  num_stages=None,
+  delta_float32=False,
+  center_keys=False,
+  backward=False,
+  group=None,
+) -> str | None:
   """Why `backend` cannot run a call with these settings, or None when it can (or when the
   arguments left None could still make it). The one statement of each backend's limits:
   `AttentionConfig` asks it with what a config knows, `kernel_config` with the whole call.
@@ -76,21 +96,44 @@ def supported(backend: str, *, numerics, block_k=None, head_dim=None, dtype=None
   elsewhere (`kernel_config`).
   """
   name = numerics.name if isinstance(numerics, Numerics) else numerics
-  if backend in ("triton", "auto"):      # auto falls back to Triton (`choose_backend`)
+  if backend in ("triton", "auto"):  # auto falls back to Triton (`choose_backend`)
     return None
   if backend == "mosaic_gpu" and backward:
-    return backward_mgpu.supported(numerics=name, head_dim=head_dim, dtype=dtype,
-                                   num_stages=num_stages, group=group, center_keys=center_keys)
+    return backward_mgpu.supported(
+      numerics=name,
+      head_dim=head_dim,
+      dtype=dtype,
+      num_stages=num_stages,
+      group=group,
+      center_keys=center_keys,
+    )
   if backend == "mosaic_gpu":
-    return forward_mgpu.supported(numerics=name, block_k=block_k, head_dim=head_dim, dtype=dtype,
-                                  return_stats=return_stats, num_stages=num_stages,
-                                  delta_float32=delta_float32)
+    return forward_mgpu.supported(
+      numerics=name,
+      block_k=block_k,
+      head_dim=head_dim,
+      dtype=dtype,
+      return_stats=return_stats,
+      num_stages=num_stages,
+      delta_float32=delta_float32,
+    )
   return f"backend={backend!r} (one of {', '.join(BACKENDS)})"
 
 
-def choose_backend(backend: str, *, numerics, block_k=None, head_dim=None, dtype=None,
-                   return_stats=False, num_stages=None, delta_float32=False, center_keys=False,
-                   causal=False, interpret=False) -> str:
+def choose_backend(
+  backend: str,
+  *,
+  numerics,
+  block_k=None,
+  head_dim=None,
+  dtype=None,
+  return_stats=False,
+  num_stages=None,
+  delta_float32=False,
+  center_keys=False,
+  causal=False,
+  interpret=False,
+) -> str:
   """The forward kernel a call gets: `backend` itself unless it is "auto"; for "auto" the
   Mosaic GPU forward when all of these hold, else the Triton one:
   - not interpret mode (on a CPU, auto is Triton in interpret mode: the CPU's numerics and
@@ -108,19 +151,46 @@ def choose_backend(backend: str, *, numerics, block_k=None, head_dim=None, dtype
     return backend
   if interpret or not forward_mgpu.on_hopper():
     return "triton"
-  if supported("mosaic_gpu", numerics=numerics, block_k=block_k, head_dim=head_dim, dtype=dtype,
-               return_stats=return_stats, num_stages=num_stages, delta_float32=delta_float32,
-               center_keys=center_keys) is not None:
+  if (
+    supported(
+      "mosaic_gpu",
+      numerics=numerics,
+      block_k=block_k,
+      head_dim=head_dim,
+      dtype=dtype,
+      return_stats=return_stats,
+      num_stages=num_stages,
+      delta_float32=delta_float32,
+      center_keys=center_keys,
+    )
+    is not None
+  ):
     return "triton"
   if causal and forward_mgpu.causal_miscompiled() is not None:
     return "triton"
   return "mosaic_gpu"
 
 
-def kernel_config(*, q_len, kv_len, head_dim, dtype, softmax_scale, causal, numerics: Numerics,
-                  compensation, block_q=None, block_k=None, interpret, return_stats=False,
-                  num_warps=None, num_stages=None, backend="auto",
-                  mgpu_options: MosaicGPUOptions | None = None, group=1) -> KernelConfig:
+def kernel_config(
+  *,
+  q_len,
+  kv_len,
+  head_dim,
+  dtype,
+  softmax_scale,
+  causal,
+  numerics: Numerics,
+  compensation,
+  block_q=None,
+  block_k=None,
+  interpret,
+  return_stats=False,
+  num_warps=None,
+  num_stages=None,
+  backend="auto",
+  mgpu_options: MosaicGPUOptions | None = None,
+  group=1,
+) -> KernelConfig:
   """The `KernelConfig` of one call, with every launch heuristic applied:
 
   - tiles: `BlockSizes.default` (the numerics' tiles; the paper layout's backward uses the
@@ -144,31 +214,71 @@ def kernel_config(*, q_len, kv_len, head_dim, dtype, softmax_scale, causal, nume
   fitted_mgpu = dataclasses.replace(fitted, block_k=max(fitted.block_k, min(blocks.block_k, 64)))
   padded_head_dim = max(16, next_power_of_2(head_dim))
   stages = num_stages if num_stages is not None else 2
-  backend = choose_backend(backend, numerics=numerics, block_k=fitted_mgpu.block_k,
-                           head_dim=padded_head_dim, dtype=dtype, return_stats=return_stats,
-                           num_stages=stages, delta_float32=numerics.delta_float32,
-                           center_keys=numerics.center_keys, causal=causal, interpret=interpret)
+  backend = choose_backend(
+    backend,
+    numerics=numerics,
+    block_k=fitted_mgpu.block_k,
+    head_dim=padded_head_dim,
+    dtype=dtype,
+    return_stats=return_stats,
+    num_stages=stages,
+    delta_float32=numerics.delta_float32,
+    center_keys=numerics.center_keys,
+    causal=causal,
+    interpret=interpret,
+  )
   if backend == "mosaic_gpu":
     fitted = fitted_mgpu
-  why = supported(backend, numerics=numerics, block_k=fitted.block_k, head_dim=padded_head_dim,
-                  dtype=dtype, return_stats=return_stats, num_stages=stages,
-                  delta_float32=numerics.delta_float32, center_keys=numerics.center_keys)
+  why = supported(
+    backend,
+    numerics=numerics,
+    block_k=fitted.block_k,
+    head_dim=padded_head_dim,
+    dtype=dtype,
+    return_stats=return_stats,
+    num_stages=stages,
+    delta_float32=numerics.delta_float32,
+    center_keys=numerics.center_keys,
+  )
   if why is not None:
-    given = f" (query.shape[3] = {head_dim})" if padded_head_dim != head_dim and "head_dim" in why else ""
+    given = (
+      f" (query.shape[3] = {head_dim})" if padded_head_dim != head_dim and "head_dim" in why else ""
+    )
     raise ValueError(f"backend={backend!r} does not support {why}{given}")
   backend_bwd = "triton"
-  if backend == "mosaic_gpu" and supported(
-      "mosaic_gpu", backward=True, numerics=numerics, head_dim=padded_head_dim, dtype=dtype,
-      num_stages=2, group=group, center_keys=numerics.center_keys) is None:
+  if (
+    backend == "mosaic_gpu"
+    and supported(
+      "mosaic_gpu",
+      backward=True,
+      numerics=numerics,
+      head_dim=padded_head_dim,
+      dtype=dtype,
+      num_stages=2,
+      group=group,
+      center_keys=numerics.center_keys,
+    )
+    is None
+  ):
     backend_bwd = "mosaic_gpu"
   return KernelConfig(
-      softmax_scale=softmax_scale, causal=bool(causal), q_len=q_len, kv_len=kv_len,
-      blocks=fitted, numerics=numerics, compensation=compensation, interpret=bool(interpret),
-      return_stats=bool(return_stats),
-      num_warps=num_warps if num_warps is not None else (4 if head_dim <= 64 else 8),
-      num_stages=stages, num_warps_bwd=4, num_stages_bwd=2, backend=backend,
-      mgpu=mgpu_options if mgpu_options is not None else MosaicGPUOptions(),
-      backend_bwd=backend_bwd)
+    softmax_scale=softmax_scale,
+    causal=bool(causal),
+    q_len=q_len,
+    kv_len=kv_len,
+    blocks=fitted,
+    numerics=numerics,
+    compensation=compensation,
+    interpret=bool(interpret),
+    return_stats=bool(return_stats),
+    num_warps=num_warps if num_warps is not None else (4 if head_dim <= 64 else 8),
+    num_stages=stages,
+    num_warps_bwd=4,
+    num_stages_bwd=2,
+    backend=backend,
+    mgpu=mgpu_options if mgpu_options is not None else MosaicGPUOptions(),
+    backend_bwd=backend_bwd,
+  )
 
 
 def _pad_axis(x, axis, size):
@@ -191,7 +301,7 @@ def _flash_fwd(q, k, v, seeds, cfg):
     out, m, log_l, stats, o32 = flash_forward_mgpu(q, k, v, cfg)
   else:
     out, m, log_l, stats, o32 = flash_forward(q, k, v, cfg, seeds)
-  stats = (m + log_l, m) + stats if cfg.return_stats else ()        # lse, row_max, max_p, tied
+  stats = (m + log_l, m) + stats if cfg.return_stats else ()  # lse, row_max, max_p, tied
   # delta's O: the output as returned, or the float32 O (delta_float32)
   return (out, stats), (q, k, v, seeds, out if o32 is None else o32, m, log_l)
 

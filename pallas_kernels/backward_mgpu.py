@@ -35,6 +35,7 @@ fused accumulation and the early read of S are tested on the GPU only.
 Tiles: 64 rows per warpgroup; dK/dV takes query tiles of `DKV_BLOCK_Q`, dQ key tiles of
 `DQ_BLOCK_K`; in fa2 and fp32_out they change float32 summation order only.
 """
+
 from __future__ import annotations
 
 import jax
@@ -46,16 +47,16 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from pallas_kernels.forward_mgpu import smem_transforms, visited_key_tiles
 from pallas_kernels.policy import MOSAIC_GPU_NUMERICS as NUMERICS
 
-ROWS = 64                 # wgmma's M: rows per compute warpgroup
+ROWS = 64  # wgmma's M: rows per compute warpgroup
 COMPUTE_WGS = 2
-DKV_BLOCK_Q = 64          # dK/dV: query rows per step
-DQ_BLOCK_K = 64           # dQ: keys per step
-MAX_HEAD_DIM = 128        # dK and dV accumulators: 2 × 64 × head_dim float32 per warpgroup
+DKV_BLOCK_Q = 64  # dK/dV: query rows per step
+DQ_BLOCK_K = 64  # dQ: keys per step
+MAX_HEAD_DIM = 128  # dK and dV accumulators: 2 × 64 × head_dim float32 per warpgroup
 # Registers per thread (setmaxnreg), FlashAttention-3's split: 2 × 128 × 240 + 128 × 24 ≤ 64 Ki.
 # At head_dim 128 a dK/dV thread holds dK and dV (128), the Sᵀ or Pᵀ and dPᵀ tiles (2 × 32),
 # Pᵀ and dSᵀ in 16 bits (2 × 16) and its 16 query columns of m, log l and delta.
 COMPUTE_REGISTERS, PRODUCER_REGISTERS = 240, 24
-SMEM_BYTES = 227 * 1024 - 3 * 1024      # as `forward_mgpu.SMEM_BYTES`
+SMEM_BYTES = 227 * 1024 - 3 * 1024  # as `forward_mgpu.SMEM_BYTES`
 
 
 def smem_bytes(head_dim: int, stages: int, group: int = 1, center_keys: bool = False) -> int:
@@ -63,16 +64,20 @@ def smem_bytes(head_dim: int, stages: int, group: int = 1, center_keys: bool = F
   of Q, dO and the rows' statistics, and (grouped heads: float32 partials) a float32 output
   tile per warpgroup; dQ holds each warpgroup's Q and dO and a ring of K, V (and the centred
   keys)."""
-  dkv = (COMPUTE_WGS * ROWS * head_dim * 2 * 2
-         + stages * DKV_BLOCK_Q * (head_dim * 2 * 2 + 3 * 4)
-         + (COMPUTE_WGS * ROWS * head_dim * 4 if group > 1 else 0))
-  dq = (COMPUTE_WGS * ROWS * (head_dim * 2 * 2 + 3 * 4)
-        + stages * DQ_BLOCK_K * head_dim * 2 * (3 if center_keys else 2))
+  dkv = (
+    COMPUTE_WGS * ROWS * head_dim * 2 * 2
+    + stages * DKV_BLOCK_Q * (head_dim * 2 * 2 + 3 * 4)
+    + (COMPUTE_WGS * ROWS * head_dim * 4 if group > 1 else 0)
+  )
+  dq = COMPUTE_WGS * ROWS * (head_dim * 2 * 2 + 3 * 4) + stages * DQ_BLOCK_K * head_dim * 2 * (
+    3 if center_keys else 2
+  )
   return max(dkv, dq)
 
 
-def supported(*, numerics: str, head_dim=None, dtype=None, num_stages=None, group=None,
-              center_keys=False) -> str | None:
+def supported(
+  *, numerics: str, head_dim=None, dtype=None, num_stages=None, group=None, center_keys=False
+) -> str | None:
   """Why the Mosaic GPU backward cannot run a call (None when it can, or when the arguments
   left None could still make it); head_dim is the padded one, group = num_heads //
   num_kv_heads. It runs after the Mosaic GPU forward (`attention.kernel_config`; else the
@@ -84,21 +89,27 @@ def supported(*, numerics: str, head_dim=None, dtype=None, num_stages=None, grou
   if dtype is not None and jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16):
     return f"dtype={jnp.dtype(dtype)} (the Mosaic GPU backward needs bfloat16 or float16)"
   if head_dim is not None and not (32 <= head_dim <= MAX_HEAD_DIM):
-    return (f"head_dim={head_dim} after padding (the Mosaic GPU backward keeps dK and dV, "
-            f"2 × 64 × head_dim float32, in registers: head_dim 32–{MAX_HEAD_DIM})")
+    return (
+      f"head_dim={head_dim} after padding (the Mosaic GPU backward keeps dK and dV, "
+      f"2 × 64 × head_dim float32, in registers: head_dim 32–{MAX_HEAD_DIM})"
+    )
   if None not in (head_dim, num_stages):
     need = smem_bytes(head_dim, num_stages, group or 1, center_keys)
     if need > SMEM_BYTES:
-      return (f"num_stages={num_stages} at head_dim={head_dim}: the Mosaic GPU backward needs "
-              f"{need / 1024:.1f} KiB of shared memory, more than {SMEM_BYTES / 1024:.0f} KiB")
+      return (
+        f"num_stages={num_stages} at head_dim={head_dim}: the Mosaic GPU backward needs "
+        f"{need / 1024:.1f} KiB of shared memory, more than {SMEM_BYTES / 1024:.0f} KiB"
+      )
   return None
 
 
 def _acc_dot(a, b, shape):
   """a @ b into a fresh float32 accumulator, read back (waits for it)."""
+
   def run(acc_ref):
     plgpu.wgmma(acc_ref, a, b)
     return acc_ref[...]
+
   return pl.run_scoped(run, plgpu.ACC(shape, jnp.float32))
 
 
@@ -106,6 +117,7 @@ def _interpret_params(cfg):
   if not cfg.interpret:
     return None
   from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+
   return InterpretGPUParams()
 
 
@@ -157,9 +169,10 @@ def _producer(n_steps, stages, free, load):
   def _load(t):
     slot = lax.rem(t, jnp.int32(stages))
 
-    @pl.when(t >= stages)                   # the slot's previous tile must be consumed first
+    @pl.when(t >= stages)  # the slot's previous tile must be consumed first
     def _():
       plgpu.barrier_wait(free.at[slot])
+
     load(t, slot)
 
   @pl.loop(jnp.maximum(n_steps - stages, 0), n_steps)
@@ -169,8 +182,10 @@ def _producer(n_steps, stages, free, load):
 
 # --- dK, dV ---------------------------------------------------------------------------------
 
-def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, dk_ref, dv_ref, scoped, *, cfg, n_q,
-                group, stages):
+
+def _dkv_kernel(
+  q_ref, k_ref, v_ref, do_ref, rows_ref, dk_ref, dv_ref, scoped, *, cfg, n_q, group, stages
+):
   numerics, dtype, scale, bq = cfg.numerics, q_ref.dtype, cfg.softmax_scale, DKV_BLOCK_Q
   smem, barriers = scoped
   k_smem2, v_smem2, q_smem, do_smem, rows_smem, out_smem2, p_smem2, ds_smem2 = smem
@@ -195,12 +210,13 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, dk_ref, dv_ref, scoped, *
     plgpu.barrier_wait(v_ready.at[wg])
     d = k_smem.shape[-1]
     tile = (ROWS, bq)
-    col = plgpu.Layout.WGMMA.reduce(0)             # a per-query vector along the columns
+    col = plgpu.Layout.WGMMA.reduce(0)  # a per-query vector along the columns
 
     def elementwise(s, dp, slot, i, masked):
       """Pᵀ and dSᵀ (keys × queries) of one step, rounded for their products."""
-      m, log_l, delta = (lax.broadcast_in_dim(_row_slice(rows_smem.at[slot], r, col), tile, [1])
-                         for r in range(3))
+      m, log_l, delta = (
+        lax.broadcast_in_dim(_row_slice(rows_smem.at[slot], r, col), tile, [1]) for r in range(3)
+      )
       valid = _valid(i * bq + _iota(tile, 1), key0 + _iota(tile, 0), cfg, True) if masked else None
       p, ds = _probs_and_dscores(s, dp, m, log_l, delta, cfg, valid)
       return numerics.round_p(p, dtype), numerics.round_ds(ds, dtype)
@@ -211,23 +227,26 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, dk_ref, dv_ref, scoped, *
       slot = lax.rem(t, jnp.int32(stages))
       q_slot, do_slot = q_smem.at[slot], do_smem.at[slot]
       if fused:
+
         def products(refs):
           dk_acc, dv_acc = refs
 
           def scoped_step(s_acc, dp_acc):
             plgpu.barrier_wait(q_ready.at[slot])
-            plgpu.wgmma(s_acc, k_smem, q_slot.transpose((1, 0)))        # Sᵀ = K Qᵀ
+            plgpu.wgmma(s_acc, k_smem, q_slot.transpose((1, 0)))  # Sᵀ = K Qᵀ
             plgpu.barrier_wait(do_ready.at[slot])
-            plgpu.wgmma(dp_acc, v_smem, do_slot.transpose((1, 0)))      # dPᵀ = V dOᵀ
+            plgpu.wgmma(dp_acc, v_smem, do_slot.transpose((1, 0)))  # dPᵀ = V dOᵀ
             plgpu.barrier_wait(rows_ready.at[slot])
-            s = plgpu.wgmma_accumulator_load(s_acc, wait_n=1)           # while dPᵀ runs
+            s = plgpu.wgmma_accumulator_load(s_acc, wait_n=1)  # while dPᵀ runs
             dp = dp_acc[...]
             p_in, ds_in = elementwise(s, dp, slot, i, masked)
-            plgpu.wgmma(dv_acc, p_in, do_slot)                          # dV += Pᵀ dO
-            plgpu.wgmma(dk_acc, ds_in, q_slot)                          # dK += dSᵀ Q
+            plgpu.wgmma(dv_acc, p_in, do_slot)  # dV += Pᵀ dO
+            plgpu.wgmma(dk_acc, ds_in, q_slot)  # dK += dSᵀ Q
+
           pl.run_scoped(scoped_step, plgpu.ACC(tile, jnp.float32), plgpu.ACC(tile, jnp.float32))
+
         dk, dv = pl.run_state(products)((plgpu.ACC.init(dk), plgpu.ACC.init(dv)))
-      else:                      # interpret mode: operands from shared memory, fresh accumulators
+      else:  # interpret mode: operands from shared memory, fresh accumulators
         plgpu.barrier_wait(q_ready.at[slot])
         plgpu.barrier_wait(do_ready.at[slot])
         plgpu.barrier_wait(rows_ready.at[slot])
@@ -245,7 +264,7 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, dk_ref, dv_ref, scoped, *
 
     # Steps [0, a) and [b, n_steps) need the mask (the causal diagonal; padded queries in the
     # last tile); [a, b) do not, unless this warpgroup has padded keys.
-    diagonal_end = (pl.cdiv(key0 + ROWS - 1, jnp.int32(bq)) if cfg.causal else first)
+    diagonal_end = pl.cdiv(key0 + ROWS - 1, jnp.int32(bq)) if cfg.causal else first
     a = jnp.clip(diagonal_end - first, 0, n_steps)
     b = jnp.clip(jnp.int32(cfg.q_len // bq) - first, a, n_steps)
     b = jnp.where(key0 + ROWS > cfg.kv_len, a, b)
@@ -258,10 +277,10 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, dk_ref, dv_ref, scoped, *
     dk = numerics.round_grad(dk, scale, out_dtype)
     dv = numerics.round_grad(dv, scale, out_dtype, scaled=False)
     rows_out = (batch, pl.ds(key0, ROWS), head)
-    if out_smem2 is None:                # a 2-byte dK, dV: K's and V's buffers are free now
+    if out_smem2 is None:  # a 2-byte dK, dV: K's and V's buffers are free now
       _store(k_smem, dk, dk_ref.at[rows_out])
       _store(v_smem, dv, dv_ref.at[rows_out])
-    else:                                # float32 partials (grouped heads): one buffer in turn
+    else:  # float32 partials (grouped heads): one buffer in turn
       _store(out_smem2.at[wg], dk, dk_ref.at[rows_out])
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)
       _store(out_smem2.at[wg], dv, dv_ref.at[rows_out])
@@ -273,8 +292,10 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, dk_ref, dv_ref, scoped, *
       rows = pl.ds((first + t) * bq, bq)
       plgpu.copy_gmem_to_smem(q_ref.at[batch, rows, head], q_smem.at[slot], q_ready.at[slot])
       plgpu.copy_gmem_to_smem(do_ref.at[batch, rows, head], do_smem.at[slot], do_ready.at[slot])
-      plgpu.copy_gmem_to_smem(rows_ref.at[batch, head, :, rows], rows_smem.at[slot],
-                              rows_ready.at[slot])
+      plgpu.copy_gmem_to_smem(
+        rows_ref.at[batch, head, :, rows], rows_smem.at[slot], rows_ready.at[slot]
+      )
+
     _producer(n_steps, stages, free, load)
 
 
@@ -288,37 +309,71 @@ def _dkv(q, k, v, do, rows, cfg, stages):
   sw = smem_transforms(d, 2)
 
   def entry(q_ref, k_ref, v_ref, do_ref, rows_ref, dk_ref, dv_ref):
-    smem = (plgpu.SMEM((COMPUTE_WGS, ROWS, d), k.dtype, transforms=sw),
-            plgpu.SMEM((COMPUTE_WGS, ROWS, d), v.dtype, transforms=sw),
-            plgpu.SMEM((stages, DKV_BLOCK_Q, d), q.dtype, transforms=sw),
-            plgpu.SMEM((stages, DKV_BLOCK_Q, d), do.dtype, transforms=sw),
-            plgpu.SMEM((stages, 3, DKV_BLOCK_Q), jnp.float32),
-            None if out_dtype.itemsize == 2 else plgpu.SMEM(
-                (COMPUTE_WGS, ROWS, d), jnp.float32, transforms=smem_transforms(d, 4)),
-            *((plgpu.SMEM((COMPUTE_WGS, ROWS, DKV_BLOCK_Q), q.dtype,
-                          transforms=smem_transforms(DKV_BLOCK_Q, 2)),) * 2
-              if cfg.interpret else (None, None)))
+    smem = (
+      plgpu.SMEM((COMPUTE_WGS, ROWS, d), k.dtype, transforms=sw),
+      plgpu.SMEM((COMPUTE_WGS, ROWS, d), v.dtype, transforms=sw),
+      plgpu.SMEM((stages, DKV_BLOCK_Q, d), q.dtype, transforms=sw),
+      plgpu.SMEM((stages, DKV_BLOCK_Q, d), do.dtype, transforms=sw),
+      plgpu.SMEM((stages, 3, DKV_BLOCK_Q), jnp.float32),
+      None
+      if out_dtype.itemsize == 2
+      else plgpu.SMEM((COMPUTE_WGS, ROWS, d), jnp.float32, transforms=smem_transforms(d, 4)),
+      *(
+        (
+          plgpu.SMEM(
+            (COMPUTE_WGS, ROWS, DKV_BLOCK_Q), q.dtype, transforms=smem_transforms(DKV_BLOCK_Q, 2)
+          ),
+        )
+        * 2
+        if cfg.interpret
+        else (None, None)
+      ),
+    )
     per_wg = plgpu.Barrier(num_barriers=COMPUTE_WGS)
     ready = plgpu.Barrier(num_barriers=stages)
     free = plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=stages)
     pl.run_scoped(
-        lambda *scoped: _dkv_kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, dk_ref, dv_ref,
-                                    (scoped[0], scoped[1:]), cfg=cfg, n_q=n_q, group=group,
-                                    stages=stages),
-        smem, per_wg, per_wg, ready, ready, ready, free, collective_axes="wg")
+      lambda *scoped: _dkv_kernel(
+        q_ref,
+        k_ref,
+        v_ref,
+        do_ref,
+        rows_ref,
+        dk_ref,
+        dv_ref,
+        (scoped[0], scoped[1:]),
+        cfg=cfg,
+        n_q=n_q,
+        group=group,
+        stages=stages,
+      ),
+      smem,
+      per_wg,
+      per_wg,
+      ready,
+      ready,
+      ready,
+      free,
+      collective_axes="wg",
+    )
 
   grid = dict(batch=batch, heads=num_heads, kv_tiles=kv_len_p // (COMPUTE_WGS * ROWS))
-  names = ("batch", "heads", "kv_tiles")      # key tiles innermost: a head's Q, dO shared in L2
+  names = ("batch", "heads", "kv_tiles")  # key tiles innermost: a head's Q, dO shared in L2
   out = jax.ShapeDtypeStruct((batch, kv_len_p, num_heads, d), out_dtype)
   return plgpu.kernel(
-      entry, out_type=(out, out), grid=tuple(grid[n] for n in names), grid_names=names,
-      num_threads=COMPUTE_WGS + 1, thread_name="wg",
-      compiler_params=plgpu.CompilerParams(approx_math=True),
-      interpret=_interpret_params(cfg),
+    entry,
+    out_type=(out, out),
+    grid=tuple(grid[n] for n in names),
+    grid_names=names,
+    num_threads=COMPUTE_WGS + 1,
+    thread_name="wg",
+    compiler_params=plgpu.CompilerParams(approx_math=True),
+    interpret=_interpret_params(cfg),
   )(q, k, v, do, rows)
 
 
 # --- dQ -------------------------------------------------------------------------------------
+
 
 def _dq_kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, *refs, cfg, n_kv, group, stages):
   kd_ref, dq_ref, scoped = refs if cfg.numerics.center_keys else (None, *refs)
@@ -341,16 +396,18 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, *refs, cfg, n_kv, group, s
     mine = (batch, pl.ds(row0, ROWS), head)
     plgpu.copy_gmem_to_smem(q_ref.at[mine], q_smem, q_ready.at[wg])
     plgpu.copy_gmem_to_smem(do_ref.at[mine], do_smem, do_ready.at[wg])
-    plgpu.copy_gmem_to_smem(rows_ref.at[batch, head, :, pl.ds(row0, ROWS)], rows_smem,
-                            rows_ready.at[wg])
+    plgpu.copy_gmem_to_smem(
+      rows_ref.at[batch, head, :, pl.ds(row0, ROWS)], rows_smem, rows_ready.at[wg]
+    )
     plgpu.barrier_wait(q_ready.at[wg])
     plgpu.barrier_wait(do_ready.at[wg])
     plgpu.barrier_wait(rows_ready.at[wg])
     d = q_smem.shape[-1]
     tile = (ROWS, bk)
     row = plgpu.Layout.WGMMA.reduce(1)
-    m, log_l, delta = (lax.broadcast_in_dim(_row_slice(rows_smem, r, row), tile, [0])
-                       for r in range(3))
+    m, log_l, delta = (
+      lax.broadcast_in_dim(_row_slice(rows_smem, r, row), tile, [0]) for r in range(3)
+    )
     steps = key_steps(row0 + ROWS)
     # key tiles below `unmasked` have neither padded keys nor (causal) keys after any row
     unmasked = jnp.int32(cfg.kv_len // bk)
@@ -368,20 +425,23 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, *refs, cfg, n_kv, group, s
       k_slot, v_slot = k_smem.at[slot], v_smem.at[slot]
       kd_slot = k_slot if kd_smem is None else kd_smem.at[slot]
       if fused:
+
         def products(dq_acc):
           def scoped_step(s_acc, dp_acc):
             plgpu.barrier_wait(k_ready.at[slot])
-            plgpu.wgmma(s_acc, q_smem, k_slot.transpose((1, 0)))       # S = Q Kᵀ
+            plgpu.wgmma(s_acc, q_smem, k_slot.transpose((1, 0)))  # S = Q Kᵀ
             plgpu.barrier_wait(v_ready.at[slot])
-            plgpu.wgmma(dp_acc, do_smem, v_slot.transpose((1, 0)))     # dP = dO Vᵀ
-            s = plgpu.wgmma_accumulator_load(s_acc, wait_n=1)          # while dP runs
+            plgpu.wgmma(dp_acc, do_smem, v_slot.transpose((1, 0)))  # dP = dO Vᵀ
+            s = plgpu.wgmma_accumulator_load(s_acc, wait_n=1)  # while dP runs
             ds_in = elementwise(s, dp_acc[...], j, masked)
             if kd_smem is not None:
               plgpu.barrier_wait(kd_ready.at[slot])
-            plgpu.wgmma(dq_acc, ds_in, kd_slot)                        # dQ += dS K
+            plgpu.wgmma(dq_acc, ds_in, kd_slot)  # dQ += dS K
+
           pl.run_scoped(scoped_step, plgpu.ACC(tile, jnp.float32), plgpu.ACC(tile, jnp.float32))
+
         dq = pl.run_state(products)(plgpu.ACC.init(dq))
-      else:                      # interpret mode: operands from shared memory, fresh accumulators
+      else:  # interpret mode: operands from shared memory, fresh accumulators
         plgpu.barrier_wait(k_ready.at[slot])
         plgpu.barrier_wait(v_ready.at[slot])
         if kd_smem is not None:
@@ -400,10 +460,10 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, *refs, cfg, n_kv, group, s
     dq = lax.fori_loop(0, mid, lambda j, c: step(j, c, False), zeros)
     dq = lax.fori_loop(mid, steps, lambda j, c: step(j, c, True), dq)
 
-    @pl.loop(steps, cta_steps)           # causal: free the slots the other warpgroup still reads
+    @pl.loop(steps, cta_steps)  # causal: free the slots the other warpgroup still reads
     def _drain(j):
       slot = lax.rem(j, jnp.int32(stages))
-      plgpu.barrier_wait(k_ready.at[slot])             # every warpgroup sees every phase
+      plgpu.barrier_wait(k_ready.at[slot])  # every warpgroup sees every phase
       plgpu.barrier_wait(v_ready.at[slot])
       if kd_smem is not None:
         plgpu.barrier_wait(kd_ready.at[slot])
@@ -420,6 +480,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, *refs, cfg, n_kv, group, s
       plgpu.copy_gmem_to_smem(v_ref.at[keys], v_smem.at[slot], v_ready.at[slot])
       if kd_smem is not None:
         plgpu.copy_gmem_to_smem(kd_ref.at[keys], kd_smem.at[slot], kd_ready.at[slot])
+
     _producer(cta_steps, stages, free, load)
 
 
@@ -427,38 +488,64 @@ def _dq(q, k, v, do, rows, kd, cfg, stages):
   batch, q_len_p, num_heads, d = q.shape
   num_kv_heads = k.shape[2]
   group = num_heads // num_kv_heads
-  n_kv = -(-cfg.kv_len // DQ_BLOCK_K)               # tiles of padding only are skipped
+  n_kv = -(-cfg.kv_len // DQ_BLOCK_K)  # tiles of padding only are skipped
   stages = int(max(1, min(stages, n_kv)))
   sw = smem_transforms(d, 2)
   center = kd is not None
 
   def entry(q_ref, k_ref, v_ref, do_ref, rows_ref, *refs):
-    smem = (plgpu.SMEM((COMPUTE_WGS, ROWS, d), q.dtype, transforms=sw),
-            plgpu.SMEM((COMPUTE_WGS, ROWS, d), do.dtype, transforms=sw),
-            plgpu.SMEM((COMPUTE_WGS, 3, ROWS), jnp.float32),
-            plgpu.SMEM((stages, DQ_BLOCK_K, d), k.dtype, transforms=sw),
-            plgpu.SMEM((stages, DQ_BLOCK_K, d), v.dtype, transforms=sw),
-            plgpu.SMEM((stages, DQ_BLOCK_K, d), k.dtype, transforms=sw) if center else None,
-            plgpu.SMEM((COMPUTE_WGS, ROWS, DQ_BLOCK_K), q.dtype,
-                       transforms=smem_transforms(DQ_BLOCK_K, 2)) if cfg.interpret else None)
+    smem = (
+      plgpu.SMEM((COMPUTE_WGS, ROWS, d), q.dtype, transforms=sw),
+      plgpu.SMEM((COMPUTE_WGS, ROWS, d), do.dtype, transforms=sw),
+      plgpu.SMEM((COMPUTE_WGS, 3, ROWS), jnp.float32),
+      plgpu.SMEM((stages, DQ_BLOCK_K, d), k.dtype, transforms=sw),
+      plgpu.SMEM((stages, DQ_BLOCK_K, d), v.dtype, transforms=sw),
+      plgpu.SMEM((stages, DQ_BLOCK_K, d), k.dtype, transforms=sw) if center else None,
+      plgpu.SMEM(
+        (COMPUTE_WGS, ROWS, DQ_BLOCK_K), q.dtype, transforms=smem_transforms(DQ_BLOCK_K, 2)
+      )
+      if cfg.interpret
+      else None,
+    )
     per_wg = plgpu.Barrier(num_barriers=COMPUTE_WGS)
     ready = plgpu.Barrier(num_barriers=stages)
     free = plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=stages)
     pl.run_scoped(
-        lambda *scoped: _dq_kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, *refs,
-                                   (scoped[0], scoped[1:]), cfg=cfg, n_kv=n_kv, group=group,
-                                   stages=stages),
-        smem, per_wg, per_wg, per_wg, ready, ready, ready if center else None, free,
-        collective_axes="wg")
+      lambda *scoped: _dq_kernel(
+        q_ref,
+        k_ref,
+        v_ref,
+        do_ref,
+        rows_ref,
+        *refs,
+        (scoped[0], scoped[1:]),
+        cfg=cfg,
+        n_kv=n_kv,
+        group=group,
+        stages=stages,
+      ),
+      smem,
+      per_wg,
+      per_wg,
+      per_wg,
+      ready,
+      ready,
+      ready if center else None,
+      free,
+      collective_axes="wg",
+    )
 
   grid = dict(batch=batch, heads=num_heads, q_tiles=q_len_p // (COMPUTE_WGS * ROWS))
-  names = ("batch", "heads", "q_tiles")       # query tiles innermost: a head's K, V shared in L2
+  names = ("batch", "heads", "q_tiles")  # query tiles innermost: a head's K, V shared in L2
   return plgpu.kernel(
-      entry, out_type=jax.ShapeDtypeStruct(q.shape, q.dtype),
-      grid=tuple(grid[n] for n in names), grid_names=names,
-      num_threads=COMPUTE_WGS + 1, thread_name="wg",
-      compiler_params=plgpu.CompilerParams(approx_math=True),
-      interpret=_interpret_params(cfg),
+    entry,
+    out_type=jax.ShapeDtypeStruct(q.shape, q.dtype),
+    grid=tuple(grid[n] for n in names),
+    grid_names=names,
+    num_threads=COMPUTE_WGS + 1,
+    thread_name="wg",
+    compiler_params=plgpu.CompilerParams(approx_math=True),
+    interpret=_interpret_params(cfg),
   )(q, k, v, do, rows, *([kd] if center else []))
 
 
@@ -482,10 +569,10 @@ def flash_backward_mgpu(q, k, v, o, m, log_l, do, cfg, d_lse=None):
   group = num_heads // num_kv_heads
   cta = COMPUTE_WGS * ROWS
   do = cfg.numerics.d_out(do, q.dtype)
-  delta = cfg.numerics.delta(do, o).transpose(0, 2, 1)             # [batch, heads, q_len_p]
+  delta = cfg.numerics.delta(do, o).transpose(0, 2, 1)  # [batch, heads, q_len_p]
   if d_lse is not None:
     delta = delta - d_lse
-  rows = jnp.stack([m, log_l, delta], axis=2)                      # [batch, heads, 3, q_len_p]
+  rows = jnp.stack([m, log_l, delta], axis=2)  # [batch, heads, 3, q_len_p]
   qp, dop, rows = _pad_to(q, 1, cta), _pad_to(do, 1, cta), _pad_to(rows, 3, cta)
   kp, vp = _pad_to(k, 1, cta), _pad_to(v, 1, cta)
   kd = _pad_to(cfg.numerics.dq_keys(k, cfg.kv_len), 1, cta) if cfg.numerics.center_keys else None
@@ -495,7 +582,7 @@ def flash_backward_mgpu(q, k, v, o, m, log_l, do, cfg, d_lse=None):
   if group > 1:
     dk = cfg.numerics.sum_group(dk.reshape(batch, kv_len_p, num_kv_heads, group, d), q.dtype)
     dv = cfg.numerics.sum_group(dv.reshape(batch, kv_len_p, num_kv_heads, group, d), q.dtype)
-  if cfg.interpret:     # dQ after dK/dV: XLA could otherwise run the two interpreted kernels
-    qp, dk, dv = lax.optimization_barrier((qp, dk, dv))   # at once, six blocking warpgroups
+  if cfg.interpret:  # dQ after dK/dV: XLA could otherwise run the two interpreted kernels
+    qp, dk, dv = lax.optimization_barrier((qp, dk, dv))  # at once, six blocking warpgroups
   dq = _dq(qp, kp, vp, dop, rows, kd, cfg, stages)[:, :q_len_p]
   return dq, dk, dv

@@ -1,4 +1,5 @@
 """Input validation shared by every entry point: errors name the offending value."""
+
 from __future__ import annotations
 
 import math
@@ -20,21 +21,27 @@ def check_inputs(query, key, value, softmax_scale, *, allow_float64=False):
   """
   for name, x in (("query", query), ("key", key), ("value", value)):
     if getattr(x, "ndim", None) != 4:
-      raise ValueError(f"{name} must have rank 4 [batch, seq, heads, head_dim], "
-                       f"got {name}.shape={getattr(x, 'shape', None)}")
+      raise ValueError(
+        f"{name} must have rank 4 [batch, seq, heads, head_dim], "
+        f"got {name}.shape={getattr(x, 'shape', None)}"
+      )
     if 0 in x.shape:
       raise ValueError(f"{name} has an empty axis: {name}.shape={x.shape}")
   dtypes = {jnp.dtype(x.dtype) for x in (query, key, value)}
   if len(dtypes) > 1:
-    raise TypeError(f"query, key and value must share one dtype, got query.dtype={query.dtype}, "
-                    f"key.dtype={key.dtype}, value.dtype={value.dtype}")
+    raise TypeError(
+      f"query, key and value must share one dtype, got query.dtype={query.dtype}, "
+      f"key.dtype={key.dtype}, value.dtype={value.dtype}"
+    )
   dtype = dtypes.pop()
   allowed = SUPPORTED_DTYPES + ((jnp.dtype(jnp.float64),) if allow_float64 else ())
   if dtype not in allowed:
     raise TypeError(f"unsupported dtype {dtype}; supported: {[str(d) for d in allowed]}")
   (b, _, num_heads, head_dim), (bk, _, num_kv_heads, dk) = query.shape, key.shape
   if key.shape != value.shape:
-    raise ValueError(f"key and value shapes differ: key.shape={key.shape}, value.shape={value.shape}")
+    raise ValueError(
+      f"key and value shapes differ: key.shape={key.shape}, value.shape={value.shape}"
+    )
   if bk != b:
     raise ValueError(f"batch mismatch: query.shape[0]={b}, key.shape[0]={bk}")
   if dk != head_dim:
@@ -48,10 +55,11 @@ def check_inputs(query, key, value, softmax_scale, *, allow_float64=False):
   if isinstance(softmax_scale, (bool, np.bool_)):
     raise TypeError(f"softmax_scale must be a number, got softmax_scale={softmax_scale!r}")
   try:
-    scale = float(softmax_scale)          # Python/NumPy numbers and concrete 0-d arrays
+    scale = float(softmax_scale)  # Python/NumPy numbers and concrete 0-d arrays
   except (TypeError, ValueError, jax.errors.ConcretizationTypeError):
-    raise TypeError(f"softmax_scale must be a concrete number (it is static), got "
-                    f"softmax_scale={softmax_scale!r}") from None
+    raise TypeError(
+      f"softmax_scale must be a concrete number (it is static), got softmax_scale={softmax_scale!r}"
+    ) from None
   if not (math.isfinite(scale) and scale > 0):
     raise ValueError(f"softmax_scale must be finite and > 0, got softmax_scale={softmax_scale!r}")
   return scale

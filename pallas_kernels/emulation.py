@@ -11,6 +11,7 @@ tiling over keys (forward, dQ) and queries (dK, dV in the paper layout) follows 
 because the running max and the bf16 buffers depend on it. See `pallas_kernels.policy.Numerics`
 for the layouts.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -33,12 +34,14 @@ def stochastic_bits(numerics, seeds, batch, heads, q_len, head_dim_padded):
   own hash (`Numerics.random_bits`; a stream to reproduce, not a rounding to check)."""
   seeds = tuple(np.uint32(s) for s in np.asarray(seeds, U32))
   head = (np.arange(batch)[:, None] * heads + np.arange(heads)[None, :]).astype(U32)
-  pos = (np.arange(q_len)[:, None] * head_dim_padded + np.arange(head_dim_padded)[None, :]).astype(U32)
+  pos = (np.arange(q_len)[:, None] * head_dim_padded + np.arange(head_dim_padded)[None, :]).astype(
+    U32
+  )
   return np.asarray(numerics.random_bits(seeds, head[:, :, None, None], pos[None, None]), U32)
 
 
 def _heads_first(x, group=1):
-  x = np.asarray(x, np.float64).transpose(0, 2, 1, 3)            # [b, h, len, d]
+  x = np.asarray(x, np.float64).transpose(0, 2, 1, 3)  # [b, h, len, d]
   return np.repeat(x, group, axis=1) if group > 1 else x
 
 
@@ -62,9 +65,21 @@ def _scores(q, k, numerics, scale, intermediate):
   return (qk * F32(scale)).astype(F32)
 
 
-def emulate_forward(query, key, value, *, causal, softmax_scale, block_k, dtype,
-                    numerics: Numerics = Numerics("fa2"), compensation: Compensation | None = None,
-                    intermediate=True, seeds=None, head_dim_padded=None):
+def emulate_forward(
+  query,
+  key,
+  value,
+  *,
+  causal,
+  softmax_scale,
+  block_k,
+  dtype,
+  numerics: Numerics = Numerics("fa2"),
+  compensation: Compensation | None = None,
+  intermediate=True,
+  seeds=None,
+  head_dim_padded=None,
+):
   """Returns (out [b, q_len, h, d] float32 holding the output dtype's values,
   row_max and log(row_sum) [b, h, q_len] float32; lse = row_max + log(row_sum)).
 
@@ -87,7 +102,7 @@ def emulate_forward(query, key, value, *, causal, softmax_scale, block_k, dtype,
     sl = slice(start, min(start + block_k, kv_len))
     valid = valid_all[:, sl]
     if not valid.any() and not numerics.paper:
-      break                                   # fa2 skips tiles past the causal diagonal
+      break  # fa2 skips tiles past the causal diagonal
     s = _scores(q, k[:, :, sl], numerics, softmax_scale, intermediate)
     s = np.where(valid, s, F32(-BF16_MAX) if numerics.paper else F32(-np.inf)).astype(F32)
     tile_max = s.max(-1)
@@ -95,8 +110,11 @@ def emulate_forward(query, key, value, *, causal, softmax_scale, block_k, dtype,
     if comp is not None and numerics.paper:
       n_ties = (s >= round_bf16(tile_max - F32(comp.tie_tolerance))[..., None]).sum(-1)
       with np.errstate(over="ignore"):  # β·max of a fully masked tile (−BF16_MAX): unused
-        shifted = np.where(tile_max > 0, round_bf16(F32(comp.beta) * tile_max),
-                           np.where(tile_max < 0, F32(0), tile_max)).astype(F32)
+        shifted = np.where(
+          tile_max > 0,
+          round_bf16(F32(comp.beta) * tile_max),
+          np.where(tile_max < 0, F32(0), tile_max),
+        ).astype(F32)
       m_tile = np.where(n_ties > 1, shifted, tile_max).astype(F32)
     elif comp is not None:
       n_ties = (valid & (s >= (tile_max - F32(comp.tie_tolerance))[..., None])).sum(-1)
@@ -129,18 +147,34 @@ def emulate_forward(query, key, value, *, causal, softmax_scale, block_k, dtype,
   return out.transpose(0, 2, 1, 3), m, np.log(l).astype(F32)
 
 
-def emulate_backward(query, key, value, out, row_max, log_l, d_out, *, causal, softmax_scale, dtype,
-                     numerics: Numerics = Numerics("fa2"), block_q=None, block_k=None,
-                     intermediate=True):
+def emulate_backward(
+  query,
+  key,
+  value,
+  out,
+  row_max,
+  log_l,
+  d_out,
+  *,
+  causal,
+  softmax_scale,
+  dtype,
+  numerics: Numerics = Numerics("fa2"),
+  block_q=None,
+  block_k=None,
+  intermediate=True,
+):
   """Returns (dq, dk, dv) as float32 holding values of `dtype`.
 
   The paper layout accumulates dK, dV per query tile of `block_q` and dQ per key tile of
   `block_k` in bf16 buffers; fa2 needs no tiling (float32 accumulation, one rounding).
   """
   if numerics.delta_float32 or numerics.center_keys:
-    raise ValueError(f"the emulation covers the layouts' rounding points, not the backward "
-                     f"options (delta_float32={numerics.delta_float32}, "
-                     f"center_keys={numerics.center_keys}); FP64 tests check those")
+    raise ValueError(
+      f"the emulation covers the layouts' rounding points, not the backward "
+      f"options (delta_float32={numerics.delta_float32}, "
+      f"center_keys={numerics.center_keys}); FP64 tests check those"
+    )
   paper = numerics.paper and intermediate
   group = query.shape[2] // key.shape[2]
   q, k, v = _heads_first(query), _heads_first(key, group), _heads_first(value, group)

@@ -7,6 +7,7 @@ does not mask partial blocks. Padded keys are masked here (−inf score); padded
 computed and sliced off by the wrapper. Every rounding point is a `numerics.` call
 (`pallas_kernels.policy`).
 """
+
 from __future__ import annotations
 
 import functools
@@ -16,8 +17,14 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from pallas_kernels.policy import (compensated_tile_max, shifted_max, tie_count, tied_by_top2,
-                                   tile_top2, tile_top2_merge)
+from pallas_kernels.policy import (
+  compensated_tile_max,
+  shifted_max,
+  tie_count,
+  tied_by_top2,
+  tile_top2,
+  tile_top2_merge,
+)
 from pallas_kernels.top2 import row_top2
 
 HIGHEST = lax.Precision.HIGHEST
@@ -25,19 +32,22 @@ HIGHEST = lax.Precision.HIGHEST
 
 def dot_nt(a, b):
   """a @ bᵀ accumulated in float32 (HIGHEST: float32 operands must not become TF32)."""
-  return lax.dot_general(a, b, (((1,), (1,)), ((), ())), precision=HIGHEST,
-                         preferred_element_type=jnp.float32)
+  return lax.dot_general(
+    a, b, (((1,), (1,)), ((), ())), precision=HIGHEST, preferred_element_type=jnp.float32
+  )
 
 
 def dot_nn(a, b):
-  return lax.dot_general(a, b, (((1,), (0,)), ((), ())), precision=HIGHEST,
-                         preferred_element_type=jnp.float32)
+  return lax.dot_general(
+    a, b, (((1,), (0,)), ((), ())), precision=HIGHEST, preferred_element_type=jnp.float32
+  )
 
 
 def dot_tn(a, b):
   """aᵀ @ b accumulated in float32."""
-  return lax.dot_general(a, b, (((0,), (0,)), ((), ())), precision=HIGHEST,
-                         preferred_element_type=jnp.float32)
+  return lax.dot_general(
+    a, b, (((0,), (0,)), ((), ())), precision=HIGHEST, preferred_element_type=jnp.float32
+  )
 
 
 def score_mask(q_pos, k_pos, *, causal, kv_len, q_len=None):
@@ -73,21 +83,21 @@ def sub_tile_loop(n, body, init):
 
 def forward_kernel(q_ref, k_ref, v_ref, *refs, cfg):
   numerics, dtype, comp = cfg.numerics, q_ref.dtype, cfg.compensation
-  block_q, sub_k = cfg.blocks.compute(numerics)[:2]   # program rows; key sub-tile
-  block_k = cfg.blocks.block_k                        # logical key tile (numerics)
+  block_q, sub_k = cfg.blocks.compute(numerics)[:2]  # program rows; key sub-tile
+  block_k = cfg.blocks.block_k  # logical key tile (numerics)
   n_sub = block_k // sub_k
   seed_ref = refs[0] if numerics.stochastic else None
   o_ref, m_ref, log_l_ref, *refs = refs[1:] if numerics.stochastic else refs
-  o32_ref = refs.pop(0) if numerics.delta_float32 else None       # the float32 O for delta
-  stats_refs = refs                                                # max_p, tied_tiles
+  o32_ref = refs.pop(0) if numerics.delta_float32 else None  # the float32 O for delta
+  stats_refs = refs  # max_p, tied_tiles
   q_tile = pl.program_id(0)
-  q = q_ref[...]                                                   # [block_q, d]
+  q = q_ref[...]  # [block_q, d]
   q_pos = q_tile * block_q + jnp.arange(block_q)
 
   def scores(j, c):
     """Masked scores of sub-tile c of key tile j: ([block_q, sub_k] f32, real key [sub_k])."""
     start = j * block_k + c * sub_k
-    k = k_ref[pl.ds(start, sub_k), :]                              # [sub_k, d]
+    k = k_ref[pl.ds(start, sub_k), :]  # [sub_k, d]
     s = numerics.scores(dot_nt(q, k), cfg.softmax_scale)
     k_pos = start + jnp.arange(sub_k)
     valid = score_mask(q_pos, k_pos, causal=cfg.causal, kv_len=cfg.kv_len)
@@ -106,52 +116,62 @@ def forward_kernel(q_ref, k_ref, v_ref, *refs, cfg):
     else:  # paper layout, logical tile larger than a program can hold: sub-tile passes
       row = jnp.full((block_q,), -jnp.inf, jnp.float32)
       if comp is None:
-        tile_max = lax.fori_loop(0, n_sub, lambda c, mx: jnp.maximum(mx, jnp.max(scores(j, c)[0], axis=-1)),
-                                 row)
+        tile_max = lax.fori_loop(
+          0, n_sub, lambda c, mx: jnp.maximum(mx, jnp.max(scores(j, c)[0], axis=-1)), row
+        )
         m_tile, tied = tile_max, jnp.zeros_like(tile_max)
-      elif top2 is not None:      # one pass: the sub-tiles' top-2 summaries merged
+      elif top2 is not None:  # one pass: the sub-tiles' top-2 summaries merged
+
         def summarise(c, summary):
           s, real = scores(j, c)
           return tile_top2_merge(summary, tile_top2(s, top2, True, real))
+
         summary = lax.fori_loop(0, n_sub, summarise, (row, row, row, jnp.float32(0.0)))
         m_tile, tied = shifted_max(summary[0], tied_by_top2(*summary, comp, True), comp, True)
-      else:                       # two passes: the max, then the tie count
-        tile_max = lax.fori_loop(0, n_sub, lambda c, mx: jnp.maximum(mx, jnp.max(scores(j, c)[0], axis=-1)),
-                                 row)
+      else:  # two passes: the max, then the tie count
+        tile_max = lax.fori_loop(
+          0, n_sub, lambda c, mx: jnp.maximum(mx, jnp.max(scores(j, c)[0], axis=-1)), row
+        )
 
         def count(c, n):
           s, real = scores(j, c)
           return n + tie_count(s, tile_max, comp, True, real)
+
         n_ties = lax.fori_loop(0, n_sub, count, jnp.zeros_like(tile_max))
         m_tile, tied = shifted_max(tile_max, n_ties > 1.0, comp, True)
     m_new = jnp.maximum(m_i, m_tile)
-    alpha = numerics.rescale(m_i, m_new)                           # 0 on the first tile
+    alpha = numerics.rescale(m_i, m_new)  # 0 on the first tile
 
     def accumulate(c, sums):
       tile_sum, pv, mp = sums
       s = s0 if n_sub == 1 else scores(j, c)[0]
       v = v_ref[pl.ds(j * block_k + c * sub_k, sub_k), :]
-      p = numerics.exp_scores(s, m_new[:, None])                   # P̄, float32
-      if cfg.return_stats:                                          # max_p: a stat only
+      p = numerics.exp_scores(s, m_new[:, None])  # P̄, float32
+      if cfg.return_stats:  # max_p: a stat only
         mp = jnp.maximum(mp, jnp.max(p, axis=-1))
       return tile_sum + jnp.sum(p, axis=-1), pv + dot_nn(numerics.round_p(p, dtype), v), mp
 
     zeros = jnp.zeros_like(m_new)
     tile_sum, pv, max_p = sub_tile_loop(n_sub, accumulate, (zeros, jnp.zeros_like(acc), max_p))
-    l_new = numerics.state(alpha * l_i + numerics.clamp_sum(tile_sum))   # row_sum from f32 P̄
+    l_new = numerics.state(alpha * l_i + numerics.clamp_sum(tile_sum))  # row_sum from f32 P̄
     acc = numerics.state(numerics.state(alpha[:, None] * acc) + numerics.pv(pv))
     return acc, m_new, l_new, max_p, (tied_tiles + tied) if cfg.return_stats else tied_tiles
 
   zeros = jnp.zeros((block_q,), jnp.float32)
   init = (jnp.zeros(q.shape, jnp.float32), zeros - jnp.inf, zeros, zeros, zeros)
-  n_tiles = num_key_tiles(q_tile, block_q=block_q, block_k=block_k, kv_len=cfg.kv_len,
-                          causal=cfg.causal and not numerics.paper)
+  n_tiles = num_key_tiles(
+    q_tile,
+    block_q=block_q,
+    block_k=block_k,
+    kv_len=cfg.kv_len,
+    causal=cfg.causal and not numerics.paper,
+  )
   acc, m_i, l_i, max_p, tied_tiles = lax.fori_loop(0, n_tiles, body, init)
   # Final rescale once, after the loop (FlashAttention-2 §3.1.1).
   o = acc / l_i[:, None]
   random_bits = None
   if numerics.stochastic:
-    seeds = seed_ref[...]                     # two scalars, read without scalar indexing
+    seeds = seed_ref[...]  # two scalars, read without scalar indexing
     seed0 = jnp.sum(jnp.where(jnp.arange(2) == 0, seeds, jnp.uint32(0)))
     seed1 = jnp.sum(jnp.where(jnp.arange(2) == 1, seeds, jnp.uint32(0)))
     head = (pl.program_id(1) * pl.num_programs(2) + pl.program_id(2)).astype(jnp.uint32)
@@ -189,7 +209,11 @@ def flash_forward(q, k, v, cfg, seeds=None):
   row_spec = pl.BlockSpec((None, None, block_q), lambda i, b, h: (b, h, i))
   row_shape = jax.ShapeDtypeStruct((batch, num_heads, q_len_p), jnp.float32)
   n_stats = 2 if cfg.return_stats else 0
-  out_shape = [jax.ShapeDtypeStruct(q.shape, cfg.numerics.output_dtype(q.dtype)), row_shape, row_shape]
+  out_shape = [
+    jax.ShapeDtypeStruct(q.shape, cfg.numerics.output_dtype(q.dtype)),
+    row_shape,
+    row_shape,
+  ]
   out_specs = [q_spec, row_spec, row_spec]
   if cfg.numerics.delta_float32:
     out_shape.append(jax.ShapeDtypeStruct(q.shape, jnp.float32))
@@ -200,7 +224,8 @@ def flash_forward(q, k, v, cfg, seeds=None):
   if cfg.numerics.stochastic:
     in_specs.append(pl.BlockSpec((2,), lambda i, b, h: (0,)))
     args.append(seeds)
-  outs = list(pl.pallas_call(
+  outs = list(
+    pl.pallas_call(
       functools.partial(forward_kernel, cfg=cfg),
       grid=grid,
       in_specs=in_specs,
@@ -209,6 +234,7 @@ def flash_forward(q, k, v, cfg, seeds=None):
       compiler_params=cfg.compiler_params(),
       interpret=cfg.interpret,
       name=f"flashstable_forward_{cfg.numerics.name}",
-  )(*args))
+    )(*args)
+  )
   o32 = outs.pop(3) if cfg.numerics.delta_float32 else None
   return outs[0], outs[1], outs[2], tuple(outs[3:]), o32

@@ -31,6 +31,7 @@ two (`tests/test_mosaic_gpu.py` bounds it; on the GPU it ran with the default op
 shapes, registers and shared memory limit head_dim to 32, 64, 128 or 256 after padding and
 block_k to 64 or 128, and 64 at head_dim 256 (`supported`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -46,8 +47,10 @@ from pallas_kernels.policy import MOSAIC_GPU_BLOCK_K, MOSAIC_GPU_NUMERICS as NUM
 from pallas_kernels.policy import compensated_tile_max
 from pallas_kernels.top2 import column_top2
 
-ROWS_PER_WG = 64          # wgmma's M for one warpgroup
+ROWS_PER_WG = 64  # wgmma's M for one warpgroup
 COMPUTE_WGS = 2
+
+
 @dataclasses.dataclass(frozen=True)
 class MosaicGPUOptions:
   """Speed options of the Mosaic GPU forward (`flash_attention(mgpu_options=...)`). None of
@@ -74,6 +77,7 @@ class MosaicGPUOptions:
   The defaults are the ones that were faster on the H200, or no slower; what each option
   measured, with command and date: docs/studies/speed.md ("The Mosaic GPU route").
   """
+
   pingpong: bool | None = None
   fused_pv: bool = True
   early_turn: bool = False
@@ -99,15 +103,27 @@ def smem_bytes(head_dim: int, block_k: int, stages: int, out_dtype) -> int:
   V tiles, a float32 O for fp32_out, and the rows' m and log(l)."""
   q = k = v = 2
   o = 4 * COMPUTE_WGS * ROWS_PER_WG * head_dim if jnp.dtype(out_dtype).itemsize == 4 else 0
-  return (COMPUTE_WGS * ROWS_PER_WG * head_dim * q + stages * block_k * head_dim * (k + v) + o
-          + 2 * 4 * COMPUTE_WGS * ROWS_PER_WG)
+  return (
+    COMPUTE_WGS * ROWS_PER_WG * head_dim * q
+    + stages * block_k * head_dim * (k + v)
+    + o
+    + 2 * 4 * COMPUTE_WGS * ROWS_PER_WG
+  )
 
 
-HEAD_DIMS = (32, 64, 128, 256)      # padded head_dim: head_dim 17–256
+HEAD_DIMS = (32, 64, 128, 256)  # padded head_dim: head_dim 17–256
 
 
-def supported(*, numerics: str, block_k=None, head_dim=None, dtype=None, return_stats=False,
-              num_stages=None, delta_float32=False) -> str | None:
+def supported(
+  *,
+  numerics: str,
+  block_k=None,
+  head_dim=None,
+  dtype=None,
+  return_stats=False,
+  num_stages=None,
+  delta_float32=False,
+) -> str | None:
   """Why the Mosaic GPU forward cannot run a call (None when it can, or when the arguments left
   None could still make it); head_dim is the padded one. Limits:
   - head_dim 32, 64, 128 or 256 after padding (head_dim 17–256): the P̄V wgmma's N is
@@ -131,23 +147,35 @@ def supported(*, numerics: str, block_k=None, head_dim=None, dtype=None, return_
     return "return_stats=True (the Mosaic GPU forward writes out, m and log(l) only)"
   if block_k is not None and block_k not in MOSAIC_GPU_BLOCK_K:
     return f"block_k={block_k} (the Mosaic GPU forward needs block_k 64 or 128)"
-  if dtype is not None and jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+  if dtype is not None and jnp.dtype(dtype) not in (
+    jnp.dtype(jnp.bfloat16),
+    jnp.dtype(jnp.float16),
+  ):
     return f"dtype={jnp.dtype(dtype)} (the Mosaic GPU forward needs bfloat16 or float16)"
   if head_dim is not None and head_dim not in HEAD_DIMS:
-    return (f"head_dim={head_dim} after padding (the Mosaic GPU forward needs 32, 64, 128 or "
-            "256: head_dim 17–256)")
+    return (
+      f"head_dim={head_dim} after padding (the Mosaic GPU forward needs 32, 64, 128 or "
+      "256: head_dim 17–256)"
+    )
   if head_dim == 256 and block_k is not None and block_k > 64:
-    return (f"block_k={block_k} at head_dim=256 (registers: the 64×256 float32 accumulator "
-            "and a 64×128 score tile exceed a thread's 232; block_k 64 at head_dim 256)")
-  if num_stages is not None and not (isinstance(num_stages, (int, np.integer))
-                                     and not isinstance(num_stages, bool) and 1 <= num_stages <= 8):
+    return (
+      f"block_k={block_k} at head_dim=256 (registers: the 64×256 float32 accumulator "
+      "and a 64×128 score tile exceed a thread's 232; block_k 64 at head_dim 256)"
+    )
+  if num_stages is not None and not (
+    isinstance(num_stages, (int, np.integer))
+    and not isinstance(num_stages, bool)
+    and 1 <= num_stages <= 8
+  ):
     return f"num_stages={num_stages!r} (key/value tiles in flight: an int from 1 to 8)"
   if None not in (head_dim, block_k, num_stages, dtype):
     out_dtype = jnp.float32 if numerics == "fp32_out" else dtype
     need = smem_bytes(head_dim, block_k, num_stages, out_dtype)
     if need > SMEM_BYTES:
-      return (f"block_k={block_k} with num_stages={num_stages} at head_dim={head_dim}: "
-              f"{need / 1024:.1f} KiB of shared memory, more than {SMEM_BYTES / 1024:.0f} KiB")
+      return (
+        f"block_k={block_k} with num_stages={num_stages} at head_dim={head_dim}: "
+        f"{need / 1024:.1f} KiB of shared memory, more than {SMEM_BYTES / 1024:.0f} KiB"
+      )
   return None
 
 
@@ -167,18 +195,23 @@ def check_device(cfg) -> None:
   dev = jax.devices()[0]
   cc = getattr(dev, "compute_capability", None)
   if dev.platform != "gpu" or cc != "9.0":
-    raise ValueError(f"backend='mosaic_gpu' needs a Hopper GPU (compute capability 9.0) or "
-                     f"interpret=True; the default device is {dev.device_kind!r} "
-                     f"(compute capability {cc})")
+    raise ValueError(
+      f"backend='mosaic_gpu' needs a Hopper GPU (compute capability 9.0) or "
+      f"interpret=True; the default device is {dev.device_kind!r} "
+      f"(compute capability {cc})"
+    )
   if cfg.causal and (version := causal_miscompiled()) is not None:
-    raise ValueError(f"backend='mosaic_gpu' with causal=True needs a CUDA runtime other than "
-                     f"12.8.0–12.9.0 (ptxas miscompiles it), got {version}")
+    raise ValueError(
+      f"backend='mosaic_gpu' with causal=True needs a CUDA runtime other than "
+      f"12.8.0–12.9.0 (ptxas miscompiles it), got {version}"
+    )
 
 
 def causal_miscompiled() -> int | None:
   """The CUDA runtime version when it is one whose ptxas miscompiles causal masks
   (12.8.0–12.9.0, per JAX's own `attention_mgpu`), else None."""
   from jax._src.lib import cuda_versions
+
   version = cuda_versions.cuda_runtime_get_version() if cuda_versions else None
   return version if version is not None and 12080 <= version < 12091 else None
 
@@ -190,8 +223,9 @@ def visited_key_tiles(row_end, n_tiles, block_k, causal):
   return jnp.minimum(jnp.int32(n_tiles), pl.cdiv(row_end, jnp.int32(block_k)))
 
 
-def _forward_kernel(q_ref, k_ref, v_ref, o_ref, m_ref, log_l_ref, scoped, *, cfg, n_kv, group,
-                    stages):
+def _forward_kernel(
+  q_ref, k_ref, v_ref, o_ref, m_ref, log_l_ref, scoped, *, cfg, n_kv, group, stages
+):
   numerics, comp, block_k = cfg.numerics, cfg.compensation, int(cfg.blocks.block_k)
   (q_smem2, k_smem, v_smem, o_smem2, m_smem2, log_l_smem2, p_smem2), barriers = scoped
   k_ready, v_ready, q_ready, k_free, v_free, turn = barriers
@@ -202,9 +236,10 @@ def _forward_kernel(q_ref, k_ref, v_ref, o_ref, m_ref, log_l_ref, scoped, *, cfg
   early_turn, fused_pv = pingpong and opts.early_turn, opts.fused_pv and not cfg.interpret
   top2_ties = cfg.tie_method == "top2"
 
-  def rendezvous():                     # both compute warpgroups arrive, then go on
+  def rendezvous():  # both compute warpgroups arrive, then go on
     plgpu.barrier_arrive(turn)
     plgpu.barrier_wait(turn)
+
   batch, head, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
   cta_row0 = lax.axis_index("q_tiles") * (COMPUTE_WGS * ROWS_PER_WG)
 
@@ -218,9 +253,8 @@ def _forward_kernel(q_ref, k_ref, v_ref, o_ref, m_ref, log_l_ref, scoped, *, cfg
     o_smem = None if o_smem2 is None else o_smem2.at[wg]
     p_smem = None if p_smem2 is None else p_smem2.at[wg]
     row0 = cta_row0 + wg * ROWS_PER_WG
-    plgpu.copy_gmem_to_smem(q_ref.at[batch, pl.ds(row0, ROWS_PER_WG), head], q_smem,
-                            q_ready.at[wg])
-    if o_smem is None:                   # Q is dead once the last QK wgmma has been read
+    plgpu.copy_gmem_to_smem(q_ref.at[batch, pl.ds(row0, ROWS_PER_WG), head], q_smem, q_ready.at[wg])
+    if o_smem is None:  # Q is dead once the last QK wgmma has been read
       o_smem = q_smem
     plgpu.barrier_wait(q_ready.at[wg])
     steps = key_steps(row0 + ROWS_PER_WG)
@@ -239,8 +273,10 @@ def _forward_kernel(q_ref, k_ref, v_ref, o_ref, m_ref, log_l_ref, scoped, *, cfg
         if early_turn:
           rendezvous()
         return acc_ref[...]
-      s = numerics.scores(pl.run_scoped(qk, plgpu.ACC((ROWS_PER_WG, block_k), jnp.float32)),
-                          cfg.softmax_scale)
+
+      s = numerics.scores(
+        pl.run_scoped(qk, plgpu.ACC((ROWS_PER_WG, block_k), jnp.float32)), cfg.softmax_scale
+      )
       plgpu.barrier_arrive(k_free.at[slot])
       if pingpong and not early_turn:  # the other warpgroup's products run during this softmax
         rendezvous()
@@ -251,72 +287,77 @@ def _forward_kernel(q_ref, k_ref, v_ref, o_ref, m_ref, log_l_ref, scoped, *, cfg
         keep = k_pos < cfg.kv_len
         if cfg.causal:
           keep = jnp.logical_and(keep, q_pos >= k_pos)
-        s = jnp.where(keep, s, numerics.mask_value)   # −inf; key 0 is visible to every row
+        s = jnp.where(keep, s, numerics.mask_value)  # −inf; key 0 is visible to every row
       # the tie rule from top-2 summaries of 8-column groups (register slices, `top2`) or by
       # counting (a second reduction over the tile): the same decisions
       m_tile, _ = compensated_tile_max(s, comp, top2=column_top2 if top2_ties else None)
       m_new = jnp.maximum(m_i, m_tile)
-      alpha = numerics.rescale(m_i, m_new, opts.exp2)       # 1 while the max stays, 0 first
+      alpha = numerics.rescale(m_i, m_new, opts.exp2)  # 1 while the max stays, 0 first
       p = numerics.exp_scores(s, lax.broadcast_in_dim(m_new, s.shape, [0]), opts.exp2)  # P̄, f32
       l_new = numerics.state(alpha * l_i + numerics.clamp_sum(jnp.sum(p, axis=1)))  # from f32 P̄
       p_in = numerics.round_p(p, q_smem.dtype)
-      if fused_pv:                     # α·acc now; the P̄V wgmma adds to it
+      if fused_pv:  # α·acc now; the P̄V wgmma adds to it
         acc = numerics.state(lax.broadcast_in_dim(alpha, acc.shape, [0]) * acc)
       if pingpong:
-        plgpu.barrier_arrive(turn)   # softmax done ...
+        plgpu.barrier_arrive(turn)  # softmax done ...
       plgpu.barrier_wait(v_ready.at[slot])
       if pingpong:
-        plgpu.barrier_wait(turn)     # ... and the other warpgroup's products too
+        plgpu.barrier_wait(turn)  # ... and the other warpgroup's products too
 
-      if p_smem is not None:               # interpret mode: wgmma's A operand from shared memory
+      if p_smem is not None:  # interpret mode: wgmma's A operand from shared memory
         p_smem[...] = p_in
         plgpu.commit_smem()
         p_in = p_smem
 
       if fused_pv:
         acc = pl.run_state(lambda acc_ref: plgpu.wgmma(acc_ref, p_in, v_smem.at[slot]))(
-            plgpu.ACC.init(acc))
+          plgpu.ACC.init(acc)
+        )
         plgpu.barrier_arrive(v_free.at[slot])
         return acc, m_new, l_new
 
       def pv(acc_ref):
         plgpu.wgmma(acc_ref, p_in, v_smem.at[slot])
         return acc_ref[...]
+
       pv = pl.run_scoped(pv, plgpu.ACC(acc.shape, jnp.float32))
       plgpu.barrier_arrive(v_free.at[slot])
       # P̄V in its own accumulator, then acc = α·acc + P̄V: the Triton kernel's order of operations
-      acc = numerics.state(numerics.state(lax.broadcast_in_dim(alpha, acc.shape, [0]) * acc)
-                           + numerics.pv(pv))
+      acc = numerics.state(
+        numerics.state(lax.broadcast_in_dim(alpha, acc.shape, [0]) * acc) + numerics.pv(pv)
+      )
       return acc, m_new, l_new
 
     d = q_smem.shape[-1]
     row = plgpu.Layout.WGMMA.reduce(1)
-    init = (plgpu.layout_cast(jnp.zeros((ROWS_PER_WG, d), jnp.float32), plgpu.Layout.WGMMA),
-            plgpu.layout_cast(jnp.full((ROWS_PER_WG,), -jnp.inf, jnp.float32), row),
-            plgpu.layout_cast(jnp.zeros((ROWS_PER_WG,), jnp.float32), row))
+    init = (
+      plgpu.layout_cast(jnp.zeros((ROWS_PER_WG, d), jnp.float32), plgpu.Layout.WGMMA),
+      plgpu.layout_cast(jnp.full((ROWS_PER_WG,), -jnp.inf, jnp.float32), row),
+      plgpu.layout_cast(jnp.zeros((ROWS_PER_WG,), jnp.float32), row),
+    )
     mid = jnp.minimum(unmasked, steps)
-    if pingpong:                     # warpgroup 1 starts one turn behind
+    if pingpong:  # warpgroup 1 starts one turn behind
       pl.when(wg == 1)(rendezvous)
     carry = lax.fori_loop(0, mid, lambda j, c: step(j, c, False), init)
     acc, m_i, l_i = lax.fori_loop(mid, steps, lambda j, c: step(j, c, True), carry)
 
-    @pl.loop(steps, cta_steps)           # causal: free the slots the other warpgroup still reads
+    @pl.loop(steps, cta_steps)  # causal: free the slots the other warpgroup still reads
     def _drain(j):
       slot = lax.rem(j, jnp.int32(stages))
-      plgpu.barrier_wait(k_ready.at[slot])             # every warpgroup sees every phase
+      plgpu.barrier_wait(k_ready.at[slot])  # every warpgroup sees every phase
       plgpu.barrier_wait(v_ready.at[slot])
       plgpu.barrier_arrive(k_free.at[slot])
       plgpu.barrier_arrive(v_free.at[slot])
-      if pingpong:                   # the two turns of a step the other warpgroup still takes
+      if pingpong:  # the two turns of a step the other warpgroup still takes
         rendezvous()
         rendezvous()
 
-    if pingpong:                     # warpgroup 0 ends one turn later, evening the count
+    if pingpong:  # warpgroup 0 ends one turn later, evening the count
       pl.when(wg == 0)(rendezvous)
     o = acc / lax.broadcast_in_dim(l_i, acc.shape, [0])  # final rescale once (FA2 §3.1.1)
     o_smem[...] = numerics.round_out(o, q_smem.dtype)  # a 2-byte O reuses Q's buffer
-    m_smem[...] = m_i                                    # m and log(l) apart, natural log
-    log_l_smem[...] = jnp.log(l_i)                       # (`Numerics.probs`)
+    m_smem[...] = m_i  # m and log(l) apart, natural log
+    log_l_smem[...] = jnp.log(l_i)  # (`Numerics.probs`)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(o_smem, o_ref.at[batch, pl.ds(row0, ROWS_PER_WG), head])
     rows_out = (batch, head, pl.ds(row0, ROWS_PER_WG))
@@ -334,17 +375,19 @@ def _forward_kernel(q_ref, k_ref, v_ref, o_ref, m_ref, log_l_ref, scoped, *, cfg
       slot = lax.rem(j, jnp.int32(stages))
       keys = (batch, pl.ds(j * block_k, block_k), kv_head)
 
-      @pl.when(j >= stages)               # the slot's previous tile must be consumed first
+      @pl.when(j >= stages)  # the slot's previous tile must be consumed first
       def _():
         plgpu.barrier_wait(k_free.at[slot])
+
       plgpu.copy_gmem_to_smem(k_ref.at[keys], k_smem.at[slot], k_ready.at[slot])
 
       @pl.when(j >= stages)
       def _():
         plgpu.barrier_wait(v_free.at[slot])
+
       plgpu.copy_gmem_to_smem(v_ref.at[keys], v_smem.at[slot], v_ready.at[slot])
 
-    @pl.loop(jnp.maximum(cta_steps - stages, 0), cta_steps)    # the last tiles' consumption
+    @pl.loop(jnp.maximum(cta_steps - stages, 0), cta_steps)  # the last tiles' consumption
     def _last(j):
       slot = lax.rem(j, jnp.int32(stages))
       plgpu.barrier_wait(k_free.at[slot])
@@ -368,49 +411,75 @@ def flash_forward_mgpu(q, k, v, cfg):
   cta_rows = COMPUTE_WGS * ROWS_PER_WG
   rows = -(-q_len_p // cta_rows) * cta_rows
   q = jnp.pad(q, ((0, 0), (0, rows - q_len_p), (0, 0), (0, 0))) if rows != q_len_p else q
-  n_kv = -(-cfg.kv_len // block_k)                 # tiles of padding only are skipped
+  n_kv = -(-cfg.kv_len // block_k)  # tiles of padding only are skipped
   stages = int(min(cfg.num_stages, n_kv))
-  swizzled = smem_transforms(d, 2)            # Q, K, V: rows of head_dim 2-byte elements
+  swizzled = smem_transforms(d, 2)  # Q, K, V: rows of head_dim 2-byte elements
   out_dtype = cfg.numerics.output_dtype(q.dtype)
 
   def entry(q_ref, k_ref, v_ref, o_ref, m_ref, log_l_ref):
-    smem = (plgpu.SMEM((COMPUTE_WGS, ROWS_PER_WG, d), q.dtype, transforms=swizzled),
-            plgpu.SMEM((stages, block_k, d), k.dtype, transforms=swizzled),
-            plgpu.SMEM((stages, block_k, d), v.dtype, transforms=swizzled),
-            None if out_dtype.itemsize == 2 else plgpu.SMEM(      # fp32_out: float32 O
-                (COMPUTE_WGS, ROWS_PER_WG, d), out_dtype,
-                transforms=smem_transforms(d, 4)),
-            plgpu.SMEM((COMPUTE_WGS, ROWS_PER_WG), jnp.float32),
-            plgpu.SMEM((COMPUTE_WGS, ROWS_PER_WG), jnp.float32),
-            # P̄ for the P̄V wgmma: a register operand on the GPU; the interpreter's wgmma reads
-            # both operands from shared memory (same values, one more copy)
-            plgpu.SMEM((COMPUTE_WGS, ROWS_PER_WG, block_k), q.dtype,
-                       transforms=smem_transforms(block_k, 2))
-            if cfg.interpret else None)
+    smem = (
+      plgpu.SMEM((COMPUTE_WGS, ROWS_PER_WG, d), q.dtype, transforms=swizzled),
+      plgpu.SMEM((stages, block_k, d), k.dtype, transforms=swizzled),
+      plgpu.SMEM((stages, block_k, d), v.dtype, transforms=swizzled),
+      None
+      if out_dtype.itemsize == 2
+      else plgpu.SMEM(  # fp32_out: float32 O
+        (COMPUTE_WGS, ROWS_PER_WG, d), out_dtype, transforms=smem_transforms(d, 4)
+      ),
+      plgpu.SMEM((COMPUTE_WGS, ROWS_PER_WG), jnp.float32),
+      plgpu.SMEM((COMPUTE_WGS, ROWS_PER_WG), jnp.float32),
+      # P̄ for the P̄V wgmma: a register operand on the GPU; the interpreter's wgmma reads
+      # both operands from shared memory (same values, one more copy)
+      plgpu.SMEM(
+        (COMPUTE_WGS, ROWS_PER_WG, block_k), q.dtype, transforms=smem_transforms(block_k, 2)
+      )
+      if cfg.interpret
+      else None,
+    )
     ready = plgpu.Barrier(num_barriers=stages)
     free = plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=stages)
     pl.run_scoped(
-        lambda *scoped: _forward_kernel(
-            q_ref, k_ref, v_ref, o_ref, m_ref, log_l_ref, (scoped[0], scoped[1:]), cfg=cfg, n_kv=n_kv,
-            group=num_heads // num_kv_heads, stages=stages),
-        smem, ready, ready, plgpu.Barrier(num_barriers=COMPUTE_WGS), free, free,
-        plgpu.Barrier(num_arrivals=COMPUTE_WGS), collective_axes="wg")
+      lambda *scoped: _forward_kernel(
+        q_ref,
+        k_ref,
+        v_ref,
+        o_ref,
+        m_ref,
+        log_l_ref,
+        (scoped[0], scoped[1:]),
+        cfg=cfg,
+        n_kv=n_kv,
+        group=num_heads // num_kv_heads,
+        stages=stages,
+      ),
+      smem,
+      ready,
+      ready,
+      plgpu.Barrier(num_barriers=COMPUTE_WGS),
+      free,
+      free,
+      plgpu.Barrier(num_arrivals=COMPUTE_WGS),
+      collective_axes="wg",
+    )
 
   interpret = None
   if cfg.interpret:
     from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+
     interpret = InterpretGPUParams()
   grid = dict(batch=batch, heads=num_heads, q_tiles=rows // cta_rows)
-  grid_names = ("batch", "heads", "q_tiles") if cfg.mgpu.q_tiles_inner else ("q_tiles", "batch", "heads")
+  grid_names = (
+    ("batch", "heads", "q_tiles") if cfg.mgpu.q_tiles_inner else ("q_tiles", "batch", "heads")
+  )
   row = jax.ShapeDtypeStruct((batch, num_heads, rows), jnp.float32)
   out, m, log_l = plgpu.kernel(
-      entry,
-      out_type=(jax.ShapeDtypeStruct(q.shape[:3] + (d,), out_dtype), row, row),
-      grid=tuple(grid[name] for name in grid_names),
-      grid_names=grid_names,
-      num_threads=COMPUTE_WGS + 1,
-      thread_name="wg",
-      compiler_params=plgpu.CompilerParams(approx_math=True),
-      interpret=interpret,
+    entry,
+    out_type=(jax.ShapeDtypeStruct(q.shape[:3] + (d,), out_dtype), row, row),
+    grid=tuple(grid[name] for name in grid_names),
+    grid_names=grid_names,
+    num_threads=COMPUTE_WGS + 1,
+    thread_name="wg",
+    compiler_params=plgpu.CompilerParams(approx_math=True),
+    interpret=interpret,
   )(q, k, v)
   return out[:, :q_len_p], m[:, :, :q_len_p], log_l[:, :, :q_len_p], (), None

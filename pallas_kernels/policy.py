@@ -38,6 +38,7 @@ point here. The Mosaic GPU forward's float32 differences (`exp_scores` with base
 
 Compensation (Qiu & Yao 2025, arXiv 2510.04212, Alg. 1) is `compensated_tile_max`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -51,7 +52,7 @@ SUPPORTED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(j
 MAX_HEAD_DIM = 256
 
 
-BF16_MAX = float(jnp.finfo(jnp.bfloat16).max)   # 3.3895e38
+BF16_MAX = float(jnp.finfo(jnp.bfloat16).max)  # 3.3895e38
 LOG2E = float(np.log2(np.e))
 
 
@@ -115,16 +116,19 @@ class Numerics:
   stochastic: fa2 whose final rounding of O to bfloat16 is stochastic (unbiased), from a
     counter-based hash of (rng_key, position) — the unbiased cure for this bias.
   """
+
   name: str
-  paper: bool = False                 # all paper_* rounding points, fwd and bwd
-  out_float32: bool = False           # fp32_out
-  stochastic: bool = False            # stochastic final rounding of O
-  delta_float32: bool = False         # backward option: delta from the float32 O
-  center_keys: bool = False           # backward option: dQ from the keys less their mean
+  paper: bool = False  # all paper_* rounding points, fwd and bwd
+  out_float32: bool = False  # fp32_out
+  stochastic: bool = False  # stochastic final rounding of O
+  delta_float32: bool = False  # backward option: delta from the float32 O
+  center_keys: bool = False  # backward option: dQ from the keys less their mean
 
   def with_options(self, *, delta_float32=False, center_keys=False) -> "Numerics":
     """This layout with the backward options (module docstring)."""
-    return dataclasses.replace(self, delta_float32=bool(delta_float32), center_keys=bool(center_keys))
+    return dataclasses.replace(
+      self, delta_float32=bool(delta_float32), center_keys=bool(center_keys)
+    )
 
   # --- forward -------------------------------------------------------------------------
   @property
@@ -134,11 +138,11 @@ class Numerics:
   def scores(self, qk, softmax_scale):
     """S from the float32 QKᵀ dot."""
     if self.paper:
-      return round_bf16(round_bf16(qk) * softmax_scale)           # paper: bf16(bf16(QKᵀ)·scale)
+      return round_bf16(round_bf16(qk) * softmax_scale)  # paper: bf16(bf16(QKᵀ)·scale)
     return qk * softmax_scale
 
   def exp_arg(self, x):
-    return round_bf16(x) if self.paper else x                       # paper: exp(bf16(·))
+    return round_bf16(x) if self.paper else x  # paper: exp(bf16(·))
 
   def exp_scores(self, s, m, base2=False):
     """P̄ = exp(S − m) in float32, m broadcast to s. base2 (the Mosaic GPU forward's option, fa2
@@ -166,7 +170,7 @@ class Numerics:
     return p.astype(jnp.bfloat16 if self.paper else input_dtype)
 
   def pv(self, pv):
-    return round_bf16(pv) if self.paper else pv                     # paper: bf16(P̄V)
+    return round_bf16(pv) if self.paper else pv  # paper: bf16(P̄V)
 
   def state(self, x):
     """The running m, l and O buffers after each tile."""
@@ -223,7 +227,7 @@ class Numerics:
     return (k32 - c).astype(k.dtype)
 
   def dp(self, dp):
-    return round_bf16(dp) if self.paper else dp                     # paper: bf16(dO·Vᵀ)
+    return round_bf16(dp) if self.paper else dp  # paper: bf16(dO·Vᵀ)
 
   def dscores(self, p, dp, delta, softmax_scale):
     """dS; the paper folds the softmax scale in here, fa2 applies it to dQ, dK at the end."""
@@ -255,10 +259,10 @@ class Numerics:
 
 
 NUMERICS = {
-    "fa2": Numerics("fa2"),
-    "paper": Numerics("paper", paper=True),
-    "fp32_out": Numerics("fp32_out", out_float32=True),
-    "stochastic": Numerics("stochastic", stochastic=True),
+  "fa2": Numerics("fa2"),
+  "paper": Numerics("paper", paper=True),
+  "fp32_out": Numerics("fp32_out", out_float32=True),
+  "stochastic": Numerics("stochastic", stochastic=True),
 }
 
 
@@ -298,27 +302,39 @@ class Compensation:
   are outside what this guard promises.)
   Ties split across two tiles are not detected, as in the paper.
   """
+
   beta: float = 2.0
   tie_tolerance: float = 1e-3
-  min_shift: float = 2.0 ** -7   # exp(−2^−7) = 0.99222 → bf16 0.99219 < 1
-  max_shift: float = 20.0        # exp(−20) = 2.1e−9, far from float32's smallest normal;
-                                 # 6 for float16 inputs (`for_dtype`)
+  min_shift: float = 2.0**-7  # exp(−2^−7) = 0.99222 → bf16 0.99219 < 1
+  max_shift: float = 20.0  # exp(−20) = 2.1e−9, far from float32's smallest normal;
+  # 6 for float16 inputs (`for_dtype`)
 
   @classmethod
   def for_dtype(cls, dtype, beta=2.0, tie_tolerance=1e-3) -> "Compensation":
     """The settings `flash_attention` uses for inputs of `dtype`: float16 (5 exponent bits)
     caps the shift at 6 so that the tied P̄ = e^−d ≥ e^−6 stays a normal float16 number after
     `round_p` (scores more than ≈3.7 below the tied max then become float16 subnormals)."""
-    return cls(beta=beta, tie_tolerance=tie_tolerance,
-               max_shift=6.0 if jnp.dtype(dtype) == jnp.float16 else cls.max_shift)
+    return cls(
+      beta=beta,
+      tie_tolerance=tie_tolerance,
+      max_shift=6.0 if jnp.dtype(dtype) == jnp.float16 else cls.max_shift,
+    )
 
   def __post_init__(self):
-    if not (isinstance(self.beta, (int, float, np.floating)) and math.isfinite(self.beta) and self.beta > 1):
+    if not (
+      isinstance(self.beta, (int, float, np.floating))
+      and math.isfinite(self.beta)
+      and self.beta > 1
+    ):
       raise ValueError(f"beta must be a finite number > 1, got beta={self.beta!r}")
-    if not (isinstance(self.tie_tolerance, (int, float, np.floating)) and math.isfinite(self.tie_tolerance)
-            and self.tie_tolerance >= 0):
+    if not (
+      isinstance(self.tie_tolerance, (int, float, np.floating))
+      and math.isfinite(self.tie_tolerance)
+      and self.tie_tolerance >= 0
+    ):
       raise ValueError(
-          f"tie_tolerance must be a finite number >= 0, got tie_tolerance={self.tie_tolerance!r}")
+        f"tie_tolerance must be a finite number >= 0, got tie_tolerance={self.tie_tolerance!r}"
+      )
     if not 0 < self.min_shift <= self.max_shift:
       raise ValueError(f"need 0 < min_shift <= max_shift, got {self.min_shift=}, {self.max_shift=}")
 
@@ -340,7 +356,7 @@ def tie_count(s, tile_max, comp: Compensation, paper: bool = False, in_range=Non
       near = jnp.logical_and(near, in_range[None, :])
     return jnp.sum(near.astype(jnp.float32), axis=-1)
   near = s >= lax.broadcast_in_dim(tile_max - comp.tie_tolerance, s.shape, [0])  # (Mosaic GPU
-  n = jnp.sum(near.astype(jnp.float32), axis=-1)                                 # has no [:, None])
+  n = jnp.sum(near.astype(jnp.float32), axis=-1)  # has no [:, None])
   return jnp.where(tile_max > -jnp.inf, n, 0.0)
 
 
@@ -365,8 +381,7 @@ def tile_top2(s, top2, paper: bool = False, in_range=None):
     return tile_max, first, second, None
   real = s if in_range is None else jnp.where(in_range[None, :], s, -jnp.inf)
   first, second = top2(real)
-  n_real = (jnp.float32(s.shape[-1]) if in_range is None
-            else jnp.sum(in_range.astype(jnp.float32)))
+  n_real = jnp.float32(s.shape[-1]) if in_range is None else jnp.sum(in_range.astype(jnp.float32))
   return jnp.max(s, axis=-1), first, second, n_real
 
 
@@ -393,12 +408,11 @@ def tied_by_top2(tile_max, first, second, n_real, comp: Compensation, paper: boo
     as in the paper's kernel; padded keys are −inf in the summary and count only if t = −inf,
     where every real key counts in the rule: then the decision is n_real ≥ 2.
   """
-  thr = (round_bf16(tile_max - comp.tie_tolerance) if paper
-         else tile_max - comp.tie_tolerance)
+  thr = round_bf16(tile_max - comp.tie_tolerance) if paper else tile_max - comp.tie_tolerance
   if first.ndim == thr.ndim:
     two = second >= thr
   else:
-    t = lax.broadcast_in_dim(thr, first.shape, [0])          # (Mosaic GPU has no [:, None])
+    t = lax.broadcast_in_dim(thr, first.shape, [0])  # (Mosaic GPU has no [:, None])
     n = jnp.sum((first >= t).astype(jnp.float32) + (second >= t).astype(jnp.float32), axis=-1)
     two = n >= 2.0
   if paper:
@@ -414,16 +428,18 @@ def shifted_max(tile_max, tied, comp: Compensation, paper: bool = False):
   fa2: the paper's shift d = m' − max clipped to [min_shift, max_shift] (`Compensation`).
   """
   if paper:
-    shifted = jnp.where(tile_max > 0, round_bf16(comp.beta * tile_max),
-                        jnp.where(tile_max < 0, 0.0, tile_max))
+    shifted = jnp.where(
+      tile_max > 0, round_bf16(comp.beta * tile_max), jnp.where(tile_max < 0, 0.0, tile_max)
+    )
   else:
     paper_shift = jnp.where(tile_max > 0, (comp.beta - 1.0) * tile_max, -tile_max)
     shifted = tile_max + jnp.clip(paper_shift, comp.min_shift, comp.max_shift)
   return jnp.where(tied, shifted, tile_max), tied.astype(jnp.float32)
 
 
-def compensated_tile_max(s, comp: Compensation | None, paper: bool = False, in_range=None,
-                         top2=None):
+def compensated_tile_max(
+  s, comp: Compensation | None, paper: bool = False, in_range=None, top2=None
+):
   """Row max of one score tile, shifted on tied rows (Qiu & Yao 2025, Alg. 1).
 
   Args:
@@ -469,6 +485,7 @@ class BlockSizes:
   happens. A tile larger than the (power-of-two rounded) sequence is shrunk to it, which
   changes nothing: masked padding adds no score and no tie.
   """
+
   block_q: int
   block_k: int
   block_q_bwd: int
@@ -485,11 +502,13 @@ class BlockSizes:
   @classmethod
   def default(cls, head_dim: int, block_q: int | None = None, block_k: int | None = None):
     big = head_dim > 128
-    return cls(block_q=block_q if block_q is not None else (64 if big else 128),
-               block_k=block_k if block_k is not None else 64,
-               block_q_bwd=32 if big else 64,
-               block_k_bwd=32 if big else 64,
-               sub=32 if big else 64)
+    return cls(
+      block_q=block_q if block_q is not None else (64 if big else 128),
+      block_k=block_k if block_k is not None else 64,
+      block_q_bwd=32 if big else 64,
+      block_k_bwd=32 if big else 64,
+      sub=32 if big else 64,
+    )
 
   def for_numerics(self, numerics: "Numerics") -> "BlockSizes":
     """The paper layout's bf16 gradient buffers make the backward tiling part of the
@@ -501,8 +520,13 @@ class BlockSizes:
   def fit(self, q_len: int, kv_len: int) -> "BlockSizes":
     """Shrinks tiles that are longer than the padded sequence (same numerics)."""
     lq, lk = max(16, next_power_of_2(q_len)), max(16, next_power_of_2(kv_len))
-    return BlockSizes(min(self.block_q, lq), min(self.block_k, lk),
-                      min(self.block_q_bwd, lq), min(self.block_k_bwd, lk), self.sub)
+    return BlockSizes(
+      min(self.block_q, lq),
+      min(self.block_k, lk),
+      min(self.block_q_bwd, lq),
+      min(self.block_k_bwd, lk),
+      self.sub,
+    )
 
   def compute(self, numerics: "Numerics"):
     """(q tile, key sub-tile) a forward program works on, and (q tile, k tile) of the two
@@ -510,5 +534,9 @@ class BlockSizes:
     layout, where they are cut to `sub`."""
     if not numerics.paper:
       return self.block_q, self.block_k, self.block_q_bwd, self.block_k_bwd
-    return (min(self.block_q, self.sub), min(self.block_k, self.sub),
-            min(self.block_q_bwd, self.sub), min(self.block_k_bwd, self.sub))
+    return (
+      min(self.block_q, self.sub),
+      min(self.block_k, self.sub),
+      min(self.block_q_bwd, self.sub),
+      min(self.block_k_bwd, self.sub),
+    )

@@ -11,6 +11,7 @@
   This is the "standard attention in BF16" baseline of Golden et al.
 Grouped heads: query head h reads key/value head h // (num_heads // num_kv_heads), as jax.nn.
 """
+
 from __future__ import annotations
 
 import functools
@@ -35,15 +36,15 @@ def _attention(query, key, value, causal, softmax_scale, dtype):
   s = jnp.einsum("bqhd,bkhd->bhqk", query, key, precision=HIGHEST, preferred_element_type=acc)
   s = s * softmax_scale
   if low:
-    s = s.astype(dtype)                                           # rounding point 1
+    s = s.astype(dtype)  # rounding point 1
   if causal:
     q_len, kv_len = query.shape[1], key.shape[1]
     s = jnp.where(jnp.tril(jnp.ones((q_len, kv_len), bool)), s, -jnp.inf)
   p = jax.nn.softmax(s.astype(acc), axis=-1)
   if low:
-    p = p.astype(dtype)                                           # rounding point 2
+    p = p.astype(dtype)  # rounding point 2
   o = jnp.einsum("bhqk,bkhd->bqhd", p, value, precision=HIGHEST, preferred_element_type=acc)
-  return o.astype(dtype)                                          # rounding point 3
+  return o.astype(dtype)  # rounding point 3
 
 
 # float64: one compiled program (eager op-by-op dispatch is most of its cost). The
@@ -58,8 +59,9 @@ def _attention_fp64(query, key, value, causal, softmax_scale):
 
 @functools.partial(jax.jit, static_argnums=(4, 5))
 def _attention_vjp_fp64(query, key, value, d_out, causal, softmax_scale):
-  out, vjp = jax.vjp(lambda q, k, v: _attention(q, k, v, causal, softmax_scale, jnp.float64),
-                     query, key, value)
+  out, vjp = jax.vjp(
+    lambda q, k, v: _attention(q, k, v, causal, softmax_scale, jnp.float64), query, key, value
+  )
   return out, vjp(d_out)
 
 
@@ -94,8 +96,9 @@ def reference_attention(query, key, value, *, causal=False, softmax_scale=None, 
   return _attention(query, key, value, causal, softmax_scale, dtype)
 
 
-def reference_attention_vjp(query, key, value, d_out, *, causal=False, softmax_scale=None,
-                            dtype=jnp.float32):
+def reference_attention_vjp(
+  query, key, value, d_out, *, causal=False, softmax_scale=None, dtype=jnp.float32
+):
   """(out, (d_query, d_key, d_value)) of `reference_attention` for the cotangent `d_out`.
 
   float64 results are NumPy arrays (computed with x64 on locally); the gradients of the
@@ -106,11 +109,13 @@ def reference_attention_vjp(query, key, value, d_out, *, causal=False, softmax_s
 
   if dtype == jnp.float64:
     with jax.enable_x64(True):
-      query, key, value, d_out = [jnp.asarray(np.asarray(x, np.float64))
-                                  for x in (query, key, value, d_out)]
+      query, key, value, d_out = [
+        jnp.asarray(np.asarray(x, np.float64)) for x in (query, key, value, d_out)
+      ]
       out, grads = _attention_vjp_fp64(query, key, value, d_out, causal, softmax_scale)
       return np.asarray(out), tuple(np.asarray(g) for g in grads)
   query, key, value = (x.astype(dtype) for x in (query, key, value))
-  out, vjp = jax.vjp(lambda q, k, v: _attention(q, k, v, causal, softmax_scale, dtype),
-                     query, key, value)
+  out, vjp = jax.vjp(
+    lambda q, k, v: _attention(q, k, v, causal, softmax_scale, dtype), query, key, value
+  )
   return out, vjp(jnp.asarray(d_out).astype(out.dtype))

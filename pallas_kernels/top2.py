@@ -27,6 +27,7 @@ What each Pallas lowering offers for a two-value reduction (jax 0.11.2):
 On CPU (interpret mode) both are plain XLA: `row_top2` lowers to `jnp.max` and a variadic
 `lax.reduce`.
 """
+
 from __future__ import annotations
 
 import jax
@@ -53,10 +54,14 @@ def row_top2(s):
 
 
 def _top2_impl(s):
-  first = jnp.max(s, axis=-1)                         # the same op as the plain row max
-  pad = jnp.full_like(s, -jnp.inf)                    # leaves (s, −inf)
-  _, second = lax.reduce((s, pad), (jnp.float32(-jnp.inf),) * 2,
-                         lambda a, b: merge((a[0], a[1]), (b[0], b[1])), (s.ndim - 1,))
+  first = jnp.max(s, axis=-1)  # the same op as the plain row max
+  pad = jnp.full_like(s, -jnp.inf)  # leaves (s, −inf)
+  _, second = lax.reduce(
+    (s, pad),
+    (jnp.float32(-jnp.inf),) * 2,
+    lambda a, b: merge((a[0], a[1]), (b[0], b[1])),
+    (s.ndim - 1,),
+  )
   return first, second
 
 
@@ -81,6 +86,7 @@ def _top2_triton(ctx, s):
   from jax._src.lib.mlir import ir
   from jax._src.lib.mlir.dialects import arith
   from jax._src.lib.triton import dialect as tt_dialect
+
   f32 = ir.F32Type.get()
   nan = tt_dialect.splat(ir.RankedTensorType(s.type), arith.constant(f32, float("nan")))
   reduce_op = tt_dialect.ReduceOp([s, nan], len(ctx.avals_in[0].shape) - 1)
@@ -97,7 +103,7 @@ def _top2_triton(ctx, s):
 def _register_triton():
   try:
     from jax._src.pallas.triton import lowering as tl
-  except ImportError:            # a jaxlib without the Triton dialect: interpret mode only
+  except ImportError:  # a jaxlib without the Triton dialect: interpret mode only
     return
   tl.triton_lowering_rules.setdefault(top2_p, _top2_triton)
 

@@ -1,4 +1,5 @@
 """Determinism, jit/vmap, statistics layout and every invalid input."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -45,8 +46,9 @@ def test_lse_is_differentiable():
   f = lambda q, k, v: flash_attention(q, k, v, causal=True, return_stats=True)[1].lse.sum()
 
   def ref(q, k, v):
-    s = jnp.einsum("bqhd,bkhd->bqhk", q, jnp.repeat(k, 2, axis=2),
-                   precision=jax.lax.Precision.HIGHEST) / np.sqrt(32)   # no TF32 on GPU
+    s = jnp.einsum(
+      "bqhd,bkhd->bqhk", q, jnp.repeat(k, 2, axis=2), precision=jax.lax.Precision.HIGHEST
+    ) / np.sqrt(32)  # no TF32 on GPU
     s = jnp.where(jnp.tril(jnp.ones((40, 40), bool))[None, :, None, :], s, -jnp.inf)
     return jax.nn.logsumexp(s, axis=-1).sum()
 
@@ -68,25 +70,36 @@ def _x(shape, dtype=jnp.bfloat16):
 
 
 BAD = [
-    (dict(query=_x((2, 8, 32))), ValueError, "rank 4"),
-    (dict(key=_x((3, 8, 2, 32)), value=_x((3, 8, 2, 32))), ValueError, "batch"),
-    (dict(key=_x((2, 8, 2, 64)), value=_x((2, 8, 2, 64))), ValueError, "head_dim"),
-    (dict(key=_x((2, 8, 3, 32)), value=_x((2, 8, 3, 32))), ValueError, "num_kv_heads=3"),
-    (dict(value=_x((2, 9, 2, 32))), ValueError, "value.shape"),
-    (dict(query=_x((2, 8, 4, 32), jnp.float32)), TypeError, "dtype"),
-    (dict(query=_x((2, 8, 4, 32), jnp.int32), key=_x((2, 8, 2, 32), jnp.int32),
-          value=_x((2, 8, 2, 32), jnp.int32)), TypeError, "int32"),
-    (dict(query=_x((2, 8, 4, 512)), key=_x((2, 8, 2, 512)), value=_x((2, 8, 2, 512))), ValueError, "head_dim=512"),
-    (dict(query=_x((2, 0, 4, 32))), ValueError, "empty"),
-    (dict(softmax_scale=0.0), ValueError, "softmax_scale=0.0"),
-    (dict(softmax_scale=-1.0), ValueError, "softmax_scale=-1.0"),
-    (dict(softmax_scale=float("inf")), ValueError, "softmax_scale=inf"),
-    (dict(beta=1.0), ValueError, "beta=1.0"),
-    (dict(tie_tolerance=-0.1), ValueError, "tie_tolerance=-0.1"),
-    (dict(block_q=48), ValueError, "block_q=48"),
-    (dict(block_k=8), ValueError, "block_k=8"),
-    (dict(block_k=0), ValueError, "block_k=0"),
-    (dict(numerics="paper2"), ValueError, "numerics='paper2'"),
+  (dict(query=_x((2, 8, 32))), ValueError, "rank 4"),
+  (dict(key=_x((3, 8, 2, 32)), value=_x((3, 8, 2, 32))), ValueError, "batch"),
+  (dict(key=_x((2, 8, 2, 64)), value=_x((2, 8, 2, 64))), ValueError, "head_dim"),
+  (dict(key=_x((2, 8, 3, 32)), value=_x((2, 8, 3, 32))), ValueError, "num_kv_heads=3"),
+  (dict(value=_x((2, 9, 2, 32))), ValueError, "value.shape"),
+  (dict(query=_x((2, 8, 4, 32), jnp.float32)), TypeError, "dtype"),
+  (
+    dict(
+      query=_x((2, 8, 4, 32), jnp.int32),
+      key=_x((2, 8, 2, 32), jnp.int32),
+      value=_x((2, 8, 2, 32), jnp.int32),
+    ),
+    TypeError,
+    "int32",
+  ),
+  (
+    dict(query=_x((2, 8, 4, 512)), key=_x((2, 8, 2, 512)), value=_x((2, 8, 2, 512))),
+    ValueError,
+    "head_dim=512",
+  ),
+  (dict(query=_x((2, 0, 4, 32))), ValueError, "empty"),
+  (dict(softmax_scale=0.0), ValueError, "softmax_scale=0.0"),
+  (dict(softmax_scale=-1.0), ValueError, "softmax_scale=-1.0"),
+  (dict(softmax_scale=float("inf")), ValueError, "softmax_scale=inf"),
+  (dict(beta=1.0), ValueError, "beta=1.0"),
+  (dict(tie_tolerance=-0.1), ValueError, "tie_tolerance=-0.1"),
+  (dict(block_q=48), ValueError, "block_q=48"),
+  (dict(block_k=8), ValueError, "block_k=8"),
+  (dict(block_k=0), ValueError, "block_k=0"),
+  (dict(numerics="paper2"), ValueError, "numerics='paper2'"),
 ]
 
 

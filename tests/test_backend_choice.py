@@ -1,6 +1,7 @@
 """backend="auto" (the default): the Mosaic GPU kernels on a Hopper GPU wherever `supported`
 says they run the call, the Triton kernels elsewhere; one mechanism
 (`pallas_kernels.attention.choose_backend`), visible through `resolved_backend`."""
+
 import dataclasses
 
 import jax
@@ -23,19 +24,33 @@ def test_auto_is_the_triton_kernels_on_cpu_bit_for_bit():
   shape = Shape(1, 70, 90, 4, 2, 64, causal=True)
   q, k, v, do = make_inputs(shape, jnp.bfloat16, 7)
   assert resolved_backend(q, k, v, causal=True) == ("triton", "triton")
-  assert resolved_backend(q, k, v, backend="mosaic_gpu", interpret=True) == ("mosaic_gpu", "mosaic_gpu")
+  assert resolved_backend(q, k, v, backend="mosaic_gpu", interpret=True) == (
+    "mosaic_gpu",
+    "mosaic_gpu",
+  )
 
   def run(**kw):
-    f = lambda q, k, v: flash_attention(q, k, v, causal=True, stabilize=True, return_stats=True, **kw)
+    f = lambda q, k, v: flash_attention(
+      q, k, v, causal=True, stabilize=True, return_stats=True, **kw
+    )
     (out, stats), vjp = jax.vjp(f, q, k, v)
     return (out, *stats) + vjp((do, jax.tree.map(jnp.zeros_like, stats)))
+
   for a, b in zip(run(), run(backend="triton")):
     assert np.array_equal(np.asarray(a), np.asarray(b))
 
 
-BASE = dict(q_len=300, kv_len=300, head_dim=128, dtype=jnp.bfloat16, softmax_scale=0.1,
-            causal=False, numerics=get_numerics("fa2"), compensation=Compensation(),
-            interpret=False)
+BASE = dict(
+  q_len=300,
+  kv_len=300,
+  head_dim=128,
+  dtype=jnp.bfloat16,
+  softmax_scale=0.1,
+  causal=False,
+  numerics=get_numerics("fa2"),
+  compensation=Compensation(),
+  interpret=False,
+)
 
 
 @pytest.fixture
@@ -50,24 +65,29 @@ def test_auto_takes_the_mosaic_gpu_kernels_on_hopper_where_supported(hopper):
   cfg = kernel_config(**BASE)
   assert (cfg.backend, cfg.backend_bwd) == ("mosaic_gpu", "mosaic_gpu")
   short = kernel_config(**dict(BASE, q_len=20, kv_len=20))
-  assert short.backend == "mosaic_gpu" and short.blocks.block_k == 64   # not shrunk below 64
+  assert short.backend == "mosaic_gpu" and short.blocks.block_k == 64  # not shrunk below 64
   assert kernel_config(**dict(BASE, q_len=20, kv_len=20), backend="triton").blocks.block_k == 32
   for numerics in ("fa2", "fp32_out"):
     for dtype in (jnp.bfloat16, jnp.float16):
       for head_dim in (64, 96, 128):
-        cfg = kernel_config(**dict(BASE, numerics=get_numerics(numerics), dtype=dtype,
-                                   head_dim=head_dim, causal=True))
+        cfg = kernel_config(
+          **dict(BASE, numerics=get_numerics(numerics), dtype=dtype, head_dim=head_dim, causal=True)
+        )
         assert cfg.backend == "mosaic_gpu", (numerics, dtype, head_dim)
   # head_dim 17–256: the Mosaic GPU forward; its backward up to a padded 128, Triton's above
   wide = [kernel_config(**dict(BASE, head_dim=d, group=2)) for d in (20, 192)]
-  assert [(c.backend, c.backend_bwd) for c in wide] == [("mosaic_gpu", "mosaic_gpu"),
-                                                       ("mosaic_gpu", "triton")]
+  assert [(c.backend, c.backend_bwd) for c in wide] == [
+    ("mosaic_gpu", "mosaic_gpu"),
+    ("mosaic_gpu", "triton"),
+  ]
   q, k, v, _ = make_inputs(Shape(1, 64, 64, 2, 2, 64), jnp.bfloat16, 0)
   assert resolved_backend(q, k, v, interpret=False).forward == "mosaic_gpu"
-  assert resolved_backend(q, k, v, interpret=True).forward == "triton"    # interpret: Triton
+  assert resolved_backend(q, k, v, interpret=True).forward == "triton"  # interpret: Triton
 
 
-@pytest.mark.parametrize("change", [
+@pytest.mark.parametrize(
+  "change",
+  [
     dict(numerics=get_numerics("paper")),
     dict(numerics=get_numerics("stochastic")),
     dict(numerics=get_numerics("fa2").with_options(delta_float32=True)),
@@ -75,12 +95,25 @@ def test_auto_takes_the_mosaic_gpu_kernels_on_hopper_where_supported(hopper):
     dict(return_stats=True),
     dict(block_k=32),
     dict(block_k=256),
-    dict(block_k=128, num_stages=4),            # more shared memory than Hopper has
-    dict(head_dim=256, block_k=128),            # registers
+    dict(block_k=128, num_stages=4),  # more shared memory than Hopper has
+    dict(head_dim=256, block_k=128),  # registers
     dict(head_dim=16),
     dict(interpret=True),
-], ids=["paper", "stochastic", "delta_float32", "float32", "return_stats", "block_k32",
-        "block_k256", "smem", "d256-block_k128", "d16", "interpret"])
+  ],
+  ids=[
+    "paper",
+    "stochastic",
+    "delta_float32",
+    "float32",
+    "return_stats",
+    "block_k32",
+    "block_k256",
+    "smem",
+    "d256-block_k128",
+    "d16",
+    "interpret",
+  ],
+)
 def test_auto_falls_back_to_triton_where_mosaic_gpu_refuses(hopper, change):
   """Every refusal of `supported` is a fallback for auto, and an error for explicit
   backend="mosaic_gpu" (except interpret mode, which the Mosaic GPU kernels also run in)."""
@@ -101,7 +134,7 @@ def test_auto_off_hopper_is_triton(monkeypatch):
   monkeypatch.setattr(fm, "on_hopper", lambda: False)
   assert kernel_config(**BASE).backend == "triton"
   assert choose_backend("auto", numerics="fa2") == "triton"
-  assert choose_backend("mosaic_gpu", numerics="paper") == "mosaic_gpu"     # explicit: as asked
+  assert choose_backend("mosaic_gpu", numerics="paper") == "mosaic_gpu"  # explicit: as asked
 
 
 def test_attention_config_default_is_auto_and_explicit_choices_parse():
@@ -109,7 +142,7 @@ def test_attention_config_default_is_auto_and_explicit_choices_parse():
   triton = AttentionConfig.parse("fa2+comp+triton")
   assert triton.backend == "triton" and triton.name == "fa2+comp+triton"
   assert AttentionConfig.parse(triton.name) == triton
-  assert AttentionConfig.parse("paper").flash_kwargs()["backend"] == "auto"   # paper: Triton
+  assert AttentionConfig.parse("paper").flash_kwargs()["backend"] == "auto"  # paper: Triton
   with pytest.raises(ValueError, match="backend='mosaic_gpu' does not support numerics='paper'"):
     AttentionConfig.parse("paper+mgpu")
   with pytest.raises(ValueError, match="'auto', 'triton', 'mosaic_gpu'"):

@@ -1,31 +1,55 @@
 """`flashstable bench`: timing helpers, the CLI at CPU size, and the golden output hashes."""
+
 import json
 import pathlib
-import time
 
 import jax
 import pytest
 
 from jax_flashstable import bench, cli
+from jax_flashstable.bench import timing
 
 HASHES = json.loads((pathlib.Path(__file__).parent / "golden_hashes.json").read_text())
 
 
-def test_paired_overhead_measures_a_known_ratio():
-  fast = lambda calls=1: time.sleep(0.002 * calls)
-  slow = lambda calls=1: time.sleep(0.004 * calls)
-  assert bench.paired_overhead(fast, slow, pairs=6, inner=2) == pytest.approx(1.0, abs=0.35)
-  assert bench.paired_overhead(fast, fast, pairs=6, inner=2) == pytest.approx(0.0, abs=0.35)
+class FakeClock:
+  """A clock that moves only when the fake work says so: the timing helpers' arithmetic is
+  checked exactly, whatever else the machine is doing (sleep-based timings failed under load)."""
+
+  def __init__(self):
+    self.now = 0.0
+
+  def perf_counter(self):
+    return self.now
+
+  def work(self, seconds):
+    self.now += seconds
 
 
-def test_timing_in_batches_spreads_a_fixed_wait_over_the_calls():
-  # 1 ms of "kernel" per call plus 2 ms of synchronisation per wait (sleep overshoots a little)
-  run = lambda calls=1: time.sleep(0.002 + 0.001 * calls)
-  assert bench.median_seconds(run, warmup=1, reps=3) == pytest.approx(0.003, rel=0.5)
-  assert bench.calls_per_timing(run) == 10                       # 50 ms / ~3 ms, capped at 10
-  assert bench.calls_per_timing(run, target_s=0.001) == 1        # one call is already longer
+@pytest.fixture
+def clock(monkeypatch):
+  c = FakeClock()
+  monkeypatch.setattr(timing, "time", c)
+  return c
+
+
+def test_paired_overhead_measures_a_known_ratio(clock):
+  fast = lambda calls=1: clock.work(0.002 * calls)
+  slow = lambda calls=1: clock.work(0.004 * calls)
+  assert bench.paired_overhead(fast, slow, pairs=6, inner=2) == pytest.approx(1.0, rel=1e-9)
+  assert bench.paired_overhead(fast, fast, pairs=6, inner=2) == pytest.approx(0.0, abs=1e-9)
+  assert bench.paired_overhead(slow, fast, pairs=6, inner=2) == pytest.approx(-0.5, rel=1e-9)
+
+
+def test_timing_in_batches_spreads_a_fixed_wait_over_the_calls(clock):
+  # 1 ms of "kernel" per call plus 2 ms of synchronisation per wait
+  run = lambda calls=1: clock.work(0.002 + 0.001 * calls)
+  assert bench.median_seconds(run, warmup=1, reps=3) == pytest.approx(0.003, rel=1e-9)
+  assert bench.calls_per_timing(run) == 10  # 50 ms / 3 ms = 16, capped at 10
+  assert bench.calls_per_timing(run, target_s=0.001) == 1  # one call is already longer
   per_call = bench.median_seconds(run, warmup=1, reps=3, calls=10)
-  assert per_call == pytest.approx(0.0012, rel=0.4) and per_call < 0.002
+  assert per_call == pytest.approx(0.0012, rel=1e-9)  # (2 + 10·1) ms / 10 calls
+  assert bench.seconds_per_call(run, warmup=1, reps=3) == pytest.approx(0.0012, rel=1e-9)
 
 
 def test_waiting_dispatches_the_calls_and_returns_the_last_output():
@@ -44,9 +68,14 @@ def test_flops_convention():
 def test_names_are_attention_specs_or_external():
   assert bench.name_error("fa2+comp+mgpu:block_k=128") is None
   assert bench.name_error("torch-math") is None and bench.name_error("pallas-mgpu") is None
-  assert bench.name_error("flash-mgpu:fa2+stabilize@128") is None          # an older spelling
-  for bad, why in (("fa3", "'fa3'"), ("fa2+mgpu:block_k=32", "block_k=32"), ("torch-fast", "'torch-fast'"),
-                   ("paper+mgpu", "numerics='paper'"), ("fa2:block_k=12x", "block_k='12x'")):
+  assert bench.name_error("flash-mgpu:fa2+stabilize@128") is None  # an older spelling
+  for bad, why in (
+    ("fa3", "'fa3'"),
+    ("fa2+mgpu:block_k=32", "block_k=32"),
+    ("torch-fast", "'torch-fast'"),
+    ("paper+mgpu", "numerics='paper'"),
+    ("fa2:block_k=12x", "block_k='12x'"),
+  ):
     assert why in bench.name_error(bad), bad
 
 
@@ -61,25 +90,43 @@ def test_bench_cli_on_cpu(tmp_path, capsys):
     cli.main(["bench", "--shapes", "1,64,4,3,64,0", "--out", str(tmp_path)])
   with pytest.raises(SystemExit, match=r"--overhead 'xla'"):
     cli.main(["bench", "--overhead", "xla", "--out", str(tmp_path)])
-  rc = cli.main(["bench", "--shapes", "1,128,4,2,64,causal", "--attention",
-                 "fa2,paper+comp,fa2+comp+mgpu,xla,torch-math,pallas-mgpu",
-                 "--reps", "2", "--warmup", "1", "--overhead-pairs", "2", "--no-hashes", "--out", str(tmp_path),
-                 "--paired-impls", "fa2", "--paired-reference", "xla"])     # an older flag name
+  rc = cli.main(
+    [
+      "bench",
+      "--shapes",
+      "1,128,4,2,64,causal",
+      "--attention",
+      "fa2,paper+comp,fa2+comp+mgpu,xla,torch-math,pallas-mgpu",
+      "--reps",
+      "2",
+      "--warmup",
+      "1",
+      "--overhead-pairs",
+      "2",
+      "--no-hashes",
+      "--out",
+      str(tmp_path),
+      "--paired-impls",
+      "fa2",
+      "--paired-reference",
+      "xla",
+    ]
+  )  # an older flag name
   assert rc == 0 and "--paired-impls is now --paired" in capsys.readouterr().err
   res = json.loads((tmp_path / "bench.json").read_text())
   rows = {r["impl"]: r for r in res["rows"]}
-  assert "skipped" in rows["torch-math"] or rows["torch-math"]["ok"]     # torch is optional
+  assert "skipped" in rows["torch-math"] or rows["torch-math"]["ok"]  # torch is optional
   assert "needs a CUDA GPU" in rows["pallas-mgpu"]["skipped"]
   assert not (tmp_path / "bench_partial.json").exists()
   for name in ("fa2", "paper+comp", "fa2+comp+mgpu", "xla"):
     r = rows[name]
-    assert r["ok"] and r["max_err"] < 2 ** -5 and r["fwd_ms"] > 0 and r["fwdbwd_tflops"] > 0
-  r = res["meta"]["paired_ratios"][0]                    # time(xla) / time(ours), same moment
+    assert r["ok"] and r["max_err"] < 2**-5 and r["fwd_ms"] > 0 and r["fwdbwd_tflops"] > 0
+  r = res["meta"]["paired_ratios"][0]  # time(xla) / time(ours), same moment
   assert r["impl"] == "fa2" and r["reference"] == "xla" and r["pairs"] == 2
   assert 0 < r["fwd_ratio"] < 1e4 and 0 < r["fwdbwd_ratio"] < 1e4
   with pytest.raises(SystemExit, match=r"--paired/--paired-reference: unknown 'nope'"):
     cli.main(["bench", "--paired", "fa2", "--paired-reference", "nope", "--out", str(tmp_path)])
-  with pytest.raises(SystemExit, match=r"unknown 'nope'"):       # checked without --paired too
+  with pytest.raises(SystemExit, match=r"unknown 'nope'"):  # checked without --paired too
     cli.main(["bench", "--paired-reference", "nope", "--out", str(tmp_path)])
   o = res["meta"]["compensation_overhead"][0]
   assert o["attention"] == "fa2" and o["pairs"] == 2 and abs(o["fwd_overhead"]) < 5
@@ -100,9 +147,27 @@ def test_bench_targets_on_cpu(tmp_path, capsys):
   'targets' table closes bench.md."""
   with pytest.raises(SystemExit, match="compensation"):
     cli.main(["bench", "--targets", "fa2", "--paired-reference", "xla", "--out", str(tmp_path)])
-  rc = cli.main(["bench", "--targets", "--paired-reference", "xla", "--shapes", "1,64,2,2,32,1",
-                 "--reps", "1", "--warmup", "1", "--overhead-pairs", "2", "--no-hashes",
-                 "--step-batch", "2", "--out", str(tmp_path)])
+  rc = cli.main(
+    [
+      "bench",
+      "--targets",
+      "--paired-reference",
+      "xla",
+      "--shapes",
+      "1,64,2,2,32,1",
+      "--reps",
+      "1",
+      "--warmup",
+      "1",
+      "--overhead-pairs",
+      "2",
+      "--no-hashes",
+      "--step-batch",
+      "2",
+      "--out",
+      str(tmp_path),
+    ]
+  )
   assert rc == 0
   res = json.loads((tmp_path / "bench.json").read_text())
   assert {r["impl"] for r in res["rows"]} == {"fa2+comp", "pallas-mgpu", "xla"}
@@ -110,9 +175,13 @@ def test_bench_targets_on_cpu(tmp_path, capsys):
   assert targets["attention"] == "fa2+comp" and targets["shapes"][0]["kernels"] == "triton/triton"
   rows = {(r["target"], r["shape"]): r for r in targets["rows"]}
   shape = "b1 q64 kv64 h2/2 d32 causal"
-  for target in ("forward ≥ 0.95× xla", "forward+backward ≥ 0.80× xla",
-                 "compensation overhead, forward ≤ 3%", "compensation overhead, forward+backward ≤ 1%"):
-    assert rows[(target, shape)]["met"] in (True, False), target      # measured
+  for target in (
+    "forward ≥ 0.95× xla",
+    "forward+backward ≥ 0.80× xla",
+    "compensation overhead, forward ≤ 3%",
+    "compensation overhead, forward+backward ≤ 1%",
+  ):
+    assert rows[(target, shape)]["met"] in (True, False), target  # measured
   rival = rows[("forward ahead of pallas-mgpu", shape)]
   assert rival["met"] is None and "needs a CUDA GPU" in rival["measured"]
   step = rows[("tiny training step ≤ xla's", "batch 2")]

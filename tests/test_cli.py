@@ -1,4 +1,5 @@
 """The `flashstable` command line on the embedded sample (small sizes)."""
+
 import json
 import os
 import pathlib
@@ -14,8 +15,17 @@ from jax_flashstable.cli import main
 
 REPO = pathlib.Path(__file__).parents[1]
 
-FAST = ["--model-set", "block_size=32", "--batch-size", "2", "--eval-interval", "0", "--no-progress",
-        "--eval-batches", "1"]
+FAST = [
+  "--model-set",
+  "block_size=32",
+  "--batch-size",
+  "2",
+  "--eval-interval",
+  "0",
+  "--no-progress",
+  "--eval-batches",
+  "1",
+]
 
 
 def test_compare_writes_report_and_png_and_resumes(tmp_path, capsys):
@@ -37,8 +47,23 @@ def test_compare_writes_report_and_png_and_resumes(tmp_path, capsys):
 
 def test_train_with_a_layer_override(tmp_path):
   out = tmp_path / "train"
-  assert main(["train", "--steps", "2", "--attention", "fa2+comp", "--layer-attention",
-               "1=reference-fp32", "--out-dir", str(out)] + FAST) == 0
+  assert (
+    main(
+      [
+        "train",
+        "--steps",
+        "2",
+        "--attention",
+        "fa2+comp",
+        "--layer-attention",
+        "1=reference-fp32",
+        "--out-dir",
+        str(out),
+      ]
+      + FAST
+    )
+    == 0
+  )
   cfg = json.loads((out / "config.json").read_text())["train"]
   assert cfg["attention"] == "fa2+comp" and cfg["attention_overrides"] == [[1, "reference-fp32"]]
   assert cfg["model_overrides"] == [["block_size", 32]]
@@ -57,51 +82,77 @@ def _bad_inputs(tmp):
   (tmp / "file").write_text("not a folder")
   (tmp / "texts").mkdir()
   return [
-      (["train", "--steps", "-5"], r"flashstable train: steps=-5 must be an integer ≥ 1"),
-      (["train", "--steps", "0"], r"steps=0 must be"),
-      (["train", "--lr", "-1"], r"lr=-1.0 must be a finite number > 0"),
-      (["train", "--grad-clip", "-1"], r"grad_clip=-1.0 must be a finite number ≥ 0"),
-      (["train", "--batch-size", "0"], r"batch_size=0 must be"),
-      (["train", "--seq-len", "5000"], r"seq_len=5000 exceeds the context of model 'tiny' "
-                                       r"\(block_size=128\)"),
-      (["train", "--steps", "ten"], r"train: argument --steps: invalid int value: 'ten'"),
-      (["train", "--out-dir", str(tmp / "file")], r"out_dir='.*file' is a file, not a folder"),
-      (["train", "--out-dir", str(tmp / "file" / "run")], r"out_dir='.*run' cannot be created"),
-      (["train", "--attention", "nope"], r"attention='nope': unknown attention 'nope'"),
-      (["train", "--layer-attention", "7=xla"], r"layer 7, but n_layer=2"),
-      (["compare", "--steps", "0"], r"flashstable compare: steps=0"),
-      (["experiment", "instability", "--recipe", "tiny", "--seeds", "1,-2", "--out", str(tmp)],
-       r"flashstable experiment: --seeds '1,-2': every value must be ≥ 0, got -2"),
-      (["experiment", "instability", "--recipe", "tiny", "--eval-batches", "0", "--out", str(tmp)],
-       r"eval_batches=0"),
-      (["experiment", "instability", "--recipe", "tiny", "--time-budget", "-1"],
-       r"argument --time-budget: must be a finite number ≥ 0, got -1"),
-      (["experiment", "instability", "--recipe", "nope"], r"--recipe 'nope' is unknown"),
-      (["experiment", "instability", "--recipe", "tiny", "--data", str(tmp / "none"), "--out",
-        str(tmp / "x")],
-       r"data='.*none': folder not found"),
-      (["bench", "--reps", "0"], r"flashstable bench: argument --reps: must be ≥ 1, got 0"),
-      (["bench", "--out", str(tmp / "file")], r"flashstable bench: --out='.*file' is a file"),
-      (["bench", "--targets", "fa2"], r"flashstable bench: --targets needs our attention with "
-                                      r"the compensation \(e.g. fa2\+comp\), got 'fa2'"),
-      (["bench", "--targets", "--step-model", "gpt5"], r"--step-model 'gpt5': unknown 'gpt5'"),
-      (["bench", "--targets", "--step-batch", "0"], r"argument --step-batch: must be ≥ 1, got 0"),
-      (["deviation", "--seq-lens", "128,-1"], r"--seq-lens '128,-1': every value must be ≥ 1"),
-      (["deviation", "--dtypes", "bfloat17"], r"--dtypes 'bfloat17': unknown 'bfloat17'"),
-      (["deviation", "--numerics", "fa3"], r"--numerics 'fa3': unknown 'fa3'"),
-      (["deviation", "--block-ks", "24"], r"--block-ks=24"),
-      (["bias", "--rows", "0"], r"flashstable bias: argument --rows: must be ≥ 1, got 0"),
-      (["accuracy", "--dtypes", "int8"], r"flashstable accuracy: --dtypes 'int8': unknown 'int8'"),
-      (["accuracy", "--seed", "-1"], r"argument --seed: must be ≥ 0, got -1"),
-      (["crosscheck", str(tmp / "no.npz")], r"crosscheck: dump file not found: .*no.npz"),
-      (["crosscheck", str(tmp / "file")], r"crosscheck: .*file is not a readable dump"),
-      (["plot", str(tmp / "norun")], r"flashstable plot: run folder '.*norun' not found"),
-      (["plot", str(tmp / "texts")], r"run folder '.*texts' has no metrics.jsonl"),
-      (["prepare", str(tmp / "nonexistent"), str(tmp / "bin")],
-       r"flashstable prepare: text folder not found: .*nonexistent"),
-      (["prepare", str(tmp / "texts"), str(tmp / "bin")], r"no .txt/.md/.rst files under"),
-      (["prepare", str(tmp / "texts"), str(tmp / "bin"), "--val-every", "0"],
-       r"argument --val-every: must be ≥ 1, got 0"),
+    (["train", "--steps", "-5"], r"flashstable train: steps=-5 must be an integer ≥ 1"),
+    (["train", "--steps", "0"], r"steps=0 must be"),
+    (["train", "--lr", "-1"], r"lr=-1.0 must be a finite number > 0"),
+    (["train", "--grad-clip", "-1"], r"grad_clip=-1.0 must be a finite number ≥ 0"),
+    (["train", "--batch-size", "0"], r"batch_size=0 must be"),
+    (
+      ["train", "--seq-len", "5000"],
+      r"seq_len=5000 exceeds the context of model 'tiny' "
+      r"\(block_size=128\)",
+    ),
+    (["train", "--steps", "ten"], r"train: argument --steps: invalid int value: 'ten'"),
+    (["train", "--out-dir", str(tmp / "file")], r"out_dir='.*file' is a file, not a folder"),
+    (["train", "--out-dir", str(tmp / "file" / "run")], r"out_dir='.*run' cannot be created"),
+    (["train", "--attention", "nope"], r"attention='nope': unknown attention 'nope'"),
+    (["train", "--layer-attention", "7=xla"], r"layer 7, but n_layer=2"),
+    (["compare", "--steps", "0"], r"flashstable compare: steps=0"),
+    (
+      ["experiment", "instability", "--recipe", "tiny", "--seeds", "1,-2", "--out", str(tmp)],
+      r"flashstable experiment: --seeds '1,-2': every value must be ≥ 0, got -2",
+    ),
+    (
+      ["experiment", "instability", "--recipe", "tiny", "--eval-batches", "0", "--out", str(tmp)],
+      r"eval_batches=0",
+    ),
+    (
+      ["experiment", "instability", "--recipe", "tiny", "--time-budget", "-1"],
+      r"argument --time-budget: must be a finite number ≥ 0, got -1",
+    ),
+    (["experiment", "instability", "--recipe", "nope"], r"--recipe 'nope' is unknown"),
+    (
+      [
+        "experiment",
+        "instability",
+        "--recipe",
+        "tiny",
+        "--data",
+        str(tmp / "none"),
+        "--out",
+        str(tmp / "x"),
+      ],
+      r"data='.*none': folder not found",
+    ),
+    (["bench", "--reps", "0"], r"flashstable bench: argument --reps: must be ≥ 1, got 0"),
+    (["bench", "--out", str(tmp / "file")], r"flashstable bench: --out='.*file' is a file"),
+    (
+      ["bench", "--targets", "fa2"],
+      r"flashstable bench: --targets needs our attention with "
+      r"the compensation \(e.g. fa2\+comp\), got 'fa2'",
+    ),
+    (["bench", "--targets", "--step-model", "gpt5"], r"--step-model 'gpt5': unknown 'gpt5'"),
+    (["bench", "--targets", "--step-batch", "0"], r"argument --step-batch: must be ≥ 1, got 0"),
+    (["deviation", "--seq-lens", "128,-1"], r"--seq-lens '128,-1': every value must be ≥ 1"),
+    (["deviation", "--dtypes", "bfloat17"], r"--dtypes 'bfloat17': unknown 'bfloat17'"),
+    (["deviation", "--numerics", "fa3"], r"--numerics 'fa3': unknown 'fa3'"),
+    (["deviation", "--block-ks", "24"], r"--block-ks=24"),
+    (["bias", "--rows", "0"], r"flashstable bias: argument --rows: must be ≥ 1, got 0"),
+    (["accuracy", "--dtypes", "int8"], r"flashstable accuracy: --dtypes 'int8': unknown 'int8'"),
+    (["accuracy", "--seed", "-1"], r"argument --seed: must be ≥ 0, got -1"),
+    (["crosscheck", str(tmp / "no.npz")], r"crosscheck: dump file not found: .*no.npz"),
+    (["crosscheck", str(tmp / "file")], r"crosscheck: .*file is not a readable dump"),
+    (["plot", str(tmp / "norun")], r"flashstable plot: run folder '.*norun' not found"),
+    (["plot", str(tmp / "texts")], r"run folder '.*texts' has no metrics.jsonl"),
+    (
+      ["prepare", str(tmp / "nonexistent"), str(tmp / "bin")],
+      r"flashstable prepare: text folder not found: .*nonexistent",
+    ),
+    (["prepare", str(tmp / "texts"), str(tmp / "bin")], r"no .txt/.md/.rst files under"),
+    (
+      ["prepare", str(tmp / "texts"), str(tmp / "bin"), "--val-every", "0"],
+      r"argument --val-every: must be ≥ 1, got 0",
+    ),
   ]
 
 
@@ -112,8 +163,14 @@ def test_every_user_error_is_one_line_before_any_work(tmp_path):
   before = sorted(tmp_path.rglob("*"))
   for argv, message in cases:
     with pytest.raises(SystemExit) as e:
-      main(argv + (["--out-dir", str(tmp_path / "run")] if argv[0] == "train" and "--out-dir"
-                   not in argv else []))
+      main(
+        argv
+        + (
+          ["--out-dir", str(tmp_path / "run")]
+          if argv[0] == "train" and "--out-dir" not in argv
+          else []
+        )
+      )
     assert isinstance(e.value.code, str) and "\n" not in e.value.code, argv
     assert re.search(message, e.value.code), (argv, e.value.code)
   assert sorted(tmp_path.rglob("*")) == before
@@ -121,31 +178,43 @@ def test_every_user_error_is_one_line_before_any_work(tmp_path):
 
 def _run_cli(*argv, timeout=120):
   env = dict(os.environ, PYTHONPATH=str(REPO))
-  return subprocess.run([sys.executable, "-m", "jax_flashstable.cli", *argv], env=env,
-                        capture_output=True, text=True, timeout=timeout)
+  return subprocess.run(
+    [sys.executable, "-m", "jax_flashstable.cli", *argv],
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+  )
 
 
 def test_console_prints_one_line_and_exits_2(tmp_path):
   out = _run_cli("train", "--steps", "-5", "--out-dir", str(tmp_path / "r"))
   assert (out.returncode, out.stdout, out.stderr) == (
-      2, "", "flashstable train: steps=-5 must be an integer ≥ 1\n")
+    2,
+    "",
+    "flashstable train: steps=-5 must be an integer ≥ 1\n",
+  )
   out = _run_cli("prepare", str(tmp_path / "nonexistent"), str(tmp_path / "bin"))
   assert out.returncode == 2 and out.stderr.splitlines() == [
-      f"flashstable prepare: text folder not found: {tmp_path / 'nonexistent'}"]
+    f"flashstable prepare: text folder not found: {tmp_path / 'nonexistent'}"
+  ]
 
 
 def test_help_imports_no_jax():
   """`--help` (every page) builds its options without importing JAX, Flax, Optax or NumPy."""
-  code = ("import sys, contextlib, io, jax_flashstable.cli as c\n"
-          "p = c.build_parser()\n"
-          "for argv in (['--help'], ['train', '--help'], ['experiment', '--help']):\n"
-          "  with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
-          "    p.parse_args(argv)\n"
-          "print(sorted(m for m in ('jax', 'flax', 'optax', 'numpy', 'orbax')\n"
-          "             if m in sys.modules))")
+  code = (
+    "import sys, contextlib, io, jax_flashstable.cli as c\n"
+    "p = c.build_parser()\n"
+    "for argv in (['--help'], ['train', '--help'], ['experiment', '--help']):\n"
+    "  with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
+    "    p.parse_args(argv)\n"
+    "print(sorted(m for m in ('jax', 'flax', 'optax', 'numpy', 'orbax')\n"
+    "             if m in sys.modules))"
+  )
   env = dict(os.environ, PYTHONPATH=str(REPO))
-  out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                       timeout=60)
+  out = subprocess.run(
+    [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+  )
   assert out.returncode == 0, out.stderr
   assert out.stdout.strip() == "[]"
   assert _run_cli("train", "--help").stdout.startswith("usage: flashstable train")
@@ -156,11 +225,25 @@ def test_ctrl_c_saves_resumable_checkpoint_and_exits_130(tmp_path, capsys):
   traceback, no "terminate called"; the checkpoint is of the last logged step; rerunning a
   finished run reports it instead of training (steps may shrink: decay_steps is fixed)."""
   run = tmp_path / "r"
-  argv = ["train", "--steps", "5000", "--decay-steps", "5000", "--attention", "xla",
-          "--out-dir", str(run)] + FAST
+  argv = [
+    "train",
+    "--steps",
+    "5000",
+    "--decay-steps",
+    "5000",
+    "--attention",
+    "xla",
+    "--out-dir",
+    str(run),
+  ] + FAST
   env = dict(os.environ, PYTHONPATH=str(REPO))
-  proc = subprocess.Popen([sys.executable, "-m", "jax_flashstable.cli", *argv], env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  proc = subprocess.Popen(
+    [sys.executable, "-m", "jax_flashstable.cli", *argv],
+    env=env,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
   try:
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and proc.poll() is None:
@@ -178,11 +261,12 @@ def test_ctrl_c_saves_resumable_checkpoint_and_exits_130(tmp_path, capsys):
   assert proc.returncode == 130, err
   assert "Traceback" not in err and "terminate called" not in err
   assert err.strip().splitlines()[-1] == (
-      f"flashstable: interrupted after step {last}: checkpoint of step {last} in "
-      f"{run / 'checkpoints'}; to resume, rerun the same command (same out_dir and settings)")
+    f"flashstable: interrupted after step {last}: checkpoint of step {last} in "
+    f"{run / 'checkpoints'}; to resume, rerun the same command (same out_dir and settings)"
+  )
   assert steps == list(range(1, last + 1)) and last >= 3
   assert [p.name for p in (run / "checkpoints").iterdir()] == [str(last)]
-  argv[argv.index("5000")] = "2"                                   # --steps 2 ≤ the checkpoint
+  argv[argv.index("5000")] = "2"  # --steps 2 ≤ the checkpoint
   assert main(argv) == 0
   printed = capsys.readouterr().out
   assert f"holds a finished run (trained to step {last}, steps=2): nothing to train" in printed
@@ -200,10 +284,11 @@ def test_prepare(tmp_path):
 def test_every_help_page_renders(capsys):
   """argparse formats help strings with %: a stray % would crash `--help`."""
   from jax_flashstable.cli import build_parser
+
   parser = build_parser()
   commands = parser._subparsers._group_actions[0].choices
   for argv in [["--help"]] + [[c, "--help"] for c in commands]:
     with pytest.raises(SystemExit) as e:
       parser.parse_args(argv)
     assert e.value.code == 0, argv
-  assert "compare.SETTINGS" in commands["compare"].format_help()      # compare's own defaults
+  assert "compare.SETTINGS" in commands["compare"].format_help()  # compare's own defaults

@@ -1,4 +1,5 @@
 """The compensation (Qiu & Yao 2025, Alg. 1) and its guard, read from the kernel itself."""
+
 import math
 
 import jax.numpy as jnp
@@ -14,8 +15,11 @@ def tied_inputs(tie_value, dtype, n_ties=2, kv_len=40, head_dim=32, seed=0):
   """Rows whose scores (softmax_scale=1) are exactly `tie_value` at `n_ties` keys and
   tie_value − r (r ∈ [0.5, 6]) elsewhere: q = [t, 1, 0…], tied keys [1, 0, …], others [1, −r, …]."""
   rng = np.random.default_rng(seed)
-  q = np.zeros((1, 8, 2, head_dim)); q[..., 0] = tie_value; q[..., 1] = 1.0
-  k = np.zeros((1, kv_len, 1, head_dim)); k[..., 0] = 1.0
+  q = np.zeros((1, 8, 2, head_dim))
+  q[..., 0] = tie_value
+  q[..., 1] = 1.0
+  k = np.zeros((1, kv_len, 1, head_dim))
+  k[..., 0] = 1.0
   k[0, :, 0, 1] = -np.round(rng.uniform(0.5, 6.0, kv_len) * 8) / 8
   tied_at = rng.choice(kv_len, n_ties, replace=False)
   k[0, tied_at, 0, 1] = 0.0
@@ -43,7 +47,7 @@ def test_tied_p_bar_below_one(dtype):
   q, k, v, _ = tied_inputs(5.0, dtype, n_ties=3)
   _, plain = flash_attention(q, k, v, softmax_scale=1.0, return_stats=True)
   _, stable = flash_attention(q, k, v, softmax_scale=1.0, stabilize=True, return_stats=True)
-  assert np.all(np.asarray(plain.max_p) == 1.0)            # the biased case: P̄ exactly 1
+  assert np.all(np.asarray(plain.max_p) == 1.0)  # the biased case: P̄ exactly 1
   assert np.all(np.asarray(stable.max_p) < 1.0)
   # paper's shift (beta−1)·max = 5 lies inside the guard: P̄ = e^−5
   np.testing.assert_allclose(np.asarray(stable.max_p), math.exp(-5.0), rtol=1e-5)
@@ -57,7 +61,7 @@ TIES = [-120.0, -30.0, 0.0, 30.0, 100.0, 120.0]
 @pytest.mark.parametrize("tie_value", TIES)
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32])
 def test_large_and_zero_ties_stay_accurate(tie_value, dtype):
-  comp = Compensation(max_shift=6.0 if dtype == jnp.float16 else 20.0)   # as flash_attention
+  comp = Compensation(max_shift=6.0 if dtype == jnp.float16 else 20.0)  # as flash_attention
   q, k, v, do = tied_inputs(tie_value, dtype)
   (out, stats) = flash_attention(q, k, v, softmax_scale=1.0, stabilize=True, return_stats=True)
   out2, grads = flash_vjp(q, k, v, do, softmax_scale=1.0, stabilize=True)
@@ -72,8 +76,8 @@ def test_large_and_zero_ties_stay_accurate(tie_value, dtype):
     # Absolute bounds at each tensor's scale (dK reaches ~480 for ties at ±120; the float32
     # scores themselves carry ~|S|·2^−24 of rounding at that size).
     top = max(1.0, float(np.abs(g).max()))
-    bound = 1e-5 * top if dtype == jnp.float32 else 2 * ulp_at_scale(g) + 2.0 ** -8
-    if dtype == jnp.float16:   # 3 more mantissa bits than bf16, scores ~|t|·2^−11 apart
+    bound = 1e-5 * top if dtype == jnp.float32 else 2 * ulp_at_scale(g) + 2.0**-8
+    if dtype == jnp.float16:  # 3 more mantissa bits than bf16, scores ~|t|·2^−11 apart
       bound = max(2 * ulp_at_scale(g) / 8, 2e-3 * top)
     assert np.abs(x - g).max() <= bound, (np.abs(x - g).max(), bound)
   assert np.array_equal(np.asarray(out), np.asarray(out2))
@@ -84,7 +88,9 @@ def test_literal_paper_rule_underflows_in_the_paper_layout():
   m' = 0, exp(−120) underflows and the row's output is lost; the guarded fa2 rule keeps it."""
   q, k, v, _ = tied_inputs(-120.0, jnp.bfloat16)
   gold = reference_attention_vjp(q, k, v, q, softmax_scale=1.0, dtype=jnp.float64)[0]
-  paper = np.asarray(flash_attention(q, k, v, softmax_scale=1.0, stabilize=True, numerics="paper"), np.float64)
+  paper = np.asarray(
+    flash_attention(q, k, v, softmax_scale=1.0, stabilize=True, numerics="paper"), np.float64
+  )
   guarded = np.asarray(flash_attention(q, k, v, softmax_scale=1.0, stabilize=True), np.float64)
   assert not np.all(np.isfinite(paper)) or np.abs(paper - gold).max() > 0.1
   assert np.abs(guarded - gold).max() < 0.02
@@ -92,8 +98,10 @@ def test_literal_paper_rule_underflows_in_the_paper_layout():
 
 def test_float16_with_large_ties_is_not_flushed():
   """A float16 tie at +30 shifted by 20 would give P̄ = e^−20 = 0 in float16 (reviewer's case)."""
-  q = np.zeros((1, 1, 1, 16)); q[..., 0] = 1
-  k = np.zeros((1, 4, 1, 16)); k[0, :, 0, 0] = [30, 30, 0, -5]
+  q = np.zeros((1, 1, 1, 16))
+  q[..., 0] = 1
+  k = np.zeros((1, 4, 1, 16))
+  k[0, :, 0, 0] = [30, 30, 0, -5]
   v = np.random.default_rng(0).standard_normal((1, 4, 1, 16))
   q, k, v = (jnp.asarray(x, jnp.float16) for x in (q, k, v))
   out = np.asarray(flash_attention(q, k, v, softmax_scale=1.0, stabilize=True), np.float64)
@@ -101,8 +109,16 @@ def test_float16_with_large_ties_is_not_flushed():
   assert np.abs(out - gold).max() < 2e-3
 
 
-@pytest.mark.parametrize("bad", [dict(beta=1.0), dict(beta=0.5), dict(beta=float("nan")),
-                                 dict(tie_tolerance=-1e-3), dict(tie_tolerance=float("inf"))])
+@pytest.mark.parametrize(
+  "bad",
+  [
+    dict(beta=1.0),
+    dict(beta=0.5),
+    dict(beta=float("nan")),
+    dict(tie_tolerance=-1e-3),
+    dict(tie_tolerance=float("inf")),
+  ],
+)
 def test_bad_compensation_settings(bad):
   q = jnp.zeros((1, 4, 1, 32), jnp.bfloat16)
   name = next(iter(bad))

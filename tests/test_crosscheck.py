@@ -1,4 +1,5 @@
 """Dump format, the crosscheck report, and the PyTorch paper layout against ours (CPU)."""
+
 import os
 import pathlib
 import subprocess
@@ -11,12 +12,14 @@ from jax_flashstable.lab.crosscheck import compare_tensors, crosscheck, ulp_diff
 from jax_flashstable.lab.dumpfile import load_dump, save_dump
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-TORCH_PYTHON = os.environ.get("FLASHSTABLE_TORCH_PYTHON", str(ROOT / ".torchvenv" / "bin" / "python"))
+TORCH_PYTHON = os.environ.get(
+  "FLASHSTABLE_TORCH_PYTHON", str(ROOT / ".torchvenv" / "bin" / "python")
+)
 
 
 def test_dump_round_trip_keeps_bits_and_axis_orders(tmp_path):
   rng = np.random.default_rng(0)
-  x = rng.standard_normal((2, 3, 5, 4)).astype(ml_dtypes.bfloat16)      # [b, h, s, d]
+  x = rng.standard_normal((2, 3, 5, 4)).astype(ml_dtypes.bfloat16)  # [b, h, s, d]
   lse = rng.standard_normal((2, 3, 5)).astype(np.float32)
   save_dump(tmp_path / "d.npz", dict(query=x, lse=lse), layout="bhsd", attrs=dict(causal=True))
   t, attrs = load_dump(tmp_path / "d.npz", layout="bshd")
@@ -34,16 +37,18 @@ def test_report_on_known_differences():
   rng = np.random.default_rng(1)
   theirs = np.abs(rng.standard_normal(1000)).astype(ml_dtypes.bfloat16) + ml_dtypes.bfloat16(0.5)
   bits = theirs.view(np.uint16).copy()
-  bits[:100] += 1                                  # +1 ulp on 10% (positive values: larger)
-  bits[100:120] -= 3                               # −3 ulp on 2%
+  bits[:100] += 1  # +1 ulp on 10% (positive values: larger)
+  bits[100:120] -= 3  # −3 ulp on 2%
   ours = bits.view(ml_dtypes.bfloat16)
   r = compare_tensors(ours, theirs)
   assert r["pct_bit_identical"] == pytest.approx(88.0)
   assert r["ulp_histogram"]["1"] == 100 and r["ulp_histogram"]["3"] == 20
   assert list(np.unique(ulp_difference(ours, theirs))) == [-3, 0, 1]
   d = ours.astype(np.float64) - theirs.astype(np.float64)
-  assert r["signed_mean_error"] == pytest.approx(d.mean()) and r["max_abs_error"] == pytest.approx(np.abs(d).max())
-  neg = -theirs                                    # ulp order across the sign
+  assert r["signed_mean_error"] == pytest.approx(d.mean()) and r["max_abs_error"] == pytest.approx(
+    np.abs(d).max()
+  )
+  neg = -theirs  # ulp order across the sign
   assert compare_tensors(neg, neg)["pct_bit_identical"] == 100.0
 
 
@@ -53,14 +58,29 @@ def _torch_ok():
   return subprocess.run([TORCH_PYTHON, "-c", "import torch"], capture_output=True).returncode == 0
 
 
-@pytest.mark.skipif(not _torch_ok(), reason=f"no PyTorch environment at {TORCH_PYTHON} (.ci/run makes "
-                    "one with Python 3.11 and the local torch 2.13.0 CPU wheel; or set FLASHSTABLE_TORCH_PYTHON)")
-@pytest.mark.parametrize("extra", [["--causal", "--stabilize"], ["--block-q", "32", "--block-k", "128"]],
-                         ids=["causal-stable-64x64", "full-32x128"])
+@pytest.mark.skipif(
+  not _torch_ok(),
+  reason=f"no PyTorch environment at {TORCH_PYTHON} (.ci/run makes "
+  "one with Python 3.11 and the local torch 2.13.0 CPU wheel; or set FLASHSTABLE_TORCH_PYTHON)",
+)
+@pytest.mark.parametrize(
+  "extra",
+  [["--causal", "--stabilize"], ["--block-q", "32", "--block-k", "128"]],
+  ids=["causal-stable-64x64", "full-32x128"],
+)
 def test_paper_layout_matches_pytorch_paper_kernel(tmp_path, extra):
   dump = tmp_path / "torch.npz"
-  cmd = [TORCH_PYTHON, str(ROOT / "torch_crosscheck" / "paper_fa2.py"), str(dump), "--len", "200",
-         "--heads", "2", "--head-dim", "64"] + extra
+  cmd = [
+    TORCH_PYTHON,
+    str(ROOT / "torch_crosscheck" / "paper_fa2.py"),
+    str(dump),
+    "--len",
+    "200",
+    "--heads",
+    "2",
+    "--head-dim",
+    "64",
+  ] + extra
   proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-2000:]
   report = crosscheck(dump, numerics="paper")
@@ -73,8 +93,20 @@ def test_paper_layout_matches_pytorch_paper_kernel(tmp_path, extra):
 def test_fa2_agrees_with_torch_sdpa_backends(tmp_path):
   """torch SDPA (math and, on CPU, its flash kernel) against our fa2 layout: both round O once
   from fp32, so most outputs agree to the bit; a wrong axis order or scale would give ~0%."""
-  cmd = [TORCH_PYTHON, str(ROOT / "torch_crosscheck" / "sdpa_dump.py"), str(tmp_path), "--len", "200",
-         "--heads", "2", "--head-dim", "64", "--causal", "--backends", "math,flash"]
+  cmd = [
+    TORCH_PYTHON,
+    str(ROOT / "torch_crosscheck" / "sdpa_dump.py"),
+    str(tmp_path),
+    "--len",
+    "200",
+    "--heads",
+    "2",
+    "--head-dim",
+    "64",
+    "--causal",
+    "--backends",
+    "math,flash",
+  ]
   proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-2000:]
   for backend in ("math", "flash"):

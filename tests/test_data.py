@@ -1,4 +1,5 @@
 """Tokenizer (offline), token files, text folders, reproducible batches, clear errors."""
+
 import lzma
 
 import numpy as np
@@ -55,7 +56,7 @@ def test_text_folder_is_tokenized(tmp_path):
     (src / f"doc{i}.txt").write_text(f"Document number {i}. " * 50)
   counts = prepare_text_folder(src, tmp_path / "bin", val_every=2)
   assert counts["train"] > 0 and counts["val"] > 0
-  d = Dataset(str(src))                                     # a text folder works directly
+  d = Dataset(str(src))  # a text folder works directly
   assert gpt2_encoding().decode(np.asarray(d.train[:5]).tolist()).startswith("Document number 1")
   assert d.val[-1] == data_module.EOT
 
@@ -86,12 +87,15 @@ def test_an_id_beyond_the_vocabulary_anywhere_is_named(tmp_path, monkeypatch):
   """The whole file is checked when it is opened (not only its first and last 64k tokens): the
   first offending position and its value are named."""
   tokens = np.zeros(300_000, "<u2")
-  tokens[150_000], tokens[200_000] = 50_400, 60_000                   # mid-file, two of them
+  tokens[150_000], tokens[200_000] = 50_400, 60_000  # mid-file, two of them
   tokens.tofile(tmp_path / "mid.bin")
-  with pytest.raises(ValueError, match=r"token id 50400 at position 150,000 \(the first id ≥ "
-                                       r"vocab_size=50304; 300,000 tokens\)"):
+  with pytest.raises(
+    ValueError,
+    match=r"token id 50400 at position 150,000 \(the first id ≥ "
+    r"vocab_size=50304; 300,000 tokens\)",
+  ):
     load_tokens(tmp_path / "mid.bin")
-  monkeypatch.setattr(data_module, "CHECK_CHUNK", 4096)       # a file of many checking chunks
+  monkeypatch.setattr(data_module, "CHECK_CHUNK", 4096)  # a file of many checking chunks
   with pytest.raises(ValueError, match="at position 150,000"):
     load_tokens(tmp_path / "mid.bin")
   assert load_tokens(tmp_path / "mid.bin", vocab_size=60_001)[200_000] == 60_000

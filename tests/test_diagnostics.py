@@ -17,12 +17,14 @@ def test_diagnostics_match_direct_computations():
   g, p = nnx.split(GPT(cfg, rngs=nnx.Rngs(0)), nnx.Param)
   x, y = (jnp.asarray(a) for a in Dataset().batch("train", 0, 1, 2, 64))
   power = converge_power_state(g, p, init_power_state(cfg, jax.random.key(1)), 30)
-  m, power = diagnose(g, p, x, y, power, 32)            # one more step: 31 in all
+  m, power = diagnose(g, p, x, y, power, 32)  # one more step: 31 in all
   w = np.asarray(p["h"][1]["attn"]["c_attn"]["kernel"][...], np.float64)
   c, d = cfg.n_embd, cfg.head_dim
   # power iteration approaches σ_max from below; random init has close singular values
-  for est, true in ((m["sn_q_full"][1], np.linalg.norm(w[:, :c], 2)),
-                    (m["sn_k"][1, 1], np.linalg.norm(w[:, c + d:c + 2 * d], 2))):
+  for est, true in (
+    (m["sn_q_full"][1], np.linalg.norm(w[:, :c], 2)),
+    (m["sn_k"][1, 1], np.linalg.norm(w[:, c + d : c + 2 * d], 2)),
+  ):
     assert 0.99 * true <= float(est) <= true * (1 + 1e-5), (est, true)
   assert m["tie_rate"].shape == (2, 2) and np.all((m["tie_rate"] >= 0) & (m["tie_rate"] <= 1))
   assert np.all(m["entropy"] > 0) and np.all(m["entropy"] <= np.log(64) + 1e-5)
@@ -31,12 +33,23 @@ def test_diagnostics_match_direct_computations():
 
 
 def test_diagnostics_rows_and_plot(tmp_path):
-  cfg = TrainConfig(model="tiny", model_overrides=(("block_size", 32),), steps=4, batch_size=2,
-                    warmup_steps=1, eval_interval=0, diag_interval=2, diag_rows=8, progress=False,
-                    out_dir=str(tmp_path / "run"))
+  cfg = TrainConfig(
+    model="tiny",
+    model_overrides=(("block_size", 32),),
+    steps=4,
+    batch_size=2,
+    warmup_steps=1,
+    eval_interval=0,
+    diag_interval=2,
+    diag_rows=8,
+    progress=False,
+    out_dir=str(tmp_path / "run"),
+  )
   train_and_evaluate(cfg)
   rows = read_diagnostics(cfg.out_dir)
   assert [r["step"] for r in rows] == [2, 4]
-  assert np.asarray(rows[0]["sn_q"]).shape == (2, 2) and np.asarray(rows[0]["sn_q_full"]).shape == (2,)
+  assert np.asarray(rows[0]["sn_q"]).shape == (2, 2) and np.asarray(rows[0]["sn_q_full"]).shape == (
+    2,
+  )
   assert main(["plot", cfg.out_dir]) == 0
   assert (tmp_path / "run" / "diagnostics.png").read_bytes()[:4] == b"\x89PNG"

@@ -1,5 +1,6 @@
 """`flashstable experiment instability` on CPU: a small matrix, resumption, the report, and the
 early stop after an explosion."""
+
 import dataclasses
 import json
 import math
@@ -12,8 +13,9 @@ from jax_flashstable.experiment import instability as experiment
 from jax_flashstable.training import train
 from jax_flashstable.training.train import TrainConfig
 
-TINY = dataclasses.replace(TrainConfig(**experiment.RECIPES["tiny"]), steps=12, diag_interval=6,
-                           progress=False)
+TINY = dataclasses.replace(
+  TrainConfig(**experiment.RECIPES["tiny"]), steps=12, diag_interval=6, progress=False
+)
 
 
 def test_variant_configs_are_what_they_say():
@@ -30,36 +32,50 @@ def test_variant_configs_are_what_they_say():
   # any spec of the grammar is a variant; the paper layout's tile is the experiment's unless set
   c = experiment.variant_config(TINY, "fa2+delta32+comp", 0, "/x").model_config().attention
   assert c.delta_float32 and c.stabilize and not c.center_keys and c.block_k is None
-  assert experiment.variant_config(TINY, "paper:block_k=32", 0, "/x", tiles=64).attention == \
-      "paper:block_k=32"
+  assert (
+    experiment.variant_config(TINY, "paper:block_k=32", 0, "/x", tiles=64).attention
+    == "paper:block_k=32"
+  )
 
 
 def test_a_run_stored_with_an_older_spelling_is_the_same_run(tmp_path):
   cfg = experiment.variant_config(TINY, "paper+comp", 0, tmp_path, tiles=32)
-  old = dataclasses.replace(cfg, attention="flash:numerics=paper,block_q=32,block_k=32,stabilize=true")
-  (tmp_path / "config.json").write_text(json.dumps(
-      dict(train=json.loads(json.dumps(dataclasses.asdict(old), default=str)))))
+  old = dataclasses.replace(
+    cfg, attention="flash:numerics=paper,block_q=32,block_k=32,stabilize=true"
+  )
+  (tmp_path / "config.json").write_text(
+    json.dumps(dict(train=json.loads(json.dumps(dataclasses.asdict(old), default=str))))
+  )
   assert train.config_changes(tmp_path, cfg) == {}
   assert "attention" in train.config_changes(tmp_path, dataclasses.replace(cfg, attention="paper"))
 
 
 def test_small_matrix_runs_resumes_and_reports(tmp_path):
   logs = []
-  rows = experiment.run_matrix(TINY, ["paper", "stochastic"], [0], tmp_path, tiles=64, log=logs.append)
+  rows = experiment.run_matrix(
+    TINY, ["paper", "stochastic"], [0], tmp_path, tiles=64, log=logs.append
+  )
   assert [(r["variant"], r["seed"], r["steps"], r["finished"]) for r in rows] == [
-      ("paper", 0, 12, True), ("stochastic", 0, 12, True)]
+    ("paper", 0, 12, True),
+    ("stochastic", 0, 12, True),
+  ]
   for r in rows:
     assert 0.0 <= r["mean_tie_rate"] <= 1.0 and r["max_sigma_wq"] > 0 and r["min_loss"] < 11.0
     assert math.isfinite(r["max_logit"])
     assert r["outcome"] == "stable to step 12" and r["steps_per_s"] > 0
   # same seed, same data: the first losses agree closely, but the layouts differ in the bits
   loss = lambda v: [json.loads(l)["loss"] for l in open(tmp_path / v / "seed0" / "metrics.jsonl")]
-  assert loss("paper")[0] == pytest.approx(loss("stochastic")[0], abs=1e-3) and loss("paper") != loss("stochastic")
+  assert loss("paper")[0] == pytest.approx(loss("stochastic")[0], abs=1e-3) and loss(
+    "paper"
+  ) != loss("stochastic")
   logs.clear()
   experiment.run_matrix(TINY, ["paper", "stochastic"], [0], tmp_path, tiles=64, log=logs.append)
   assert all("done before" in line for line in logs)
   rows = experiment.run_matrix(TINY, ["fa2"], [0], tmp_path, time_budget=1e-3, log=logs.append)
-  assert "time budget is spent" in logs[-1] and {r["variant"] for r in rows} == {"paper", "stochastic"}
+  assert "time budget is spent" in logs[-1] and {r["variant"] for r in rows} == {
+    "paper",
+    "stochastic",
+  }
   path = experiment.write_report(tmp_path, rows, TINY)
   text = path.read_text()
   assert "| paper | 0 | 12 |" in text and "| stochastic | 0 / 1 |" in text
@@ -69,8 +85,9 @@ def test_small_matrix_runs_resumes_and_reports(tmp_path):
 def test_explosion_stops_the_run_and_is_reported(tmp_path):
   """A learning rate far too large for the tiny model makes it explode; the run stops a fixed
   number of steps later and the report says so."""
-  cfg = dataclasses.replace(TINY, lr=30.0, min_lr=30.0, steps=60, warmup_steps=2, diag_interval=0,
-                            stop_after_explosion=2)
+  cfg = dataclasses.replace(
+    TINY, lr=30.0, min_lr=30.0, steps=60, warmup_steps=2, diag_interval=0, stop_after_explosion=2
+  )
   rows = experiment.run_matrix(cfg, ["fa2"], [0], tmp_path)
   (r,) = rows
   assert r["outcome"] == "exploded" and r["explosion_step"] is not None
@@ -80,14 +97,45 @@ def test_explosion_stops_the_run_and_is_reported(tmp_path):
 
 
 def test_cli_experiment_tiny(tmp_path):
-  rc = cli.main(["experiment", "instability", "--recipe", "tiny", "--variants", "fa2+comp", "--steps", "4",
-                 "--diag-interval", "2", "--no-progress", "--out", str(tmp_path)])
+  rc = cli.main(
+    [
+      "experiment",
+      "instability",
+      "--recipe",
+      "tiny",
+      "--variants",
+      "fa2+comp",
+      "--steps",
+      "4",
+      "--diag-interval",
+      "2",
+      "--no-progress",
+      "--out",
+      str(tmp_path),
+    ]
+  )
   assert rc == 0
   report = json.loads((tmp_path / "report.json").read_text())
   assert report["recipe"]["steps"] == 4 and report["rows"][0]["variant"] == "fa2+comp"
-  assert cli.main(["experiment", "instability", "--recipe", "tiny", "--report-only", "--out", str(tmp_path)]) == 0
+  assert (
+    cli.main(
+      ["experiment", "instability", "--recipe", "tiny", "--report-only", "--out", str(tmp_path)]
+    )
+    == 0
+  )
   with pytest.raises(SystemExit, match="variant .bogus.: unknown attention .bogus."):
-    cli.main(["experiment", "instability", "--recipe", "tiny", "--variants", "paper,bogus", "--out", str(tmp_path)])
+    cli.main(
+      [
+        "experiment",
+        "instability",
+        "--recipe",
+        "tiny",
+        "--variants",
+        "paper,bogus",
+        "--out",
+        str(tmp_path),
+      ]
+    )
 
 
 def test_collect_skips_odd_folders_and_a_cut_last_line(tmp_path):
@@ -97,11 +145,15 @@ def test_collect_skips_odd_folders_and_a_cut_last_line(tmp_path):
   for seed in (10, 2):
     run = tmp_path / "fa2" / f"seed{seed}"
     run.mkdir(parents=True)
-    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 13, "lo')
+    (run / "metrics.jsonl").write_text(
+      "".join(json.dumps(r) + "\n" for r in rows) + '{"step": 13, "lo'
+    )
   (tmp_path / "fa2" / "seed2-old").mkdir()
   got = experiment.collect(tmp_path, TINY)
   assert [(r["seed"], r["steps"], r["outcome"]) for r in got] == [
-      (2, 12, "unfinished (stable so far)"), (10, 12, "unfinished (stable so far)")]
+    (2, 12, "unfinished (stable so far)"),
+    (10, 12, "unfinished (stable so far)"),
+  ]
   bad = tmp_path / "fa2" / "seed2" / "metrics.jsonl"
   bad.write_text('{"step": 1, "lo\n' + json.dumps(rows[1]) + "\n")
   with pytest.raises(json.JSONDecodeError):
@@ -127,14 +179,16 @@ def test_a_run_of_other_settings_is_refused_not_reused(tmp_path):
   another learning rate it is refused before anything trains, naming the field."""
   cfg = experiment.variant_config(TINY, "paper", 0, tmp_path / "paper" / "seed0", tiles=32)
   pathlib.Path(cfg.out_dir).mkdir(parents=True)
-  (pathlib.Path(cfg.out_dir) / "config.json").write_text(json.dumps(
-      dict(train=json.loads(json.dumps(dataclasses.asdict(cfg), default=str)))))
+  (pathlib.Path(cfg.out_dir) / "config.json").write_text(
+    json.dumps(dict(train=json.loads(json.dumps(dataclasses.asdict(cfg), default=str))))
+  )
   (pathlib.Path(cfg.out_dir) / "summary.json").write_text("{}")
   assert train.config_changes(cfg.out_dir, cfg) == {}
   assert train.config_changes(cfg.out_dir, dataclasses.replace(cfg, max_seconds=5.0)) == {}
   changed = dataclasses.replace(TINY, lr=0.03)
-  assert train.config_changes(cfg.out_dir, experiment.variant_config(
-      changed, "paper", 0, cfg.out_dir, tiles=32)) == {"lr": (TINY.lr, 0.03)}
+  assert train.config_changes(
+    cfg.out_dir, experiment.variant_config(changed, "paper", 0, cfg.out_dir, tiles=32)
+  ) == {"lr": (TINY.lr, 0.03)}
   with pytest.raises(ValueError, match=r"lr: 0.003 → 0.03"):
     experiment.run_matrix(changed, ["paper"], [0], tmp_path, tiles=32, log=lambda *a: None)
   with pytest.raises(ValueError, match=r"attention: .*block_k=32.* → .*block_k=64"):
@@ -143,10 +197,13 @@ def test_a_run_of_other_settings_is_refused_not_reused(tmp_path):
     experiment.run_matrix(TINY, ["xla", "paper"], [0], tmp_path, tiles=100, log=lambda *a: None)
   # steps may change when the cosine length is fixed (a capped run extended), not otherwise
   fixed = dataclasses.replace(cfg, decay_steps=100)
-  (pathlib.Path(cfg.out_dir) / "config.json").write_text(json.dumps(
-      dict(train=json.loads(json.dumps(dataclasses.asdict(fixed), default=str)))))
+  (pathlib.Path(cfg.out_dir) / "config.json").write_text(
+    json.dumps(dict(train=json.loads(json.dumps(dataclasses.asdict(fixed), default=str))))
+  )
   assert train.config_changes(cfg.out_dir, dataclasses.replace(fixed, steps=fixed.steps + 10)) == {}
-  assert "steps" in train.config_changes(cfg.out_dir, dataclasses.replace(cfg, steps=cfg.steps + 10))
+  assert "steps" in train.config_changes(
+    cfg.out_dir, dataclasses.replace(cfg, steps=cfg.steps + 10)
+  )
 
 
 def _fake_run(root, variant, seed, losses, logits, finished=True, layer=1):
@@ -154,11 +211,27 @@ def _fake_run(root, variant, seed, losses, logits, finished=True, layer=1):
   with the watched layer's per-head max logit `logits[i]` at step 10·(i+1)."""
   run = root / variant / f"seed{seed}"
   run.mkdir(parents=True)
-  (run / "metrics.jsonl").write_text("".join(json.dumps(dict(
-      step=s, loss=l, grad_norm=0.5, step_time_s=0.1234567)) + "\n" for s, l in enumerate(losses, 1)))
-  (run / "diagnostics.jsonl").write_text("".join(json.dumps(dict(
-      step=10 * (i + 1), sn_q_full=[1.0, 2.0 + i], max_logit=[[1.0], [x, x / 2]],
-      tie_rate=[[0.5], [0.25, 0.75]], diag_time_s=0.01)) + "\n" for i, x in enumerate(logits)))
+  (run / "metrics.jsonl").write_text(
+    "".join(
+      json.dumps(dict(step=s, loss=l, grad_norm=0.5, step_time_s=0.1234567)) + "\n"
+      for s, l in enumerate(losses, 1)
+    )
+  )
+  (run / "diagnostics.jsonl").write_text(
+    "".join(
+      json.dumps(
+        dict(
+          step=10 * (i + 1),
+          sn_q_full=[1.0, 2.0 + i],
+          max_logit=[[1.0], [x, x / 2]],
+          tie_rate=[[0.5], [0.25, 0.75]],
+          diag_time_s=0.01,
+        )
+      )
+      + "\n"
+      for i, x in enumerate(logits)
+    )
+  )
   (run / "config.json").write_text(json.dumps(dict(train={"seed": seed}, device="test")))
   if finished:
     (run / "summary.json").write_text(json.dumps(dict(variant=variant, seed=seed)))
@@ -170,37 +243,44 @@ def test_runaway_survival_fisher_and_pack(tmp_path):
   p-value of 5 exploded of 5 against 0 of 4 (1/126), and a pack that rebuilds the same rows."""
   cfg = dataclasses.replace(TINY, warmup_steps=5)
   calm, n = [3.0] * 60, 60
-  boom = lambda at: [3.0] * (at - 1) + [100.0] * (n - at + 1)        # explodes at step `at`
+  boom = lambda at: [3.0] * (at - 1) + [100.0] * (n - at + 1)  # explodes at step `at`
   for seed, at in zip(range(5), (20, 30, 30, 45, 50)):
-    _fake_run(tmp_path, "paper", seed, boom(at)[:at + 5], [10.0, 500.0, 2000.0], finished=True)
+    _fake_run(tmp_path, "paper", seed, boom(at)[: at + 5], [10.0, 500.0, 2000.0], finished=True)
   for seed in range(4):
     _fake_run(tmp_path, "paper+comp", seed, calm, [10.0, 20.0 + seed, 30.0])
-  _fake_run(tmp_path, "paper+comp", 4, calm[:25], [10.0, 900.0], finished=False)   # unfinished
+  _fake_run(tmp_path, "paper+comp", 4, calm[:25], [10.0, 900.0], finished=False)  # unfinished
   _fake_run(tmp_path, "reference-fp32", 0, calm, [12.0, 40.0, 35.0])
   rows = experiment.collect(tmp_path, cfg)
   by = {(r["variant"], r["seed"]): r for r in rows}
-  assert experiment.runaway_threshold(rows) == 400.0                # 10 × 40
+  assert experiment.runaway_threshold(rows) == 400.0  # 10 × 40
   assert [by["paper", s]["explosion_step"] for s in range(5)] == [20, 30, 30, 45, 50]
   assert all(by["paper", s]["runaway_step"] == 20 for s in range(5))  # 500 > 400 at step 20
   assert by["paper+comp", 4]["runaway_step"] == 20 and not by["paper+comp", 4]["finished"]
-  assert by["paper+comp", 0]["runaway_step"] is None and by["reference-fp32", 0]["runaway_step"] is None
+  assert (
+    by["paper+comp", 0]["runaway_step"] is None and by["reference-fp32", 0]["runaway_step"] is None
+  )
   steps, frac = experiment.survival([r for r in rows if r["variant"] == "paper"])
   assert steps == [0, 20, 30, 45, 50] and frac == pytest.approx([1.0, 0.8, 0.4, 0.2, 0.0])
   # censoring: of two runs one is cut (unfinished) at 25 and leaves the risk set; the other,
   # then the only one at risk, explodes at 40
   cut = [dict(explosion_step=None, steps=25), dict(explosion_step=40, steps=45)]
   assert experiment.survival(cut) == ([0, 25, 40], pytest.approx([1.0, 1.0, 0.0]))
-  assert experiment.fisher_p(rows, "paper") == pytest.approx(1 / 126)     # C(9,5) = 126
+  assert experiment.fisher_p(rows, "paper") == pytest.approx(1 / 126)  # C(9,5) = 126
   # runaway: paper 5/5, paper+comp 0/4 decided (the unfinished run ran away: 1/5 decided)
   assert experiment.fisher_p(rows, "paper", "runaway") == pytest.approx(6 / 252)  # C(6,5)/C(10,5)
   text = experiment.format_report(rows, {}, 1)
-  assert "| paper | 5 / 5 | 5 / 5 | 0.00 |" not in text       # only 60 steps: no 500 mark
-  assert "| paper+comp | 0 / 4 (1 unfinished) | 1 / 5 |" in text and "| paper vs paper+comp | 0.0079 | 0.024 |" in text
+  assert "| paper | 5 / 5 | 5 / 5 | 0.00 |" not in text  # only 60 steps: no 500 mark
+  assert (
+    "| paper+comp | 0 / 4 (1 unfinished) | 1 / 5 |" in text
+    and "| paper vs paper+comp | 0.0079 | 0.024 |" in text
+  )
   # pack → unpack gives the same rows (timings kept to 4 digits)
   pack = experiment.pack_runs(tmp_path, tmp_path / "runs.jsonl.xz")
   assert set(experiment.unpack_runs(pack, tmp_path / "again")) == {f"{v}/seed{s}" for v, s in by}
   again = experiment.collect(tmp_path / "again", cfg)
-  strip = lambda rs: [{k: v for k, v in r.items() if k not in ("steps_per_s", "diag_cost")} for r in rs]
+  strip = lambda rs: [
+    {k: v for k, v in r.items() if k not in ("steps_per_s", "diag_cost")} for r in rs
+  ]
   assert strip(again) == strip(rows)
   assert again[0]["steps_per_s"] == pytest.approx(rows[0]["steps_per_s"], rel=1e-3)
   assert experiment.plot_report(tmp_path, rows).stat().st_size > 0
@@ -209,14 +289,23 @@ def test_runaway_survival_fisher_and_pack(tmp_path):
 def test_early_warning_fires_at_a_jump_not_at_a_ramp():
   """A layer whose max logit jumps ≥ 50× its median over the previous five rows fires the
   warning at that row; a steady 3× per row ramp, a jump before warmup and a 40× jump do not."""
-  ramp = [[[1.0], [10.0 * 3 ** i]] for i in range(8)]
-  assert train.warning_step([dict(step=100 * (i + 1), max_logit=x) for i, x in enumerate(ramp)], 200) == (None, None)
+  ramp = [[[1.0], [10.0 * 3**i]] for i in range(8)]
+  assert train.warning_step(
+    [dict(step=100 * (i + 1), max_logit=x) for i, x in enumerate(ramp)], 200
+  ) == (None, None)
   calm = [[[20.0, 30.0], [10.0]]] * 6
-  jump = calm + [[[20.0, 1600.0], [10.0]]]          # layer 0: 1600 / 30 ≈ 53×
+  jump = calm + [[[20.0, 1600.0], [10.0]]]  # layer 0: 1600 / 30 ≈ 53×
   rows = [dict(step=100 * (i + 1), max_logit=x) for i, x in enumerate(jump)]
   assert train.warning_step(rows, 200) == (700, 0)
-  assert train.warning_step(rows, 700) == (None, None)         # not after `start`
-  near = calm + [[[20.0, 1200.0], [10.0]]]                     # 40×: no warning
-  assert train.warning_step([dict(step=100 * (i + 1), max_logit=x) for i, x in enumerate(near)], 200) == (None, None)
+  assert train.warning_step(rows, 700) == (None, None)  # not after `start`
+  near = calm + [[[20.0, 1200.0], [10.0]]]  # 40×: no warning
+  assert train.warning_step(
+    [dict(step=100 * (i + 1), max_logit=x) for i, x in enumerate(near)], 200
+  ) == (None, None)
   w = train.EarlyWarning(start=0, window=2)
-  assert [w.update(s, [[x]]) for s, x in ((1, 1.0), (2, 2.0), (3, 200.0), (4, 1.0))] == [None, None, 3, 3]
+  assert [w.update(s, [[x]]) for s, x in ((1, 1.0), (2, 2.0), (3, 200.0), (4, 1.0))] == [
+    None,
+    None,
+    3,
+    3,
+  ]

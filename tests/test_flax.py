@@ -1,4 +1,5 @@
 """attention_fn in flax.nnx and flax.linen: wiring, options reaching the kernel, clear errors."""
+
 import json
 import re
 
@@ -39,14 +40,27 @@ def test_nnx_multihead_attention(recorder):
   want = theirs(x, mask=nnx.make_causal_mask(jnp.ones((2, 40))))
   np.testing.assert_allclose(np.asarray(y), np.asarray(want), atol=2e-5)
   (call,) = recorder
-  assert call == dict(causal=True, softmax_scale=pytest.approx(16 ** -0.5), stabilize=True, beta=3.0,
-                      tie_tolerance=0.01, numerics="fa2", block_q=32, block_k=16, rng_key=None,
-                      backend="auto", delta_float32=False, center_keys=False)
+  assert call == dict(
+    causal=True,
+    softmax_scale=pytest.approx(16**-0.5),
+    stabilize=True,
+    beta=3.0,
+    tie_tolerance=0.01,
+    numerics="fa2",
+    block_q=32,
+    block_k=16,
+    rng_key=None,
+    backend="auto",
+    delta_float32=False,
+    center_keys=False,
+  )
 
 
 def test_linen_multihead_attention_with_partial_causal(recorder):
   x = jax.random.normal(jax.random.key(1), (2, 24, 32), jnp.float32)
-  ours = linen.MultiHeadDotProductAttention(num_heads=2, attention_fn=make_attention_fn(CFG, causal=True))
+  ours = linen.MultiHeadDotProductAttention(
+    num_heads=2, attention_fn=make_attention_fn(CFG, causal=True)
+  )
   params = ours.init(jax.random.key(2), x)
   y = ours.apply(params, x)
   mask = linen.make_causal_mask(jnp.ones((2, 24)))
@@ -71,7 +85,7 @@ def test_unsupported_options_raise():
 def test_every_implementation_agrees_with_fp64(impl):
   rng = np.random.default_rng(0)
   q, k, v = (jnp.asarray(rng.standard_normal((1, 33, 4, 32)), jnp.bfloat16) for _ in range(3))
-  k, v = k[:, :, :2], v[:, :, :2]                                    # GQA
+  k, v = k[:, :, :2], v[:, :, :2]  # GQA
   out = attend(q, k, v, AttentionConfig.parse(impl), causal=True)
   gold = attention_module.reference_attention(q, k, v, causal=True, dtype=jnp.float64)
   assert out.dtype == jnp.bfloat16
@@ -81,7 +95,8 @@ def test_every_implementation_agrees_with_fp64(impl):
 def test_attention_config_parsing_and_errors():
   assert AttentionConfig.parse("fa2+comp") == AttentionConfig("flash", stabilize=True)
   assert AttentionConfig.parse("fa2+comp:block_k=32,beta=2.5") == AttentionConfig(
-      "flash", stabilize=True, block_k=32, beta=2.5)
+    "flash", stabilize=True, block_k=32, beta=2.5
+  )
   assert AttentionConfig.parse("fa2:stabilize=true").name == "fa2+comp"
   with pytest.raises(ValueError, match="'nope'"):
     AttentionConfig.parse("nope")
@@ -98,7 +113,8 @@ def test_attention_config_parsing_and_errors():
   with pytest.raises(ValueError, match="block_k=24"):
     AttentionConfig(block_k=24)
   assert AttentionConfig.parse("fa2+comp+mgpu") == AttentionConfig(
-      "flash", stabilize=True, backend="mosaic_gpu")
+    "flash", stabilize=True, backend="mosaic_gpu"
+  )
   with pytest.raises(ValueError, match="backend='cuda'"):
     AttentionConfig(backend="cuda")
   with pytest.raises(ValueError, match="backend='mosaic_gpu' needs implementation='flash'"):
@@ -111,22 +127,42 @@ def test_attention_config_parsing_and_errors():
     AttentionConfig.parse("fa2+mgpu+delta32")
 
 
-@pytest.mark.parametrize("old,new", [
-    ("flash", "fa2"), ("flash-stable", "fa2+comp"), ("fp32-reference", "reference-fp32"),
-    ("flash:numerics=paper,block_q=512,block_k=512,stabilize=true", "paper+comp:block_q=512,block_k=512"),
+@pytest.mark.parametrize(
+  "old,new",
+  [
+    ("flash", "fa2"),
+    ("flash-stable", "fa2+comp"),
+    ("fp32-reference", "reference-fp32"),
+    (
+      "flash:numerics=paper,block_q=512,block_k=512,stabilize=true",
+      "paper+comp:block_q=512,block_k=512",
+    ),
     ("flash:paper+stabilize@128", "paper+comp:block_k=128"),
     ("flash-mgpu:fa2+stabilize@128", "fa2+comp+mgpu:block_k=128"),
     ("flash-mgpu:fa2@128+stabilize", "fa2+comp+mgpu:block_k=128"),
-    ("mgpu:fp32_out@64", "fp32_out+mgpu:block_k=64")])
+    ("mgpu:fp32_out@64", "fp32_out+mgpu:block_k=64"),
+  ],
+)
 def test_old_spellings_parse_with_a_warning_naming_the_new_one(old, new):
   with pytest.warns(FutureWarning, match=re.escape(repr(new))):
     config = AttentionConfig.parse(old)
   assert config.name == new and AttentionConfig.parse(new) == config
 
 
-@pytest.mark.parametrize("spec", ["fa2", "paper+comp", "fa2+comp+mgpu:block_k=128", "xla", "cudnn",
-                                  "reference-bf16", "stochastic+comp", "fa2+comp+delta32+center",
-                                  "paper:tie_tolerance=0.01,block_q=512,block_k=512"])
+@pytest.mark.parametrize(
+  "spec",
+  [
+    "fa2",
+    "paper+comp",
+    "fa2+comp+mgpu:block_k=128",
+    "xla",
+    "cudnn",
+    "reference-bf16",
+    "stochastic+comp",
+    "fa2+comp+delta32+center",
+    "paper:tie_tolerance=0.01,block_q=512,block_k=512",
+  ],
+)
 def test_every_config_has_one_name_that_parses_back(spec):
   config = AttentionConfig.parse(spec)
   assert config.name == spec and AttentionConfig.parse(config.name) == config
@@ -134,8 +170,12 @@ def test_every_config_has_one_name_that_parses_back(spec):
 
 def test_spec_lists_split_at_specs_not_fields():
   from jax_flashstable.attention.config import split_specs
+
   assert split_specs("fa2:block_q=64,block_k=64,xla,paper+comp") == [
-      "fa2:block_q=64,block_k=64", "xla", "paper+comp"]
+    "fa2:block_q=64,block_k=64",
+    "xla",
+    "paper+comp",
+  ]
   assert split_specs("") == []
 
 
@@ -143,6 +183,7 @@ def test_top_level_export_is_the_adapter():
   import jax_flashstable
   from jax_flashstable import make_attention_fn as exported
   from jax_flashstable.attention import flax_adapter
+
   assert exported is flax_adapter.make_attention_fn
   assert "make_attention_fn" in jax_flashstable.__all__
   assert "make_attention_fn" in dir(jax_flashstable)
@@ -155,12 +196,20 @@ def test_top_level_export_is_the_adapter():
 def test_nnx_decode_cache_is_named_as_unsupported():
   """nnx.MultiHeadAttention(decode=True) passes the mask of its KV cache although the user gave
   none: the error names decoding and says what to use instead."""
-  mha = nnx.MultiHeadAttention(num_heads=2, in_features=16, decode=True, rngs=nnx.Rngs(0),
-                               attention_fn=make_attention_fn("fa2"))
+  mha = nnx.MultiHeadAttention(
+    num_heads=2,
+    in_features=16,
+    decode=True,
+    rngs=nnx.Rngs(0),
+    attention_fn=make_attention_fn("fa2"),
+  )
   mha.init_cache((1, 8, 16))
-  with pytest.raises(NotImplementedError, match=r"autoregressive decoding with a KV cache: it got "
-                     r"a mask of one query over 8 cached keys.*decode=False and is_causal=True.*"
-                     r"jax.nn.dot_product_attention"):
+  with pytest.raises(
+    NotImplementedError,
+    match=r"autoregressive decoding with a KV cache: it got "
+    r"a mask of one query over 8 cached keys.*decode=False and is_causal=True.*"
+    r"jax.nn.dot_product_attention",
+  ):
     mha(jnp.ones((1, 1, 16)))
   q = jnp.zeros((1, 8, 2, 16))
   with pytest.raises(NotImplementedError, match=r"no mask \(got mask.shape=\(1, 1, 8, 8\)\)"):
@@ -199,9 +248,11 @@ def test_nnx_jit_step_compiles_once():
   import pathlib
   import subprocess
   import sys
+
   env = dict(os.environ, PYTHONPATH=str(pathlib.Path(__file__).parents[1]))
-  out = subprocess.run([sys.executable, "-c", NNX_JIT_STEP], env=env, capture_output=True,
-                       text=True, timeout=600)
+  out = subprocess.run(
+    [sys.executable, "-c", NNX_JIT_STEP], env=env, capture_output=True, text=True, timeout=600
+  )
   assert out.returncode == 0, out.stderr[-3000:]
   first, second, third = json.loads(out.stdout.strip().splitlines()[-1])
-  assert first > 0 and second == first and third == first     # no trace after the first call
+  assert first > 0 and second == first and third == first  # no trace after the first call

@@ -1,4 +1,5 @@
 """Forward and all three gradients against the FP64 golden value (CPU: interpret mode)."""
+
 import zlib
 
 import jax.numpy as jnp
@@ -12,27 +13,29 @@ from jax_flashstable.attention.api import reference_attention_vjp
 S = Shape
 # Lengths 1, 17, 128, 200 and q_len ≠ kv_len, GQA/MQA, head_dim 32/64/128/256 and a padded 96.
 CASES = [
-    (S(1, 1, 1, 2, 2, 64), jnp.bfloat16),
-    (S(2, 17, 17, 2, 2, 32, causal=True), jnp.bfloat16),
-    (S(1, 128, 128, 2, 2, 128, causal=True), jnp.bfloat16),
-    (S(1, 200, 200, 4, 2, 64, causal=True), jnp.bfloat16),
-    (S(1, 200, 200, 2, 2, 256), jnp.bfloat16),
-    (S(1, 77, 200, 4, 1, 32), jnp.bfloat16),
-    (S(1, 200, 77, 2, 2, 64, causal=True), jnp.bfloat16),
-    (S(1, 100, 100, 2, 2, 96, causal=True), jnp.bfloat16),
-    (S(1, 50, 50, 2, 2, 64), jnp.float16),
-    (S(1, 1, 1, 2, 1, 32, causal=True), jnp.float32),
-    (S(1, 17, 17, 4, 2, 64), jnp.float32),
-    (S(1, 128, 128, 2, 1, 128), jnp.float32),
-    (S(1, 77, 200, 2, 2, 256, causal=True), jnp.float32),
-    (S(1, 200, 77, 4, 2, 32), jnp.float32),
+  (S(1, 1, 1, 2, 2, 64), jnp.bfloat16),
+  (S(2, 17, 17, 2, 2, 32, causal=True), jnp.bfloat16),
+  (S(1, 128, 128, 2, 2, 128, causal=True), jnp.bfloat16),
+  (S(1, 200, 200, 4, 2, 64, causal=True), jnp.bfloat16),
+  (S(1, 200, 200, 2, 2, 256), jnp.bfloat16),
+  (S(1, 77, 200, 4, 1, 32), jnp.bfloat16),
+  (S(1, 200, 77, 2, 2, 64, causal=True), jnp.bfloat16),
+  (S(1, 100, 100, 2, 2, 96, causal=True), jnp.bfloat16),
+  (S(1, 50, 50, 2, 2, 64), jnp.float16),
+  (S(1, 1, 1, 2, 1, 32, causal=True), jnp.float32),
+  (S(1, 17, 17, 4, 2, 64), jnp.float32),
+  (S(1, 128, 128, 2, 1, 128), jnp.float32),
+  (S(1, 77, 200, 2, 2, 256, causal=True), jnp.float32),
+  (S(1, 200, 77, 4, 2, 32), jnp.float32),
 ]
 
 
 @pytest.mark.parametrize("stabilize", [False, True], ids=["plain", "stable"])
 @pytest.mark.parametrize("shape,dtype", CASES, ids=[f"{s.name} {d.__name__}" for s, d in CASES])
 def test_against_fp64(shape, dtype, stabilize):
-  c = compare_to_golden(shape, dtype, seed=zlib.crc32(shape.name.encode()) % 1000, stabilize=stabilize)
+  c = compare_to_golden(
+    shape, dtype, seed=zlib.crc32(shape.name.encode()) % 1000, stabilize=stabilize
+  )
   assert all(c.passes().values()), {t: (c.flash[t], c.standard[t], c.ulp[t]) for t in TENSORS}
 
 
@@ -44,4 +47,4 @@ def test_rule_rejects_a_wrong_kernel():
   gold, _ = reference_attention_vjp(q, k, v, do, causal=True, dtype=jnp.float64)
   std, _ = reference_attention_vjp(q, k, v, do, causal=True, dtype=jnp.bfloat16)
   err = np.abs(np.asarray(out, np.float64) - gold).max()
-  assert err > 2 * np.abs(np.asarray(std, np.float64) - gold).max() + 2.0 ** -7
+  assert err > 2 * np.abs(np.asarray(std, np.float64) - gold).max() + 2.0**-7

@@ -3,6 +3,7 @@
 to Mosaic GPU MLIR (wgmma, TMA). On a CPU this is the check, short of a GPU, that the code the
 GPU will compile passes the Pallas lowerings' rules (layouts, tile alignment, supported
 primitives); what ptxas and the hardware then do is only tested on the GPU."""
+
 import dataclasses
 import re
 
@@ -21,8 +22,12 @@ from pallas_kernels.policy import Compensation, get_numerics
 def triton_modules(monkeypatch):
   """Lower Pallas Triton calls for an H200 without one; collect the Triton modules' text."""
   from jax._src.pallas.triton import gpu_info, pallas_call_registration as pcr
-  monkeypatch.setattr(pcr.gpu_info_lib, "get_gpu_info",
-                      lambda: gpu_info.get_gpu_info_from_version(gpu_info.GpuVersion.H200))
+
+  monkeypatch.setattr(
+    pcr.gpu_info_lib,
+    "get_gpu_info",
+    lambda: gpu_info.get_gpu_info_from_version(gpu_info.GpuVersion.H200),
+  )
   modules = []
   lower = pcr.lowering.lower_jaxpr_to_triton_module
 
@@ -30,15 +35,25 @@ def triton_modules(monkeypatch):
     result = lower(*args, **kwargs)
     modules.append(result.module.operation.get_asm())
     return result
+
   monkeypatch.setattr(pcr.lowering, "lower_jaxpr_to_triton_module", recording)
   return modules
 
 
 def _cfg(numerics="fa2", backend="triton", head_dim=128, causal=True, stabilize=True, **kw):
-  return kernel_config(q_len=256, kv_len=256, head_dim=head_dim, dtype=jnp.bfloat16,
-                       softmax_scale=0.1, causal=causal, numerics=get_numerics(numerics),
-                       compensation=Compensation() if stabilize else None, interpret=False,
-                       backend=backend, **kw)
+  return kernel_config(
+    q_len=256,
+    kv_len=256,
+    head_dim=head_dim,
+    dtype=jnp.bfloat16,
+    softmax_scale=0.1,
+    causal=causal,
+    numerics=get_numerics(numerics),
+    compensation=Compensation() if stabilize else None,
+    interpret=False,
+    backend=backend,
+    **kw,
+  )
 
 
 def _lower_for_cuda(f, *args):
@@ -54,15 +69,20 @@ def _qkv(head_dim=128, heads=2, kv_heads=2):
 TWO_VALUE_REDUCE = re.compile(r'"tt\.reduce"\(%\w+, %\w+\)')
 
 
-@pytest.mark.parametrize("numerics,blocks", [("fa2", {}), ("paper", dict(block_q=256, block_k=256))],
-                         ids=["fa2", "paper-subtiles"])
+@pytest.mark.parametrize(
+  "numerics,blocks",
+  [("fa2", {}), ("paper", dict(block_q=256, block_k=256))],
+  ids=["fa2", "paper-subtiles"],
+)
 def test_triton_forward_ties_in_one_two_value_reduction(triton_modules, numerics, blocks):
   """With the compensation, the forward's tie rule is one tt.reduce of two operands (the row's
   top-2); with tie_method="count" there is none (a max, then a sum)."""
   cfg = _cfg(numerics, **blocks)
   _lower_for_cuda(lambda q, k, v: flash_forward(q, k, v, cfg)[:3], *_qkv())
-  _lower_for_cuda(lambda q, k, v: flash_forward(q, k, v, dataclasses.replace(cfg, tie_method="count"))[:3],
-                  *_qkv())
+  _lower_for_cuda(
+    lambda q, k, v: flash_forward(q, k, v, dataclasses.replace(cfg, tie_method="count"))[:3],
+    *_qkv(),
+  )
   top2, count = triton_modules
   assert len(TWO_VALUE_REDUCE.findall(top2)) == 1 and "arith.minimumf" in top2
   assert not TWO_VALUE_REDUCE.findall(count)
@@ -73,36 +93,52 @@ def test_triton_backward_lowers(triton_modules):
   q, k, v = _qkv(heads=4)
   rows = jnp.zeros((1, 4, 256), jnp.float32)
   _lower_for_cuda(lambda q, k, v: flash_backward(q, k, v, q, rows, rows, q, cfg), q, k, v)
-  assert len(triton_modules) == 2                      # dK/dV and dQ
+  assert len(triton_modules) == 2  # dK/dV and dQ
 
 
-@pytest.mark.parametrize("head_dim,block_k,causal", [(64, 64, True), (128, 128, False),
-                                                     (128, 64, True), (32, 128, True),
-                                                     (256, 64, False)])
+@pytest.mark.parametrize(
+  "head_dim,block_k,causal",
+  [(64, 64, True), (128, 128, False), (128, 64, True), (32, 128, True), (256, 64, False)],
+)
 @pytest.mark.parametrize("tie_method", ["top2", "count"])
 def test_mosaic_gpu_forward_lowers(head_dim, block_k, causal, tie_method):
-  cfg = dataclasses.replace(_cfg(backend="mosaic_gpu", head_dim=head_dim, causal=causal,
-                                 block_k=block_k), tie_method=tie_method)
+  cfg = dataclasses.replace(
+    _cfg(backend="mosaic_gpu", head_dim=head_dim, causal=causal, block_k=block_k),
+    tie_method=tie_method,
+  )
   text = _lower_for_cuda(lambda q, k, v: flash_forward_mgpu(q, k, v, cfg)[:3], *_qkv(head_dim))
   assert "wgmma" in text and "cp.async.bulk.tensor" in text
 
 
-@pytest.mark.parametrize("head_dim,causal,group,center_keys", [
-    (128, True, 1, False), (64, False, 2, True), (32, True, 4, False)],
-    ids=["d128-causal", "d64-gqa-center_keys", "d32-causal-gqa4"])
+@pytest.mark.parametrize(
+  "head_dim,causal,group,center_keys",
+  [(128, True, 1, False), (64, False, 2, True), (32, True, 4, False)],
+  ids=["d128-causal", "d64-gqa-center_keys", "d32-causal-gqa4"],
+)
 def test_mosaic_gpu_backward_lowers(head_dim, causal, group, center_keys):
   """The GPU path of the Mosaic GPU backward (register operands of wgmma, accumulation in the
   wgmma accumulators, the early read of S, 240/24 registers), which interpret mode does not
   run, lowers through Mosaic GPU to NVVM: two kernels, dK/dV and dQ."""
   from pallas_kernels.backward_mgpu import flash_backward_mgpu
-  cfg = kernel_config(q_len=200, kv_len=250, head_dim=head_dim, dtype=jnp.bfloat16,
-                      softmax_scale=0.1, causal=causal,
-                      numerics=get_numerics("fa2").with_options(center_keys=center_keys),
-                      compensation=None, interpret=False, backend="mosaic_gpu", group=group)
+
+  cfg = kernel_config(
+    q_len=200,
+    kv_len=250,
+    head_dim=head_dim,
+    dtype=jnp.bfloat16,
+    softmax_scale=0.1,
+    causal=causal,
+    numerics=get_numerics("fa2").with_options(center_keys=center_keys),
+    compensation=None,
+    interpret=False,
+    backend="mosaic_gpu",
+    group=group,
+  )
   assert cfg.backend_bwd == "mosaic_gpu"
   q, k, v = _qkv(head_dim, heads=2 * group, kv_heads=2)
   rows = jnp.zeros((1, 2 * group, 256), jnp.float32)
-  text = _lower_for_cuda(lambda q, k, v: flash_backward_mgpu(q, k, v, q, rows, rows, q, cfg),
-                         q, k, v)
+  text = _lower_for_cuda(
+    lambda q, k, v: flash_backward_mgpu(q, k, v, q, rows, rows, q, cfg), q, k, v
+  )
   assert text.count("stablehlo.custom_call @mosaic_gpu") == 2
   assert "wgmma" in text and "cp.async.bulk.tensor" in text and "setmaxnreg" in text

@@ -8,14 +8,19 @@ the other by `center_keys` only; both options together fix both. The rule is the
 rule of the suite: error ≤ 2·error(naive attention in bf16) + one bf16 ulp at the FP64 value's
 scale (`lab.accuracy`).
 """
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from jax_flashstable.lab.accuracy import compare
 
-OPTIONS = {"fa2": {}, "delta32": dict(delta_float32=True), "center": dict(center_keys=True),
-           "both": dict(delta_float32=True, center_keys=True)}
+OPTIONS = {
+  "fa2": {},
+  "delta32": dict(delta_float32=True),
+  "center": dict(center_keys=True),
+  "both": dict(delta_float32=True, center_keys=True),
+}
 
 
 def nine():
@@ -37,8 +42,10 @@ def common_keys():
 
 
 # which options keep dQ within the rule on each input
-EXPECTED = {"nine": {"fa2": False, "delta32": True, "center": False, "both": True},
-            "common_keys": {"fa2": False, "delta32": False, "center": True, "both": True}}
+EXPECTED = {
+  "nine": {"fa2": False, "delta32": True, "center": False, "both": True},
+  "common_keys": {"fa2": False, "delta32": False, "center": True, "both": True},
+}
 
 
 @pytest.mark.parametrize("case", ["nine", "common_keys"])
@@ -46,9 +53,10 @@ def test_each_option_fixes_its_piece(case):
   inputs, causal = {"nine": nine, "common_keys": common_keys}[case]()
   got = {name: compare(*inputs, causal=causal, **kw) for name, kw in OPTIONS.items()}
   passes = {name: c.passes()["d_query"] for name, c in got.items()}
-  assert passes == EXPECTED[case], {n: (c.flash["d_query"].max, c.standard["d_query"].max)
-                                   for n, c in got.items()}
-  for c in got.values():              # the options change the backward's dQ only
+  assert passes == EXPECTED[case], {
+    n: (c.flash["d_query"].max, c.standard["d_query"].max) for n, c in got.items()
+  }
+  for c in got.values():  # the options change the backward's dQ only
     assert c.flash["out"].max == got["fa2"].flash["out"].max
     assert c.passes()["out"] and c.passes()["d_value"]
 
@@ -59,13 +67,15 @@ def test_the_issue_numbers():
   [4.71e-4, 4.71e-4, 4.69e-4], a few bf16 ulps (1.9e-6) off."""
   import jax
   from jax_flashstable import flash_attention, reference_attention_vjp
+
   (q, k, v, do), _ = nine()
   gold = np.asarray(reference_attention_vjp(q, k, v, do, dtype=jnp.float64)[1][0])[0, 0, 0]
   assert gold == pytest.approx([4.7809e-4] * 3, rel=1e-4)
-  dq = lambda **kw: np.asarray(jax.vjp(lambda q: flash_attention(q, k, v, **kw), q)[1](do)[0],
-                               np.float64)[0, 0, 0]
+  dq = lambda **kw: np.asarray(
+    jax.vjp(lambda q: flash_attention(q, k, v, **kw), q)[1](do)[0], np.float64
+  )[0, 0, 0]
   assert dq() == pytest.approx([-6.37e-4, -7.97e-4, -9.57e-4], rel=2e-2)
-  assert dq(delta_float32=True) == pytest.approx(gold, abs=5 * 2.0 ** -19)
+  assert dq(delta_float32=True) == pytest.approx(gold, abs=5 * 2.0**-19)
 
 
 @pytest.mark.parametrize("value", [704.0, 133120.0])
@@ -87,6 +97,6 @@ def test_float32_gradients_reach_float32_accuracy():
   x = jnp.asarray([[1, 2, 3], [4, 5, 6], [7, 8, 9]], jnp.float32)[None, :, None, :]
   do = jnp.asarray([[1, 1, 1], [1, 1, 1], [0, 0, 0]], jnp.float32)[None, :, None, :]
   c = compare(x, x, x, do, causal=False)
-  assert c.ulp["d_value"] == 2.0 ** -23                      # one float32 ulp in [1, 2)
+  assert c.ulp["d_value"] == 2.0**-23  # one float32 ulp in [1, 2)
   assert all(c.passes().values()), {t: (c.flash[t].max, c.standard[t].max) for t in c.flash}
   assert c.flash["d_value"].max <= 5e-8

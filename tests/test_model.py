@@ -1,4 +1,5 @@
 """GPT-2 in nnx: names, shapes, parameter count, initialisation, per-layer attention."""
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -15,15 +16,25 @@ def test_gpt2_small_parameter_count_and_names():
   assert n == 124_475_904
   flat = nnx.to_flat_state(nnx.state(model, nnx.Param))
   names = {".".join(map(str, path)) for path, _ in flat}
-  for name in ["wte.embedding", "wpe.embedding", "h.0.ln_1.scale", "h.0.attn.c_attn.kernel",
-               "h.0.attn.c_proj.kernel", "h.11.mlp.c_fc.kernel", "h.11.mlp.c_proj.bias", "ln_f.scale"]:
+  for name in [
+    "wte.embedding",
+    "wpe.embedding",
+    "h.0.ln_1.scale",
+    "h.0.attn.c_attn.kernel",
+    "h.0.attn.c_proj.kernel",
+    "h.11.mlp.c_fc.kernel",
+    "h.11.mlp.c_proj.bias",
+    "ln_f.scale",
+  ]:
     assert name in names, name
   shapes = {".".join(map(str, p)): v.shape for p, v in flat}
   assert shapes["h.0.attn.c_attn.kernel"] == (768, 2304) and shapes["wpe.embedding"] == (1024, 768)
 
 
 def test_forward_shapes_init_and_per_layer_attention():
-  cfg = GPTConfig.preset("tiny", n_layer=3, attention_overrides=((1, AttentionConfig.parse("reference-fp32")),))
+  cfg = GPTConfig.preset(
+    "tiny", n_layer=3, attention_overrides=((1, AttentionConfig.parse("reference-fp32")),)
+  )
   model = GPT(cfg, rngs=nnx.Rngs(0))
   assert [b.attn.attention.implementation for b in model.h] == ["flash", "reference", "flash"]
   logits = model(jnp.zeros((2, 20), jnp.int32))

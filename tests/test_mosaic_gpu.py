@@ -2,6 +2,7 @@
 `backward_mgpu`), run on CPU in Pallas' GPU interpret mode (which simulates their warpgroups,
 TMA copies and barriers): against FP64, against the Triton kernels they must match, and their
 refusals."""
+
 import dataclasses
 
 import jax
@@ -13,16 +14,19 @@ import pallas_kernels.forward_mgpu as fm
 from jax_flashstable import flash_attention, reference_attention, resolved_backend
 from jax_flashstable.attention.config import AttentionConfig
 from jax_flashstable.attention.flax_adapter import attend
-from jax_flashstable.lab.accuracy import (TENSORS, bf16_ulp, compare, compare_to_golden,
-                                          ulp_at_scale)
+from jax_flashstable.lab.accuracy import TENSORS, bf16_ulp, compare, compare_to_golden, ulp_at_scale
 from jax_flashstable.lab.shapes import Shape, make_inputs
 
 
-@pytest.mark.parametrize("shape,dtype,numerics", [
+@pytest.mark.parametrize(
+  "shape,dtype,numerics",
+  [
     (Shape(1, 150, 150, 4, 2, 64, causal=True), jnp.bfloat16, "fa2"),
     (Shape(1, 100, 130, 2, 2, 128), jnp.float16, "fa2"),
     (Shape(1, 100, 100, 2, 1, 128, causal=True), jnp.bfloat16, "fp32_out"),
-], ids=["bf16-causal-gqa", "f16-d128", "fp32_out-causal-d128"])
+  ],
+  ids=["bf16-causal-gqa", "f16-d128", "fp32_out-causal-d128"],
+)
 @pytest.mark.parametrize("stabilize", [False, True], ids=["plain", "stable"])
 def test_mosaic_gpu_against_fp64(shape, dtype, numerics, stabilize):
   """Forward and backward on the Mosaic GPU kernels, against FP64 by the accuracy rule."""
@@ -30,9 +34,12 @@ def test_mosaic_gpu_against_fp64(shape, dtype, numerics, stabilize):
   q = jax.ShapeDtypeStruct((1, shape.q_len, shape.num_heads, shape.head_dim), dtype)
   kv = jax.ShapeDtypeStruct((1, shape.kv_len, shape.num_kv_heads, shape.head_dim), dtype)
   assert resolved_backend(q, kv, kv, backend="mosaic_gpu", numerics=numerics) == (
-      "mosaic_gpu", "mosaic_gpu")
-  c = compare_to_golden(shape, dtype, seed=1, stabilize=stabilize, numerics=numerics,
-                        backend="mosaic_gpu")
+    "mosaic_gpu",
+    "mosaic_gpu",
+  )
+  c = compare_to_golden(
+    shape, dtype, seed=1, stabilize=stabilize, numerics=numerics, backend="mosaic_gpu"
+  )
   assert all(c.flash[t].finite for t in TENSORS)
   assert all(c.passes().values()), {t: (c.flash[t], c.standard[t]) for t in TENSORS}
 
@@ -50,24 +57,37 @@ def _tied(shape, dtype, seed):
 
 
 _FORWARD_CASES = {
-    "partial-tile": (Shape(2, 130, 333, 2, 2, 64), jnp.bfloat16, "fa2", {}),
-    "mqa-causal-d128": (Shape(1, 256, 200, 4, 1, 128, causal=True), jnp.bfloat16, "fa2", {}),
-    "f16-causal-3stages": (Shape(1, 100, 300, 4, 2, 64, causal=True), jnp.float16, "fa2",
-                           dict(num_stages=3)),
-    "fp32_out-d96": (Shape(1, 90, 90, 2, 2, 96), jnp.bfloat16, "fp32_out", {}),  # padded to 128
-    "short": (Shape(1, 40, 20, 2, 2, 64), jnp.bfloat16, "fa2", dict(num_stages=4)),  # < 64
-    "block_k128-1stage": (Shape(1, 200, 390, 2, 1, 64, causal=True), jnp.bfloat16, "fa2",
-                          dict(block_k=128, num_stages=1)),
+  "partial-tile": (Shape(2, 130, 333, 2, 2, 64), jnp.bfloat16, "fa2", {}),
+  "mqa-causal-d128": (Shape(1, 256, 200, 4, 1, 128, causal=True), jnp.bfloat16, "fa2", {}),
+  "f16-causal-3stages": (
+    Shape(1, 100, 300, 4, 2, 64, causal=True),
+    jnp.float16,
+    "fa2",
+    dict(num_stages=3),
+  ),
+  "fp32_out-d96": (Shape(1, 90, 90, 2, 2, 96), jnp.bfloat16, "fp32_out", {}),  # padded to 128
+  "short": (Shape(1, 40, 20, 2, 2, 64), jnp.bfloat16, "fa2", dict(num_stages=4)),  # < 64
+  "block_k128-1stage": (
+    Shape(1, 200, 390, 2, 1, 64, causal=True),
+    jnp.bfloat16,
+    "fa2",
+    dict(block_k=128, num_stages=1),
+  ),
 }
 # every case with the compensation; without it every case on a GPU, the two cheapest in
 # interpret mode (the suite's time on a 2-core CPU)
 _PLAIN_ON_CPU = ("fp32_out-d96", "short")
 
 
-@pytest.mark.parametrize("shape,dtype,numerics,extra,stabilize", [
+@pytest.mark.parametrize(
+  "shape,dtype,numerics,extra,stabilize",
+  [
     pytest.param(*case, stabilize, id=f"{'stable' if stabilize else 'plain'}-{name}")
-    for stabilize in (False, True) for name, case in _FORWARD_CASES.items()
-    if stabilize or jax.default_backend() == "gpu" or name in _PLAIN_ON_CPU])
+    for stabilize in (False, True)
+    for name, case in _FORWARD_CASES.items()
+    if stabilize or jax.default_backend() == "gpu" or name in _PLAIN_ON_CPU
+  ],
+)
 def test_mosaic_gpu_matches_triton_forward(shape, dtype, numerics, extra, stabilize):
   """The Triton kernel's rounding points, with float32 differences (exp2; on the GPU also
   fused_pv): the outputs agree to one ulp of the output dtype in interpret mode (the float32
@@ -77,39 +97,55 @@ def test_mosaic_gpu_matches_triton_forward(shape, dtype, numerics, extra, stabil
   num_stages changes nothing but speed."""
   _skip_if_causal_refused(shape.causal)
   q, k, v, do = _tied(shape, dtype, 3)
-  turns = fm.MosaicGPUOptions(pingpong=True)                  # eager calls: the GPU's schedule
-  kw = dict(causal=shape.causal, stabilize=stabilize, numerics=numerics,
-            block_k=extra.get("block_k"))
+  turns = fm.MosaicGPUOptions(pingpong=True)  # eager calls: the GPU's schedule
+  kw = dict(
+    causal=shape.causal, stabilize=stabilize, numerics=numerics, block_k=extra.get("block_k")
+  )
   ulps = 1 if jax.default_backend() == "cpu" else 2
 
   def run(backend, **more):
-    out, vjp = jax.vjp(lambda q, k, v: flash_attention(q, k, v, backend=backend, **kw, **more),
-                       q, k, v)
+    out, vjp = jax.vjp(
+      lambda q, k, v: flash_attention(q, k, v, backend=backend, **kw, **more), q, k, v
+    )
     return (out,) + vjp(do.astype(out.dtype))
-  mgpu, triton = run("mosaic_gpu", num_stages=extra.get("num_stages"), mgpu_options=turns), run("triton")
+
+  mgpu, triton = (
+    run("mosaic_gpu", num_stages=extra.get("num_stages"), mgpu_options=turns),
+    run("triton"),
+  )
   assert mgpu[0].dtype == triton[0].dtype and mgpu[0].shape == triton[0].shape
   for name, a, b in zip(TENSORS, mgpu, triton):
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     assert np.isfinite(a).all(), name
-    ulp = bf16_ulp(b) if dtype == jnp.bfloat16 else np.spacing(np.abs(b).astype(np.float16)).astype(np.float64)
-    if name != "out":         # an ulp of O moves delta, so every gradient element: one ulp
-      ulp = ulp_at_scale(b)   # at the tensor's scale (the bound the FP64 tests use per ulp)
+    ulp = (
+      bf16_ulp(b)
+      if dtype == jnp.bfloat16
+      else np.spacing(np.abs(b).astype(np.float16)).astype(np.float64)
+    )
+    if name != "out":  # an ulp of O moves delta, so every gradient element: one ulp
+      ulp = ulp_at_scale(b)  # at the tensor's scale (the bound the FP64 tests use per ulp)
     assert np.all(np.abs(a - b) <= ulps * ulp + 1e-12), (name, np.abs(a - b).max())
-  if stabilize:               # the compensation fired: it changes the output on tied rows
+  if stabilize:  # the compensation fired: it changes the output on tied rows
     plain = flash_attention(q, k, v, backend="mosaic_gpu", causal=shape.causal, numerics=numerics)
     assert not np.array_equal(np.asarray(plain), np.asarray(mgpu[0]))
 
 
-@pytest.mark.parametrize("kwargs,match", [
+@pytest.mark.parametrize(
+  "kwargs,match",
+  [
     (dict(numerics="paper"), "numerics='paper'"),
     (dict(return_stats=True), "return_stats"),
     (dict(block_k=32), "block_k=32"),
     (dict(block_k=256), "block_k=256"),
     (dict(num_stages=0), "num_stages=0"),
     (dict(num_stages=2.5), "num_stages=2.5"),
-    (dict(block_k=128, num_stages=4), r"block_k=128 with num_stages=4 at head_dim=128: \d+\.\d KiB"),
+    (
+      dict(block_k=128, num_stages=4),
+      r"block_k=128 with num_stages=4 at head_dim=128: \d+\.\d KiB",
+    ),
     (dict(backend="cuda"), "backend='cuda'"),
-])
+  ],
+)
 def test_mosaic_gpu_refusals_name_the_value(kwargs, match):
   q, k, v, _ = make_inputs(Shape(1, 256, 256, 1, 1, 128), jnp.bfloat16, 0)
   with pytest.raises(ValueError, match=match):
@@ -154,9 +190,17 @@ def test_mosaic_gpu_without_pingpong_is_the_same_function(causal):
   is bit-identical (interpret mode; on the GPU too, as the same instructions run)."""
   _skip_if_causal_refused(causal)
   q, k, v, _ = _tied(Shape(1, 200, 260, 2, 1, 64, causal=causal), jnp.bfloat16, 5)
-  run = lambda turns: np.asarray(flash_attention(
-      q, k, v, causal=causal, stabilize=True, backend="mosaic_gpu",
-      mgpu_options=fm.MosaicGPUOptions(pingpong=turns)))
+  run = lambda turns: np.asarray(
+    flash_attention(
+      q,
+      k,
+      v,
+      causal=causal,
+      stabilize=True,
+      backend="mosaic_gpu",
+      mgpu_options=fm.MosaicGPUOptions(pingpong=turns),
+    )
+  )
   assert np.array_equal(run(False), run(True))
 
 
@@ -165,12 +209,14 @@ def test_mosaic_gpu_jitted_forward_backward_matches_eager():
   backward) finishes, equals the eager one, and a second run gives the same bits (no atomics:
   the backward is repeatable); block_k and num_stages may be NumPy integers."""
   q, k, v, do = make_inputs(Shape(1, 128, 128, 2, 2, 64), jnp.bfloat16, 6)
-  f = lambda q, k, v: flash_attention(q, k, v, backend="mosaic_gpu", block_k=np.int32(64),
-                                      num_stages=np.int64(2))
+  f = lambda q, k, v: flash_attention(
+    q, k, v, backend="mosaic_gpu", block_k=np.int32(64), num_stages=np.int64(2)
+  )
 
   def fwd_bwd(q, k, v, do):
     out, vjp = jax.vjp(f, q, k, v)
     return (out,) + vjp(do)
+
   jitted = jax.jit(fwd_bwd)
   first, again = jitted(q, k, v, do), jitted(q, k, v, do)
   for a, b, c in zip(first, again, fwd_bwd(q, k, v, do)):
@@ -184,13 +230,21 @@ def _residuals(shape, dtype, numerics="fa2", center_keys=False, seed=0):
   from pallas_kernels import attention
   from pallas_kernels.forward import flash_forward
   from pallas_kernels.policy import get_numerics
+
   q, k, v, do = _tied(shape, dtype, seed)
   cfg = attention.kernel_config(
-      q_len=shape.q_len, kv_len=shape.kv_len, head_dim=shape.head_dim, dtype=dtype,
-      softmax_scale=shape.head_dim ** -0.5, causal=shape.causal,
-      numerics=get_numerics(numerics).with_options(center_keys=center_keys), compensation=None,
-      interpret=jax.default_backend() != "gpu", backend="mosaic_gpu",
-      group=shape.num_heads // shape.num_kv_heads)
+    q_len=shape.q_len,
+    kv_len=shape.kv_len,
+    head_dim=shape.head_dim,
+    dtype=dtype,
+    softmax_scale=shape.head_dim**-0.5,
+    causal=shape.causal,
+    numerics=get_numerics(numerics).with_options(center_keys=center_keys),
+    compensation=None,
+    interpret=jax.default_backend() != "gpu",
+    backend="mosaic_gpu",
+    group=shape.num_heads // shape.num_kv_heads,
+  )
   assert cfg.backend_bwd == "mosaic_gpu"
   b = cfg.blocks
   lq = -(-shape.q_len // max(b.block_q, b.block_q_bwd)) * max(b.block_q, b.block_q_bwd)
@@ -201,11 +255,15 @@ def _residuals(shape, dtype, numerics="fa2", center_keys=False, seed=0):
   return (q, k, v, out, m, log_l, do.astype(out.dtype)), cfg
 
 
-@pytest.mark.parametrize("shape,dtype,numerics,center_keys,lse", [
-    (Shape(1, 150, 150, 2, 1, 64, causal=True), jnp.bfloat16, "fa2", False, True),   # MQA
+@pytest.mark.parametrize(
+  "shape,dtype,numerics,center_keys,lse",
+  [
+    (Shape(1, 150, 150, 2, 1, 64, causal=True), jnp.bfloat16, "fa2", False, True),  # MQA
     (Shape(1, 200, 90, 2, 2, 128, causal=True), jnp.bfloat16, "fa2", False, False),  # q > kv
-    (Shape(1, 70, 200, 2, 2, 64), jnp.float16, "fp32_out", True, False),   # q_len < kv_len
-], ids=["mqa-causal-d64-lse", "causal-d128", "f16-fp32_out-center_keys"])
+    (Shape(1, 70, 200, 2, 2, 64), jnp.float16, "fp32_out", True, False),  # q_len < kv_len
+  ],
+  ids=["mqa-causal-d64-lse", "causal-d128", "f16-fp32_out-center_keys"],
+)
 def test_mosaic_gpu_backward_matches_triton_backward(shape, dtype, numerics, center_keys, lse):
   """Given the same forward residuals, the Mosaic GPU backward's dQ, dK, dV are the Triton
   backward's: bit for bit in interpret mode (the same rounding points, tiles of 64 and
@@ -214,14 +272,16 @@ def test_mosaic_gpu_backward_matches_triton_backward(shape, dtype, numerics, cen
   _skip_if_causal_refused(shape.causal)
   from pallas_kernels.backward import flash_backward
   from pallas_kernels.backward_mgpu import flash_backward_mgpu
+
   args, cfg = _residuals(shape, dtype, numerics, center_keys)
   d_lse = jnp.asarray(np.random.default_rng(1).standard_normal(args[4].shape), jnp.float32) / 8
   triton = dataclasses.replace(cfg, backend="triton", backend_bwd="triton")
   for lse_cotangent in (None, d_lse) if lse else (None,):
     ours = flash_backward_mgpu(*args, cfg, lse_cotangent)
     theirs = flash_backward(*args, triton, lse_cotangent)
-    for name, a, b, n in zip(("dq", "dk", "dv"), ours, theirs,
-                             (shape.q_len, shape.kv_len, shape.kv_len)):
+    for name, a, b, n in zip(
+      ("dq", "dk", "dv"), ours, theirs, (shape.q_len, shape.kv_len, shape.kv_len)
+    ):
       assert a.dtype == b.dtype and a.shape == b.shape, name
       # the real rows (padded query rows' dQ is cut off by the wrapper, not masked here)
       a, b = np.asarray(a[:, :n], np.float64), np.asarray(b[:, :n], np.float64)
@@ -237,20 +297,29 @@ def test_mosaic_gpu_backward_falls_back_to_triton_where_it_cannot_run():
   """Where the Mosaic GPU backward cannot run the call (head_dim > 128: dK and dV do not fit
   in registers) the Triton backward runs after the Mosaic GPU forward; `supported` says why."""
   from pallas_kernels.attention import supported
+
   bwd = lambda **kw: supported("mosaic_gpu", backward=True, **{"numerics": "fa2", **kw})
   assert "head_dim=256" in bwd(head_dim=256)
   assert "numerics='paper'" in bwd(numerics="paper")
   assert "dtype=float32" in bwd(dtype=jnp.float32)
   assert "KiB of shared memory" in bwd(head_dim=128, num_stages=4, group=2)
-  assert bwd(numerics="fp32_out", head_dim=128, dtype=jnp.float16, num_stages=2, group=4,
-             center_keys=True) is None
+  assert (
+    bwd(
+      numerics="fp32_out", head_dim=128, dtype=jnp.float16, num_stages=2, group=4, center_keys=True
+    )
+    is None
+  )
 
 
-@pytest.mark.parametrize("shape,dtype,numerics", [
-    (Shape(1, 90, 150, 2, 1, 20, causal=True), jnp.bfloat16, "fa2"),     # padded to 32
+@pytest.mark.parametrize(
+  "shape,dtype,numerics",
+  [
+    (Shape(1, 90, 150, 2, 1, 20, causal=True), jnp.bfloat16, "fa2"),  # padded to 32
     (Shape(1, 100, 70, 2, 2, 32), jnp.float16, "fp32_out"),
-    (Shape(1, 80, 140, 2, 1, 192, causal=True), jnp.bfloat16, "fa2"),    # padded to 256
-], ids=["d20-causal", "f16-fp32_out-d32", "d192-causal-mqa"])
+    (Shape(1, 80, 140, 2, 1, 192, causal=True), jnp.bfloat16, "fa2"),  # padded to 256
+  ],
+  ids=["d20-causal", "f16-fp32_out-d32", "d192-causal-mqa"],
+)
 def test_mosaic_gpu_head_dims_32_to_256(shape, dtype, numerics):
   """head_dim 17–256 (padded to 32 … 256): the Mosaic GPU forward matches the Triton one to an
   ulp of the output dtype, its gradients (the Mosaic GPU backward up to a padded 128, Triton's
@@ -260,19 +329,25 @@ def test_mosaic_gpu_head_dims_32_to_256(shape, dtype, numerics):
   kw = dict(causal=shape.causal, numerics=numerics, stabilize=True)
   padded = max(16, 1 << (shape.head_dim - 1).bit_length())
   assert tuple(resolved_backend(q, k, v, backend="mosaic_gpu", **kw)) == (
-      "mosaic_gpu", "mosaic_gpu" if padded <= 128 else "triton")
+    "mosaic_gpu",
+    "mosaic_gpu" if padded <= 128 else "triton",
+  )
   ulps = 1 if jax.default_backend() == "cpu" else 2
 
   def run(backend):
     out, vjp = jax.vjp(lambda q, k, v: flash_attention(q, k, v, backend=backend, **kw), q, k, v)
     return (out,) + vjp(do.astype(out.dtype))
+
   mgpu = run("mosaic_gpu")
   for name, a, b in zip(TENSORS, mgpu, run("triton")):
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     assert np.isfinite(a).all(), name
-    if name == "out":         # an ulp of the input dtype, also for fp32_out's float32 O
-      ulp = (bf16_ulp(b) if dtype == jnp.bfloat16
-             else np.spacing(np.abs(b).astype(np.float16)).astype(np.float64))
+    if name == "out":  # an ulp of the input dtype, also for fp32_out's float32 O
+      ulp = (
+        bf16_ulp(b)
+        if dtype == jnp.bfloat16
+        else np.spacing(np.abs(b).astype(np.float16)).astype(np.float64)
+      )
     else:
       ulp = ulp_at_scale(b, dtype=dtype)
     assert np.all(np.abs(a - b) <= ulps * ulp + 1e-12), (name, np.abs(a - b).max())

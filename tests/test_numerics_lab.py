@@ -1,4 +1,5 @@
 """The paper's bit example through the kernel, and the deviation and bias benchmarks."""
+
 import numpy as np
 import pytest
 
@@ -29,17 +30,20 @@ def test_bias_benchmark_flags_paper_and_clears_fp32_out_and_stochastic():
   (measured, sign not assumed); FP32 O and stochastic rounding do not. "Unbiased" for fp32_out
   is |mean| < 0.01 bf16 ulp: its float32 errors are ~1e-3 ulp, so any residue gives a large z."""
   rows = {r["layout"]: r for r in bias_benchmark(tied_rows(num_rows=512), stabilize=(False,))}
-  paper, fp32_out, stochastic = (rows[k]["out_vs_fp64"] for k in ("paper", "fp32_out", "stochastic"))
+  paper, fp32_out, stochastic = (
+    rows[k]["out_vs_fp64"] for k in ("paper", "fp32_out", "stochastic")
+  )
   assert abs(paper["z"]) > 5 and abs(paper["mean"]) > 0.05
-  assert abs(rows["paper"]["out_vs_rounded"]["z"]) > 5          # beyond correct rounding
+  assert abs(rows["paper"]["out_vs_rounded"]["z"]) > 5  # beyond correct rounding
   assert abs(stochastic["z"]) < 3
   assert abs(fp32_out["mean"]) < 0.01
-  assert abs(rows["paper"]["delta_vs_fp64"]["z"]) > 3              # and it reaches delta
+  assert abs(rows["paper"]["delta_vs_fp64"]["z"]) > 3  # and it reaches delta
 
 
 def test_bias_benchmark_rows_and_signs():
-  rows = bias_benchmark(tied_rows(num_rows=64, kv_len=32), layouts=("fa2", "stochastic"),
-                        stabilize=(False,))
+  rows = bias_benchmark(
+    tied_rows(num_rows=64, kv_len=32), layouts=("fa2", "stochastic"), stabilize=(False,)
+  )
   assert [r["layout"] for r in rows] == ["fa2", "stochastic", "correctly rounded FP64"]
   for r in rows:
     for key in ("out_vs_fp64", "out_vs_rounded", "delta_vs_fp64", "delta_vs_rounded"):
@@ -49,7 +53,10 @@ def test_bias_benchmark_rows_and_signs():
 
 
 def test_cli_deviation_and_bias(tmp_path, capsys):
-  assert main(["deviation", "--seq-lens", "64", "--dtypes", "bfloat16,float32", "--out", str(tmp_path)]) == 0
+  assert (
+    main(["deviation", "--seq-lens", "64", "--dtypes", "bfloat16,float32", "--out", str(tmp_path)])
+    == 0
+  )
   assert "headline" in capsys.readouterr().out
   assert (tmp_path / "deviation.json").exists() and (tmp_path / "deviation.png").stat().st_size > 0
   assert main(["bias", "--rows", "32", "--out", str(tmp_path)]) == 0

@@ -2,6 +2,7 @@
 fixed when JAX starts): same training and validation losses as one device; the shard_map step
 all-reduces and gathers nothing, while the same step under a plain sharded jit gathers (so the
 count can fail)."""
+
 import json
 import os
 import subprocess
@@ -45,15 +46,15 @@ SCRIPT = textwrap.dedent("""
 
 def test_sharded_step_matches_single_device():
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
-  proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True,
-                        timeout=900)
+  proc = subprocess.run(
+    [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=900
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   r = json.loads(proc.stdout.strip().splitlines()[-1])
-  assert len(r["single"]) == 4                        # 3 training losses and the validation loss
+  assert len(r["single"]) == 4  # 3 training losses and the validation loss
   for a, b in zip(r["single"], r["sharded"]):
     assert abs(a - b) <= 1e-4 * abs(a), (r["single"], r["sharded"])
   moved = {k: n for k, n in r["shard_map"].items() if k != "all_reduces" and n}
-  assert not moved and r["shard_map"]["all_reduces"] > 0, r          # gradients all-reduced only
+  assert not moved and r["shard_map"]["all_reduces"] > 0, r  # gradients all-reduced only
   assert r["plain"]["all_gathers"] > 0, r
   assert "batch size 6" in r["uneven"], r["uneven"]
-

@@ -6,6 +6,7 @@ moves a value across a rounding boundary (≤ 0.5% of elements in bf16, ≤ 2% i
 be clearly farther from the same emulation with the intermediate roundings removed — which is
 what a kernel whose roundings were optimized away (excess precision) would match.
 """
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -18,16 +19,16 @@ from pallas_kernels.policy import BlockSizes, Compensation, get_numerics
 
 BF16 = ml_dtypes.bfloat16
 CASES = [  # (layout, batch, len, heads, kv_heads, head_dim, causal, stabilize, dtype, block_q, block_k)
-    ("fa2", 1, 200, 4, 2, 64, True, False, BF16, None, None),
-    ("fa2", 1, 130, 2, 2, 32, False, True, BF16, None, None),
-    ("fa2", 1, 96, 2, 1, 64, True, True, np.float16, None, None),
-    ("paper", 1, 200, 2, 2, 64, True, False, BF16, 64, 64),
-    ("paper", 1, 150, 2, 2, 32, True, True, BF16, 32, 16),
-    ("paper", 1, 600, 1, 1, 64, True, True, BF16, 512, 512),
-    ("paper", 1, 130, 2, 1, 32, False, True, BF16, 64, 32),
-    ("paper", 1, 65, 2, 2, 32, True, True, BF16, 64, 64),       # one real key in the last tile
-    ("fp32_out", 1, 140, 2, 2, 64, True, True, BF16, None, None),
-    ("stochastic", 1, 140, 2, 1, 64, False, False, BF16, None, None),
+  ("fa2", 1, 200, 4, 2, 64, True, False, BF16, None, None),
+  ("fa2", 1, 130, 2, 2, 32, False, True, BF16, None, None),
+  ("fa2", 1, 96, 2, 1, 64, True, True, np.float16, None, None),
+  ("paper", 1, 200, 2, 2, 64, True, False, BF16, 64, 64),
+  ("paper", 1, 150, 2, 2, 32, True, True, BF16, 32, 16),
+  ("paper", 1, 600, 1, 1, 64, True, True, BF16, 512, 512),
+  ("paper", 1, 130, 2, 1, 32, False, True, BF16, 64, 32),
+  ("paper", 1, 65, 2, 2, 32, True, True, BF16, 64, 64),  # one real key in the last tile
+  ("fp32_out", 1, 140, 2, 2, 64, True, True, BF16, None, None),
+  ("stochastic", 1, 140, 2, 1, 64, False, False, BF16, None, None),
 ]
 
 
@@ -44,16 +45,26 @@ def test_kernel_matches_bit_level_emulation(case):
   layout, b, L, h, hk, d, causal, stabilize, dt, bq, bk = case
   numerics = get_numerics(layout)
   rng = np.random.default_rng(L + d)
-  q, k, v, do = (rng.standard_normal(s).astype(dt) for s in [(b, L, h, d), (b, L, hk, d), (b, L, hk, d), (b, L, h, d)])
-  if numerics.out_float32:   # the cotangent of a float32 output is float32, not bf16-exact
+  q, k, v, do = (
+    rng.standard_normal(s).astype(dt)
+    for s in [(b, L, h, d), (b, L, hk, d), (b, L, hk, d), (b, L, h, d)]
+  )
+  if numerics.out_float32:  # the cotangent of a float32 output is float32, not bf16-exact
     do = rng.standard_normal(do.shape).astype(np.float32)
-  if layout == "paper" and L == 65:   # all scores ≈ −30, as in the failing case a review found
+  if layout == "paper" and L == 65:  # all scores ≈ −30, as in the failing case a review found
     q = (-10 * np.abs(q.astype(np.float32))).astype(dt)
     k = np.abs(k.astype(np.float32)).astype(dt)
-  scale = d ** -0.5
+  scale = d**-0.5
   key = jax.random.key(L)
-  kw = dict(causal=causal, stabilize=stabilize, numerics=layout, block_q=bq, block_k=bk,
-            return_stats=True, rng_key=key if numerics.stochastic else None)
+  kw = dict(
+    causal=causal,
+    stabilize=stabilize,
+    numerics=layout,
+    block_q=bq,
+    block_k=bk,
+    return_stats=True,
+    rng_key=key if numerics.stochastic else None,
+  )
 
   def run(q, k, v, do):
     (o, st), vjp = jax.vjp(lambda *a: flash_attention(*a, **kw), q, k, v)
@@ -65,16 +76,39 @@ def test_kernel_matches_bit_level_emulation(case):
   blocks = BlockSizes.default(d, bq, bk).for_numerics(numerics).fit(L, L)
   seeds = np.asarray(jax.random.bits(key, (2,), jnp.uint32)) if numerics.stochastic else None
   for intermediate in (True, False):
-    eo, e_m, e_log_l = emulate_forward(q, k, v, causal=causal, softmax_scale=scale,
-                                       block_k=blocks.block_k, dtype=dt, numerics=numerics,
-                                       compensation=comp, intermediate=intermediate, seeds=seeds,
-                                       head_dim_padded=d)
+    eo, e_m, e_log_l = emulate_forward(
+      q,
+      k,
+      v,
+      causal=causal,
+      softmax_scale=scale,
+      block_k=blocks.block_k,
+      dtype=dt,
+      numerics=numerics,
+      compensation=comp,
+      intermediate=intermediate,
+      seeds=seeds,
+      head_dim_padded=d,
+    )
     e_lse = e_m + e_log_l
-    eg = emulate_backward(q, k, v, np.asarray(o, np.float32), e_m, e_log_l, do, causal=causal,
-                          softmax_scale=scale, dtype=dt, numerics=numerics, block_q=blocks.block_q_bwd,
-                          block_k=blocks.block_k_bwd, intermediate=intermediate)
+    eg = emulate_backward(
+      q,
+      k,
+      v,
+      np.asarray(o, np.float32),
+      e_m,
+      e_log_l,
+      do,
+      causal=causal,
+      softmax_scale=scale,
+      dtype=dt,
+      numerics=numerics,
+      block_q=blocks.block_q_bwd,
+      block_k=blocks.block_k_bwd,
+      intermediate=intermediate,
+    )
     grad_rates = [same(g, e) for g, e in zip(grads, eg)]
-    if numerics.out_float32:    # a float32 O differs from the emulation in its last bits
+    if numerics.out_float32:  # a float32 O differs from the emulation in its last bits
       out_err = float(np.abs(np.asarray(o) - eo).max())
     if intermediate:
       # fp16: 8× denser rounding boundaries. fp32_out: delta sums float32 products of the
@@ -82,10 +116,13 @@ def test_kernel_matches_bit_level_emulation(case):
       floor = 0.98 if dt != BF16 else 0.99 if numerics.out_float32 else 0.995
       rates = grad_rates + ([] if numerics.out_float32 else [same(o, eo)])
       assert min(rates) >= floor, rates
-      if numerics.out_float32:   # H200: 2.4e-5 (GPU exp/division), CPU 5e-7
+      if numerics.out_float32:  # H200: 2.4e-5 (GPU exp/division), CPU 5e-7
         assert out_err <= 1e-4, out_err
       np.testing.assert_allclose(lse, e_lse, atol=2e-6)
     else:
-      assert max(grad_rates + ([] if numerics.out_float32 or numerics.stochastic else [same(o, eo)])) <= 0.9, grad_rates
-      if numerics.out_float32:   # without the P̄ rounding: 2.6e-3
+      assert (
+        max(grad_rates + ([] if numerics.out_float32 or numerics.stochastic else [same(o, eo)]))
+        <= 0.9
+      ), grad_rates
+      if numerics.out_float32:  # without the P̄ rounding: 2.6e-3
         assert out_err >= 1e-3, out_err

@@ -2,6 +2,7 @@
 `policy.tied_by_top2`) against the counting rule it replaces (`policy.tie_count`): the same
 decisions and the same tile max, bit for bit, on tiles built to sit on the rule's edges; and
 in the kernels (Triton forward, Mosaic GPU forward in interpret mode) the same bits either way."""
+
 import dataclasses
 
 import jax
@@ -12,9 +13,17 @@ import pytest
 from jax_flashstable import flash_attention
 from jax_flashstable.lab.shapes import Shape, make_inputs
 from pallas_kernels.attention import flash_attention_padded, kernel_config
-from pallas_kernels.policy import (BF16_MAX, Compensation, compensated_tile_max, get_numerics,
-                                   round_bf16, tie_count, tied_by_top2, tile_top2,
-                                   tile_top2_merge)
+from pallas_kernels.policy import (
+  BF16_MAX,
+  Compensation,
+  compensated_tile_max,
+  get_numerics,
+  round_bf16,
+  tie_count,
+  tied_by_top2,
+  tile_top2,
+  tile_top2_merge,
+)
 from pallas_kernels.top2 import column_top2, row_top2
 
 F32 = np.float32
@@ -25,25 +34,28 @@ def _fa2_tiles(rng, rows, n, tol):
   runner-up at max − tol and one float32 ulp either side of it, masked (−inf) entries, fully
   masked rows, +inf, large magnitudes and plain random rows."""
   s = rng.standard_normal((rows, n)).astype(F32) * F32(rng.choice([1, 8, 1e3], size=(rows, 1)))
-  grid = rng.random((rows, 1)) < 0.3                  # coarse grid: many exact ties
+  grid = rng.random((rows, 1)) < 0.3  # coarse grid: many exact ties
   s = np.where(grid, np.round(s * 2) / 2, s).astype(F32)
   mx = s.max(axis=1)
-  thr = (mx - F32(tol)).astype(F32)                   # the rule's threshold, float32
+  thr = (mx - F32(tol)).astype(F32)  # the rule's threshold, float32
   for r in range(rows):
     kind = rng.integers(8)
     j, k = rng.choice(n, 2, replace=False)
-    if kind == 0:                                     # runner-up exactly at the threshold
-      s[r, j] = mx[r]; s[r, k] = thr[r]
-    elif kind == 1:                                   # one ulp above / below it
-      s[r, j] = mx[r]; s[r, k] = np.nextafter(thr[r], F32(np.inf))
+    if kind == 0:  # runner-up exactly at the threshold
+      s[r, j] = mx[r]
+      s[r, k] = thr[r]
+    elif kind == 1:  # one ulp above / below it
+      s[r, j] = mx[r]
+      s[r, k] = np.nextafter(thr[r], F32(np.inf))
     elif kind == 2:
-      s[r, j] = mx[r]; s[r, k] = np.nextafter(thr[r], F32(-np.inf))
-    elif kind == 3:                                   # a duplicate of the max
+      s[r, j] = mx[r]
+      s[r, k] = np.nextafter(thr[r], F32(-np.inf))
+    elif kind == 3:  # a duplicate of the max
       s[r, j] = s[r, k] = mx[r]
   masked = rng.random((rows, n)) < rng.choice([0.0, 0.5, 0.95], size=(rows, 1))
   s = np.where(masked, -np.inf, s).astype(F32)
-  s[rng.random(rows) < 0.1] = -np.inf                 # rows masked in the whole tile
-  s[rng.random(rows) < 0.05, 0] = np.inf              # +inf, once or twice
+  s[rng.random(rows) < 0.1] = -np.inf  # rows masked in the whole tile
+  s[rng.random(rows) < 0.05, 0] = np.inf  # +inf, once or twice
   s[rng.random(rows) < 0.03, -1] = np.inf
   return s
 
@@ -56,29 +68,34 @@ def _paper_tiles(rng, rows, n, tol):
   mx = s.max(axis=1)
   thr = np.array(round_bf16(jnp.asarray(mx - F32(tol))))
 
-  def step(x, d):                                     # the bf16 neighbour of x, d = ±1
+  def step(x, d):  # the bf16 neighbour of x, d = ±1
     b = np.asarray(x, jnp.bfloat16).reshape(1).view(np.uint16)
     b = b + np.uint16(1) if (x > 0) == (d > 0) else b - np.uint16(1)
     return F32(b.view(jnp.bfloat16)[0]) if np.isfinite(x) and x != 0 else x
+
   for r in range(rows):
     kind = rng.integers(7)
     j, k = rng.choice(n, 2, replace=False)
     if kind == 0:
-      s[r, j] = mx[r]; s[r, k] = thr[r]
+      s[r, j] = mx[r]
+      s[r, k] = thr[r]
     elif kind in (1, 2):
-      s[r, j] = mx[r]; s[r, k] = min(step(thr[r], 1 if kind == 1 else -1), mx[r])
+      s[r, j] = mx[r]
+      s[r, k] = min(step(thr[r], 1 if kind == 1 else -1), mx[r])
     elif kind == 3:
       s[r, j] = s[r, k] = mx[r]
   masked = rng.random((rows, n)) < rng.choice([0.0, 0.5, 0.9, 1.0], size=(rows, 1))
   s = np.where(masked, -BF16_MAX, s).astype(F32)
   n_real = int(rng.choice([n, n - 1, n // 2 + 1, 1]))
   in_range = np.arange(n) < n_real
-  s[:, ~in_range] = -BF16_MAX                          # padding holds the mask value too
+  s[:, ~in_range] = -BF16_MAX  # padding holds the mask value too
   return s, in_range
 
 
 @pytest.mark.parametrize("n", [16, 64, 128])
-@pytest.mark.parametrize("tol", [1e-3, 0.0, 0.5, 1e38], ids=["tol1e-3", "tol0", "tol0.5", "tol1e38"])
+@pytest.mark.parametrize(
+  "tol", [1e-3, 0.0, 0.5, 1e38], ids=["tol1e-3", "tol0", "tol0.5", "tol1e38"]
+)
 def test_fa2_tie_decisions_equal_the_count(n, tol):
   """fa2: the count rule and the top-2 rule (one summary per row, `row_top2`, and per 8-column
   group, `column_top2`) give the same tile max and the same tie decision on every row."""
@@ -98,11 +115,13 @@ def test_fa2_tie_decisions_equal_the_count(n, tol):
       assert np.array_equal(np.asarray(m_new), np.asarray(m_old))
       assert np.array_equal(np.asarray(t_new), np.asarray(t_old))
     fired += count.sum()
-  assert 0 < fired < 6 * 64                            # both decisions occur
+  assert 0 < fired < 6 * 64  # both decisions occur
 
 
 @pytest.mark.parametrize("n", [16, 64])
-@pytest.mark.parametrize("tol", [1e-3, 0.0, 0.25, 1e36], ids=["tol1e-3", "tol0", "tol0.25", "tol1e36"])
+@pytest.mark.parametrize(
+  "tol", [1e-3, 0.0, 0.25, 1e36], ids=["tol1e-3", "tol0", "tol0.25", "tol1e36"]
+)
 def test_paper_tie_decisions_equal_the_count(n, tol):
   """The paper's literal rule — masked entries (−BF16_MAX) of real keys counted, padded keys
   not, threshold bf16(max − tol) — from the top-2 of the real keys: the same decisions, also
@@ -135,14 +154,18 @@ def test_paper_sub_tiles_merge_to_the_whole_tile():
   for _ in range(10):
     s, in_range = _paper_tiles(rng, 32, 128, 1e-3)
     s, in_range = jnp.asarray(s), jnp.asarray(in_range)
-    parts = [tile_top2(s[:, c:c + 32], row_top2, True, in_range[c:c + 32]) for c in range(0, 128, 32)]
+    parts = [
+      tile_top2(s[:, c : c + 32], row_top2, True, in_range[c : c + 32]) for c in range(0, 128, 32)
+    ]
     merged = parts[0]
     for p in parts[1:]:
       merged = tile_top2_merge(merged, p)
     mx = jnp.max(s, axis=-1)
     assert np.array_equal(np.asarray(merged[0]), np.asarray(mx))
-    assert np.array_equal(np.asarray(tied_by_top2(*merged, comp, True)),
-                          np.asarray(tie_count(s, mx, comp, True, in_range) > 1))
+    assert np.array_equal(
+      np.asarray(tied_by_top2(*merged, comp, True)),
+      np.asarray(tie_count(s, mx, comp, True, in_range) > 1),
+    )
 
 
 def test_nan_rows_decide_as_the_count_on_cpu():
@@ -150,8 +173,10 @@ def test_nan_rows_decide_as_the_count_on_cpu():
   comp = Compensation()
   for top2 in (row_top2, column_top2):
     summary = tile_top2(s, top2)
-    assert np.array_equal(np.asarray(tied_by_top2(*summary, comp)),
-                          np.asarray(tie_count(s, jnp.max(s, axis=-1), comp) > 1))
+    assert np.array_equal(
+      np.asarray(tied_by_top2(*summary, comp)),
+      np.asarray(tie_count(s, jnp.max(s, axis=-1), comp) > 1),
+    )
 
 
 def test_top2_values_are_the_two_largest():
@@ -161,10 +186,14 @@ def test_top2_values_are_the_two_largest():
   s = np.round(rng.standard_normal((50, 64)) * 3).astype(F32)
   first, second = row_top2(jnp.asarray(s))
   top = np.sort(s, axis=1)[:, ::-1]
-  assert np.array_equal(np.asarray(first), top[:, 0]) and np.array_equal(np.asarray(second), top[:, 1])
+  assert np.array_equal(np.asarray(first), top[:, 0]) and np.array_equal(
+    np.asarray(second), top[:, 1]
+  )
   f8, s8 = column_top2(jnp.asarray(s))
-  groups = np.sort(s.reshape(50, 8, 8), axis=1)[:, ::-1]          # [row, member, column mod 8]
-  assert np.array_equal(np.asarray(f8), groups[:, 0]) and np.array_equal(np.asarray(s8), groups[:, 1])
+  groups = np.sort(s.reshape(50, 8, 8), axis=1)[:, ::-1]  # [row, member, column mod 8]
+  assert np.array_equal(np.asarray(f8), groups[:, 0]) and np.array_equal(
+    np.asarray(s8), groups[:, 1]
+  )
   with pytest.raises(ValueError, match="width=8"):
     column_top2(jnp.zeros((4, 4)))
 
@@ -174,45 +203,84 @@ def _tied_inputs(shape, dtype, seed):
   return (jnp.round(q * 2) / 2).astype(dtype), (jnp.round(k * 2) / 2).astype(dtype), v, do
 
 
-@pytest.mark.parametrize("numerics,shape,blocks", [
+@pytest.mark.parametrize(
+  "numerics,shape,blocks",
+  [
     ("fa2", Shape(1, 100, 150, 2, 1, 64, causal=True), dict(block_k=64)),
     ("paper", Shape(1, 100, 150, 2, 2, 64, causal=True), dict(block_q=64, block_k=64)),
-    ("paper", Shape(1, 130, 300, 2, 2, 64, causal=True), dict(block_q=256, block_k=256)),  # sub-tiles
-], ids=["fa2", "paper", "paper-subtiles"])
+    (
+      "paper",
+      Shape(1, 130, 300, 2, 2, 64, causal=True),
+      dict(block_q=256, block_k=256),
+    ),  # sub-tiles
+  ],
+  ids=["fa2", "paper", "paper-subtiles"],
+)
 def test_triton_forward_is_the_same_function_either_way(numerics, shape, blocks):
   """tie_method "top2" (default) and "count" in the Triton forward: the same out, lse and
   tied_tiles, bit for bit, on inputs with many tied maxima (tied_tiles > 0)."""
   q, k, v, _ = _tied_inputs(shape, jnp.bfloat16, 11)
-  cfg = kernel_config(q_len=shape.q_len, kv_len=shape.kv_len, head_dim=64, dtype=jnp.bfloat16,
-                      softmax_scale=0.125, causal=shape.causal, numerics=get_numerics(numerics),
-                      compensation=Compensation(), interpret=True, return_stats=True,
-                      backend="triton", **blocks)
+  cfg = kernel_config(
+    q_len=shape.q_len,
+    kv_len=shape.kv_len,
+    head_dim=64,
+    dtype=jnp.bfloat16,
+    softmax_scale=0.125,
+    causal=shape.causal,
+    numerics=get_numerics(numerics),
+    compensation=Compensation(),
+    interpret=True,
+    return_stats=True,
+    backend="triton",
+    **blocks,
+  )
   assert cfg.tie_method == "top2"
-  runs = [flash_attention_padded(q, k, v, dataclasses.replace(cfg, tie_method=m))
-          for m in ("top2", "count")]
+  runs = [
+    flash_attention_padded(q, k, v, dataclasses.replace(cfg, tie_method=m))
+    for m in ("top2", "count")
+  ]
   for a, b in zip(jax.tree.leaves(runs[0]), jax.tree.leaves(runs[1])):
     assert np.array_equal(np.asarray(a), np.asarray(b))
-  assert float(runs[0][1][3].max()) > 0                # the rule fired
+  assert float(runs[0][1][3].max()) > 0  # the rule fired
 
 
 def test_mosaic_gpu_forward_is_the_same_function_either_way():
   """The same in the Mosaic GPU forward (interpret mode): 8-column top-2 groups or the count."""
   shape = Shape(1, 130, 200, 2, 1, 64, causal=True)
   q, k, v, _ = _tied_inputs(shape, jnp.bfloat16, 12)
-  cfg = kernel_config(q_len=shape.q_len, kv_len=shape.kv_len, head_dim=64, dtype=jnp.bfloat16,
-                      softmax_scale=0.125, causal=True, numerics=get_numerics("fa2"),
-                      compensation=Compensation(), interpret=True, backend="mosaic_gpu",
-                      block_k=128)
-  runs = [flash_attention_padded(q, k, v, dataclasses.replace(cfg, tie_method=m))[0]
-          for m in ("top2", "count")]
+  cfg = kernel_config(
+    q_len=shape.q_len,
+    kv_len=shape.kv_len,
+    head_dim=64,
+    dtype=jnp.bfloat16,
+    softmax_scale=0.125,
+    causal=True,
+    numerics=get_numerics("fa2"),
+    compensation=Compensation(),
+    interpret=True,
+    backend="mosaic_gpu",
+    block_k=128,
+  )
+  runs = [
+    flash_attention_padded(q, k, v, dataclasses.replace(cfg, tie_method=m))[0]
+    for m in ("top2", "count")
+  ]
   assert np.array_equal(np.asarray(runs[0]), np.asarray(runs[1]))
   plain = flash_attention(q, k, v, causal=True, backend="mosaic_gpu", block_k=128)
-  assert not np.array_equal(np.asarray(plain), np.asarray(runs[0]))   # the rule fired
+  assert not np.array_equal(np.asarray(plain), np.asarray(runs[0]))  # the rule fired
 
 
 def test_tie_method_is_checked():
-  cfg = kernel_config(q_len=8, kv_len=8, head_dim=16, dtype=jnp.bfloat16, softmax_scale=1.0,
-                      causal=False, numerics=get_numerics("fa2"), compensation=None,
-                      interpret=True)
+  cfg = kernel_config(
+    q_len=8,
+    kv_len=8,
+    head_dim=16,
+    dtype=jnp.bfloat16,
+    softmax_scale=1.0,
+    causal=False,
+    numerics=get_numerics("fa2"),
+    compensation=None,
+    interpret=True,
+  )
   with pytest.raises(ValueError, match="tie_method='sort'"):
     dataclasses.replace(cfg, tie_method="sort")

@@ -14,6 +14,7 @@ The training runs are made once, by the command (`training_runs`), and read by s
 
 Run with PYTHONPATH=<this checkout> so that `jax_flashstable` is this checkout's.
 """
+
 import json
 import math
 import os
@@ -34,12 +35,18 @@ from jax_flashstable.attention.config import AttentionConfig
 from jax_flashstable.experiment import twin
 from jax_flashstable.training.data import Dataset
 from jax_flashstable.attention.flax_adapter import attend
-from jax_flashstable.training.train import (TrainConfig, explosion_step, make_optimizer,
-                                           read_diagnostics, read_metrics)
+from jax_flashstable.training.train import (
+  TrainConfig,
+  explosion_step,
+  make_optimizer,
+  read_diagnostics,
+  read_metrics,
+)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-TORCH_PYTHON = os.environ.get("FLASHSTABLE_TORCH_PYTHON",
-                              str(ROOT / ".torchvenv" / "bin" / "python"))
+TORCH_PYTHON = os.environ.get(
+  "FLASHSTABLE_TORCH_PYTHON", str(ROOT / ".torchvenv" / "bin" / "python")
+)
 BF16 = ml_dtypes.bfloat16
 PAPER64 = "paper:block_q=64,block_k=64"
 
@@ -53,20 +60,24 @@ def _torch_ok():
 
 
 pytestmark = pytest.mark.skipif(
-    not _torch_ok(), reason=f"no PyTorch environment at {TORCH_PYTHON} (.ci/run makes one with "
-    "Python 3.11 and the local torch 2.13.0 CPU wheel; or set FLASHSTABLE_TORCH_PYTHON)")
+  not _torch_ok(),
+  reason=f"no PyTorch environment at {TORCH_PYTHON} (.ci/run makes one with "
+  "Python 3.11 and the local torch 2.13.0 CPU wheel; or set FLASHSTABLE_TORCH_PYTHON)",
+)
 
 TORCH_PRELUDE = f"""
 import json, sys
 import numpy as np, torch
-sys.path.insert(0, {str(ROOT / 'torch_crosscheck')!r})
+sys.path.insert(0, {str(ROOT / "torch_crosscheck")!r})
 import gpt_twin as T
 torch.set_num_threads(1)           # a 2-core CPU: torch's thread pool costs ~5 ms per op
 """
 # One torch process for the module's snippets (starting one costs ~5 s: torch and gpt_twin
 # imports): each request line {"code", "args"} runs the code with sys.argv = ["-c", *args] in
 # a fresh copy of the prelude's namespace; the reply line holds its stdout or its traceback.
-TORCH_WORKER = TORCH_PRELUDE + """
+TORCH_WORKER = (
+  TORCH_PRELUDE
+  + """
 import contextlib, io, traceback
 prelude = dict(globals())
 for line in sys.stdin:
@@ -82,22 +93,25 @@ for line in sys.stdin:
   sys.__stdout__.write(json.dumps(dict(ok=ok, stdout=out.getvalue())) + "\\n")
   sys.__stdout__.flush()
 """
+)
 _worker = None
 
 
 def _start_worker():
   global _worker
   if _worker is None or _worker.poll() is not None:
-    _worker = subprocess.Popen([TORCH_PYTHON, "-c", TORCH_WORKER], stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, text=True)
+    _worker = subprocess.Popen(
+      [TORCH_PYTHON, "-c", TORCH_WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
 
 
 def run_torch(code, *args):
   """Runs `code` after TORCH_PRELUDE in the torch environment (one worker process for the
   module); returns what it printed. Fails the test with the snippet's traceback."""
   _start_worker()
-  _worker.stdin.write(json.dumps(dict(code=textwrap.dedent(code), args=list(map(str, args))))
-                      + "\n")
+  _worker.stdin.write(
+    json.dumps(dict(code=textwrap.dedent(code), args=list(map(str, args)))) + "\n"
+  )
   _worker.stdin.flush()
   line = _worker.stdout.readline()
   assert line, f"the torch worker died (exit status {_worker.wait()})"
@@ -123,19 +137,23 @@ def bits(x):
 
 def ulp_distance(a, b):
   """|a − b| in bf16 ulps, on the monotone integer line of the bit patterns."""
+
   def line(x):
     i = bits(np.asarray(x, BF16)).astype(np.int64)
     return np.where(i & 0x8000, -(i & 0x7FFF), i)
+
   return np.abs(line(a) - line(b))
 
 
 # --- batches and parameters ---------------------------------------------------------------
 
+
 def test_twin_batches_are_dataset_batch(tmp_path):
   """The twin's train/val batches are `Dataset.batch`'s (imported from data.py's file), token
   for token, for several (seed, step, micro-batch) and the validation batches."""
   out = tmp_path / "batches.npz"
-  stdout = run_torch("""
+  stdout = run_torch(
+    """
     dm = T.import_data_module()
     d = dm.Dataset(None)
     arrays = {}
@@ -148,7 +166,9 @@ def test_twin_batches_are_dataset_batch(tmp_path):
         arrays[f"val_{seed}_{i}_x"], arrays[f"val_{seed}_{i}_y"] = x, y
     np.savez(sys.argv[1], **arrays)
     print(json.dumps(dict(module=dm.__file__, folder=str(d.folder))))
-  """, out)
+  """,
+    out,
+  )
   info = json.loads(stdout)
   assert pathlib.Path(info["module"]) == ROOT / "jax_flashstable" / "training" / "data.py"
   d = Dataset()
@@ -165,7 +185,7 @@ def test_twin_batches_are_dataset_batch(tmp_path):
       x, y = d.batch("val", 1234, i, 3, 64)
       np.testing.assert_array_equal(got[f"val_{seed}_{i}_x"], x)
       np.testing.assert_array_equal(got[f"val_{seed}_{i}_y"], y)
-  assert not np.array_equal(got["train_0_1_0_x"], got["train_0_1_1_x"])   # not one window
+  assert not np.array_equal(got["train_0_1_0_x"], got["train_0_1_1_x"])  # not one window
 
 
 def test_export_round_trip_first_loss_diagnostics_and_errors(tmp_path):
@@ -180,14 +200,15 @@ def test_export_round_trip_first_loss_diagnostics_and_errors(tmp_path):
   from jax_flashstable.models.gpt2 import GPT, GPTConfig, loss_fn
   from jax_flashstable.training import diagnostics
   from jax_flashstable.training.train import init_state
+
   model = GPT(GPTConfig.preset("tiny", bias=True), rngs=nnx.Rngs(3))
   arrays = twin.export_params(model, tmp_path / "init.npz")
-  assert len(arrays) == 2 + 2 * 12 + 2                  # wte, wpe; 12 per block; ln_f
+  assert len(arrays) == 2 + 2 * 12 + 2  # wte, wpe; 12 per block; ln_f
   bad = {
-      "missing": {k: v for k, v in arrays.items() if k != "h.1.mlp.c_fc.bias"},
-      "extra": dict(arrays, **{"h.2.ln_1.scale": arrays["h.1.ln_1.scale"]}),
-      "transposed": dict(arrays, **{"h.0.mlp.c_fc.kernel": arrays["h.0.mlp.c_fc.kernel"].T}),
-      "float64": dict(arrays, **{"ln_f.scale": arrays["ln_f.scale"].astype(np.float64)}),
+    "missing": {k: v for k, v in arrays.items() if k != "h.1.mlp.c_fc.bias"},
+    "extra": dict(arrays, **{"h.2.ln_1.scale": arrays["h.1.ln_1.scale"]}),
+    "transposed": dict(arrays, **{"h.0.mlp.c_fc.kernel": arrays["h.0.mlp.c_fc.kernel"].T}),
+    "float64": dict(arrays, **{"ln_f.scale": arrays["ln_f.scale"].astype(np.float64)}),
   }
   for name, a in bad.items():
     np.savez(tmp_path / f"{name}.npz", **a)
@@ -197,18 +218,26 @@ def test_export_round_trip_first_loss_diagnostics_and_errors(tmp_path):
   jmodel, graphdef, params, _, _ = init_state(cfg)
   x, y = Dataset().batch("train", cfg.seed, 1, cfg.batch_size, 128)
   jax_loss = float(jax.jit(lambda p, a, b: loss_fn(nnx.merge(graphdef, p), a, b))(params, x, y))
-  key = jax.random.fold_in(jax.random.key(cfg.seed), 1)               # as train_and_evaluate
+  key = jax.random.fold_in(jax.random.key(cfg.seed), 1)  # as train_and_evaluate
   power = diagnostics.converge_power_state(
-      graphdef, params, diagnostics.init_power_state(jmodel.config, jax.random.key(cfg.seed)))
+    graphdef, params, diagnostics.init_power_state(jmodel.config, jax.random.key(cfg.seed))
+  )
   d, _ = diagnostics.diagnose(graphdef, params, x, y, power, cfg.diag_rows, key)
   jax_diag = diagnostics.to_row(1, d)
-  rows = (np.asarray(jax.random.randint(key, (16,), 0, 4)),             # diagnose's draws
-          np.asarray(jax.random.randint(jax.random.fold_in(key, 1), (16,), 0, 128)))
-  losses = [[3.0] * 30 + [20.0] * 10, [3.0] * 12 + [math.nan], [3.0, 2.0, 1.5] * 9 + [4.0] * 10,
-            list(np.random.default_rng(1).uniform(1, 4.5, 60)), [5.0] * 3 + [40.0] * 8 + [3.0] * 20
-            + [7.0] * 10]
+  rows = (
+    np.asarray(jax.random.randint(key, (16,), 0, 4)),  # diagnose's draws
+    np.asarray(jax.random.randint(jax.random.fold_in(key, 1), (16,), 0, 128)),
+  )
+  losses = [
+    [3.0] * 30 + [20.0] * 10,
+    [3.0] * 12 + [math.nan],
+    [3.0, 2.0, 1.5] * 9 + [4.0] * 10,
+    list(np.random.default_rng(1).uniform(1, 4.5, 60)),
+    [5.0] * 3 + [40.0] * 8 + [3.0] * 20 + [7.0] * 10,
+  ]
   np.savez(tmp_path / "batch.npz", x=x, y=y, b=rows[0], t=rows[1])
-  stdout = run_torch("""
+  stdout = run_torch(
+    """
     folder = sys.argv[1]
     m = T.GPT(T.ModelConfig(2, 2, 64, 128, 50304, True))
     T.load_npz(m, folder + "/init.npz")
@@ -248,7 +277,10 @@ def test_export_round_trip_first_loss_diagnostics_and_errors(tmp_path):
                           diag=diag, monitor=monitor, attentions=T.ATTENTIONS, same=same,
                           diag_rows=diag_rows,
                           all_rows=[r.tolist() for r in T.diagnostic_rows(3, 1, 4, 128, 0)])))
-  """, tmp_path, json.dumps(losses))
+  """,
+    tmp_path,
+    json.dumps(losses),
+  )
   out = json.loads(stdout)
   assert sorted(out["names"]) == sorted(arrays)
   back = np.load(tmp_path / "back.npz")
@@ -274,21 +306,21 @@ def test_export_round_trip_first_loss_diagnostics_and_errors(tmp_path):
   sigma_t, sigma_j = np.array(out["diag"]["sn_q_full"]), np.array(jax_diag["sn_q_full"])
   assert np.all(sigma_j <= sigma_t * (1 + 1e-6)) and np.all(sigma_j >= sigma_t * (1 - 1e-3))
   assert np.isnan(out["diag"]["tie_rate"]).all()
-  assert out["all_rows"] == [[0] * 128, list(range(128))]               # --diag-rows 0
-  assert out["same"] == [True] * 3 and out["diag_rows"] == [1, 2, 3]    # diagnostics: no effect
+  assert out["all_rows"] == [[0] * 128, list(range(128))]  # --diag-rows 0
+  assert out["same"] == [True] * 3 and out["diag_rows"] == [1, 2, 3]  # diagnostics: no effect
   expected = [explosion_step(enumerate(l, 1), 5) for l in losses]
   assert out["monitor"] == expected == [32, 13, None, None, 39]
   assert tuple(out["attentions"]) == twin.TWIN_ATTENTIONS
 
 
 CLI_ERRORS = [
-    (["--attention", "flash"], "attention='flash' is not one of"),
-    (["--attention", "sdpa-cudnn", "--device", "cpu"], "attention='sdpa-cudnn' needs CUDA"),
-    (["--block-q", "48"], "block_q must be a power of two >= 16, got block_q=48"),
-    (["--n-embd", "65"], "n_embd=65 is not a multiple of n_head=6"),
-    (["--seq-len", "2048"], "seq_len=2048 must be in [1, block_size=1024]"),
-    (["--lr", "nan"], "lr must be a finite number >= 0, got lr=nan"),
-    (["--init", "/nonexistent/init.npz"], "init='/nonexistent/init.npz': no such file"),
+  (["--attention", "flash"], "attention='flash' is not one of"),
+  (["--attention", "sdpa-cudnn", "--device", "cpu"], "attention='sdpa-cudnn' needs CUDA"),
+  (["--block-q", "48"], "block_q must be a power of two >= 16, got block_q=48"),
+  (["--n-embd", "65"], "n_embd=65 is not a multiple of n_head=6"),
+  (["--seq-len", "2048"], "seq_len=2048 must be in [1, block_size=1024]"),
+  (["--lr", "nan"], "lr must be a finite number >= 0, got lr=nan"),
+  (["--init", "/nonexistent/init.npz"], "init='/nonexistent/init.npz': no such file"),
 ]
 
 
@@ -297,7 +329,8 @@ def test_cli_rejects_bad_input_in_one_line(tmp_path):
   (argparse's error, as the rest of the repo's command lines)."""
   init = tmp_path / "init.npz"
   np.savez(init, wte=np.zeros((1, 1), np.float32))
-  stdout = run_torch("""
+  stdout = run_torch(
+    """
     import contextlib, io
     results = []
     for args in json.loads(sys.argv[1]):
@@ -310,7 +343,11 @@ def test_cli_rejects_bad_input_in_one_line(tmp_path):
           code = e.code
       results.append((code, err.getvalue()))
     print(json.dumps(results))
-  """, json.dumps([a for a, _ in CLI_ERRORS]), init, tmp_path / "out")
+  """,
+    json.dumps([a for a, _ in CLI_ERRORS]),
+    init,
+    tmp_path / "out",
+  )
   for (code, err), (args, message) in zip(json.loads(stdout), CLI_ERRORS):
     lines = err.strip().splitlines()
     assert code == 2, (args, code, err)
@@ -319,6 +356,7 @@ def test_cli_rejects_bad_input_in_one_line(tmp_path):
 
 
 # --- the precision split, layer by layer --------------------------------------------------
+
 
 def test_layers_round_where_jax_rounds(tmp_path):
   """GELU, Linear and LayerNorm of the twin against flax/JAX on the same inputs: the twin's
@@ -336,13 +374,21 @@ def test_layers_round_where_jax_rounds(tmp_path):
   gelu = jax.jit(lambda a: jax.nn.gelu(a, approximate=False))
   gelu_vjp = jax.jit(lambda a, g: jax.vjp(lambda x: jax.nn.gelu(x, approximate=False), a)[1](g)[0])
   # Linear 64 → 192 with bias on a float32 input; LayerNorm on a float32 stream with an offset
-  lin = nnx.Linear(64, 192, use_bias=True, dtype=jnp.bfloat16, param_dtype=jnp.float32,
-                   kernel_init=nnx.initializers.normal(0.02), rngs=nnx.Rngs(1))
+  lin = nnx.Linear(
+    64,
+    192,
+    use_bias=True,
+    dtype=jnp.bfloat16,
+    param_dtype=jnp.float32,
+    kernel_init=nnx.initializers.normal(0.02),
+    rngs=nnx.Rngs(1),
+  )
   lin.bias[...] = jnp.asarray(rng.standard_normal(192) * 0.1, jnp.float32)
   x_lin = rng.standard_normal((2, 64, 64)).astype(np.float32)
   dy_lin = (rng.standard_normal((2, 64, 192)) * 1e-2).astype(BF16)
-  ln = nnx.LayerNorm(64, epsilon=1e-5, use_bias=True, dtype=jnp.float32, param_dtype=jnp.float32,
-                     rngs=nnx.Rngs(2))
+  ln = nnx.LayerNorm(
+    64, epsilon=1e-5, use_bias=True, dtype=jnp.float32, param_dtype=jnp.float32, rngs=nnx.Rngs(2)
+  )
   ln.scale[...] = jnp.asarray(1 + rng.standard_normal(64) * 0.1, jnp.float32)
   ln.bias[...] = jnp.asarray(rng.standard_normal(64) * 0.1, jnp.float32)
   x_ln = (3 + 2 * rng.standard_normal((2, 64, 64))).astype(np.float32)
@@ -357,11 +403,22 @@ def test_layers_round_where_jax_rounds(tmp_path):
 
   y_lin, d_lin, dx_lin = vjp(lin, x_lin, dy_lin)
   y_ln, d_ln, dx_ln = vjp(ln, x_ln, dy_ln)
-  np.savez(tmp_path / "in.npz", h_all=bits(h_all), h=bits(h), dy=bits(dy),
-           kernel=np.asarray(lin.kernel[...]), bias=np.asarray(lin.bias[...]), x_lin=x_lin,
-           dy_lin=bits(dy_lin), scale=np.asarray(ln.scale[...]), ln_bias=np.asarray(ln.bias[...]),
-           x_ln=x_ln, dy_ln=dy_ln)
-  run_torch("""
+  np.savez(
+    tmp_path / "in.npz",
+    h_all=bits(h_all),
+    h=bits(h),
+    dy=bits(dy),
+    kernel=np.asarray(lin.kernel[...]),
+    bias=np.asarray(lin.bias[...]),
+    x_lin=x_lin,
+    dy_lin=bits(dy_lin),
+    scale=np.asarray(ln.scale[...]),
+    ln_bias=np.asarray(ln.bias[...]),
+    x_ln=x_ln,
+    dy_ln=dy_ln,
+  )
+  run_torch(
+    """
     d = np.load(sys.argv[1] + "/in.npz")
     bf = lambda a: torch.from_numpy(a.astype(np.int16)).view(torch.bfloat16)
     out = {}
@@ -392,17 +449,19 @@ def test_layers_round_where_jax_rounds(tmp_path):
     out.update(y_ln=y, dx_ln=x.grad, ds_ln=ln.scale.grad, db_ln=ln.bias.grad)
     np.savez(sys.argv[1] + "/out.npz", **{k: (v.detach().view(torch.int16).numpy().view(np.uint16)
              if v.dtype == torch.bfloat16 else v.detach().numpy()) for k, v in out.items()})
-  """, tmp_path)
+  """,
+    tmp_path,
+  )
   t = np.load(tmp_path / "out.npz")
   # GELU forward: equal but for the results XLA flushes (below float32's smallest normal)
   j_all = np.asarray(gelu(h_all))
   normal = np.abs(j_all.astype(np.float32)) >= np.finfo(np.float32).tiny
   assert normal.sum() > 30_000
   np.testing.assert_array_equal(t["gelu_all"][normal], bits(j_all)[normal])
-  assert np.mean(t["fgelu_all"][normal] != bits(j_all)[normal]) > 0.01   # F.gelu: 2.9% differ
+  assert np.mean(t["fgelu_all"][normal] != bits(j_all)[normal]) > 0.01  # F.gelu: 2.9% differ
   j_dx = bits(gelu_vjp(h, dy))
   np.testing.assert_array_equal(t["gelu_dx"], j_dx)
-  assert np.mean(t["autograd_gelu_dx"] != j_dx) > 0.2                  # autograd: 41.5% differ
+  assert np.mean(t["autograd_gelu_dx"] != j_dx) > 0.2  # autograd: 41.5% differ
   # Linear: bf16 output, float32 gradients of bf16 values; only summation order differs
   # (measured: y, dx, dW 100% bit-identical)
   assert np.mean(t["y_lin"] == bits(y_lin)) >= 0.999
@@ -420,16 +479,23 @@ def test_layers_round_where_jax_rounds(tmp_path):
   assert db_diff < 0.03, db_diff
   # LayerNorm (float32 throughout): the same formula, summation order apart (measured: largest
   # difference ≤ 5.9e-7 of the largest entry, i.e. a few float32 ulps)
-  for name, ref in (("y_ln", y_ln), ("dx_ln", dx_ln), ("ds_ln", d_ln["scale"]),
-                    ("db_ln", d_ln["bias"])):
+  for name, ref in (
+    ("y_ln", y_ln),
+    ("dx_ln", dx_ln),
+    ("ds_ln", d_ln["scale"]),
+    ("db_ln", d_ln["bias"]),
+  ):
     err = np.max(np.abs(t[name] - ref)) / np.max(np.abs(ref))
     assert err < 2e-6, (name, err)
 
 
 # --- attention ----------------------------------------------------------------------------
 
-ATTENTION_PAIRS = [("reference-fp32", "reference-fp32"), ("paper", PAPER64),
-                   ("paper+comp", PAPER64 + ",stabilize=true")]
+ATTENTION_PAIRS = [
+  ("reference-fp32", "reference-fp32"),
+  ("paper", PAPER64),
+  ("paper+comp", PAPER64 + ",stabilize=true"),
+]
 
 
 def test_attention_matches_jax_layouts(tmp_path):
@@ -444,11 +510,12 @@ def test_attention_matches_jax_layouts(tmp_path):
   rng = np.random.default_rng(5)
   shape = (1, 128, 2, 32)
   q, k, v = (np.round(rng.standard_normal(shape) * 8) / 8 for _ in range(3))
-  k[:, 1::2] = k[:, 0::2]                   # keys in equal pairs: a tied row max is common
+  k[:, 1::2] = k[:, 0::2]  # keys in equal pairs: a tied row max is common
   q, k, v = (a.astype(BF16) for a in (q, k, v))
   d_out = rng.standard_normal(shape).astype(BF16)
   np.savez(tmp_path / "in.npz", q=bits(q), k=bits(k), v=bits(v), d_out=bits(d_out))
-  run_torch("""
+  run_torch(
+    """
     d = np.load(sys.argv[1] + "/in.npz")
     bf = lambda a: torch.from_numpy(a.astype(np.int16)).view(torch.bfloat16)
     out = {}
@@ -459,7 +526,9 @@ def test_attention_matches_jax_layouts(tmp_path):
       for n, x in (("out", o), ("dq", q.grad), ("dk", k.grad), ("dv", v.grad)):
         out[f"{kind}/{n}"] = x.detach().contiguous().view(torch.int16).numpy().view(np.uint16)
     np.savez(sys.argv[1] + "/out.npz", **out)
-  """, tmp_path)
+  """,
+    tmp_path,
+  )
   t = np.load(tmp_path / "out.npz")
   results = {}
   for kind, spec in ATTENTION_PAIRS:
@@ -472,12 +541,13 @@ def test_attention_matches_jax_layouts(tmp_path):
       same = np.mean(t[f"{kind}/{name}"] == results[kind][name])
       floor = 0.999 if kind.startswith("paper") or name == "out" else 0.99
       assert same >= floor, (kind, name, same)
-  for name in ("out", "dq", "dk", "dv"):               # the compensation changes a lot here
+  for name in ("out", "dq", "dk", "dv"):  # the compensation changes a lot here
     control = np.mean(t[f"paper+comp/{name}"] == results["paper"][name])
     assert control < 0.6, (name, control)
 
 
 # --- optimizer and schedule ---------------------------------------------------------------
+
 
 def test_optimizer_and_schedule_match_optax(tmp_path):
   """`OptaxAdamW` against `train.make_optimizer` (optax, jitted) over 12 steps of random
@@ -488,14 +558,17 @@ def test_optimizer_and_schedule_match_optax(tmp_path):
   `learning_rate` against optax's over the anchor's 25,000 counts, jitted (as in the update:
   measured 99.6% equal, the rest ≤ 2.7e-7 relative where XLA's float32 cos is an ulp off) and
   eager (as in metrics.jsonl: equal at the 57 counts sampled)."""
-  cfg = TrainConfig(lr=3e-3, min_lr=1e-5, warmup_steps=3, steps=12, decay_steps=10,
-                    weight_decay=0.1, grad_clip=1.0)
+  cfg = TrainConfig(
+    lr=3e-3, min_lr=1e-5, warmup_steps=3, steps=12, decay_steps=10, weight_decay=0.1, grad_clip=1.0
+  )
   rng = np.random.default_rng(0)
   shapes = {"h.0.w": (16, 8), "h.1.b": (8,), "wte": (8, 4)}
   params = {k: (rng.standard_normal(s) * 0.05).astype(np.float32) for k, s in shapes.items()}
   scales = [0.3, 5.0, 0.01, 2.0, 0.9, 1e-4, 10.0, 0.5, 0.05, 3.0, 0.2, 1.0]
-  grads = [{k: (rng.standard_normal(s) * sc).astype(np.float32) for k, s in shapes.items()}
-           for sc in scales]
+  grads = [
+    {k: (rng.standard_normal(s) * sc).astype(np.float32) for k, s in shapes.items()}
+    for sc in scales
+  ]
   tx = make_optimizer(cfg)
 
   @jax.jit
@@ -512,9 +585,13 @@ def test_optimizer_and_schedule_match_optax(tmp_path):
   lr_jit = np.asarray(jax.jit(sched)(jnp.arange(25000, dtype=jnp.int32)))
   eager_counts = list(range(0, 260, 7)) + list(range(19990, 20010))
   lr_eager = np.array([np.float32(sched(c)) for c in eager_counts])
-  np.savez(tmp_path / "in.npz", **{f"p/{k}": v for k, v in params.items()},
-           **{f"g{i}/{k}": v for i, g in enumerate(grads) for k, v in g.items()})
-  run_torch("""
+  np.savez(
+    tmp_path / "in.npz",
+    **{f"p/{k}": v for k, v in params.items()},
+    **{f"g{i}/{k}": v for i, g in enumerate(grads) for k, v in g.items()},
+  )
+  run_torch(
+    """
     d = np.load(sys.argv[1] + "/in.npz")
     names = ["h.0.w", "h.1.b", "wte"]
     kw = dict(lr=3e-3, min_lr=1e-5, warmup_steps=3, decay_steps=10, beta1=0.9, beta2=0.95,
@@ -542,7 +619,10 @@ def test_optimizer_and_schedule_match_optax(tmp_path):
     counts = [int(c) for c in sys.argv[2].split(",")]
     out["lr_eager"] = np.array([T.learning_rate(c, jitted=False, **a) for c in counts], np.float32)
     np.savez(sys.argv[1] + "/out.npz", **out)
-  """, tmp_path, ",".join(map(str, eager_counts)))
+  """,
+    tmp_path,
+    ",".join(map(str, eager_counts)),
+  )
   t = np.load(tmp_path / "out.npz")
   torch_differs = 0.0
   for i, ref in enumerate(after):
@@ -552,8 +632,8 @@ def test_optimizer_and_schedule_match_optax(tmp_path):
   assert torch_differs > 0.2, torch_differs
   # the schedule: float32 values equal optax's except where XLA's float32 cos is off by one ulp
   assert np.mean(t["lr_jit"] == lr_jit) > 0.99
-  assert np.max(np.abs(t["lr_jit"] - lr_jit)[1:] / lr_jit[1:]) < 5e-7      # lr(0) = 0
-  np.testing.assert_array_equal(t["lr_jit"][:200], lr_jit[:200])          # warmup: no cos
+  assert np.max(np.abs(t["lr_jit"] - lr_jit)[1:] / lr_jit[1:]) < 5e-7  # lr(0) = 0
+  np.testing.assert_array_equal(t["lr_jit"][:200], lr_jit[:200])  # warmup: no cos
   assert np.mean(t["lr_eager"] == lr_eager) > 0.95
   assert np.max(np.abs(t["lr_eager"] - lr_eager)[1:] / lr_eager[1:]) < 5e-7
 
@@ -564,11 +644,36 @@ STEPS, BATCH = 4, 2
 # `flashstable crosscheck-train` on the tiny model: STEPS steps of BATCH sequences, warmup 2,
 # cosine to 1e-5 over STEPS, 64×64 tiles (2×2 at length 128), diagnostics every 2 steps; the
 # twin on one thread.
-CROSSCHECK = ["crosscheck-train", "--recipe", "tiny", "--seeds", "0", "--tiles", "64",
-              "--steps", str(STEPS), "--batch-size", str(BATCH), "--lr", "3e-3", "--min-lr", "1e-5",
-              "--warmup-steps", "2", "--eval-interval", "0", "--eval-batches", "1",
-              "--diag-interval", "2", "--no-progress", "--torch-python", TORCH_PYTHON,
-              "--torch-args", "--threads 1 --print-interval 0"]
+CROSSCHECK = [
+  "crosscheck-train",
+  "--recipe",
+  "tiny",
+  "--seeds",
+  "0",
+  "--tiles",
+  "64",
+  "--steps",
+  str(STEPS),
+  "--batch-size",
+  str(BATCH),
+  "--lr",
+  "3e-3",
+  "--min-lr",
+  "1e-5",
+  "--warmup-steps",
+  "2",
+  "--eval-interval",
+  "0",
+  "--eval-batches",
+  "1",
+  "--diag-interval",
+  "2",
+  "--no-progress",
+  "--torch-python",
+  TORCH_PYTHON,
+  "--torch-args",
+  "--threads 1 --print-interval 0",
+]
 
 
 @pytest.fixture(scope="module")
@@ -580,8 +685,12 @@ def training_runs(tmp_path_factory):
   out = tmp_path_factory.mktemp("twin_training")
   assert cli.main(CROSSCHECK + ["--pairs", "reference-fp32,paper", "--out", str(out)]) == 0
   assert not (out / "null").exists()
-  assert cli.main(CROSSCHECK + ["--pairs", "reference-fp32", "--null-steps", str(STEPS),
-                                "--out", str(out)]) == 0
+  assert (
+    cli.main(
+      CROSSCHECK + ["--pairs", "reference-fp32", "--null-steps", str(STEPS), "--out", str(out)]
+    )
+    == 0
+  )
   return out
 
 
@@ -613,7 +722,7 @@ def test_training_matches_jax_step_by_step(training_runs, name):
   j = read_metrics(training_runs / "jax" / name / "seed0")
   t = read_metrics(training_runs / "torch" / name / "seed0")
   assert [r["step"] for r in t] == [r["step"] for r in j] == list(range(1, STEPS + 1))
-  assert [set(r) for r in t] == [set(r) for r in j]            # the same keys, val_loss at the end
+  assert [set(r) for r in t] == [set(r) for r in j]  # the same keys, val_loss at the end
   for a, b in zip(t, j):
     assert a["lr"] == b["lr"], (a["step"], a["lr"], b["lr"])  # float32 values, equal
     start = a["step"] <= 2
@@ -621,9 +730,9 @@ def test_training_matches_jax_step_by_step(training_runs, name):
     tol = TOL["grad_norm_start" if start else "grad_norm"]
     assert rel(a["grad_norm"], b["grad_norm"]) < tol, (a, b)
     assert rel(a["param_norm"], b["param_norm"]) < TOL["param_norm"], (a, b)
-  assert rel(t[0]["param_norm"], j[0]["param_norm"]) < 1e-6     # the same initial parameters
+  assert rel(t[0]["param_norm"], j[0]["param_norm"]) < 1e-6  # the same initial parameters
   assert rel(t[-1]["val_loss"], j[-1]["val_loss"]) < TOL["loss"]
-  assert t[-1]["loss"] < t[0]["loss"] - 0.3                        # it learns, in both
+  assert t[-1]["loss"] < t[0]["loss"] - 0.3  # it learns, in both
   config = json.loads((training_runs / "torch" / name / "seed0" / "config.json").read_text())
   assert config["jax_attention"] == (PAPER64 if name == "paper" else "reference-fp32")
   jax_config = json.loads((training_runs / "jax" / name / "seed0" / "config.json").read_text())
@@ -632,6 +741,7 @@ def test_training_matches_jax_step_by_step(training_runs, name):
 
 # --- the side-by-side command ---------------------------------------------------------------
 
+
 def test_crosscheck_train_report_and_resumption(training_runs, capsys):
   """The command again over the runs: every side is done, nothing trains. Its report: both
   exact pairs agree within τ (2⁻⁸) at every step, far inside it (the step-by-step tolerances
@@ -639,31 +749,32 @@ def test_crosscheck_train_report_and_resumption(training_runs, capsys):
   reference-fp32 run; the outcomes are the same. The comparison rule finds the step from
   which a loss is off by 2τ."""
   capsys.readouterr()
-  assert cli.main(CROSSCHECK + ["--pairs", "reference-fp32,paper",
-                                "--out", str(training_runs)]) == 0
+  assert (
+    cli.main(CROSSCHECK + ["--pairs", "reference-fp32,paper", "--out", str(training_runs)]) == 0
+  )
   log = capsys.readouterr().out.split("# Training cross-check")[0]
-  assert log.count("done before, skipped") == 4, log              # 2 JAX, 2 twin runs
-  assert "training" not in log and "torch 2" not in log, log      # no run, no torch started
+  assert log.count("done before, skipped") == 4, log  # 2 JAX, 2 twin runs
+  assert "training" not in log and "torch 2" not in log, log  # no run, no torch started
   report = json.loads((training_runs / "report.json").read_text())
-  assert report["tolerance"] == twin.TOLERANCE == 2 ** -8
+  assert report["tolerance"] == twin.TOLERANCE == 2**-8
   rows = {r["torch"]: r for r in report["rows"]}
   assert set(rows) == {"reference-fp32", "paper"}
   for name, r in rows.items():
     c = r["twin"]
     assert r["exact"] and r["seed"] == 0 and r["jax"] == name
     assert c["steps"] == STEPS and c["first_apart"] is None
-    assert c["start_rel"] < TOL["loss_start"] and c["max_rel"] < TOL["loss"], c   # ≪ τ
+    assert c["start_rel"] < TOL["loss_start"] and c["max_rel"] < TOL["loss"], c  # ≪ τ
     assert 0 < c["param_rel_end"] < TOL["param_norm"]
     assert r["jax_outcome"] == r["torch_outcome"] == "calm" and r["same_outcome"]
     assert r["statement"].startswith(f"within τ over all {STEPS} common steps"), r["statement"]
-    for side in ("jax", "torch"):                   # diagnostics rows at steps 2 and 4
+    for side in ("jax", "torch"):  # diagnostics rows at steps 2 and 4
       diag = read_diagnostics(training_runs / side / name / "seed0")
       assert [d["step"] for d in diag] == [2, 4] and len(diag[0]["max_logit"]) == 2
   null = rows["reference-fp32"]["null"]
   assert rows["paper"]["null"] is None and null["steps"] == STEPS and null["first_apart"] is None
-  assert null["max_rel"] < TOL["loss"], null        # measured: 1.2e-5
-  th = report["thresholds"]                         # 10 × the reference's largest max logit;
-  assert 0.5 < th["torch"] / th["jax"] < 2, th      # other rows drawn (measured 1.34 / 1.72)
+  assert null["max_rel"] < TOL["loss"], null  # measured: 1.2e-5
+  th = report["thresholds"]  # 10 × the reference's largest max logit;
+  assert 0.5 < th["torch"] / th["jax"] < 2, th  # other rows drawn (measured 1.34 / 1.72)
   md = (training_runs / "report.md").read_text()
   assert "Exact pairs agreeing within τ over the first 100 steps: 2 of 2 compared" in md
   assert "| reference-fp32 ↔ reference-fp32 | 0 | yes | 4 / 4 |" in md
@@ -674,30 +785,30 @@ def test_crosscheck_train_report_and_resumption(training_runs, capsys):
   off = [dict(r, loss=r["loss"] * (1 + 2 * twin.TOLERANCE * (r["step"] >= 3))) for r in j]
   c = twin.compare_losses(j, off)
   assert c["first_apart"] == 3 and c["start_rel"] == 0
-  assert c["max_rel"] == pytest.approx(2 * twin.TOLERANCE, rel=1e-5)   # float32 losses
+  assert c["max_rel"] == pytest.approx(2 * twin.TOLERANCE, rel=1e-5)  # float32 losses
 
 
 CROSSCHECK_ERRORS = [
-    (["--pairs", "flash"], "pair 'flash': 'flash' is not a twin attention"),
-    (["--pairs", "sdpa-math"], "pair 'sdpa-math': sdpa-math has no default JAX partner"),
-    (["--pairs", "paper=bogus"], "variant 'bogus'"),
-    (["--pairs", "paper=paper@layer"], "the twin uses one attention in every layer"),
-    (["--seeds", "1,x"], "--seeds expects comma-separated integers, got '1,x'"),
-    (["--recipe", "nope"], "unknown recipe 'nope'"),
-    (["--tolerance", "0"], "tolerance must be a number > 0, got tolerance=0.0"),
-    (["--null-steps", "-1"], "null_steps must be an int >= 0, got null_steps=-1"),
-    (["--time-budget", "-5"], "time_budget must be a number >= 0 (seconds), got -5.0"),
-    (["--torch-python", "/nonexistent/python"],
-     "--torch-python '/nonexistent/python': no such file"),
-    (["--data-parallel"], "data_parallel=True: the twin trains on one device"),
-    (["--null-steps", "2", "--batch-size", "3"], "batch_size=3 is odd"),
-    (["--steps", "0"], "steps=0 must be an integer ≥ 1"),
-    (["--runs", "/nonexistent.jsonl.xz"], "--runs '/nonexistent.jsonl.xz': no such file"),
+  (["--pairs", "flash"], "pair 'flash': 'flash' is not a twin attention"),
+  (["--pairs", "sdpa-math"], "pair 'sdpa-math': sdpa-math has no default JAX partner"),
+  (["--pairs", "paper=bogus"], "variant 'bogus'"),
+  (["--pairs", "paper=paper@layer"], "the twin uses one attention in every layer"),
+  (["--seeds", "1,x"], "--seeds expects comma-separated integers, got '1,x'"),
+  (["--recipe", "nope"], "unknown recipe 'nope'"),
+  (["--tolerance", "0"], "tolerance must be a number > 0, got tolerance=0.0"),
+  (["--null-steps", "-1"], "null_steps must be an int >= 0, got null_steps=-1"),
+  (["--time-budget", "-5"], "time_budget must be a number >= 0 (seconds), got -5.0"),
+  (["--torch-python", "/nonexistent/python"], "--torch-python '/nonexistent/python': no such file"),
+  (["--data-parallel"], "data_parallel=True: the twin trains on one device"),
+  (["--null-steps", "2", "--batch-size", "3"], "batch_size=3 is odd"),
+  (["--steps", "0"], "steps=0 must be an integer ≥ 1"),
+  (["--runs", "/nonexistent.jsonl.xz"], "--runs '/nonexistent.jsonl.xz': no such file"),
 ]
 
 
-@pytest.mark.parametrize("args,message", CROSSCHECK_ERRORS,
-                         ids=[" ".join(a) for a, _ in CROSSCHECK_ERRORS])
+@pytest.mark.parametrize(
+  "args,message", CROSSCHECK_ERRORS, ids=[" ".join(a) for a, _ in CROSSCHECK_ERRORS]
+)
 def test_crosscheck_train_rejects_bad_input_in_one_line(tmp_path, args, message):
   """Each bad value: one line naming it, before anything is trained or written."""
   with pytest.raises(SystemExit) as e:

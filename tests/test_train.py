@@ -1,5 +1,6 @@
 """The Optax training loop on the embedded real-text sample: learning, determinism, resume,
 non-finite stop, explosion detection."""
+
 import dataclasses
 import gc
 import json
@@ -10,16 +11,33 @@ import numpy as np
 import pytest
 
 from jax_flashstable.training.data import Dataset
-from jax_flashstable.training.train import (CheckpointError, ConfigError, NonFiniteError,
-                                            TrainConfig, TrainingInterrupted, explosion_step,
-                                            read_metrics, train_and_evaluate)
+from jax_flashstable.training.train import (
+  CheckpointError,
+  ConfigError,
+  NonFiniteError,
+  TrainConfig,
+  TrainingInterrupted,
+  explosion_step,
+  read_metrics,
+  train_and_evaluate,
+)
 
 SMALL = (("block_size", 32),)
 
 
 def cfg(tmp_path, name, **kw):
-  base = dict(model="tiny", model_overrides=SMALL, steps=8, batch_size=4, lr=3e-3, warmup_steps=2,
-              eval_interval=4, eval_batches=2, progress=False, out_dir=str(tmp_path / name))
+  base = dict(
+    model="tiny",
+    model_overrides=SMALL,
+    steps=8,
+    batch_size=4,
+    lr=3e-3,
+    warmup_steps=2,
+    eval_interval=4,
+    eval_batches=2,
+    progress=False,
+    out_dir=str(tmp_path / name),
+  )
   base.update(kw)
   return TrainConfig(**base)
 
@@ -32,7 +50,7 @@ def test_loss_decreases_determinism_and_resume(tmp_path):
   a = cfg(tmp_path, "a", checkpoint_interval=4, attention="fa2+comp", grad_accum=2)
   s = train_and_evaluate(a)
   la = losses(a)
-  assert len(la) == 8 and la[-1] < la[0] - 0.5          # learns on real text
+  assert len(la) == 8 and la[-1] < la[0] - 0.5  # learns on real text
   rows = read_metrics(a.out_dir)
   for key in ("loss", "grad_norm", "lr", "tokens_per_s", "step_time_s", "param_norm"):
     assert all(np.isfinite(r[key]) for r in rows), key
@@ -43,7 +61,8 @@ def test_loss_decreases_determinism_and_resume(tmp_path):
   b = dataclasses.replace(a, out_dir=str(tmp_path / "b"), checkpoint_interval=0)
   train_and_evaluate(b)
   assert losses(b) == la
-  from jax_flashstable.training import train   # b reused a's step: one program, compiled once
+  from jax_flashstable.training import train  # b reused a's step: one program, compiled once
+
   step = train._SHARED_STEPS[tuple(getattr(a, f) for f in train.STEP_FIELDS) + (a.steps,)][0]
   assert step._cache_size() == 1
   # stop after 4 steps (checkpoint at 4), resume to 8: identical to the uninterrupted run
@@ -58,8 +77,12 @@ def test_loss_decreases_determinism_and_resume(tmp_path):
 
 
 def test_non_finite_stops_with_a_clear_message(tmp_path):
-  bad = cfg(tmp_path, "bad", lr=1e30, warmup_steps=0, steps=6, checkpoint_interval=1, eval_interval=0)
-  with pytest.raises(NonFiniteError, match=r"non-finite loss or gradient at step (\d).*last finite checkpoint: step"):
+  bad = cfg(
+    tmp_path, "bad", lr=1e30, warmup_steps=0, steps=6, checkpoint_interval=1, eval_interval=0
+  )
+  with pytest.raises(
+    NonFiniteError, match=r"non-finite loss or gradient at step (\d).*last finite checkpoint: step"
+  ):
     train_and_evaluate(bad)
 
 
@@ -79,7 +102,10 @@ def test_early_warning_action(tmp_path, monkeypatch, capsys, action):
   diagnostics row after warmup that has a row before it stands in for a real logit jump)."""
   import functools
   from jax_flashstable.training import train
-  monkeypatch.setattr(train, "EarlyWarning", functools.partial(train.EarlyWarning, factor=0.0, window=1))
+
+  monkeypatch.setattr(
+    train, "EarlyWarning", functools.partial(train.EarlyWarning, factor=0.0, window=1)
+  )
   c = cfg(tmp_path, action, steps=10, diag_interval=2, diag_rows=4, warning_action=action)
   s = train_and_evaluate(c)
   assert s["warning_step"] == 4 and "early warning at step 4" in capsys.readouterr().out
@@ -94,6 +120,7 @@ def test_early_warning_action(tmp_path, monkeypatch, capsys, action):
 
 # --- nothing lost, nothing silently wrong -------------------------------------------------------
 
+
 def test_out_dir_spelling_is_not_a_configuration_change(tmp_path, monkeypatch):
   """The folder is where a run lives: `runs/r`, `runs/r/`, its absolute path, another working
   directory and a moved folder are the same run; another lr is a change, refused before any
@@ -101,11 +128,13 @@ def test_out_dir_spelling_is_not_a_configuration_change(tmp_path, monkeypatch):
   import os
   import shutil
   from jax_flashstable.training.train import ConfigError, config_changes
+
   monkeypatch.chdir(tmp_path)
   c = cfg(tmp_path, "r", attention="xla", out_dir="runs/r")
-  pathlib.Path("runs/r/checkpoints/4").mkdir(parents=True)          # a run with a checkpoint
-  pathlib.Path("runs/r/config.json").write_text(json.dumps(dict(
-      train=json.loads(json.dumps(dataclasses.asdict(c), default=str)))))
+  pathlib.Path("runs/r/checkpoints/4").mkdir(parents=True)  # a run with a checkpoint
+  pathlib.Path("runs/r/config.json").write_text(
+    json.dumps(dict(train=json.loads(json.dumps(dataclasses.asdict(c), default=str))))
+  )
   for spelling in ("runs/r/", "./runs/r", str(tmp_path / "runs" / "r")):
     assert config_changes("runs/r", dataclasses.replace(c, out_dir=spelling)) == {}
   (tmp_path / "elsewhere").mkdir()
@@ -115,39 +144,56 @@ def test_out_dir_spelling_is_not_a_configuration_change(tmp_path, monkeypatch):
   assert config_changes(tmp_path / "moved", dataclasses.replace(c, out_dir="../moved")) == {}
   other = dataclasses.replace(c, out_dir="../moved/", lr=0.01)
   assert config_changes("../moved/", other) == {"lr": (0.003, 0.01)}
-  with pytest.raises(ConfigError, match=re.escape("(lr: 0.003 → 0.01); to resume it, use its "
-                                                  "settings (lr=0.003); to train this "
-                                                  "configuration, use another out_dir")) as e:
-    train_and_evaluate(other)                     # refused before the data or the model
+  with pytest.raises(
+    ConfigError,
+    match=re.escape(
+      "(lr: 0.003 → 0.01); to resume it, use its "
+      "settings (lr=0.003); to train this "
+      "configuration, use another out_dir"
+    ),
+  ) as e:
+    train_and_evaluate(other)  # refused before the data or the model
   assert "delete" not in str(e.value)
   # the data folder compares as the folder it names, from any working directory
   (tmp_path / "corpus").mkdir()
   os.chdir(tmp_path)
   d = dataclasses.replace(c, data="corpus", out_dir="runs/d")
   pathlib.Path("runs/d").mkdir(parents=True)
-  pathlib.Path("runs/d/config.json").write_text(json.dumps(dict(
-      train=json.loads(json.dumps(dataclasses.asdict(d), default=str)),
-      data_path=str(tmp_path / "corpus"))))
+  pathlib.Path("runs/d/config.json").write_text(
+    json.dumps(
+      dict(
+        train=json.loads(json.dumps(dataclasses.asdict(d), default=str)),
+        data_path=str(tmp_path / "corpus"),
+      )
+    )
+  )
   os.chdir(tmp_path / "elsewhere")
   for spelling in ("../corpus", "../corpus/", str(tmp_path / "corpus")):
     assert config_changes("../runs/d", dataclasses.replace(d, data=spelling)) == {}
   assert config_changes("../runs/d", dataclasses.replace(d, data="../moved")) == {
-      "data": ("corpus", "../moved")}
+    "data": ("corpus", "../moved")
+  }
 
 
 def test_run_matrix_refusal_keeps_the_run(tmp_path):
   from jax_flashstable.experiment import instability
+
   base = cfg(tmp_path, "unused", attention="xla")
   run = instability.variant_config(base, "xla", 0, tmp_path / "xla" / "seed0")
   pathlib.Path(run.out_dir).mkdir(parents=True)
-  (pathlib.Path(run.out_dir) / "config.json").write_text(json.dumps(dict(
-      train=json.loads(json.dumps(dataclasses.asdict(run), default=str)))))
+  (pathlib.Path(run.out_dir) / "config.json").write_text(
+    json.dumps(dict(train=json.loads(json.dumps(dataclasses.asdict(run), default=str))))
+  )
   (pathlib.Path(run.out_dir) / "summary.json").write_text("{}")
-  with pytest.raises(ValueError, match=r"lr: 0.003 → 0.01\); to keep it and train this one, use "
-                                       r"another --out; to continue it, use its settings "
-                                       r"\(lr=0.003\)") as e:
-    instability.run_matrix(dataclasses.replace(base, lr=0.01), ["xla"], [0], tmp_path,
-                           log=lambda *a: None)
+  with pytest.raises(
+    ValueError,
+    match=r"lr: 0.003 → 0.01\); to keep it and train this one, use "
+    r"another --out; to continue it, use its settings "
+    r"\(lr=0.003\)",
+  ) as e:
+    instability.run_matrix(
+      dataclasses.replace(base, lr=0.01), ["xla"], [0], tmp_path, log=lambda *a: None
+    )
   assert "delete" not in str(e.value)
 
 
@@ -172,8 +218,11 @@ def test_interrupt_saves_a_checkpoint_and_resumes_exactly(tmp_path):
   train_and_evaluate(ref)
   want = losses(ref)
   c = dataclasses.replace(ref, out_dir=str(tmp_path / "c"))
-  with pytest.raises(TrainingInterrupted, match=r"after step 3: checkpoint of step 3 in .*c/"
-                                                r"checkpoints; to resume, rerun the same command"):
+  with pytest.raises(
+    TrainingInterrupted,
+    match=r"after step 3: checkpoint of step 3 in .*c/"
+    r"checkpoints; to resume, rerun the same command",
+  ):
     train_and_evaluate(c, _Interrupting(at=4))
   assert issubclass(TrainingInterrupted, KeyboardInterrupt)
   assert sorted(p.name for p in (tmp_path / "c" / "checkpoints").iterdir()) == ["3"]
@@ -182,7 +231,7 @@ def test_interrupt_saves_a_checkpoint_and_resumes_exactly(tmp_path):
   assert losses(c) == want and s["step"] == 6 and "already_finished" not in s
   assert sorted(p.name for p in (tmp_path / "c" / "checkpoints").iterdir()) == ["3", "6"]
   rows = read_metrics(c.out_dir)
-  again = train_and_evaluate(c)                   # finished: its summary, nothing trained
+  again = train_and_evaluate(c)  # finished: its summary, nothing trained
   assert again["already_finished"] is True and read_metrics(c.out_dir) == rows
   assert {k: again[k] for k in rows[-1]} == rows[-1] and again["explosion_step"] is None
   assert again["n_params"] == s["n_params"] and again["warning_step"] is None
@@ -205,30 +254,47 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous(tmp_path, capsys):
   ckpt = tmp_path / "d" / "checkpoints"
   _truncate_largest(ckpt / "4")
   capsys.readouterr()
-  s = train_and_evaluate(c)                       # step 4 unreadable: resumes from 2
+  s = train_and_evaluate(c)  # step 4 unreadable: resumes from 2
   line = capsys.readouterr().out
-  assert re.search(r"checkpoint of step 4 in .*checkpoints cannot be read \(.*\); moved to "
-                   r".*checkpoints_damaged/4; resuming from step 2", line), line
+  assert re.search(
+    r"checkpoint of step 4 in .*checkpoints cannot be read \(.*\); moved to "
+    r".*checkpoints_damaged/4; resuming from step 2",
+    line,
+  ), line
   assert len(line.strip().splitlines()) == 1
-  assert (tmp_path / "d" / "checkpoints_damaged" / "4").is_dir()      # kept, not deleted
+  assert (tmp_path / "d" / "checkpoints_damaged" / "4").is_dir()  # kept, not deleted
   assert losses(c) == want and s["step"] == 4
-  for step in ("2", "4"):                         # none readable: stop, touch nothing
+  for step in ("2", "4"):  # none readable: stop, touch nothing
     _truncate_largest(ckpt / step)
-  with pytest.raises(CheckpointError, match=r"no checkpoint in .*d/checkpoints can be read "
-                                            r"\(step 4, 2: .*\); the folder is left as it is"):
+  with pytest.raises(
+    CheckpointError,
+    match=r"no checkpoint in .*d/checkpoints can be read "
+    r"\(step 4, 2: .*\); the folder is left as it is",
+  ):
     train_and_evaluate(c)
   assert sorted(p.name for p in ckpt.iterdir()) == ["2", "4"] and losses(c) == want
   gc.collect()
 
 
-@pytest.mark.parametrize("field,value,message", [
-    ("steps", -5, "steps=-5 must be an integer ≥ 1"), ("steps", 0, "steps=0"),
-    ("batch_size", 0, "batch_size=0"), ("grad_accum", 0, "grad_accum=0"),
-    ("lr", -1.0, "lr=-1.0 must be a finite number > 0"), ("lr", float("nan"), "lr=nan"),
+@pytest.mark.parametrize(
+  "field,value,message",
+  [
+    ("steps", -5, "steps=-5 must be an integer ≥ 1"),
+    ("steps", 0, "steps=0"),
+    ("batch_size", 0, "batch_size=0"),
+    ("grad_accum", 0, "grad_accum=0"),
+    ("lr", -1.0, "lr=-1.0 must be a finite number > 0"),
+    ("lr", float("nan"), "lr=nan"),
     ("grad_clip", -1.0, r"grad_clip=-1.0 must be .* ≥ 0 \(0: no clipping\)"),
-    ("beta2", 1.0, "beta2=1.0"), ("seed", -1, "seed=-1"), ("eval_batches", 0, "eval_batches=0"),
-    ("seq_len", 0, "seq_len=0"), ("steps", 2.5, "steps=2.5"), ("progress", "yes", "progress='yes'"),
-    ("warning_action", "shout", "warning_action='shout'")])
+    ("beta2", 1.0, "beta2=1.0"),
+    ("seed", -1, "seed=-1"),
+    ("eval_batches", 0, "eval_batches=0"),
+    ("seq_len", 0, "seq_len=0"),
+    ("steps", 2.5, "steps=2.5"),
+    ("progress", "yes", "progress='yes'"),
+    ("warning_action", "shout", "warning_action='shout'"),
+  ],
+)
 def test_bad_values_are_refused_on_construction(field, value, message):
   with pytest.raises(ConfigError, match=message):
     dataclasses.replace(TrainConfig(), **{field: value})
@@ -237,18 +303,19 @@ def test_bad_values_are_refused_on_construction(field, value, message):
 
 def test_validate_names_the_setting(tmp_path):
   ok = TrainConfig(out_dir=str(tmp_path / "new" / "run"), data=None)
-  assert ok.validate() is ok and not (tmp_path / "new").exists()       # creates nothing
+  assert ok.validate() is ok and not (tmp_path / "new").exists()  # creates nothing
   (tmp_path / "file").write_text("")
   for kw, message in (
-      (dict(seq_len=5000), r"seq_len=5000 exceeds the context of model 'tiny' \(block_size=128\)"),
-      (dict(model="nope"), r"model='nope': unknown model preset 'nope'"),
-      (dict(attention="nope"), r"attention='nope': .*'nope'"),
-      (dict(attention_overrides=((5, "xla"),)), "layer 5, but n_layer=2"),
-      (dict(model_overrides=(("n_head", 0),)), r"model_overrides=.*n_head=0 must be an integer ≥ 1"),
-      (dict(data=str(tmp_path / "missing")), r"data='.*missing': folder not found"),
-      (dict(out_dir=str(tmp_path / "file")), r"out_dir='.*file' is a file, not a folder"),
-      (dict(out_dir=str(tmp_path / "file" / "run")), r"out_dir='.*run' cannot be created"),
-      (dict(out_dir="/proc/no/such/run"), r"out_dir='/proc/no/such/run' cannot be created")):
+    (dict(seq_len=5000), r"seq_len=5000 exceeds the context of model 'tiny' \(block_size=128\)"),
+    (dict(model="nope"), r"model='nope': unknown model preset 'nope'"),
+    (dict(attention="nope"), r"attention='nope': .*'nope'"),
+    (dict(attention_overrides=((5, "xla"),)), "layer 5, but n_layer=2"),
+    (dict(model_overrides=(("n_head", 0),)), r"model_overrides=.*n_head=0 must be an integer ≥ 1"),
+    (dict(data=str(tmp_path / "missing")), r"data='.*missing': folder not found"),
+    (dict(out_dir=str(tmp_path / "file")), r"out_dir='.*file' is a file, not a folder"),
+    (dict(out_dir=str(tmp_path / "file" / "run")), r"out_dir='.*run' cannot be created"),
+    (dict(out_dir="/proc/no/such/run"), r"out_dir='/proc/no/such/run' cannot be created"),
+  ):
     with pytest.raises(ConfigError, match=message):
       dataclasses.replace(ok, **kw).validate()
 
@@ -259,6 +326,7 @@ def test_grad_clip_zero_means_no_clipping():
   import jax.numpy as jnp
   import optax
   from jax_flashstable.training.train import make_optimizer
+
   c = TrainConfig(grad_clip=0.0, warmup_steps=0, lr=1e-2)
   params = {"w": jnp.ones((3, 3))}
   tx = make_optimizer(c)

@@ -1,4 +1,5 @@
 """What the PyTorch-side scripts share: seeded inputs and writing a dump (torch + NumPy only)."""
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,10 @@ def make_inputs(a):
   """query, key, value, d_out [batch, heads, len, head_dim] bf16: seeded standard normals."""
   rng = np.random.default_rng(a.seed)
   shape = (a.batch, a.heads, a.len, a.head_dim)
-  return tuple(torch.tensor(rng.standard_normal(shape), dtype=torch.float32).to(BF).to(a.device)
-               for _ in range(4))
+  return tuple(
+    torch.tensor(rng.standard_normal(shape), dtype=torch.float32).to(BF).to(a.device)
+    for _ in range(4)
+  )
 
 
 def bits(x):

@@ -118,6 +118,7 @@ Batches: `Dataset.batch` of the JAX package's data module, imported from its fil
 must hold train.bin[.xz] / val.bin[.xz] (a folder of text files needs tiktoken, which the torch
 environment lacks: pass the tokenized copy the JAX side made in its cache instead).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -144,10 +145,17 @@ import paper_fa2  # noqa: E402  (the paper layout's forward and backward, torch 
 BF = torch.bfloat16
 F32 = np.float32
 LN_EPS = 1e-5
-SQRT_HALF_BF16 = 0.70703125          # np.sqrt(0.5) rounded to bf16, as jax.nn.gelu builds it
-NEG_TWO_OVER_SQRT_PI_BF16 = -1.125   # −2/√π rounded to bf16 (the erfc jvp on bf16)
-ATTENTIONS = ("paper", "paper+comp", "reference-fp32", "sdpa-flash", "sdpa-efficient",
-              "sdpa-cudnn", "sdpa-math")
+SQRT_HALF_BF16 = 0.70703125  # np.sqrt(0.5) rounded to bf16, as jax.nn.gelu builds it
+NEG_TWO_OVER_SQRT_PI_BF16 = -1.125  # −2/√π rounded to bf16 (the erfc jvp on bf16)
+ATTENTIONS = (
+  "paper",
+  "paper+comp",
+  "reference-fp32",
+  "sdpa-flash",
+  "sdpa-efficient",
+  "sdpa-cudnn",
+  "sdpa-math",
+)
 CPU_ATTENTIONS = ("paper", "paper+comp", "reference-fp32", "sdpa-flash", "sdpa-math")
 MATMULS = ("bf16", "emulated")
 EXIT_NON_FINITE = 3
@@ -156,6 +164,7 @@ DATA_MODULE_PATHS = ("jax_flashstable/training/data.py",)
 
 
 # --- batches ---------------------------------------------------------------------------------
+
 
 @functools.lru_cache(maxsize=None)
 def import_data_module(root: str = str(ROOT)):
@@ -176,17 +185,21 @@ def import_data_module(root: str = str(ROOT)):
     try:
       spec.loader.exec_module(module)
     except ImportError as e:
-      raise ImportError(f"{path} imports {e.name!r}, which the torch environment lacks; the twin "
-                        "needs the data module to import with NumPy only") from e
+      raise ImportError(
+        f"{path} imports {e.name!r}, which the torch environment lacks; the twin "
+        "needs the data module to import with NumPy only"
+      ) from e
     return module
   raise ImportError(f"no data module under {root}: tried {', '.join(DATA_MODULE_PATHS)}")
 
 
 # --- model -----------------------------------------------------------------------------------
 
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
   """`gpt2.GPTConfig`'s shape fields; defaults: the anchor ("gpt-6l")."""
+
   n_layer: int = 6
   n_head: int = 6
   n_embd: int = 384
@@ -216,6 +229,7 @@ def fit_tile(block: int, length: int) -> int:
 @dataclasses.dataclass(frozen=True)
 class AttentionChoice:
   """One of `ATTENTIONS`, with the paper layout's tiles and compensation settings."""
+
   kind: str = "paper"
   block_q: int = 512
   block_k: int = 512
@@ -251,9 +265,11 @@ class AttentionChoice:
 def check_attention_device(choice: AttentionChoice, device: torch.device):
   """ValueError for an SDPA backend torch does not have on `device` (efficient, cudnn: CUDA)."""
   if device.type != "cuda" and choice.kind not in CPU_ATTENTIONS:
-    raise ValueError(f"attention={choice.kind!r} needs CUDA (torch's SDPA has only its math and "
-                     f"flash backends on {device.type}); on {device.type} choose one of "
-                     f"{', '.join(CPU_ATTENTIONS)}")
+    raise ValueError(
+      f"attention={choice.kind!r} needs CUDA (torch's SDPA has only its math and "
+      f"flash backends on {device.type}); on {device.type} choose one of "
+      f"{', '.join(CPU_ATTENTIONS)}"
+    )
 
 
 class _PaperAttention(torch.autograd.Function):
@@ -262,10 +278,12 @@ class _PaperAttention(torch.autograd.Function):
   forward's loops. Tensors [batch, heads, seq, head_dim] bf16."""
 
   @staticmethod
-  def forward(ctx, query, key, value, softmax_scale, causal, block_q, block_k, stabilize, beta,
-              tie_tolerance):
-    out, lse = paper_fa2.forward(query, key, value, softmax_scale, causal, block_q, block_k,
-                                 stabilize, beta, tie_tolerance)
+  def forward(
+    ctx, query, key, value, softmax_scale, causal, block_q, block_k, stabilize, beta, tie_tolerance
+  ):
+    out, lse = paper_fa2.forward(
+      query, key, value, softmax_scale, causal, block_q, block_k, stabilize, beta, tie_tolerance
+    )
     ctx.save_for_backward(query, key, value, out, lse)
     ctx.settings = (softmax_scale, causal, block_q, block_k)
     return out
@@ -273,15 +291,21 @@ class _PaperAttention(torch.autograd.Function):
   @staticmethod
   def backward(ctx, d_out):
     query, key, value, out, lse = ctx.saved_tensors
-    d_query, d_key, d_value = paper_fa2.backward(query, key, value, out, lse, d_out.to(BF),
-                                                 *ctx.settings)
+    d_query, d_key, d_value = paper_fa2.backward(
+      query, key, value, out, lse, d_out.to(BF), *ctx.settings
+    )
     return d_query, d_key, d_value, None, None, None, None, None, None, None
 
 
 def _sdpa_backend(kind):
   from torch.nn.attention import SDPBackend
-  return dict(flash=SDPBackend.FLASH_ATTENTION, efficient=SDPBackend.EFFICIENT_ATTENTION,
-              cudnn=SDPBackend.CUDNN_ATTENTION, math=SDPBackend.MATH)[kind.removeprefix("sdpa-")]
+
+  return dict(
+    flash=SDPBackend.FLASH_ATTENTION,
+    efficient=SDPBackend.EFFICIENT_ATTENTION,
+    cudnn=SDPBackend.CUDNN_ATTENTION,
+    math=SDPBackend.MATH,
+  )[kind.removeprefix("sdpa-")]
 
 
 def backend_context(choice: AttentionChoice):
@@ -289,6 +313,7 @@ def backend_context(choice: AttentionChoice):
   if not choice.kind.startswith("sdpa-"):
     return contextlib.nullcontext()
   from torch.nn.attention import sdpa_kernel
+
   return sdpa_kernel([_sdpa_backend(choice.kind)])
 
 
@@ -306,22 +331,33 @@ def attend(query, key, value, choice: AttentionChoice, *, causal=True, softmax_s
   """
   if softmax_scale is None:
     softmax_scale = 1.0 / math.sqrt(query.shape[-1])
-  q, k, v = (x.transpose(1, 2) for x in (query, key, value))          # [b, h, s, d]
+  q, k, v = (x.transpose(1, 2) for x in (query, key, value))  # [b, h, s, d]
   kind = choice.kind
   if kind.startswith("paper"):
     bq, bk = fit_tile(choice.block_q, q.shape[2]), fit_tile(choice.block_k, k.shape[2])
-    out = _PaperAttention.apply(q, k, v, softmax_scale, causal, bq, bk, kind == "paper+comp",
-                                choice.beta, choice.tie_tolerance)
+    out = _PaperAttention.apply(
+      q,
+      k,
+      v,
+      softmax_scale,
+      causal,
+      bq,
+      bk,
+      kind == "paper+comp",
+      choice.beta,
+      choice.tie_tolerance,
+    )
   elif kind == "reference-fp32":
-    s = (q.float() @ k.float().transpose(-1, -2)) * softmax_scale     # [b, h, s, s] float32
+    s = (q.float() @ k.float().transpose(-1, -2)) * softmax_scale  # [b, h, s, s] float32
     if causal:
       keep = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
       s = s.masked_fill(~keep, -math.inf)
     out = (torch.softmax(s, dim=-1) @ v.float()).to(BF)
   else:
     with backend_context(choice):
-      out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
-                                                             scale=softmax_scale)
+      out = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, is_causal=causal, scale=softmax_scale
+      )
   return out.transpose(1, 2)
 
 
@@ -348,9 +384,9 @@ class Linear(nn.Module):
     self.bias = nn.Parameter(torch.zeros(n_out)) if bias else None
     self.matmul = matmul
 
-  def forward(self, x):                                               # → bf16
+  def forward(self, x):  # → bf16
     y = bf16_matmul(x, self.kernel, self.matmul)
-    return y + self.bias.to(BF) if self.bias is not None else y       # bf16 add, as nnx
+    return y + self.bias.to(BF) if self.bias is not None else y  # bf16 add, as nnx
 
 
 class LayerNorm(nn.Module):
@@ -361,7 +397,7 @@ class LayerNorm(nn.Module):
     self.scale = nn.Parameter(torch.ones(n))
     self.bias = nn.Parameter(torch.zeros(n)) if bias else None
 
-  def forward(self, x):                                               # x float32
+  def forward(self, x):  # x float32
     mean = x.mean(-1, keepdim=True)
     mean2 = (x * x).mean(-1, keepdim=True)
     var = torch.clamp_min(mean2 - mean * mean, 0.0)
@@ -382,7 +418,7 @@ class _Gelu(torch.autograd.Function):
   @staticmethod
   def forward(ctx, h):
     x = h.float()
-    e = torch.erfc(-x * SQRT_HALF_BF16).to(BF)          # the argument stays float32
+    e = torch.erfc(-x * SQRT_HALF_BF16).to(BF)  # the argument stays float32
     ctx.save_for_backward(h, e)
     return (_rb(0.5 * x) * e.float()).to(BF)
 
@@ -418,13 +454,13 @@ class CausalSelfAttention(nn.Module):
     self.n_head = cfg.n_head
     self.attention = attention
 
-  def forward(self, x, record=None):                                  # x [b, t, c] float32
+  def forward(self, x, record=None):  # x [b, t, c] float32
     b, t, c = x.shape
-    q, k, v = self.c_attn(x).split(c, dim=-1)                         # 3 × [b, t, c] bf16
+    q, k, v = self.c_attn(x).split(c, dim=-1)  # 3 × [b, t, c] bf16
     q, k, v = (y.reshape(b, t, self.n_head, c // self.n_head) for y in (q, k, v))
-    if record is not None:                                            # diagnostics: the inputs
-      record.append((q, k))                                           # of the attention
-    y = attend(q, k, v, self.attention, causal=True)                  # [b, t, h, d] bf16
+    if record is not None:  # diagnostics: the inputs
+      record.append((q, k))  # of the attention
+    y = attend(q, k, v, self.attention, causal=True)  # [b, t, h, d] bf16
     return self.c_proj(y.reshape(b, t, c))
 
 
@@ -447,7 +483,7 @@ class Block(nn.Module):
     self.ln_2 = LayerNorm(cfg.n_embd, cfg.bias)
     self.mlp = MLP(cfg, generator, matmul)
 
-  def forward(self, x, record=None):                                  # float32 residual stream
+  def forward(self, x, record=None):  # float32 residual stream
     x = x + self.attn(self.ln_1(x), record)
     return x + self.mlp(self.ln_2(x))
 
@@ -459,8 +495,14 @@ class GPT(nn.Module):
   biases, unit LayerNorm scales; torch generator `seed`) only matters when no .npz is loaded.
   """
 
-  def __init__(self, cfg: ModelConfig, attention: AttentionChoice = AttentionChoice(), *,
-               matmul="emulated", seed=0):
+  def __init__(
+    self,
+    cfg: ModelConfig,
+    attention: AttentionChoice = AttentionChoice(),
+    *,
+    matmul="emulated",
+    seed=0,
+  ):
     super().__init__()
     if matmul not in MATMULS:
       raise ValueError(f"matmul={matmul!r} is not one of {MATMULS}")
@@ -480,7 +522,7 @@ class GPT(nn.Module):
       ValueError: t > block_size.
     """
     x = self.ln_f(self.hidden(tokens, record))
-    return bf16_matmul(x, self.wte.t(), self.matmul).float()          # tied output embedding
+    return bf16_matmul(x, self.wte.t(), self.matmul).float()  # tied output embedding
 
   def hidden(self, tokens, record=None):
     """The residual stream after the last block, [batch, t, n_embd] float32 (`forward`
@@ -504,8 +546,9 @@ def loss_fn(model: GPT, tokens, targets):
 def jax_order(names):
   """`names` in JAX's pytree leaf order for the nnx state (paths sorted, list indices as ints):
   the order of optax's sums over leaves (global norms)."""
-  return sorted(names, key=lambda n: tuple((0, int(p), "") if p.isdigit() else (1, 0, p)
-                                           for p in n.split(".")))
+  return sorted(
+    names, key=lambda n: tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in n.split("."))
+  )
 
 
 def count_params(model) -> int:
@@ -518,6 +561,7 @@ def flops_per_token(cfg: ModelConfig, n_params, seq_len) -> float:
 
 
 # --- diagnostics -----------------------------------------------------------------------------
+
 
 def diagnostic_rows(seed: int, step: int, batch: int, seq_len: int, n_rows: int):
   """The (sequence, position) rows a diagnostics call reads, as two int64 arrays [R].
@@ -555,17 +599,19 @@ def diagnose(model: "GPT", tokens, rows) -> dict:
   n_layer, n_head, n_embd = model.config.n_layer, model.config.n_head, model.config.n_embd
   scale = 1.0 / math.sqrt(n_embd // n_head)
   max_logit = []
-  for query, key in record:                                          # [s, t, h, d] bf16
+  for query, key in record:  # [s, t, h, d] bf16
     best = torch.full((n_head,), -math.inf, device=query.device)
     for j in range(len(seqs)):
-      pos = torch.from_numpy(t_idx[where == j]).to(query.device)     # this sequence's rows
-      q, k = query[j, pos].float(), key[j].float()                   # [r, h, d], [t, h, d]
-      s = torch.einsum("rhd,khd->hrk", q, k) * scale                 # [h, r, t] float32
+      pos = torch.from_numpy(t_idx[where == j]).to(query.device)  # this sequence's rows
+      q, k = query[j, pos].float(), key[j].float()  # [r, h, d], [t, h, d]
+      s = torch.einsum("rhd,khd->hrk", q, k) * scale  # [h, r, t] float32
       hidden = torch.arange(k.shape[0], device=q.device)[None, None, :] > pos[None, :, None]
       best = torch.maximum(best, s.masked_fill(hidden, -math.inf).amax(dim=(1, 2)))
     max_logit.append(best.tolist())
-  sn_q = [torch.linalg.svdvals(blk.attn.c_attn.kernel[:, :n_embd].detach().double().cpu())[0]
-          .item() for blk in model.h]
+  sn_q = [
+    torch.linalg.svdvals(blk.attn.c_attn.kernel[:, :n_embd].detach().double().cpu())[0].item()
+    for blk in model.h
+  ]
   return dict(max_logit=max_logit, sn_q_full=sn_q, tie_rate=[[math.nan] * n_head] * n_layer)
 
 
@@ -585,7 +631,7 @@ class ExplosionMonitor:
     if not math.isfinite(loss):
       self.step = step
       return step
-    self.recent = (self.recent + [loss])[-self.window:]
+    self.recent = (self.recent + [loss])[-self.window :]
     smooth = sum(self.recent) / len(self.recent)
     if step > self.warmup_steps and smooth > self.factor * self.running:
       self.step = step
@@ -595,6 +641,7 @@ class ExplosionMonitor:
 
 
 # --- parameters in .npz ----------------------------------------------------------------------
+
 
 def save_npz(model: GPT, path):
   """Writes the parameters in the .npz layout of the module docstring (float32, JAX order)."""
@@ -632,6 +679,7 @@ def load_npz(model: GPT, path):
 
 # --- optimizer -------------------------------------------------------------------------------
 
+
 def _f32(x) -> float:
   """The float32 nearest to `x`, as a Python float (exactly representable)."""
   return float(F32(x))
@@ -666,14 +714,14 @@ def learning_rate(count, *, lr, min_lr, warmup_steps, decay_steps, jitted=True) 
   """
   f = _f32
   alpha = 0.0 if lr == 0.0 else min_lr / lr
-  if count < warmup_steps:                                  # linear_schedule(0 → lr)
+  if count < warmup_steps:  # linear_schedule(0 → lr)
     c = f(min(max(count, 0), warmup_steps))
     if jitted:
       frac = _fma_scalar(-c, f(f(1.0) / f(warmup_steps)), 1.0)
       return _fma_scalar(frac, f(0.0 - lr), f(lr))
     frac = f(1.0 - f(c / f(warmup_steps)))
     return f(f(f(0.0 - lr) * frac) + f(lr))
-  length = decay_steps - warmup_steps                       # cosine_decay_schedule(lr, …, α)
+  length = decay_steps - warmup_steps  # cosine_decay_schedule(lr, …, α)
   c = f(min(count - warmup_steps, length))
   if jitted:
     cos = _cos32(f(c * f(f(math.pi) * f(1.0 / f(length)))))
@@ -710,8 +758,20 @@ class OptaxAdamW:
   GPU backend makes there (these are the CPU's; not checked on a GPU).
   """
 
-  def __init__(self, named_params, *, lr, min_lr, warmup_steps, decay_steps, beta1, beta2,
-               eps, weight_decay, grad_clip):
+  def __init__(
+    self,
+    named_params,
+    *,
+    lr,
+    min_lr,
+    warmup_steps,
+    decay_steps,
+    beta1,
+    beta2,
+    eps,
+    weight_decay,
+    grad_clip,
+  ):
     names = jax_order([n for n, _ in named_params])
     by_name = dict(named_params)
     self.names = names
@@ -720,8 +780,9 @@ class OptaxAdamW:
     self.mu = [torch.zeros_like(p) for p in self.params]
     self.nu = [torch.zeros_like(p) for p in self.params]
     self.count = 0
-    self.schedule = functools.partial(learning_rate, lr=lr, min_lr=min_lr,
-                                      warmup_steps=warmup_steps, decay_steps=decay_steps)
+    self.schedule = functools.partial(
+      learning_rate, lr=lr, min_lr=min_lr, warmup_steps=warmup_steps, decay_steps=decay_steps
+    )
     self.b1, self.b2, self.eps, self.wd, self.clip = beta1, beta2, eps, weight_decay, grad_clip
 
   @staticmethod
@@ -738,10 +799,11 @@ class OptaxAdamW:
     the global norm of `grads` before clipping (a 0-d tensor on the parameters' device)."""
     f = _f32
     g_norm = self.global_norm(grads)
-    keep = g_norm < self.clip                                  # optax: select(trigger, g, g/n·c)
+    keep = g_norm < self.clip  # optax: select(trigger, g, g/n·c)
     torch._foreach_div_(grads, torch.where(keep, torch.ones_like(g_norm), g_norm))
-    torch._foreach_mul_(grads, torch.where(keep, torch.ones_like(g_norm),
-                                           torch.full_like(g_norm, self.clip)))
+    torch._foreach_mul_(
+      grads, torch.where(keep, torch.ones_like(g_norm), torch.full_like(g_norm, self.clip))
+    )
     self.count += 1
     bc1 = f(1.0 - f(float(np.float64(f(self.b1)) ** self.count)))
     bc2 = f(1.0 - f(float(np.float64(f(self.b2)) ** self.count)))
@@ -761,6 +823,7 @@ class OptaxAdamW:
 
 # --- training --------------------------------------------------------------------------------
 
+
 class NonFiniteError(RuntimeError):
   """A step produced a non-finite loss or gradient (as `train.NonFiniteError`)."""
 
@@ -769,8 +832,9 @@ class NonFiniteError(RuntimeError):
 class TwinConfig:
   """The twin's run: `train.TrainConfig`'s fields that decide the trajectory (same names and
   meaning), the model shape, the attention and the torch-side settings. Defaults: anchor-b128."""
-  init: str = ""                      # the .npz of initial parameters (required)
-  data: str | None = None             # data folder; None = the JAX package's embedded sample
+
+  init: str = ""  # the .npz of initial parameters (required)
+  data: str | None = None  # data folder; None = the JAX package's embedded sample
   attention: str = "paper"
   block_q: int = 512
   block_k: int = 512
@@ -785,41 +849,43 @@ class TwinConfig:
   steps: int = 3000
   batch_size: int = 128
   grad_accum: int = 1
-  seq_len: int | None = None          # default: block_size
+  seq_len: int | None = None  # default: block_size
   lr: float = 3e-3
   min_lr: float = 1e-5
   warmup_steps: int = 200
-  decay_steps: int | None = 20000     # None: steps
+  decay_steps: int | None = 20000  # None: steps
   weight_decay: float = 0.0
   beta1: float = 0.9
   beta2: float = 0.95
   eps: float = 1e-8
   grad_clip: float = 1.0
-  seed: int = 0                       # data order (the JAX run's seed)
+  seed: int = 0  # data order (the JAX run's seed)
   eval_interval: int = 500
   eval_batches: int = 4
-  diag_interval: int = 100            # steps between diagnostics rows (0: off), `diagnose`
-  diag_rows: int = 64                 # rows per diagnostics call (0: the first sequence's all)
-  stop_after_explosion: int = 300     # stop this many steps after an explosion (-1: never)
+  diag_interval: int = 100  # steps between diagnostics rows (0: off), `diagnose`
+  diag_rows: int = 64  # rows per diagnostics call (0: the first sequence's all)
+  stop_after_explosion: int = 300  # stop this many steps after an explosion (-1: never)
   out_dir: str = "runs/torch_twin"
-  device: str = "auto"                # auto: cuda if available, else cpu
-  compile: str = "auto"               # auto: on for CUDA, off on CPU
-  matmul: str = "auto"                # auto: bf16 on CUDA, emulated on CPU
-  deterministic: bool = False         # torch.use_deterministic_algorithms (CUDA: slower)
-  save_final: bool = False            # OUT/final_params.npz after the last step
-  print_interval: int = 100           # progress line every N steps (0: none)
-  threads: int = 0                    # torch CPU threads (0: torch's default)
+  device: str = "auto"  # auto: cuda if available, else cpu
+  compile: str = "auto"  # auto: on for CUDA, off on CPU
+  matmul: str = "auto"  # auto: bf16 on CUDA, emulated on CPU
+  deterministic: bool = False  # torch.use_deterministic_algorithms (CUDA: slower)
+  save_final: bool = False  # OUT/final_params.npz after the last step
+  print_interval: int = 100  # progress line every N steps (0: none)
+  threads: int = 0  # torch CPU threads (0: torch's default)
 
   def model_config(self) -> ModelConfig:
-    return ModelConfig(self.n_layer, self.n_head, self.n_embd, self.block_size, self.vocab_size,
-                       self.bias)
+    return ModelConfig(
+      self.n_layer, self.n_head, self.n_embd, self.block_size, self.vocab_size, self.bias
+    )
 
   def attention_choice(self) -> AttentionChoice:
-    return AttentionChoice(self.attention, self.block_q, self.block_k, self.beta,
-                           self.tie_tolerance)
+    return AttentionChoice(
+      self.attention, self.block_q, self.block_k, self.beta, self.tie_tolerance
+    )
 
   def decay_length(self) -> int:
-    return max(self.decay_steps or self.steps, self.warmup_steps + 1)     # as TrainConfig
+    return max(self.decay_steps or self.steps, self.warmup_steps + 1)  # as TrainConfig
 
   def torch_device(self) -> torch.device:
     if self.device == "auto":
@@ -834,13 +900,20 @@ class TwinConfig:
     for f in positive:
       if getattr(self, f) < 1:
         raise ValueError(f"{f} must be >= 1, got {f}={getattr(self, f)}")
-    for f in ("warmup_steps", "eval_interval", "print_interval", "threads", "diag_interval",
-              "diag_rows"):
+    for f in (
+      "warmup_steps",
+      "eval_interval",
+      "print_interval",
+      "threads",
+      "diag_interval",
+      "diag_rows",
+    ):
       if getattr(self, f) < 0:
         raise ValueError(f"{f} must be >= 0, got {f}={getattr(self, f)}")
     if self.stop_after_explosion < -1:
-      raise ValueError(f"stop_after_explosion must be >= -1, got "
-                       f"stop_after_explosion={self.stop_after_explosion}")
+      raise ValueError(
+        f"stop_after_explosion must be >= -1, got stop_after_explosion={self.stop_after_explosion}"
+      )
     seq = self.seq_len or self.block_size
     if not 1 <= seq <= self.block_size:
       raise ValueError(f"seq_len={self.seq_len} must be in [1, block_size={self.block_size}]")
@@ -875,8 +948,10 @@ class TwinConfig:
 def train_batches(data, cfg: TwinConfig, step: int, seq_len: int):
   """The (x, y) int32 [batch_size, seq_len] micro-batches of optimizer step `step` (1-based):
   `Dataset.batch("train", seed, step·grad_accum + j, …)` for j < grad_accum, as JAX."""
-  return [data.batch("train", cfg.seed, step * cfg.grad_accum + j, cfg.batch_size, seq_len)
-          for j in range(cfg.grad_accum)]
+  return [
+    data.batch("train", cfg.seed, step * cfg.grad_accum + j, cfg.batch_size, seq_len)
+    for j in range(cfg.grad_accum)
+  ]
 
 
 def eval_batches(data, cfg: TwinConfig, seq_len: int):
@@ -895,10 +970,12 @@ def setup_precision(device: torch.device, compiled: bool, deterministic=False):
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
   if compiled:
-    import torch._inductor.config as inductor_config         # (2.5 s to import: only here)
+    import torch._inductor.config as inductor_config  # (2.5 s to import: only here)
+
     inductor_config.emulate_precision_casts = True
   if deterministic:
     import os
+
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True)
 
@@ -907,6 +984,7 @@ def _device_name(device):
   if device.type == "cuda":
     return torch.cuda.get_device_name(device)
   import platform
+
   return platform.processor() or platform.machine() or "cpu"
 
 
@@ -948,18 +1026,39 @@ def train(cfg: TwinConfig) -> dict:
   load_npz(model, cfg.init)
   model.to(device)
   n_params = count_params(model)
-  opt = OptaxAdamW(list(model.named_parameters()), lr=cfg.lr, min_lr=cfg.min_lr,
-                   warmup_steps=cfg.warmup_steps, decay_steps=cfg.decay_length(),
-                   beta1=cfg.beta1, beta2=cfg.beta2, eps=cfg.eps,
-                   weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip)
+  opt = OptaxAdamW(
+    list(model.named_parameters()),
+    lr=cfg.lr,
+    min_lr=cfg.min_lr,
+    warmup_steps=cfg.warmup_steps,
+    decay_steps=cfg.decay_length(),
+    beta1=cfg.beta1,
+    beta2=cfg.beta2,
+    eps=cfg.eps,
+    weight_decay=cfg.weight_decay,
+    grad_clip=cfg.grad_clip,
+  )
   out = pathlib.Path(cfg.out_dir)
   out.mkdir(parents=True, exist_ok=True)
   with open(out / "config.json", "w") as f:
-    json.dump(dict(train=dataclasses.asdict(cfg), n_params=n_params, data=str(data.folder),
-                   backend=f"torch-{device.type}", device=_device_name(device), device_count=1,
-                   framework=f"torch {torch.__version__}", matmul=matmul, compiled=use_compile,
-                   jax_attention=choice.jax_spec(), init_sha256=_sha256(cfg.init)),
-              f, indent=1, default=str)
+    json.dump(
+      dict(
+        train=dataclasses.asdict(cfg),
+        n_params=n_params,
+        data=str(data.folder),
+        backend=f"torch-{device.type}",
+        device=_device_name(device),
+        device_count=1,
+        framework=f"torch {torch.__version__}",
+        matmul=matmul,
+        compiled=use_compile,
+        jax_attention=choice.jax_spec(),
+        init_sha256=_sha256(cfg.init),
+      ),
+      f,
+      indent=1,
+      default=str,
+    )
 
   def loss_of(x, y):
     return loss_fn(model, x, y)
@@ -971,14 +1070,18 @@ def train(cfg: TwinConfig) -> dict:
 
   def evaluate():
     with torch.no_grad(), backend_context(choice):
-      losses = [compiled(to_device(x), to_device(y)).item()
-                for x, y in eval_batches(data, cfg, seq_len)]
+      losses = [
+        compiled(to_device(x), to_device(y)).item() for x, y in eval_batches(data, cfg, seq_len)
+      ]
     return float(np.mean(losses))
 
   tokens_per_step = cfg.batch_size * cfg.grad_accum * seq_len
   flops_step = flops_per_token(mcfg, n_params, seq_len) * tokens_per_step
-  peak = 989e12 if device.type == "cuda" and any(
-      s in _device_name(device) for s in ("H100", "H200")) else None   # as train.peak_flops
+  peak = (
+    989e12
+    if device.type == "cuda" and any(s in _device_name(device) for s in ("H100", "H200"))
+    else None
+  )  # as train.peak_flops
   params = opt.params
   summary, stopped = {}, None
   monitor = ExplosionMonitor(cfg.warmup_steps)
@@ -986,7 +1089,7 @@ def train(cfg: TwinConfig) -> dict:
   if cfg.diag_interval:
     diag_path.write_text("")
   else:
-    diag_path.unlink(missing_ok=True)                          # no stale rows of an older run
+    diag_path.unlink(missing_ok=True)  # no stale rows of an older run
   with open(out / "metrics.jsonl", "w") as log:
     for step in range(1, cfg.steps + 1):
       xy = train_batches(data, cfg, step, seq_len)
@@ -1000,15 +1103,20 @@ def train(cfg: TwinConfig) -> dict:
           micro.backward()
           loss = micro.detach() if loss is None else loss + micro.detach()
       grads = [p.grad for p in params]
-      if cfg.grad_accum > 1:                                       # JAX: Σ then / grad_accum
+      if cfg.grad_accum > 1:  # JAX: Σ then / grad_accum
         loss = loss / cfg.grad_accum
         grads = torch._foreach_div(grads, float(cfg.grad_accum))
       grad_norm = opt.step(grads)
       param_norm = opt.global_norm(params)
       m = dict(loss=loss.item(), grad_norm=grad_norm.item(), param_norm=param_norm.item())
       dt = time.perf_counter() - t0
-      row = dict(step=step, lr=opt.schedule(step - 1, jitted=False), step_time_s=dt,
-                 tokens_per_s=tokens_per_step / dt, **m)
+      row = dict(
+        step=step,
+        lr=opt.schedule(step - 1, jitted=False),
+        step_time_s=dt,
+        tokens_per_s=tokens_per_step / dt,
+        **m,
+      )
       if peak:
         row["mfu"] = flops_step / dt / peak
       finite = math.isfinite(m["loss"]) and math.isfinite(m["grad_norm"])
@@ -1026,11 +1134,16 @@ def train(cfg: TwinConfig) -> dict:
         with open(diag_path, "a") as f:
           f.write(json.dumps(drow) + "\n")
       if cfg.print_interval and (step % cfg.print_interval == 0 or step in (1, cfg.steps)):
-        print(f"step {step}: loss {m['loss']:.4f}, grad_norm {m['grad_norm']:.3f}, "
-              f"{row['tokens_per_s']:.0f} tokens/s ({1 / dt:.2f} steps/s)", flush=True)
+        print(
+          f"step {step}: loss {m['loss']:.4f}, grad_norm {m['grad_norm']:.3f}, "
+          f"{row['tokens_per_s']:.0f} tokens/s ({1 / dt:.2f} steps/s)",
+          flush=True,
+        )
       if not finite:
-        raise NonFiniteError(f"non-finite loss or gradient at step {step} (loss={m['loss']}, "
-                             f"grad_norm={m['grad_norm']}) in {out}")
+        raise NonFiniteError(
+          f"non-finite loss or gradient at step {step} (loss={m['loss']}, "
+          f"grad_norm={m['grad_norm']}) in {out}"
+        )
       summary = row
       exploded = monitor.update(step, m["loss"])
       if exploded is not None and 0 <= cfg.stop_after_explosion <= step - exploded:
@@ -1043,6 +1156,7 @@ def train(cfg: TwinConfig) -> dict:
 
 # --- command line ----------------------------------------------------------------------------
 
+
 def _bool(text):
   if text.lower() in ("true", "1", "yes"):
     return True
@@ -1054,21 +1168,32 @@ def _bool(text):
 def build_parser():
   ap = argparse.ArgumentParser(prog="gpt_twin.py", description=__doc__.splitlines()[0])
   sub = ap.add_subparsers(dest="command", required=True)
-  tr = sub.add_parser("train", help="train the twin; defaults: the anchor-b128 recipe",
-                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  tr = sub.add_parser(
+    "train",
+    help="train the twin; defaults: the anchor-b128 recipe",
+    formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+  )
   d = TwinConfig()
-  types = {"int": int, "float": float, "str": str, "bool": _bool,
-           "str | None": lambda s: None if s.lower() == "none" else s}
-  helps = dict(init="the .npz of initial parameters (layout: this file's docstring)",
-               data="data folder with train.bin[.xz]/val.bin[.xz]; none: the JAX package's "
-               "embedded sample",
-               attention=f"one of {', '.join(ATTENTIONS)}", out_dir="output folder",
-               seed="data order: the JAX run's seed", seq_len="default: block_size",
-               decay_steps="cosine length incl. warmup (0 or none: steps)",
-               device="auto, cpu or cuda[:N]", compile="auto (on for CUDA), on, off",
-               matmul="auto (bf16 on CUDA, emulated on CPU), bf16, emulated",
-               threads="torch CPU threads (0: torch's default; 1 is fastest for tiny models "
-               "on a small CPU)")
+  types = {
+    "int": int,
+    "float": float,
+    "str": str,
+    "bool": _bool,
+    "str | None": lambda s: None if s.lower() == "none" else s,
+  }
+  helps = dict(
+    init="the .npz of initial parameters (layout: this file's docstring)",
+    data="data folder with train.bin[.xz]/val.bin[.xz]; none: the JAX package's embedded sample",
+    attention=f"one of {', '.join(ATTENTIONS)}",
+    out_dir="output folder",
+    seed="data order: the JAX run's seed",
+    seq_len="default: block_size",
+    decay_steps="cosine length incl. warmup (0 or none: steps)",
+    device="auto, cpu or cuda[:N]",
+    compile="auto (on for CUDA), on, off",
+    matmul="auto (bf16 on CUDA, emulated on CPU), bf16, emulated",
+    threads="torch CPU threads (0: torch's default; 1 is fastest for tiny models on a small CPU)",
+  )
   for f in dataclasses.fields(TwinConfig):
     flag = "--out" if f.name == "out_dir" else "--" + f.name.replace("_", "-")
     kw = dict(dest=f.name, default=getattr(d, f.name), help=helps.get(f.name))
@@ -1079,7 +1204,7 @@ def build_parser():
     else:
       kw["type"] = types[str(f.type)]
     if kw["type"] is _bool:
-      kw.update(metavar="{true,false}", nargs="?", const=True)     # --save-final = true
+      kw.update(metavar="{true,false}", nargs="?", const=True)  # --save-final = true
     tr.add_argument(flag, **kw)
   return ap
 
@@ -1101,12 +1226,14 @@ def main(argv=None):
     (out / "summary.json").write_text(json.dumps(dict(stopped="non-finite", error=str(e))))
     print(e, file=sys.stderr)
     return EXIT_NON_FINITE
-  except ValueError as e:                                          # e.g. an .npz that does not fit
+  except ValueError as e:  # e.g. an .npz that does not fit
     print(f"gpt_twin.py: error: {e}", file=sys.stderr)
     return 2
   (out / "summary.json").write_text(json.dumps(summary, default=str))
-  print(f"done: {summary.get('step')} steps, final loss {summary.get('loss')}"
-        f"{', stopped after the explosion' if summary.get('stopped') else ''}; {out}")
+  print(
+    f"done: {summary.get('step')} steps, final loss {summary.get('loss')}"
+    f"{', stopped after the explosion' if summary.get('stopped') else ''}; {out}"
+  )
   return 0
 
 

@@ -9,6 +9,7 @@ Runs in its own environment (torch only, no JAX); talks to JAX through dump file
       --block-q 64 --block-k 64 --causal --stabilize [--device cuda]
 then, in the JAX environment:  flashstable crosscheck OUT.npz --numerics paper
 """
+
 from __future__ import annotations
 
 import pathlib
@@ -38,57 +39,57 @@ def forward(q, k, v, scale, causal, bq, bk, stabilize, beta, tol):
   out = torch.empty(B, H, Lq, D, dtype=BF, device=q.device)
   lse = torch.empty(B, H, Lq, dtype=torch.float32, device=q.device)
   for i in range(0, Lq, bq):
-    qi = q[:, :, i:i + bq]
+    qi = q[:, :, i : i + bq]
     rows = torch.arange(i, i + qi.shape[2], device=q.device)
-    m = torch.full(qi.shape[:3], -float("inf"), device=q.device)   # bf16 values, float32 storage
+    m = torch.full(qi.shape[:3], -float("inf"), device=q.device)  # bf16 values, float32 storage
     l = torch.zeros(qi.shape[:3], device=q.device)
     o = torch.zeros(qi.shape, device=q.device)
     for j in range(0, Lk, bk):
-      kj, vj = k[:, :, j:j + bk], v[:, :, j:j + bk]
-      s = rb(rb(mm(qi, kj.transpose(-1, -2))) * scale)            # S = bf16(bf16(QKᵀ)·scale)
+      kj, vj = k[:, :, j : j + bk], v[:, :, j : j + bk]
+      s = rb(rb(mm(qi, kj.transpose(-1, -2))) * scale)  # S = bf16(bf16(QKᵀ)·scale)
       if causal:
         cols = torch.arange(j, j + kj.shape[2], device=q.device)
         s = torch.where(cols[None, :] > rows[:, None], torch.tensor(neg, device=q.device), s)
-      mt = s.amax(-1)                                               # tile max (bf16 value)
+      mt = s.amax(-1)  # tile max (bf16 value)
       if stabilize:
         ties = (s >= rb(mt - tol)[..., None]).sum(-1) > 1
         shifted = torch.where(mt > 0, rb(beta * mt), torch.where(mt < 0, torch.zeros_like(mt), mt))
         mt = torch.where(ties, shifted, mt)
       m_new = torch.maximum(mt, m)
-      p = torch.exp(rb(s - m_new[..., None]))                       # P̄, float32
+      p = torch.exp(rb(s - m_new[..., None]))  # P̄, float32
       rs = p.sum(-1).clamp_min(1e-10)
-      pv = rb(mm(p.to(BF), vj))                                     # bf16(P̄V)
+      pv = rb(mm(p.to(BF), vj))  # bf16(P̄V)
       alpha = torch.exp(rb(m - m_new))
       l = rb(alpha * l + rs)
       o = rb(rb(o * alpha[..., None]) + pv)
       m = m_new
-    out[:, :, i:i + bq] = (o / l[..., None]).to(BF)
-    lse[:, :, i:i + bq] = torch.log(l) + m
+    out[:, :, i : i + bq] = (o / l[..., None]).to(BF)
+    lse[:, :, i : i + bq] = torch.log(l) + m
   return out, lse
 
 
 def backward(q, k, v, out, lse, d_out, scale, causal, bq, bk):
   """→ (dQ, dK, dV) bf16, accumulated tile by tile in bf16 buffers."""
   Lq, Lk = q.shape[2], k.shape[2]
-  delta = rb(d_out.float() * out.float()).sum(-1)                  # fp32 sum of bf16(dO∘O)
+  delta = rb(d_out.float() * out.float()).sum(-1)  # fp32 sum of bf16(dO∘O)
   dq = torch.zeros(q.shape, device=q.device)
   dk = torch.zeros(k.shape, device=q.device)
   dv = torch.zeros(v.shape, device=q.device)
   for j in range(0, Lk, bk):
-    kj, vj = k[:, :, j:j + bk], v[:, :, j:j + bk]
+    kj, vj = k[:, :, j : j + bk], v[:, :, j : j + bk]
     cols = torch.arange(j, j + kj.shape[2], device=q.device)
     for i in range(0, Lq, bq):
-      qi, doi = q[:, :, i:i + bq], d_out[:, :, i:i + bq]
+      qi, doi = q[:, :, i : i + bq], d_out[:, :, i : i + bq]
       rows = torch.arange(i, i + qi.shape[2], device=q.device)
       s = rb(rb(mm(qi, kj.transpose(-1, -2))) * scale)
       if causal:
         s = s.masked_fill(cols[None, :] > rows[:, None], -float("inf"))
-      p = torch.exp(s - lse[:, :, i:i + bq, None])
-      dv[:, :, j:j + bk] = rb(dv[:, :, j:j + bk] + rb(mm(p.to(BF).transpose(-1, -2), doi)))
+      p = torch.exp(s - lse[:, :, i : i + bq, None])
+      dv[:, :, j : j + bk] = rb(dv[:, :, j : j + bk] + rb(mm(p.to(BF).transpose(-1, -2), doi)))
       dp = rb(mm(doi, vj.transpose(-1, -2)))
-      ds = (p * scale) * (dp - delta[:, :, i:i + bq, None])
-      dq[:, :, i:i + bq] = rb(dq[:, :, i:i + bq] + rb(mm(ds.to(BF), kj)))
-      dk[:, :, j:j + bk] = rb(dk[:, :, j:j + bk] + rb(mm(ds.to(BF).transpose(-1, -2), qi)))
+      ds = (p * scale) * (dp - delta[:, :, i : i + bq, None])
+      dq[:, :, i : i + bq] = rb(dq[:, :, i : i + bq] + rb(mm(ds.to(BF), kj)))
+      dk[:, :, j : j + bk] = rb(dk[:, :, j : j + bk] + rb(mm(ds.to(BF).transpose(-1, -2), qi)))
   return dq.to(BF), dk.to(BF), dv.to(BF)
 
 
@@ -101,13 +102,24 @@ def main(argv=None):
   ap.add_argument("--tie-tolerance", type=float, default=1e-3)
   a = ap.parse_args(argv)
   q, k, v, do = make_inputs(a)
-  scale = a.head_dim ** -0.5
-  out, lse = forward(q, k, v, scale, a.causal, a.block_q, a.block_k, a.stabilize, a.beta, a.tie_tolerance)
+  scale = a.head_dim**-0.5
+  out, lse = forward(
+    q, k, v, scale, a.causal, a.block_q, a.block_k, a.stabilize, a.beta, a.tie_tolerance
+  )
   dq, dk, dv = backward(q, k, v, out, lse, do, scale, a.causal, a.block_q, a.block_k)
-  write_dump(a.out, dict(zip(NAMES, (q, k, v, do, out, dq, dk, dv))), lse,
-             producer=f"torch {torch.__version__} paper_fa2 ({a.device})", causal=a.causal,
-             softmax_scale=scale, stabilize=a.stabilize, beta=a.beta,
-             tie_tolerance=a.tie_tolerance, block_q=a.block_q, block_k=a.block_k)
+  write_dump(
+    a.out,
+    dict(zip(NAMES, (q, k, v, do, out, dq, dk, dv))),
+    lse,
+    producer=f"torch {torch.__version__} paper_fa2 ({a.device})",
+    causal=a.causal,
+    softmax_scale=scale,
+    stabilize=a.stabilize,
+    beta=a.beta,
+    tie_tolerance=a.tie_tolerance,
+    block_q=a.block_q,
+    block_k=a.block_k,
+  )
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ lacks is reported and skipped). Runs in a torch environment (no JAX):
       --device cuda [--backends math,flash,efficient,cudnn]
 writes OUTDIR/sdpa_<backend>.npz; then, with JAX:  flashstable crosscheck OUTDIR/sdpa_flash.npz
 """
+
 from __future__ import annotations
 
 import pathlib
@@ -18,8 +19,12 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from common import NAMES, make_inputs, shape_parser, write_dump  # noqa: E402
 
-BACKENDS = dict(math=SDPBackend.MATH, flash=SDPBackend.FLASH_ATTENTION,
-                efficient=SDPBackend.EFFICIENT_ATTENTION, cudnn=SDPBackend.CUDNN_ATTENTION)
+BACKENDS = dict(
+  math=SDPBackend.MATH,
+  flash=SDPBackend.FLASH_ATTENTION,
+  efficient=SDPBackend.EFFICIENT_ATTENTION,
+  cudnn=SDPBackend.CUDNN_ATTENTION,
+)
 
 
 def run(backend, q, k, v, do, causal):
@@ -43,12 +48,17 @@ def main(argv=None):
       raise SystemExit(f"unknown backend {backend!r}; choose from {sorted(BACKENDS)}")
     try:
       out, dq, dk, dv = run(backend, q, k, v, do, a.causal)
-    except RuntimeError as e:                  # no kernel for this device/dtype/shape
+    except RuntimeError as e:  # no kernel for this device/dtype/shape
       print(f"skipped {backend}: {str(e).splitlines()[0]}")
       continue
-    write_dump(out_dir / f"sdpa_{backend}.npz", dict(zip(NAMES, (q, k, v, do, out, dq, dk, dv))),
-               producer=f"torch {torch.__version__} sdpa {backend} ({a.device})", causal=a.causal,
-               softmax_scale=a.head_dim ** -0.5, stabilize=False)
+    write_dump(
+      out_dir / f"sdpa_{backend}.npz",
+      dict(zip(NAMES, (q, k, v, do, out, dq, dk, dv))),
+      producer=f"torch {torch.__version__} sdpa {backend} ({a.device})",
+      causal=a.causal,
+      softmax_scale=a.head_dim**-0.5,
+      stabilize=False,
+    )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """Public attention functions: `flash_attention` (the Pallas kernels) and the references."""
+
 from __future__ import annotations
 
 
@@ -14,8 +15,14 @@ from pallas_kernels.forward_mgpu import MosaicGPUOptions
 from pallas_kernels.policy import BACKENDS, Compensation, get_numerics
 from pallas_kernels.reference import reference_attention, reference_attention_vjp
 
-__all__ = ["AttentionStats", "Kernels", "flash_attention", "reference_attention",
-           "reference_attention_vjp", "resolved_backend"]
+__all__ = [
+  "AttentionStats",
+  "Kernels",
+  "flash_attention",
+  "reference_attention",
+  "reference_attention_vjp",
+  "resolved_backend",
+]
 
 
 class AttentionStats(NamedTuple):
@@ -29,6 +36,7 @@ class AttentionStats(NamedTuple):
   tied_tiles: number of key/value tiles in which the row had more than one score within
     `tie_tolerance` of the tile max (always 0 with stabilize=False).
   """
+
   lse: jax.Array
   row_max: jax.Array
   max_p: jax.Array
@@ -49,11 +57,29 @@ def _default_interpret() -> bool:
   return jax.default_backend() != "gpu"
 
 
-def flash_attention(query, key, value, *, causal=False, softmax_scale=None, stabilize=False,
-                    beta=2.0, tie_tolerance=1e-3, numerics="fa2", delta_float32=False,
-                    center_keys=False, block_q=None, block_k=None, interpret=None,
-                    return_stats=False, rng_key=None, num_warps=None, num_stages=None,
-                    backend="auto", mgpu_options: MosaicGPUOptions | None = None):
+def flash_attention(
+  query,
+  key,
+  value,
+  *,
+  causal=False,
+  softmax_scale=None,
+  stabilize=False,
+  beta=2.0,
+  tie_tolerance=1e-3,
+  numerics="fa2",
+  delta_float32=False,
+  center_keys=False,
+  block_q=None,
+  block_k=None,
+  interpret=None,
+  return_stats=False,
+  rng_key=None,
+  num_warps=None,
+  num_stages=None,
+  backend="auto",
+  mgpu_options: MosaicGPUOptions | None = None,
+):
   """Flash attention (FlashAttention-2, Dao 2023, Alg. 1 and 2) as Pallas kernels.
 
   Scores, running `row_max`, `row_sum` and the output accumulator are float32; P̄ = exp(S − m)
@@ -137,11 +163,27 @@ def flash_attention(query, key, value, *, causal=False, softmax_scale=None, stab
     TypeError: unsupported or mixed dtypes.
   """
   cfg, seeds = _kernel_config(
-      query, key, value, causal=causal, softmax_scale=softmax_scale, stabilize=stabilize,
-      beta=beta, tie_tolerance=tie_tolerance, numerics=numerics, delta_float32=delta_float32,
-      center_keys=center_keys, block_q=block_q, block_k=block_k, interpret=interpret,
-      return_stats=return_stats, rng_key=rng_key, num_warps=num_warps, num_stages=num_stages,
-      backend=backend, mgpu_options=mgpu_options)
+    query,
+    key,
+    value,
+    causal=causal,
+    softmax_scale=softmax_scale,
+    stabilize=stabilize,
+    beta=beta,
+    tie_tolerance=tie_tolerance,
+    numerics=numerics,
+    delta_float32=delta_float32,
+    center_keys=center_keys,
+    block_q=block_q,
+    block_k=block_k,
+    interpret=interpret,
+    return_stats=return_stats,
+    rng_key=rng_key,
+    num_warps=num_warps,
+    num_stages=num_stages,
+    backend=backend,
+    mgpu_options=mgpu_options,
+  )
   out, stats = flash_attention_padded(query, key, value, cfg, seeds)
   if not return_stats:
     return out
@@ -150,6 +192,7 @@ def flash_attention(query, key, value, *, causal=False, softmax_scale=None, stab
 
 class Kernels(NamedTuple):
   """The kernels a `flash_attention` call runs: "triton" or "mosaic_gpu" each."""
+
   forward: str
   backward: str
 
@@ -165,15 +208,34 @@ def resolved_backend(query, key, value, **kwargs) -> Kernels:
   return Kernels(cfg.backend, cfg.backend_bwd)
 
 
-def _kernel_config(query, key, value, *, causal=False, softmax_scale=None, stabilize=False,
-                   beta=2.0, tie_tolerance=1e-3, numerics="fa2", delta_float32=False,
-                   center_keys=False, block_q=None, block_k=None, interpret=None,
-                   return_stats=False, rng_key=None, num_warps=None, num_stages=None,
-                   backend="auto", mgpu_options=None):
+def _kernel_config(
+  query,
+  key,
+  value,
+  *,
+  causal=False,
+  softmax_scale=None,
+  stabilize=False,
+  beta=2.0,
+  tie_tolerance=1e-3,
+  numerics="fa2",
+  delta_float32=False,
+  center_keys=False,
+  block_q=None,
+  block_k=None,
+  interpret=None,
+  return_stats=False,
+  rng_key=None,
+  num_warps=None,
+  num_stages=None,
+  backend="auto",
+  mgpu_options=None,
+):
   """`flash_attention`'s checks and its (KernelConfig, seeds or None)."""
   softmax_scale = check_inputs(query, key, value, softmax_scale)
-  compensation = Compensation.for_dtype(query.dtype, _number("beta", beta),
-                                        _number("tie_tolerance", tie_tolerance))
+  compensation = Compensation.for_dtype(
+    query.dtype, _number("beta", beta), _number("tie_tolerance", tie_tolerance)
+  )
   if not isinstance(causal, (bool, np.bool_)):
     raise TypeError(f"causal must be a bool, got causal={causal!r}")
   if backend not in BACKENDS:
@@ -182,18 +244,32 @@ def _kernel_config(query, key, value, *, causal=False, softmax_scale=None, stabi
   seeds = None
   if layout.stochastic:
     if query.dtype != jnp.bfloat16:
-      raise TypeError(f"numerics='stochastic' rounds to bfloat16 and needs bfloat16 inputs, "
-                      f"got query.dtype={query.dtype}")
+      raise TypeError(
+        f"numerics='stochastic' rounds to bfloat16 and needs bfloat16 inputs, "
+        f"got query.dtype={query.dtype}"
+      )
     if rng_key is None:
       raise ValueError("numerics='stochastic' needs rng_key (a jax.random key)")
     seeds = jax.random.bits(rng_key, (2,), jnp.uint32)
   elif rng_key is not None:
     raise ValueError(f"rng_key is only used by numerics='stochastic', got numerics={numerics!r}")
   cfg = kernel_config(
-      q_len=query.shape[1], kv_len=key.shape[1], head_dim=query.shape[3], dtype=query.dtype,
-      softmax_scale=softmax_scale, causal=causal, numerics=layout,
-      compensation=compensation if stabilize else None, block_q=block_q, block_k=block_k,
-      interpret=_default_interpret() if interpret is None else interpret,
-      return_stats=return_stats, num_warps=num_warps, num_stages=num_stages, backend=backend,
-      mgpu_options=mgpu_options, group=query.shape[2] // key.shape[2])
+    q_len=query.shape[1],
+    kv_len=key.shape[1],
+    head_dim=query.shape[3],
+    dtype=query.dtype,
+    softmax_scale=softmax_scale,
+    causal=causal,
+    numerics=layout,
+    compensation=compensation if stabilize else None,
+    block_q=block_q,
+    block_k=block_k,
+    interpret=_default_interpret() if interpret is None else interpret,
+    return_stats=return_stats,
+    num_warps=num_warps,
+    num_stages=num_stages,
+    backend=backend,
+    mgpu_options=mgpu_options,
+    group=query.shape[2] // key.shape[2],
+  )
   return cfg, seeds

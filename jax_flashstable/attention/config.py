@@ -20,6 +20,7 @@ support the call, else Triton (`flash_attention`).
 Older spellings still parse, with a FutureWarning naming the new one (`ALIASES`, and the
 bench's "flash:<layout>[+stabilize][@block_k]", "flash-mgpu:…" and "mgpu:<layout>[@block_k]").
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -52,6 +53,7 @@ class AttentionConfig:
   Raises ValueError naming the field for a value no attention accepts; whether a kernel
   supports a combination is checked by `pallas_kernels.attention.supported`.
   """
+
   implementation: str = "flash"
   numerics: str = "fa2"
   stabilize: bool = False
@@ -74,24 +76,36 @@ class AttentionConfig:
     if self.backend not in BACKENDS:
       raise ValueError(f"backend={self.backend!r} must be one of {BACKENDS}")
     if self.implementation != "flash":
-      flash_only = [f.name for f in dataclasses.fields(self) if f.name in _FLASH_FIELDS
-                    and getattr(self, f.name) != f.default]
+      flash_only = [
+        f.name
+        for f in dataclasses.fields(self)
+        if f.name in _FLASH_FIELDS and getattr(self, f.name) != f.default
+      ]
       if flash_only:
-        raise ValueError(f"{', '.join(f'{n}={getattr(self, n)!r}' for n in flash_only)} needs "
-                         f"implementation='flash', got {self.implementation!r}")
+        raise ValueError(
+          f"{', '.join(f'{n}={getattr(self, n)!r}' for n in flash_only)} needs "
+          f"implementation='flash', got {self.implementation!r}"
+        )
       return
-    Compensation(beta=self.beta, tie_tolerance=self.tie_tolerance)   # validates
+    Compensation(beta=self.beta, tie_tolerance=self.tie_tolerance)  # validates
     if self.block_q is not None or self.block_k is not None:
-      BlockSizes.default(64, self.block_q, self.block_k)              # validates
+      BlockSizes.default(64, self.block_q, self.block_k)  # validates
     from pallas_kernels.attention import supported
-    if (why := supported(self.backend, numerics=self.numerics, block_k=self.block_k,
-                         delta_float32=self.delta_float32, center_keys=self.center_keys)):
+
+    if why := supported(
+      self.backend,
+      numerics=self.numerics,
+      block_k=self.block_k,
+      delta_float32=self.delta_float32,
+      center_keys=self.center_keys,
+    ):
       raise ValueError(f"backend={self.backend!r} does not support {why}")
 
   def flash_kwargs(self) -> dict:
     """The keyword arguments of `flash_attention` this config stands for."""
-    return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-            if f.name in _FLASH_FIELDS}
+    return {
+      f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name in _FLASH_FIELDS
+    }
 
   @property
   def name(self) -> str:
@@ -103,10 +117,16 @@ class AttentionConfig:
       for n in range(len(mods) + 1):
         for chosen in itertools.combinations(mods, n):
           try:
-            cand = dataclasses.replace(base, **{k: v for m in chosen for k, v in MODIFIERS[m].items()})
-          except ValueError:                   # a combination no kernel runs
+            cand = dataclasses.replace(
+              base, **{k: v for m in chosen for k, v in MODIFIERS[m].items()}
+            )
+          except ValueError:  # a combination no kernel runs
             continue
-          diff = [f.name for f in dataclasses.fields(self) if getattr(self, f.name) != getattr(cand, f.name)]
+          diff = [
+            f.name
+            for f in dataclasses.fields(self)
+            if getattr(self, f.name) != getattr(cand, f.name)
+          ]
           key = (len(diff), n)
           if best is None or key < best[0]:
             best = (key, preset, chosen, diff)
@@ -135,24 +155,39 @@ class AttentionConfig:
     kw = {}
     for mod in mods:
       if mod not in MODIFIERS:
-        raise ValueError(f"unknown modifier '+{mod}' in {spec!r}; modifiers: "
-                         f"{', '.join('+' + m for m in MODIFIERS)}")
+        raise ValueError(
+          f"unknown modifier '+{mod}' in {spec!r}; modifiers: "
+          f"{', '.join('+' + m for m in MODIFIERS)}"
+        )
       kw.update(MODIFIERS[mod])
     types = {f.name: f.type for f in dataclasses.fields(cls)}
     for item in filter(None, overrides.split(",")):
       key, eq, value = item.partition("=")
       if key not in types or not eq:
-        raise ValueError(f"{item!r} in {spec!r} is not FIELD=VALUE with a field of "
-                         f"AttentionConfig ({', '.join(types)})")
+        raise ValueError(
+          f"{item!r} in {spec!r} is not FIELD=VALUE with a field of "
+          f"AttentionConfig ({', '.join(types)})"
+        )
       kw[key] = parse_field_value(key, value, types[key])
     config = dataclasses.replace(PRESETS[name], **kw)
-    if spec != given or head.split("+")[0] in ALIASES:        # an older spelling
-      warnings.warn(f"attention {given!r} is now spelled {config.name!r}", FutureWarning, stacklevel=2)
+    if spec != given or head.split("+")[0] in ALIASES:  # an older spelling
+      warnings.warn(
+        f"attention {given!r} is now spelled {config.name!r}", FutureWarning, stacklevel=2
+      )
     return config
 
 
-_FLASH_FIELDS = ("numerics", "stabilize", "beta", "tie_tolerance", "delta_float32",
-                 "center_keys", "block_q", "block_k", "backend")
+_FLASH_FIELDS = (
+  "numerics",
+  "stabilize",
+  "beta",
+  "tie_tolerance",
+  "delta_float32",
+  "center_keys",
+  "block_q",
+  "block_k",
+  "backend",
+)
 
 
 def _format_value(value) -> str:
@@ -190,18 +225,18 @@ def split_specs(text: str) -> list[str]:
 
 
 PRESETS = {
-    **{layout: AttentionConfig("flash", numerics=layout) for layout in NUMERICS},
-    "reference-fp32": AttentionConfig("reference", reference_dtype="float32"),
-    "reference-bf16": AttentionConfig("reference", reference_dtype="bfloat16"),
-    "xla": AttentionConfig("xla"),
-    "cudnn": AttentionConfig("cudnn"),
+  **{layout: AttentionConfig("flash", numerics=layout) for layout in NUMERICS},
+  "reference-fp32": AttentionConfig("reference", reference_dtype="float32"),
+  "reference-bf16": AttentionConfig("reference", reference_dtype="bfloat16"),
+  "xla": AttentionConfig("xla"),
+  "cudnn": AttentionConfig("cudnn"),
 }
 MODIFIERS = {
-    "comp": dict(stabilize=True),
-    "mgpu": dict(backend="mosaic_gpu"),
-    "triton": dict(backend="triton"),
-    "delta32": dict(delta_float32=True),
-    "center": dict(center_keys=True),
+  "comp": dict(stabilize=True),
+  "mgpu": dict(backend="mosaic_gpu"),
+  "triton": dict(backend="triton"),
+  "delta32": dict(delta_float32=True),
+  "center": dict(center_keys=True),
 }
 # Older spellings → their spec now (parse warns with FutureWarning).
 ALIASES = {"flash": "fa2", "flash-stable": "fa2+comp", "fp32-reference": "reference-fp32"}
@@ -211,8 +246,11 @@ def _translate_old(spec: str) -> str:
   """The bench's former names ("flash:<layout>[+stabilize][@block_k]", "flash-mgpu:…") and
   --overhead-layouts' ("mgpu:<layout>[@block_k]") → specs of the grammar; anything else
   unchanged."""
-  m = re.fullmatch(r"(?P<prefix>flash:|flash-mgpu:|mgpu:)(?P<layout>\w+)"
-                   r"(?P<stab>\+stabilize)?(?:@(?P<bk>\d+))?(?P<stab2>\+stabilize)?", spec)
+  m = re.fullmatch(
+    r"(?P<prefix>flash:|flash-mgpu:|mgpu:)(?P<layout>\w+)"
+    r"(?P<stab>\+stabilize)?(?:@(?P<bk>\d+))?(?P<stab2>\+stabilize)?",
+    spec,
+  )
   if m is None or m["layout"] not in NUMERICS:
     return spec
   new = m["layout"] + ("+comp" if m["stab"] or m["stab2"] else "")

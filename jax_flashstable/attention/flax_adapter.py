@@ -1,5 +1,6 @@
 """Flax integration: an `attention_fn` for nnx/linen multi-head attention, and the dispatcher
 that every model layer uses (`attend`)."""
+
 from __future__ import annotations
 
 import functools
@@ -19,19 +20,22 @@ def _register_interpret_config():
   context (`pallas_fuser_disable_nested_fuse`, jax 0.11), so when it first appears inside a
   jitted step the context of the second call differs from the first one's: every `jax.jit` or
   `nnx.jit` step over our attention traced and compiled twice (first and second call)."""
-  for name in ("jax._src.pallas.mosaic.interpret.interpret_pallas_call",
-               "jax._src.pallas.mosaic_gpu.interpret.interpret_pallas_call"):
+  for name in (
+    "jax._src.pallas.mosaic.interpret.interpret_pallas_call",
+    "jax._src.pallas.mosaic_gpu.interpret.interpret_pallas_call",
+  ):
     try:
       importlib.import_module(name)
-    except ImportError:                  # another jax version: nothing to register early
+    except ImportError:  # another jax version: nothing to register early
       pass
 
 
 _register_interpret_config()
 
 
-def attend(query, key, value, config: AttentionConfig, *, causal: bool, softmax_scale=None,
-           rng_key=None):
+def attend(
+  query, key, value, config: AttentionConfig, *, causal: bool, softmax_scale=None, rng_key=None
+):
   """softmax(scale·QKᵀ)V by `config.implementation`; [batch, len, heads, head_dim] in and out.
 
   key/value may have fewer heads (GQA). The result has query's dtype (float32 for the
@@ -47,23 +51,49 @@ def attend(query, key, value, config: AttentionConfig, *, causal: bool, softmax_
     stochastic = config.numerics == "stochastic"
     if stochastic and rng_key is None:
       raise ValueError(f"attention {config.name!r} uses numerics='stochastic' and needs rng_key")
-    return _attention.flash_attention(query, key, value, causal=causal,
-                                      softmax_scale=softmax_scale,
-                                      rng_key=rng_key if stochastic else None,
-                                      **config.flash_kwargs())
+    return _attention.flash_attention(
+      query,
+      key,
+      value,
+      causal=causal,
+      softmax_scale=softmax_scale,
+      rng_key=rng_key if stochastic else None,
+      **config.flash_kwargs(),
+    )
   if impl == "reference":
-    out = _attention.reference_attention(query, key, value, causal=causal,
-                                         softmax_scale=softmax_scale,
-                                         dtype=jnp.dtype(config.reference_dtype))
+    out = _attention.reference_attention(
+      query,
+      key,
+      value,
+      causal=causal,
+      softmax_scale=softmax_scale,
+      dtype=jnp.dtype(config.reference_dtype),
+    )
     return out.astype(query.dtype)
-  return jax.nn.dot_product_attention(query, key, value, scale=softmax_scale,
-                                      is_causal=causal, implementation=impl)
+  return jax.nn.dot_product_attention(
+    query, key, value, scale=softmax_scale, is_causal=causal, implementation=impl
+  )
 
 
-def attention_fn(query, key, value, bias=None, mask=None, broadcast_dropout=True,
-                 dropout_rng=None, dropout_rate=0.0, deterministic=False, dtype=None,
-                 precision=None, module=None, promote_dtype=None, is_causal=False, *,
-                 config: AttentionConfig = AttentionConfig(), causal: bool = False):
+def attention_fn(
+  query,
+  key,
+  value,
+  bias=None,
+  mask=None,
+  broadcast_dropout=True,
+  dropout_rng=None,
+  dropout_rate=0.0,
+  deterministic=False,
+  dtype=None,
+  precision=None,
+  module=None,
+  promote_dtype=None,
+  is_causal=False,
+  *,
+  config: AttentionConfig = AttentionConfig(),
+  causal: bool = False,
+):
   """Drop-in `attention_fn` for `flax.nnx.MultiHeadAttention` and
   `flax.linen.MultiHeadDotProductAttention`.
 
@@ -85,9 +115,13 @@ def attention_fn(query, key, value, bias=None, mask=None, broadcast_dropout=True
   if bias is not None:
     raise NotImplementedError("jax_flashstable attention_fn supports no attention bias")
   if dropout_rate > 0.0 and not deterministic:
-    raise NotImplementedError(f"attention dropout is not supported, got dropout_rate={dropout_rate}")
+    raise NotImplementedError(
+      f"attention dropout is not supported, got dropout_rate={dropout_rate}"
+    )
   if query.ndim != 4:
-    raise NotImplementedError(f"expected [batch, len, heads, head_dim], got query.shape={query.shape}")
+    raise NotImplementedError(
+      f"expected [batch, len, heads, head_dim], got query.shape={query.shape}"
+    )
   if dtype is not None:
     query, key, value = (x.astype(dtype) for x in (query, key, value))
   return attend(query, key, value, config, causal=bool(causal or is_causal))
@@ -96,16 +130,21 @@ def attention_fn(query, key, value, bias=None, mask=None, broadcast_dropout=True
 def _mask_message(query, key, mask, module) -> str:
   """What is unsupported about a mask, and what to do instead."""
   decoding = getattr(module, "decode", False) or (
-      query.ndim == 4 and query.shape[1] == 1 and key.shape[1] > 1 and mask.shape[-2] == 1)
+    query.ndim == 4 and query.shape[1] == 1 and key.shape[1] > 1 and mask.shape[-2] == 1
+  )
   if decoding:
-    return ("jax_flashstable attention_fn does not support autoregressive decoding with a KV "
-            f"cache: it got a mask of one query over {key.shape[1]} cached keys, the mask "
-            "nnx.MultiHeadAttention(decode=True) builds from its cache (no explicit mask is "
-            "supported either). Train or prefill with decode=False and is_causal=True; decode "
-            "with the default attention_fn (jax.nn.dot_product_attention)")
-  return (f"jax_flashstable attention_fn supports no mask (got mask.shape={tuple(mask.shape)}): "
-          "only causal masking, with is_causal=True (nnx) or make_attention_fn(..., "
-          "causal=True) (linen); for other masks use jax.nn.dot_product_attention")
+    return (
+      "jax_flashstable attention_fn does not support autoregressive decoding with a KV "
+      f"cache: it got a mask of one query over {key.shape[1]} cached keys, the mask "
+      "nnx.MultiHeadAttention(decode=True) builds from its cache (no explicit mask is "
+      "supported either). Train or prefill with decode=False and is_causal=True; decode "
+      "with the default attention_fn (jax.nn.dot_product_attention)"
+    )
+  return (
+    f"jax_flashstable attention_fn supports no mask (got mask.shape={tuple(mask.shape)}): "
+    "only causal masking, with is_causal=True (nnx) or make_attention_fn(..., "
+    "causal=True) (linen); for other masks use jax.nn.dot_product_attention"
+  )
 
 
 def make_attention_fn(config: AttentionConfig | str = "fa2", causal: bool = False):

@@ -1,6 +1,7 @@
 """Kernel speed: forward and forward+backward TFLOP/s of any implementation on any problem,
 checked against an FP32 reference first; compensation overheads and speed ratios measured in
 interleaved pairs; the golden output hashes of every layout."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -13,7 +14,12 @@ import numpy as np
 from jax_flashstable.attention.api import flash_attention, reference_attention
 from jax_flashstable.attention.config import AttentionConfig
 from jax_flashstable.bench.runners import kernels, name_error, runs
-from jax_flashstable.bench.timing import attention_flops, median_seconds, paired_overhead, seconds_per_call
+from jax_flashstable.bench.timing import (
+  attention_flops,
+  median_seconds,
+  paired_overhead,
+  seconds_per_call,
+)
 from jax_flashstable.lab.shapes import Shape, make_inputs
 
 
@@ -31,31 +37,50 @@ def bench(shapes, impls, *, dtype=jnp.bfloat16, warmup=3, reps=20, seed=0, log=p
   for shape in shapes:
     q, k, v, do = make_inputs(shape, dtype, seed)
     ref, g = _reference_slice(shape, q, k, v)
-    flops = attention_flops(shape.batch, shape.q_len, shape.kv_len, shape.num_heads,
-                            shape.head_dim, shape.causal)
+    flops = attention_flops(
+      shape.batch, shape.q_len, shape.kv_len, shape.num_heads, shape.head_dim, shape.causal
+    )
     for name in impls:
-      row = dict(impl=name, shape=shape.name, batch=shape.batch, seq_len=shape.q_len,
-                 num_heads=shape.num_heads, num_kv_heads=shape.num_kv_heads,
-                 head_dim=shape.head_dim, causal=shape.causal)
+      row = dict(
+        impl=name,
+        shape=shape.name,
+        batch=shape.batch,
+        seq_len=shape.q_len,
+        num_heads=shape.num_heads,
+        num_kv_heads=shape.num_kv_heads,
+        head_dim=shape.head_dim,
+        causal=shape.causal,
+      )
       try:
         if (which := kernels(name, shape, q, k, v)) is not None:
-          row["kernels"] = which                # forward/backward, backend="auto" resolved
+          row["kernels"] = which  # forward/backward, backend="auto" resolved
         fwd, fb, out = runs(name, shape, q, k, v, do)
         err = float(np.max(np.abs(out[:1, :, :g] - ref)))
-        row.update(max_err=err, ok=bool(np.isfinite(err) and err <= 2 ** -5))
+        row.update(max_err=err, ok=bool(np.isfinite(err) and err <= 2**-5))
         if row["ok"]:
           t_f, t_fb = seconds_per_call(fwd, warmup, reps), seconds_per_call(fb, warmup, reps)
-          row.update(fwd_ms=1e3 * t_f, fwdbwd_ms=1e3 * t_fb, fwd_tflops=flops / t_f / 1e12,
-                     fwdbwd_tflops=3.5 * flops / t_fb / 1e12)
-      except Exception as e:                    # not available here (or failed): say why, go on
-        why = (str(e).splitlines() or ["(no message)"])[0][:200]      # e.g. a bare assert
+          row.update(
+            fwd_ms=1e3 * t_f,
+            fwdbwd_ms=1e3 * t_fb,
+            fwd_tflops=flops / t_f / 1e12,
+            fwdbwd_tflops=3.5 * flops / t_fb / 1e12,
+          )
+      except Exception as e:  # not available here (or failed): say why, go on
+        why = (str(e).splitlines() or ["(no message)"])[0][:200]  # e.g. a bare assert
         row = dict(row, skipped=f"{type(e).__name__}: {why}")
         rows.append(row)
         log(f"{shape.name:>32} {name:>26}: skipped ({row['skipped']})")
         continue
       rows.append(row)
-      log(f"{shape.name:>32} {name:>26}: " + (f"fwd {row['fwd_tflops']:.3g}, fwd+bwd "
-          f"{row['fwdbwd_tflops']:.3g} TFLOP/s, max err {err:.1e}" if row["ok"] else f"FAILED check, max err {err:.2e}"))
+      log(
+        f"{shape.name:>32} {name:>26}: "
+        + (
+          f"fwd {row['fwd_tflops']:.3g}, fwd+bwd "
+          f"{row['fwdbwd_tflops']:.3g} TFLOP/s, max err {err:.1e}"
+          if row["ok"]
+          else f"FAILED check, max err {err:.2e}"
+        )
+      )
   _add_ratios(rows)
   return rows
 
@@ -87,10 +112,12 @@ def compensation_overhead(shape, attention="fa2", *, dtype=jnp.bfloat16, pairs=2
   if config.implementation != "flash":
     raise ValueError(f"the compensation overhead needs a flash attention, got {attention!r}")
   plain = dataclasses.replace(config, stabilize=False)
-  fwd, fwdbwd = _paired(shape, plain.name, dataclasses.replace(plain, stabilize=True).name, dtype,
-                        pairs, seed)
-  return dict(shape=shape.name, attention=plain.name, pairs=pairs, fwd_overhead=fwd,
-              fwdbwd_overhead=fwdbwd)
+  fwd, fwdbwd = _paired(
+    shape, plain.name, dataclasses.replace(plain, stabilize=True).name, dtype, pairs, seed
+  )
+  return dict(
+    shape=shape.name, attention=plain.name, pairs=pairs, fwd_overhead=fwd, fwdbwd_overhead=fwdbwd
+  )
 
 
 def paired_speed_ratio(shape, impl, reference="cudnn", *, dtype=jnp.bfloat16, pairs=20, seed=0):
@@ -102,9 +129,15 @@ def paired_speed_ratio(shape, impl, reference="cudnn", *, dtype=jnp.bfloat16, pa
   for name in (impl, reference):
     if (why := name_error(name)) is not None:
       raise ValueError(why)
-  fwd, fwdbwd = _paired(shape, impl, reference, dtype, pairs, seed)   # time(ref)/time(impl) − 1
-  return dict(shape=shape.name, impl=impl, reference=reference, pairs=pairs,
-              fwd_ratio=1.0 + fwd, fwdbwd_ratio=1.0 + fwdbwd)
+  fwd, fwdbwd = _paired(shape, impl, reference, dtype, pairs, seed)  # time(ref)/time(impl) − 1
+  return dict(
+    shape=shape.name,
+    impl=impl,
+    reference=reference,
+    pairs=pairs,
+    fwd_ratio=1.0 + fwd,
+    fwdbwd_ratio=1.0 + fwdbwd,
+  )
 
 
 def default_shapes(gpu: bool):
@@ -113,8 +146,12 @@ def default_shapes(gpu: bool):
   on CPU (interpret mode) two small shapes."""
   if not gpu:
     return [Shape(1, 128, 128, 2, 2, 64, False), Shape(1, 128, 128, 4, 2, 64, True)]
-  shapes = [Shape(16384 // n, n, n, 16, 16, d, c) for n in (1024, 4096, 16384) for d in (64, 128)
-            for c in (False, True)]
+  shapes = [
+    Shape(16384 // n, n, n, 16, 16, d, c)
+    for n in (1024, 4096, 16384)
+    for d in (64, 128)
+    for c in (False, True)
+  ]
   return shapes + [Shape(4, 4096, 4096, 16, 4, 128, True)]
 
 
@@ -125,8 +162,9 @@ def default_impls(gpu: bool, layouts=("fa2",)):
   return impls
 
 
-def golden_hashes(layouts=("fa2", "paper", "fp32_out", "stochastic"), block_q=64, block_k=64,
-                  head_dims=(64, 128)):
+def golden_hashes(
+  layouts=("fa2", "paper", "fp32_out", "stochastic"), block_q=64, block_k=64, head_dims=(64, 128)
+):
   """SHA-256 (first 16 hex digits) of the bits of out, lse, dQ, dK and dV of every layout ×
   stabilize × head_dim on fixed inputs (seed 0, batch 1, length 200, 2 heads, causal; every
   odd key a copy of the even one before it, so rows have tied maxima and the compensation
@@ -141,9 +179,14 @@ def golden_hashes(layouts=("fa2", "paper", "fp32_out", "stochastic"), block_q=64
     for layout in layouts:
       for stab in (False, True):
         name = f"{layout}{'+comp' if stab else ''}"
-        kw = dict(AttentionConfig.parse(name).flash_kwargs(), causal=True, block_q=block_q,
-                  block_k=block_k, rng_key=jax.random.key(0) if layout == "stochastic" else None,
-                  backend="triton")
+        kw = dict(
+          AttentionConfig.parse(name).flash_kwargs(),
+          causal=True,
+          block_q=block_q,
+          block_k=block_k,
+          rng_key=jax.random.key(0) if layout == "stochastic" else None,
+          backend="triton",
+        )
         _, stats = flash_attention(q, k, v, return_stats=True, **kw)
         o, vjp = jax.vjp(lambda q, k, v: flash_attention(q, k, v, **kw), q, k, v)
         grads = vjp(do.astype(o.dtype))
@@ -154,12 +197,11 @@ def golden_hashes(layouts=("fa2", "paper", "fp32_out", "stochastic"), block_q=64
   return out
 
 
-
-
 def _reference_slice(shape, q, k, v):
   """FP32 reference output for batch 0 and the query heads of the first key/value head (cheap
   at any length): the check each implementation passes before it is timed."""
   g = shape.num_heads // shape.num_kv_heads
-  ref = reference_attention(q[:1, :, :g], k[:1, :, :1], v[:1, :, :1], causal=shape.causal,
-                            dtype=jnp.float32)
+  ref = reference_attention(
+    q[:1, :, :g], k[:1, :, :1], v[:1, :, :1], causal=shape.causal, dtype=jnp.float32
+  )
   return np.asarray(ref, np.float32), g

@@ -6,6 +6,7 @@ and "torch-<backend>" (torch SDPA restricted to one backend, GPU only).
 `runs(name, shape, q, k, v, do)` gives (forward, forward+backward, output): the two callables
 take `calls` and wait once (`timing.waiting`).
 """
+
 from __future__ import annotations
 
 import warnings
@@ -20,8 +21,10 @@ from jax_flashstable.bench.timing import waiting
 
 TORCH_BACKENDS = ("flash", "cudnn", "efficient", "math")
 EXTERNAL = ("pallas-mgpu",) + tuple(f"torch-{b}" for b in TORCH_BACKENDS)
-NAME_FORMS = (f"an attention spec (PRESET[+MODIFIER...][:FIELD=VALUE,...], presets: "
-              f"{', '.join(PRESETS)}; e.g. fa2+comp+mgpu:block_k=128)",) + EXTERNAL
+NAME_FORMS = (
+  f"an attention spec (PRESET[+MODIFIER...][:FIELD=VALUE,...], presets: "
+  f"{', '.join(PRESETS)}; e.g. fa2+comp+mgpu:block_k=128)",
+) + EXTERNAL
 
 
 def attention_config(name: str) -> AttentionConfig | None:
@@ -48,15 +51,17 @@ def name_error(name: str) -> str | None:
 
 
 def kernels(name, shape, q, k, v) -> str | None:
-  """"forward/backward" kernels ("triton", "mosaic_gpu") that our attention `name` runs on this
+  """ "forward/backward" kernels ("triton", "mosaic_gpu") that our attention `name` runs on this
   problem here (backend="auto" resolved: `resolved_backend`); None for the others."""
   config = attention_config(name)
   if config is None or config.implementation != "flash":
     return None
   from jax_flashstable.attention.api import resolved_backend
+
   key = jax.random.key(0) if config.numerics == "stochastic" else None
-  return "/".join(resolved_backend(q, k, v, causal=shape.causal, rng_key=key,
-                                   **config.flash_kwargs()))
+  return "/".join(
+    resolved_backend(q, k, v, causal=shape.causal, rng_key=key, **config.flash_kwargs())
+  )
 
 
 def runs(name, shape, q, k, v, do):
@@ -68,13 +73,13 @@ def runs(name, shape, q, k, v, do):
     q, k, v, do = prepare(q, k, v, do)
   else:
     config = attention_config(name)
-    key = jax.random.key(0) if config.numerics == "stochastic" else None   # a fixed stream
+    key = jax.random.key(0) if config.numerics == "stochastic" else None  # a fixed stream
     f = lambda q, k, v: attend(q, k, v, config, causal=shape.causal, rng_key=key)
   fwd = jax.jit(f)
 
   def fwd_bwd(q, k, v, do):
     out, vjp = jax.vjp(f, q, k, v)
-    return vjp(do.astype(out.dtype))          # fp32_out returns float32
+    return vjp(do.astype(out.dtype))  # fp32_out returns float32
 
   fb = jax.jit(fwd_bwd)
   out = fwd(q, k, v)
@@ -91,11 +96,22 @@ def _mosaic_gpu_attention(shape):
   if jax.default_backend() != "gpu":
     raise RuntimeError("Mosaic GPU needs a CUDA GPU (Hopper)")
   from jax.experimental.pallas.ops.gpu import attention_mgpu as mgpu
-  cfg = mgpu.TuningConfig(block_q=64, block_kv=128, max_concurrent_steps=2, causal=shape.causal,
-                          block_q_dkv=64, block_kv_dkv=64, block_q_dq=64, block_kv_dq=64)
-  scale = shape.head_dim ** -0.5
-  prepare = lambda q, k, v, do: ((q.astype(jnp.float32) * scale).astype(jnp.float16),
-                                 *(x.astype(jnp.float16) for x in (k, v, do)))
+
+  cfg = mgpu.TuningConfig(
+    block_q=64,
+    block_kv=128,
+    max_concurrent_steps=2,
+    causal=shape.causal,
+    block_q_dkv=64,
+    block_kv_dkv=64,
+    block_q_dq=64,
+    block_kv_dq=64,
+  )
+  scale = shape.head_dim**-0.5
+  prepare = lambda q, k, v, do: (
+    (q.astype(jnp.float32) * scale).astype(jnp.float16),
+    *(x.astype(jnp.float16) for x in (k, v, do)),
+  )
   return (lambda q, k, v: mgpu.attention(q, k, v, cfg)), prepare
 
 
@@ -103,19 +119,32 @@ def _torch_runs(name, shape, q, k, v, do):
   """The same for torch SDPA restricted to one backend ([b, s, h, d] in, bhsd inside)."""
   import torch
   from torch.nn.attention import SDPBackend, sdpa_kernel
-  backend = dict(zip(TORCH_BACKENDS, (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION,
-                                     SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)))[name[len("torch-"):]]
+
+  backend = dict(
+    zip(
+      TORCH_BACKENDS,
+      (
+        SDPBackend.FLASH_ATTENTION,
+        SDPBackend.CUDNN_ATTENTION,
+        SDPBackend.EFFICIENT_ATTENTION,
+        SDPBackend.MATH,
+      ),
+    )
+  )[name[len("torch-") :]]
   dev = "cuda" if torch.cuda.is_available() else "cpu"
-  conv = lambda x: torch.tensor(np.asarray(x, np.float32)).to(torch.bfloat16).to(dev).transpose(1, 2).contiguous()
+  conv = lambda x: (
+    torch.tensor(np.asarray(x, np.float32)).to(torch.bfloat16).to(dev).transpose(1, 2).contiguous()
+  )
   tq, tk, tv, tdo = (conv(x) for x in (q, k, v, do))
   tq.requires_grad_(), tk.requires_grad_(), tv.requires_grad_()
   gqa = shape.num_heads != shape.num_kv_heads
   sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
 
-  sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=shape.causal,
-                                                                   enable_gqa=gqa)
+  sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(
+    tq, tk, tv, is_causal=shape.causal, enable_gqa=gqa
+  )
 
-  def fwd(calls=1):                     # `waiting`'s form: calls back to back, one wait
+  def fwd(calls=1):  # `waiting`'s form: calls back to back, one wait
     with sdpa_kernel([backend]), torch.no_grad():
       for _ in range(calls):
         out = sdpa()

@@ -1,4 +1,5 @@
 """GPT-2 training-step time, tokens/s and MFU per attention choice (`gpt2_step_table`)."""
+
 from __future__ import annotations
 
 import statistics
@@ -7,8 +8,15 @@ import time
 import jax
 
 
-def gpt2_step_table(model="gpt2-small", attentions=("fa2", "fa2+comp", "cudnn"),
-                    batch_size=16, seq_len=None, steps=10, warmup=3, mesh=None):
+def gpt2_step_table(
+  model="gpt2-small",
+  attentions=("fa2", "fa2+comp", "cudnn"),
+  batch_size=16,
+  seq_len=None,
+  steps=10,
+  warmup=3,
+  mesh=None,
+):
   """Training-step time, tokens/s and MFU of GPT-2 per attention choice, in one process.
 
   `batch_size` is the global batch; with a `mesh` (`parallel.data_mesh`) it is split over the
@@ -20,18 +28,25 @@ def gpt2_step_table(model="gpt2-small", attentions=("fa2", "fa2+comp", "cudnn"),
   from jax_flashstable.models.gpt2 import count_params, flops_per_token
   from jax_flashstable.training.parallel import collective_counts, replicate, shard_batch
   from jax_flashstable.training.train import TrainConfig, init_state, make_steps, peak_flops
+
   devices = 1 if mesh is None else mesh.size
   place = (lambda a: a[None]) if mesh is None else (lambda a: shard_batch(mesh, a[None], 1))
   rows = []
   for attention in attentions:
-    cfg = TrainConfig(model=model, attention=attention, batch_size=batch_size, seq_len=seq_len,
-                      steps=warmup + steps, progress=False)
+    cfg = TrainConfig(
+      model=model,
+      attention=attention,
+      batch_size=batch_size,
+      seq_len=seq_len,
+      steps=warmup + steps,
+      progress=False,
+    )
     mcfg = cfg.model_config()
     t = cfg.seq_len or mcfg.block_size
     data = Dataset(None, mcfg.vocab_size)
     _, graphdef, params, tx, opt_state = init_state(cfg)
     n = count_params(params)
-    state, key = (params, opt_state), jax.random.key(0)       # key: numerics="stochastic"
+    state, key = (params, opt_state), jax.random.key(0)  # key: numerics="stochastic"
     if mesh is not None:
       state = replicate(mesh, state)
     batches = [data.batch("train", 0, step, batch_size, t) for step in range(warmup + steps)]
@@ -49,8 +64,19 @@ def gpt2_step_table(model="gpt2-small", attentions=("fa2", "fa2+comp", "cudnn"),
         times.append(time.perf_counter() - t0)
     dt = statistics.median(times)
     tok_s = batch_size * t / dt
-    rows.append(dict(attention=attention, model=model, batch=batch_size, seq_len=t, n_params=n,
-                     devices=devices, step_ms=1e3 * dt, tokens_per_s=tok_s, last_loss=loss,
-                     **collectives,
-                     mfu=flops_per_token(mcfg, n, t) * tok_s / (devices * (peak_flops() or float("nan")))))
+    rows.append(
+      dict(
+        attention=attention,
+        model=model,
+        batch=batch_size,
+        seq_len=t,
+        n_params=n,
+        devices=devices,
+        step_ms=1e3 * dt,
+        tokens_per_s=tok_s,
+        last_loss=loss,
+        **collectives,
+        mfu=flops_per_token(mcfg, n, t) * tok_s / (devices * (peak_flops() or float("nan"))),
+      )
+    )
   return rows

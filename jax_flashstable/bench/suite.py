@@ -2,6 +2,7 @@
 kept as they come), then the compensation overheads and paired speed ratios on the first shape
 (or, with targets, the issue's targets on every shape: `bench.targets`), the golden hashes, and
 the JSON, table and plot."""
+
 from __future__ import annotations
 
 import json
@@ -9,8 +10,14 @@ import os
 
 import jax
 
-from jax_flashstable.bench.kernels import (bench, compensation_overhead, default_impls,
-                                           default_shapes, golden_hashes, paired_speed_ratio)
+from jax_flashstable.bench.kernels import (
+  bench,
+  compensation_overhead,
+  default_impls,
+  default_shapes,
+  golden_hashes,
+  paired_speed_ratio,
+)
 from jax_flashstable.bench.report import format_bench, plot_bench
 from jax_flashstable.bench.runners import NAME_FORMS, attention_config, name_error
 from jax_flashstable.lab.shapes import Shape
@@ -20,21 +27,42 @@ from jax_flashstable.results import write_results
 def check(names, paired, paired_reference, overhead) -> None:
   """Raises ValueError, in one line naming the offending names and the valid forms, before
   anything is timed."""
-  for what, items in (("--attention", names), ("--paired/--paired-reference", paired + [paired_reference])):
+  for what, items in (
+    ("--attention", names),
+    ("--paired/--paired-reference", paired + [paired_reference]),
+  ):
     bad = [n for n in items if name_error(n)]
     if bad:
-      raise ValueError(f"{what}: unknown {', '.join(map(repr, bad))} "
-                       f"({name_error(bad[0]).split(': ', 1)[-1]}). Use {'; '.join(NAME_FORMS)}")
+      raise ValueError(
+        f"{what}: unknown {', '.join(map(repr, bad))} "
+        f"({name_error(bad[0]).split(': ', 1)[-1]}). Use {'; '.join(NAME_FORMS)}"
+      )
   for spec in overhead:
     config = None if name_error(spec) else attention_config(spec)
     if config is None or config.implementation != "flash":
-      raise ValueError(f"--overhead {spec!r}: needs an attention spec of our flash kernels "
-                       f"(e.g. fa2, paper, fa2+mgpu:block_k=128); its +comp twin is timed against it")
+      raise ValueError(
+        f"--overhead {spec!r}: needs an attention spec of our flash kernels "
+        f"(e.g. fa2, paper, fa2+mgpu:block_k=128); its +comp twin is timed against it"
+      )
 
 
-def run(out, *, shapes=None, names=None, warmup=3, reps=20, pairs=20, overhead=("fa2",),
-        paired=(), paired_reference="cudnn", hashes=True, meta=None, log=print, targets=None,
-        step=None) -> int:
+def run(
+  out,
+  *,
+  shapes=None,
+  names=None,
+  warmup=3,
+  reps=20,
+  pairs=20,
+  overhead=("fa2",),
+  paired=(),
+  paired_reference="cudnn",
+  hashes=True,
+  meta=None,
+  log=print,
+  targets=None,
+  step=None,
+) -> int:
   """Runs the bench into `out` (bench.json, bench.md, bench.png); returns the exit status: 1
   when one of our kernels failed its check against the FP32 reference, else 0.
 
@@ -48,6 +76,7 @@ def run(out, *, shapes=None, names=None, warmup=3, reps=20, pairs=20, overhead=(
   gpu = jax.default_backend() == "gpu"
   if targets is not None:
     from jax_flashstable.bench import targets as target_lib
+
     check([targets], [], paired_reference, [])
     target_lib.check(targets)
     names = list(names) if names else [targets, "pallas-mgpu", paired_reference]
@@ -60,19 +89,28 @@ def run(out, *, shapes=None, names=None, warmup=3, reps=20, pairs=20, overhead=(
   rows = []
   os.makedirs(out, exist_ok=True)
   partial = os.path.join(out, "bench_partial.json")
-  for shape in shapes:                          # partial results survive a time limit
+  for shape in shapes:  # partial results survive a time limit
     rows += bench([shape], names, warmup=warmup, reps=reps, log=log)
     with open(partial, "w") as f:
       json.dump(rows, f)
   # the pairs' shape: the first given one, or the headline shape on a GPU
   head = shapes[0] if given or not gpu else Shape(4, 4096, 4096, 16, 16, 128, False)
   if pairs:
-    meta["compensation_overhead"] = [_safe(lambda: compensation_overhead(head, spec, pairs=pairs),
-                                           dict(attention=spec, shape=head.name)) for spec in overhead]
+    meta["compensation_overhead"] = [
+      _safe(
+        lambda: compensation_overhead(head, spec, pairs=pairs),
+        dict(attention=spec, shape=head.name),
+      )
+      for spec in overhead
+    ]
     if paired:
-      meta["paired_ratios"] = [_safe(lambda: paired_speed_ratio(head, name, paired_reference, pairs=pairs),
-                                     dict(impl=name, reference=paired_reference, shape=head.name))
-                               for name in paired]
+      meta["paired_ratios"] = [
+        _safe(
+          lambda: paired_speed_ratio(head, name, paired_reference, pairs=pairs),
+          dict(impl=name, reference=paired_reference, shape=head.name),
+        )
+        for name in paired
+      ]
   table = format_bench(rows)
   if targets is not None:
     partial_targets = os.path.join(out, "targets_partial.json")
@@ -80,8 +118,10 @@ def run(out, *, shapes=None, names=None, warmup=3, reps=20, pairs=20, overhead=(
     def save(results):
       with open(partial_targets, "w") as f:
         json.dump(results, f)
-    results = target_lib.measure(shapes, targets, paired_reference, pairs=max(pairs, 1),
-                                 step=step, log=log, save=save)
+
+    results = target_lib.measure(
+      shapes, targets, paired_reference, pairs=max(pairs, 1), step=step, log=log, save=save
+    )
     if os.path.exists(partial_targets):
       os.remove(partial_targets)
     meta["targets"] = dict(results, rows=target_lib.target_rows(results))
@@ -92,14 +132,20 @@ def run(out, *, shapes=None, names=None, warmup=3, reps=20, pairs=20, overhead=(
   os.remove(partial)
   for o in meta.get("compensation_overhead", []):
     where = f"{o['attention']}, {o['shape']}"
-    log(f"compensation overhead [{where}]: failed ({o['error']})" if "error" in o else
-        f"compensation overhead [{where}, median of {o['pairs']} interleaved pairs]: "
-        f"fwd {100 * o['fwd_overhead']:+.1f}%, fwd+bwd {100 * o['fwdbwd_overhead']:+.1f}%")
+    log(
+      f"compensation overhead [{where}]: failed ({o['error']})"
+      if "error" in o
+      else f"compensation overhead [{where}, median of {o['pairs']} interleaved pairs]: "
+      f"fwd {100 * o['fwd_overhead']:+.1f}%, fwd+bwd {100 * o['fwdbwd_overhead']:+.1f}%"
+    )
   for o in meta.get("paired_ratios", []):
     where = f"{o['impl']} vs {o['reference']}, {o['shape']}"
-    log(f"paired speed ratio [{where}]: failed ({o['error']})" if "error" in o else
-        f"paired speed ratio [{where}, median of {o['pairs']} interleaved pairs]: "
-        f"fwd {o['fwd_ratio']:.2f}×, fwd+bwd {o['fwdbwd_ratio']:.2f}×")
+    log(
+      f"paired speed ratio [{where}]: failed ({o['error']})"
+      if "error" in o
+      else f"paired speed ratio [{where}, median of {o['pairs']} interleaved pairs]: "
+      f"fwd {o['fwd_ratio']:.2f}×, fwd+bwd {o['fwdbwd_ratio']:.2f}×"
+    )
   log(f"plot: {out}/bench.png")
   ours = lambda name: (c := attention_config(name)) is not None and c.implementation == "flash"
   ours_failed = [r for r in rows if ours(r["impl"]) and not r.get("ok", False)]
@@ -110,5 +156,5 @@ def _safe(measure, where: dict) -> dict:
   """A pair measurement, or its failure in one line: the table is written either way."""
   try:
     return measure()
-  except Exception as e:                     # the table still gets written; say why
+  except Exception as e:  # the table still gets written; say why
     return dict(where, error=f"{type(e).__name__}: {e}"[:300])

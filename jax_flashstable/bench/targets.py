@@ -13,6 +13,7 @@ both sides run under the same clocks. On a GPU the shapes are the headline b4 ×
 d128 bf16, non-causal and causal; on a CPU everything runs at toy size (interpret mode, XLA as
 the reference), which tests the machinery, not the speed.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,6 +32,7 @@ THRESHOLDS = dict(fwd_ratio=0.95, fwdbwd_ratio=0.80, fwd_overhead=0.03, fwdbwd_o
 class StepSetting:
   """The training-step comparison: model preset, global batch, sequence (None: the model's),
   timed steps after warm-up."""
+
   model: str = "gpt2-small"
   batch_size: int = 16
   seq_len: int | None = None
@@ -47,13 +49,23 @@ def check(attention: str) -> str:
   `attention` is our flash attention with the compensation."""
   config = AttentionConfig.parse(attention)
   if config.implementation != "flash" or not config.stabilize:
-    raise ValueError(f"--targets needs our attention with the compensation (e.g. fa2+comp), "
-                     f"got {attention!r}")
+    raise ValueError(
+      f"--targets needs our attention with the compensation (e.g. fa2+comp), got {attention!r}"
+    )
   return dataclasses.replace(config, stabilize=False).name
 
 
-def measure(shapes, attention="fa2+comp", reference="cudnn", rival="pallas-mgpu", *, pairs=20,
-            step: StepSetting | None = None, log=print, save=None) -> dict:
+def measure(
+  shapes,
+  attention="fa2+comp",
+  reference="cudnn",
+  rival="pallas-mgpu",
+  *,
+  pairs=20,
+  step: StepSetting | None = None,
+  log=print,
+  save=None,
+) -> dict:
   """Every measurement the targets need, per shape from one set of compiled functions: ours
   (`attention`), the same without the compensation, the reference and the rival, each warmed
   up, then paired against ours (`timing.paired_overhead`). A part that fails is recorded with
@@ -62,35 +74,52 @@ def measure(shapes, attention="fa2+comp", reference="cudnn", rival="pallas-mgpu"
   after each shape (partial results survive a time limit)."""
   from jax_flashstable.bench.runners import kernels
   from jax_flashstable.bench.step_table import gpt2_step_table
+
   plain = check(attention)
-  out = dict(attention=attention, plain=plain, reference=reference, rival=rival, pairs=pairs,
-             device=jax.devices()[0].device_kind, shapes=[])
+  out = dict(
+    attention=attention,
+    plain=plain,
+    reference=reference,
+    rival=rival,
+    pairs=pairs,
+    device=jax.devices()[0].device_kind,
+    shapes=[],
+  )
   for shape in shapes:
     q, k, v, do = make_inputs(shape, jnp.bfloat16, 0)
     entry = dict(shape=shape.name, kernels=kernels(attention, shape, q, k, v))
-    timed = {name: _warmed(name, shape, q, k, v, do)
-             for name in (attention, plain, reference, rival)}
+    timed = {
+      name: _warmed(name, shape, q, k, v, do) for name in (attention, plain, reference, rival)
+    }
     ours = timed[attention]
     # time(other) / time(ours): ours as a fraction of the reference's and the rival's speed
     for key, other in (("ours", reference), ("rival", rival)):
-      entry[key] = {f"{part}_ratio": _pair(ours, timed[other], part, pairs, speed=True)
-                    for part in ("fwd", "fwdbwd")}
+      entry[key] = {
+        f"{part}_ratio": _pair(ours, timed[other], part, pairs, speed=True)
+        for part in ("fwd", "fwdbwd")
+      }
     # time(ours) / time(ours without the compensation) − 1
-    entry["overhead"] = {f"{part}_overhead": _pair(timed[plain], ours, part, pairs)
-                         for part in ("fwd", "fwdbwd")}
+    entry["overhead"] = {
+      f"{part}_overhead": _pair(timed[plain], ours, part, pairs) for part in ("fwd", "fwdbwd")
+    }
     for key in ("ours", "rival", "overhead"):
-      log(f"targets [{shape.name}] {key}: " + ", ".join(
+      log(
+        f"targets [{shape.name}] {key}: "
+        + ", ".join(
           f"{k} {v:.3f}" if isinstance(v, float) else f"{k} failed ({v['error']})"
-          for k, v in entry[key].items()))
+          for k, v in entry[key].items()
+        )
+      )
     out["shapes"].append(entry)
     if save is not None:
       save(out)
   step = step or StepSetting.default(jax.default_backend() == "gpu")
   out["step"] = dict(dataclasses.asdict(step))
   try:
-    out["step"]["rows"] = gpt2_step_table(step.model, (attention, reference), step.batch_size,
-                                          step.seq_len, step.steps, step.warmup)
-  except Exception as e:                        # the table is written either way; say why
+    out["step"]["rows"] = gpt2_step_table(
+      step.model, (attention, reference), step.batch_size, step.seq_len, step.steps, step.warmup
+    )
+  except Exception as e:  # the table is written either way; say why
     out["step"]["error"] = _error(e)
   return out
 
@@ -104,16 +133,17 @@ def _warmed(name, shape, q, k, v, do) -> dict:
   called once, or the part's error."""
   from jax_flashstable.bench.runners import runs
   from jax_flashstable.bench.timing import median_seconds
+
   try:
     fwd, fwdbwd, _ = runs(name, shape, q, k, v, do)
-  except Exception as e:                        # not available here: both parts fail
+  except Exception as e:  # not available here: both parts fail
     return dict(fwd=dict(error=_error(e)), fwdbwd=dict(error=_error(e)))
   parts = {}
   for part, run in (("fwd", fwd), ("fwdbwd", fwdbwd)):
     try:
       median_seconds(run, warmup=2, reps=1)
       parts[part] = run
-    except Exception as e:                      # e.g. a backward it does not have
+    except Exception as e:  # e.g. a backward it does not have
       parts[part] = dict(error=_error(e))
   return parts
 
@@ -122,6 +152,7 @@ def _pair(a: dict, b: dict, part: str, pairs: int, speed=False):
   """time(b)/time(a) − 1 for one part, the median of `pairs` interleaved pairs; with speed,
   time(b)/time(a): a's speed as a fraction of b's. The error of a side that failed instead."""
   from jax_flashstable.bench.timing import paired_overhead
+
   for side in (a[part], b[part]):
     if isinstance(side, dict):
       return side
@@ -138,11 +169,14 @@ def target_rows(results: dict) -> list[dict]:
 
   def add(target, shape, measured, met):
     rows.append(dict(target=target, shape=shape, measured=measured, met=met))
+
   for e in results["shapes"]:
     for part, what in (("fwd", "forward"), ("fwdbwd", "forward+backward")):
       t, key = THRESHOLDS[f"{part}_ratio"], f"{part}_ratio"
-      for target, r, met in ((f"{what} ≥ {t:.2f}× {ref}", e["ours"][key], lambda x: x >= t),
-                             (f"{what} ahead of {rival}", e["rival"][key], lambda x: x > 1.0)):
+      for target, r, met in (
+        (f"{what} ≥ {t:.2f}× {ref}", e["ours"][key], lambda x: x >= t),
+        (f"{what} ahead of {rival}", e["rival"][key], lambda x: x > 1.0),
+      ):
         if isinstance(r, dict):
           add(target, e["shape"], f"failed: {r['error'][:80]}", None)
         else:
@@ -159,24 +193,38 @@ def target_rows(results: dict) -> list[dict]:
   by = {r["attention"]: r for r in step.get("rows", [])}
   if results["attention"] in by and ref in by:
     ours, theirs = by[results["attention"]]["step_ms"], by[ref]["step_ms"]
-    add(target, f"batch {step['batch_size']}", f"{ours:.1f} ms against {theirs:.1f} ms",
-        bool(ours <= theirs))
+    add(
+      target,
+      f"batch {step['batch_size']}",
+      f"{ours:.1f} ms against {theirs:.1f} ms",
+      bool(ours <= theirs),
+    )
   else:
-    add(target, f"batch {step.get('batch_size', '?')}",
-        f"failed: {step.get('error', 'not run')[:80]}", None)
+    add(
+      target,
+      f"batch {step.get('batch_size', '?')}",
+      f"failed: {step.get('error', 'not run')[:80]}",
+      None,
+    )
   return rows
 
 
 def format_targets(rows: list[dict], results: dict) -> str:
-  head = (f"Targets: ours = {results['attention']}, reference = {results['reference']}, "
-          f"rival = {results['rival']}; ratios and overheads: medians of {results['pairs']} "
-          "interleaved pairs")
+  head = (
+    f"Targets: ours = {results['attention']}, reference = {results['reference']}, "
+    f"rival = {results['rival']}; ratios and overheads: medians of {results['pairs']} "
+    "interleaved pairs"
+  )
   kernels = ", ".join(f"{e['shape']}: {e['kernels']}" for e in results["shapes"])
   if jax.default_backend() != "gpu":
     head += " (not a GPU: interpret mode at toy size, which tests the machinery, not the speed)"
-  lines = [head, f"(device {results.get('device', '?')}; our kernels, forward/backward: {kernels})",
-           "",
-           "| target | shape | measured | met |", "|---|---|---|---|"]
+  lines = [
+    head,
+    f"(device {results.get('device', '?')}; our kernels, forward/backward: {kernels})",
+    "",
+    "| target | shape | measured | met |",
+    "|---|---|---|---|",
+  ]
   verdict = {True: "met", False: "**not met**", None: "n/a"}
   for r in rows:
     lines.append(f"| {r['target']} | {r['shape']} | {r['measured']} | {verdict[r['met']]} |")

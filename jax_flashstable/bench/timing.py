@@ -1,6 +1,7 @@
 """Timing on an accelerator: FLOP counts (FlashAttention's convention), batched wall-clock
 timings that keep the host's dispatch and synchronisation out of kernel time, and interleaved
 pairs for same-moment ratios."""
+
 from __future__ import annotations
 
 import statistics
@@ -52,7 +53,7 @@ def paired_overhead(run_a, run_b, pairs=20, inner=10):
   ratios = []
   for i in range(pairs):
     t = {}
-    for which, run in ((("a", run_a), ("b", run_b)) if i % 2 == 0 else (("b", run_b), ("a", run_a))):
+    for which, run in (("a", run_a), ("b", run_b)) if i % 2 == 0 else (("b", run_b), ("a", run_a)):
       t0 = time.perf_counter()
       run(inner)
       t[which] = time.perf_counter() - t0
@@ -63,8 +64,10 @@ def paired_overhead(run_a, run_b, pairs=20, inner=10):
 def waiting(f, *args):
   """run(calls=1): `calls` calls of f(*args) dispatched back to back, then a wait for the last
   (the device runs them in order); the form `median_seconds` and `paired_overhead` time."""
+
   def run(calls=1):
     for _ in range(calls):
       out = f(*args)
     return jax.block_until_ready(out)
+
   return run

@@ -11,6 +11,7 @@ Two settings (`SETTINGS`), picked by the default device:
   cores): a model this size trained this briefly does not explode; the report gives the noise
   band that the final losses must be read against.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,15 +25,26 @@ from jax_flashstable.experiment import instability
 from jax_flashstable.training.train import TrainConfig, read_metrics
 
 # the CPU setting: 3 runs of 250 steps of the tiny model (its time: README, first lines)
-CPU_DEFAULTS = dict(model="tiny", steps=250, batch_size=4, lr=3e-3, min_lr=3e-4, warmup_steps=25,
-                    eval_interval=50, eval_batches=4, checkpoint_interval=50, diag_interval=25,
-                    diag_rows=16)
+CPU_DEFAULTS = dict(
+  model="tiny",
+  steps=250,
+  batch_size=4,
+  lr=3e-3,
+  min_lr=3e-4,
+  warmup_steps=25,
+  eval_interval=50,
+  eval_batches=4,
+  checkpoint_interval=50,
+  diag_interval=25,
+  diag_rows=16,
+)
 SETTINGS = {
-    "gpu": dict(recipe=dict(instability.RECIPES["anchor-b128"]), seed=25,
-                variants=("paper", "paper+comp")),
-    "cpu": dict(recipe=CPU_DEFAULTS, seed=0, variants=("fa2", "fa2+comp", "reference-fp32")),
+  "gpu": dict(
+    recipe=dict(instability.RECIPES["anchor-b128"]), seed=25, variants=("paper", "paper+comp")
+  ),
+  "cpu": dict(recipe=CPU_DEFAULTS, seed=0, variants=("fa2", "fa2+comp", "reference-fp32")),
 }
-NOISE_STEPS = 50          # the final loss is the mean of the last NOISE_STEPS steps, ± their std
+NOISE_STEPS = 50  # the final loss is the mean of the last NOISE_STEPS steps, ± their std
 
 
 def setting(gpu: bool | None = None) -> dict:
@@ -40,15 +52,23 @@ def setting(gpu: bool | None = None) -> dict:
   return SETTINGS["gpu" if (jax.default_backend() == "gpu" if gpu is None else gpu) else "cpu"]
 
 
-def run_compare(base: TrainConfig, out_dir="runs/compare", variants=("fa2", "fa2+comp", "reference-fp32"),
-                seed=0, log=print) -> list[dict]:
+def run_compare(
+  base: TrainConfig,
+  out_dir="runs/compare",
+  variants=("fa2", "fa2+comp", "reference-fp32"),
+  seed=0,
+  log=print,
+) -> list[dict]:
   """Trains each variant from `base` with `seed` (runs already finished under out_dir are kept,
   an interrupted one resumes from its last checkpoint); writes report.md, curves.png and
   summary.json under out_dir; returns the report rows (`instability.collect`)."""
   out = pathlib.Path(out_dir)
   rows = instability.run_matrix(base, list(variants), [seed], out, log=log)
-  rows = [dict(r, **noise_band(out / r["variant"] / f"seed{seed}")) for r in rows
-          if r["variant"] in variants and r["seed"] == seed]
+  rows = [
+    dict(r, **noise_band(out / r["variant"] / f"seed{seed}"))
+    for r in rows
+    if r["variant"] in variants and r["seed"] == seed
+  ]
   plot(out, rows)
   (out / "report.md").write_text(report(base, rows))
   (out / "summary.json").write_text(json.dumps(rows, indent=1, default=str))
@@ -60,9 +80,11 @@ def noise_band(run_dir, steps=NOISE_STEPS) -> dict:
   batch-to-batch noise a final loss is to be read against."""
   losses = [r["loss"] for r in read_metrics(run_dir)][-steps:]
   finite = [x for x in losses if math.isfinite(x)]
-  return dict(last_mean=statistics.fmean(finite) if finite else math.nan,
-              last_std=statistics.stdev(finite) if len(finite) > 1 else math.nan,
-              last_steps=len(losses))
+  return dict(
+    last_mean=statistics.fmean(finite) if finite else math.nan,
+    last_std=statistics.stdev(finite) if len(finite) > 1 else math.nan,
+    last_steps=len(losses),
+  )
 
 
 def findings(rows) -> list[str]:
@@ -71,53 +93,79 @@ def findings(rows) -> list[str]:
   exploded = [r for r in rows if r["explosion_step"] is not None]
   calm = [r for r in rows if r["explosion_step"] is None]
   for r in exploded:
-    out.append(f"**{r['variant']} exploded at step {r['explosion_step']:,}** (loss {r['min_loss']:.2f} "
-               f"→ {r['final_loss']:.2f}; layer-1 max logit {r['max_logit']:,.0f}, σ(W_Q) "
-               f"{r['max_sigma_wq']:.0f}).")
+    out.append(
+      f"**{r['variant']} exploded at step {r['explosion_step']:,}** (loss {r['min_loss']:.2f} "
+      f"→ {r['final_loss']:.2f}; layer-1 max logit {r['max_logit']:,.0f}, σ(W_Q) "
+      f"{r['max_sigma_wq']:.0f})."
+    )
   if exploded and calm:
-    out.append(f"{', '.join(r['variant'] for r in calm)} stayed stable to step "
-               f"{max(r['steps'] for r in calm):,} on the same weights and batches: one seed shows "
-               "the failure and its fix; how often it happens takes many seeds "
-               "(`flashstable experiment instability`, docs/studies).")
+    out.append(
+      f"{', '.join(r['variant'] for r in calm)} stayed stable to step "
+      f"{max(r['steps'] for r in calm):,} on the same weights and batches: one seed shows "
+      "the failure and its fix; how often it happens takes many seeds "
+      "(`flashstable experiment instability`, docs/studies)."
+    )
   if not exploded:
     spread = max(r["last_mean"] for r in rows) - min(r["last_mean"] for r in rows)
     noise = max(r["last_std"] for r in rows)
-    verdict = ("smaller than" if spread < noise else "comparable to" if spread < 3 * noise
-               else "larger than")
-    out.append(f"No run exploded, and none was expected at this size and length. The final losses "
-               f"(mean of the last {rows[0]['last_steps']} steps) differ by {spread:.3f} nats, "
-               f"{verdict} the batch-to-batch noise (std up to {noise:.3f}): this run shows that "
-               "the pipeline trains with every attention, not a difference between them. The "
-               "explosion and the compensation's effect need the GPU setting (`flashstable "
-               "compare` on a GPU) or the study's recipes.")
-  out.append("Reproducible bit for bit on the same machine and software (the kernels have no "
-             "atomics and a fixed reduction order); on another CPU or GPU XLA may compile "
-             "differently (vector width, fused multiply-adds), so losses can differ from the "
-             "third decimal on while the verdict above stays.")
+    verdict = (
+      "smaller than" if spread < noise else "comparable to" if spread < 3 * noise else "larger than"
+    )
+    out.append(
+      f"No run exploded, and none was expected at this size and length. The final losses "
+      f"(mean of the last {rows[0]['last_steps']} steps) differ by {spread:.3f} nats, "
+      f"{verdict} the batch-to-batch noise (std up to {noise:.3f}): this run shows that "
+      "the pipeline trains with every attention, not a difference between them. The "
+      "explosion and the compensation's effect need the GPU setting (`flashstable "
+      "compare` on a GPU) or the study's recipes."
+    )
+  out.append(
+    "Reproducible bit for bit on the same machine and software (the kernels have no "
+    "atomics and a fixed reduction order); on another CPU or GPU XLA may compile "
+    "differently (vector width, fused multiply-adds), so losses can differ from the "
+    "third decimal on while the verdict above stays."
+  )
   return out
 
 
 def report(base: TrainConfig, rows) -> str:
   dev = jax.devices()[0]
-  lines = ["# flashstable compare", "",
-           f"Device: {getattr(dev, 'device_kind', dev.platform)} ({jax.default_backend()}), jax "
-           f"{jax.__version__}. Model `{base.model}`"
-           f"{' ' + str(dict(base.model_overrides)) if base.model_overrides else ''}, "
-           f"{base.steps} steps, batch {base.batch_size}×{base.grad_accum}, seq_len "
-           f"{base.seq_len or base.model_config().block_size}, peak lr {base.lr}, warmup "
-           f"{base.warmup_steps}, seed {rows[0]['seed'] if rows else base.seed}, data "
-           f"{base.data or 'the embedded sample'}.", "", "## What this run shows", ""]
+  lines = [
+    "# flashstable compare",
+    "",
+    f"Device: {getattr(dev, 'device_kind', dev.platform)} ({jax.default_backend()}), jax "
+    f"{jax.__version__}. Model `{base.model}`"
+    f"{' ' + str(dict(base.model_overrides)) if base.model_overrides else ''}, "
+    f"{base.steps} steps, batch {base.batch_size}×{base.grad_accum}, seq_len "
+    f"{base.seq_len or base.model_config().block_size}, peak lr {base.lr}, warmup "
+    f"{base.warmup_steps}, seed {rows[0]['seed'] if rows else base.seed}, data "
+    f"{base.data or 'the embedded sample'}.",
+    "",
+    "## What this run shows",
+    "",
+  ]
   lines += [f"- {x}" for x in findings(rows)] if rows else ["- no run finished"]
-  lines += ["", f"| attention | steps | final loss (mean ± std, last {NOISE_STEPS} steps) | min loss "
-            "| final val loss | explosion step | warning step | layer 1 max logit | layer 1 σ(W_Q) max |",
-            "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+  lines += [
+    "",
+    f"| attention | steps | final loss (mean ± std, last {NOISE_STEPS} steps) | min loss "
+    "| final val loss | explosion step | warning step | layer 1 max logit | layer 1 σ(W_Q) max |",
+    "|---|---:|---|---:|---:|---:|---:|---:|---:|",
+  ]
   for r in rows:
-    lines.append(f"| {r['variant']} | {r['steps']} | {r['last_mean']:.3f} ± {r['last_std']:.3f} | "
-                 f"{r['min_loss']:.3f} | {r['final_val_loss']:.3f} | {r['explosion_step'] or '–'} | "
-                 f"{r['warning_step'] or '–'} | {r['max_logit']:,.0f} | {r['max_sigma_wq']:.1f} |")
-  lines += ["", "Explosion: a non-finite loss, or after warmup a 10-step mean loss above 2× its "
-            "running minimum. Warning: `train.EarlyWarning` (a layer's max attention logit ≥ 50× "
-            "its recent median).", "", "![curves](curves.png)", ""]
+    lines.append(
+      f"| {r['variant']} | {r['steps']} | {r['last_mean']:.3f} ± {r['last_std']:.3f} | "
+      f"{r['min_loss']:.3f} | {r['final_val_loss']:.3f} | {r['explosion_step'] or '–'} | "
+      f"{r['warning_step'] or '–'} | {r['max_logit']:,.0f} | {r['max_sigma_wq']:.1f} |"
+    )
+  lines += [
+    "",
+    "Explosion: a non-finite loss, or after warmup a 10-step mean loss above 2× its "
+    "running minimum. Warning: `train.EarlyWarning` (a layer's max attention logit ≥ 50× "
+    "its recent median).",
+    "",
+    "![curves](curves.png)",
+    "",
+  ]
   return "\n".join(lines)
 
 
@@ -125,15 +173,20 @@ def plot(out, rows):
   """out/curves.png: each run's loss (10-step mean, its own colour and dash), its difference
   to the first run (so runs that overlap stay visible), and the gradient norm."""
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+
   fig, axes = plt.subplots(1, 3, figsize=(16, 4.2))
   styles = ["-", "--", ":", "-."]
   curves = {}
   for i, r in enumerate(rows):
     m = read_metrics(pathlib.Path(out) / r["variant"] / f"seed{r['seed']}")
-    curves[r["variant"]] = ([x["step"] for x in m], _trailing_mean([x["loss"] for x in m], 10),
-                            [x["grad_norm"] for x in m])
+    curves[r["variant"]] = (
+      [x["step"] for x in m],
+      _trailing_mean([x["loss"] for x in m], 10),
+      [x["grad_norm"] for x in m],
+    )
   first = next(iter(curves.values()), None)
   for i, (name, (steps, loss, grad)) in enumerate(curves.items()):
     kw = dict(color=plt.cm.tab10(i), ls=styles[i % 4], lw=1.4)
@@ -142,7 +195,9 @@ def plot(out, rows):
     axes[1].plot(steps[:n], [a - b for a, b in zip(loss[:n], first[1][:n])], label=name, **kw)
     axes[2].plot(steps, grad, label=name, **dict(kw, lw=0.7))
   axes[0].set(xlabel="step", ylabel="loss, nats (10-step mean)", title="training loss")
-  axes[1].set(xlabel="step", ylabel="nats", title=f"loss − {next(iter(curves), '')} loss (10-step means)")
+  axes[1].set(
+    xlabel="step", ylabel="nats", title=f"loss − {next(iter(curves), '')} loss (10-step means)"
+  )
   axes[2].set(xlabel="step", ylabel="global grad norm", yscale="log", title="gradient norm")
   for ax in axes:
     ax.legend(fontsize=8)
@@ -152,4 +207,7 @@ def plot(out, rows):
 
 
 def _trailing_mean(xs, window):
-  return [sum(xs[max(0, i - window + 1):i + 1]) / (i + 1 - max(0, i - window + 1)) for i in range(len(xs))]
+  return [
+    sum(xs[max(0, i - window + 1) : i + 1]) / (i + 1 - max(0, i - window + 1))
+    for i in range(len(xs))
+  ]

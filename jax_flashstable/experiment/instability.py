@@ -17,6 +17,7 @@ unfinished runs censored) and, for each variant beside its compensated twin (`pa
 `pack_runs` / `unpack_runs` keep a matrix's run folders as one small file (the results kept in
 git).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,10 +30,19 @@ import time
 
 import numpy as np
 
-from jax_flashstable.training.train import (NonFiniteError, TrainConfig, config_changes,
-                                           describe_changes, explosion_step, load_dataset,
-                                           read_diagnostics, read_metrics, stored_values,
-                                           train_and_evaluate, warning_step)
+from jax_flashstable.training.train import (
+  NonFiniteError,
+  TrainConfig,
+  config_changes,
+  describe_changes,
+  explosion_step,
+  load_dataset,
+  read_diagnostics,
+  read_metrics,
+  stored_values,
+  train_and_evaluate,
+  warning_step,
+)
 from jax_flashstable.attention.config import AttentionConfig
 from pallas_kernels.policy import check_tile
 
@@ -43,33 +53,71 @@ from pallas_kernels.policy import check_tile
 # the spec sets block_q or block_k.
 LAYER_SUFFIX = "@layer"
 # The variants of the study so far, in the order a report lists them (any spec is accepted).
-VARIANTS = ("paper", "paper+comp", "fa2", "fa2+comp", "fp32_out", "stochastic", "cudnn", "xla",
-            "reference-fp32", "paper@layer", "paper+comp@layer", "fa2+delta32", "fa2+delta32+comp",
-            "fa2+center", "fa2+center+comp")
+VARIANTS = (
+  "paper",
+  "paper+comp",
+  "fa2",
+  "fa2+comp",
+  "fp32_out",
+  "stochastic",
+  "cudnn",
+  "xla",
+  "reference-fp32",
+  "paper@layer",
+  "paper+comp@layer",
+  "fa2+delta32",
+  "fa2+delta32+comp",
+  "fa2+center",
+  "fa2+center+comp",
+)
 
 # The anchor of issue 6 (measured with the paper's PyTorch model and kernel on one H200):
 # GPT 6 layers × 6 heads × 384, no bias, context 1024, batch 32, AdamW (0.9, 0.95), no weight
 # decay, peak lr 3e-3 after 200 warmup steps, cosine to 1e-5 over 20k steps, clipping 1.0.
-_ANCHOR = dict(model="gpt-6l", batch_size=32, lr=3e-3, min_lr=1e-5, warmup_steps=200,
-               steps=20000, decay_steps=20000, weight_decay=0.0, grad_clip=1.0,
-               eval_interval=500, eval_batches=4, diag_interval=250, diag_rows=64,
-               stop_after_explosion=300, checkpoint_interval=1000)
+_ANCHOR = dict(
+  model="gpt-6l",
+  batch_size=32,
+  lr=3e-3,
+  min_lr=1e-5,
+  warmup_steps=200,
+  steps=20000,
+  decay_steps=20000,
+  weight_decay=0.0,
+  grad_clip=1.0,
+  eval_interval=500,
+  eval_batches=4,
+  diag_interval=250,
+  diag_rows=64,
+  stop_after_explosion=300,
+  checkpoint_interval=1000,
+)
 RECIPES = {
-    "anchor": _ANCHOR,
-    # the search for a recipe that fails more reliably than the anchor
-    # (docs/studies/instability-anchor.md):
-    # the anchor at a higher peak learning rate
-    **{f"anchor-lr{lr:g}": dict(_ANCHOR, lr=lr) for lr in (4e-3, 6e-3)},
-    # ... and at another depth: 12 layers as in GPT-2 small (width and heads of the anchor), or 4
-    **{f"anchor-{n}l": dict(_ANCHOR, model_overrides=(("n_layer", n),)) for n in (4, 12)},
-    # the anchor at batch 128 (131k tokens per step), where the key pair splits cleanly (issue
-    # 16); the cosine keeps the anchor's 20k-step length, the horizon is 3,000 steps. Diagnostics
-    # every 100 steps (they read the weights, not change them) for the early warning's lead.
-    "anchor-b128": dict(_ANCHOR, batch_size=128, steps=3000, diag_interval=100),
-    # a CPU-sized matrix (the test suite runs it)
-    "tiny": dict(model="tiny", batch_size=4, lr=3e-3, min_lr=3e-4, warmup_steps=5, steps=30,
-                 weight_decay=0.0, eval_interval=0, eval_batches=1, diag_interval=10,
-                 diag_rows=16, stop_after_explosion=10),
+  "anchor": _ANCHOR,
+  # the search for a recipe that fails more reliably than the anchor
+  # (docs/studies/instability-anchor.md):
+  # the anchor at a higher peak learning rate
+  **{f"anchor-lr{lr:g}": dict(_ANCHOR, lr=lr) for lr in (4e-3, 6e-3)},
+  # ... and at another depth: 12 layers as in GPT-2 small (width and heads of the anchor), or 4
+  **{f"anchor-{n}l": dict(_ANCHOR, model_overrides=(("n_layer", n),)) for n in (4, 12)},
+  # the anchor at batch 128 (131k tokens per step), where the key pair splits cleanly (issue
+  # 16); the cosine keeps the anchor's 20k-step length, the horizon is 3,000 steps. Diagnostics
+  # every 100 steps (they read the weights, not change them) for the early warning's lead.
+  "anchor-b128": dict(_ANCHOR, batch_size=128, steps=3000, diag_interval=100),
+  # a CPU-sized matrix (the test suite runs it)
+  "tiny": dict(
+    model="tiny",
+    batch_size=4,
+    lr=3e-3,
+    min_lr=3e-4,
+    warmup_steps=5,
+    steps=30,
+    weight_decay=0.0,
+    eval_interval=0,
+    eval_batches=1,
+    diag_interval=10,
+    diag_rows=16,
+    stop_after_explosion=10,
+  ),
 }
 
 
@@ -78,18 +126,24 @@ def variant_attention(variant: str, *, tiles=512, layer=1) -> tuple[str, tuple]:
   wrong in it."""
   spec = variant.removesuffix(LAYER_SUFFIX)
   cfg = AttentionConfig.parse(spec)
-  if cfg.implementation == "flash" and cfg.numerics == "paper" and cfg.block_q is None and cfg.block_k is None:
+  if (
+    cfg.implementation == "flash"
+    and cfg.numerics == "paper"
+    and cfg.block_q is None
+    and cfg.block_k is None
+  ):
     cfg = dataclasses.replace(cfg, block_q=tiles, block_k=tiles)
   if variant.endswith(LAYER_SUFFIX):
     return "xla", ((layer, cfg.name),)
   return cfg.name, ()
 
 
-def variant_config(base: TrainConfig, variant: str, seed: int, out_dir, *, tiles=512,
-                   layer=1) -> TrainConfig:
+def variant_config(
+  base: TrainConfig, variant: str, seed: int, out_dir, *, tiles=512, layer=1
+) -> TrainConfig:
   """The TrainConfig of one run. Raises ValueError for a variant that does not parse or a
   watched layer the model does not have."""
-  check_tile("tiles", tiles)                 # the paper layout's logical tile
+  check_tile("tiles", tiles)  # the paper layout's logical tile
   n_layer = base.model_config().n_layer
   if not 0 <= layer < n_layer:
     raise ValueError(f"layer={layer} is not a layer of {base.model!r} (n_layer={n_layer})")
@@ -97,12 +151,14 @@ def variant_config(base: TrainConfig, variant: str, seed: int, out_dir, *, tiles
     attention, overrides = variant_attention(variant, tiles=tiles, layer=layer)
   except ValueError as e:
     raise ValueError(f"variant {variant!r}: {e}") from None
-  return dataclasses.replace(base, attention=attention, attention_overrides=overrides, seed=seed,
-                             out_dir=str(out_dir))
+  return dataclasses.replace(
+    base, attention=attention, attention_overrides=overrides, seed=seed, out_dir=str(out_dir)
+  )
 
 
-def run_matrix(base: TrainConfig, variants, seeds, out_dir, *, tiles=512, layer=1,
-               time_budget=0.0, log=print) -> list[dict]:
+def run_matrix(
+  base: TrainConfig, variants, seeds, out_dir, *, tiles=512, layer=1, time_budget=0.0, log=print
+) -> list[dict]:
   """Runs every (variant, seed) not yet done, in order, within `time_budget` seconds of wall
   time (0: none; a run cut by it is left unfinished and resumes next time). Returns the report
   rows (`collect`).
@@ -116,19 +172,25 @@ def run_matrix(base: TrainConfig, variants, seeds, out_dir, *, tiles=512, layer=
   t0 = time.perf_counter()
   if any(not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in seeds):
     raise ValueError(f"seeds={list(seeds)!r}: every seed must be an integer ≥ 0")
-  configs = [(v, s, variant_config(base, v, s, out / v / f"seed{s}", tiles=tiles, layer=layer))
-             for v in variants for s in seeds]                       # validates all first
+  configs = [
+    (v, s, variant_config(base, v, s, out / v / f"seed{s}", tiles=tiles, layer=layer))
+    for v in variants
+    for s in seeds
+  ]  # validates all first
   for _, _, cfg in configs:
     cfg.validate()
-  for variant, seed, cfg in configs:        # a run done or checkpointed with other settings
+  for variant, seed, cfg in configs:  # a run done or checkpointed with other settings
     run_dir = pathlib.Path(cfg.out_dir)
     if ((run_dir / "summary.json").exists() or (run_dir / "checkpoints").exists()) and (
-        changes := config_changes(run_dir, cfg)):
-      raise ValueError(f"{variant} seed {seed}: {run_dir} was run with another configuration "
-                       f"({describe_changes(changes)}); to keep it and train this one, use "
-                       f"another --out; to continue it, use its settings "
-                       f"({stored_values(changes)})")
-  dataset = load_dataset(base) if configs else None                 # checked once, shared
+      changes := config_changes(run_dir, cfg)
+    ):
+      raise ValueError(
+        f"{variant} seed {seed}: {run_dir} was run with another configuration "
+        f"({describe_changes(changes)}); to keep it and train this one, use "
+        f"another --out; to continue it, use its settings "
+        f"({stored_values(changes)})"
+      )
+  dataset = load_dataset(base) if configs else None  # checked once, shared
   for variant, seed, cfg in configs:
     run_dir = pathlib.Path(cfg.out_dir)
     if (run_dir / "summary.json").exists():
@@ -145,12 +207,17 @@ def run_matrix(base: TrainConfig, variants, seeds, out_dir, *, tiles=512, layer=
     except NonFiniteError as e:
       s = dict(stopped="non-finite", error=str(e))
     if s.get("stopped") == "time":
-      how = ("resumes from its checkpoint next time" if cfg.checkpoint_interval else
-             "restarts next time (no --checkpoint-interval)")
+      how = (
+        "resumes from its checkpoint next time"
+        if cfg.checkpoint_interval
+        else "restarts next time (no --checkpoint-interval)"
+      )
       log(f"{variant} seed {seed}: stopped by the time budget at step {s.get('step')}; {how}")
       continue
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "summary.json").write_text(json.dumps(dict(s, variant=variant, seed=seed), default=str))
+    (run_dir / "summary.json").write_text(
+      json.dumps(dict(s, variant=variant, seed=seed), default=str)
+    )
   return collect(out, base, layer)
 
 
@@ -158,8 +225,8 @@ def run_matrix(base: TrainConfig, variants, seeds, out_dir, *, tiles=512, layer=
 # fp32-reference runs of the same matrix reached (every seed of them): the logit growth of the
 # paper's §4 without the loss explosion that may or may not follow within the horizon.
 RUNAWAY_FACTOR = 10.0
-REFERENCE = AttentionConfig.parse("reference-fp32")   # (a run folder named fp32-reference too)
-COMPENSATED = "+comp"        # variant v and v + COMPENSATED differ only in the compensation
+REFERENCE = AttentionConfig.parse("reference-fp32")  # (a run folder named fp32-reference too)
+COMPENSATED = "+comp"  # variant v and v + COMPENSATED differ only in the compensation
 
 
 def _run_row(run_dir: pathlib.Path, warmup_steps: int, layer: int, diag_interval: int) -> dict:
@@ -170,31 +237,42 @@ def _run_row(run_dir: pathlib.Path, warmup_steps: int, layer: int, diag_interval
   times = [r["step_time_s"] for r in metrics[10:]] or [r["step_time_s"] for r in metrics]
   sigma = [d["sn_q_full"][layer] for d in diags]
   logits = [(d["step"], max(d["max_logit"][layer])) for d in diags if "max_logit" in d]
-  ties = [statistics.fmean(d["tie_rate"][layer]) for d in diags
-          if all(math.isfinite(x) for x in d["tie_rate"][layer])]
+  ties = [
+    statistics.fmean(d["tie_rate"][layer])
+    for d in diags
+    if all(math.isfinite(x) for x in d["tie_rate"][layer])
+  ]
   vals = [r["val_loss"] for r in metrics if "val_loss" in r]
-  diag_times = [d["diag_time_s"] for d in diags[1:] if "diag_time_s" in d]     # [0] compiles
-  diag_cost = (statistics.median(diag_times) / (diag_interval * statistics.median(times))
-               if diag_times and times and diag_interval else math.nan)
+  diag_times = [d["diag_time_s"] for d in diags[1:] if "diag_time_s" in d]  # [0] compiles
+  diag_cost = (
+    statistics.median(diag_times) / (diag_interval * statistics.median(times))
+    if diag_times and times and diag_interval
+    else math.nan
+  )
   warned, warned_layer = warning_step(diags, warmup_steps)
-  return dict(steps=metrics[-1]["step"] if metrics else 0,
-              explosion_step=explosion_step(losses, warmup_steps),
-              warning_step=warned, warning_layer=warned_layer,
-              min_loss=min(finite) if finite else math.nan,
-              final_loss=metrics[-1]["loss"] if metrics else math.nan,
-              final_val_loss=vals[-1] if vals else math.nan,
-              max_grad_norm=max((r["grad_norm"] for r in metrics), default=math.nan),
-              max_sigma_wq=max(sigma, default=math.nan), last_sigma_wq=sigma[-1] if sigma else math.nan,
-              max_logit=max((x for _, x in logits), default=math.nan),
-              logits=logits,
-              mean_tie_rate=statistics.fmean(ties) if ties else math.nan,
-              steps_per_s=1.0 / statistics.median(times) if times else math.nan,
-              diag_cost=diag_cost)
+  return dict(
+    steps=metrics[-1]["step"] if metrics else 0,
+    explosion_step=explosion_step(losses, warmup_steps),
+    warning_step=warned,
+    warning_layer=warned_layer,
+    min_loss=min(finite) if finite else math.nan,
+    final_loss=metrics[-1]["loss"] if metrics else math.nan,
+    final_val_loss=vals[-1] if vals else math.nan,
+    max_grad_norm=max((r["grad_norm"] for r in metrics), default=math.nan),
+    max_sigma_wq=max(sigma, default=math.nan),
+    last_sigma_wq=sigma[-1] if sigma else math.nan,
+    max_logit=max((x for _, x in logits), default=math.nan),
+    logits=logits,
+    mean_tie_rate=statistics.fmean(ties) if ties else math.nan,
+    steps_per_s=1.0 / statistics.median(times) if times else math.nan,
+    diag_cost=diag_cost,
+  )
 
 
 def _is_reference(variant: str) -> bool:
   import warnings
-  with warnings.catch_warnings():                 # older run folders have older spellings
+
+  with warnings.catch_warnings():  # older run folders have older spellings
     warnings.simplefilter("ignore", FutureWarning)
     try:
       return AttentionConfig.parse(variant) == REFERENCE
@@ -205,7 +283,9 @@ def _is_reference(variant: str) -> bool:
 def runaway_threshold(rows) -> float | None:
   """`RUNAWAY_FACTOR` × the largest watched-layer max logit of the fp32-reference rows, or None
   when the matrix has no fp32-reference run with diagnostics."""
-  ref = [r["max_logit"] for r in rows if _is_reference(r["variant"]) and math.isfinite(r["max_logit"])]
+  ref = [
+    r["max_logit"] for r in rows if _is_reference(r["variant"]) and math.isfinite(r["max_logit"])
+  ]
   return RUNAWAY_FACTOR * max(ref) if ref else None
 
 
@@ -220,23 +300,39 @@ def collect(out_dir, base: TrainConfig, layer=1) -> list[dict]:
       continue
     summary = run_dir / "summary.json"
     s = json.loads(summary.read_text()) if summary.exists() else {}
-    row = dict(variant=run_dir.parent.name, seed=int(run_dir.name[4:]), finished=summary.exists(),
-               stopped=s.get("stopped"), **_run_row(run_dir, base.warmup_steps, layer, base.diag_interval))
-    row["outcome"] = ("exploded" if row["explosion_step"] is not None else
-                      f"stable to step {row['steps']}" if row["finished"] else
-                      "unfinished (stable so far)")
+    row = dict(
+      variant=run_dir.parent.name,
+      seed=int(run_dir.name[4:]),
+      finished=summary.exists(),
+      stopped=s.get("stopped"),
+      **_run_row(run_dir, base.warmup_steps, layer, base.diag_interval),
+    )
+    row["outcome"] = (
+      "exploded"
+      if row["explosion_step"] is not None
+      else f"stable to step {row['steps']}"
+      if row["finished"]
+      else "unfinished (stable so far)"
+    )
     rows.append(row)
   threshold = runaway_threshold(rows)
   for row in rows:
     logits = row.pop("logits")
     row["runaway_threshold"] = threshold
-    row["runaway_step"] = None if threshold is None else next(
-        (step for step, x in logits if x > threshold), None)
-    for event in ("explosion", "runaway"):           # steps from the warning to the event
-      row[f"{event}_lead"] = (row[f"{event}_step"] - row["warning_step"] if None not in
-                              (row[f"{event}_step"], row["warning_step"]) else None)
-    row["false_alarm"] = (row["warning_step"] is not None and row["explosion_step"] is None
-                          and row["runaway_step"] is None)
+    row["runaway_step"] = (
+      None if threshold is None else next((step for step, x in logits if x > threshold), None)
+    )
+    for event in ("explosion", "runaway"):  # steps from the warning to the event
+      row[f"{event}_lead"] = (
+        row[f"{event}_step"] - row["warning_step"]
+        if None not in (row[f"{event}_step"], row["warning_step"])
+        else None
+      )
+    row["false_alarm"] = (
+      row["warning_step"] is not None
+      and row["explosion_step"] is None
+      and row["runaway_step"] is None
+    )
   return rows
 
 
@@ -250,6 +346,7 @@ def survival(rows, event="explosion"):
   starting at (0, 1.0); an unfinished run without the event is censored at its last step
   (scipy.stats.ecdf)."""
   import scipy.stats
+
   hit = [r[f"{event}_step"] for r in rows if r[f"{event}_step"] is not None]
   censored = [r["steps"] for r in rows if r[f"{event}_step"] is None]
   if not hit:
@@ -262,6 +359,7 @@ def fisher_p(rows, variant, event="explosion") -> float | None:
   """One-sided Fisher exact p-value that `variant` has `event` more often than its compensated
   twin (variant + "+comp") among decided runs; None without both."""
   import scipy.stats
+
   if event == "runaway" and runaway_threshold(rows) is None:
     return None
   counts = []
@@ -287,71 +385,107 @@ def trained_on(out_dir) -> str:
 def _count(rs, event):
   decided = [r for r in rs if _decided(r, event)]
   n_hit = sum(r[f"{event}_step"] is not None for r in rs)
-  return f"{n_hit} / {len(decided)}" + (f" ({len(rs) - len(decided)} unfinished)"
-                                        if len(rs) > len(decided) else "")
+  return f"{n_hit} / {len(decided)}" + (
+    f" ({len(rs) - len(decided)} unfinished)" if len(rs) > len(decided) else ""
+  )
 
 
 def format_report(rows, recipe: dict, layer: int) -> str:
   threshold = rows[0]["runaway_threshold"] if rows else None
-  rule = (f"max logit > {threshold:,.0f} ({RUNAWAY_FACTOR:g} × the fp32-reference runs' largest)"
-          if threshold is not None else "not defined: the matrix has no fp32-reference run")
-  lines = [f"recipe: {json.dumps(recipe, default=str)}", "",
-           "explosion: trailing 10-step mean loss > 2× its running minimum after warmup, or a "
-           f"non-finite loss; runaway: layer {layer} {rule}.", "",
-           f"| variant | seed | steps | explosion step | runaway step | warning step (layer) | min loss "
-           f"| final loss | final val | max grad norm | layer {layer} W_Q σ max / last "
-           f"| layer {layer} max logit | layer {layer} tie rate | steps/s | diagnostics cost | outcome |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---|"]
+  rule = (
+    f"max logit > {threshold:,.0f} ({RUNAWAY_FACTOR:g} × the fp32-reference runs' largest)"
+    if threshold is not None
+    else "not defined: the matrix has no fp32-reference run"
+  )
+  lines = [
+    f"recipe: {json.dumps(recipe, default=str)}",
+    "",
+    "explosion: trailing 10-step mean loss > 2× its running minimum after warmup, or a "
+    f"non-finite loss; runaway: layer {layer} {rule}.",
+    "",
+    f"| variant | seed | steps | explosion step | runaway step | warning step (layer) | min loss "
+    f"| final loss | final val | max grad norm | layer {layer} W_Q σ max / last "
+    f"| layer {layer} max logit | layer {layer} tie rate | steps/s | diagnostics cost | outcome |",
+    "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---|",
+  ]
   for r in rows:
     runaway = "n/a" if threshold is None else r["runaway_step"] or "–"
     warned = f"{r['warning_step']} ({r['warning_layer']})" if r["warning_step"] is not None else "–"
-    lines.append(f"| {r['variant']} | {r['seed']} | {r['steps']} | {r['explosion_step'] or '–'} | "
-                 f"{runaway} | {warned} | {r['min_loss']:.3f} | {r['final_loss']:.3f} | {r['final_val_loss']:.3f} | "
-                 f"{r['max_grad_norm']:.2f} | {r['max_sigma_wq']:.1f} / {r['last_sigma_wq']:.1f} | "
-                 f"{r['max_logit']:,.0f} | "
-                 f"{r['mean_tie_rate']:.3f} | {r['steps_per_s']:.1f} | {100 * r['diag_cost']:.1f}% | "
-                 f"{r['outcome']} |")
+    lines.append(
+      f"| {r['variant']} | {r['seed']} | {r['steps']} | {r['explosion_step'] or '–'} | "
+      f"{runaway} | {warned} | {r['min_loss']:.3f} | {r['final_loss']:.3f} | {r['final_val_loss']:.3f} | "
+      f"{r['max_grad_norm']:.2f} | {r['max_sigma_wq']:.1f} / {r['last_sigma_wq']:.1f} | "
+      f"{r['max_logit']:,.0f} | "
+      f"{r['mean_tie_rate']:.3f} | {r['steps_per_s']:.1f} | {100 * r['diag_cost']:.1f}% | "
+      f"{r['outcome']} |"
+    )
   variants = list(dict.fromkeys(r["variant"] for r in rows))
   horizon = max((r["steps"] for r in rows), default=0)
   marks = [s for s in range(500, horizon + 1, 500)]
-  lines += ["", "| variant | exploded / runs (finished or exploded) | ran away / runs | "
-            + " | ".join(f"not exploded at {s:,}" for s in marks) + " |",
-            "|---|---|---|" + "---:|" * len(marks)]
+  lines += [
+    "",
+    "| variant | exploded / runs (finished or exploded) | ran away / runs | "
+    + " | ".join(f"not exploded at {s:,}" for s in marks)
+    + " |",
+    "|---|---|---|" + "---:|" * len(marks),
+  ]
   for v in variants:
     rs = [r for r in rows if r["variant"] == v]
     steps, frac = survival(rs)
     at = lambda t: next((f for s, f in reversed(list(zip(steps, frac))) if s <= t), 1.0)
-    lines.append(f"| {v} | {_count(rs, 'explosion')} | "
-                 f"{_count(rs, 'runaway') if threshold is not None else 'n/a'} | "
-                 + " | ".join(f"{at(s):.2f}" for s in marks) + " |")
-  lines += ["", "Early warning (`train.EarlyWarning`: a layer's max logit ≥ 50× its median over its "
-            "previous 5 diagnostics rows, after warmup): per variant, the runs it warned before "
-            "the event, the lead in steps (event step − warning step), and false alarms (a "
-            "warning on a run with neither event).", "",
-            "| variant | warned before explosion | lead to explosion | warned before runaway | "
-            "lead to runaway | false alarms |", "|---|---|---|---|---|---|"]
+    lines.append(
+      f"| {v} | {_count(rs, 'explosion')} | "
+      f"{_count(rs, 'runaway') if threshold is not None else 'n/a'} | "
+      + " | ".join(f"{at(s):.2f}" for s in marks)
+      + " |"
+    )
+  lines += [
+    "",
+    "Early warning (`train.EarlyWarning`: a layer's max logit ≥ 50× its median over its "
+    "previous 5 diagnostics rows, after warmup): per variant, the runs it warned before "
+    "the event, the lead in steps (event step − warning step), and false alarms (a "
+    "warning on a run with neither event).",
+    "",
+    "| variant | warned before explosion | lead to explosion | warned before runaway | "
+    "lead to runaway | false alarms |",
+    "|---|---|---|---|---|---|",
+  ]
   for v in variants:
     rs = [r for r in rows if r["variant"] == v]
     cells = []
     for event in ("explosion", "runaway"):
       hit = [r for r in rs if r[f"{event}_step"] is not None]
-      leads = [r[f"{event}_lead"] for r in hit if r[f"{event}_lead"] is not None and r[f"{event}_lead"] >= 0]
+      leads = [
+        r[f"{event}_lead"]
+        for r in hit
+        if r[f"{event}_lead"] is not None and r[f"{event}_lead"] >= 0
+      ]
       if event == "runaway" and threshold is None:
         cells += ["n/a", "n/a"]
         continue
-      cells += [f"{len(leads)} / {len(hit)}",
-                f"{min(leads)}–{max(leads)} (median {statistics.median(leads):g})" if leads else "–"]
+      cells += [
+        f"{len(leads)} / {len(hit)}",
+        f"{min(leads)}–{max(leads)} (median {statistics.median(leads):g})" if leads else "–",
+      ]
     cells.append(str(sum(r["false_alarm"] for r in rs)))
     lines.append(f"| {v} | " + " | ".join(cells) + " |")
   pairs = [v for v in variants if v + COMPENSATED in variants]
   if pairs:
-    lines += ["", "One-sided Fisher exact test, H1: the variant has the event more often than with "
-              "the compensation (decided runs only):", "",
-              "| variant vs + comp | p (explosion) | p (runaway) |", "|---|---:|---:|"]
+    lines += [
+      "",
+      "One-sided Fisher exact test, H1: the variant has the event more often than with "
+      "the compensation (decided runs only):",
+      "",
+      "| variant vs + comp | p (explosion) | p (runaway) |",
+      "|---|---:|---:|",
+    ]
     for v in pairs:
       p = [fisher_p(rows, v, e) for e in ("explosion", "runaway")]
-      lines.append(f"| {v} vs {v + COMPENSATED} | "
-                   + " | ".join("n/a" if x is None else f"{x:.2g}" for x in p) + " |")
+      lines.append(
+        f"| {v} vs {v + COMPENSATED} | "
+        + " | ".join("n/a" if x is None else f"{x:.2g}" for x in p)
+        + " |"
+      )
   return "\n".join(lines)
 
 
@@ -359,13 +493,15 @@ def plot_report(out_dir, rows, layer=1):
   """OUT/curves.png: per run the loss, the watched layer's W_Q spectral norm, tie rate and max
   logit (with the runaway threshold), the grad norm; per variant the survival curve."""
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+
   out = pathlib.Path(out_dir)
   fig, axes = plt.subplots(2, 3, figsize=(16, 8))
   (loss_ax, sigma_ax, tie_ax), (logit_ax, grad_ax, surv_ax) = axes
-  variants = list(dict.fromkeys(r["variant"] for r in rows))       # a colour per variant,
-  styles = ["-", "--", ":", "-."]                                   # a line style per seed
+  variants = list(dict.fromkeys(r["variant"] for r in rows))  # a colour per variant,
+  styles = ["-", "--", ":", "-."]  # a line style per seed
   colour = lambda v: plt.cm.tab10(variants.index(v) % 10)
   for i, r in enumerate(rows):
     run = out / r["variant"] / f"seed{r['seed']}"
@@ -401,12 +537,18 @@ def plot_report(out_dir, rows, layer=1):
 def write_report(out_dir, rows, base: TrainConfig, layer=1, meta=None) -> pathlib.Path:
   out = pathlib.Path(out_dir)
   out.mkdir(parents=True, exist_ok=True)
-  recipe = {k: v for k, v in dataclasses.asdict(base).items()
-            if k not in ("attention", "attention_overrides", "seed", "out_dir", "progress", "max_seconds")}
+  recipe = {
+    k: v
+    for k, v in dataclasses.asdict(base).items()
+    if k not in ("attention", "attention_overrides", "seed", "out_dir", "progress", "max_seconds")
+  }
   text = format_report(rows, recipe, layer)
-  (out / "report.json").write_text(json.dumps(dict(meta=meta or {}, recipe=recipe, rows=rows), indent=1,
-                                              default=str))
-  (out / "report.md").write_text(f"# Instability experiment\n\n{json.dumps(meta or {}, default=str)}\n\n{text}\n")
+  (out / "report.json").write_text(
+    json.dumps(dict(meta=meta or {}, recipe=recipe, rows=rows), indent=1, default=str)
+  )
+  (out / "report.md").write_text(
+    f"# Instability experiment\n\n{json.dumps(meta or {}, default=str)}\n\n{text}\n"
+  )
   if rows:
     plot_report(out, rows, layer)
   return out / "report.md"
@@ -440,10 +582,19 @@ def pack_runs(out_dir, path) -> pathlib.Path:
     for name in RUN_FILES:
       f = run / name
       if f.exists():
-        rows = (read_metrics(run) if name == "metrics.jsonl" else read_diagnostics(run)
-                if name == "diagnostics.jsonl" else [json.loads(f.read_text())])
-        lines.append(json.dumps(dict(run=f"{run.parent.name}/{run.name}", file=name,
-                                     rows=_compact(rows)), separators=(",", ":")))
+        rows = (
+          read_metrics(run)
+          if name == "metrics.jsonl"
+          else read_diagnostics(run)
+          if name == "diagnostics.jsonl"
+          else [json.loads(f.read_text())]
+        )
+        lines.append(
+          json.dumps(
+            dict(run=f"{run.parent.name}/{run.name}", file=name, rows=_compact(rows)),
+            separators=(",", ":"),
+          )
+        )
   path.write_bytes(lzma.compress(("\n".join(lines) + "\n").encode(), preset=9))
   return path
 
@@ -457,8 +608,11 @@ def unpack_runs(path, out_dir) -> list[str]:
     if ".." in pathlib.PurePosixPath(rec["run"]).parts or rec["file"] not in RUN_FILES:
       raise ValueError(f"{path}: unexpected entry {rec['run']}/{rec['file']}")
     run.mkdir(parents=True, exist_ok=True)
-    text = (json.dumps(rec["rows"][0], indent=1) if rec["file"].endswith(".json") else
-            "".join(json.dumps(r) + "\n" for r in rec["rows"]))
+    text = (
+      json.dumps(rec["rows"][0], indent=1)
+      if rec["file"].endswith(".json")
+      else "".join(json.dumps(r) + "\n" for r in rec["rows"])
+    )
     (run / rec["file"]).write_text(text)
     runs.append(rec["run"])
   return list(dict.fromkeys(runs))

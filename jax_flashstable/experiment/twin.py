@@ -46,6 +46,7 @@ different trajectories): every pair of runs, JAX against itself included, parts 
 and the report gives that step for the twin and, with --null-steps, for the JAX null beside it,
 with the divergence per window of steps.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -63,37 +64,58 @@ import time
 import numpy as np
 
 from jax_flashstable.experiment import instability
-from jax_flashstable.training.train import (NonFiniteError, TrainConfig, config_changes,
-                                           describe_changes, read_metrics)
+from jax_flashstable.training.train import (
+  NonFiniteError,
+  TrainConfig,
+  config_changes,
+  describe_changes,
+  read_metrics,
+)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TWIN_SCRIPT = ROOT / "torch_crosscheck" / "gpt_twin.py"
 # gpt_twin.ATTENTIONS (gpt_twin imports torch, so it is not imported here; a test keeps the two
 # equal)
-TWIN_ATTENTIONS = ("paper", "paper+comp", "reference-fp32", "sdpa-flash", "sdpa-efficient",
-                   "sdpa-cudnn", "sdpa-math")
+TWIN_ATTENTIONS = (
+  "paper",
+  "paper+comp",
+  "reference-fp32",
+  "sdpa-flash",
+  "sdpa-efficient",
+  "sdpa-cudnn",
+  "sdpa-math",
+)
 # twin attention → the JAX variant it is compared with by default
-PAIRS = {"reference-fp32": "reference-fp32", "paper": "paper", "paper+comp": "paper+comp",
-         "sdpa-cudnn": "cudnn", "sdpa-flash": "fa2"}
-EXACT = ("reference-fp32", "paper", "paper+comp")    # twins with JAX's own rounding points
-TOLERANCE = 2.0 ** -8
-WINDOW = 100                # the agreement window: the first WINDOW steps
+PAIRS = {
+  "reference-fp32": "reference-fp32",
+  "paper": "paper",
+  "paper+comp": "paper+comp",
+  "sdpa-cudnn": "cudnn",
+  "sdpa-flash": "fa2",
+}
+EXACT = ("reference-fp32", "paper", "paper+comp")  # twins with JAX's own rounding points
+TOLERANCE = 2.0**-8
+WINDOW = 100  # the agreement window: the first WINDOW steps
 PROFILE = ((1, 10), (11, 30), (31, 100), (101, 300), (301, 1000), (1001, 3000), (3001, 10**9))
 SIDES = ("both", "jax", "torch")
 SIDE_DIRS = ("jax", "torch", "null")
-EXIT_NON_FINITE = 3         # gpt_twin's exit status for a non-finite loss
+EXIT_NON_FINITE = 3  # gpt_twin's exit status for a non-finite loss
 
 
 # --- the initial parameters in the twin's layout ---------------------------------------------
+
 
 def params_arrays(params) -> dict[str, np.ndarray]:
   """{key: float32 array} of a GPT's parameters (an `nnx.Module` or its `nnx.Param` state) in
   the twin's .npz layout (gpt_twin.py's docstring: the nnx path joined with ".", the
   ".embedding" of wte/wpe dropped, JAX orientation)."""
   from flax import nnx
+
   state = nnx.state(params, nnx.Param) if isinstance(params, nnx.Module) else params
-  return {".".join(map(str, path)).removesuffix(".embedding"): np.asarray(v[...], np.float32)
-          for path, v in nnx.to_flat_state(state)}
+  return {
+    ".".join(map(str, path)).removesuffix(".embedding"): np.asarray(v[...], np.float32)
+    for path, v in nnx.to_flat_state(state)
+  }
 
 
 def export_params(params, path) -> dict[str, np.ndarray]:
@@ -113,15 +135,18 @@ def export_init(cfg: TrainConfig, path) -> dict[str, np.ndarray]:
   and the seed only) written to `path` in the twin's layout; returns them. float32; anchor
   (gpt-6l): 39 arrays, 30.0 M parameters, 120 MB."""
   from jax_flashstable.training.train import init_state
+
   return export_params(init_state(cfg)[2], path)
 
 
 # --- pairs and the twin's configuration --------------------------------------------------------
 
+
 @dataclasses.dataclass(frozen=True)
 class Pair:
   """A twin attention (`TWIN_ATTENTIONS`) and the JAX variant (instability's grammar) it is
   compared with."""
+
   torch: str
   jax: str
 
@@ -131,7 +156,7 @@ class Pair:
 
 
 def parse_pairs(text: str) -> list[Pair]:
-  """"A,B=SPEC,…" → pairs: an item A (a twin attention) is paired with PAIRS[A]; A=SPEC with
+  """ "A,B=SPEC,…" → pairs: an item A (a twin attention) is paired with PAIRS[A]; A=SPEC with
   the JAX variant SPEC (whose own FIELD=VALUE items may follow, as in
   "sdpa-math=paper:block_q=64,block_k=64"). Raises ValueError naming the item."""
   pairs: list[list[str]] = []
@@ -142,10 +167,11 @@ def parse_pairs(text: str) -> list[Pair]:
         raise ValueError(f"pair {item!r}: {head} has no default JAX partner; write {head}=SPEC")
       pairs.append([head, rest if eq else PAIRS[head]])
     elif eq and pairs and item:
-      pairs[-1][1] += "," + item                        # a FIELD=VALUE of the JAX spec
+      pairs[-1][1] += "," + item  # a FIELD=VALUE of the JAX spec
     elif item:
-      raise ValueError(f"pair {item!r}: {head!r} is not a twin attention "
-                       f"({', '.join(TWIN_ATTENTIONS)})")
+      raise ValueError(
+        f"pair {item!r}: {head!r} is not a twin attention ({', '.join(TWIN_ATTENTIONS)})"
+      )
   if not pairs:
     raise ValueError(f"no pairs in {text!r}; e.g. {','.join(PAIRS)}")
   for t, j in pairs:
@@ -161,8 +187,11 @@ def twin_jax_spec(attention: str, tiles: int, beta=2.0, tie_tolerance=1e-3) -> s
   if attention.startswith("paper"):
     spec = f"paper:block_q={tiles},block_k={tiles}"
     if attention == "paper+comp":
-      spec += ",stabilize=true" + (f",beta={beta!r}" if beta != 2.0 else "") + (
-          f",tie_tolerance={tie_tolerance!r}" if tie_tolerance != 1e-3 else "")
+      spec += (
+        ",stabilize=true"
+        + (f",beta={beta!r}" if beta != 2.0 else "")
+        + (f",tie_tolerance={tie_tolerance!r}" if tie_tolerance != 1e-3 else "")
+      )
     return spec
   return None
 
@@ -170,6 +199,7 @@ def twin_jax_spec(attention: str, tiles: int, beta=2.0, tie_tolerance=1e-3) -> s
 def is_exact(pair: Pair, tiles: int) -> bool:
   """Whether the pair's JAX variant has exactly the twin attention's numerics."""
   from jax_flashstable.attention.config import AttentionConfig
+
   if pair.torch not in EXACT:
     return False
   jax_cfg = AttentionConfig.parse(instability.variant_attention(pair.jax, tiles=tiles)[0])
@@ -183,39 +213,86 @@ def twin_fields(cfg: TrainConfig, attention: str, tiles: int) -> dict:
   Raises ValueError for what the twin cannot mirror (naming it)."""
   from jax_flashstable.attention.config import AttentionConfig
   from jax_flashstable.training.data import resolve_data_dir
+
   m = cfg.model_config()
   if m.compute_dtype != "bfloat16":
-    raise ValueError(f"compute_dtype={m.compute_dtype!r}: the twin computes its matmuls in "
-                     "bfloat16 only")
+    raise ValueError(
+      f"compute_dtype={m.compute_dtype!r}: the twin computes its matmuls in bfloat16 only"
+    )
   if cfg.attention_overrides:
-    raise ValueError(f"attention_overrides={cfg.attention_overrides!r}: the twin uses one "
-                     "attention in every layer")
+    raise ValueError(
+      f"attention_overrides={cfg.attention_overrides!r}: the twin uses one attention in every layer"
+    )
   if cfg.data_parallel:
     raise ValueError("data_parallel=True: the twin trains on one device")
-  for f, low in (("steps", 1), ("batch_size", 1), ("grad_accum", 1), ("eval_batches", 1),
-                 ("eval_interval", 0), ("diag_interval", 0), ("diag_rows", 0),
-                 ("stop_after_explosion", -1)):
-    if getattr(cfg, f) < low:                 # what gpt_twin would refuse, refused here first
+  for f, low in (
+    ("steps", 1),
+    ("batch_size", 1),
+    ("grad_accum", 1),
+    ("eval_batches", 1),
+    ("eval_interval", 0),
+    ("diag_interval", 0),
+    ("diag_rows", 0),
+    ("stop_after_explosion", -1),
+  ):
+    if getattr(cfg, f) < low:  # what gpt_twin would refuse, refused here first
       raise ValueError(f"{f} must be >= {low}, got {f}={getattr(cfg, f)}")
   att = AttentionConfig.parse(cfg.attention)
   fields = dict(
-      data=None if cfg.data is None else str(resolve_data_dir(cfg.data)),
-      attention=attention, block_q=tiles, block_k=tiles,
-      beta=att.beta if attention == "paper+comp" else 2.0,
-      tie_tolerance=att.tie_tolerance if attention == "paper+comp" else 1e-3,
-      n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd, block_size=m.block_size,
-      vocab_size=m.vocab_size, bias=m.bias)
-  for f in ("steps", "batch_size", "grad_accum", "seq_len", "lr", "min_lr", "warmup_steps",
-            "decay_steps", "weight_decay", "beta1", "beta2", "eps", "grad_clip", "seed",
-            "eval_interval", "eval_batches", "diag_interval", "diag_rows", "stop_after_explosion"):
+    data=None if cfg.data is None else str(resolve_data_dir(cfg.data)),
+    attention=attention,
+    block_q=tiles,
+    block_k=tiles,
+    beta=att.beta if attention == "paper+comp" else 2.0,
+    tie_tolerance=att.tie_tolerance if attention == "paper+comp" else 1e-3,
+    n_layer=m.n_layer,
+    n_head=m.n_head,
+    n_embd=m.n_embd,
+    block_size=m.block_size,
+    vocab_size=m.vocab_size,
+    bias=m.bias,
+  )
+  for f in (
+    "steps",
+    "batch_size",
+    "grad_accum",
+    "seq_len",
+    "lr",
+    "min_lr",
+    "warmup_steps",
+    "decay_steps",
+    "weight_decay",
+    "beta1",
+    "beta2",
+    "eps",
+    "grad_clip",
+    "seed",
+    "eval_interval",
+    "eval_batches",
+    "diag_interval",
+    "diag_rows",
+    "stop_after_explosion",
+  ):
     fields[f] = getattr(cfg, f)
   return fields
 
 
 # fields of a stored twin run that may differ from a new request (they do not decide the
 # trajectory, or, like the data and init paths, name the same thing from elsewhere)
-_TWIN_FREE = frozenset(("init", "data", "out_dir", "print_interval", "threads", "device",
-                        "compile", "save_final", "stop_after_explosion", "deterministic"))
+_TWIN_FREE = frozenset(
+  (
+    "init",
+    "data",
+    "out_dir",
+    "print_interval",
+    "threads",
+    "device",
+    "compile",
+    "save_final",
+    "stop_after_explosion",
+    "deterministic",
+  )
+)
 
 
 def twin_changes(run_dir, fields: dict) -> dict:
@@ -237,7 +314,7 @@ def twin_command(python: str, fields: dict, init, out_dir, extra=()) -> list[str
   cmd = [python, str(TWIN_SCRIPT), "train", "--init", str(init), "--out", str(out_dir)]
   for k, v in fields.items():
     if k == "data" and v is None:
-      continue                                          # the twin's default: the same sample
+      continue  # the twin's default: the same sample
     text = "none" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
     cmd += ["--" + k.replace("_", "-"), text]
   return cmd + list(extra)
@@ -256,6 +333,7 @@ def resolve_python(python: str) -> str:
   """`python` as a path: a bare name ("python3") is looked up on PATH. Raises ValueError
   naming it when there is no such file."""
   import shutil
+
   found = python if os.sep in python else shutil.which(python)
   if not found or not pathlib.Path(found).exists():
     raise ValueError(f"--torch-python {python!r}: no such file")
@@ -267,8 +345,12 @@ def check_torch_python(python: str) -> str:
   interpreter if it cannot run or cannot import torch."""
   python = resolve_python(python)
   try:
-    proc = subprocess.run([python, "-c", "import torch; print(torch.__version__)"],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+      [python, "-c", "import torch; print(torch.__version__)"],
+      capture_output=True,
+      text=True,
+      timeout=300,
+    )
   except OSError as e:
     raise ValueError(f"--torch-python {python!r} does not run: {e}") from None
   if proc.returncode:
@@ -278,6 +360,7 @@ def check_torch_python(python: str) -> str:
 
 
 # --- the null: JAX with every batch as two half-batches ---------------------------------------
+
 
 class HalvedBatches:
   """A `Dataset` whose training batches are another's, each fed as two half-batches: for a run
@@ -307,30 +390,40 @@ def null_config(cfg: TrainConfig, steps: int, out_dir) -> TrainConfig:
   with the same schedule, without diagnostics, checkpoints or early warning. Raises ValueError
   for an odd batch_size."""
   if cfg.batch_size % 2:
-    raise ValueError(f"batch_size={cfg.batch_size} is odd: the null run splits each batch in "
-                     "two halves")
+    raise ValueError(
+      f"batch_size={cfg.batch_size} is odd: the null run splits each batch in two halves"
+    )
   return dataclasses.replace(
-      cfg, steps=min(steps, cfg.steps), decay_steps=cfg.decay_steps or cfg.steps,
-      batch_size=cfg.batch_size // 2, grad_accum=2 * cfg.grad_accum, diag_interval=0,
-      checkpoint_interval=0, warning_action="off", out_dir=str(out_dir))
+    cfg,
+    steps=min(steps, cfg.steps),
+    decay_steps=cfg.decay_steps or cfg.steps,
+    batch_size=cfg.batch_size // 2,
+    grad_accum=2 * cfg.grad_accum,
+    diag_interval=0,
+    checkpoint_interval=0,
+    warning_action="off",
+    out_dir=str(out_dir),
+  )
 
 
 # --- running both sides --------------------------------------------------------------------
+
 
 @dataclasses.dataclass
 class _Item:
   pair: Pair
   seed: int
-  cfg: TrainConfig              # the JAX run
-  fields: dict                  # the twin's
+  cfg: TrainConfig  # the JAX run
+  fields: dict  # the twin's
 
 
 def _done(run_dir) -> bool:
   return (pathlib.Path(run_dir) / "summary.json").exists()
 
 
-def plan(base: TrainConfig, pairs, seeds, out_dir, *, tiles=512, layer=1, null_steps=0,
-         side="both") -> list[_Item]:
+def plan(
+  base: TrainConfig, pairs, seeds, out_dir, *, tiles=512, layer=1, null_steps=0, side="both"
+) -> list[_Item]:
   """The (pair, seed) items, every setting checked before anything runs. Raises ValueError
   naming a bad pair, seed, setting, or a stored run made with other settings."""
   if side not in SIDES:
@@ -346,11 +439,14 @@ def plan(base: TrainConfig, pairs, seeds, out_dir, *, tiles=512, layer=1, null_s
   items = []
   for pair in pairs:
     if pair.jax.endswith(instability.LAYER_SUFFIX):
-      raise ValueError(f"pair {pair.name}: {pair.jax} keeps standard attention outside layer "
-                       f"{layer}; the twin uses one attention in every layer")
+      raise ValueError(
+        f"pair {pair.name}: {pair.jax} keeps standard attention outside layer "
+        f"{layer}; the twin uses one attention in every layer"
+      )
     for seed in seeds:
-      cfg = instability.variant_config(base, pair.jax, seed, out / "jax" / pair.jax / f"seed{seed}",
-                                       tiles=tiles, layer=layer)
+      cfg = instability.variant_config(
+        base, pair.jax, seed, out / "jax" / pair.jax / f"seed{seed}", tiles=tiles, layer=layer
+      )
       try:
         fields = twin_fields(cfg, pair.torch, tiles)
       except ValueError as e:
@@ -361,8 +457,14 @@ def plan(base: TrainConfig, pairs, seeds, out_dir, *, tiles=512, layer=1, null_s
     torch_dir = out / "torch" / it.pair.torch / f"seed{it.seed}"
     checks = []
     if side != "torch":
-      checks.append((jax_dir, config_changes(jax_dir, it.cfg)
-                     if _done(jax_dir) or (jax_dir / "checkpoints").exists() else {}))
+      checks.append(
+        (
+          jax_dir,
+          config_changes(jax_dir, it.cfg)
+          if _done(jax_dir) or (jax_dir / "checkpoints").exists()
+          else {},
+        )
+      )
       if null_steps:
         null_dir = out / "null" / it.pair.jax / f"seed{it.seed}"
         ncfg = null_config(it.cfg, null_steps, null_dir)
@@ -371,14 +473,29 @@ def plan(base: TrainConfig, pairs, seeds, out_dir, *, tiles=512, layer=1, null_s
       checks.append((torch_dir, twin_changes(torch_dir, it.fields) if _done(torch_dir) else {}))
     for run_dir, changes in checks:
       if changes:
-        raise ValueError(f"{run_dir} was run with another configuration "
-                         f"({describe_changes(changes)}); use another --out (or delete the run)")
+        raise ValueError(
+          f"{run_dir} was run with another configuration "
+          f"({describe_changes(changes)}); use another --out (or delete the run)"
+        )
   return items
 
 
-def run(base: TrainConfig, pairs, seeds, out_dir, *, side="both", tiles=512, layer=1,
-        time_budget=0.0, null_steps=0, torch_python=None, torch_gpu=None, torch_args=(),
-        log=print) -> dict:
+def run(
+  base: TrainConfig,
+  pairs,
+  seeds,
+  out_dir,
+  *,
+  side="both",
+  tiles=512,
+  layer=1,
+  time_budget=0.0,
+  null_steps=0,
+  torch_python=None,
+  torch_gpu=None,
+  torch_args=(),
+  log=print,
+) -> dict:
   """Runs every (pair, seed) side not yet done within `time_budget` seconds of wall time
   (0: none): the JAX runs (and, with null_steps, their nulls) in this process, one after
   another, and the twin runs one after another in subprocesses at the same time (side
@@ -391,11 +508,13 @@ def run(base: TrainConfig, pairs, seeds, out_dir, *, side="both", tiles=512, lay
   before any run starts.
   """
   t0 = time.perf_counter()
-  if not (isinstance(time_budget, (int, float)) and math.isfinite(time_budget)
-          and time_budget >= 0):
+  if not (
+    isinstance(time_budget, (int, float)) and math.isfinite(time_budget) and time_budget >= 0
+  ):
     raise ValueError(f"time_budget must be a number >= 0 (seconds), got {time_budget!r}")
-  items = plan(base, pairs, seeds, out_dir, tiles=tiles, layer=layer, null_steps=null_steps,
-               side=side)
+  items = plan(
+    base, pairs, seeds, out_dir, tiles=tiles, layer=layer, null_steps=null_steps, side=side
+  )
   out = pathlib.Path(out_dir)
   left = lambda: time_budget - (time.perf_counter() - t0) if time_budget else math.inf
   torch_jobs = {}
@@ -413,8 +532,9 @@ def run(base: TrainConfig, pairs, seeds, out_dir, *, side="both", tiles=512, lay
   if torch_jobs:
     python = resolve_python(torch_python or default_torch_python())
     if not TWIN_SCRIPT.is_file():
-      raise ValueError(f"the twin {TWIN_SCRIPT} is not there (it ships with the repository, "
-                       "not with the package)")
+      raise ValueError(
+        f"the twin {TWIN_SCRIPT} is not there (it ships with the repository, not with the package)"
+      )
     log(f"torch {check_torch_python(python)} in {python}")
     for seed in sorted({s for _, s in torch_jobs}):
       it = next(i for (_, s), (i, _) in torch_jobs.items() if s == seed)
@@ -425,8 +545,9 @@ def run(base: TrainConfig, pairs, seeds, out_dir, *, side="both", tiles=512, lay
 
     def torch_side():
       for (attention, seed), (it, run_dir) in torch_jobs.items():
-        msg = _run_twin(python, it, run_dir, out / "init" / f"seed{seed}.npz", torch_args, env,
-                        left(), log)
+        msg = _run_twin(
+          python, it, run_dir, out / "init" / f"seed{seed}.npz", torch_args, env, left(), log
+        )
         if msg:
           failed.append(msg)
 
@@ -440,7 +561,7 @@ def run(base: TrainConfig, pairs, seeds, out_dir, *, side="both", tiles=512, lay
       _jax_side(base, items, out, tiles, layer, null_steps, left, log)
   finally:
     if thread is not None:
-      thread.join()                      # the twin runs go on to their end (or the budget's)
+      thread.join()  # the twin runs go on to their end (or the budget's)
   for msg in failed:
     log(msg)
   return dict(failed=failed)
@@ -459,9 +580,16 @@ def _jax_side(base, items, out, tiles, layer, null_steps, left, log):
       if left() < 30:
         log(f"jax {it.pair.jax} seed {it.seed}: not started, the time budget is spent")
       else:
-        instability.run_matrix(base, [it.pair.jax], [it.seed], out / "jax", tiles=tiles,
-                               layer=layer, time_budget=0.0 if math.isinf(left()) else left(),
-                               log=lambda m: log("jax " + m))
+        instability.run_matrix(
+          base,
+          [it.pair.jax],
+          [it.seed],
+          out / "jax",
+          tiles=tiles,
+          layer=layer,
+          time_budget=0.0 if math.isinf(left()) else left(),
+          log=lambda m: log("jax " + m),
+        )
     if null_steps:
       _run_null(it, null_steps, out / "null" / it.pair.jax / f"seed{it.seed}", left(), log)
 
@@ -479,8 +607,9 @@ def _run_twin(python, it: _Item, run_dir, init, torch_args, env, left, log) -> s
   log(f"{name}: training ({' '.join(cmd[1:])})")
   t0 = time.perf_counter()
   with open(run_dir / "twin.log", "w") as keep:
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env, bufsize=1)
+    proc = subprocess.Popen(
+      cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, bufsize=1
+    )
     timer = None
     if math.isfinite(left):
       timer = threading.Timer(left, proc.kill)
@@ -495,9 +624,12 @@ def _run_twin(python, it: _Item, run_dir, init, torch_args, env, left, log) -> s
       timer.cancel()
   rows = read_metrics(run_dir)
   dt = time.perf_counter() - t0
-  speed = (f"{len(rows) / dt:.2f} steps/s with startup, "
-           f"{1 / statistics.median(r['step_time_s'] for r in rows[10:] or rows):.2f} per step"
-           if rows else "no steps")
+  speed = (
+    f"{len(rows) / dt:.2f} steps/s with startup, "
+    f"{1 / statistics.median(r['step_time_s'] for r in rows[10:] or rows):.2f} per step"
+    if rows
+    else "no steps"
+  )
   if rc in (0, EXIT_NON_FINITE):
     log(f"{name}: done, {len(rows)} steps in {dt:.0f} s ({speed})")
     return None
@@ -511,6 +643,7 @@ def _run_null(it: _Item, steps, run_dir, left, log):
   """The JAX null of an item (`null_config`, `HalvedBatches`), unless done."""
   from jax_flashstable.training.data import Dataset
   from jax_flashstable.training.train import train_and_evaluate
+
   name = f"null {it.pair.jax} seed {it.seed}"
   if _done(run_dir):
     log(f"{name}: done before, skipped")
@@ -535,6 +668,7 @@ def _run_null(it: _Item, steps, run_dir, left, log):
 
 # --- comparing -----------------------------------------------------------------------------
 
+
 def check_tolerance(tolerance):
   """ValueError unless `tolerance` is a finite number > 0 (naming it)."""
   if not (isinstance(tolerance, (int, float)) and math.isfinite(tolerance) and tolerance > 0):
@@ -555,7 +689,7 @@ def compare_losses(reference, other, tolerance=TOLERANCE, window=WINDOW) -> dict
     param_rel_window, param_rel_end  |Δparam_norm| / param_norm at the last common step within
                       the window and at the last common step (the weights' divergence)
   """
-  f32 = lambda v: float(np.float32(v))     # the logged float32 values, also after `pack`
+  f32 = lambda v: float(np.float32(v))  # the logged float32 values, also after `pack`
   a = {r["step"]: r for r in reference}
   b = {r["step"]: r for r in other}
   steps, rel, diff = [], [], []
@@ -580,14 +714,17 @@ def compare_losses(reference, other, tolerance=TOLERANCE, window=WINDOW) -> dict
     if sel:
       profile.append((lo, min(hi, steps[-1]), statistics.median(sel)))
   return dict(
-      steps=len(steps),
-      start_rel=pick(rel, [i for i, s in enumerate(steps) if s <= 2]),
-      max_abs_window=pick(diff, inside), max_rel_window=pick(rel, inside),
-      max_abs=max(diff, default=math.nan), max_rel=max(rel, default=math.nan),
-      first_apart=next((s for s, r in zip(steps, rel) if r > tolerance), None),
-      profile=profile,
-      param_rel_window=param_rel(steps[inside[-1]]) if inside else math.nan,
-      param_rel_end=param_rel(steps[-1]) if steps else math.nan)
+    steps=len(steps),
+    start_rel=pick(rel, [i for i, s in enumerate(steps) if s <= 2]),
+    max_abs_window=pick(diff, inside),
+    max_rel_window=pick(rel, inside),
+    max_abs=max(diff, default=math.nan),
+    max_rel=max(rel, default=math.nan),
+    first_apart=next((s for s, r in zip(steps, rel) if r > tolerance), None),
+    profile=profile,
+    param_rel_window=param_rel(steps[inside[-1]]) if inside else math.nan,
+    param_rel_end=param_rel(steps[-1]) if steps else math.nan,
+  )
 
 
 def agrees(comparison: dict | None, window=WINDOW) -> bool:
@@ -621,8 +758,9 @@ def _seeds_of(out: pathlib.Path, side: str, variant: str) -> set[int]:
   return {int(p.name[4:]) for p in d.glob("seed*") if p.name[4:].isdigit()} if d.is_dir() else set()
 
 
-def collect(out_dir, base: TrainConfig, pairs, *, tiles=512, layer=1, tolerance=TOLERANCE,
-            window=WINDOW) -> dict:
+def collect(
+  out_dir, base: TrainConfig, pairs, *, tiles=512, layer=1, tolerance=TOLERANCE, window=WINDOW
+) -> dict:
   """Every (pair, seed) with a run on either side under out_dir: both sides' `collect` rows
   (`instability.collect`, each side with its own runaway threshold), the loss comparison
   (`compare_losses`) of twin and JAX and of the JAX null and JAX, the outcomes and a sentence.
@@ -639,33 +777,58 @@ def collect(out_dir, base: TrainConfig, pairs, *, tiles=512, layer=1, tolerance=
       jm = read_metrics(out / "jax" / pair.jax / f"seed{seed}")
       tm = read_metrics(out / "torch" / pair.torch / f"seed{seed}")
       nm = read_metrics(out / "null" / pair.jax / f"seed{seed}")
-      row = dict(pair=pair.name, torch=pair.torch, jax=pair.jax, seed=seed,
-                 exact=is_exact(pair, tiles),
-                 jax_run=_brief(j), torch_run=_brief(t),
-                 jax_outcome=outcome(j), torch_outcome=outcome(t),
-                 twin=compare_losses(jm, tm, tolerance, window) if jm and tm else None,
-                 null=compare_losses(jm, nm, tolerance, window) if jm and nm else None)
-      row["same_outcome"] = (row["jax_outcome"] == row["torch_outcome"]
-                             and row["jax_outcome"] in ("exploded", "runaway", "calm"))
+      row = dict(
+        pair=pair.name,
+        torch=pair.torch,
+        jax=pair.jax,
+        seed=seed,
+        exact=is_exact(pair, tiles),
+        jax_run=_brief(j),
+        torch_run=_brief(t),
+        jax_outcome=outcome(j),
+        torch_outcome=outcome(t),
+        twin=compare_losses(jm, tm, tolerance, window) if jm and tm else None,
+        null=compare_losses(jm, nm, tolerance, window) if jm and nm else None,
+      )
+      row["same_outcome"] = row["jax_outcome"] == row["torch_outcome"] and row["jax_outcome"] in (
+        "exploded",
+        "runaway",
+        "calm",
+      )
       row["statement"] = statement(row, tolerance, window)
       rows.append(row)
-  return dict(rows=rows, thresholds=dict(jax=jax_t, torch=torch_t), tolerance=tolerance,
-              window=window)
+  return dict(
+    rows=rows, thresholds=dict(jax=jax_t, torch=torch_t), tolerance=tolerance, window=window
+  )
 
 
 def _brief(r: dict | None) -> dict | None:
-  keys = ("steps", "finished", "stopped", "explosion_step", "runaway_step", "warning_step",
-          "min_loss", "final_loss", "max_logit", "max_sigma_wq", "max_grad_norm", "steps_per_s")
+  keys = (
+    "steps",
+    "finished",
+    "stopped",
+    "explosion_step",
+    "runaway_step",
+    "warning_step",
+    "min_loss",
+    "final_loss",
+    "max_logit",
+    "max_sigma_wq",
+    "max_grad_norm",
+    "steps_per_s",
+  )
   return None if r is None else {k: r[k] for k in keys}
 
 
 def _event(r: dict | None, outcome_: str) -> str:
   if r is None:
     return "no run"
-  return {"exploded": f"exploded at {r['explosion_step']}",
-          "runaway": f"ran away at {r['runaway_step']}",
-          "calm": f"calm to {r['steps']}",
-          "unfinished": f"unfinished at {r['steps']}"}[outcome_]
+  return {
+    "exploded": f"exploded at {r['explosion_step']}",
+    "runaway": f"ran away at {r['runaway_step']}",
+    "calm": f"calm to {r['steps']}",
+    "unfinished": f"unfinished at {r['steps']}",
+  }[outcome_]
 
 
 def statement(row: dict, tolerance=TOLERANCE, window=WINDOW) -> str:
@@ -676,22 +839,34 @@ def statement(row: dict, tolerance=TOLERANCE, window=WINDOW) -> str:
     text = "no loss comparison yet"
   elif c["first_apart"] is None:
     text = f"within τ over all {c['steps']} common steps" + (
-        f" (fewer than the {window} of the agreement window)" if c["steps"] < window else "")
+      f" (fewer than the {window} of the agreement window)" if c["steps"] < window else ""
+    )
   else:
-    text = (f"within τ to step {c['first_apart'] - 1}, apart from step {c['first_apart']} "
-            f"({'after' if c['first_apart'] > window else 'within'} the first {window} steps)")
+    text = (
+      f"within τ to step {c['first_apart'] - 1}, apart from step {c['first_apart']} "
+      f"({'after' if c['first_apart'] > window else 'within'} the first {window} steps)"
+    )
   if n is not None:
-    text += ("; JAX null within τ over its " + f"{n['steps']} steps" if n["first_apart"] is None
-             else f"; JAX null apart from step {n['first_apart']}")
+    text += (
+      "; JAX null within τ over its " + f"{n['steps']} steps"
+      if n["first_apart"] is None
+      else f"; JAX null apart from step {n['first_apart']}"
+    )
   j = _event(row["jax_run"], row["jax_outcome"])
   t = _event(row["torch_run"], row["torch_outcome"])
-  same = "same outcome" if row["same_outcome"] else "outcomes differ" if "unfinished" not in (
-      row["jax_outcome"], row["torch_outcome"]) and "missing" not in (
-      row["jax_outcome"], row["torch_outcome"]) else "outcome open"
+  same = (
+    "same outcome"
+    if row["same_outcome"]
+    else "outcomes differ"
+    if "unfinished" not in (row["jax_outcome"], row["torch_outcome"])
+    and "missing" not in (row["jax_outcome"], row["torch_outcome"])
+    else "outcome open"
+  )
   return f"{text}. JAX {j}, torch {t}: {same}."
 
 
 # --- the report ----------------------------------------------------------------------------
+
 
 def _g(x, fmt=".2g"):
   return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
@@ -707,54 +882,75 @@ def _num(x) -> str:
 def format_report(result: dict, recipe: dict, layer=1) -> str:
   tol, window = result["tolerance"], result["window"]
   th = result["thresholds"]
-  rule = lambda t: (f"max logit > {_num(t)}" if t is not None else
-                    "not defined (no reference-fp32 run with diagnostics)")
+  rule = lambda t: (
+    f"max logit > {_num(t)}"
+    if t is not None
+    else "not defined (no reference-fp32 run with diagnostics)"
+  )
   rows = result["rows"]
-  lines = [f"recipe: {json.dumps(recipe, default=str)}", "",
-           f"τ = {tol:.3g} (relative: |loss_torch − loss_jax| ≤ τ·|loss_jax|; 2⁻⁸ is one bf16 "
-           "ulp of the loss's scale); Δ below are relative to the JAX loss. Explosion: trailing "
-           "10-step mean loss > 2× its running minimum after warmup, or non-finite. Runaway: "
-           f"layer {layer}'s max logit above 10× the largest of the same side's reference-fp32 "
-           f"runs — JAX: {rule(th['jax'])}; torch: {rule(th['torch'])}. Exact pairs share every "
-           "rounding point; the others pair an SDPA backend with the nearest JAX numerics.", ""]
+  lines = [
+    f"recipe: {json.dumps(recipe, default=str)}",
+    "",
+    f"τ = {tol:.3g} (relative: |loss_torch − loss_jax| ≤ τ·|loss_jax|; 2⁻⁸ is one bf16 "
+    "ulp of the loss's scale); Δ below are relative to the JAX loss. Explosion: trailing "
+    "10-step mean loss > 2× its running minimum after warmup, or non-finite. Runaway: "
+    f"layer {layer}'s max logit above 10× the largest of the same side's reference-fp32 "
+    f"runs — JAX: {rule(th['jax'])}; torch: {rule(th['torch'])}. Exact pairs share every "
+    "rounding point; the others pair an SDPA backend with the nearest JAX numerics.",
+    "",
+  ]
   exact = [r for r in rows if r["exact"] and r["twin"] is not None]
   held = [r for r in exact if agrees(r["twin"], window)]
-  decided = [r for r in rows if r["jax_outcome"] in ("exploded", "runaway", "calm")
-             and r["torch_outcome"] in ("exploded", "runaway", "calm")]
-  lines += [f"**Exact pairs agreeing within τ over the first {window} steps: {len(held)} of "
-            f"{len(exact)} compared.** Outcomes the same on both sides: "
-            f"{sum(r['same_outcome'] for r in decided)} of {len(decided)} decided (pair, seed).",
-            "",
-            f"| pair | seed | exact | steps JAX / torch | Δ steps 1–2 | max Δ steps 1–{window} "
-            "| max Δ run | apart from step | null apart from | JAX | torch "
-            "| max logit JAX / torch | steps/s JAX / torch |",
-            "|---|---:|---|---|---:|---:|---:|---:|---:|---|---|---|---|"]
+  decided = [
+    r
+    for r in rows
+    if r["jax_outcome"] in ("exploded", "runaway", "calm")
+    and r["torch_outcome"] in ("exploded", "runaway", "calm")
+  ]
+  lines += [
+    f"**Exact pairs agreeing within τ over the first {window} steps: {len(held)} of "
+    f"{len(exact)} compared.** Outcomes the same on both sides: "
+    f"{sum(r['same_outcome'] for r in decided)} of {len(decided)} decided (pair, seed).",
+    "",
+    f"| pair | seed | exact | steps JAX / torch | Δ steps 1–2 | max Δ steps 1–{window} "
+    "| max Δ run | apart from step | null apart from | JAX | torch "
+    "| max logit JAX / torch | steps/s JAX / torch |",
+    "|---|---:|---|---|---:|---:|---:|---:|---:|---|---|---|---|",
+  ]
   for r in rows:
     c, n, j, t = r["twin"], r["null"], r["jax_run"], r["torch_run"]
     lines.append(
-        f"| {r['pair']} | {r['seed']} | {'yes' if r['exact'] else 'nearest'} | "
-        f"{j['steps'] if j else '–'} / {t['steps'] if t else '–'} | "
-        f"{_g(c and c['start_rel'])} | {_g(c and c['max_rel_window'])} | "
-        f"{_g(c and c['max_rel'])} | {(c['first_apart'] or '–') if c else 'n/a'} | "
-        f"{(n['first_apart'] or '–') if n else 'n/a'} | "
-        f"{_event(j, r['jax_outcome'])} | {_event(t, r['torch_outcome'])} | "
-        f"{_num(j and j['max_logit'])} / {_num(t and t['max_logit'])} | "
-        f"{_g(j and j['steps_per_s'], '.1f')} / {_g(t and t['steps_per_s'], '.1f')} |")
+      f"| {r['pair']} | {r['seed']} | {'yes' if r['exact'] else 'nearest'} | "
+      f"{j['steps'] if j else '–'} / {t['steps'] if t else '–'} | "
+      f"{_g(c and c['start_rel'])} | {_g(c and c['max_rel_window'])} | "
+      f"{_g(c and c['max_rel'])} | {(c['first_apart'] or '–') if c else 'n/a'} | "
+      f"{(n['first_apart'] or '–') if n else 'n/a'} | "
+      f"{_event(j, r['jax_outcome'])} | {_event(t, r['torch_outcome'])} | "
+      f"{_num(j and j['max_logit'])} / {_num(t and t['max_logit'])} | "
+      f"{_g(j and j['steps_per_s'], '.1f')} / {_g(t and t['steps_per_s'], '.1f')} |"
+    )
   heads = [f"{lo}–{hi if hi < 10**9 else '…'}" for lo, hi in PROFILE]
-  lines += ["", "Divergence: median relative |Δloss| per window of steps (twin − JAX; null: JAX "
-            "with each batch in two halves − JAX).", "",
-            "| pair | seed | run | " + " | ".join(heads) + " | Δparam_norm at end |",
-            "|---|---:|---|" + "---:|" * (len(heads) + 1)]
+  lines += [
+    "",
+    "Divergence: median relative |Δloss| per window of steps (twin − JAX; null: JAX "
+    "with each batch in two halves − JAX).",
+    "",
+    "| pair | seed | run | " + " | ".join(heads) + " | Δparam_norm at end |",
+    "|---|---:|---|" + "---:|" * (len(heads) + 1),
+  ]
   for r in rows:
     for label, c in (("twin", r["twin"]), ("null", r["null"])):
       if c is None:
         continue
       med = {lo: m for lo, _, m in c["profile"]}
-      lines.append(f"| {r['pair']} | {r['seed']} | {label} | "
-                   + " | ".join(_g(med.get(lo)) for lo, _ in PROFILE)
-                   + f" | {_g(c['param_rel_end'])} |")
-  lines += ["", "Per (pair, seed):", ""] + [f"- {r['pair']}, seed {r['seed']}: {r['statement']}"
-                                          for r in rows]
+      lines.append(
+        f"| {r['pair']} | {r['seed']} | {label} | "
+        + " | ".join(_g(med.get(lo)) for lo, _ in PROFILE)
+        + f" | {_g(c['param_rel_end'])} |"
+      )
+  lines += ["", "Per (pair, seed):", ""] + [
+    f"- {r['pair']}, seed {r['seed']}: {r['statement']}" for r in rows
+  ]
   return "\n".join(lines)
 
 
@@ -763,43 +959,61 @@ def plot(out_dir, result: dict, layer=1) -> pathlib.Path:
   step with τ (null dotted), the watched layer's max logit with each side's runaway threshold,
   and the relative difference of the parameter norms."""
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   from jax_flashstable.training.train import read_diagnostics
+
   out = pathlib.Path(out_dir)
   fig, ((loss_ax, diff_ax), (logit_ax, param_ax)) = plt.subplots(2, 2, figsize=(14, 9))
   for i, r in enumerate(result["rows"]):
     colour = plt.cm.tab10(i % 10)
     label = f"{r['pair']} s{r['seed']}"
-    runs = {side: out / side / (r["torch"] if side == "torch" else r["jax"]) / f"seed{r['seed']}"
-            for side in SIDE_DIRS}
+    runs = {
+      side: out / side / (r["torch"] if side == "torch" else r["jax"]) / f"seed{r['seed']}"
+      for side in SIDE_DIRS
+    }
     metrics = {side: read_metrics(d) for side, d in runs.items()}
     for side, ls in (("jax", "-"), ("torch", "--")):
       m = metrics[side]
-      loss_ax.plot([x["step"] for x in m], [x["loss"] for x in m], ls, color=colour, lw=0.6,
-                   label=f"{label} {side}" if m else None)
+      loss_ax.plot(
+        [x["step"] for x in m],
+        [x["loss"] for x in m],
+        ls,
+        color=colour,
+        lw=0.6,
+        label=f"{label} {side}" if m else None,
+      )
       d = read_diagnostics(runs[side])
-      logit_ax.plot([x["step"] for x in d], [max(x["max_logit"][layer]) for x in d], ls,
-                    color=colour, lw=1)
+      logit_ax.plot(
+        [x["step"] for x in d], [max(x["max_logit"][layer]) for x in d], ls, color=colour, lw=1
+      )
     for other, ls in (("torch", "-"), ("null", ":")):
       a = {x["step"]: x for x in metrics["jax"]}
-      pts = [(x["step"], abs(x["loss"] - a[x["step"]]["loss"]) / abs(a[x["step"]]["loss"]),
-              abs(x["param_norm"] - a[x["step"]]["param_norm"]) / a[x["step"]]["param_norm"])
-             for x in metrics[other] if x["step"] in a and a[x["step"]]["loss"]]
+      pts = [
+        (
+          x["step"],
+          abs(x["loss"] - a[x["step"]]["loss"]) / abs(a[x["step"]]["loss"]),
+          abs(x["param_norm"] - a[x["step"]]["param_norm"]) / a[x["step"]]["param_norm"],
+        )
+        for x in metrics[other]
+        if x["step"] in a and a[x["step"]]["loss"]
+      ]
       if pts:
         s, dl, dp = zip(*pts)
         tag = "twin" if other == "torch" else "null"
-        diff_ax.plot(s, [max(v, 1e-12) for v in dl], ls, color=colour, lw=0.6,
-                     label=f"{label} {tag}")
+        diff_ax.plot(
+          s, [max(v, 1e-12) for v in dl], ls, color=colour, lw=0.6, label=f"{label} {tag}"
+        )
         param_ax.plot(s, [max(v, 1e-12) for v in dp], ls, color=colour, lw=0.8)
   diff_ax.axhline(result["tolerance"], color="k", lw=0.8, ls="--", label="τ")
   for side, ls in (("jax", "-"), ("torch", "--")):
     if result["thresholds"][side] is not None:
-      logit_ax.axhline(result["thresholds"][side], color="k", lw=0.8, ls=ls,
-                       label=f"runaway threshold ({side})")
+      logit_ax.axhline(
+        result["thresholds"][side], color="k", lw=0.8, ls=ls, label=f"runaway threshold ({side})"
+      )
   loss_ax.set(title="training loss (JAX solid, torch dashed)", xlabel="step")
-  diff_ax.set(title="|loss_torch − loss_jax| / loss_jax (null dotted)", xlabel="step",
-              yscale="log")
+  diff_ax.set(title="|loss_torch − loss_jax| / loss_jax (null dotted)", xlabel="step", yscale="log")
   logit_ax.set(title=f"layer {layer}: max attention logit", xlabel="step", yscale="log")
   param_ax.set(title="|Δ param_norm| / param_norm", xlabel="step", yscale="log")
   for ax in (loss_ax, diff_ax, logit_ax):
@@ -815,20 +1029,26 @@ def write_report(out_dir, result: dict, base: TrainConfig, layer=1, meta=None) -
   """OUT/report.md, report.json (meta, recipe, thresholds, rows) and twin.png."""
   out = pathlib.Path(out_dir)
   out.mkdir(parents=True, exist_ok=True)
-  recipe = {k: v for k, v in dataclasses.asdict(base).items()
-            if k not in ("attention", "attention_overrides", "seed", "out_dir", "progress",
-                         "max_seconds")}
+  recipe = {
+    k: v
+    for k, v in dataclasses.asdict(base).items()
+    if k not in ("attention", "attention_overrides", "seed", "out_dir", "progress", "max_seconds")
+  }
   meta = dict(meta or {}, trained_on={s: instability.trained_on(out / s) for s in ("jax", "torch")})
-  (out / "report.json").write_text(json.dumps(dict(meta=meta, recipe=recipe, **result), indent=1,
-                                              default=str))
+  (out / "report.json").write_text(
+    json.dumps(dict(meta=meta, recipe=recipe, **result), indent=1, default=str)
+  )
   text = format_report(result, recipe, layer)
-  (out / "report.md").write_text(f"# Training cross-check: JAX and its PyTorch twin\n\n"
-                                 f"{json.dumps(meta, default=str)}\n\n{text}\n")
+  (out / "report.md").write_text(
+    f"# Training cross-check: JAX and its PyTorch twin\n\n"
+    f"{json.dumps(meta, default=str)}\n\n{text}\n"
+  )
   plot(out, result, layer)
   return out / "report.md"
 
 
 # --- the runs as one small file ------------------------------------------------------------
+
 
 def pack(out_dir, path) -> pathlib.Path:
   """Every run under OUT/jax, OUT/torch and OUT/null as one xz JSON-lines file

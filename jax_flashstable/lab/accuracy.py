@@ -7,6 +7,7 @@ max and for the mean absolute error, with u = one ulp of the inputs' dtype at th
 scale, 2^(⌊log2 max|ref|⌋ − p) with p = 7 (bfloat16), 10 (float16) or 23 (float32) mantissa
 bits (scale floored at 2^−10).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -49,13 +50,14 @@ def ulp_at_scale(ref, floor=None, dtype=jnp.bfloat16) -> float:
   there is 2^−17) and to 1 for float32 (one ulp 2^−23).
   """
   if floor is None:
-    floor = 1.0 if jnp.dtype(dtype).itemsize == 4 else 2.0 ** -10
+    floor = 1.0 if jnp.dtype(dtype).itemsize == 4 else 2.0**-10
   top = max(float(np.max(np.abs(ref))), floor)
   return 2.0 ** (math.floor(math.log2(top)) - jnp.finfo(dtype).nmant)
 
 
 def flash_vjp(query, key, value, d_out, **kwargs):
   """(out, (d_query, d_key, d_value)) of `flash_attention`, jitted."""
+
   def run(q, k, v, do):
     out, vjp = jax.vjp(lambda *a: flash_attention(*a, **kwargs), q, k, v)
     return out, vjp(do.astype(out.dtype))
@@ -66,16 +68,19 @@ def flash_vjp(query, key, value, d_out, **kwargs):
 @dataclasses.dataclass(frozen=True)
 class Comparison:
   """Errors of flash and of the low-precision standard attention against FP64, per tensor."""
+
   flash: dict
   standard: dict
   ulp: dict
 
   def passes(self) -> dict:
     """tensor -> True when the rule in the module docstring holds for max and mean."""
-    return {t: self.flash[t].finite
-            and self.flash[t].max <= 2 * self.standard[t].max + self.ulp[t]
-            and self.flash[t].mean <= 2 * self.standard[t].mean + self.ulp[t]
-            for t in TENSORS}
+    return {
+      t: self.flash[t].finite
+      and self.flash[t].max <= 2 * self.standard[t].max + self.ulp[t]
+      and self.flash[t].mean <= 2 * self.standard[t].mean + self.ulp[t]
+      for t in TENSORS
+    }
 
 
 def compare_to_golden(shape: Shape, dtype, seed=0, **flash_kwargs) -> Comparison:
@@ -91,22 +96,25 @@ def compare(query, key, value, d_out, *, causal, result=None, **flash_kwargs) ->
   q, k, v, do = query, key, value, d_out
   dtype = q.dtype
   kw = dict(causal=causal, softmax_scale=flash_kwargs.get("softmax_scale"))
-  out, grads = result if result is not None else flash_vjp(q, k, v, do, causal=causal,
-                                                           **flash_kwargs)
+  out, grads = (
+    result if result is not None else flash_vjp(q, k, v, do, causal=causal, **flash_kwargs)
+  )
   gold, gold_grads = reference_attention_vjp(q, k, v, do, dtype=jnp.float64, **kw)
   std, std_grads = reference_attention_vjp(q, k, v, do, dtype=dtype, **kw)
   golds = (gold,) + tuple(gold_grads)
   flash = dict(zip(TENSORS, (Error.of(x, g) for x, g in zip((out,) + tuple(grads), golds))))
   standard = dict(zip(TENSORS, (Error.of(x, g) for x, g in zip((std,) + tuple(std_grads), golds))))
-  return Comparison(flash, standard, dict(zip(TENSORS, (ulp_at_scale(g, dtype=dtype) for g in golds))))
+  return Comparison(
+    flash, standard, dict(zip(TENSORS, (ulp_at_scale(g, dtype=dtype) for g in golds)))
+  )
 
 
 # The fixed sweep of `flashstable accuracy` (the main job until the training loop lands).
 SWEEP = (
-    Shape(1, 256, 256, 4, 4, 64),
-    Shape(1, 256, 256, 4, 4, 64, causal=True),
-    Shape(1, 200, 333, 4, 2, 128, causal=True),
-    Shape(2, 97, 97, 4, 1, 32),
+  Shape(1, 256, 256, 4, 4, 64),
+  Shape(1, 256, 256, 4, 4, 64, causal=True),
+  Shape(1, 200, 333, 4, 2, 128, causal=True),
+  Shape(2, 97, 97, 4, 1, 32),
 )
 
 
@@ -119,18 +127,32 @@ def accuracy_report(shapes=SWEEP, dtypes=(jnp.bfloat16,), seed=0, stabilize=(Fal
         c = compare_to_golden(shape, dtype, seed=seed, stabilize=stab)
         ok = c.passes()
         for t in TENSORS:
-          rows.append(dict(shape=shape.name, dtype=jnp.dtype(dtype).name, stabilize=stab, tensor=t,
-                           flash_max=c.flash[t].max, flash_mean=c.flash[t].mean,
-                           standard_max=c.standard[t].max, standard_mean=c.standard[t].mean,
-                           ratio_max=c.flash[t].max / max(c.standard[t].max, 1e-30), passes=ok[t]))
+          rows.append(
+            dict(
+              shape=shape.name,
+              dtype=jnp.dtype(dtype).name,
+              stabilize=stab,
+              tensor=t,
+              flash_max=c.flash[t].max,
+              flash_mean=c.flash[t].mean,
+              standard_max=c.standard[t].max,
+              standard_mean=c.standard[t].mean,
+              ratio_max=c.flash[t].max / max(c.standard[t].max, 1e-30),
+              passes=ok[t],
+            )
+          )
   return rows
 
 
 def format_report(rows):
-  out = ["| shape | dtype | stabilize | tensor | flash max | standard max | flash/standard | flash mean | standard mean | rule |",
-         "|---|---|---|---|---:|---:|---:|---:|---:|---|"]
+  out = [
+    "| shape | dtype | stabilize | tensor | flash max | standard max | flash/standard | flash mean | standard mean | rule |",
+    "|---|---|---|---|---:|---:|---:|---:|---:|---|",
+  ]
   for r in rows:
-    out.append(f"| {r['shape']} | {r['dtype']} | {r['stabilize']} | {r['tensor']} | {r['flash_max']:.2e} | "
-               f"{r['standard_max']:.2e} | {r['ratio_max']:.2f} | {r['flash_mean']:.2e} | "
-               f"{r['standard_mean']:.2e} | {'pass' if r['passes'] else 'FAIL'} |")
+    out.append(
+      f"| {r['shape']} | {r['dtype']} | {r['stabilize']} | {r['tensor']} | {r['flash_max']:.2e} | "
+      f"{r['standard_max']:.2e} | {r['ratio_max']:.2f} | {r['flash_mean']:.2e} | "
+      f"{r['standard_mean']:.2e} | {'pass' if r['passes'] else 'FAIL'} |"
+    )
   return "\n".join(out)

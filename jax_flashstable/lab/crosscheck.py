@@ -1,6 +1,7 @@
 """`flashstable crosscheck`: recompute a dump's outputs and gradients with our kernels and
 report, per tensor, % bit-identical, the histogram of ulp differences, max abs error and signed
 mean error. The dump format is `jax_flashstable/dumpfile.py`."""
+
 from __future__ import annotations
 
 import jax
@@ -33,14 +34,21 @@ def compare_tensors(ours, theirs) -> dict:
   signed mean error (ours − theirs) of two same-dtype arrays."""
   ours, theirs = np.asarray(ours), np.asarray(theirs)
   if ours.shape != theirs.shape or ours.dtype != theirs.dtype:
-    raise ValueError(f"cannot compare {ours.dtype}{list(ours.shape)} with {theirs.dtype}{list(theirs.shape)}")
+    raise ValueError(
+      f"cannot compare {ours.dtype}{list(ours.shape)} with {theirs.dtype}{list(theirs.shape)}"
+    )
   ulps = np.abs(ulp_difference(ours, theirs))
   hist = {str(i): int(np.sum(ulps == i)) for i in range(9)}
   hist[">8"] = int(np.sum(ulps > 8))
   diff = ours.astype(np.float64) - theirs.astype(np.float64)
-  return dict(n=int(ours.size), pct_bit_identical=100.0 * float(np.mean(ulps == 0)),
-              pct_within_1ulp=100.0 * float(np.mean(ulps <= 1)), ulp_histogram=hist,
-              max_abs_error=float(np.abs(diff).max()), signed_mean_error=float(diff.mean()))
+  return dict(
+    n=int(ours.size),
+    pct_bit_identical=100.0 * float(np.mean(ulps == 0)),
+    pct_within_1ulp=100.0 * float(np.mean(ulps <= 1)),
+    ulp_histogram=hist,
+    max_abs_error=float(np.abs(diff).max()),
+    signed_mean_error=float(diff.mean()),
+  )
 
 
 def crosscheck(dump_path, *, numerics="fa2", stabilize=None, block_q=None, block_k=None):
@@ -51,31 +59,45 @@ def crosscheck(dump_path, *, numerics="fa2", stabilize=None, block_q=None, block
   dump's attrs.
   """
   t, attrs = load_dump(dump_path, layout="bshd")
-  kw = dict(causal=bool(attrs.get("causal", False)), softmax_scale=attrs.get("softmax_scale"),
-            stabilize=bool(attrs.get("stabilize", False) if stabilize is None else stabilize),
-            beta=attrs.get("beta", 2.0), tie_tolerance=attrs.get("tie_tolerance", 1e-3),
-            block_q=block_q or attrs.get("block_q"), block_k=block_k or attrs.get("block_k"),
-            numerics=numerics)
+  kw = dict(
+    causal=bool(attrs.get("causal", False)),
+    softmax_scale=attrs.get("softmax_scale"),
+    stabilize=bool(attrs.get("stabilize", False) if stabilize is None else stabilize),
+    beta=attrs.get("beta", 2.0),
+    tie_tolerance=attrs.get("tie_tolerance", 1e-3),
+    block_q=block_q or attrs.get("block_q"),
+    block_k=block_k or attrs.get("block_k"),
+    numerics=numerics,
+  )
   q, k, v = (jnp.asarray(t[n]) for n in ("query", "key", "value"))
   f = lambda q, k, v: flash_attention(q, k, v, **kw)
   ours = {}
   if "d_out" in t:
     out, vjp = jax.vjp(f, q, k, v)
-    ours.update(zip(("d_query", "d_key", "d_value"), vjp(jnp.asarray(t["d_out"]).astype(out.dtype))))
+    ours.update(
+      zip(("d_query", "d_key", "d_value"), vjp(jnp.asarray(t["d_out"]).astype(out.dtype)))
+    )
   else:
     out = f(q, k, v)
   ours["out"] = out
-  return {name: compare_tensors(np.asarray(ours[name]), t[name]) for name in COMPARED
-          if name in t and name in ours}
+  return {
+    name: compare_tensors(np.asarray(ours[name]), t[name])
+    for name in COMPARED
+    if name in t and name in ours
+  }
 
 
 def format_report(report) -> str:
-  lines = ["| tensor | n | bit-identical % | within 1 ulp % | ulp histogram 0/1/2/3/>3 | max abs error | signed mean error |",
-           "|---|---:|---:|---:|---|---:|---:|"]
+  lines = [
+    "| tensor | n | bit-identical % | within 1 ulp % | ulp histogram 0/1/2/3/>3 | max abs error | signed mean error |",
+    "|---|---:|---:|---:|---|---:|---:|",
+  ]
   for name, r in report.items():
     h = r["ulp_histogram"]
     tail = sum(v for k, v in h.items() if k not in ("0", "1", "2", "3"))
-    lines.append(f"| {name} | {r['n']} | {r['pct_bit_identical']:.2f} | {r['pct_within_1ulp']:.2f} | "
-                 f"{h['0']}/{h['1']}/{h['2']}/{h['3']}/{tail} | {r['max_abs_error']:.3e} | "
-                 f"{r['signed_mean_error']:+.3e} |")
+    lines.append(
+      f"| {name} | {r['n']} | {r['pct_bit_identical']:.2f} | {r['pct_within_1ulp']:.2f} | "
+      f"{h['0']}/{h['1']}/{h['2']}/{h['3']}/{tail} | {r['max_abs_error']:.3e} | "
+      f"{r['signed_mean_error']:+.3e} |"
+    )
   return "\n".join(lines)

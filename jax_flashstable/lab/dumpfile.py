@@ -10,6 +10,7 @@ A dump is one `.npz` file:
   every bit survives.
 Names used by the tools: query, key, value, d_out (inputs), out, lse, d_query, d_key, d_value.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,7 +24,7 @@ LAYOUTS = ("bshd", "bhsd")
 def _to_layout(x, src, dst):
   if src == dst or x.ndim != 4:
     return x
-  return np.swapaxes(x, 1, 2)         # bshd <-> bhsd
+  return np.swapaxes(x, 1, 2)  # bshd <-> bhsd
 
 
 def save_dump(path, tensors, *, layout="bshd", attrs=None, dtypes=None):
@@ -61,6 +62,7 @@ def load_dump(path, *, layout="bshd", as_bits=False):
       x = f[name]
       if info["dtype"] == "bfloat16" and not as_bits:
         import ml_dtypes
+
         x = x.view(ml_dtypes.bfloat16)
       out[name] = _to_layout(x, meta["layout"], layout)
   return out, meta["attrs"]

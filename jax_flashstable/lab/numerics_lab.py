@@ -3,6 +3,7 @@ the bias benchmark (Qiu & Yao 2025), for every precision layout × stabilize.
 
 Shared by `flashstable deviation`, `flashstable bias`, `experiments/` and the tests.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,6 +29,7 @@ def _layout_kwargs(layout, seed=0):
 # ---------------------------------------------------------------------------------------------
 # The bit example (Qiu & Yao 2025, §3): two tied keys with P̄ = 1 and a third, small one.
 
+
 def bit_example_inputs(with_small_term=True):
   """query/key/value [1, 1, 1, 16] / [1, n, 1, 16] (bf16, softmax_scale=1) whose P̄V tile sum
   is exactly −4.703990459442139 (ties alone: −4.703125, a bf16 midpoint).
@@ -36,9 +38,11 @@ def bit_example_inputs(with_small_term=True):
   values −2.34375, −2.359375 and −2.578125: 1·V1 + 1·V2 + P̄3·V3 = −4.703125 − 0.000865459…
   """
   n = 3 if with_small_term else 2
-  q = np.zeros((1, 1, 1, 16)); q[..., 0] = 1.0
+  q = np.zeros((1, 1, 1, 16))
+  q[..., 0] = 1.0
   k = np.zeros((1, n, 1, 16))
-  v = np.zeros((1, n, 1, 16)); v[0, :, 0, 0] = [-2.34375, -2.359375, -2.578125][:n]
+  v = np.zeros((1, n, 1, 16))
+  v[0, :, 0, 0] = [-2.34375, -2.359375, -2.578125][:n]
   if with_small_term:
     k[0, 2, 0, 0] = -8.0
   return tuple(jnp.asarray(x, jnp.bfloat16) for x in (q, k, v))
@@ -52,7 +56,9 @@ def bit_example(layouts=LAYOUTS):
     row = {}
     for label, small in (("ties+small", True), ("ties", False)):
       q, k, v = bit_example_inputs(small)
-      o, st = flash_attention(q, k, v, softmax_scale=1.0, return_stats=True, **_layout_kwargs(layout))
+      o, st = flash_attention(
+        q, k, v, softmax_scale=1.0, return_stats=True, **_layout_kwargs(layout)
+      )
       l = math.exp(float(st.lse[0, 0, 0]) - float(st.row_max[0, 0, 0]))
       row[label] = dict(out=float(o[0, 0, 0, 0]), pv_sum=float(o[0, 0, 0, 0]) * l, l=l)
     out[layout] = row
@@ -62,8 +68,18 @@ def bit_example(layouts=LAYOUTS):
 # ---------------------------------------------------------------------------------------------
 # Deviation from the FP64 golden value (Golden et al. 2024, arXiv 2405.02803, §4).
 
-def deviation_benchmark(seq_lens=(128, 256, 512), head_dims=(64,), dtypes=("bfloat16",),
-                        block_ks=(64,), batch=1, num_heads=2, causal=False, seed=0, layout="fa2"):
+
+def deviation_benchmark(
+  seq_lens=(128, 256, 512),
+  head_dims=(64,),
+  dtypes=("bfloat16",),
+  block_ks=(64,),
+  batch=1,
+  num_heads=2,
+  causal=False,
+  seed=0,
+  layout="fa2",
+):
   """max and mean |O − O_FP64| of flash and of standard attention (`reference_attention` in
   the same dtype), random normal inputs. Rows of dicts."""
   rows = []
@@ -74,12 +90,25 @@ def deviation_benchmark(seq_lens=(128, 256, 512), head_dims=(64,), dtypes=("bflo
         gold = reference_attention(q, k, v, causal=causal, dtype=jnp.float64)
         std = np.asarray(reference_attention(q, k, v, causal=causal, dtype=dtype), np.float64)
         for bk in block_ks:
-          o = np.asarray(flash_attention(q, k, v, causal=causal, block_k=bk, **_layout_kwargs(layout)), np.float64)
+          o = np.asarray(
+            flash_attention(q, k, v, causal=causal, block_k=bk, **_layout_kwargs(layout)),
+            np.float64,
+          )
           e_f, e_s = np.abs(o - gold), np.abs(std - gold)
-          rows.append(dict(dtype=str(dtype), head_dim=d, seq_len=n, block_k=bk, layout=layout,
-                           flash_max=float(e_f.max()), flash_mean=float(e_f.mean()),
-                           standard_max=float(e_s.max()), standard_mean=float(e_s.mean()),
-                           ratio_max=float(e_f.max() / max(e_s.max(), 1e-30))))
+          rows.append(
+            dict(
+              dtype=str(dtype),
+              head_dim=d,
+              seq_len=n,
+              block_k=bk,
+              layout=layout,
+              flash_max=float(e_f.max()),
+              flash_mean=float(e_f.mean()),
+              standard_max=float(e_s.max()),
+              standard_mean=float(e_s.mean()),
+              ratio_max=float(e_f.max() / max(e_s.max(), 1e-30)),
+            )
+          )
   return rows
 
 
@@ -87,8 +116,11 @@ def deviation_headline(rows):
   """{"layout, block_k N": geometric mean over its bf16 rows of flash / standard max deviation}."""
   out = {}
   for layout, bk in dict.fromkeys((x["layout"], x["block_k"]) for x in rows):
-    r = [x["ratio_max"] for x in rows
-         if x["dtype"] == "bfloat16" and x["layout"] == layout and x["block_k"] == bk]
+    r = [
+      x["ratio_max"]
+      for x in rows
+      if x["dtype"] == "bfloat16" and x["layout"] == layout and x["block_k"] == bk
+    ]
     if r:
       out[f"{layout}, block_k {bk}"] = float(np.exp(np.mean(np.log(r))))
   return out
@@ -97,8 +129,17 @@ def deviation_headline(rows):
 # ---------------------------------------------------------------------------------------------
 # Bias of tied maxima (Qiu & Yao 2025, §3-4).
 
-def tied_rows(num_rows=512, kv_len=64, head_dim=16, tie_values=(-4.0, 0.0, 2.0, 5.0),
-              n_ties=(2, 3, 4), gap=(6.0, 12.0), value_mean=-1.0, seed=0):
+
+def tied_rows(
+  num_rows=512,
+  kv_len=64,
+  head_dim=16,
+  tie_values=(-4.0, 0.0, 2.0, 5.0),
+  n_ties=(2, 3, 4),
+  gap=(6.0, 12.0),
+  value_mean=-1.0,
+  seed=0,
+):
   """Rows with several exactly tied maxima (duplicated keys) and same-sign values.
 
   Row r: scores (softmax_scale=1) are t at `n` keys and t − δ (δ ∈ `gap`, multiples of 1/16)
@@ -110,8 +151,11 @@ def tied_rows(num_rows=512, kv_len=64, head_dim=16, tie_values=(-4.0, 0.0, 2.0, 
   rng = np.random.default_rng(seed)
   t = rng.choice(tie_values, num_rows)
   n = rng.choice(n_ties, num_rows)
-  q = np.zeros((num_rows, 1, 1, head_dim)); q[:, 0, 0, 0] = t; q[:, 0, 0, 1] = 1.0
-  k = np.zeros((num_rows, kv_len, 1, head_dim)); k[..., 0] = 1.0
+  q = np.zeros((num_rows, 1, 1, head_dim))
+  q[:, 0, 0, 0] = t
+  q[:, 0, 0, 1] = 1.0
+  k = np.zeros((num_rows, kv_len, 1, head_dim))
+  k[..., 0] = 1.0
   k[:, :, 0, 1] = -np.round(rng.uniform(*gap, (num_rows, kv_len)) * 16) / 16
   for r in range(num_rows):
     k[r, rng.choice(kv_len, n[r], replace=False), 0, 1] = 0.0
@@ -123,6 +167,7 @@ def tied_rows(num_rows=512, kv_len=64, head_dim=16, tie_values=(-4.0, 0.0, 2.0, 
 @dataclasses.dataclass(frozen=True)
 class Bias:
   """Mean signed error with its standard error and z-score (mean / standard error)."""
+
   mean: float
   stderr: float
   z: float
@@ -143,7 +188,7 @@ def bias_benchmark(inputs=None, layouts=LAYOUTS, stabilize=(False, True), seed=0
   """
   q, k, v, do = inputs if inputs is not None else tied_rows(seed=seed)
   gold = reference_attention(q, k, v, softmax_scale=1.0, dtype=jnp.float64)
-  cr = gold.astype(ml_dtypes.bfloat16).astype(np.float64)               # correctly rounded
+  cr = gold.astype(ml_dtypes.bfloat16).astype(np.float64)  # correctly rounded
   ulp = bf16_ulp(gold)
   do64 = np.asarray(do, np.float64)
   delta_gold, delta_cr = (do64 * gold).sum(-1), (do64 * cr).sum(-1)
@@ -152,40 +197,59 @@ def bias_benchmark(inputs=None, layouts=LAYOUTS, stabilize=(False, True), seed=0
   for layout in layouts:
     numerics = get_numerics(layout)
     for stab in stabilize:
-      o = flash_attention(q, k, v, softmax_scale=1.0, stabilize=stab, **_layout_kwargs(layout, seed))
-      delta = np.asarray(numerics.delta(do, o), np.float64)              # as the backward forms it
+      o = flash_attention(
+        q, k, v, softmax_scale=1.0, stabilize=stab, **_layout_kwargs(layout, seed)
+      )
+      delta = np.asarray(numerics.delta(do, o), np.float64)  # as the backward forms it
       o = np.asarray(o, np.float64)
-      rows.append(dict(
-          layout=layout, stabilize=stab,
+      rows.append(
+        dict(
+          layout=layout,
+          stabilize=stab,
           out_vs_fp64=dataclasses.asdict(Bias.of((o - gold) / ulp)),
           out_vs_rounded=dataclasses.asdict(Bias.of((o - cr) / ulp)),
           delta_vs_fp64=dataclasses.asdict(Bias.of((delta - delta_gold) / delta_ulp)),
-          delta_vs_rounded=dataclasses.asdict(Bias.of((delta - delta_cr) / delta_ulp))))
-  rows.append(dict(layout="correctly rounded FP64", stabilize=None,
-                   out_vs_fp64=dataclasses.asdict(Bias.of((cr - gold) / ulp)),
-                   out_vs_rounded=dataclasses.asdict(Bias.of(np.zeros(1))),
-                   delta_vs_fp64=dataclasses.asdict(Bias.of((delta_cr - delta_gold) / delta_ulp)),
-                   delta_vs_rounded=dataclasses.asdict(Bias.of(np.zeros(1)))))
+          delta_vs_rounded=dataclasses.asdict(Bias.of((delta - delta_cr) / delta_ulp)),
+        )
+      )
+  rows.append(
+    dict(
+      layout="correctly rounded FP64",
+      stabilize=None,
+      out_vs_fp64=dataclasses.asdict(Bias.of((cr - gold) / ulp)),
+      out_vs_rounded=dataclasses.asdict(Bias.of(np.zeros(1))),
+      delta_vs_fp64=dataclasses.asdict(Bias.of((delta_cr - delta_gold) / delta_ulp)),
+      delta_vs_rounded=dataclasses.asdict(Bias.of(np.zeros(1))),
+    )
+  )
   return rows
 
 
 def format_bias(rows):
-  out = ["| layout | stabilize | O − FP64 (ulp, z) | O − rounded FP64 (ulp, z) | delta − FP64 (ulp, z) | delta − rounded FP64 (ulp, z) |",
-         "|---|---|---:|---:|---:|---:|"]
+  out = [
+    "| layout | stabilize | O − FP64 (ulp, z) | O − rounded FP64 (ulp, z) | delta − FP64 (ulp, z) | delta − rounded FP64 (ulp, z) |",
+    "|---|---|---:|---:|---:|---:|",
+  ]
   f = lambda b: f"{b['mean']:+.4f} (z={b['z']:+.1f})"
   for r in rows:
-    out.append(f"| {r['layout']} | {r['stabilize']} | {f(r['out_vs_fp64'])} | {f(r['out_vs_rounded'])} | "
-               f"{f(r['delta_vs_fp64'])} | {f(r['delta_vs_rounded'])} |")
+    out.append(
+      f"| {r['layout']} | {r['stabilize']} | {f(r['out_vs_fp64'])} | {f(r['out_vs_rounded'])} | "
+      f"{f(r['delta_vs_fp64'])} | {f(r['delta_vs_rounded'])} |"
+    )
   return "\n".join(out)
 
 
 def format_deviation(rows):
-  out = ["| layout | dtype | head_dim | seq_len | block_k | flash max | standard max | ratio | flash mean | standard mean |",
-         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+  out = [
+    "| layout | dtype | head_dim | seq_len | block_k | flash max | standard max | ratio | flash mean | standard mean |",
+    "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+  ]
   for r in rows:
-    out.append(f"| {r['layout']} | {r['dtype']} | {r['head_dim']} | {r['seq_len']} | {r['block_k']} | "
-               f"{r['flash_max']:.2e} | {r['standard_max']:.2e} | {r['ratio_max']:.2f} | "
-               f"{r['flash_mean']:.2e} | {r['standard_mean']:.2e} |")
+    out.append(
+      f"| {r['layout']} | {r['dtype']} | {r['head_dim']} | {r['seq_len']} | {r['block_k']} | "
+      f"{r['flash_max']:.2e} | {r['standard_max']:.2e} | {r['ratio_max']:.2f} | "
+      f"{r['flash_mean']:.2e} | {r['standard_mean']:.2e} |"
+    )
   return "\n".join(out)
 
 
@@ -193,8 +257,10 @@ def plot_deviation(rows, path):
   """Max |O − O_FP64| against sequence length, one panel per (dtype, head_dim): standard
   attention and every (layout, block_k) of flash attention, log–log (PNG)."""
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+
   panels = list(dict.fromkeys((r["dtype"], r["head_dim"]) for r in rows))
   fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.8), squeeze=False)
   for ax, (dtype, d) in zip(axes[0], panels):
@@ -202,7 +268,9 @@ def plot_deviation(rows, path):
     std = {r["seq_len"]: r["standard_max"] for r in rs}
     ax.plot(sorted(std), [std[n] for n in sorted(std)], "k--o", ms=3, label="standard attention")
     for layout, bk in dict.fromkeys((r["layout"], r["block_k"]) for r in rs):
-      pts = sorted((r["seq_len"], r["flash_max"]) for r in rs if (r["layout"], r["block_k"]) == (layout, bk))
+      pts = sorted(
+        (r["seq_len"], r["flash_max"]) for r in rs if (r["layout"], r["block_k"]) == (layout, bk)
+      )
       ax.plot(*zip(*pts), "-o", ms=3, label=f"flash {layout}, block_k {bk}")
     ax.set(xscale="log", yscale="log", xlabel="sequence length", title=f"{dtype}, head_dim {d}")
   axes[0][0].set_ylabel("max |O − O_FP64|")
@@ -217,17 +285,27 @@ def plot_bias(rows, path):
   """Mean signed error of O and delta (bf16 ulps, ± 2 standard errors) per layout × stabilize,
   against FP64 and against the correctly rounded FP64 value (PNG)."""
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  keys = (("out_vs_fp64", "O − FP64"), ("out_vs_rounded", "O − rounded FP64"),
-          ("delta_vs_fp64", "delta − FP64"))
+
+  keys = (
+    ("out_vs_fp64", "O − FP64"),
+    ("out_vs_rounded", "O − rounded FP64"),
+    ("delta_vs_fp64", "delta − FP64"),
+  )
   labels = [f"{r['layout']}{' +comp' if r['stabilize'] else ''}" for r in rows]
   fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 3.8), sharey=False)
   for ax, (key, title) in zip(axes, keys):
     have = [i for i, r in enumerate(rows) if r.get(key)]
     means = [rows[i][key]["mean"] for i in have]
     errs = [2 * rows[i][key]["stderr"] for i in have]
-    ax.barh([labels[i] for i in have], means, xerr=errs, color=["C3" if abs(rows[i][key]["z"]) > 4 else "C0" for i in have])
+    ax.barh(
+      [labels[i] for i in have],
+      means,
+      xerr=errs,
+      color=["C3" if abs(rows[i][key]["z"]) > 4 else "C0" for i in have],
+    )
     ax.axvline(0, color="k", lw=0.8)
     ax.set(title=title, xlabel="mean signed error (bf16 ulp); red: |z| > 4")
   fig.tight_layout()

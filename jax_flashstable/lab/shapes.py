@@ -1,5 +1,6 @@
 """The attention problems every part of the lab, the bench and the tests share: a `Shape` and
 its seeded inputs (`make_inputs`)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -11,6 +12,7 @@ import numpy as np
 @dataclasses.dataclass(frozen=True)
 class Shape:
   """One attention problem; `name` labels it in reports."""
+
   batch: int
   q_len: int
   kv_len: int
@@ -21,26 +23,34 @@ class Shape:
 
   @classmethod
   def parse(cls, text: str) -> "Shape":
-    """"batch,len,heads,kv_heads,head_dim,causal" (causal: 0/1, causal/full, true/false) →
+    """ "batch,len,heads,kv_heads,head_dim,causal" (causal: 0/1, causal/full, true/false) →
     Shape; ValueError naming the text when it is not that or the sizes do not make a problem."""
     try:
       b, n, h, hkv, d, c = text.split(",")
       if c.lower() not in ("0", "1", "causal", "full", "true", "false"):
         raise ValueError
-      shape = cls(int(b), int(n), int(n), int(h), int(hkv), int(d), c.lower() in ("1", "causal", "true"))
+      shape = cls(
+        int(b), int(n), int(n), int(h), int(hkv), int(d), c.lower() in ("1", "causal", "true")
+      )
     except ValueError:
       raise ValueError(f"shape {text!r} is not batch,len,heads,kv_heads,head_dim,causal") from None
-    if min(shape.batch, shape.q_len, shape.num_heads, shape.num_kv_heads, shape.head_dim) < 1 \
-        or shape.num_heads % shape.num_kv_heads:
-      raise ValueError(f"shape {text!r}: sizes must be ≥ 1 and heads ({shape.num_heads}) a "
-                       f"multiple of kv_heads ({shape.num_kv_heads})")
+    if (
+      min(shape.batch, shape.q_len, shape.num_heads, shape.num_kv_heads, shape.head_dim) < 1
+      or shape.num_heads % shape.num_kv_heads
+    ):
+      raise ValueError(
+        f"shape {text!r}: sizes must be ≥ 1 and heads ({shape.num_heads}) a "
+        f"multiple of kv_heads ({shape.num_kv_heads})"
+      )
     return shape
 
   @property
   def name(self):
     c = "causal" if self.causal else "full"
-    return (f"b{self.batch} q{self.q_len} kv{self.kv_len} h{self.num_heads}/{self.num_kv_heads}"
-            f" d{self.head_dim} {c}")
+    return (
+      f"b{self.batch} q{self.q_len} kv{self.kv_len} h{self.num_heads}/{self.num_kv_heads}"
+      f" d{self.head_dim} {c}"
+    )
 
 
 def make_inputs(shape: Shape, dtype, seed=0, scale=1.0):
@@ -48,7 +58,7 @@ def make_inputs(shape: Shape, dtype, seed=0, scale=1.0):
   rng = np.random.default_rng(seed)
   q_shape = (shape.batch, shape.q_len, shape.num_heads, shape.head_dim)
   kv_shape = (shape.batch, shape.kv_len, shape.num_kv_heads, shape.head_dim)
-  return tuple(jnp.asarray(scale * rng.standard_normal(s), dtype)
-               for s in (q_shape, kv_shape, kv_shape, q_shape))
-
-
+  return tuple(
+    jnp.asarray(scale * rng.standard_normal(s), dtype)
+    for s in (q_shape, kv_shape, kv_shape, q_shape)
+  )

@@ -11,6 +11,7 @@ normal(0, 0.02) weights, zero biases, and the residual projections (`c_proj`) at
 Precision follows PyTorch BF16 autocast (the paper's setting): parameters float32, matmuls in
 bfloat16 (`compute_dtype`), LayerNorm, the residual stream and the loss in float32.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,10 +31,10 @@ class GPTConfig:
   n_layer: int = 12
   n_head: int = 12
   n_embd: int = 768
-  block_size: int = 1024             # context length
-  vocab_size: int = 50304            # GPT-2's 50257 padded to a multiple of 64 (nanoGPT)
+  block_size: int = 1024  # context length
+  vocab_size: int = 50304  # GPT-2's 50257 padded to a multiple of 64 (nanoGPT)
   bias: bool = True
-  compute_dtype: str = "bfloat16"    # matmul dtype; "float32" for a full-precision model
+  compute_dtype: str = "bfloat16"  # matmul dtype; "float32" for a full-precision model
   attention: AttentionConfig = AttentionConfig()
   # (layer index, config) pairs that replace `attention` in those layers (0-based)
   attention_overrides: tuple[tuple[int, AttentionConfig], ...] = ()
@@ -46,8 +47,9 @@ class GPTConfig:
       if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name}={value!r} must be an integer ≥ 1")
     if self.compute_dtype not in ("bfloat16", "float16", "float32"):
-      raise ValueError(f"compute_dtype={self.compute_dtype!r} must be 'bfloat16', 'float16' or "
-                       f"'float32'")
+      raise ValueError(
+        f"compute_dtype={self.compute_dtype!r} must be 'bfloat16', 'float16' or 'float32'"
+      )
     if self.n_embd % self.n_head:
       raise ValueError(f"n_embd={self.n_embd} is not a multiple of n_head={self.n_head}")
     for i, _ in self.attention_overrides:
@@ -74,22 +76,35 @@ class GPTConfig:
 
 
 MODEL_PRESETS = {
-    "gpt2-small": GPTConfig(),
-    # the instability anchor of issue 6 (6 layers, 6 heads, width 384, no bias, context 1024)
-    "gpt-6l": GPTConfig(n_layer=6, n_head=6, n_embd=384, bias=False),
-    # trains on a 2-core CPU
-    "tiny": GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=128, bias=False),
+  "gpt2-small": GPTConfig(),
+  # the instability anchor of issue 6 (6 layers, 6 heads, width 384, no bias, context 1024)
+  "gpt-6l": GPTConfig(n_layer=6, n_head=6, n_embd=384, bias=False),
+  # trains on a 2-core CPU
+  "tiny": GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=128, bias=False),
 }
 
 
 def _linear(cfg, n_in, n_out, std, rngs):
-  return nnx.Linear(n_in, n_out, use_bias=cfg.bias, dtype=jnp.dtype(cfg.compute_dtype),
-                    param_dtype=jnp.float32, kernel_init=nnx.initializers.normal(std), rngs=rngs)
+  return nnx.Linear(
+    n_in,
+    n_out,
+    use_bias=cfg.bias,
+    dtype=jnp.dtype(cfg.compute_dtype),
+    param_dtype=jnp.float32,
+    kernel_init=nnx.initializers.normal(std),
+    rngs=rngs,
+  )
 
 
 def _layer_norm(cfg, rngs):
-  return nnx.LayerNorm(cfg.n_embd, epsilon=1e-5, use_bias=cfg.bias, dtype=jnp.float32,
-                       param_dtype=jnp.float32, rngs=rngs)
+  return nnx.LayerNorm(
+    cfg.n_embd,
+    epsilon=1e-5,
+    use_bias=cfg.bias,
+    dtype=jnp.float32,
+    param_dtype=jnp.float32,
+    rngs=rngs,
+  )
 
 
 class CausalSelfAttention(nnx.Module):
@@ -107,13 +122,13 @@ class CausalSelfAttention(nnx.Module):
     output so that its gradient is dO, a list that receives (q, k, v, O)). `rng_key`: for
     numerics="stochastic"."""
     b, t, c = x.shape
-    q, k, v = jnp.split(self.c_attn(x), 3, axis=-1)                 # 3 × [b, t, c]
+    q, k, v = jnp.split(self.c_attn(x), 3, axis=-1)  # 3 × [b, t, c]
     q, k, v = (y.reshape(b, t, self.n_head, c // self.n_head) for y in (q, k, v))
     y = attend(q, k, v, self.attention, causal=True, rng_key=rng_key)  # [b, t, h, d]
     if probe is not None:
       zero, record = probe
       record.append((q, k, v, y))
-      y = (y.astype(jnp.float32) + zero).astype(y.dtype)             # exact: adds 0
+      y = (y.astype(jnp.float32) + zero).astype(y.dtype)  # exact: adds 0
     return self.c_proj(y.reshape(b, t, c))
 
 
@@ -133,7 +148,7 @@ class Block(nnx.Module):
     self.ln_2 = _layer_norm(cfg, rngs)
     self.mlp = MLP(cfg, rngs=rngs)
 
-  def __call__(self, x, probe=None, rng_key=None):                   # x: [b, t, c] float32
+  def __call__(self, x, probe=None, rng_key=None):  # x: [b, t, c] float32
     x = x + self.attn(self.ln_1(x), probe, rng_key)
     return x + self.mlp(self.ln_2(x))
 
@@ -165,7 +180,7 @@ class GPT(nnx.Module):
       x = block(x, None if probes is None else probes[i], key)
     x = self.ln_f(x)
     dt = jnp.dtype(self.config.compute_dtype)
-    logits = x.astype(dt) @ self.wte.embedding[...].astype(dt).T     # tied output embedding
+    logits = x.astype(dt) @ self.wte.embedding[...].astype(dt).T  # tied output embedding
     return logits.astype(jnp.float32)
 
 
@@ -176,7 +191,11 @@ def loss_fn(model: GPT, tokens, targets, probes=None, rng_key=None):
 
 
 def count_params(model_or_state) -> int:
-  state = nnx.state(model_or_state, nnx.Param) if isinstance(model_or_state, nnx.Module) else model_or_state
+  state = (
+    nnx.state(model_or_state, nnx.Param)
+    if isinstance(model_or_state, nnx.Module)
+    else model_or_state
+  )
   return sum(x.size for x in jax.tree.leaves(state))
 
 

@@ -4,6 +4,7 @@ Light on purpose: importing this module imports no JAX, Flax or Optax (they are 
 the methods that need them), so that `flashstable --help`, whose training options are built
 from TrainConfig's fields, starts in well under a second.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,8 +18,14 @@ WARNING_ACTIONS = ("off", "log", "checkpoint", "stop")
 # saved, not the trajectory (`steps` too when the cosine length is fixed by decay_steps), and
 # `out_dir`: the folder is where the run lives (spelled `runs/r`, `runs/r/` or absolute, or
 # moved), not part of what it is.
-RESUMABLE_FIELDS = ("max_seconds", "progress", "checkpoint_interval", "stop_after_explosion",
-                    "warning_action", "out_dir")
+RESUMABLE_FIELDS = (
+  "max_seconds",
+  "progress",
+  "checkpoint_interval",
+  "stop_after_explosion",
+  "warning_action",
+  "out_dir",
+)
 
 
 class ConfigError(ValueError):
@@ -35,63 +42,84 @@ class TrainConfig:
   the value); `validate()` also checks the names (model preset, GPTConfig overrides, attention
   specs), seq_len against the model's block_size, and the paths (data folder, out_dir).
   """
-  model: str = "tiny"                 # GPTConfig preset
-  model_overrides: tuple = ()         # ((field, value), ...) applied to the preset
-  attention: str = "fa2"              # AttentionConfig spec for every layer
-  attention_overrides: tuple = ()     # ((layer, spec), ...), 0-based layer index
-  data: str | None = None             # data folder; None = the embedded sample
-  steps: int = 200                    # optimizer steps
-  batch_size: int = 8                 # sequences per micro-batch
-  grad_accum: int = 1                 # micro-batches per step
-  seq_len: int | None = None          # default: the model's block_size
-  lr: float = 1e-3                    # peak learning rate
-  min_lr: float = 1e-5                # floor of the cosine decay
-  warmup_steps: int = 20              # linear warmup from 0
-  decay_steps: int | None = None      # cosine length incl. warmup; default `steps`
+
+  model: str = "tiny"  # GPTConfig preset
+  model_overrides: tuple = ()  # ((field, value), ...) applied to the preset
+  attention: str = "fa2"  # AttentionConfig spec for every layer
+  attention_overrides: tuple = ()  # ((layer, spec), ...), 0-based layer index
+  data: str | None = None  # data folder; None = the embedded sample
+  steps: int = 200  # optimizer steps
+  batch_size: int = 8  # sequences per micro-batch
+  grad_accum: int = 1  # micro-batches per step
+  seq_len: int | None = None  # default: the model's block_size
+  lr: float = 1e-3  # peak learning rate
+  min_lr: float = 1e-5  # floor of the cosine decay
+  warmup_steps: int = 20  # linear warmup from 0
+  decay_steps: int | None = None  # cosine length incl. warmup; default `steps`
   weight_decay: float = 0.0
   beta1: float = 0.9
   beta2: float = 0.95
   eps: float = 1e-8
-  grad_clip: float = 1.0              # global-norm clipping (0: none, nanoGPT's convention)
-  seed: int = 0                       # init and data order
-  eval_interval: int = 50             # steps between validation losses (0: only at the end)
+  grad_clip: float = 1.0  # global-norm clipping (0: none, nanoGPT's convention)
+  seed: int = 0  # init and data order
+  eval_interval: int = 50  # steps between validation losses (0: only at the end)
   eval_batches: int = 4
-  checkpoint_interval: int = 500      # steps between Orbax checkpoints (0: none)
-  diag_interval: int = 0              # steps between diagnostics rows (0: off), `diagnostics.py`
-  diag_rows: int = 64                 # sampled rows per diagnostics call
-  data_parallel: bool = False         # split each batch over all local devices (shard_map)
-  stop_after_explosion: int = -1      # stop this many steps after an explosion (-1: never)
-  warning_action: str = "log"         # on the early warning (`EarlyWarning`, needs diag_interval):
-                                      # "off", "log", "checkpoint" (and go on) or "stop" (after one)
-  max_seconds: float = 0.0            # stop (and checkpoint) this long after the start
-                                      # (0: no limit)
+  checkpoint_interval: int = 500  # steps between Orbax checkpoints (0: none)
+  diag_interval: int = 0  # steps between diagnostics rows (0: off), `diagnostics.py`
+  diag_rows: int = 64  # sampled rows per diagnostics call
+  data_parallel: bool = False  # split each batch over all local devices (shard_map)
+  stop_after_explosion: int = -1  # stop this many steps after an explosion (-1: never)
+  warning_action: str = "log"  # on the early warning (`EarlyWarning`, needs diag_interval):
+  # "off", "log", "checkpoint" (and go on) or "stop" (after one)
+  max_seconds: float = 0.0  # stop (and checkpoint) this long after the start
+  # (0: no limit)
   out_dir: str = "runs/train"
-  progress: bool = True               # tqdm progress bar
+  progress: bool = True  # tqdm progress bar
 
   def __post_init__(self):
     """Raises ConfigError for a value out of its range or of the wrong type (no imports, no
     files: `validate` checks names and paths)."""
-    for name, low in (("steps", 1), ("batch_size", 1), ("grad_accum", 1), ("seq_len", 1),
-                      ("warmup_steps", 0), ("decay_steps", 1), ("seed", 0), ("eval_interval", 0),
-                      ("eval_batches", 1), ("checkpoint_interval", 0), ("diag_interval", 0),
-                      ("diag_rows", 1), ("stop_after_explosion", -1)):
+    for name, low in (
+      ("steps", 1),
+      ("batch_size", 1),
+      ("grad_accum", 1),
+      ("seq_len", 1),
+      ("warmup_steps", 0),
+      ("decay_steps", 1),
+      ("seed", 0),
+      ("eval_interval", 0),
+      ("eval_batches", 1),
+      ("checkpoint_interval", 0),
+      ("diag_interval", 0),
+      ("diag_rows", 1),
+      ("stop_after_explosion", -1),
+    ):
       value = getattr(self, name)
       if value is None and name in ("seq_len", "decay_steps"):
         continue
       if not _is_int(value) or value < low:
         raise ConfigError(f"{name}={value!r} must be an integer ≥ {low}")
-    for name, low, high, closed in (("lr", 0.0, math.inf, False), ("min_lr", 0.0, math.inf, True),
-                                    ("weight_decay", 0.0, math.inf, True),
-                                    ("beta1", 0.0, 1.0, True), ("beta2", 0.0, 1.0, True),
-                                    ("eps", 0.0, math.inf, False),
-                                    ("grad_clip", 0.0, math.inf, True),
-                                    ("max_seconds", 0.0, math.inf, True)):
+    for name, low, high, closed in (
+      ("lr", 0.0, math.inf, False),
+      ("min_lr", 0.0, math.inf, True),
+      ("weight_decay", 0.0, math.inf, True),
+      ("beta1", 0.0, 1.0, True),
+      ("beta2", 0.0, 1.0, True),
+      ("eps", 0.0, math.inf, False),
+      ("grad_clip", 0.0, math.inf, True),
+      ("max_seconds", 0.0, math.inf, True),
+    ):
       value = getattr(self, name)
-      ok = _is_number(value) and math.isfinite(value) and value < high and (
-          value >= low if closed else value > low)
+      ok = (
+        _is_number(value)
+        and math.isfinite(value)
+        and value < high
+        and (value >= low if closed else value > low)
+      )
       if not ok:
-        bounds = (f"{'≥' if closed else '>'} {low:g}" + (f" and < {high:g}" if high < math.inf
-                                                          else ""))
+        bounds = f"{'≥' if closed else '>'} {low:g}" + (
+          f" and < {high:g}" if high < math.inf else ""
+        )
         hint = " (0: no clipping)" if name == "grad_clip" else ""
         raise ConfigError(f"{name}={value!r} must be a finite number {bounds}{hint}")
     if self.warning_action not in WARNING_ACTIONS:
@@ -108,7 +136,8 @@ class TrainConfig:
     for name in ("model_overrides", "attention_overrides"):
       pairs = getattr(self, name)
       if not isinstance(pairs, (tuple, list)) or not all(
-          isinstance(p, (tuple, list)) and len(p) == 2 for p in pairs):
+        isinstance(p, (tuple, list)) and len(p) == 2 for p in pairs
+      ):
         raise ConfigError(f"{name}={pairs!r} must be a tuple of (key, value) pairs")
 
   def validate(self) -> "TrainConfig":
@@ -124,8 +153,10 @@ class TrainConfig:
     except ValueError as e:
       raise ConfigError(_named_error(self, e)) from None
     if self.seq_len is not None and self.seq_len > mcfg.block_size:
-      raise ConfigError(f"seq_len={self.seq_len} exceeds the context of model {self.model!r} "
-                        f"(block_size={mcfg.block_size}); use seq_len ≤ {mcfg.block_size}")
+      raise ConfigError(
+        f"seq_len={self.seq_len} exceeds the context of model {self.model!r} "
+        f"(block_size={mcfg.block_size}); use seq_len ≤ {mcfg.block_size}"
+      )
     _check_device(self, mcfg)
     if self.data is not None and not pathlib.Path(self.data).is_dir():
       what = "is not a folder" if pathlib.Path(self.data).exists() else "not found"
@@ -137,18 +168,24 @@ class TrainConfig:
     """The GPTConfig of this run. Raises ValueError for an unknown preset, field or spec."""
     from jax_flashstable.attention.config import AttentionConfig
     from jax_flashstable.models.gpt2 import GPTConfig
+
     overrides = dict(self.model_overrides)
     overrides["attention"] = AttentionConfig.parse(self.attention)
     overrides["attention_overrides"] = tuple(
-        (int(i), AttentionConfig.parse(s)) for i, s in self.attention_overrides)
+      (int(i), AttentionConfig.parse(s)) for i, s in self.attention_overrides
+    )
     return GPTConfig.preset(self.model, **overrides)
 
   def schedule(self):
     import optax
+
     return optax.warmup_cosine_decay_schedule(
-        init_value=0.0, peak_value=self.lr, warmup_steps=self.warmup_steps,
-        decay_steps=max(self.decay_steps or self.steps, self.warmup_steps + 1),
-        end_value=self.min_lr)
+      init_value=0.0,
+      peak_value=self.lr,
+      warmup_steps=self.warmup_steps,
+      decay_steps=max(self.decay_steps or self.steps, self.warmup_steps + 1),
+      end_value=self.min_lr,
+    )
 
 
 def _is_int(x) -> bool:
@@ -162,6 +199,7 @@ def _is_number(x) -> bool:
 def _named_error(cfg: TrainConfig, e: ValueError) -> str:
   """The model_config() error with the field it came from named first."""
   from jax_flashstable.attention.config import AttentionConfig
+
   for layer, spec in cfg.attention_overrides:
     try:
       AttentionConfig.parse(spec)
@@ -182,16 +220,22 @@ def _check_device(cfg: TrainConfig, mcfg) -> None:
   """GPU-only attentions (cudnn, the Mosaic GPU forward) on another backend: fail now, not
   after tracing the model."""
   configs = [("attention", cfg.attention, mcfg.attention)] + [
-      (f"attention_overrides: layer {i}", spec, c)
-      for (i, spec), (_, c) in zip(cfg.attention_overrides, mcfg.attention_overrides)]
-  gpu_only = [(name, spec) for name, spec, c in configs
-              if c.implementation == "cudnn" or c.backend == "mosaic_gpu"]
+    (f"attention_overrides: layer {i}", spec, c)
+    for (i, spec), (_, c) in zip(cfg.attention_overrides, mcfg.attention_overrides)
+  ]
+  gpu_only = [
+    (name, spec)
+    for name, spec, c in configs
+    if c.implementation == "cudnn" or c.backend == "mosaic_gpu"
+  ]
   if gpu_only:
     import jax
+
     if jax.default_backend() != "gpu":
       name, spec = gpu_only[0]
-      raise ConfigError(f"{name}={spec!r} needs a GPU; the default backend is "
-                        f"{jax.default_backend()!r}")
+      raise ConfigError(
+        f"{name}={spec!r} needs a GPU; the default backend is {jax.default_backend()!r}"
+      )
 
 
 def check_output_dir(path, name="out") -> pathlib.Path:

@@ -10,6 +10,7 @@
 - Batches: window starts drawn from NumPy's generator seeded by (seed, step), so a batch depends
   on nothing but its step: resuming needs only the step number.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -29,7 +30,9 @@ TEXT_SUFFIXES = (".txt", ".md", ".rst")
 
 
 def cache_dir() -> pathlib.Path:
-  d = pathlib.Path(os.environ.get("FLASHSTABLE_CACHE", pathlib.Path.home() / ".cache" / "jax_flashstable"))
+  d = pathlib.Path(
+    os.environ.get("FLASHSTABLE_CACHE", pathlib.Path.home() / ".cache" / "jax_flashstable")
+  )
   d.mkdir(parents=True, exist_ok=True)
   return d
 
@@ -39,9 +42,17 @@ def gpt2_encoding():
   import tiktoken
   import tiktoken.load
   from tiktoken_ext.openai_public import r50k_pat_str
-  ranks = tiktoken.load.load_tiktoken_bpe(str(ASSETS / "gpt2.tiktoken"), expected_hash=GPT2_TIKTOKEN_SHA256)
-  return tiktoken.Encoding(name="gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks,
-                           special_tokens={"<|endoftext|>": EOT}, explicit_n_vocab=50257)
+
+  ranks = tiktoken.load.load_tiktoken_bpe(
+    str(ASSETS / "gpt2.tiktoken"), expected_hash=GPT2_TIKTOKEN_SHA256
+  )
+  return tiktoken.Encoding(
+    name="gpt2",
+    pat_str=r50k_pat_str,
+    mergeable_ranks=ranks,
+    special_tokens={"<|endoftext|>": EOT},
+    explicit_n_vocab=50257,
+  )
 
 
 def _decompressed(path: pathlib.Path) -> pathlib.Path:
@@ -50,7 +61,7 @@ def _decompressed(path: pathlib.Path) -> pathlib.Path:
   key = hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
   out = cache_dir() / f"{path.name[:-3]}.{key}"
   if not out.exists():
-    tmp = out.with_suffix(f".{os.getpid()}.tmp")           # concurrent processes may race here
+    tmp = out.with_suffix(f".{os.getpid()}.tmp")  # concurrent processes may race here
     try:
       with lzma.open(path) as src, open(tmp, "wb") as dst:
         shutil.copyfileobj(src, dst, 1 << 20)
@@ -61,7 +72,7 @@ def _decompressed(path: pathlib.Path) -> pathlib.Path:
   return out
 
 
-CHECK_CHUNK = 1 << 24          # tokens per vectorised max when a file is checked (32 MiB)
+CHECK_CHUNK = 1 << 24  # tokens per vectorised max when a file is checked (32 MiB)
 
 
 def load_tokens(path, vocab_size=50304) -> np.ndarray:
@@ -82,11 +93,13 @@ def load_tokens(path, vocab_size=50304) -> np.ndarray:
     raise ValueError(f"{path} is not a uint16 token file ({size} bytes)")
   tokens = np.memmap(raw, dtype=np.uint16, mode="r")
   for begin in range(0, len(tokens), CHECK_CHUNK):
-    chunk = tokens[begin:begin + CHECK_CHUNK]
+    chunk = tokens[begin : begin + CHECK_CHUNK]
     if chunk.max() >= vocab_size:
       at = begin + int(np.argmax(chunk >= vocab_size))
-      raise ValueError(f"{path} holds token id {int(tokens[at])} at position {at:,} (the first "
-                       f"id ≥ vocab_size={vocab_size}; {len(tokens):,} tokens)")
+      raise ValueError(
+        f"{path} holds token id {int(tokens[at])} at position {at:,} (the first "
+        f"id ≥ vocab_size={vocab_size}; {len(tokens):,} tokens)"
+      )
   return tokens
 
 
@@ -121,7 +134,9 @@ def prepare_text_folder(src, out_dir, val_every=100) -> dict:
   splits = {"train": [], "val": []}
   for i, p in enumerate(files):
     ids = enc.encode_ordinary(p.read_text(encoding="utf-8", errors="replace")) + [EOT]
-    splits["val" if i % val_every == 0 and len(files) > 1 else "train"].append(np.asarray(ids, np.uint16))
+    splits["val" if i % val_every == 0 and len(files) > 1 else "train"].append(
+      np.asarray(ids, np.uint16)
+    )
   out_dir.mkdir(parents=True, exist_ok=True)
   counts = {}
   for split, parts in splits.items():
@@ -142,8 +157,11 @@ def resolve_data_dir(data) -> pathlib.Path:
   if _find(folder, "train") is not None:
     return folder
   if any(p.suffix in TEXT_SUFFIXES for p in folder.rglob("*")):
-    stamp = "".join(f"{p}:{p.stat().st_size}:{p.stat().st_mtime_ns};" for p in sorted(folder.rglob("*"))
-                    if p.is_file() and p.suffix in TEXT_SUFFIXES)
+    stamp = "".join(
+      f"{p}:{p.stat().st_size}:{p.stat().st_mtime_ns};"
+      for p in sorted(folder.rglob("*"))
+      if p.is_file() and p.suffix in TEXT_SUFFIXES
+    )
     key = hashlib.sha256(f"{folder.resolve()}|{stamp}".encode()).hexdigest()[:16]
     out = cache_dir() / f"text-{key}"
     if _find(out, "train") is None:

@@ -10,6 +10,7 @@ vectors and take 50 steps on the current weights first, `converge_power_state`).
 `train_and_evaluate` runs it every `diag_interval` steps and appends a row to
 `diagnostics.jsonl`; `flashstable plot RUN_DIR` draws it.
 """
+
 from __future__ import annotations
 
 import functools
@@ -31,8 +32,11 @@ def init_power_state(cfg, key):
   kq, kk, kf = jax.random.split(key, 3)
   unit = lambda x: x / jnp.linalg.norm(x, axis=-1, keepdims=True)
   shape = (cfg.n_layer, cfg.n_head, cfg.head_dim)
-  return dict(q=unit(jax.random.normal(kq, shape)), k=unit(jax.random.normal(kk, shape)),
-              q_full=unit(jax.random.normal(kf, (cfg.n_layer, cfg.n_embd))))
+  return dict(
+    q=unit(jax.random.normal(kq, shape)),
+    k=unit(jax.random.normal(kk, shape)),
+    q_full=unit(jax.random.normal(kf, (cfg.n_layer, cfg.n_embd))),
+  )
 
 
 def _power_step(w, v):
@@ -47,7 +51,7 @@ def _power_step(w, v):
 def _attention_rows(q, k, v, rows, scale):
   """FP32 attention for sampled (batch, position) rows: logits [R, h, T], O [R, h, d]."""
   b_idx, t_idx = rows
-  qr = q[b_idx, t_idx].astype(jnp.float32)                           # [R, h, d]
+  qr = q[b_idx, t_idx].astype(jnp.float32)  # [R, h, d]
   kr, vr = k[b_idx].astype(jnp.float32), v[b_idx].astype(jnp.float32)  # [R, T, h, d]
   s = jnp.einsum("rhd,rkhd->rhk", qr, kr, precision=HIGHEST) * scale
   visible = jnp.arange(k.shape[1])[None, None, :] <= t_idx[:, None, None]
@@ -73,31 +77,45 @@ def diagnose(graphdef, params, x, y, power, n_rows=64, key=None):
 
   key = jax.random.key(0) if key is None else key
   _, vjp, records = jax.vjp(loss_of, zeros, has_aux=True)
-  d_outs = vjp(jnp.ones((), jnp.float32))[0]                        # dO per layer
-  rows = (jax.random.randint(key, (n_rows,), 0, b), jax.random.randint(jax.random.fold_in(key, 1), (n_rows,), 0, t))
-  scale = cfg.head_dim ** -0.5
+  d_outs = vjp(jnp.ones((), jnp.float32))[0]  # dO per layer
+  rows = (
+    jax.random.randint(key, (n_rows,), 0, b),
+    jax.random.randint(jax.random.fold_in(key, 1), (n_rows,), 0, t),
+  )
+  scale = cfg.head_dim**-0.5
   out = {k: [] for k in ("tie_rate", "max_logit", "entropy", "o_err", "delta_err")}
   for layer, ((q, k, v, o), d_o) in enumerate(zip(records, d_outs)):
     att = cfg.attention_for(layer)
-    if att.implementation == "flash":   # the kernel's own tie detection, on every row
+    if att.implementation == "flash":  # the kernel's own tie detection, on every row
       # the layer's own layout and tiles, with the tie rule switched on to count its trigger
-      _, st = flash_attention(q, k, v, causal=True, softmax_scale=scale, stabilize=True,
-                              beta=att.beta, tie_tolerance=att.tie_tolerance, numerics=att.numerics,
-                              block_q=att.block_q, block_k=att.block_k, return_stats=True,
-                              rng_key=jax.random.fold_in(key, 3) if att.numerics == "stochastic" else None)
+      _, st = flash_attention(
+        q,
+        k,
+        v,
+        causal=True,
+        softmax_scale=scale,
+        stabilize=True,
+        beta=att.beta,
+        tie_tolerance=att.tie_tolerance,
+        numerics=att.numerics,
+        block_q=att.block_q,
+        block_k=att.block_k,
+        return_stats=True,
+        rng_key=jax.random.fold_in(key, 3) if att.numerics == "stochastic" else None,
+      )
       out["tie_rate"].append(jnp.mean(st.tied_tiles > 0, axis=(0, 1)))
     else:
       out["tie_rate"].append(jnp.full((cfg.n_head,), jnp.nan))
     s, p, o32 = _attention_rows(q, k, v, rows, scale)
     out["max_logit"].append(jnp.max(jnp.where(jnp.isfinite(s), s, -jnp.inf), axis=(0, 2)))
     out["entropy"].append(-jnp.mean(jnp.sum(jnp.where(p > 0, p * jnp.log(p), 0.0), -1), axis=0))
-    o_rows, do_rows = o[rows[0], rows[1]], d_o[rows[0], rows[1]]     # [R, h, d]
+    o_rows, do_rows = o[rows[0], rows[1]], d_o[rows[0], rows[1]]  # [R, h, d]
     numerics = get_numerics(att.numerics if att.implementation == "flash" else "fa2")
-    delta = numerics.delta(do_rows, o_rows)                         # as the backward forms it
+    delta = numerics.delta(do_rows, o_rows)  # as the backward forms it
     delta32 = jnp.sum(do_rows * o32, axis=-1)
     out["o_err"].append(jnp.mean(o_rows.astype(jnp.float32) - o32, axis=(0, 2)))
     out["delta_err"].append(jnp.mean(delta - delta32, axis=0))
-  metrics = {k: jnp.stack(v) for k, v in out.items()}               # [L, H]
+  metrics = {k: jnp.stack(v) for k, v in out.items()}  # [L, H]
   sigma, power = _power_steps(model, power)
   return metrics | sigma, power
 
@@ -105,9 +123,9 @@ def diagnose(graphdef, params, x, y, power, n_rows=64, key=None):
 def _power_steps(model, power):
   """One power-iteration step for W_Q and W_K per head and the whole W_Q of every layer."""
   cfg = model.config
-  w = jnp.stack([blk.attn.c_attn.kernel[...] for blk in model.h])   # [L, C, 3C]
+  w = jnp.stack([blk.attn.c_attn.kernel[...] for blk in model.h])  # [L, C, 3C]
   c, d = cfg.n_embd, cfg.head_dim
-  wq, wk = w[:, :, :c], w[:, :, c:2 * c]
+  wq, wk = w[:, :, :c], w[:, :, c : 2 * c]
   per_head = lambda m: m.reshape(cfg.n_layer, c, cfg.n_head, d).transpose(0, 2, 1, 3)  # [L,H,C,D]
   sigma, new = {}, {}
   sigma["sn_q"], new["q"] = _power_step(per_head(wq), power["q"])

@@ -14,6 +14,7 @@ computes the same global batch (the data order depends only on seed and step) an
 `shard_batch` hands each process's devices their slices (`jax.make_array_from_callback`).
 Only the single-host case is tested here (4 simulated CPU devices; 2 H200s).
 """
+
 from __future__ import annotations
 
 import jax
@@ -37,8 +38,10 @@ def shard_batch(mesh: Mesh, x, batch_axis: int = 0) -> jax.Array:
   over the "data" axis of `mesh`. Raises ValueError if that axis does not divide evenly."""
   x = np.asarray(x)
   if x.shape[batch_axis] % mesh.size:
-    raise ValueError(f"batch size {x.shape[batch_axis]} (axis {batch_axis} of shape {x.shape}) "
-                     f"is not a multiple of the {mesh.size} devices of the mesh")
+    raise ValueError(
+      f"batch size {x.shape[batch_axis]} (axis {batch_axis} of shape {x.shape}) "
+      f"is not a multiple of the {mesh.size} devices of the mesh"
+    )
   sharding = NamedSharding(mesh, P(*([None] * batch_axis), "data"))
   return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
 
@@ -48,6 +51,8 @@ def collective_counts(hlo_text: str) -> dict:
   count once): a data-parallel step should all-reduce gradients and move nothing else —
   no all-gather, reduce-scatter, all-to-all or collective-permute."""
   import re
+
   ops = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
-  return {op.replace("-", "_") + "s": len(re.findall(rf"\b{op}(?:-start)?\(", hlo_text))
-          for op in ops}
+  return {
+    op.replace("-", "_") + "s": len(re.findall(rf"\b{op}(?:-start)?\(", hlo_text)) for op in ops
+  }

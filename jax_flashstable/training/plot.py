@@ -1,4 +1,5 @@
 """`flashstable plot RUN_DIR`: loss, gradient norm and the diagnostics of one training run."""
+
 from __future__ import annotations
 
 import pathlib
@@ -7,15 +8,21 @@ import numpy as np
 
 from jax_flashstable.training.train import read_diagnostics, read_metrics
 
-PANELS = (("sn_q_full", "spectral norm of W_Q (whole)", None), ("tie_rate", "rows with tied tile maxima", "mean"),
-          ("max_logit", "max attention logit", "max"), ("delta_err", "delta(bf16) − delta(fp32), mean", "mean"))
+PANELS = (
+  ("sn_q_full", "spectral norm of W_Q (whole)", None),
+  ("tie_rate", "rows with tied tile maxima", "mean"),
+  ("max_logit", "max attention logit", "max"),
+  ("delta_err", "delta(bf16) − delta(fp32), mean", "mean"),
+)
 
 
 def plot_run(run_dir) -> pathlib.Path:
   """Writes RUN_DIR/diagnostics.png; returns its path. Raises FileNotFoundError without metrics."""
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+
   run = pathlib.Path(run_dir)
   rows = read_metrics(run)
   if not rows:
@@ -31,7 +38,7 @@ def plot_run(run_dir) -> pathlib.Path:
   if diags:
     ds = [d["step"] for d in diags]
     for ax, (key, title, reduce) in zip(axes[2:], PANELS):
-      values = np.asarray([d[key] for d in diags], np.float64)       # [steps, L] or [steps, L, H]
+      values = np.asarray([d[key] for d in diags], np.float64)  # [steps, L] or [steps, L, H]
       if reduce is not None:
         values = getattr(np, "nan" + reduce)(values, axis=-1)
       for layer in range(values.shape[1]):

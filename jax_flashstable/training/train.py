@@ -5,6 +5,7 @@ AdamW (β1 0.9, β2 0.95; weight decay on ≥2-D weights only, as nanoGPT), line
 cosine decay to `min_lr`, global-norm clipping, gradient accumulation over `grad_accum`
 micro-batches inside the same jit. Parameters float32, matmuls bfloat16 (`gpt2.py`).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -27,10 +28,15 @@ from flax import nnx
 
 from jax_flashstable.attention.config import AttentionConfig
 from jax_flashstable.training.config import (  # noqa: F401 (WARNING_ACTIONS: re-exported)
-    RESUMABLE_FIELDS, WARNING_ACTIONS, ConfigError, TrainConfig)
+  RESUMABLE_FIELDS,
+  WARNING_ACTIONS,
+  ConfigError,
+  TrainConfig,
+)
 from jax_flashstable.training.data import Dataset
 from jax_flashstable.models.gpt2 import GPT, count_params, flops_per_token, loss_fn
 from jax_flashstable.results import run_meta
+
 
 def peak_flops():
   """Dense bf16 peak of the default device for MFU: 989 TFLOP/s on H100/H200 (datasheet);
@@ -57,9 +63,16 @@ def make_optimizer(cfg: TrainConfig):
   """AdamW after global-norm clipping at `grad_clip` (0: no clipping, nanoGPT's convention)."""
   decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
   return optax.chain(
-      optax.clip_by_global_norm(cfg.grad_clip) if cfg.grad_clip > 0 else optax.identity(),
-      optax.adamw(cfg.schedule(), b1=cfg.beta1, b2=cfg.beta2, eps=cfg.eps,
-                  weight_decay=cfg.weight_decay, mask=decay_mask))
+    optax.clip_by_global_norm(cfg.grad_clip) if cfg.grad_clip > 0 else optax.identity(),
+    optax.adamw(
+      cfg.schedule(),
+      b1=cfg.beta1,
+      b2=cfg.beta2,
+      eps=cfg.eps,
+      weight_decay=cfg.weight_decay,
+      mask=decay_mask,
+    ),
+  )
 
 
 def make_steps(graphdef, tx, mesh=None):
@@ -90,20 +103,23 @@ def make_steps(graphdef, tx, mesh=None):
   eval_loss = model_loss
   if mesh is not None:
     from jax.sharding import PartitionSpec as P
+
     per_shard = loss_and_grads
 
     def sharded(fn, batch_spec):
       def body(params, xs, ys, rng_key):
-        if rng_key is not None:                  # a different stream per shard
+        if rng_key is not None:  # a different stream per shard
           rng_key = jax.random.fold_in(rng_key, jax.lax.axis_index("data"))
         return jax.lax.pmean(fn(params, xs, ys, rng_key), "data")
-      return jax.shard_map(body, mesh=mesh, in_specs=(P(), batch_spec, batch_spec, P()),
-                           out_specs=P(), check_vma=False)
+
+      return jax.shard_map(
+        body, mesh=mesh, in_specs=(P(), batch_spec, batch_spec, P()), out_specs=P(), check_vma=False
+      )
 
     def loss_and_grads(params, xs, ys, rng_key):
       return sharded(per_shard, P(None, "data"))(params, xs, ys, rng_key)
 
-    def eval_loss(params, x, y, rng_key=None):               # evaluation, split the same way
+    def eval_loss(params, x, y, rng_key=None):  # evaluation, split the same way
       return sharded(model_loss, P("data"))(params, x, y, rng_key)
 
   def train_step(state, xs, ys, rng_key=None):
@@ -116,15 +132,26 @@ def make_steps(graphdef, tx, mesh=None):
     metrics = dict(loss=loss, grad_norm=optax.tree.norm(grads), param_norm=optax.tree.norm(params))
     return (params, opt_state), metrics
 
-  return (jax.jit(train_step, donate_argnums=0),
-          jax.jit(eval_loss))
+  return (jax.jit(train_step, donate_argnums=0), jax.jit(eval_loss))
 
 
 # The fields a step function depends on (model, attention, optimizer, schedule, sharding); runs
 # that agree on them share one jitted step, so a second run in a process compiles nothing new.
-STEP_FIELDS = ("model", "model_overrides", "attention", "attention_overrides", "lr", "min_lr",
-               "warmup_steps", "weight_decay", "beta1", "beta2", "eps", "grad_clip",
-               "data_parallel")
+STEP_FIELDS = (
+  "model",
+  "model_overrides",
+  "attention",
+  "attention_overrides",
+  "lr",
+  "min_lr",
+  "warmup_steps",
+  "weight_decay",
+  "beta1",
+  "beta2",
+  "eps",
+  "grad_clip",
+  "data_parallel",
+)
 _SHARED_STEPS: dict = {}
 
 
@@ -151,14 +178,17 @@ def config_changes(out_dir, cfg: TrainConfig) -> dict:
     return {}
   stored = json.loads(path.read_text())
   old = stored.get("train", {})
-  new = json.loads(json.dumps(dataclasses.asdict(cfg), default=str))   # as config.json has it
+  new = json.loads(json.dumps(dataclasses.asdict(cfg), default=str))  # as config.json has it
   free = set(RESUMABLE_FIELDS)
   if old.get("decay_steps") is not None and new["decay_steps"] is not None:
     free.add("steps")
-  changes = {k: (old[k], v) for k, v in new.items()
-             if k not in free and k in old and not _same_setting(k, old[k], v)}
+  changes = {
+    k: (old[k], v)
+    for k, v in new.items()
+    if k not in free and k in old and not _same_setting(k, old[k], v)
+  }
   if "data" in changes and _same_folder(stored.get("data_path"), new["data"]):
-    del changes["data"]                   # a relative path given from another working directory
+    del changes["data"]  # a relative path given from another working directory
   return changes
 
 
@@ -180,6 +210,7 @@ def _same_setting(field, old, new) -> bool:
   if field == "data":
     return _same_folder(old, new)
   import warnings
+
   with warnings.catch_warnings():
     warnings.simplefilter("ignore", FutureWarning)
     try:
@@ -204,8 +235,11 @@ def stored_values(changes: dict) -> str:
 
 def _checkpoint_manager(out_dir):
   import orbax.checkpoint as ocp
-  return ocp.CheckpointManager(pathlib.Path(out_dir).resolve() / "checkpoints",
-                               options=ocp.CheckpointManagerOptions(max_to_keep=2))
+
+  return ocp.CheckpointManager(
+    pathlib.Path(out_dir).resolve() / "checkpoints",
+    options=ocp.CheckpointManagerOptions(max_to_keep=2),
+  )
 
 
 def _first_line(e: BaseException, limit=200) -> str:
@@ -227,13 +261,14 @@ def restore_checkpoint(out_dir, target, log=print):
     CheckpointError: there are checkpoints and none can be read; nothing is moved then.
   """
   import orbax.checkpoint as ocp
+
   folder = pathlib.Path(out_dir).resolve() / "checkpoints"
   mngr = _checkpoint_manager(out_dir)
   failed = []
   for step in sorted(mngr.all_steps(), reverse=True):
     try:
       restored = mngr.restore(step, args=ocp.args.StandardRestore(target))
-    except Exception as e:           # Orbax and TensorStore raise Exception, ValueError, OSError…
+    except Exception as e:  # Orbax and TensorStore raise Exception, ValueError, OSError…
       failed.append((step, _first_line(e)))
       continue
     if failed:
@@ -241,16 +276,19 @@ def restore_checkpoint(out_dir, target, log=print):
       damaged = pathlib.Path(out_dir).resolve() / "checkpoints_damaged"
       moved = [_move_aside(folder / str(s), damaged) for s, _ in failed]
       mngr = _checkpoint_manager(out_dir)
-      log(f"checkpoint{'s' * (len(failed) > 1)} of step {', '.join(str(s) for s, _ in failed)} "
-          f"in {folder} cannot be read ({failed[0][1]}); moved to "
-          f"{', '.join(map(str, moved))}; resuming from step {step}")
+      log(
+        f"checkpoint{'s' * (len(failed) > 1)} of step {', '.join(str(s) for s, _ in failed)} "
+        f"in {folder} cannot be read ({failed[0][1]}); moved to "
+        f"{', '.join(map(str, moved))}; resuming from step {step}"
+      )
     return restored, step, mngr
   mngr.close()
   if failed:
     raise CheckpointError(
-        f"no checkpoint in {folder} can be read (step "
-        f"{', '.join(str(s) for s, _ in failed)}: {failed[0][1]}); the folder is "
-        f"left as it is; to train afresh, use another out_dir")
+      f"no checkpoint in {folder} can be read (step "
+      f"{', '.join(str(s) for s, _ in failed)}: {failed[0][1]}); the folder is "
+      f"left as it is; to train afresh, use another out_dir"
+    )
   return None, None, _checkpoint_manager(out_dir)
 
 
@@ -272,16 +310,21 @@ def _deferred_interrupt():
   KeyboardInterrupt at once. Only in the main thread and over Python's default handler (a
   handler the caller installed is left alone)."""
   flag = threading.Event()
-  if (threading.current_thread() is not threading.main_thread()
-      or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+  if (
+    threading.current_thread() is not threading.main_thread()
+    or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+  ):
     yield flag
     return
 
   def first(signum, frame):
     flag.set()
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    print("\nCtrl-C: stopping after this step, with a checkpoint (Ctrl-C again: at once)",
-          file=sys.stderr, flush=True)
+    print(
+      "\nCtrl-C: stopping after this step, with a checkpoint (Ctrl-C again: at once)",
+      file=sys.stderr,
+      flush=True,
+    )
 
   signal.signal(signal.SIGINT, first)
   try:
@@ -314,7 +357,7 @@ class ExplosionMonitor:
     if not math.isfinite(loss):
       self.step = step
       return step
-    self.recent = (self.recent + [loss])[-self.window:]
+    self.recent = (self.recent + [loss])[-self.window :]
     smooth = sum(self.recent) / len(self.recent)
     if step > self.warmup_steps and smooth > self.factor * self.running:
       self.step = step
@@ -347,8 +390,12 @@ class EarlyWarning:
     layers = [max(heads) for heads in max_logit]
     if step > self.start and len(self.history) >= self.window:
       for i, x in enumerate(layers):
-        past = sorted(h[i] for h in self.history[-self.window:])
-        median = past[len(past) // 2] if len(past) % 2 else 0.5 * (past[len(past) // 2 - 1] + past[len(past) // 2])
+        past = sorted(h[i] for h in self.history[-self.window :])
+        median = (
+          past[len(past) // 2]
+          if len(past) % 2
+          else 0.5 * (past[len(past) // 2 - 1] + past[len(past) // 2])
+        )
         if math.isfinite(x) and median > 0 and x >= self.factor * median:
           self.step, self.layer = step, i
           return step
@@ -428,15 +475,18 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None, log=pri
     TrainingInterrupted: Ctrl-C (or any KeyboardInterrupt in the loop), after the checkpoint.
   """
   import orbax.checkpoint as ocp
-  t_start = time.perf_counter()                    # max_seconds counts setup and compilation too
+
+  t_start = time.perf_counter()  # max_seconds counts setup and compilation too
   cfg.validate()
   out = pathlib.Path(cfg.out_dir)
   resuming = _has_checkpoints(out)
   if resuming and (changes := config_changes(out, cfg)):
-    raise ConfigError(f"{out} holds a checkpoint of another configuration "
-                      f"({describe_changes(changes)}); to resume it, use its settings "
-                      f"({stored_values(changes)}); to train this configuration, use another "
-                      f"out_dir")
+    raise ConfigError(
+      f"{out} holds a checkpoint of another configuration "
+      f"({describe_changes(changes)}); to resume it, use its settings "
+      f"({stored_values(changes)}); to train this configuration, use another "
+      f"out_dir"
+    )
   try:
     out.mkdir(parents=True, exist_ok=True)
   except OSError as e:
@@ -449,15 +499,21 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None, log=pri
   mesh = None
   if cfg.data_parallel:
     from jax_flashstable.training.parallel import data_mesh
+
     mesh = data_mesh()
     if cfg.batch_size % mesh.size:
-      raise ConfigError(f"batch_size={cfg.batch_size} is not a multiple of the {mesh.size} "
-                        f"devices (data_parallel=True)")
+      raise ConfigError(
+        f"batch_size={cfg.batch_size} is not a multiple of the {mesh.size} "
+        f"devices (data_parallel=True)"
+      )
   place = lambda a, axis: a
   if mesh is not None:
     from jax_flashstable.training.parallel import replicate, shard_batch
+
     place = lambda a, axis: shard_batch(mesh, a, axis)
-    params, opt_state = replicate(mesh, (params, opt_state))   # before a restore: it takes this sharding
+    params, opt_state = replicate(
+      mesh, (params, opt_state)
+    )  # before a restore: it takes this sharding
   # Several hosts: every process trains, process 0 writes the logs (checkpoints are collective).
   log_dir = out if jax.process_index() == 0 else None
   mngr, start = None, 0
@@ -466,9 +522,9 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None, log=pri
     if restored is not None:
       params, opt_state, start = restored["params"], restored["opt_state"], step
   bar, state, summary, stopped = None, (params, opt_state), {}, None
-  done = state_step = start     # the last step logged with finite values / whose state `state` is
-  try:                          # from here on, Ctrl-C saves and the manager is closed in the end
-    kept = [r for r in read_metrics(out) if r["step"] <= start] if start else []   # resumed rows
+  done = state_step = start  # the last step logged with finite values / whose state `state` is
+  try:  # from here on, Ctrl-C saves and the manager is closed in the end
+    kept = [r for r in read_metrics(out) if r["step"] <= start] if start else []  # resumed rows
     monitor, warning = ExplosionMonitor(cfg.warmup_steps), EarlyWarning(start=cfg.warmup_steps)
     for r in kept:
       monitor.update(r["step"], r["loss"])
@@ -476,24 +532,44 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None, log=pri
     for r in kept_diag:
       if "max_logit" in r:
         warning.update(r["step"], r["max_logit"])
-    if start >= cfg.steps:                         # finished before: report it, train nothing
-      return dict(kept[-1] if kept else dict(step=start), n_params=n_params, stopped=None,
-                  warning_step=warning.step, explosion_step=monitor.step, already_finished=True)
+    if start >= cfg.steps:  # finished before: report it, train nothing
+      return dict(
+        kept[-1] if kept else dict(step=start),
+        n_params=n_params,
+        stopped=None,
+        warning_step=warning.step,
+        explosion_step=monitor.step,
+        already_finished=True,
+      )
     train_step, eval_step = shared_steps(cfg, graphdef, tx, mesh)
     schedule = cfg.schedule()
     with open(log_dir / "config.json" if log_dir else os.devnull, "w") as f:
-      json.dump(dict(train=dataclasses.asdict(cfg), n_params=n_params, data=str(data.folder),
-                     data_path=str(pathlib.Path(cfg.data).resolve()) if cfg.data else None,
-                     backend=jax.default_backend(), device=run_meta()["device"],
-                     device_count=jax.device_count() if cfg.data_parallel else 1),
-                f, indent=1, default=str)
+      json.dump(
+        dict(
+          train=dataclasses.asdict(cfg),
+          n_params=n_params,
+          data=str(data.folder),
+          data_path=str(pathlib.Path(cfg.data).resolve()) if cfg.data else None,
+          backend=jax.default_backend(),
+          device=run_meta()["device"],
+          device_count=jax.device_count() if cfg.data_parallel else 1,
+        ),
+        f,
+        indent=1,
+        default=str,
+      )
 
-    step_key, eval_key = jax.random.split(jax.random.key(cfg.seed))   # for stochastic rounding
+    step_key, eval_key = jax.random.split(jax.random.key(cfg.seed))  # for stochastic rounding
 
     def evaluate(params):
-      losses = [eval_step(params, *(place(a, 0) for a in data.batch("val", 1234, i, cfg.batch_size,
-                                                                     seq_len)),
-                          jax.random.fold_in(eval_key, i)) for i in range(cfg.eval_batches)]
+      losses = [
+        eval_step(
+          params,
+          *(place(a, 0) for a in data.batch("val", 1234, i, cfg.batch_size, seq_len)),
+          jax.random.fold_in(eval_key, i),
+        )
+        for i in range(cfg.eval_batches)
+      ]
       return float(np.mean([float(l) for l in losses]))
 
     def save(step, state):
@@ -506,34 +582,42 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None, log=pri
     flops_step = flops_per_token(mcfg, n_params, seq_len) * tokens_per_step
     peak = peak_flops()
     if peak and mesh is not None:
-      peak *= mesh.size                                              # MFU over all the devices
+      peak *= mesh.size  # MFU over all the devices
     if cfg.progress:
       from tqdm.auto import tqdm
+
       bar = tqdm(total=cfg.steps, initial=start, desc=f"{cfg.attention}", leave=False)
     power = None
     if not cfg.diag_interval and not start and log_dir:
-      (log_dir / "diagnostics.jsonl").unlink(missing_ok=True)    # no stale rows from an older run
+      (log_dir / "diagnostics.jsonl").unlink(missing_ok=True)  # no stale rows from an older run
     if cfg.diag_interval:
       from jax_flashstable.training import diagnostics
+
       power = diagnostics.init_power_state(mcfg, jax.random.key(cfg.seed))
-      power = diagnostics.converge_power_state(graphdef, params, power)   # params: as (re)started
+      power = diagnostics.converge_power_state(graphdef, params, power)  # params: as (re)started
       diag_path = log_dir / "diagnostics.jsonl" if log_dir else pathlib.Path(os.devnull)
       diag_path.write_text("".join(json.dumps(r) + "\n" for r in kept_diag))
     metrics_path = log_dir / "metrics.jsonl" if log_dir else pathlib.Path(os.devnull)
     with _deferred_interrupt() as stop_requested, open(metrics_path, "w") as log_file:
-      log_file.writelines(json.dumps(r) + "\n" for r in kept)   # a fresh run, or rows up to start
+      log_file.writelines(json.dumps(r) + "\n" for r in kept)  # a fresh run, or rows up to start
       for step in range(start + 1, cfg.steps + 1):
-        xy = [data.batch("train", cfg.seed, step * cfg.grad_accum + j, cfg.batch_size, seq_len)
-              for j in range(cfg.grad_accum)]
+        xy = [
+          data.batch("train", cfg.seed, step * cfg.grad_accum + j, cfg.batch_size, seq_len)
+          for j in range(cfg.grad_accum)
+        ]
         xs, ys = (np.stack(a) for a in zip(*xy))
         t0 = time.perf_counter()
-        state, m = train_step(state, place(xs, 1), place(ys, 1),
-                              jax.random.fold_in(step_key, step))
+        state, m = train_step(state, place(xs, 1), place(ys, 1), jax.random.fold_in(step_key, step))
         state_step = step
-        m = {k: float(v) for k, v in m.items()}                        # syncs the device
+        m = {k: float(v) for k, v in m.items()}  # syncs the device
         dt = time.perf_counter() - t0
-        row = dict(step=step, lr=float(schedule(step - 1)), step_time_s=dt,
-                   tokens_per_s=tokens_per_step / dt, **m)
+        row = dict(
+          step=step,
+          lr=float(schedule(step - 1)),
+          step_time_s=dt,
+          tokens_per_s=tokens_per_step / dt,
+          **m,
+        )
         if peak:
           row["mfu"] = flops_step / dt / peak
         finite = math.isfinite(m["loss"]) and math.isfinite(m["grad_norm"])
@@ -545,16 +629,28 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None, log=pri
           done = step
         if finite and cfg.diag_interval and step % cfg.diag_interval == 0:
           t_diag = time.perf_counter()
-          d, power = diagnostics.diagnose(graphdef, state[0], xs[0], ys[0], power, cfg.diag_rows,
-                                          jax.random.fold_in(jax.random.key(cfg.seed), step))
-          drow = diagnostics.to_row(step, d)                              # syncs the device
-          drow["diag_time_s"] = time.perf_counter() - t_diag             # its cost, vs step_time_s
+          d, power = diagnostics.diagnose(
+            graphdef,
+            state[0],
+            xs[0],
+            ys[0],
+            power,
+            cfg.diag_rows,
+            jax.random.fold_in(jax.random.key(cfg.seed), step),
+          )
+          drow = diagnostics.to_row(step, d)  # syncs the device
+          drow["diag_time_s"] = time.perf_counter() - t_diag  # its cost, vs step_time_s
           with open(diag_path, "a") as f:
             f.write(json.dumps(drow) + "\n")
-          if (cfg.warning_action != "off" and warning.step is None
-              and warning.update(step, drow["max_logit"])):
-            note = (f"early warning at step {step}: layer {warning.layer}'s max attention logit "
-                    f"jumped ≥{warning.factor:g}× (EarlyWarning); {cfg.warning_action}")
+          if (
+            cfg.warning_action != "off"
+            and warning.step is None
+            and warning.update(step, drow["max_logit"])
+          ):
+            note = (
+              f"early warning at step {step}: layer {warning.layer}'s max attention logit "
+              f"jumped ≥{warning.factor:g}× (EarlyWarning); {cfg.warning_action}"
+            )
             (bar.write if bar is not None else print)(note)
             if cfg.warning_action in ("checkpoint", "stop"):
               save(step, state)
@@ -565,17 +661,20 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None, log=pri
           bar.update(1)
         if not finite:
           last = mngr.latest_step() if mngr is not None else None
-          raise NonFiniteError(f"non-finite loss or gradient at step {step} (loss={m['loss']}, "
-                               f"grad_norm={m['grad_norm']}); last finite checkpoint: "
-                               f"{'step ' + str(last) if last is not None else 'none'} in {out}")
+          raise NonFiniteError(
+            f"non-finite loss or gradient at step {step} (loss={m['loss']}, "
+            f"grad_norm={m['grad_norm']}); last finite checkpoint: "
+            f"{'step ' + str(last) if last is not None else 'none'} in {out}"
+          )
         summary = row
         exploded = monitor.update(step, m["loss"])
-        if stopped:                                  # the early warning's "stop"
+        if stopped:  # the early warning's "stop"
           pass
         elif exploded is not None and 0 <= cfg.stop_after_explosion <= step - exploded:
           stopped = "explosion"
-        elif (cfg.max_seconds and time.perf_counter() - t_start > cfg.max_seconds
-              and step < cfg.steps):
+        elif (
+          cfg.max_seconds and time.perf_counter() - t_start > cfg.max_seconds and step < cfg.steps
+        ):
           stopped = "time"
         due = cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0
         if due or (stopped == "time" and (cfg.checkpoint_interval or mngr is not None)):
@@ -585,12 +684,13 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None, log=pri
         if stop_requested.is_set():
           raise KeyboardInterrupt
     if mngr is not None and mngr.latest_step() is not None and done > mngr.latest_step():
-      save(done, state)                          # the final state of a run that checkpoints
+      save(done, state)  # the final state of a run that checkpoints
   except KeyboardInterrupt:
     # the state of the last completed step, unless the interrupt came inside a step after its
     # input state was donated to it (a second Ctrl-C, or a KeyboardInterrupt raised elsewhere)
     intact = done == state_step and not any(
-        getattr(x, "is_deleted", lambda: False)() for x in jax.tree.leaves(state))
+      getattr(x, "is_deleted", lambda: False)() for x in jax.tree.leaves(state)
+    )
     if intact and done > 0:
       save(done, state)
     last = mngr.latest_step() if mngr is not None else None
@@ -599,10 +699,15 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None, log=pri
     if bar is not None:
       bar.close()
     if mngr is not None:
-      mngr.wait_until_finished()                 # no async save left behind a raised error
+      mngr.wait_until_finished()  # no async save left behind a raised error
       mngr.close()
-  summary = dict(summary, n_params=n_params, stopped=stopped, warning_step=warning.step,
-                 explosion_step=monitor.step)                  # fed every logged loss, resumed too
+  summary = dict(
+    summary,
+    n_params=n_params,
+    stopped=stopped,
+    warning_step=warning.step,
+    explosion_step=monitor.step,
+  )  # fed every logged loss, resumed too
   return summary
 
 
@@ -613,8 +718,10 @@ def _interrupt_message(out, saved, last) -> str:
   if saved:
     return f"interrupted after step {saved}: checkpoint of step {saved} in {folder}; {resume}"
   if last is not None:
-    return (f"interrupted inside a step, whose state is lost; the last checkpoint is step {last} "
-            f"in {folder}; {resume}")
+    return (
+      f"interrupted inside a step, whose state is lost; the last checkpoint is step {last} "
+      f"in {folder}; {resume}"
+    )
   return "interrupted before the first step finished; nothing to save (a rerun starts afresh)"
 
 
@@ -629,7 +736,7 @@ def _read_jsonl(path) -> list[dict]:
     try:
       rows.append(json.loads(line))
     except json.JSONDecodeError:
-      if i < len(lines) - 1:              # only a last line cut by a killed process is dropped
+      if i < len(lines) - 1:  # only a last line cut by a killed process is dropped
         raise
   return rows
 
