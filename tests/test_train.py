@@ -63,7 +63,7 @@ def test_loss_decreases_determinism_and_resume(tmp_path):
   assert losses(b) == la
   from jax_flashstable.training import train  # b reused a's step: one program, compiled once
 
-  step = train._SHARED_STEPS[tuple(getattr(a, f) for f in train.STEP_FIELDS) + (a.steps,)][0]
+  step = train._SHARED_STEPS[train.step_key(a)][0]
   assert step._cache_size() == 1
   # stop after 4 steps (checkpoint at 4), resume to 8: identical to the uninterrupted run
   c = dataclasses.replace(a, out_dir=str(tmp_path / "c"), steps=4, decay_steps=8)

@@ -155,11 +155,16 @@ STEP_FIELDS = (
 _SHARED_STEPS: dict = {}
 
 
+def step_key(cfg: TrainConfig) -> tuple:
+  """What `shared_steps` keys a step on: `STEP_FIELDS` and the schedule's length."""
+  return tuple(getattr(cfg, f) for f in STEP_FIELDS) + (cfg.decay_steps or cfg.steps,)
+
+
 def shared_steps(cfg: TrainConfig, graphdef, tx, mesh=None):
   """`make_steps(graphdef, tx, mesh)` for `cfg`, made once per process for each setting of
   `STEP_FIELDS` and the schedule's length (the 8 newest kept): the same jitted functions, and so
   the same compiled programs, for every run that agrees on them."""
-  key = tuple(getattr(cfg, f) for f in STEP_FIELDS) + (cfg.decay_steps or cfg.steps,)
+  key = step_key(cfg)
   if key not in _SHARED_STEPS:
     if len(_SHARED_STEPS) >= 8:
       _SHARED_STEPS.pop(next(iter(_SHARED_STEPS)))
