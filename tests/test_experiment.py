@@ -21,7 +21,8 @@ TINY = dataclasses.replace(
 def test_variant_configs_are_what_they_say():
   c = experiment.variant_config(TINY, "paper@layer", 3, "/x", tiles=64, layer=1)
   assert c.seed == 3 and c.attention == "xla"
-  assert c.attention_overrides == ((1, "paper:block_q=64,block_k=64"),)
+  # the flash variants run the Triton kernels (EXPERIMENT_BACKEND), as every run of the study
+  assert c.attention_overrides == ((1, "paper+triton:block_q=64,block_k=64"),)
   m = c.model_config()
   assert m.attention_for(1).numerics == "paper" and m.attention_for(0).implementation == "xla"
   assert experiment.variant_config(TINY, "paper+comp", 0, "/x").model_config().attention.stabilize
@@ -34,14 +35,15 @@ def test_variant_configs_are_what_they_say():
   assert c.delta_float32 and c.stabilize and not c.center_keys and c.block_k is None
   assert (
     experiment.variant_config(TINY, "paper:block_k=32", 0, "/x", tiles=64).attention
-    == "paper:block_k=32"
+    == "paper+triton:block_k=32"
   )
+  assert experiment.variant_config(TINY, "fa2+mgpu", 0, "/x").attention == "fa2+mgpu"
 
 
 def test_a_run_stored_with_an_older_spelling_is_the_same_run(tmp_path):
   cfg = experiment.variant_config(TINY, "paper+comp", 0, tmp_path, tiles=32)
   old = dataclasses.replace(
-    cfg, attention="flash:numerics=paper,block_q=32,block_k=32,stabilize=true"
+    cfg, attention="flash:numerics=paper,block_q=32,block_k=32,stabilize=true,backend=triton"
   )
   (tmp_path / "config.json").write_text(
     json.dumps(dict(train=json.loads(json.dumps(dataclasses.asdict(old), default=str))))

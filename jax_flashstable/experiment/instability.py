@@ -52,6 +52,10 @@ from pallas_kernels.policy import check_tile
 # logical tile is the experiment's `tiles` (the paper's kernel: 512×512 at length 1024) unless
 # the spec sets block_q or block_k.
 LAYER_SUFFIX = "@layer"
+# The flash variants run the Triton kernels unless the spec names +mgpu: every run of this
+# study since 2026-11-24 was made with them (the default before backend="auto"), and a series
+# must not change kernels under one variant name. A run's stored `attention` names the backend.
+EXPERIMENT_BACKEND = "triton"
 # The variants of the study so far, in the order a report lists them (any spec is accepted).
 VARIANTS = (
   "paper",
@@ -133,6 +137,8 @@ def variant_attention(variant: str, *, tiles=512, layer=1) -> tuple[str, tuple]:
     and cfg.block_k is None
   ):
     cfg = dataclasses.replace(cfg, block_q=tiles, block_k=tiles)
+  if cfg.implementation == "flash" and cfg.backend == "auto":
+    cfg = dataclasses.replace(cfg, backend=EXPERIMENT_BACKEND)
   if variant.endswith(LAYER_SUFFIX):
     return "xla", ((layer, cfg.name),)
   return cfg.name, ()
