@@ -361,6 +361,13 @@ def _crosscheck(args):
   return 0
 
 
+def _check_packs(runs: str):
+  """--runs: every comma-separated pack exists (ValueError naming the first that does not)."""
+  for path in [q for q in runs.split(",") if q] or [runs]:
+    if not pathlib.Path(path).is_file():
+      raise ValueError(f"--runs {path!r}: no such file")
+
+
 def _experiment(args):
   from jax_flashstable.experiment import instability as experiment
 
@@ -382,8 +389,7 @@ def _experiment(args):
     raise SystemExit(f"flashstable experiment: --attention {args.variants!r}: no variant")
   try:
     if args.runs:
-      if not pathlib.Path(args.runs).is_file():
-        raise ValueError(f"--runs {args.runs!r}: no such file")
+      _check_packs(args.runs)
       experiment.unpack_runs(args.runs, args.out)
     if args.report_only or args.runs:
       rows = experiment.collect(args.out, base, args.layer)
@@ -427,8 +433,7 @@ def _crosscheck_train(args):
     twin.check_tolerance(args.tolerance)
     pairs = twin.parse_pairs(args.pairs)
     if args.runs:
-      if not pathlib.Path(args.runs).is_file():
-        raise ValueError(f"--runs {args.runs!r}: no such file")
+      _check_packs(args.runs)
       instability.unpack_runs(args.runs, args.out)
     elif not args.report_only:
       done = twin.run(
@@ -662,7 +667,8 @@ def build_parser():
   p.add_argument(
     "--runs",
     default=None,
-    help="report the runs of a --pack file (unpacked into --out), training nothing",
+    help="report the runs of --pack files (comma-separated, e.g. several sessions' packs; "
+    "unpacked into --out; a run in several: the one trained furthest), training nothing",
   )
   p.add_argument(
     "--pack",
@@ -755,7 +761,8 @@ def build_parser():
   p.add_argument(
     "--runs",
     default=None,
-    help="report the runs of a --pack file (unpacked into --out), training nothing",
+    help="report the runs of --pack files (comma-separated, e.g. several sessions' packs; "
+    "unpacked into --out; a run in several: the one trained furthest), training nothing",
   )
   p.add_argument(
     "--pack", default=None, help="write every run (no checkpoints) into this one .jsonl.xz file"

@@ -84,6 +84,43 @@ def test_small_matrix_runs_resumes_and_reports(tmp_path):
   assert (tmp_path / "curves.png").stat().st_size > 0
 
 
+def test_a_run_out_of_device_memory_is_one_line_and_the_matrix_goes_on(tmp_path, monkeypatch):
+  """A run whose step exhausts the device memory (XLA's RESOURCE_EXHAUSTED, e.g. two processes
+  on one GPU) is logged in one line naming the failed allocation and left unfinished; the next
+  run trains. Any other runtime error is a bug and propagates."""
+  import jax
+
+  trained = []
+
+  def fake_train(cfg, dataset):
+    if "stochastic" in cfg.attention:
+      raise jax.errors.JaxRuntimeError(
+        "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 49.62GiB with allocator "
+        "GPU_0_bfc on device 0. [executable_name='jit_train_step']"
+      )
+    trained.append(cfg.attention)
+    return dict(stopped=None, step=cfg.steps)
+
+  monkeypatch.setattr(experiment, "train_and_evaluate", fake_train)
+  monkeypatch.setattr(experiment, "load_dataset", lambda cfg: None)
+  monkeypatch.setattr(experiment, "collect", lambda out, base, layer: [])
+  logs = []
+  experiment.run_matrix(TINY, ["stochastic", "fa2"], [0], tmp_path, log=logs.append)
+  assert logs[1] == (
+    "stochastic seed 0: out of device memory (an allocation of 49.62GiB failed; other "
+    "processes on the device count too); left unfinished, it runs next time"
+  )
+  assert trained == ["fa2+triton"] and (tmp_path / "fa2" / "seed0" / "summary.json").exists()
+  assert not (tmp_path / "stochastic" / "seed0" / "summary.json").exists()
+
+  def broken(cfg, dataset):
+    raise jax.errors.JaxRuntimeError("INTERNAL: a kernel failed")
+
+  monkeypatch.setattr(experiment, "train_and_evaluate", broken)
+  with pytest.raises(jax.errors.JaxRuntimeError, match="INTERNAL"):
+    experiment.run_matrix(TINY, ["stochastic"], [0], tmp_path, log=logs.append)
+
+
 def test_explosion_stops_the_run_and_is_reported(tmp_path):
   """A learning rate far too large for the tiny model makes it explode; the run stops a fixed
   number of steps later and the report says so."""
@@ -286,6 +323,20 @@ def test_runaway_survival_fisher_and_pack(tmp_path):
   assert strip(again) == strip(rows)
   assert again[0]["steps_per_s"] == pytest.approx(rows[0]["steps_per_s"], rel=1e-3)
   assert experiment.plot_report(tmp_path, rows).stat().st_size > 0
+  # packs of two sessions: a run in both comes whole from the pack where it trained furthest,
+  # whichever comes first (here a later session's failed start: its config, no steps)
+  failed = tmp_path / "failed"
+  (failed / "paper" / "seed0").mkdir(parents=True)
+  (failed / "paper" / "seed0" / "config.json").write_text(
+    (tmp_path / "paper" / "seed0" / "config.json").read_text()
+  )
+  pack2 = experiment.pack_runs(failed, tmp_path / "failed.jsonl.xz")
+  for order in (f"{pack},{pack2}", [pack2, pack]):
+    out = tmp_path / f"merged{len(str(order))}"
+    assert set(experiment.unpack_runs(order, out)) == {f"{v}/seed{s}" for v, s in by}
+    assert strip(experiment.collect(out, cfg)) == strip(rows)
+  with pytest.raises(FileNotFoundError, match="nope.xz"):
+    experiment.unpack_runs(f"{pack},nope.xz", tmp_path / "x")
 
 
 def test_early_warning_fires_at_a_jump_not_at_a_ramp():

@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import lzma
 import math
 import pathlib
 import statistics
 import time
 
+import jax
 import numpy as np
 
 from jax_flashstable.training.train import (
@@ -53,7 +55,7 @@ from pallas_kernels.policy import check_tile
 # the spec sets block_q or block_k.
 LAYER_SUFFIX = "@layer"
 # The flash variants run the Triton kernels unless the spec names +mgpu: every run of this
-# study since 2026-11-24 was made with them (the default before backend="auto"), and a series
+# study before 2026-12-01 was made with them (the default before backend="auto"), and a series
 # must not change kernels under one variant name. A run's stored `attention` names the backend.
 EXPERIMENT_BACKEND = "triton"
 # The variants of the study so far, in the order a report lists them (any spec is accepted).
@@ -212,6 +214,11 @@ def run_matrix(
       s = train_and_evaluate(cfg, dataset)
     except NonFiniteError as e:
       s = dict(stopped="non-finite", error=str(e))
+    except jax.errors.JaxRuntimeError as e:
+      if "RESOURCE_EXHAUSTED" not in str(e):
+        raise
+      log(f"{variant} seed {seed}: {out_of_memory(e)}; left unfinished, it runs next time")
+      continue
     if s.get("stopped") == "time":
       how = (
         "resumes from its checkpoint next time"
@@ -225,6 +232,16 @@ def run_matrix(
       json.dumps(dict(s, variant=variant, seed=seed), default=str)
     )
   return collect(out, base, layer)
+
+
+def out_of_memory(error) -> str:
+  """One line for a run that ran out of device memory (XLA's RESOURCE_EXHAUSTED), naming the
+  allocation it failed on: at batch 128 a flash run's training step asks about 50 GiB and the
+  reference's 84 GiB (the float32 logits over the vocabulary and their gradient), so two
+  processes on one GPU can exhaust it."""
+  size = re.search(r"allocate ([\d.]+ ?[KMGT]i?B)", str(error))
+  asked = f"an allocation of {size[1]} failed" if size else str(error).splitlines()[0][:120]
+  return f"out of device memory ({asked}; other processes on the device count too)"
 
 
 # A run "runs away" when the watched layer's max logit exceeds this many times the largest the
@@ -605,20 +622,40 @@ def pack_runs(out_dir, path) -> pathlib.Path:
   return path
 
 
-def unpack_runs(path, out_dir) -> list[str]:
-  """Recreates the run folders of a `pack_runs` file under out_dir; returns the runs."""
-  out, runs = pathlib.Path(out_dir), []
-  for line in lzma.decompress(pathlib.Path(path).read_bytes()).decode().splitlines():
-    rec = json.loads(line)
-    run = out / rec["run"]
-    if ".." in pathlib.PurePosixPath(rec["run"]).parts or rec["file"] not in RUN_FILES:
-      raise ValueError(f"{path}: unexpected entry {rec['run']}/{rec['file']}")
-    run.mkdir(parents=True, exist_ok=True)
-    text = (
-      json.dumps(rec["rows"][0], indent=1)
-      if rec["file"].endswith(".json")
-      else "".join(json.dumps(r) + "\n" for r in rec["rows"])
-    )
-    (run / rec["file"]).write_text(text)
-    runs.append(rec["run"])
-  return list(dict.fromkeys(runs))
+def unpack_runs(paths, out_dir) -> list[str]:
+  """Recreates the run folders of one `pack_runs` file, or of several (a list, or one string of
+  comma-separated paths: packs of several sessions), under out_dir; returns the runs. A run in
+  several packs is taken whole from the pack where it trained the most steps (the later pack
+  on a tie): a run that failed to start on one device leaves an empty folder in its pack, and
+  a run cut short and run again has more steps in the later pack.
+
+  Raises ValueError naming the pack and the entry when a pack holds a path outside out_dir or
+  a file that is not a run file, FileNotFoundError naming a pack that does not exist."""
+  if isinstance(paths, (str, pathlib.Path)):
+    paths = [q for q in str(paths).split(",") if q]
+  found = {}  # run → (steps, its records), the best so far
+  for path in paths:
+    if not pathlib.Path(path).is_file():
+      raise FileNotFoundError(f"pack {str(path)!r}: no such file")
+    records = {}
+    for line in lzma.decompress(pathlib.Path(path).read_bytes()).decode().splitlines():
+      rec = json.loads(line)
+      if ".." in pathlib.PurePosixPath(rec["run"]).parts or rec["file"] not in RUN_FILES:
+        raise ValueError(f"{path}: unexpected entry {rec['run']}/{rec['file']}")
+      records.setdefault(rec["run"], []).append(rec)
+    for run, recs in records.items():
+      steps = sum(len(r["rows"]) for r in recs if r["file"] == "metrics.jsonl")
+      if run not in found or steps >= found[run][0]:
+        found[run] = (steps, recs)
+  out = pathlib.Path(out_dir)
+  for run, (_, recs) in found.items():
+    folder = out / run
+    folder.mkdir(parents=True, exist_ok=True)
+    for rec in recs:
+      text = (
+        json.dumps(rec["rows"][0], indent=1)
+        if rec["file"].endswith(".json")
+        else "".join(json.dumps(r) + "\n" for r in rec["rows"])
+      )
+      (folder / rec["file"]).write_text(text)
+  return list(found)

@@ -197,14 +197,17 @@ def twin_jax_spec(attention: str, tiles: int, beta=2.0, tie_tolerance=1e-3) -> s
 
 
 def is_exact(pair: Pair, tiles: int) -> bool:
-  """Whether the pair's JAX variant has exactly the twin attention's numerics."""
+  """Whether the pair's JAX variant has exactly the twin attention's numerics (whichever
+  kernels run them: the backends share the rounding points)."""
   from jax_flashstable.attention.config import AttentionConfig
 
   if pair.torch not in EXACT:
     return False
   jax_cfg = AttentionConfig.parse(instability.variant_attention(pair.jax, tiles=tiles)[0])
-  spec = twin_jax_spec(pair.torch, tiles, jax_cfg.beta, jax_cfg.tie_tolerance)
-  return AttentionConfig.parse(spec) == jax_cfg
+  twin_cfg = AttentionConfig.parse(
+    twin_jax_spec(pair.torch, tiles, jax_cfg.beta, jax_cfg.tie_tolerance)
+  )
+  return dataclasses.replace(twin_cfg, backend=jax_cfg.backend) == jax_cfg
 
 
 def twin_fields(cfg: TrainConfig, attention: str, tiles: int) -> dict:
