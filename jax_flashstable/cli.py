@@ -16,6 +16,8 @@ import os
 import pathlib
 import sys
 
+from jax_flashstable import interrupts
+
 DTYPES = ("bfloat16", "float16", "float32")
 
 
@@ -886,7 +888,9 @@ def main(argv=None):
 def console_main(argv=None):
   """The `flashstable` console entry point (and `python -m jax_flashstable.cli`): a user error
   is its one line on stderr and exit status 2; Ctrl-C one line and status 130 (the training
-  loop has saved a checkpoint and says how to resume); never a traceback for either."""
+  loop has saved a checkpoint and says how to resume); never a traceback for either. Ctrl-C
+  is taken on a thread of its own (`interrupts.take_on_a_thread`), set up before JAX starts."""
+  interrupts.take_on_a_thread()
   try:
     code = main(argv)
   except SystemExit as e:

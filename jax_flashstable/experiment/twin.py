@@ -63,6 +63,7 @@ import time
 
 import numpy as np
 
+from jax_flashstable import interrupts
 from jax_flashstable.experiment import instability
 from jax_flashstable.training.train import (
   NonFiniteError,
@@ -348,12 +349,13 @@ def check_torch_python(python: str) -> str:
   interpreter if it cannot run or cannot import torch."""
   python = resolve_python(python)
   try:
-    proc = subprocess.run(
-      [python, "-c", "import torch; print(torch.__version__)"],
-      capture_output=True,
-      text=True,
-      timeout=300,
-    )
+    with interrupts.unblocked():
+      proc = subprocess.run(
+        [python, "-c", "import torch; print(torch.__version__)"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+      )
   except OSError as e:
     raise ValueError(f"--torch-python {python!r} does not run: {e}") from None
   if proc.returncode:
@@ -610,9 +612,10 @@ def _run_twin(python, it: _Item, run_dir, init, torch_args, env, left, log) -> s
   log(f"{name}: training ({' '.join(cmd[1:])})")
   t0 = time.perf_counter()
   with open(run_dir / "twin.log", "w") as keep:
-    proc = subprocess.Popen(
-      cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, bufsize=1
-    )
+    with interrupts.unblocked():  # the twin answers Ctrl-C itself
+      proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, bufsize=1
+      )
     timer = None
     if math.isfinite(left):
       timer = threading.Timer(left, proc.kill)

@@ -8,16 +8,12 @@ micro-batches inside the same jit. Parameters float32, matmuls bfloat16 (`gpt2.p
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import math
 import os
 import pathlib
 import shutil
-import signal
-import sys
-import threading
 import time
 
 import jax
@@ -26,6 +22,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from jax_flashstable import interrupts
 from jax_flashstable.attention.config import AttentionConfig
 from jax_flashstable.training.config import (  # noqa: F401 (WARNING_ACTIONS: re-exported)
   RESUMABLE_FIELDS,
@@ -308,36 +305,6 @@ def _move_aside(path: pathlib.Path, folder: pathlib.Path) -> pathlib.Path:
   return dest
 
 
-@contextlib.contextmanager
-def _deferred_interrupt():
-  """Within: the first Ctrl-C (SIGINT) sets the yielded flag instead of raising, so that the
-  loop stops at the end of the step with consistent state and logs; a second Ctrl-C raises
-  KeyboardInterrupt at once. Only in the main thread and over Python's default handler (a
-  handler the caller installed is left alone)."""
-  flag = threading.Event()
-  if (
-    threading.current_thread() is not threading.main_thread()
-    or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
-  ):
-    yield flag
-    return
-
-  def first(signum, frame):
-    flag.set()
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    print(
-      "\nCtrl-C: stopping after this step, with a checkpoint (Ctrl-C again: at once)",
-      file=sys.stderr,
-      flush=True,
-    )
-
-  signal.signal(signal.SIGINT, first)
-  try:
-    yield flag
-  finally:
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
 def init_state(cfg: TrainConfig):
   model = GPT(cfg.model_config(), rngs=nnx.Rngs(cfg.seed))
   graphdef, params = nnx.split(model, nnx.Param)
@@ -603,7 +570,7 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None, log=pri
       diag_path = log_dir / "diagnostics.jsonl" if log_dir else pathlib.Path(os.devnull)
       diag_path.write_text("".join(json.dumps(r) + "\n" for r in kept_diag))
     metrics_path = log_dir / "metrics.jsonl" if log_dir else pathlib.Path(os.devnull)
-    with _deferred_interrupt() as stop_requested, open(metrics_path, "w") as log_file:
+    with interrupts.deferred() as stop_requested, open(metrics_path, "w") as log_file:
       log_file.writelines(json.dumps(r) + "\n" for r in kept)  # a fresh run, or rows up to start
       for step in range(start + 1, cfg.steps + 1):
         xy = [
