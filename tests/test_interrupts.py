@@ -26,7 +26,8 @@ with interrupts.deferred() as flag:
   print("flag", wait_for(flag), flush=True)
   try:  # a second: KeyboardInterrupt at once
     os.kill(os.getpid(), signal.SIGINT)
-    for _ in range(2000):  # KeyboardInterrupt comes when the main thread runs Python code
+    t = time.monotonic()
+    while time.monotonic() - t < 60:  # KeyboardInterrupt comes when this thread runs Python
       time.sleep(0.01)
     print("second: nothing", flush=True)
   except KeyboardInterrupt:
@@ -34,7 +35,8 @@ with interrupts.deferred() as flag:
 # outside `deferred`: KeyboardInterrupt, as Python's default
 try:
   os.kill(os.getpid(), signal.SIGINT)
-  for _ in range(2000):
+  t = time.monotonic()
+  while time.monotonic() - t < 60:
     time.sleep(0.01)
   print("outside: nothing", flush=True)
 except KeyboardInterrupt:
@@ -58,11 +60,12 @@ def test_ctrl_c_on_a_thread_sets_the_flag_then_interrupts():
     env=dict(os.environ, PYTHONPATH=str(REPO)),
   )
   assert proc.returncode == 0, proc.stderr
-  assert proc.stdout.splitlines() == [
+  assert proc.stdout.splitlines() == [  # (once in CI, 2026-12-01: "second: nothing" after a
+    # 20 s wait, not reproduced in 52 runs under load; the wait is 60 s now)
     "flag True",
     "second: KeyboardInterrupt",
     "outside: KeyboardInterrupt",
     "child blocked: inside 0 outside 1",
     "main still blocked True",
-  ]
+  ], (proc.stdout, proc.stderr)
   assert proc.stderr.count("Ctrl-C: stopping after this step") == 1, proc.stderr
