@@ -51,14 +51,17 @@ def take_on_a_thread() -> bool:
   """Blocks SIGINT in the calling (main) thread and every thread started after, and starts a
   daemon thread that takes it (`signal.sigwait`) and acts as `_on_interrupt`. Call it first,
   before JAX starts threads (threads started before keep the signal unblocked). Idempotent.
-  Returns whether SIGINT is taken on the thread: False off the main thread or off POSIX (then
-  `deferred` installs a Python handler instead). Child processes inherit the block: start them
+  Returns whether SIGINT is taken on the thread: False off the main thread, off POSIX (then
+  `deferred` installs a Python handler instead) and where the process was started ignoring
+  SIGINT (a background job, nohup), which it goes on ignoring. Child processes inherit the block: start them
   inside `unblocked()`."""
   global _taker
   if _taker is not None:
     return True
-  if threading.current_thread() is not threading.main_thread() or not hasattr(
-    signal, "pthread_sigmask"
+  if (
+    threading.current_thread() is not threading.main_thread()
+    or not hasattr(signal, "pthread_sigmask")
+    or signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # started to ignore it (nohup, &)
   ):
     return False
   signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})

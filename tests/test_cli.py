@@ -220,6 +220,12 @@ def test_help_imports_no_jax():
   assert _run_cli("train", "--help").stdout.startswith("usage: flashstable train")
 
 
+AS_FROM_A_TERMINAL = (
+  "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+  "sys.argv[0] = 'flashstable'; runpy.run_module('jax_flashstable.cli', run_name='__main__')"
+)
+
+
 def test_ctrl_c_saves_resumable_checkpoint_and_exits_130(tmp_path, capsys):
   """A real SIGINT during `train`: one line saying where and how to resume, status 130, no
   traceback, no "terminate called"; the checkpoint is of the last logged step; rerunning a
@@ -238,7 +244,10 @@ def test_ctrl_c_saves_resumable_checkpoint_and_exits_130(tmp_path, capsys):
   ] + FAST
   env = dict(os.environ, PYTHONPATH=str(REPO))
   proc = subprocess.Popen(
-    [sys.executable, "-m", "jax_flashstable.cli", *argv],
+    # `python -m jax_flashstable.cli`, with SIGINT handled as from a terminal even when the
+    # suite runs as a background job (SIGINT ignored there and inherited: the CLI would rightly
+    # go on ignoring it)
+    [sys.executable, "-c", AS_FROM_A_TERMINAL, *argv],
     env=env,
     stdout=subprocess.PIPE,
     stderr=subprocess.PIPE,
