@@ -2,15 +2,15 @@
 step with a checkpoint (`deferred`), and the CLI takes the signal on a thread of its own
 (`take_on_a_thread`) so that it interrupts no other thread.
 
-Why a thread of its own: a SIGINT that arrived while XLA's CPU runtime computed a training step
-could wedge that step for good: seen in the test suite under load (2026-12-01, jax 0.11.2, two
-cores), where `flashstable train` logged 4 steps, got the signal, and its 5th step never ended —
-two XLA workers stayed in the compiled kernel, the main thread waited in
-`BlockUntilReadyWithCancel`, and the handler never ran — while the same run without the signal
-trained on. Blocked in every thread and taken with `sigwait`, the signal interrupts no thread
-and no wait; the waiting thread passes it on as a flag or as KeyboardInterrupt in the main
-thread. No JAX here: the CLI sets this up before JAX starts a thread (threads inherit the
-signal mask).
+Why a thread of its own: blocked in every thread and taken with `sigwait`, the signal
+interrupts no thread and no wait (XLA's runtime threads included); the waiting thread passes it
+on as a flag or as KeyboardInterrupt in the main thread. What led here (2026-12-01): the Ctrl-C
+test timed out when the suite ran as a background job; its children had inherited SIGINT
+ignored, so the old handler was never installed and training went on. That is now explicit (a
+process started ignoring SIGINT keeps ignoring it; the tests start their child as from a
+terminal). Whether a signal arriving mid-step can also stall XLA's CPU runtime, as one gdb
+trace first suggested, is not established. No JAX here: the CLI sets this up before JAX starts
+a thread (threads inherit the signal mask).
 """
 
 from __future__ import annotations
