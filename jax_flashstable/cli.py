@@ -364,8 +364,11 @@ def _crosscheck(args):
 
 
 def _check_packs(runs: str):
-  """--runs: every comma-separated pack exists (ValueError naming the first that does not)."""
-  for path in [q for q in runs.split(",") if q] or [runs]:
+  """--runs: every comma-separated pack exists, checked before any is read (ValueError naming
+  the first that does not)."""
+  from jax_flashstable.experiment.instability import pack_paths
+
+  for path in pack_paths(runs):
     if not pathlib.Path(path).is_file():
       raise ValueError(f"--runs {path!r}: no such file")
 

@@ -53,8 +53,8 @@ def take_on_a_thread() -> bool:
   before JAX starts threads (threads started before keep the signal unblocked). Idempotent.
   Returns whether SIGINT is taken on the thread: False off the main thread, off POSIX (then
   `deferred` installs a Python handler instead) and where the process was started ignoring
-  SIGINT (a background job, nohup), which it goes on ignoring. Child processes inherit the block: start them
-  inside `unblocked()`."""
+  SIGINT (a background job, nohup), which it goes on ignoring. Child processes inherit the
+  block: start them inside `unblocked()`."""
   global _taker
   if _taker is not None:
     return True

@@ -331,8 +331,8 @@ def test_runaway_survival_fisher_and_pack(tmp_path):
     (tmp_path / "paper" / "seed0" / "config.json").read_text()
   )
   pack2 = experiment.pack_runs(failed, tmp_path / "failed.jsonl.xz")
-  for order in (f"{pack},{pack2}", [pack2, pack]):
-    out = tmp_path / f"merged{len(str(order))}"
+  for n, order in enumerate((f"{pack},{pack2}", [pack2, pack])):
+    out = tmp_path / f"merged{n}"
     assert set(experiment.unpack_runs(order, out)) == {f"{v}/seed{s}" for v, s in by}
     assert strip(experiment.collect(out, cfg)) == strip(rows)
   with pytest.raises(FileNotFoundError, match="nope.xz"):

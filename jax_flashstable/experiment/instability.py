@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import lzma
 import math
 import pathlib
+import re
 import statistics
 import time
 
@@ -622,6 +622,14 @@ def pack_runs(out_dir, path) -> pathlib.Path:
   return path
 
 
+def pack_paths(paths) -> list:
+  """The packs of `unpack_runs`'s argument: a list as it is, a path, or one string of
+  comma-separated paths (`--runs A,B`)."""
+  if isinstance(paths, (str, pathlib.Path)):
+    return [q for q in str(paths).split(",") if q]
+  return list(paths)
+
+
 def unpack_runs(paths, out_dir) -> list[str]:
   """Recreates the run folders of one `pack_runs` file, or of several (a list, or one string of
   comma-separated paths: packs of several sessions), under out_dir; returns the runs. A run in
@@ -631,10 +639,8 @@ def unpack_runs(paths, out_dir) -> list[str]:
 
   Raises ValueError naming the pack and the entry when a pack holds a path outside out_dir or
   a file that is not a run file, FileNotFoundError naming a pack that does not exist."""
-  if isinstance(paths, (str, pathlib.Path)):
-    paths = [q for q in str(paths).split(",") if q]
   found = {}  # run → (steps, its records), the best so far
-  for path in paths:
+  for path in pack_paths(paths):
     if not pathlib.Path(path).is_file():
       raise FileNotFoundError(f"pack {str(path)!r}: no such file")
     records = {}
