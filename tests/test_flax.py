@@ -92,6 +92,42 @@ def test_every_implementation_agrees_with_fp64(impl):
   assert np.abs(np.asarray(out, np.float64) - gold).max() < 2e-2
 
 
+@pytest.mark.parametrize("spec", ["reference-fp32", "reference-bf16"])
+def test_reference_backward_recomputes_the_scores_same_values_less_memory(spec):
+  """The materialized reference's backward recomputes its scores and probabilities
+  (jax.checkpoint): jitted gradients of a stack of four layers bit for bit those of the
+  program that keeps them, and the compiled program holds less, since each layer's scores no
+  longer live until its backward (the anchor-b128 FP32 reference ran out of an H200's memory)."""
+  from jax_flashstable.attention import flax_adapter
+
+  cfg = AttentionConfig.parse(spec)
+  rng = np.random.default_rng(1)
+  q, k, v, d_out = (
+    jnp.asarray(3 * rng.standard_normal((2, 256, 4, 32)), jnp.bfloat16) for _ in range(4)
+  )
+  dtype = jnp.dtype(cfg.reference_dtype)
+
+  def grads(layer):
+    def stack(q, k, v):
+      for _ in range(4):
+        q = layer(q, k, v, True, 0.17, dtype)
+      return q
+
+    step = jax.jit(lambda q, k, v: jax.vjp(stack, q, k, v)[1](d_out))
+    return step(q, k, v), step.lower(q, k, v).compile().memory_analysis().temp_size_in_bytes
+
+  (got, temp), (want, temp_kept) = (
+    grads(flax_adapter._reference),
+    grads(flax_adapter._reference_kept),
+  )
+  for g, w in zip(got, want):
+    np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(w, np.float32))
+  assert temp < 0.75 * temp_kept, (temp, temp_kept)
+  out = attend(q, k, v, cfg, causal=True, softmax_scale=0.17)  # what the model calls
+  kept = flax_adapter._reference_kept(q, k, v, True, 0.17, dtype)
+  np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(kept, np.float32))
+
+
 def test_attention_config_parsing_and_errors():
   assert AttentionConfig.parse("fa2+comp") == AttentionConfig("flash", stabilize=True)
   assert AttentionConfig.parse("fa2+comp:block_k=32,beta=2.5") == AttentionConfig(

@@ -61,18 +61,24 @@ def attend(
       **config.flash_kwargs(),
     )
   if impl == "reference":
-    out = _attention.reference_attention(
-      query,
-      key,
-      value,
-      causal=causal,
-      softmax_scale=softmax_scale,
-      dtype=jnp.dtype(config.reference_dtype),
-    )
-    return out.astype(query.dtype)
+    return _reference(query, key, value, causal, softmax_scale, jnp.dtype(config.reference_dtype))
   return jax.nn.dot_product_attention(
     query, key, value, scale=softmax_scale, is_causal=causal, implementation=impl
   )
+
+
+# The backward recomputes the materialized reference's scores and probabilities instead of
+# keeping them ([batch, heads, q_len, kv_len] in reference_dtype, two per layer: 6.4 GB a layer in
+# float32 at batch 128 × 6 heads × 1024², which put the FP32 reference of the anchor-b128 recipe
+# out of an H200's memory): the same program evaluated twice, so the same values.
+def _reference_kept(query, key, value, causal, softmax_scale, dtype):
+  out = _attention.reference_attention(
+    query, key, value, causal=causal, softmax_scale=softmax_scale, dtype=dtype
+  )
+  return out.astype(query.dtype)
+
+
+_reference = jax.checkpoint(_reference_kept, static_argnums=(3, 4, 5))
 
 
 def attention_fn(
