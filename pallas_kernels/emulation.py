@@ -184,7 +184,11 @@ def emulate_backward(
   prod = (do * o).astype(F32)
   delta = (round_bf16(prod) if paper else prod).sum(-1, dtype=F32)
   s = _scores(q, k, numerics, softmax_scale, intermediate)
-  p = np.where(valid, np.exp((s - row_max[..., None]) - log_l[..., None]), 0).astype(F32)
+  if numerics.single_lse:  # one float32 lse per row, as production kernels (`Numerics.probs`)
+    lse = (row_max + log_l).astype(F32)
+    p = np.where(valid, np.exp(s - lse[..., None]), 0).astype(F32)
+  else:
+    p = np.where(valid, np.exp((s - row_max[..., None]) - log_l[..., None]), 0).astype(F32)
   dp = _dot(do, v.swapaxes(-1, -2))
   if paper:
     dp = round_bf16(dp)

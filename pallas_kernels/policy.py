@@ -32,6 +32,10 @@ up (rowsum dS)·c for keys sharing a component c):
     center_keys     dQ = dS (K − c), c = the mean of the real keys per (batch, kv head),
                     K − c rounded to the input dtype (`dq_keys`); exact in exact arithmetic,
                     because each row of dS sums to 0
+and one that gives the production kernels' backward exactly:
+    single_lse      P = exp(S − lse) from one float32 lse = m + log l per row, as
+                    FlashAttention-2 and -3, cuDNN and JAX's Pallas mha form it (and this
+                    library did before 2026-12-01); see `probs`
 
 This module is the one table of the layouts: `flash_attention`'s docstring and the kernels
 point here. The Mosaic GPU forward's float32 differences (`exp_scores` with base2) are here too.
@@ -105,7 +109,8 @@ class Numerics:
                in fp32 clamped at ≥ 1e−10; P̄V = bf16(dot(bf16(P̄), V)) (fp32 accumulation);
                α = exp(bf16(m_old − m_new)); l = bf16(α·l_old + tile sum);
                O = bf16(bf16(O_old·α) + P̄V); finally O = bf16(O / l), lse = log(l) + m (fp32).
-      backward S recomputed as above but masked with −inf; P = exp(S − lse) fp32;
+      backward S recomputed as above but masked with −inf; P = exp(S − lse) fp32 (here
+               from m and log l kept apart, `probs`; single_lse is the paper's own);
                dV_tile = bf16(bf16(P)ᵀ·dO); dP = bf16(dO·Vᵀ); delta = fp32 sum of bf16(dO∘O);
                dS = (P·scale)·(dP − delta) fp32; dQ_tile = bf16(bf16(dS)·K);
                dK_tile = bf16(bf16(dS)ᵀ·Q); dQ, dK, dV accumulated tile by tile in bf16.
@@ -123,11 +128,15 @@ class Numerics:
   stochastic: bool = False  # stochastic final rounding of O
   delta_float32: bool = False  # backward option: delta from the float32 O
   center_keys: bool = False  # backward option: dQ from the keys less their mean
+  single_lse: bool = False  # backward option: P from one float32 lse, as production kernels
 
-  def with_options(self, *, delta_float32=False, center_keys=False) -> "Numerics":
+  def with_options(self, *, delta_float32=False, center_keys=False, single_lse=False) -> "Numerics":
     """This layout with the backward options (module docstring)."""
     return dataclasses.replace(
-      self, delta_float32=bool(delta_float32), center_keys=bool(center_keys)
+      self,
+      delta_float32=bool(delta_float32),
+      center_keys=bool(center_keys),
+      single_lse=bool(single_lse),
     )
 
   # --- forward -------------------------------------------------------------------------
@@ -202,7 +211,16 @@ class Numerics:
     for bit the difference is written as 0: a compiler may contract S = QKᵀ·scale into this
     subtraction (an FMA: XLA on CPU does), which skips the rounding of S that m had, and the
     max's P would be off by up to ½ ulp(S) (2e-6 at S ≈ 70 in float32); the comparison gives S
-    a second use, so it is rounded as in the forward."""
+    a second use, so it is rounded as in the forward.
+
+    single_lse: the production kernels' P = exp(S − lse), lse = m + log l rounded to float32
+    once per row (FlashAttention-2's `softmax_lse`). It scales every P of row i by one factor
+    f_i = exp(m + log l − lse), |f_i − 1| ≤ about ½ ulp(lse) ≈ |m|·2⁻²⁴, and with them the
+    row's dS and its share of dV and dK; f_i = l_i > 1 on rows where log l < ½ ulp(m) (lse
+    rounds to m). Σ_j dS_ij becomes f_i·(rowsum(P∘dP) − delta_i): the rows' sums are scaled,
+    not made non-zero, so it adds no (rowsum dS)·c term of its own."""
+    if self.single_lse:
+      return jnp.exp(s - (m + log_l))
     return jnp.exp(jnp.where(s == m, 0.0, s - m) - log_l)
 
   def d_out(self, d_out, input_dtype):

@@ -53,6 +53,7 @@ def test_nnx_multihead_attention(recorder):
     backend="auto",
     delta_float32=False,
     center_keys=False,
+    single_lse=False,
   )
 
 
@@ -196,6 +197,8 @@ def test_old_spellings_parse_with_a_warning_naming_the_new_one(old, new):
     "reference-bf16",
     "stochastic+comp",
     "fa2+comp+delta32+center",
+    "fa2+comp+lse",
+    "paper+lse:block_q=512,block_k=512",
     "paper:tie_tolerance=0.01,block_q=512,block_k=512",
   ],
 )

@@ -90,6 +90,34 @@ def test_large_logits_keep_the_backward_exact(value):
   assert c.flash["d_value"].max <= c.standard["d_value"].max
 
 
+def test_single_lse_gives_the_production_kernels_p():
+  """`single_lse=True` forms P = exp(S − lse) from one float32 lse, as FlashAttention-2/3 and
+  cuDNN do. On bf16 q = k = v = 704 (T = S = 4, head_dim 64) every logit is
+  S = 704²·64/8 = 3,964,928, exact in float32, and lse = fl32(S + log 4) = S + 1.5 (ulp 0.25):
+  each P is exp(−1.5) = 0.2231 instead of 1/4, so dV_j = 0.2231·Σ_i dO_i, 10.7% low. The output
+  is the forward's and stays exact."""
+  import jax
+  from jax_flashstable import flash_attention, reference_attention_vjp
+
+  x = jnp.full((1, 4, 1, 64), 704.0, jnp.bfloat16)
+  do = jnp.asarray(np.random.default_rng(0).standard_normal((1, 4, 1, 64)), jnp.bfloat16)
+  s = np.float32(704.0 * 704.0 * 64 / 8)
+  lse = s + np.float32(np.log(4.0))  # float32 sum
+  assert lse - s == 1.5
+  p = np.exp(np.float64(s) - np.float64(lse))
+  want = p * np.asarray(do, np.float64).sum(axis=1)  # [1, 1, 64], every key row the same
+  gold_out, (_, _, gold_dv) = reference_attention_vjp(x, x, x, do, dtype=jnp.float64)
+  got = {}
+  for single in (False, True):
+    out, vjp = jax.vjp(lambda v: flash_attention(x, x, v, single_lse=single), x)
+    got[single] = np.asarray(vjp(do)[0], np.float64)
+    np.testing.assert_allclose(np.asarray(out, np.float64), gold_out, rtol=2**-8)
+  ulp = 2.0**-8 * np.abs(gold_dv).max()
+  np.testing.assert_allclose(got[True], np.broadcast_to(want, got[True].shape), atol=ulp)
+  assert np.abs(got[True] - gold_dv).max() > 0.1 * np.abs(gold_dv).max()  # 10.7% off
+  np.testing.assert_allclose(got[False], gold_dv, atol=ulp)  # the default: exact to bf16
+
+
 def test_float32_gradients_reach_float32_accuracy():
   """float32 q = k = v = [[1,2,3],[4,5,6],[7,8,9]], dO = 1 on the first two rows: dV within
   2·error(naive float32) + 1 float32 ulp of FP64 (it was 1.6e-6 against 3e-8: the max's P

@@ -29,6 +29,9 @@ CASES = [  # (layout, batch, len, heads, kv_heads, head_dim, causal, stabilize, 
   ("paper", 1, 65, 2, 2, 32, True, True, BF16, 64, 64),  # one real key in the last tile
   ("fp32_out", 1, 140, 2, 2, 64, True, True, BF16, None, None),
   ("stochastic", 1, 140, 2, 1, 64, False, False, BF16, None, None),
+  # the production kernels' backward P from one float32 lse (its effect at large logits:
+  # tests/test_mechanism.py::test_single_lse_gives_the_production_kernels_p)
+  ("fa2+lse", 1, 130, 2, 2, 64, True, False, BF16, None, None),
 ]
 
 
@@ -42,8 +45,9 @@ def ids(c):
 
 @pytest.mark.parametrize("case", CASES, ids=ids)
 def test_kernel_matches_bit_level_emulation(case):
-  layout, b, L, h, hk, d, causal, stabilize, dt, bq, bk = case
-  numerics = get_numerics(layout)
+  spec, b, L, h, hk, d, causal, stabilize, dt, bq, bk = case
+  layout, _, option = spec.partition("+")
+  numerics = get_numerics(layout).with_options(single_lse=option == "lse")
   rng = np.random.default_rng(L + d)
   q, k, v, do = (
     rng.standard_normal(s).astype(dt)
@@ -60,6 +64,7 @@ def test_kernel_matches_bit_level_emulation(case):
     causal=causal,
     stabilize=stabilize,
     numerics=layout,
+    single_lse=numerics.single_lse,
     block_q=bq,
     block_k=bk,
     return_stats=True,

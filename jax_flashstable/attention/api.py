@@ -70,6 +70,7 @@ def flash_attention(
   numerics="fa2",
   delta_float32=False,
   center_keys=False,
+  single_lse=False,
   block_q=None,
   block_k=None,
   interpret=None,
@@ -116,6 +117,10 @@ def flash_attention(
     center_keys: the backward's dQ = dS·(K − c) with c the mean key per (batch, kv head)
       (K − c in float32, rounded to the input dtype): exact because each row of dS sums to 0,
       and removes the (rowsum dS)·c term rounding leaves when keys share a large component.
+    single_lse: the backward forms P = exp(S − lse) from one float32 lse = m + log l per row,
+      as FlashAttention-2/3, cuDNN and JAX's Pallas mha do, instead of exp((S − m) − log l):
+      the production kernels' numerics, whose P errs by up to about |m|·2⁻²⁴ relative once
+      the row max m is large (`pallas_kernels.policy.Numerics.probs`; docs/numerics.md).
     block_q, block_k: forward tile sizes, powers of two ≥ 16. They are part of the numerics
       (ties are detected per key tile). Defaults: block_k = 64, block_q = 128 (64 when
       head_dim > 128), the same on CPU and GPU.
@@ -174,6 +179,7 @@ def flash_attention(
     numerics=numerics,
     delta_float32=delta_float32,
     center_keys=center_keys,
+    single_lse=single_lse,
     block_q=block_q,
     block_k=block_k,
     interpret=interpret,
@@ -221,6 +227,7 @@ def _kernel_config(
   numerics="fa2",
   delta_float32=False,
   center_keys=False,
+  single_lse=False,
   block_q=None,
   block_k=None,
   interpret=None,
@@ -240,7 +247,9 @@ def _kernel_config(
     raise TypeError(f"causal must be a bool, got causal={causal!r}")
   if backend not in BACKENDS:
     raise ValueError(f"backend must be one of {BACKENDS}, got backend={backend!r}")
-  layout = get_numerics(numerics).with_options(delta_float32=delta_float32, center_keys=center_keys)
+  layout = get_numerics(numerics).with_options(
+    delta_float32=delta_float32, center_keys=center_keys, single_lse=single_lse
+  )
   seeds = None
   if layout.stochastic:
     if query.dtype != jnp.bfloat16:

@@ -10,7 +10,8 @@ names it everywhere (the Flax module, the GPT-2 model, `flashstable train --atte
     MODIFIER := comp (stabilize=true: the compensation of Qiu & Yao 2025), mgpu
                 (backend=mosaic_gpu: our Hopper kernels, explicitly), triton
                 (backend=triton: the Triton kernels, explicitly), delta32
-                (delta_float32=true), center (center_keys=true)
+                (delta_float32=true), center (center_keys=true), lse (single_lse=true:
+                the production kernels' P = exp(S − lse) in the backward)
     FIELD    := any field of AttentionConfig
 
 For example "paper+comp", "fa2+comp+mgpu:block_k=128", "fa2:tie_tolerance=0.01". A flash spec
@@ -44,7 +45,8 @@ class AttentionConfig:
     per step and layer).
   stabilize, beta, tie_tolerance: the compensation of Qiu & Yao 2025 (flash only).
   delta_float32, center_keys: backward options of the flash kernels that remove one piece of
-    the bias mechanism each (`flash_attention`).
+    the bias mechanism each (`flash_attention`); single_lse: the backward's P from one float32
+    lse per row, as production kernels form it.
   block_q, block_k: flash tile sizes (None: the kernel defaults).
   backend: the flash kernels, "auto" (default: Mosaic GPU on a Hopper GPU where it supports
     the call, else Triton), "triton" or "mosaic_gpu" (Hopper; see `flash_attention`).
@@ -61,6 +63,7 @@ class AttentionConfig:
   tie_tolerance: float = 1e-3
   delta_float32: bool = False
   center_keys: bool = False
+  single_lse: bool = False
   block_q: int | None = None
   block_k: int | None = None
   reference_dtype: str = "float32"
@@ -184,6 +187,7 @@ _FLASH_FIELDS = (
   "tie_tolerance",
   "delta_float32",
   "center_keys",
+  "single_lse",
   "block_q",
   "block_k",
   "backend",
@@ -237,6 +241,7 @@ MODIFIERS = {
   "triton": dict(backend="triton"),
   "delta32": dict(delta_float32=True),
   "center": dict(center_keys=True),
+  "lse": dict(single_lse=True),
 }
 # Older spellings → their spec now (parse warns with FutureWarning).
 ALIASES = {"flash": "fa2", "flash-stable": "fa2+comp", "fp32-reference": "reference-fp32"}

@@ -75,6 +75,8 @@ VARIANTS = (
   "fa2+delta32+comp",
   "fa2+center",
   "fa2+center+comp",
+  "fa2+lse",
+  "fa2+lse+comp",
 )
 
 # The anchor of issue 6 (measured with the paper's PyTorch model and kernel on one H200):
