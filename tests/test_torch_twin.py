@@ -552,9 +552,13 @@ def test_attention_matches_jax_layouts(tmp_path):
 def test_optimizer_and_schedule_match_optax(tmp_path):
   """`OptaxAdamW` against `train.make_optimizer` (optax, jitted) over 12 steps of random
   gradients — clipped and not, with weight decay on the ≥2-D leaves, through warmup, cosine and
-  past decay_steps: the parameters are bit-identical after every step. torch.optim.AdamW with
-  torch's clip_grad_norm_ and the same schedule, the obvious alternative, is not (up to 84% of
-  the entries differ after a step, by float32 roundings and clip's +1e-6). The schedule:
+  past decay_steps: the parameters agree to float32 rounding after every step (bit-identical on
+  the CPU this was written on; on an AVX2 one, 2026-12-01, ≥ 84% of the entries of every leaf
+  are and the rest within one float32 ulp at the leaf's scale, since XLA contracts the jitted
+  update's multiply-adds where the CPU has FMA and torch's eager ops round each: asserted ≥ 80%
+  and 1 ulp). torch.optim.AdamW with torch's clip_grad_norm_ and the same schedule, the obvious
+  alternative, is not (up to 81% of the entries differ after a step, by up to 2.5 ulps at the
+  leaf's scale: float32 roundings and clip's +1e-6). The schedule:
   `learning_rate` against optax's over the anchor's 25,000 counts, jitted (as in the update:
   measured 99.6% equal, the rest ≤ 2.7e-7 relative where XLA's float32 cos is an ulp off) and
   eager (as in metrics.jsonl: equal at the 57 counts sampled)."""
@@ -624,12 +628,21 @@ def test_optimizer_and_schedule_match_optax(tmp_path):
     ",".join(map(str, eager_counts)),
   )
   t = np.load(tmp_path / "out.npz")
-  torch_differs = 0.0
+
+  def ulps(a, b):  # float32 ulps at the leaf's scale
+    from jax_flashstable.lab.accuracy import ulp_at_scale
+
+    return float(np.max(np.abs(a - b))) / ulp_at_scale(b, floor=1e-30, dtype=jnp.float32)
+
+  worst = {"ours": (1.0, 0.0), "torch": (1.0, 0.0)}  # (least identical fraction, most ulps)
   for i, ref in enumerate(after):
     for k, v in ref.items():
-      np.testing.assert_array_equal(t[f"ours{i}/{k}"], v, err_msg=f"step {i + 1}, {k}")
-      torch_differs = max(torch_differs, np.mean(t[f"torch{i}/{k}"] != v))
-  assert torch_differs > 0.2, torch_differs
+      for side in worst:
+        a = t[f"{side}{i}/{k}"]
+        same, off = worst[side]
+        worst[side] = (min(same, float(np.mean(a == v))), max(off, ulps(a, v)))
+  assert worst["ours"][0] >= 0.8 and worst["ours"][1] <= 1.0, worst  # float32 rounding
+  assert worst["torch"][0] < 0.5 and worst["torch"][1] > 2.0, worst  # clip's +1e-6 and more
   # the schedule: float32 values equal optax's except where XLA's float32 cos is off by one ulp
   assert np.mean(t["lr_jit"] == lr_jit) > 0.99
   assert np.max(np.abs(t["lr_jit"] - lr_jit)[1:] / lr_jit[1:]) < 5e-7  # lr(0) = 0

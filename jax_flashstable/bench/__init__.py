@@ -14,6 +14,7 @@ from jax_flashstable.bench.kernels import (
   default_impls,
   default_shapes,
   golden_hashes,
+  hash_key,
   paired_speed_ratio,
 )
 from jax_flashstable.bench.report import format_bench, format_step_table, plot_bench
@@ -41,6 +42,7 @@ __all__ = [
   "format_step_table",
   "golden_hashes",
   "gpt2_step_table",
+  "hash_key",
   "median_seconds",
   "name_error",
   "paired_overhead",

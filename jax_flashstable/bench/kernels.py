@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import platform
 
 import jax
 import jax.numpy as jnp
@@ -160,6 +161,41 @@ def default_impls(gpu: bool, layouts=("fa2",)):
   if gpu:
     impls += ["cudnn", "torch-flash", "torch-cudnn"]
   return impls
+
+
+def hash_key(backend: str | None = None) -> str:
+  """The key of tests/golden_hashes.json this machine's `golden_hashes` are recorded under:
+  the JAX backend ("gpu": the Triton kernels on the GPU), or for the CPU "cpu-<machine>[-<isa>]"
+  (e.g. "cpu-x86_64-avx2", from /proc/cpuinfo's flags: avx512 with avx512f, avx2 with AVX2 and
+  FMA, avx, sse). XLA's CPU code generation follows the instruction set — with FMA it contracts
+  float32 multiply-adds — so float32 intermediates, and the bits of every layout that keeps
+  them, differ between CPU classes: on 2026-12-01, 12 of the 16 hashes of an AVX2 CPU differed
+  from those of the earlier development CPU, and capping XLA at AVX (no FMA) changed all 16."""
+  backend = backend or jax.default_backend()
+  if backend != "cpu":
+    return backend
+  machine = platform.machine().lower().replace("amd64", "x86_64")
+  isa = ""
+  if machine == "x86_64":
+    flags = set()
+    try:
+      with open("/proc/cpuinfo") as f:
+        flags = next(
+          (set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set()
+        )
+    except OSError:  # not Linux: the class is unknown
+      pass
+    if flags:
+      isa = (
+        "avx512"
+        if "avx512f" in flags
+        else "avx2"
+        if {"avx2", "fma"} <= flags
+        else "avx"
+        if "avx" in flags
+        else "sse"
+      )
+  return f"cpu-{machine}" + (f"-{isa}" if isa else "")
 
 
 def golden_hashes(
