@@ -33,15 +33,17 @@ def test_diagnostics_match_direct_computations():
 
 
 def test_diagnostics_rows_and_plot(tmp_path):
-  cfg = TrainConfig(
+  cfg = TrainConfig(  # test_train.cfg's step and diagnostics: one compile for both files
     model="tiny",
     model_overrides=(("block_size", 32),),
     steps=4,
-    batch_size=2,
-    warmup_steps=1,
+    decay_steps=10,
+    batch_size=4,
+    lr=3e-3,
+    warmup_steps=2,
     eval_interval=0,
     diag_interval=2,
-    diag_rows=8,
+    diag_rows=4,
     progress=False,
     out_dir=str(tmp_path / "run"),
   )

@@ -26,10 +26,13 @@ SMALL = (("block_size", 32),)
 
 
 def cfg(tmp_path, name, **kw):
+  """A tiny run; the cosine's length is fixed (decay_steps), so runs that differ only in their
+  steps share one compiled step (`train.shared_steps`, the persistent compilation cache)."""
   base = dict(
     model="tiny",
     model_overrides=SMALL,
     steps=8,
+    decay_steps=10,
     batch_size=4,
     lr=3e-3,
     warmup_steps=2,
@@ -66,13 +69,13 @@ def test_loss_decreases_determinism_and_resume(tmp_path):
   step = train._SHARED_STEPS[train.step_key(a)][0]
   assert step._cache_size() == 1
   # stop after 4 steps (checkpoint at 4), resume to 8: identical to the uninterrupted run
-  c = dataclasses.replace(a, out_dir=str(tmp_path / "c"), steps=4, decay_steps=8)
+  c = dataclasses.replace(a, out_dir=str(tmp_path / "c"), steps=4)
   train_and_evaluate(c)
   train_and_evaluate(dataclasses.replace(c, steps=8))
   assert losses(c) == la
   assert json.load(open(tmp_path / "c" / "config.json"))["n_params"] == s["n_params"]
   # running again into the same folder starts a fresh metrics file (no mixed runs)
-  train_and_evaluate(dataclasses.replace(b, steps=3, decay_steps=8))
+  train_and_evaluate(dataclasses.replace(b, steps=3))
   assert [r["step"] for r in read_metrics(b.out_dir)] == [1, 2, 3]
 
 
