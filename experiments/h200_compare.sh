@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The main job on one H200 (device tool; carry .data): `flashstable compare --data .data`, whose
+# GPU setting trains the key pair at anchor-b128 (paper and paper+comp, seed 25; about 10
+# minutes), in a process session of its own (setsid) so that it outlives the 10-minute call.
+# `wait` follows it for up to S seconds; once it has finished it brings back the report, the
+# PNG, the log and the runs (packed, no checkpoints: `experiment instability --runs` reads
+# them). Call `wait` again at once (the machine goes back 30 s after a call) until "done".
+# Usage (repo root, on the device):
+#   bash experiments/h200_compare.sh start "$OUT"
+#   bash experiments/h200_compare.sh wait "$OUT" 560
+set -u
+cmd=${1:-}; OUT=${2:-runs/h200}
+H=/tmp/compare-hold; R=/tmp/compare
+source "$(dirname "$0")/h200_env.sh"
+pack() { python3 -c "import sys; from jax_flashstable.experiment.instability import pack_runs
+pack_runs(*sys.argv[1:])" "$@"; }
+case $cmd in
+start)
+  mkdir -p $H "$OUT"
+  nvidia-smi -L
+  setsid nohup python3 -m jax_flashstable.cli compare --data .data --out-dir $R \
+    > $H/log 2>&1 < /dev/null &
+  echo $! > $H/pid
+  sleep 45
+  tail -n 5 $H/log
+  ;;
+wait)
+  t0=$(date +%s)
+  while kill -0 "$(cat $H/pid)" 2>/dev/null && (( $(date +%s) - t0 < ${3:-560} )); do sleep 5; done
+  cp $H/log "$OUT/compare.log"
+  if kill -0 "$(cat $H/pid)" 2>/dev/null; then
+    tail -n 8 $H/log
+    pack $R "$OUT/partial-compare.jsonl.xz"
+    echo "running; call wait again"
+  else
+    tail -n 40 $H/log
+    pack $R "$OUT/runs-compare.jsonl.xz"
+    cp $R/report.md $R/curves.png "$OUT"/ && echo done
+  fi
+  ;;
+*) echo "usage: h200_compare.sh start|wait OUT [S]" >&2; exit 2 ;;
+esac
