@@ -567,10 +567,15 @@ def take_jax_runs(
           "with `experiment instability` or leave the seed out"
         )
       if changes := reuse_changes(folder, it.cfg):
+        hint = (  # another attention: not a setting to ask for (see docs/studies/training-twin.md)
+          "train the JAX side"
+          if {"attention", "attention_overrides"} & set(changes)
+          else f"ask for the settings it was made with ({stored_values(changes)}) or train "
+          "the JAX side"
+        )
         raise ValueError(
           f"--jax-runs {r['pack']}: {what} was run with other settings than this command's "
-          f"JAX run ({describe_changes(changes)}); it is another run: pair it with the "
-          f"settings it was made with ({stored_values(changes)}) or train the JAX side"
+          f"JAX run ({describe_changes(changes)}); it is another run: {hint}"
         )
       target = out / "jax" / run
       if target.exists() and not _same_files(folder, target):
