@@ -39,10 +39,12 @@
 # a slower twin only makes the torch queue lag (the report pairs whatever both sides finished).
 # With JAX_PREVIOUS (one H200 is enough: two runs at a time gain nothing) the default QUEUE is
 # the anchor-b128 runs the packs hold with today's settings: paper 29, 30, 31 (JAX exploded at
-# 29 and 31), paper+comp 27, 28, fa2 21, 24 (sdpa-flash) and cudnn 24 (sdpa-cudnn); paper and
-# paper+comp 24–28 of 2026-11-30 are refused (stored before the experiment named its backend,
-# with the backward of before 2026-12-01; docs/studies/training-twin.md):
-#   JAX_PREVIOUS="experiments/results/h200-2026-12-01-b128/runs.jsonl.xz
+# steps 1,452, 2,935, 1,306), paper+comp 27, 28, fa2 21, 24 (sdpa-flash) and cudnn 24
+# (sdpa-cudnn); paper 24–28 and paper+comp 24–26 of 2026-11-30 are refused (stored before the
+# experiment named its backend, with the backward of before 2026-12-01;
+# docs/studies/training-twin.md):
+#   JAX_PREVIOUS="experiments/results/h200-2026-11-30-b128/runs.jsonl.xz
+#     experiments/results/h200-2026-12-01-b128/runs.jsonl.xz
 #     experiments/results/h200-2026-12-01c-b128/runs-1.jsonl.xz
 #     experiments/results/h200-2026-12-01c-b128/runs-2.jsonl.xz" BUDGET=1450 \
 #     bash experiments/h200_twin.sh start "$OUT"

@@ -11,7 +11,9 @@ numerics for the SDPA backends: sdpa-flash ↔ fa2, sdpa-cudnn ↔ cudnn). Per p
                                   twin's .npz layout (`export_init`; the layout is documented
                                   once, in gpt_twin.py's docstring)
   OUT/jax/<variant>/seed<k>/      the JAX run, through `instability.run_matrix` (its
-                                  checkpoints, resumption and refusal of changed settings)
+                                  checkpoints, resumption and refusal of changed settings), or
+                                  taken as it is from the instability experiment's packs
+                                  (`take_jax_runs`, --jax-runs: the same run, not trained again)
   OUT/torch/<attention>/seed<k>/  the twin, a subprocess (no checkpoints: a run cut by the time
                                   budget starts again from step 1)
   OUT/null/<variant>/seed<k>/     (null_steps > 0) the JAX run again with every batch fed as two
