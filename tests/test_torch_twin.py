@@ -547,6 +547,43 @@ def test_attention_matches_jax_layouts(tmp_path):
     assert control < 0.6, (name, control)
 
 
+def test_reference_recomputes_its_probabilities_with_the_same_gradients():
+  """The twin's reference-fp32 backward recomputes S and P (torch.utils.checkpoint; at
+  anchor-b128 the kept float32 P are 3 GiB a layer): on a two-layer GPT at length 128 the loss
+  and every parameter gradient are bit for bit those of the backward that keeps them
+  (`RECOMPUTE_REFERENCE = False`), and autograd keeps no [.., seq, seq] tensor (the plain one
+  keeps each layer's P, for the softmax and for P·V, and its causal mask)."""
+  reply = run_torch(
+    """
+    cfg = T.ModelConfig(2, 2, 64, 128, 512, False)
+    g = torch.Generator().manual_seed(0)
+    x, y = (torch.randint(0, 512, (2, 128), generator=g) for _ in range(2))
+    res = {}
+    try:
+      for recompute in (True, False):
+        T.RECOMPUTE_REFERENCE = recompute
+        model = T.GPT(cfg, T.AttentionChoice("reference-fp32"), seed=3)
+        shapes = []
+        keep = lambda t: (shapes.append(tuple(t.shape)), t)[1]
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+          loss = T.loss_fn(model, x, y)
+        loss.backward()
+        grads = {n: p.grad for n, p in model.named_parameters()}
+        res[recompute] = loss, grads, sum(len(s) > 1 and s[-2:] == (128, 128) for s in shapes)
+    finally:
+      T.RECOMPUTE_REFERENCE = True
+    (l1, g1, sq1), (l0, g0, sq0) = res[True], res[False]
+    differ = sum(int((g1[n] != g0[n]).sum()) for n in g0)
+    print(json.dumps(dict(loss=bool(torch.equal(l1, l0)), n=len(g0), differ=differ,
+                          square=[sq1, sq0], nonzero=sum(int((g0[n] != 0).sum()) for n in g0))))
+  """
+  )
+  r = json.loads(reply)
+  assert r["loss"] and r["differ"] == 0 and r["n"] == 3 + 6 * 2, r  # wte, wpe, ln_f; 6 a layer
+  assert r["nonzero"] > 100_000, r  # real gradients
+  assert r["square"] == [0, 6], r  # a layer: P (for softmax and P·V) and the mask; 0 recomputed
+
+
 # --- optimizer and schedule ---------------------------------------------------------------
 
 
