@@ -981,6 +981,7 @@ CROSSCHECK_ERRORS = [
   (["--null-steps", "2", "--batch-size", "3"], "batch_size=3 is odd"),
   (["--steps", "0"], "steps=0 must be an integer ≥ 1"),
   (["--runs", "/nonexistent.jsonl.xz"], "--runs '/nonexistent.jsonl.xz': no such file"),
+  (["--data", "/nonexistent"], "data folder not found: /nonexistent"),
 ]
 
 

@@ -245,8 +245,12 @@ def twin_fields(cfg: TrainConfig, attention: str, tiles: int) -> dict:
     if getattr(cfg, f) < low:  # what gpt_twin would refuse, refused here first
       raise ValueError(f"{f} must be >= {low}, got {f}={getattr(cfg, f)}")
   att = AttentionConfig.parse(cfg.attention)
+  try:
+    data = None if cfg.data is None else str(resolve_data_dir(cfg.data))
+  except FileNotFoundError as e:  # a missing folder: one line, as TrainConfig.validate's
+    raise ValueError(str(e)) from None
   fields = dict(
-    data=None if cfg.data is None else str(resolve_data_dir(cfg.data)),
+    data=data,
     attention=attention,
     block_q=tiles,
     block_k=tiles,
