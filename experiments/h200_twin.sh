@@ -11,7 +11,12 @@
 # warm (JAX from its checkpoints; a cut twin run starts again); PREVIOUS=FILES (packs brought
 # back by an earlier session, e.g. experiments/results/…/twin-*.jsonl.xz, made with the same
 # RUNS folder: a JAX run's out_dir is part of its configuration) are unpacked first, so their
-# finished runs are skipped. TORCH_ARGS go to every twin run (e.g. "--compile off"). What
+# finished runs are skipped. JAX_PREVIOUS=PACKS (the instability experiment's packs,
+# experiments/results/h200-*-b128/runs*.jsonl.xz, spaces or commas between them) runs the torch
+# side only, on GPU 0: each item's JAX runs are taken from the packs (`crosscheck-train
+# --jax-runs`; an item whose runs are not there, unfinished or made with other settings fails in
+# one line and the queue goes on), and its default QUEUE is the pairs those packs hold at
+# anchor-b128 (below). TORCH_ARGS go to every twin run (e.g. "--compile off"). What
 # comes back under $OUT (at most 8 files): per folder its runs packed (twin-NAME.jsonl.xz, no
 # checkpoints; `crosscheck-train --runs FILE` reports them), report-NAME.md, twin-NAME.png,
 # and the queue logs (queues.log).
@@ -32,9 +37,25 @@
 # pair on the JAX side, two or three more finish the queue (PREVIOUS=the packs of the last).
 # The twin's speed (torch.compile, bf16 cuBLAS) is unmeasured: each run prints its steps/s, and
 # a slower twin only makes the torch queue lag (the report pairs whatever both sides finished).
+# With JAX_PREVIOUS (one H200 is enough: two runs at a time gain nothing) the default QUEUE is
+# the anchor-b128 runs the packs hold with today's settings: paper 29, 30, 31 (JAX exploded at
+# steps 1,452, 2,935, 1,306), paper+comp 27, 28, fa2 21, 24 (sdpa-flash) and cudnn 24
+# (sdpa-cudnn); paper 24–28 and paper+comp 24–26 of 2026-11-30 are refused (stored before the
+# experiment named its backend, with the backward of before 2026-12-01;
+# docs/studies/training-twin.md):
+#   JAX_PREVIOUS="experiments/results/h200-2026-11-30-b128/runs.jsonl.xz
+#     experiments/results/h200-2026-12-01-b128/runs.jsonl.xz
+#     experiments/results/h200-2026-12-01c-b128/runs-1.jsonl.xz
+#     experiments/results/h200-2026-12-01c-b128/runs-2.jsonl.xz" BUDGET=1450 \
+#     bash experiments/h200_twin.sh start "$OUT"
 set -u
 cmd=${1:-run}; OUT=${2:-runs/h200}
 RECIPE=${RECIPE:-anchor-b128}; BUDGET=${BUDGET:-540}
+JAX_PREVIOUS=$(tr ' \n' ',,' <<< "${JAX_PREVIOUS:-}" | tr -s , | sed 's/^,//; s/,$//')
+if [[ -n $JAX_PREVIOUS ]]; then
+  QUEUE=${QUEUE:-"paper:29:3000 paper+comp:27:3000 paper:31:3000 sdpa-flash:21:3000
+    paper:30:3000 paper+comp:28:3000 sdpa-flash:24:3000 sdpa-cudnn:24:3000"}
+fi
 QUEUE=${QUEUE:-"reference-fp32,paper:24:300:300 paper,paper+comp:24:3000 paper,paper+comp:25:3000
   paper,paper+comp:26:3000 reference-fp32:24:3000 sdpa-flash,sdpa-cudnn:24,25,26:3000"}
 R=${RUNS:-/tmp/twin}; H=/tmp/twin-hold
@@ -58,7 +79,7 @@ run_side() {  # side gpu: every item's runs of that side, in order
     echo "[$side] $item with $left s left ($(date +%T))"
     CUDA_VISIBLE_DEVICES=$gpu cli --side $side --pairs "$pairs" --seeds "$seeds" --steps "$steps" \
       --null-steps "${null:-0}" --time-budget "$left" --torch-python python3 --no-progress \
-      --torch-args "${TORCH_ARGS:-}" \
+      --torch-args "${TORCH_ARGS:-}" ${JAX_PREVIOUS:+--jax-runs "$JAX_PREVIOUS"} \
       --out $R/$RECIPE-s$steps 2>&1 | sed -u "s/^/[$side] /"
   done
 }
@@ -70,9 +91,13 @@ queues() {
     unpack $f $R/$name && echo "unpacked $f into $R/$name"
   done
   local ngpu; ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
-  run_side jax 0 > $R/queue-jax.log 2>&1 &     # one GPU (nvidia-h200): both sides share it
-  run_side torch $(( ngpu > 1 ? 1 : 0 )) > $R/queue-torch.log 2>&1 &
-  wait
+  if [[ -n $JAX_PREVIOUS ]]; then   # the JAX side from the packs: the twin alone, on GPU 0
+    run_side torch 0 > $R/queue-torch.log 2>&1
+  else
+    run_side jax 0 > $R/queue-jax.log 2>&1 &     # one GPU (nvidia-h200): both sides share it
+    run_side torch $(( ngpu > 1 ? 1 : 0 )) > $R/queue-torch.log 2>&1 &
+    wait
+  fi
   for dir in $R/$RECIPE-s*/; do
     name=$(basename $dir)
     cli --report-only --pairs "$ALLPAIRS" --steps ${name##*-s} --out $dir \
@@ -87,7 +112,8 @@ run) queues ;;
 start)
   mkdir -p $H/out
   setsid nohup env QUEUE="$QUEUE" BUDGET="$BUDGET" RECIPE=$RECIPE RUNS=$R PREVIOUS="${PREVIOUS:-}" \
-    TORCH_ARGS="${TORCH_ARGS:-}" bash "$0" run $H/out > $H/log 2>&1 < /dev/null &
+    JAX_PREVIOUS="$JAX_PREVIOUS" TORCH_ARGS="${TORCH_ARGS:-}" bash "$0" run $H/out > $H/log 2>&1 \
+    < /dev/null &
   echo $! > $H/pid
   sleep 60
   tail -n 5 $R/queue-*.log

@@ -433,10 +433,22 @@ def _crosscheck_train(args):
     )
   base = _train_config(args, **instability.RECIPES[args.recipe])
   seeds = _ints(args.seeds, "--seeds")
-  report = args.side == "both" or args.report_only or args.runs
+  report = args.side == "both" or args.report_only or args.runs or args.jax_runs
   try:
     twin.check_tolerance(args.tolerance)
     pairs = twin.parse_pairs(args.pairs)
+    if args.jax_runs:  # before anything runs: the JAX side is then done
+      twin.take_jax_runs(
+        args.jax_runs,
+        base,
+        pairs,
+        seeds,
+        args.out,
+        tiles=args.tiles,
+        layer=args.layer,
+        side=args.side,
+        null_steps=args.null_steps,
+      )
     if args.runs:
       _check_packs(args.runs)
       instability.unpack_runs(args.runs, args.out)
@@ -466,6 +478,8 @@ def _crosscheck_train(args):
     raise SystemExit(f"flashstable crosscheck-train: {e}") from None
   if result is not None:
     meta = _meta(args) | dict(recipe_name=args.recipe)
+    if args.jax_runs:
+      meta["jax_runs"] = args.jax_runs
     if args.report_only or args.runs:
       meta["report_made_on"] = meta.pop("device")
     path = twin.write_report(args.out, result, base, args.layer, meta)
@@ -721,7 +735,7 @@ def build_parser():
     default="both",
     help="both: JAX in "
     "this process, the twin in subprocesses at the same time; jax / torch: one side "
-    "only (e.g. one process per GPU), no report",
+    "only (e.g. one process per GPU), no report (torch with --jax-runs: the report)",
   )
   p.add_argument(
     "--null-steps",
@@ -768,6 +782,13 @@ def build_parser():
     default=None,
     help="report the runs of --pack files (comma-separated, e.g. several sessions' packs; "
     "unpacked into --out; a run in several: the one trained furthest), training nothing",
+  )
+  p.add_argument(
+    "--jax-runs",
+    default=None,
+    help="take the JAX runs from `experiment instability --pack` files (comma-separated; "
+    "each asked pair and seed must be there, finished, made with these settings) into "
+    "--out/jax instead of training them; with --side torch only the twin trains, then the report",
   )
   p.add_argument(
     "--pack", default=None, help="write every run (no checkpoints) into this one .jsonl.xz file"

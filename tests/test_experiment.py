@@ -3,6 +3,7 @@ early stop after an explosion."""
 
 import dataclasses
 import json
+import lzma
 import math
 import pathlib
 
@@ -337,6 +338,11 @@ def test_runaway_survival_fisher_and_pack(tmp_path):
     assert strip(experiment.collect(out, cfg)) == strip(rows)
   with pytest.raises(FileNotFoundError, match="nope.xz"):
     experiment.unpack_runs(f"{pack},nope.xz", tmp_path / "x")
+  for n, data in enumerate((b"not xz", lzma.compress(b"[1, 2]\n"), lzma.compress(b"{"))):
+    (tmp_path / f"bad{n}.xz").write_bytes(data)  # not xz; not runs; not JSON: one line each
+    with pytest.raises(ValueError, match=f"pack '.*bad{n}.xz' is not a pack of runs"):
+      experiment.unpack_runs(f"{pack},{tmp_path / f'bad{n}.xz'}", tmp_path / "x")
+  assert not (tmp_path / "x").exists()  # nothing written before every pack is read
 
 
 def test_early_warning_fires_at_a_jump_not_at_a_ramp():

@@ -16,6 +16,7 @@ Run with PYTHONPATH=<this checkout> so that `jax_flashstable` is this checkout's
 """
 
 import json
+import lzma
 import math
 import os
 import pathlib
@@ -32,7 +33,7 @@ from flax import nnx
 
 from jax_flashstable import cli
 from jax_flashstable.attention.config import AttentionConfig
-from jax_flashstable.experiment import twin
+from jax_flashstable.experiment import instability, twin
 from jax_flashstable.training.data import Dataset
 from jax_flashstable.attention.flax_adapter import attend
 from jax_flashstable.training.train import (
@@ -546,6 +547,43 @@ def test_attention_matches_jax_layouts(tmp_path):
     assert control < 0.6, (name, control)
 
 
+def test_reference_recomputes_its_probabilities_with_the_same_gradients():
+  """The twin's reference-fp32 backward recomputes S and P (torch.utils.checkpoint; at
+  anchor-b128 the kept float32 P are 3 GiB a layer): on a two-layer GPT at length 128 the loss
+  and every parameter gradient are bit for bit those of the backward that keeps them
+  (`RECOMPUTE_REFERENCE = False`), and autograd keeps no [.., seq, seq] tensor (the plain one
+  keeps each layer's P, for the softmax and for P·V, and its causal mask)."""
+  reply = run_torch(
+    """
+    cfg = T.ModelConfig(2, 2, 64, 128, 512, False)
+    g = torch.Generator().manual_seed(0)
+    x, y = (torch.randint(0, 512, (2, 128), generator=g) for _ in range(2))
+    res = {}
+    try:
+      for recompute in (True, False):
+        T.RECOMPUTE_REFERENCE = recompute
+        model = T.GPT(cfg, T.AttentionChoice("reference-fp32"), seed=3)
+        shapes = []
+        keep = lambda t: (shapes.append(tuple(t.shape)), t)[1]
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+          loss = T.loss_fn(model, x, y)
+        loss.backward()
+        grads = {n: p.grad for n, p in model.named_parameters()}
+        res[recompute] = loss, grads, sum(len(s) > 1 and s[-2:] == (128, 128) for s in shapes)
+    finally:
+      T.RECOMPUTE_REFERENCE = True
+    (l1, g1, sq1), (l0, g0, sq0) = res[True], res[False]
+    differ = sum(int((g1[n] != g0[n]).sum()) for n in g0)
+    print(json.dumps(dict(loss=bool(torch.equal(l1, l0)), n=len(g0), differ=differ,
+                          square=[sq1, sq0], nonzero=sum(int((g0[n] != 0).sum()) for n in g0))))
+  """
+  )
+  r = json.loads(reply)
+  assert r["loss"] and r["differ"] == 0 and r["n"] == 3 + 6 * 2, r  # wte, wpe, ln_f; 6 a layer
+  assert r["nonzero"] > 100_000, r  # real gradients
+  assert r["square"] == [0, 6], r  # a layer: P (for softmax and P·V) and the mask; 0 recomputed
+
+
 # --- optimizer and schedule ---------------------------------------------------------------
 
 
@@ -657,8 +695,7 @@ STEPS, BATCH = 4, 2
 # `flashstable crosscheck-train` on the tiny model: STEPS steps of BATCH sequences, warmup 2,
 # cosine to 1e-5 over STEPS, 64×64 tiles (2×2 at length 128), diagnostics every 2 steps; the
 # twin on one thread.
-CROSSCHECK = [
-  "crosscheck-train",
+TRAIN = [  # the training settings, also of the instability run the twin takes (`--jax-runs`)
   "--recipe",
   "tiny",
   "--seeds",
@@ -682,6 +719,10 @@ CROSSCHECK = [
   "--diag-interval",
   "2",
   "--no-progress",
+]
+CROSSCHECK = [
+  "crosscheck-train",
+  *TRAIN,
   "--torch-python",
   TORCH_PYTHON,
   "--torch-args",
@@ -801,6 +842,130 @@ def test_crosscheck_train_report_and_resumption(training_runs, capsys):
   assert c["max_rel"] == pytest.approx(2 * twin.TOLERANCE, rel=1e-5)  # float32 losses
 
 
+# --- the JAX side taken from the instability experiment's packs (--jax-runs) ------------------
+
+
+@pytest.fixture(scope="module")
+def instability_pack(tmp_path_factory):
+  """The paper layout's run of `flashstable experiment instability` with the cross-check's
+  settings (`TRAIN`), packed as a GPU session brings its runs back (no checkpoints)."""
+  out = tmp_path_factory.mktemp("instability")
+  pack = out / "runs.jsonl.xz"
+  argv = ["experiment", "instability", *TRAIN, "--attention", "paper", "--out", str(out / "runs")]
+  assert cli.main(argv + ["--pack", str(pack)]) == 0
+  return pack
+
+
+def _f32(rows, key="loss"):
+  return [np.float32(r[key]) for r in rows]
+
+
+def test_crosscheck_train_takes_the_jax_side_from_instability_packs(
+  training_runs, instability_pack, tmp_path, capsys
+):
+  """`--side torch --jax-runs PACK`: the instability experiment's run is taken into OUT/jax as
+  packed and not trained again; only the twin trains, and the report pairs the two. The
+  instability run is the cross-check's own JAX run (the same settings: its losses, grad and
+  param norms are those of `training_runs`' JAX paper run, float32 for float32), the twin
+  starts from the same initial parameters (the same .npz arrays) and trains the same steps,
+  so the agreement is the normal path's. The same command with both sides again: nothing
+  trains."""
+  out = tmp_path / "twin"
+  argv = CROSSCHECK + ["--pairs", "paper", "--jax-runs", str(instability_pack), "--out", str(out)]
+  capsys.readouterr()
+  assert cli.main(argv + ["--side", "torch"]) == 0
+  log = capsys.readouterr().out.split("# Training cross-check")[0]
+  assert f"jax paper seed 0: taken from {instability_pack} (4 steps" in log, log
+  assert "jax paper seed 0: training" not in log and "torch paper seed 0: training" in log, log
+  instability.unpack_runs(instability_pack, tmp_path / "unpacked")
+  run = out / "jax" / "paper" / "seed0"
+  for name in instability.RUN_FILES:  # the pack's files, untouched
+    assert (run / name).read_bytes() == (
+      tmp_path / "unpacked" / "paper" / "seed0" / name
+    ).read_bytes()
+  assert not (run / "checkpoints").exists()
+  ref = {side: read_metrics(training_runs / side / "paper" / "seed0") for side in ("jax", "torch")}
+  j, t = read_metrics(run), read_metrics(out / "torch" / "paper" / "seed0")
+  for key in ("loss", "grad_norm", "param_norm", "lr"):
+    assert _f32(j, key) == _f32(ref["jax"], key), key  # one run, made by either command
+    assert _f32(t, key) == _f32(ref["torch"], key), key  # one twin
+  a, b = np.load(out / "init" / "seed0.npz"), np.load(training_runs / "init" / "seed0.npz")
+  assert sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a)
+  report = json.loads((out / "report.json").read_text())
+  assert report["meta"]["jax_runs"] == str(instability_pack)
+  (row,) = report["rows"]
+  expected = twin.compare_losses(ref["jax"], ref["torch"])
+  assert row["exact"] and row["twin"]["start_rel"] == expected["start_rel"] < TOL["loss_start"]
+  assert row["twin"]["steps"] == STEPS and row["twin"]["first_apart"] is None
+  assert row["jax_outcome"] == row["torch_outcome"] == "calm" and row["same_outcome"]
+  assert cli.main(argv) == 0  # both sides: the taken run is kept, nothing trains
+  log = capsys.readouterr().out.split("# Training cross-check")[0]
+  assert "jax paper seed 0: already there" in log and "training" not in log, log
+  assert log.count("done before, skipped") == 2, log
+
+
+JAX_RUNS_ERRORS = [
+  (
+    ["--pairs", "reference-fp32"],
+    "no run reference-fp32 seed 0 (for the pair reference-fp32 ↔ "
+    "reference-fp32); the packs hold paper 0",
+  ),
+  (["--seeds", "0,1"], "no run paper seed 1"),
+  (
+    ["--recipe", "anchor"],
+    "was run with other settings than this command's JAX run (model: 'tiny' → 'gpt-6l'",
+  ),
+  (["--batch-size", "4"], "(batch_size: 2 → 4); it is another run"),
+  (
+    ["--tiles", "32"],
+    "attention: 'paper+triton:block_q=64,block_k=64' → 'paper+triton:block_q=32,block_k=32'",
+  ),
+  (["--steps", "3"], "(steps: 4 → 3)"),
+  (["--warning-action", "stop"], "(warning_action: 'log' → 'stop')"),
+  ([], "is unfinished (4 steps, no summary.json)"),
+  ([], "is not a pack of runs (LZMAError"),
+  ([], "--jax-runs: pack '/nonexistent.jsonl.xz': no such file"),
+  ([], "holds another run than paper seed 0 of"),
+]
+
+
+@pytest.mark.parametrize(
+  "args,message", JAX_RUNS_ERRORS, ids=[" ".join(a) or m[:20] for a, m in JAX_RUNS_ERRORS]
+)
+def test_jax_runs_rejects_what_is_not_this_run_in_one_line(
+  instability_pack, tmp_path, args, message
+):
+  """--jax-runs takes only the run this command would train: a pair or seed the packs lack, a
+  run of other settings (another recipe, batch, tile, steps cap, stop rule), an unfinished
+  run, a file that is not a pack or does not exist, a folder holding another run: one line
+  naming it, before anything is trained or written."""
+  pack, out = instability_pack, tmp_path / "out"
+  if "unfinished" in message:  # the pack without the run's summary.json
+    lines = lzma.decompress(pack.read_bytes()).decode().splitlines()
+    pack = tmp_path / "unfinished.jsonl.xz"
+    keep = [x for x in lines if json.loads(x)["file"] != "summary.json"]
+    pack.write_bytes(lzma.compress("\n".join(keep).encode()))
+  elif "not a pack" in message:
+    pack = tmp_path / "bad.jsonl.xz"
+    pack.write_bytes(b"not xz")
+  elif "no such file" in message:
+    pack = "/nonexistent.jsonl.xz"
+  elif "holds another run" in message:  # a run of its own there
+    (out / "jax" / "paper" / "seed0").mkdir(parents=True)
+    (out / "jax" / "paper" / "seed0" / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
+  before = sorted(out.rglob("*")) if out.exists() else None
+  with pytest.raises(SystemExit) as e:
+    cli.main(
+      CROSSCHECK
+      + ["--pairs", "paper", "--side", "torch", "--jax-runs", str(pack)]
+      + args
+      + ["--out", str(out)]
+    )
+  text = str(e.value.code)
+  assert message in text and "\n" not in text, text
+  assert (sorted(out.rglob("*")) if out.exists() else None) == before
+
+
 CROSSCHECK_ERRORS = [
   (["--pairs", "flash"], "pair 'flash': 'flash' is not a twin attention"),
   (["--pairs", "sdpa-math"], "pair 'sdpa-math': sdpa-math has no default JAX partner"),
@@ -816,6 +981,7 @@ CROSSCHECK_ERRORS = [
   (["--null-steps", "2", "--batch-size", "3"], "batch_size=3 is odd"),
   (["--steps", "0"], "steps=0 must be an integer ≥ 1"),
   (["--runs", "/nonexistent.jsonl.xz"], "--runs '/nonexistent.jsonl.xz': no such file"),
+  (["--data", "/nonexistent"], "data folder not found: /nonexistent"),
 ]
 
 

@@ -99,7 +99,14 @@ Attention choices (`--attention`; layout [batch, seq, heads, head_dim], bf16 in 
                       512×512, the JAX experiment's at length 1024). JAX twin:
                       "paper[+comp]:block_q=T,block_k=T".
   reference-fp32      materialised softmax(QKᵀ·scale)V in float32 from the bf16 q, k, v,
-                      output rounded to bf16 (JAX: "reference-fp32").
+                      output rounded to bf16 (JAX: "reference-fp32"). Its backward recomputes
+                      the scores and probabilities (torch.utils.checkpoint, as JAX's
+                      jax.checkpoint) instead of keeping them, the same values bit for bit
+                      (`RECOMPUTE_REFERENCE`): kept, each layer's float32 P is [batch, heads,
+                      seq, seq], 3 GiB at anchor-b128 (batch 128, 6 heads, 1024), and the eager
+                      step there peaks at about 136 GiB, an H200's whole memory; recomputed at
+                      about 116 GiB (measured on CPU at batch 2 and 4: 1,084 and 927 MiB a
+                      sequence, 2026-12-01; torch.compile's step not measured).
   sdpa-flash, sdpa-efficient, sdpa-cudnn, sdpa-math
                       torch.nn.functional.scaled_dot_product_attention restricted to one
                       backend (no JAX twin bit for bit; "cudnn" is the nearest for sdpa-cudnn).
@@ -350,17 +357,41 @@ def attend(query, key, value, choice: AttentionChoice, *, causal=True, softmax_s
       choice.tie_tolerance,
     )
   elif kind == "reference-fp32":
-    s = (q.float() @ k.float().transpose(-1, -2)) * softmax_scale  # [b, h, s, s] float32
-    if causal:
-      keep = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
-      s = s.masked_fill(~keep, -math.inf)
-    out = (torch.softmax(s, dim=-1) @ v.float()).to(BF)
+    if RECOMPUTE_REFERENCE and torch.is_grad_enabled():
+      from torch.utils.checkpoint import checkpoint
+
+      out = checkpoint(
+        reference_attention,
+        q,
+        k,
+        v,
+        softmax_scale,
+        causal,
+        use_reentrant=False,
+        preserve_rng_state=False,  # no random numbers in it
+      )
+    else:
+      out = reference_attention(q, k, v, softmax_scale, causal)
   else:
     with backend_context(choice):
       out = torch.nn.functional.scaled_dot_product_attention(
         q, k, v, is_causal=causal, scale=softmax_scale
       )
   return out.transpose(1, 2)
+
+
+# The reference's backward recomputes S and P from q, k, v (torch.utils.checkpoint) instead of
+# keeping P (module docstring); False keeps them (the same gradients bit for bit, a test checks).
+RECOMPUTE_REFERENCE = True
+
+
+def reference_attention(q, k, v, softmax_scale, causal):
+  """softmax(softmax_scale·QKᵀ)V materialised in float32, [b, h, s, d] bf16 in and out."""
+  s = (q.float() @ k.float().transpose(-1, -2)) * softmax_scale  # [b, h, s, s] float32
+  if causal:
+    keep = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
+    s = s.masked_fill(~keep, -math.inf)
+  return (torch.softmax(s, dim=-1) @ v.float()).to(BF)
 
 
 def bf16_matmul(x, w, mode="emulated"):

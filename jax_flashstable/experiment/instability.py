@@ -632,38 +632,72 @@ def pack_paths(paths) -> list:
   return list(paths)
 
 
-def unpack_runs(paths, out_dir) -> list[str]:
-  """Recreates the run folders of one `pack_runs` file, or of several (a list, or one string of
-  comma-separated paths: packs of several sessions), under out_dir; returns the runs. A run in
-  several packs is taken whole from the pack where it trained the most steps (the later pack
-  on a tie): a run that failed to start on one device leaves an empty folder in its pack, and
-  a run cut short and run again has more steps in the later pack.
+def read_packs(paths) -> dict[str, dict]:
+  """The runs of one `pack_runs` file or of several (`pack_paths`): {run: {"steps", "records",
+  "pack"}}, a run in several packs taken whole from the pack where it trained the most steps
+  (the later pack on a tie): a run that failed to start on one device leaves an empty folder in
+  its pack, and a run cut short and run again has more steps in the later pack.
 
-  Raises ValueError naming the pack and the entry when a pack holds a path outside out_dir or
-  a file that is not a run file, FileNotFoundError naming a pack that does not exist."""
-  found = {}  # run → (steps, its records), the best so far
+  Raises FileNotFoundError naming a pack that does not exist, ValueError naming the pack when
+  it cannot be read as a pack (not xz, not JSON lines of runs) or holds a path outside its
+  folder or a file that is not a run file."""
+  found = {}  # run → the best so far
   for path in pack_paths(paths):
     if not pathlib.Path(path).is_file():
       raise FileNotFoundError(f"pack {str(path)!r}: no such file")
     records = {}
-    for line in lzma.decompress(pathlib.Path(path).read_bytes()).decode().splitlines():
-      rec = json.loads(line)
-      if ".." in pathlib.PurePosixPath(rec["run"]).parts or rec["file"] not in RUN_FILES:
-        raise ValueError(f"{path}: unexpected entry {rec['run']}/{rec['file']}")
-      records.setdefault(rec["run"], []).append(rec)
+    try:
+      for line in lzma.decompress(pathlib.Path(path).read_bytes()).decode().splitlines():
+        rec = json.loads(line)
+        run, name, rows = rec["run"], rec["file"], rec["rows"]
+        if not (isinstance(run, str) and isinstance(rows, list)):
+          raise TypeError(f"an entry {line[:60]!r}")
+        where = pathlib.PurePosixPath(run)
+        if where.is_absolute() or ".." in where.parts or name not in RUN_FILES:
+          raise ValueError(f"{path}: unexpected entry {run}/{name}")
+        records.setdefault(run, []).append(rec)
+    except (
+      OSError,
+      lzma.LZMAError,
+      EOFError,
+      UnicodeDecodeError,
+      json.JSONDecodeError,
+      TypeError,
+      KeyError,
+    ) as e:
+      raise ValueError(
+        f"pack {str(path)!r} is not a pack of runs ({type(e).__name__}: {e})"
+      ) from None
     for run, recs in records.items():
       steps = sum(len(r["rows"]) for r in recs if r["file"] == "metrics.jsonl")
-      if run not in found or steps >= found[run][0]:
-        found[run] = (steps, recs)
-  out = pathlib.Path(out_dir)
-  for run, (_, recs) in found.items():
-    folder = out / run
-    folder.mkdir(parents=True, exist_ok=True)
-    for rec in recs:
-      text = (
-        json.dumps(rec["rows"][0], indent=1)
-        if rec["file"].endswith(".json")
-        else "".join(json.dumps(r) + "\n" for r in rec["rows"])
-      )
-      (folder / rec["file"]).write_text(text)
+      if run not in found or steps >= found[run]["steps"]:
+        found[run] = dict(steps=steps, records=recs, pack=str(path))
+  return found
+
+
+def write_run(records, folder) -> pathlib.Path:
+  """The files of one run of `read_packs` (its "records") written into `folder`."""
+  folder = pathlib.Path(folder)
+  folder.mkdir(parents=True, exist_ok=True)
+  for rec in records:
+    text = (
+      json.dumps(rec["rows"][0], indent=1)
+      if rec["file"].endswith(".json")
+      else "".join(json.dumps(r) + "\n" for r in rec["rows"])
+    )
+    (folder / rec["file"]).write_text(text)
+  return folder
+
+
+def unpack_runs(paths, out_dir) -> list[str]:
+  """Recreates the run folders of one `pack_runs` file, or of several (a list, or one string of
+  comma-separated paths: packs of several sessions), under out_dir; returns the runs. A run in
+  several packs is taken whole from the pack where it trained the most steps (`read_packs`).
+
+  Raises ValueError naming the pack (and the entry) when a pack cannot be read, holds a path
+  outside out_dir or a file that is not a run file, FileNotFoundError naming a pack that does
+  not exist; both before anything is written."""
+  found = read_packs(paths)
+  for run, r in found.items():
+    write_run(r["records"], pathlib.Path(out_dir) / run)
   return list(found)

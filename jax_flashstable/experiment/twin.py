@@ -11,7 +11,9 @@ numerics for the SDPA backends: sdpa-flash ↔ fa2, sdpa-cudnn ↔ cudnn). Per p
                                   twin's .npz layout (`export_init`; the layout is documented
                                   once, in gpt_twin.py's docstring)
   OUT/jax/<variant>/seed<k>/      the JAX run, through `instability.run_matrix` (its
-                                  checkpoints, resumption and refusal of changed settings)
+                                  checkpoints, resumption and refusal of changed settings), or
+                                  taken as it is from the instability experiment's packs
+                                  (`take_jax_runs`, --jax-runs: the same run, not trained again)
   OUT/torch/<attention>/seed<k>/  the twin, a subprocess (no checkpoints: a run cut by the time
                                   budget starts again from step 1)
   OUT/null/<variant>/seed<k>/     (null_steps > 0) the JAX run again with every batch fed as two
@@ -71,6 +73,7 @@ from jax_flashstable.training.train import (
   config_changes,
   describe_changes,
   read_metrics,
+  stored_values,
 )
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -242,8 +245,12 @@ def twin_fields(cfg: TrainConfig, attention: str, tiles: int) -> dict:
     if getattr(cfg, f) < low:  # what gpt_twin would refuse, refused here first
       raise ValueError(f"{f} must be >= {low}, got {f}={getattr(cfg, f)}")
   att = AttentionConfig.parse(cfg.attention)
+  try:
+    data = None if cfg.data is None else str(resolve_data_dir(cfg.data))
+  except FileNotFoundError as e:  # a missing folder: one line, as TrainConfig.validate's
+    raise ValueError(str(e)) from None
   fields = dict(
-    data=None if cfg.data is None else str(resolve_data_dir(cfg.data)),
+    data=data,
     attention=attention,
     block_q=tiles,
     block_k=tiles,
@@ -483,6 +490,116 @@ def plan(
           f"({describe_changes(changes)}); use another --out (or delete the run)"
         )
   return items
+
+
+# --- the JAX side taken from the instability experiment's packs --------------------------------
+
+# Settings a resumed run may change (`train.RESUMABLE_FIELDS`, and `steps` where decay_steps
+# fixes the cosine) that decide where a finished run ended: a run taken for the twin has them
+# as this command's JAX run would. The other free ones (out_dir, max_seconds, progress,
+# checkpoint_interval) decide where it lives, when it was cut and what it saved, not its steps.
+REUSE_STRICT = ("steps", "stop_after_explosion", "warning_action")
+
+
+def reuse_changes(run_dir, cfg: TrainConfig) -> dict:
+  """{field: (stored, new)} for each setting in which the run stored in run_dir is not the run
+  `cfg` would make: `train.config_changes` (every TrainConfig field but `RESUMABLE_FIELDS`;
+  attention specs as the configs they name) and `REUSE_STRICT`, compared as they are."""
+  changes = config_changes(run_dir, cfg)
+  old = json.loads((pathlib.Path(run_dir) / "config.json").read_text()).get("train", {})
+  new = json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
+  for k in REUSE_STRICT:
+    if k in old and old[k] != new[k]:
+      changes[k] = (old[k], new[k])
+  return changes
+
+
+def _held(found) -> str:
+  """'paper 24, 25; fa2 21' of `instability.read_packs`' runs."""
+  by = {}
+  for run in found:
+    variant, _, seed = run.rpartition("/seed")
+    by.setdefault(variant, []).append(int(seed) if seed.isdigit() else seed)
+  return "; ".join(f"{v} {', '.join(map(str, sorted(s)))}" for v, s in sorted(by.items())) or "none"
+
+
+def _same_files(a: pathlib.Path, b: pathlib.Path) -> bool:
+  read = lambda d, n: (d / n).read_bytes() if (d / n).exists() else None
+  return all(read(a, n) == read(b, n) for n in instability.RUN_FILES)
+
+
+def take_jax_runs(
+  packs, base: TrainConfig, pairs, seeds, out_dir, *, tiles=512, layer=1, log=print, **plan_args
+) -> list[str]:
+  """The JAX run of every (pair, seed) taken from `instability.pack_runs` files (`flashstable
+  experiment instability --pack`; several: the run trained furthest, `instability.read_packs`)
+  into OUT/jax/<variant>/seed<k>/, so that the JAX side finds it done and only the twin trains.
+  Each run must be in the packs, finished (summary.json) and made with the settings this
+  command's JAX run has (`reuse_changes`: its TrainConfig but for out_dir, max_seconds, progress
+  and checkpoint_interval); then it is that run, and the twin starts from its initial
+  parameters (`export_init`: they depend on the model and the seed only). A run already in
+  OUT/jax is kept if it is the pack's (the same files) and refused otherwise. `plan_args`
+  (side, null_steps) go to `plan`, which checks the request first. Returns the runs taken
+  ("variant/seedK").
+
+  Raises ValueError, one line naming the pack, the run and the setting, before anything is
+  written: a pack missing or unreadable, a (pair, seed) it does not hold, a run unfinished or
+  made with other settings (another recipe, steps, tiles, data, …)."""
+  import shutil
+  import tempfile
+
+  items = plan(base, pairs, seeds, out_dir, tiles=tiles, layer=layer, **plan_args)
+  names = ",".join(map(str, instability.pack_paths(packs)))
+  try:
+    found = instability.read_packs(packs)
+  except FileNotFoundError as e:
+    raise ValueError(f"--jax-runs: {e}") from None
+  out = pathlib.Path(out_dir)
+  wanted = {f"{it.pair.jax}/seed{it.seed}": it for it in items}
+  with tempfile.TemporaryDirectory(prefix="jax-runs-") as tmp:
+    for run, it in wanted.items():
+      what = f"{it.pair.jax} seed {it.seed}"
+      if run not in found:
+        raise ValueError(
+          f"--jax-runs {names}: no run {what} (for the pair {it.pair.name}); the packs hold "
+          f"{_held(found)}"
+        )
+      r = found[run]
+      folder = instability.write_run(r["records"], pathlib.Path(tmp) / run)
+      if not (folder / "config.json").exists() or not (folder / "summary.json").exists():
+        raise ValueError(
+          f"--jax-runs {r['pack']}: {what} is unfinished ({r['steps']} steps, no "
+          f"{'summary' if (folder / 'config.json').exists() else 'config'}.json); finish it "
+          "with `experiment instability` or leave the seed out"
+        )
+      if changes := reuse_changes(folder, it.cfg):
+        hint = (  # another attention: not a setting to ask for (see docs/studies/training-twin.md)
+          "train the JAX side"
+          if {"attention", "attention_overrides"} & set(changes)
+          else f"ask for the settings it was made with ({stored_values(changes)}) or train "
+          "the JAX side"
+        )
+        raise ValueError(
+          f"--jax-runs {r['pack']}: {what} was run with other settings than this command's "
+          f"JAX run ({describe_changes(changes)}); it is another run: {hint}"
+        )
+      target = out / "jax" / run
+      if target.exists() and not _same_files(folder, target):
+        raise ValueError(
+          f"{target} holds another run than {what} of {r['pack']}; use another --out (or delete it)"
+        )
+    for run, it in wanted.items():
+      target, r = out / "jax" / run, found[run]
+      how = "already there" if target.exists() else "taken"
+      if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(pathlib.Path(tmp) / run, target)
+      summary = json.loads((target / "summary.json").read_text())
+      log(
+        f"jax {it.pair.jax} seed {it.seed}: {how} from {r['pack']} ({r['steps']} steps, "
+        f"stopped: {summary.get('stopped')}), not trained"
+      )
+  return list(wanted)
 
 
 def run(
