@@ -32,7 +32,8 @@ up (rowsum dS)·c for keys sharing a component c):
     center_keys     dQ = dS (K − c), c = the mean of the real keys per (batch, kv head),
                     K − c rounded to the input dtype (`dq_keys`); exact in exact arithmetic,
                     because each row of dS sums to 0
-and one that gives the production kernels' backward exactly:
+and one that gives the production kernels' kind of backward P (their error class; they form
+it in base 2, so not their bits):
     single_lse      P = exp(S − lse) from one float32 lse = m + log l per row, as
                     FlashAttention-2 and -3, cuDNN and JAX's Pallas mha form it (and this
                     library did before 2026-12-01); see `probs`
@@ -216,7 +217,7 @@ class Numerics:
     single_lse: the production kernels' P = exp(S − lse), lse = m + log l rounded to float32
     once per row (FlashAttention-2's `softmax_lse`). It scales every P of row i by one factor
     f_i = exp(m + log l − lse), |f_i − 1| ≤ about ½ ulp(lse) ≈ |m|·2⁻²⁴, and with them the
-    row's dS and its share of dV and dK; f_i = l_i > 1 on rows where log l < ½ ulp(m) (lse
+    row's dS, its dQ row and its share of dV and dK; f_i = l_i ≥ 1 on rows where log l < ½ ulp(m) (lse
     rounds to m). Σ_j dS_ij becomes f_i·(rowsum(P∘dP) − delta_i): the rows' sums are scaled,
     not made non-zero, so it adds no (rowsum dS)·c term of its own."""
     if self.single_lse:

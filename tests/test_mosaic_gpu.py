@@ -62,8 +62,8 @@ def _tied(shape, dtype, seed):
 _FORWARD_CASES = {
   "partial-tile": (Shape(2, 130, 140, 2, 2, 64), jnp.bfloat16, "fa2", {}),
   "mqa-causal-d128": (Shape(1, 150, 100, 2, 1, 128, causal=True), jnp.bfloat16, "fa2", {}),
-  "f16-causal-3stages": (
-    Shape(1, 100, 200, 2, 1, 64, causal=True),
+  "f16-causal-3stages": (  # the second query CTA visits 4 key tiles: more than 3 stages
+    Shape(1, 200, 200, 2, 1, 64, causal=True),
     jnp.float16,
     "fa2",
     dict(num_stages=3),
@@ -271,10 +271,11 @@ def test_mosaic_gpu_backward_matches_triton_backward(shape, dtype, numerics, cen
   """Given the same forward residuals, the Mosaic GPU backward's dQ, dK, dV are the Triton
   backward's. In interpret mode (the same rounding points, tiles of 64 and summation order) bit
   for bit on the CPU these tests were written on; on an AVX2 one (AMD EPYC, 2026-12-01)
-  99.6–100% of entries are and the rest differ at float32 level (at most 0.016 ulp of the input
-  dtype at the tensor's scale: XLA's CPU code generation contracts float32 multiply-adds
-  differently in the two interpreted programs), so the CPU assertion is ≥ 99% identical and
-  every entry within 1/16 ulp at scale. On the GPU within 2 ulps of the input dtype at each
+  99.6–100% of entries are and the rest are one-ulp rounding flips of small entries (at most
+  0.016 ulp of the input dtype at the tensor's scale: XLA's CPU code generation contracts
+  float32 multiply-adds differently in the two interpreted programs, which moves an entry
+  across a rounding boundary), so the CPU assertion is ≥ 99% identical and every entry within
+  1/16 ulp at scale: an indexing or masking fault moves whole ulps at scale. On the GPU within 2 ulps of the input dtype at each
   tensor's scale (wgmma accumulation order, Mosaic's approximate exp). An lse cotangent enters
   both the same way."""
   _skip_if_causal_refused(shape.causal)
@@ -296,7 +297,7 @@ def test_mosaic_gpu_backward_matches_triton_backward(shape, dtype, numerics, cen
       assert np.isfinite(a).all() and np.abs(b).max() > 0, name
       if jax.default_backend() == "cpu":  # bit for bit but for XLA's CPU code generation
         assert np.mean(a == b) >= 0.99, (name, np.mean(a == b))
-        bound = ulp_at_scale(b, dtype=dtype) / 16  # float32-level, far below a rounding point
+        bound = ulp_at_scale(b, dtype=dtype) / 16  # flips of small entries only
         assert np.abs(a - b).max() <= bound, (name, np.abs(a - b).max(), bound)
       else:
         bound = 2 * ulp_at_scale(b, dtype=dtype)

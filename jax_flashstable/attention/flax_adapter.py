@@ -70,7 +70,8 @@ def attend(
 # The backward recomputes the materialized reference's scores and probabilities instead of
 # keeping them ([batch, heads, q_len, kv_len] in reference_dtype, two per layer: 6.4 GB a layer in
 # float32 at batch 128 × 6 heads × 1024², which put the FP32 reference of the anchor-b128 recipe
-# out of an H200's memory): the same program evaluated twice, so the same values.
+# out of an H200's memory): the same program evaluated twice — bit for bit on the CPU
+# (tests/test_flax.py); on a GPU the recomputation could differ by float32 rounding (not measured).
 def _reference_kept(query, key, value, causal, softmax_scale, dtype):
   out = _attention.reference_attention(
     query, key, value, causal=causal, softmax_scale=softmax_scale, dtype=dtype

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import platform
+import re
 
 import jax
 import jax.numpy as jnp
@@ -170,13 +172,18 @@ def hash_key(backend: str | None = None) -> str:
   FMA, avx, sse). XLA's CPU code generation follows the instruction set — with FMA it contracts
   float32 multiply-adds — so float32 intermediates, and the bits of every layout that keeps
   them, differ between CPU classes: on 2026-12-01, 12 of the 16 hashes of an AVX2 CPU differed
-  from those of the earlier development CPU, and capping XLA at AVX (no FMA) changed all 16."""
+  from those of the earlier development CPU, and capping XLA at AVX (no FMA) changed all 16.
+  A cap set in XLA_FLAGS (--xla_cpu_max_isa=AVX, …) is the class then. The class is coarse:
+  CPUs of one class that XLA tunes differently could still differ (not seen so far)."""
   backend = backend or jax.default_backend()
   if backend != "cpu":
     return backend
   machine = platform.machine().lower().replace("amd64", "x86_64")
   isa = ""
-  if machine == "x86_64":
+  capped = re.search(r"--xla_cpu_max_isa=(\w+)", os.environ.get("XLA_FLAGS", ""))
+  if capped:
+    isa = capped.group(1).lower()
+  elif machine == "x86_64":
     flags = set()
     try:
       with open("/proc/cpuinfo") as f:
