@@ -16,15 +16,21 @@ pack() { python3 -c "import sys; from jax_flashstable.experiment.instability imp
 pack_runs(*sys.argv[1:])" "$@"; }
 case $cmd in
 start)
-  mkdir -p $H "$OUT"
+  if [[ -f $H/pid ]] && kill -0 "$(cat $H/pid)" 2>/dev/null; then
+    echo "a compare is already running here (pid $(cat $H/pid)); call wait" >&2; exit 2
+  fi
+  mkdir -p $H "$OUT"; rm -f $H/rc
   nvidia-smi -L
-  setsid nohup python3 -m jax_flashstable.cli compare --data .data --out-dir $R \
-    > $H/log 2>&1 < /dev/null &
+  setsid nohup bash -c "python3 -m jax_flashstable.cli compare --data .data --out-dir $R; \
+    echo \$? > $H/rc" > $H/log 2>&1 < /dev/null &
   echo $! > $H/pid
   sleep 45
   tail -n 5 $H/log
   ;;
 wait)
+  if [[ ! -f $H/pid ]]; then  # a fresh machine: the one that ran it has gone back
+    echo "no compare was started on this machine (a fresh one?): start it again" >&2; exit 2
+  fi
   t0=$(date +%s)
   while kill -0 "$(cat $H/pid)" 2>/dev/null && (( $(date +%s) - t0 < ${3:-560} )); do sleep 5; done
   cp $H/log "$OUT/compare.log"
@@ -32,6 +38,10 @@ wait)
     tail -n 8 $H/log
     pack $R "$OUT/partial-compare.jsonl.xz"
     echo "running; call wait again"
+  elif [[ "$(cat $H/rc 2>/dev/null)" != 0 ]]; then
+    tail -n 40 $H/log
+    pack $R "$OUT/partial-compare.jsonl.xz"
+    echo "failed (exit status $(cat $H/rc 2>/dev/null || echo unknown)): see compare.log" >&2; exit 1
   else
     tail -n 40 $H/log
     pack $R "$OUT/runs-compare.jsonl.xz"

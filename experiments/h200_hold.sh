@@ -12,6 +12,9 @@ cmd=$1; OUT=$2; shift 2
 H=/tmp/hold; R=${RUNS:-/tmp/instability}
 case $cmd in
 start)
+  if [[ -f $H/pid ]] && kill -0 "$(cat $H/pid)" 2>/dev/null; then
+    echo "queues are already running here (pid $(cat $H/pid)); call wait" >&2; exit 2
+  fi
   mkdir -p $H/out $R
   nvidia-smi -L
   setsid nohup env QUEUES="$QUEUES" BUDGET="${BUDGET:-1480}" RUNS=$R \
@@ -21,6 +24,9 @@ start)
   tail -n 5 $R/queue*.log
   ;;
 wait)
+  if [[ ! -f $H/pid ]]; then  # a fresh machine: the one that ran the queues has gone back
+    echo "no queues were started on this machine (a fresh one?): start them again" >&2; exit 2
+  fi
   t0=$(date +%s)
   while kill -0 "$(cat $H/pid)" 2>/dev/null && (( $(date +%s) - t0 < ${1:-570} )); do sleep 5; done
   if kill -0 "$(cat $H/pid)" 2>/dev/null; then
