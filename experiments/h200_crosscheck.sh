@@ -9,8 +9,10 @@ D=/tmp/dumps
 mkdir -p "$OUT" $D
 source "$(dirname "$0")/h200_env.sh"
 SHAPE="--batch 2 --heads 4 --len 1024 --head-dim 64 --causal --device cuda"
-python3 torch_crosscheck/paper_fa2.py $D/paper_512.npz $SHAPE --block-q 512 --block-k 512 --stabilize
-python3 torch_crosscheck/paper_fa2.py $D/paper_64.npz $SHAPE --block-q 64 --block-k 64
+# the paper's own kernel (--single-lse: P = exp(S − lse)); crosscheck reads that from the dump
+# and runs our paper+lse against it (drop it for the m/log l port against our paper)
+python3 torch_crosscheck/paper_fa2.py $D/paper_512.npz $SHAPE --block-q 512 --block-k 512 --stabilize --single-lse
+python3 torch_crosscheck/paper_fa2.py $D/paper_64.npz $SHAPE --block-q 64 --block-k 64 --single-lse
 python3 torch_crosscheck/sdpa_dump.py $D $SHAPE
 for f in paper_512 paper_64; do
   python3 -m jax_flashstable.cli crosscheck $D/$f.npz --numerics paper --out "$OUT/$f" | grep "^|"

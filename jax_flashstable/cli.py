@@ -335,7 +335,7 @@ def _crosscheck(args):
   from pallas_kernels.policy import NUMERICS, check_tile
 
   try:
-    load_dump(args.dump, as_bits=True)
+    _, attrs = load_dump(args.dump, as_bits=True)
   except Exception as e:  # not a zip, not .npz, not our format: one line either way
     raise SystemExit(
       f"flashstable crosscheck: {args.dump} is not a readable dump ({type(e).__name__}: {e})"
@@ -348,6 +348,8 @@ def _crosscheck(args):
         raise SystemExit(f"flashstable crosscheck: {e}") from None
   _choices("crosscheck", "--numerics", args.numerics, sorted(NUMERICS))
   _out("crosscheck", args.out)
+  if args.single_lse is None:  # the dump's backward, named in the report's meta
+    args.single_lse = bool(attrs.get("single_lse", False))
   from jax_flashstable.lab.crosscheck import crosscheck, format_report
   from jax_flashstable.results import write_results
 
@@ -355,6 +357,7 @@ def _crosscheck(args):
     args.dump,
     numerics=args.numerics,
     stabilize=args.stabilize,
+    single_lse=args.single_lse,
     block_q=args.block_q,
     block_k=args.block_k,
   )
@@ -631,6 +634,12 @@ def build_parser():
     action=argparse.BooleanOptionalAction,
     default=None,
     help="default: the dump's attrs",
+  )
+  p.add_argument(
+    "--single-lse",
+    action=argparse.BooleanOptionalAction,
+    default=None,
+    help="the backward's P from one float32 lse (+lse); default: the dump's attrs, else no",
   )
   p.add_argument("--block-q", type=_count(16), default=None)
   p.add_argument("--block-k", type=_count(16), default=None)

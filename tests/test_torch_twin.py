@@ -492,21 +492,52 @@ def test_layers_round_where_jax_rounds(tmp_path):
 
 # --- attention ----------------------------------------------------------------------------
 
-ATTENTION_PAIRS = [
-  ("reference-fp32", "reference-fp32"),
-  ("paper", PAPER64),
-  ("paper+comp", PAPER64 + ",stabilize=true"),
-]
+# the twin's exact attentions and their JAX twins (`experiment.twin.twin_jax_spec`, the grammar's
+# spec: "paper[+comp][+lse]:block_q=64,block_k=64")
+ATTENTION_PAIRS = [(kind, twin.twin_jax_spec(kind, 64)) for kind in twin.EXACT]
+PAPER_KINDS = [kind for kind in twin.EXACT if kind.startswith("paper")]
+
+TWIN_ATTEND = """
+d = np.load(sys.argv[1] + "/in.npz")
+bf = lambda a: torch.from_numpy(a.astype(np.int16)).view(torch.bfloat16)
+out = {}
+for kind in json.loads(sys.argv[2]):
+  q, k, v = (bf(d[n]).requires_grad_() for n in "qkv")
+  o = T.attend(q, k, v, T.AttentionChoice(kind, 64, 64), causal=sys.argv[3] == "causal")
+  o.backward(bf(d["d_out"]))
+  for n, x in (("out", o), ("dq", q.grad), ("dk", k.grad), ("dv", v.grad)):
+    out[f"{kind}/{n}"] = x.detach().contiguous().view(torch.int16).numpy().view(np.uint16)
+np.savez(sys.argv[1] + "/out.npz", **out)
+"""
+
+
+def _twin_and_jax(tmp_path, q, k, v, d_out, kinds, causal):
+  """({kind: {out, dq, dk, dv}} of the twin, the same of JAX's `attend` with the kind's JAX
+  twin), as bf16 bit patterns."""
+  np.savez(tmp_path / "in.npz", q=bits(q), k=bits(k), v=bits(v), d_out=bits(d_out))
+  run_torch(TWIN_ATTEND, tmp_path, json.dumps(kinds), "causal" if causal else "full")
+  t = np.load(tmp_path / "out.npz")
+  torch_side, jax_side = {}, {}
+  for kind in kinds:
+    cfg = AttentionConfig.parse(twin.twin_jax_spec(kind, 64))
+    out, vjp = jax.vjp(lambda a, b, c: attend(a, b, c, cfg, causal=causal), q, k, v)
+    grads = vjp(jnp.asarray(d_out))
+    jax_side[kind] = dict(out=bits(out), dq=bits(grads[0]), dk=bits(grads[1]), dv=bits(grads[2]))
+    torch_side[kind] = {n: t[f"{kind}/{n}"] for n in ("out", "dq", "dk", "dv")}
+  return torch_side, jax_side
 
 
 def test_attention_matches_jax_layouts(tmp_path):
   """The twin's attention ([batch, seq, heads, head_dim], causal, bf16) forward and backward
   against JAX's `attend` with the matching config, on inputs with many tied scores (entries
   from a grid of 1/8, keys in equal pairs) so that the compensation fires. Only float32
-  summation order can differ (the paper layout's bf16 roundings are the same in both): measured
-  100% bit-identical for paper and paper+comp (out, dQ, dK, dV), reference-fp32 out 100% and
-  dQ 99.6%. Thresholds 99.9% (paper, and every out) and 99% (reference gradients). The control,
-  the twin's paper+comp against JAX's paper without the compensation, agrees on 31–43%.
+  summation order can differ (the paper layout's bf16 roundings are the same in both, and both
+  backwards form P as JAX's: from m and log l apart, or with +lse from one float32 lse):
+  measured 2026-12-01 100% bit-identical for paper, paper+comp, paper+lse and paper+comp+lse
+  (out, dQ, dK, dV), reference-fp32 out 99.988%, dQ and dK 99.976%, dV 100%. Thresholds 99.9%
+  (paper, and every out) and 99% (reference gradients). The control, the twin's paper+comp against JAX's paper
+  without the compensation, agrees on 31–43%. (At these logits, |m| < 16, the two backwards
+  give the same bits: `test_paper_backwards_part_at_large_logits` tells them apart.)
   """
   rng = np.random.default_rng(5)
   shape = (1, 128, 2, 32)
@@ -514,37 +545,71 @@ def test_attention_matches_jax_layouts(tmp_path):
   k[:, 1::2] = k[:, 0::2]  # keys in equal pairs: a tied row max is common
   q, k, v = (a.astype(BF16) for a in (q, k, v))
   d_out = rng.standard_normal(shape).astype(BF16)
-  np.savez(tmp_path / "in.npz", q=bits(q), k=bits(k), v=bits(v), d_out=bits(d_out))
-  run_torch(
-    """
-    d = np.load(sys.argv[1] + "/in.npz")
-    bf = lambda a: torch.from_numpy(a.astype(np.int16)).view(torch.bfloat16)
-    out = {}
-    for kind in ("reference-fp32", "paper", "paper+comp"):
-      q, k, v = (bf(d[n]).requires_grad_() for n in "qkv")
-      o = T.attend(q, k, v, T.AttentionChoice(kind, 64, 64), causal=True)
-      o.backward(bf(d["d_out"]))
-      for n, x in (("out", o), ("dq", q.grad), ("dk", k.grad), ("dv", v.grad)):
-        out[f"{kind}/{n}"] = x.detach().contiguous().view(torch.int16).numpy().view(np.uint16)
-    np.savez(sys.argv[1] + "/out.npz", **out)
-  """,
-    tmp_path,
-  )
-  t = np.load(tmp_path / "out.npz")
-  results = {}
-  for kind, spec in ATTENTION_PAIRS:
-    cfg = AttentionConfig.parse(spec)
-    out, vjp = jax.vjp(lambda a, b, c: attend(a, b, c, cfg, causal=True), q, k, v)
-    grads = vjp(jnp.asarray(d_out))
-    results[kind] = dict(out=bits(out), dq=bits(grads[0]), dk=bits(grads[1]), dv=bits(grads[2]))
+  t, results = _twin_and_jax(tmp_path, q, k, v, d_out, list(twin.EXACT), causal=True)
   for kind, _ in ATTENTION_PAIRS:
     for name in ("out", "dq", "dk", "dv"):
-      same = np.mean(t[f"{kind}/{name}"] == results[kind][name])
+      same = np.mean(t[kind][name] == results[kind][name])
       floor = 0.999 if kind.startswith("paper") or name == "out" else 0.99
       assert same >= floor, (kind, name, same)
   for name in ("out", "dq", "dk", "dv"):  # the compensation changes a lot here
-    control = np.mean(t[f"paper+comp/{name}"] == results["paper"][name])
-    assert control < 0.6, (name, control)
+    for comp, plain in (("paper+comp", "paper"), ("paper+comp+lse", "paper+lse")):
+      control = np.mean(t[comp][name] == results[plain][name])
+      assert control < 0.6, (comp, name, control)
+
+
+def test_paper_backwards_part_at_large_logits(tmp_path):
+  """bf16 q = k = v = 704 (4 positions, head_dim 64, not causal), as
+  tests/test_mechanism.py::test_single_lse_gives_the_production_kernels_p: every logit is
+  3,964,928 and every P is ¼, but lse = m + log 4 rounds to m + 1.5 in float32 (ulp 0.25), so
+  the single-lse backward forms P = exp(−1.5) = 0.2231. The twin's paper and paper+lse each
+  equal their JAX twin bit for bit (out, dQ, dK, dV); their gradients differ from each other
+  in every entry (out is the same forward), the +lse dV being 0.8925× the m/log l one (÷ ulp
+  rounding) and the m/log l dV within a bf16 rounding of ¼·Σ_i dO_i."""
+  shape = (1, 4, 1, 64)
+  x = np.full(shape, 704.0).astype(BF16)
+  d_out = np.random.default_rng(0).standard_normal(shape).astype(BF16)
+  kinds = ["paper", "paper+lse"]
+  t, results = _twin_and_jax(tmp_path, x, x, x, d_out, kinds, causal=False)
+  for kind in kinds:
+    for name in ("out", "dq", "dk", "dv"):
+      np.testing.assert_array_equal(t[kind][name], results[kind][name], err_msg=f"{kind} {name}")
+  np.testing.assert_array_equal(t["paper"]["out"], t["paper+lse"]["out"])
+  for name in ("dq", "dk", "dv"):
+    assert np.all(t["paper"][name] != t["paper+lse"][name]), name
+  dv = {kind: t[kind]["dv"].view(BF16).astype(np.float64) for kind in kinds}
+  exact = 0.25 * d_out.astype(np.float64).sum(axis=1, keepdims=True)  # [1, 1, 1, 64] → rows
+  np.testing.assert_allclose(dv["paper"], np.broadcast_to(exact, shape), rtol=2**-8)
+  np.testing.assert_allclose(dv["paper+lse"], dv["paper"] * np.exp(-1.5) / 0.25, rtol=2**-7)
+
+
+def test_twin_jax_specs_are_the_commands():
+  """gpt_twin's attention list and the JAX spec it records for each (`AttentionChoice.jax_spec`,
+  spelled without JAX) are crosscheck-train's (`twin.TWIN_ATTENTIONS`, `twin.twin_jax_spec`,
+  built from `AttentionConfig`), for default and other compensation settings; the exact pairs
+  (`twin.PAIRS` of `twin.EXACT`) are exact (`twin.is_exact`), the paper twins against the
+  other backward are not."""
+  settings = [(64, 2.0, 1e-3), (512, 3.0, 0.01)]
+  reply = run_torch(
+    """
+    settings = json.loads(sys.argv[1])
+    print(json.dumps(dict(attentions=T.ATTENTIONS, cpu=T.CPU_ATTENTIONS, specs=[
+      [T.AttentionChoice(kind, t, t, beta, tol).jax_spec() for kind in T.ATTENTIONS]
+      for t, beta, tol in settings])))
+    """,
+    json.dumps(settings),
+  )
+  out = json.loads(reply)
+  assert tuple(out["attentions"]) == twin.TWIN_ATTENTIONS
+  assert set(PAPER_KINDS) <= set(out["cpu"])
+  for (tiles, beta, tol), specs in zip(settings, out["specs"]):
+    expected = [twin.twin_jax_spec(kind, tiles, beta, tol) for kind in twin.TWIN_ATTENTIONS]
+    assert specs == expected
+  assert twin.twin_jax_spec("paper+comp+lse", 64) == "paper+comp+lse:block_q=64,block_k=64"
+  for kind in twin.EXACT:
+    assert twin.is_exact(twin.Pair(kind, twin.PAIRS[kind]), 64), kind
+  for kind, other in (("paper", "paper+lse"), ("paper+lse", "paper"), ("paper+comp", "paper")):
+    assert not twin.is_exact(twin.Pair(kind, other), 64), (kind, other)
+  assert twin.is_exact(twin.Pair("paper+comp+lse", "paper+lse+comp"), 64)
 
 
 def test_reference_recomputes_its_probabilities_with_the_same_gradients():

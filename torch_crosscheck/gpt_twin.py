@@ -96,8 +96,15 @@ Attention choices (`--attention`; layout [batch, seq, heads, head_dim], bf16 in 
   paper, paper+comp   `paper_fa2.forward`/`backward` (Qiu & Yao, arXiv 2510.04212, Alg. 1,
                       §3: BF16 O, m, l buffers; the backward with its bf16 rounding points),
                       without / with the compensation; tiles --block-q × --block-k (default
-                      512×512, the JAX experiment's at length 1024). JAX twin:
+                      512×512, the JAX experiment's at length 1024). The backward forms P
+                      from the forward's m and log l kept apart, as JAX's paper layout does
+                      since 2026-12-01 (`Numerics.probs`). JAX twin:
                       "paper[+comp]:block_q=T,block_k=T".
+  paper+lse, paper+comp+lse
+                      the same with the paper's own backward, P = exp(S − lse) from one
+                      float32 lse = log l + m per row (the twin's paper and paper+comp until
+                      2026-12-01). JAX twin: "paper[+comp]+lse:block_q=T,block_k=T"
+                      (single_lse).
   reference-fp32      materialised softmax(QKᵀ·scale)V in float32 from the bf16 q, k, v,
                       output rounded to bf16 (JAX: "reference-fp32"). Its backward recomputes
                       the scores and probabilities (torch.utils.checkpoint, as JAX's
@@ -159,13 +166,23 @@ NEG_TWO_OVER_SQRT_PI_BF16 = -1.125  # −2/√π rounded to bf16 (the erfc jvp o
 ATTENTIONS = (
   "paper",
   "paper+comp",
+  "paper+lse",
+  "paper+comp+lse",
   "reference-fp32",
   "sdpa-flash",
   "sdpa-efficient",
   "sdpa-cudnn",
   "sdpa-math",
 )
-CPU_ATTENTIONS = ("paper", "paper+comp", "reference-fp32", "sdpa-flash", "sdpa-math")
+CPU_ATTENTIONS = (
+  "paper",
+  "paper+comp",
+  "paper+lse",
+  "paper+comp+lse",
+  "reference-fp32",
+  "sdpa-flash",
+  "sdpa-math",
+)
 MATMULS = ("bf16", "emulated")
 EXIT_NON_FINITE = 3
 # The data module's file, newest location first (the JAX package is being reorganised).
@@ -255,20 +272,36 @@ class AttentionChoice:
     if not (math.isfinite(self.tie_tolerance) and self.tie_tolerance >= 0):
       raise ValueError(f"tie_tolerance must be >= 0, got tie_tolerance={self.tie_tolerance!r}")
 
+  @property
+  def paper(self) -> bool:
+    return self.kind.startswith("paper")
+
+  @property
+  def stabilize(self) -> bool:
+    """The compensation (modifier +comp of JAX's grammar)."""
+    return self.paper and "+comp" in self.kind
+
+  @property
+  def single_lse(self) -> bool:
+    """The paper kernel's own backward, P = exp(S − lse) (modifier +lse: JAX's single_lse)."""
+    return self.paper and self.kind.endswith("+lse")
+
   def jax_spec(self) -> str | None:
-    """The `AttentionConfig.parse` spec of the JAX run with the same numerics (None: none)."""
+    """The `AttentionConfig.parse` spec of the JAX run with the same numerics (None: none), as
+    `AttentionConfig.name` spells it (e.g. "paper+comp+lse:block_q=512,block_k=512"; the JAX
+    side's `experiment.twin.twin_jax_spec` builds the config, a test keeps the two equal)."""
     if self.kind == "reference-fp32":
       return "reference-fp32"
-    if self.kind.startswith("paper"):
-      spec = f"paper:block_q={self.block_q},block_k={self.block_k}"
-      if self.kind == "paper+comp":
-        spec += ",stabilize=true"
-        if self.beta != 2.0:
-          spec += f",beta={self.beta!r}"
-        if self.tie_tolerance != 1e-3:
-          spec += f",tie_tolerance={self.tie_tolerance!r}"
-      return spec
-    return None
+    if not self.paper:
+      return None
+    head = "paper" + "+comp" * self.stabilize + "+lse" * self.single_lse
+    fields = []
+    if self.stabilize and self.beta != 2.0:
+      fields.append(f"beta={self.beta!r}")
+    if self.stabilize and self.tie_tolerance != 1e-3:
+      fields.append(f"tie_tolerance={self.tie_tolerance!r}")
+    fields += [f"block_q={self.block_q}", f"block_k={self.block_k}"]
+    return f"{head}:{','.join(fields)}"
 
 
 def check_attention_device(choice: AttentionChoice, device: torch.device):
@@ -282,28 +315,40 @@ def check_attention_device(choice: AttentionChoice, device: torch.device):
 
 
 class _PaperAttention(torch.autograd.Function):
-  """`paper_fa2.forward` with `paper_fa2.backward` as its gradient: the paper's backward with
-  its own bf16 rounding points (as the JAX paper layout's custom_vjp), not autograd through the
-  forward's loops. Tensors [batch, heads, seq, head_dim] bf16."""
+  """`paper_fa2.forward` with `paper_fa2.backward` as its gradient: the paper layout's backward
+  with its bf16 rounding points (as the JAX paper layout's custom_vjp), not autograd through
+  the forward's loops; P from the forward's m and log l apart, or (single_lse) from one float32
+  lse as the paper's kernel. Tensors [batch, heads, seq, head_dim] bf16."""
 
   @staticmethod
   def forward(
-    ctx, query, key, value, softmax_scale, causal, block_q, block_k, stabilize, beta, tie_tolerance
+    ctx,
+    query,
+    key,
+    value,
+    softmax_scale,
+    causal,
+    block_q,
+    block_k,
+    stabilize,
+    beta,
+    tie_tolerance,
+    single_lse,
   ):
-    out, lse = paper_fa2.forward(
+    out, m, log_l = paper_fa2.forward(
       query, key, value, softmax_scale, causal, block_q, block_k, stabilize, beta, tie_tolerance
     )
-    ctx.save_for_backward(query, key, value, out, lse)
-    ctx.settings = (softmax_scale, causal, block_q, block_k)
+    ctx.save_for_backward(query, key, value, out, m, log_l)
+    ctx.settings = (softmax_scale, causal, block_q, block_k, single_lse)
     return out
 
   @staticmethod
   def backward(ctx, d_out):
-    query, key, value, out, lse = ctx.saved_tensors
+    query, key, value, out, m, log_l = ctx.saved_tensors
     d_query, d_key, d_value = paper_fa2.backward(
-      query, key, value, out, lse, d_out.to(BF), *ctx.settings
+      query, key, value, out, m, log_l, d_out.to(BF), *ctx.settings
     )
-    return d_query, d_key, d_value, None, None, None, None, None, None, None
+    return (d_query, d_key, d_value) + (None,) * 8
 
 
 def _sdpa_backend(kind):
@@ -342,7 +387,7 @@ def attend(query, key, value, choice: AttentionChoice, *, causal=True, softmax_s
     softmax_scale = 1.0 / math.sqrt(query.shape[-1])
   q, k, v = (x.transpose(1, 2) for x in (query, key, value))  # [b, h, s, d]
   kind = choice.kind
-  if kind.startswith("paper"):
+  if choice.paper:
     bq, bk = fit_tile(choice.block_q, q.shape[2]), fit_tile(choice.block_k, k.shape[2])
     out = _PaperAttention.apply(
       q,
@@ -352,9 +397,10 @@ def attend(query, key, value, choice: AttentionChoice, *, causal=True, softmax_s
       causal,
       bq,
       bk,
-      kind == "paper+comp",
+      choice.stabilize,
       choice.beta,
       choice.tie_tolerance,
+      choice.single_lse,
     )
   elif kind == "reference-fp32":
     if RECOMPUTE_REFERENCE and torch.is_grad_enabled():

@@ -4,10 +4,21 @@ paper's description, with the rounding points of BF16 autocast spelled out as ex
 that it runs the same on CPU and GPU. Query tiles outer, key tiles inner (forward); key tiles
 outer, query tiles inner (backward).
 
+The forward keeps the row max m (bf16 values) and log l (float32, natural log of the bf16 l),
+as JAX's paper layout does (`pallas_kernels/forward.py`). The backward forms P in one of two
+ways, the two of JAX's `Numerics.probs`:
+  single_lse=False  P = exp((S − m) − log l), 0 in place of S − m where S == m: JAX "paper"
+                    (its default since 2026-12-01)
+  single_lse=True   P = exp(S − lse), lse = log l + m rounded once to float32: the paper's own
+                    kernel (what this file computed before 2026-12-01, the same bits) and JAX
+                    "paper+lse"
+
 Runs in its own environment (torch only, no JAX); talks to JAX through dump files:
   python torch_crosscheck/paper_fa2.py OUT.npz --len 256 --heads 2 --head-dim 64 \\
-      --block-q 64 --block-k 64 --causal --stabilize [--device cuda]
+      --block-q 64 --block-k 64 --causal --stabilize [--single-lse] [--device cuda]
 then, in the JAX environment:  flashstable crosscheck OUT.npz --numerics paper
+(the dump's attrs say which backward made it; crosscheck runs the JAX backward that matches:
+paper, or paper+lse with --single-lse)
 """
 
 from __future__ import annotations
@@ -32,12 +43,15 @@ def mm(a, b):
 
 
 def forward(q, k, v, scale, causal, bq, bk, stabilize, beta, tol):
-  """q [B,H,Lq,D], k/v [B,H,Lk,D] bf16 → (O bf16, lse float32 [B,H,Lq])."""
+  """q [B,H,Lq,D], k/v [B,H,Lk,D] bf16 → (O bf16, m, log l), m and log l float32 [B,H,Lq]: the
+  row max (bf16 values) and the natural log of the bf16 row sum, kept apart for `backward`
+  (the paper's lse is log l + m, `lse`)."""
   B, H, Lq, D = q.shape
   Lk = k.shape[2]
   neg = -torch.finfo(BF).max
   out = torch.empty(B, H, Lq, D, dtype=BF, device=q.device)
-  lse = torch.empty(B, H, Lq, dtype=torch.float32, device=q.device)
+  m_out = torch.empty(B, H, Lq, dtype=torch.float32, device=q.device)
+  log_l = torch.empty(B, H, Lq, dtype=torch.float32, device=q.device)
   for i in range(0, Lq, bq):
     qi = q[:, :, i : i + bq]
     rows = torch.arange(i, i + qi.shape[2], device=q.device)
@@ -64,12 +78,31 @@ def forward(q, k, v, scale, causal, bq, bk, stabilize, beta, tol):
       o = rb(rb(o * alpha[..., None]) + pv)
       m = m_new
     out[:, :, i : i + bq] = (o / l[..., None]).to(BF)
-    lse[:, :, i : i + bq] = torch.log(l) + m
-  return out, lse
+    m_out[:, :, i : i + bq] = m
+    log_l[:, :, i : i + bq] = torch.log(l)
+  return out, m_out, log_l
 
 
-def backward(q, k, v, out, lse, d_out, scale, causal, bq, bk):
-  """→ (dQ, dK, dV) bf16, accumulated tile by tile in bf16 buffers."""
+def lse(m, log_l):
+  """The paper's lse = log(l) + m, rounded once to float32 (a statistic of the m/log l
+  backward; the single_lse backward's operand)."""
+  return log_l + m
+
+
+def probs(s, m, log_l, single_lse=False):
+  """P in float32 from the scores s [..., bq, bk] and the rows' m, log l [..., bq], as JAX's
+  `Numerics.probs`: exp((s − m) − log l) with s − m written as 0 where s == m, or
+  (single_lse, the paper's kernel) exp(s − lse). Masked scores (−inf) give 0."""
+  m, log_l = m[..., None], log_l[..., None]
+  if single_lse:
+    return torch.exp(s - lse(m, log_l))
+  return torch.exp(torch.where(s == m, torch.zeros_like(s), s - m) - log_l)
+
+
+def backward(q, k, v, out, m, log_l, d_out, scale, causal, bq, bk, single_lse=False):
+  """→ (dQ, dK, dV) bf16, accumulated tile by tile in bf16 buffers. P from `forward`'s m and
+  log l (`probs`): kept apart (default; JAX "paper") or through one float32 lse (single_lse:
+  the paper's own kernel; JAX "paper+lse")."""
   Lq, Lk = q.shape[2], k.shape[2]
   delta = rb(d_out.float() * out.float()).sum(-1)  # fp32 sum of bf16(dO∘O)
   dq = torch.zeros(q.shape, device=q.device)
@@ -84,7 +117,7 @@ def backward(q, k, v, out, lse, d_out, scale, causal, bq, bk):
       s = rb(rb(mm(qi, kj.transpose(-1, -2))) * scale)
       if causal:
         s = s.masked_fill(cols[None, :] > rows[:, None], -float("inf"))
-      p = torch.exp(s - lse[:, :, i : i + bq, None])
+      p = probs(s, m[:, :, i : i + bq], log_l[:, :, i : i + bq], single_lse)
       dv[:, :, j : j + bk] = rb(dv[:, :, j : j + bk] + rb(mm(p.to(BF).transpose(-1, -2), doi)))
       dp = rb(mm(doi, vj.transpose(-1, -2)))
       ds = (p * scale) * (dp - delta[:, :, i : i + bq, None])
@@ -100,21 +133,29 @@ def main(argv=None):
   ap.add_argument("--stabilize", action="store_true")
   ap.add_argument("--beta", type=float, default=2.0)
   ap.add_argument("--tie-tolerance", type=float, default=1e-3)
+  ap.add_argument(
+    "--single-lse",
+    action="store_true",
+    help="the paper's own backward, P = exp(S − lse) (default: m and log l apart, JAX's paper)",
+  )
   a = ap.parse_args(argv)
   q, k, v, do = make_inputs(a)
   scale = a.head_dim**-0.5
-  out, lse = forward(
+  out, m, log_l = forward(
     q, k, v, scale, a.causal, a.block_q, a.block_k, a.stabilize, a.beta, a.tie_tolerance
   )
-  dq, dk, dv = backward(q, k, v, out, lse, do, scale, a.causal, a.block_q, a.block_k)
+  dq, dk, dv = backward(
+    q, k, v, out, m, log_l, do, scale, a.causal, a.block_q, a.block_k, a.single_lse
+  )
   write_dump(
     a.out,
     dict(zip(NAMES, (q, k, v, do, out, dq, dk, dv))),
-    lse,
+    lse(m, log_l),
     producer=f"torch {torch.__version__} paper_fa2 ({a.device})",
     causal=a.causal,
     softmax_scale=scale,
     stabilize=a.stabilize,
+    single_lse=a.single_lse,
     beta=a.beta,
     tie_tolerance=a.tie_tolerance,
     block_q=a.block_q,

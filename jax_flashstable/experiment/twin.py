@@ -4,8 +4,10 @@ report of where the two loss curves part and of each run's outcome under the ins
 experiment's rules.
 
 A pair is a twin attention and the JAX attention it is compared with (`PAIRS`: exact twins —
-the same rounding points — for paper, paper+comp and reference-fp32; the nearest production
-numerics for the SDPA backends: sdpa-flash ↔ fa2, sdpa-cudnn ↔ cudnn). Per pair and seed:
+the same rounding points — for reference-fp32 and paper, paper+comp, paper+lse,
+paper+comp+lse, whose backwards form P as JAX's: from m and log l apart, or with +lse from one
+float32 lse; the nearest production numerics for the SDPA backends: sdpa-flash ↔ fa2,
+sdpa-cudnn ↔ cudnn). Per pair and seed:
 
   OUT/init/seed<k>.npz            the JAX run's initial parameters (`train.init_state`) in the
                                   twin's .npz layout (`export_init`; the layout is documented
@@ -83,6 +85,8 @@ TWIN_SCRIPT = ROOT / "torch_crosscheck" / "gpt_twin.py"
 TWIN_ATTENTIONS = (
   "paper",
   "paper+comp",
+  "paper+lse",
+  "paper+comp+lse",
   "reference-fp32",
   "sdpa-flash",
   "sdpa-efficient",
@@ -94,10 +98,14 @@ PAIRS = {
   "reference-fp32": "reference-fp32",
   "paper": "paper",
   "paper+comp": "paper+comp",
+  "paper+lse": "paper+lse",
+  "paper+comp+lse": "paper+comp+lse",
   "sdpa-cudnn": "cudnn",
   "sdpa-flash": "fa2",
 }
-EXACT = ("reference-fp32", "paper", "paper+comp")  # twins with JAX's own rounding points
+# twins with JAX's own rounding points (the paper ones in the backward too: P from m and log l
+# apart, or with +lse from one float32 lse, as JAX's single_lse)
+EXACT = ("reference-fp32", "paper", "paper+comp", "paper+lse", "paper+comp+lse")
 TOLERANCE = 2.0**-8
 WINDOW = 100  # the agreement window: the first WINDOW steps
 PROFILE = ((1, 10), (11, 30), (31, 100), (101, 300), (301, 1000), (1001, 3000), (3001, 10**9))
@@ -184,20 +192,28 @@ def parse_pairs(text: str) -> list[Pair]:
   return list(dict.fromkeys(Pair(t, j) for t, j in pairs))
 
 
-def twin_jax_spec(attention: str, tiles: int, beta=2.0, tie_tolerance=1e-3) -> str | None:
-  """The JAX spec with the twin attention's numerics (gpt_twin's `AttentionChoice.jax_spec`)."""
+def twin_attention_config(attention: str, tiles: int, beta=2.0, tie_tolerance=1e-3):
+  """The `AttentionConfig` with the twin attention's numerics, or None (an SDPA backend): a
+  paper twin "paper[+comp][+lse]" is JAX's paper layout with those modifiers (the grammar's:
+  +comp the compensation, with `beta` and `tie_tolerance`; +lse single_lse) and `tiles`."""
+  from jax_flashstable.attention.config import MODIFIERS, AttentionConfig
+
   if attention == "reference-fp32":
-    return "reference-fp32"
-  if attention.startswith("paper"):
-    spec = f"paper:block_q={tiles},block_k={tiles}"
-    if attention == "paper+comp":
-      spec += (
-        ",stabilize=true"
-        + (f",beta={beta!r}" if beta != 2.0 else "")
-        + (f",tie_tolerance={tie_tolerance!r}" if tie_tolerance != 1e-3 else "")
-      )
-    return spec
-  return None
+    return AttentionConfig.parse("reference-fp32")
+  name, *mods = attention.split("+")
+  if name != "paper" or attention not in TWIN_ATTENTIONS:
+    return None
+  kw = {k: v for m in mods for k, v in MODIFIERS[m].items()}
+  if kw.get("stabilize"):
+    kw.update(beta=beta, tie_tolerance=tie_tolerance)
+  return AttentionConfig(numerics="paper", block_q=tiles, block_k=tiles, **kw)
+
+
+def twin_jax_spec(attention: str, tiles: int, beta=2.0, tie_tolerance=1e-3) -> str | None:
+  """The JAX spec with the twin attention's numerics, `twin_attention_config`'s name (gpt_twin's
+  `AttentionChoice.jax_spec` spells the same; a test keeps the two equal)."""
+  cfg = twin_attention_config(attention, tiles, beta, tie_tolerance)
+  return None if cfg is None else cfg.name
 
 
 def is_exact(pair: Pair, tiles: int) -> bool:
@@ -208,10 +224,14 @@ def is_exact(pair: Pair, tiles: int) -> bool:
   if pair.torch not in EXACT:
     return False
   jax_cfg = AttentionConfig.parse(instability.variant_attention(pair.jax, tiles=tiles)[0])
-  twin_cfg = AttentionConfig.parse(
-    twin_jax_spec(pair.torch, tiles, jax_cfg.beta, jax_cfg.tie_tolerance)
-  )
+  twin_cfg = twin_attention_config(pair.torch, tiles, jax_cfg.beta, jax_cfg.tie_tolerance)
   return dataclasses.replace(twin_cfg, backend=jax_cfg.backend) == jax_cfg
+
+
+def twin_stabilizes(attention: str) -> bool:
+  """Whether the twin attention has the compensation (its beta and tie_tolerance matter)."""
+  cfg = twin_attention_config(attention, 64)
+  return cfg is not None and cfg.stabilize
 
 
 def twin_fields(cfg: TrainConfig, attention: str, tiles: int) -> dict:
@@ -254,8 +274,8 @@ def twin_fields(cfg: TrainConfig, attention: str, tiles: int) -> dict:
     attention=attention,
     block_q=tiles,
     block_k=tiles,
-    beta=att.beta if attention == "paper+comp" else 2.0,
-    tie_tolerance=att.tie_tolerance if attention == "paper+comp" else 1e-3,
+    beta=att.beta if twin_stabilizes(attention) else 2.0,
+    tie_tolerance=att.tie_tolerance if twin_stabilizes(attention) else 1e-3,
     n_layer=m.n_layer,
     n_head=m.n_head,
     n_embd=m.n_embd,

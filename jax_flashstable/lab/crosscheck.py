@@ -51,18 +51,23 @@ def compare_tensors(ours, theirs) -> dict:
   )
 
 
-def crosscheck(dump_path, *, numerics="fa2", stabilize=None, block_q=None, block_k=None):
+def crosscheck(
+  dump_path, *, numerics="fa2", stabilize=None, single_lse=None, block_q=None, block_k=None
+):
   """Recomputes `out` (and the gradients, when the dump has d_out) from the dump's query, key
   and value with our kernels; returns {tensor: compare_tensors(...)}.
 
-  causal, softmax_scale, stabilize, beta, tie_tolerance, block_q and block_k default to the
-  dump's attrs.
+  causal, softmax_scale, stabilize, beta, tie_tolerance, single_lse, block_q and block_k
+  default to the dump's attrs (single_lse: False where the dump does not say; a dump of
+  `torch_crosscheck/paper_fa2.py --single-lse`, the paper's own backward, says True, so it is
+  compared with our single_lse backward, "paper+lse").
   """
   t, attrs = load_dump(dump_path, layout="bshd")
   kw = dict(
     causal=bool(attrs.get("causal", False)),
     softmax_scale=attrs.get("softmax_scale"),
     stabilize=bool(attrs.get("stabilize", False) if stabilize is None else stabilize),
+    single_lse=bool(attrs.get("single_lse", False) if single_lse is None else single_lse),
     beta=attrs.get("beta", 2.0),
     tie_tolerance=attrs.get("tie_tolerance", 1e-3),
     block_q=block_q or attrs.get("block_q"),
