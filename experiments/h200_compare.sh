@@ -12,8 +12,6 @@ set -u
 cmd=${1:-}; OUT=${2:-runs/h200}
 H=/tmp/compare-hold; R=/tmp/compare
 source "$(dirname "$0")/h200_env.sh"
-pack() { python3 -c "import sys; from jax_flashstable.experiment.instability import pack_runs
-pack_runs(*sys.argv[1:])" "$@"; }
 case $cmd in
 start)
   if [[ -f $H/pid ]] && kill -0 "$(cat $H/pid)" 2>/dev/null; then
@@ -36,15 +34,15 @@ wait)
   cp $H/log "$OUT/compare.log"
   if kill -0 "$(cat $H/pid)" 2>/dev/null; then
     tail -n 8 $H/log
-    pack $R "$OUT/partial-compare.jsonl.xz"
+    pack_runs $R "$OUT/partial-compare.jsonl.xz"
     echo "running; call wait again"
   elif [[ "$(cat $H/rc 2>/dev/null)" != 0 ]]; then
     tail -n 40 $H/log
-    pack $R "$OUT/partial-compare.jsonl.xz"
+    pack_runs $R "$OUT/partial-compare.jsonl.xz"
     echo "failed (exit status $(cat $H/rc 2>/dev/null || echo unknown)): see compare.log" >&2; exit 1
   else
     tail -n 40 $H/log
-    pack $R "$OUT/runs-compare.jsonl.xz"
+    pack_runs $R "$OUT/runs-compare.jsonl.xz"
     cp $R/report.md $R/curves.png "$OUT"/ && echo done
   fi
   ;;

@@ -32,9 +32,9 @@ wait)
   if kill -0 "$(cat $H/pid)" 2>/dev/null; then
     tail -n 8 $R/queue*.log
     cp $R/queue*.log "$OUT"/
+    source "$(dirname "$0")/h200_env.sh"
     for dir in $R/*/; do
-      PYTHONPATH=$PWD python3 -c "import sys; from jax_flashstable.experiment.instability import pack_runs; pack_runs(*sys.argv[1:])" \
-        $dir "$OUT/partial-$(basename $dir | tr + _).jsonl.xz"
+      pack_runs $dir "$OUT/partial-$(basename $dir | tr + _).jsonl.xz"
     done
     echo "running; call wait again"
   else

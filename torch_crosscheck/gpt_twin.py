@@ -174,15 +174,8 @@ ATTENTIONS = (
   "sdpa-cudnn",
   "sdpa-math",
 )
-CPU_ATTENTIONS = (
-  "paper",
-  "paper+comp",
-  "paper+lse",
-  "paper+comp+lse",
-  "reference-fp32",
-  "sdpa-flash",
-  "sdpa-math",
-)
+CUDA_ONLY = ("sdpa-efficient", "sdpa-cudnn")  # torch has these SDPA backends on CUDA only
+CPU_ATTENTIONS = tuple(a for a in ATTENTIONS if a not in CUDA_ONLY)
 MATMULS = ("bf16", "emulated")
 EXIT_NON_FINITE = 3
 # The data module's file, newest location first (the JAX package is being reorganised).

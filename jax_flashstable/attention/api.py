@@ -117,10 +117,11 @@ def flash_attention(
     center_keys: the backward's dQ = dS·(K − c) with c the mean key per (batch, kv head)
       (K − c in float32, rounded to the input dtype): exact because each row of dS sums to 0,
       and removes the (rowsum dS)·c term rounding leaves when keys share a large component.
-    single_lse: the backward forms P = exp(S − lse) from one float32 lse = m + log l per row,
-      as FlashAttention-2/3, cuDNN and JAX's Pallas mha do, instead of exp((S − m) − log l):
-      the production kernels' numerics, whose P errs by up to about |m|·2⁻²⁴ relative once
-      the row max m is large (`pallas_kernels.policy.Numerics.probs`; docs/numerics.md).
+    single_lse: the backward forms P = exp(S − lse) from one float32 lse = m + log l per row
+      instead of exp((S − m) − log l): the production kernels' kind of P (FlashAttention-2/3,
+      cuDNN and JAX's Pallas mha keep one float32 lse; they form it in base 2, so not their
+      bits), whose rows err by up to ½ ulp(lse) relative once the row max m is large
+      (`pallas_kernels.policy.Numerics.probs`; docs/numerics.md).
     block_q, block_k: forward tile sizes, powers of two ≥ 16. They are part of the numerics
       (ties are detected per key tile). Defaults: block_k = 64, block_q = 128 (64 when
       head_dim > 128), the same on CPU and GPU.

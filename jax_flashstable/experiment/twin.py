@@ -269,13 +269,14 @@ def twin_fields(cfg: TrainConfig, attention: str, tiles: int) -> dict:
     data = None if cfg.data is None else str(resolve_data_dir(cfg.data))
   except FileNotFoundError as e:  # a missing folder: one line, as TrainConfig.validate's
     raise ValueError(str(e)) from None
+  stabilizes = twin_stabilizes(attention)
   fields = dict(
     data=data,
     attention=attention,
     block_q=tiles,
     block_k=tiles,
-    beta=att.beta if twin_stabilizes(attention) else 2.0,
-    tie_tolerance=att.tie_tolerance if twin_stabilizes(attention) else 1e-3,
+    beta=att.beta if stabilizes else 2.0,
+    tie_tolerance=att.tie_tolerance if stabilizes else 1e-3,
     n_layer=m.n_layer,
     n_head=m.n_head,
     n_embd=m.n_embd,
