@@ -4,8 +4,12 @@
 # held; `wait` follows them for up to S seconds, then brings back under $OUT what exists so far
 # (the queue logs and every run, packed without checkpoints; the reports once all is done).
 # Call `wait` again at once (the machine goes back 30 s after a call) until it prints "done".
+# A machine that went back between calls takes its queues with it (`wait` on the fresh one says
+# so): start and wait in one call, so that a late next call loses only what runs after it
+# (2026-12-01: two machines went back so, each between a start and its wait).
 # Usage (repo root, on the device; carry .data):
-#   QUEUES="paper+comp:24,25|paper:24,25" BUDGET=1480 bash experiments/h200_hold.sh start "$OUT"
+#   QUEUES="paper+comp:24,25|paper:24,25" BUDGET=1480 bash experiments/h200_hold.sh start "$OUT" \
+#     && bash experiments/h200_hold.sh wait "$OUT" 500
 #   bash experiments/h200_hold.sh wait "$OUT" 570
 set -u
 cmd=$1; OUT=$2; shift 2
