@@ -36,6 +36,7 @@ def _tied(shape, dtype, seed):
 _FORWARD_CASES = {
   "partial-tile": (Shape(2, 130, 140, 2, 2, 64), jnp.bfloat16, "fa2", {}),
   "mqa-causal-d128": (Shape(1, 150, 100, 2, 1, 128, causal=True), jnp.bfloat16, "fa2", {}),
+  "gqa-causal": (Shape(1, 100, 100, 4, 2, 64, causal=True), jnp.bfloat16, "fa2", {}),  # 2 kv heads
   "f16-causal-3stages": (  # the second query CTA visits 4 key tiles: more than 3 stages
     Shape(1, 200, 200, 2, 1, 64, causal=True),
     jnp.float16,
