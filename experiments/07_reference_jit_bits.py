@@ -53,9 +53,9 @@ def main():
       eager = jax.tree.leaves(jax.block_until_ready(eager))
       t_eager = time.perf_counter() - t
       line = f"{jnp.dtype(dtype).name:8} {shape}: op by op {t_eager:.2f} s"
+      args = (q, k, v, do, shape.causal, shape.head_dim**-0.5, dtype)
       for excess in (True, False):
         t = time.perf_counter()
-        args = (q, k, v, do, shape.causal, shape.head_dim**-0.5, dtype)
         compiled = (
           jax.jit(vjp, static_argnums=(4, 5, 6))
           .lower(*args)

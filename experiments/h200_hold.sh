@@ -14,6 +14,7 @@
 set -u
 cmd=$1; OUT=$2; shift 2
 H=/tmp/hold; R=${RUNS:-/tmp/instability}
+source "$(dirname "$0")/h200_env.sh"  # the environment, and pack_runs
 case $cmd in
 start)
   if [[ -f $H/pid ]] && kill -0 "$(cat $H/pid)" 2>/dev/null; then
@@ -36,7 +37,6 @@ wait)
   if kill -0 "$(cat $H/pid)" 2>/dev/null; then
     tail -n 8 $R/queue*.log
     cp $R/queue*.log "$OUT"/
-    source "$(dirname "$0")/h200_env.sh"
     for dir in $R/*/; do
       pack_runs $dir "$OUT/partial-$(basename $dir | tr + _).jsonl.xz"
     done
