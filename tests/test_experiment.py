@@ -14,6 +14,8 @@ from jax_flashstable.experiment import instability as experiment
 from jax_flashstable.training import train
 from jax_flashstable.training.train import TrainConfig
 
+RESULTS = pathlib.Path(__file__).parent.parent / "experiments" / "results"
+
 TINY = dataclasses.replace(
   TrainConfig(**experiment.RECIPES["tiny"]), steps=12, diag_interval=6, progress=False
 )
@@ -308,7 +310,12 @@ def test_runaway_survival_fisher_and_pack(tmp_path):
   assert experiment.fisher_p(rows, "paper") == pytest.approx(1 / 126)  # C(9,5) = 126
   # runaway: paper 5/5, paper+comp 0/4 decided (the unfinished run ran away: 1/5 decided)
   assert experiment.fisher_p(rows, "paper", "runaway") == pytest.approx(6 / 252)  # C(6,5)/C(10,5)
-  text = experiment.format_report(rows, {}, 1)
+  # every variant against the same with one option more: the mechanism's options too
+  assert experiment.option_pairs(
+    ["paper", "paper+comp", "paper+center", "paper+center+comp", "fa2"]
+  ) == [("paper", "+comp"), ("paper", "+center"), ("paper+center", "+comp")]
+  assert experiment.fisher_p(rows, "paper", option="+center") is None  # no such runs
+  text = experiment.format_report(rows, dict(warmup_steps=cfg.warmup_steps), 1)
   assert "| paper | 5 / 5 | 5 / 5 | 0.00 |" not in text  # only 60 steps: no 500 mark
   assert (
     "| paper+comp | 0 / 4 (1 unfinished) | 1 / 5 |" in text
@@ -345,22 +352,20 @@ def test_runaway_survival_fisher_and_pack(tmp_path):
   assert not (tmp_path / "x").exists()  # nothing written before every pack is read
 
 
-def test_early_warning_fires_at_a_jump_not_at_a_ramp():
-  """A layer whose max logit jumps ≥ 50× its median over the previous five rows fires the
-  warning at that row; a steady 3× per row ramp, a jump before warmup and a 40× jump do not."""
-  ramp = [[[1.0], [10.0 * 3**i]] for i in range(8)]
-  assert train.warning_step(
-    [dict(step=100 * (i + 1), max_logit=x) for i, x in enumerate(ramp)], 200
-  ) == (None, None)
-  calm = [[[20.0, 30.0], [10.0]]] * 6
-  jump = calm + [[[20.0, 1600.0], [10.0]]]  # layer 0: 1600 / 30 ≈ 53×
-  rows = [dict(step=100 * (i + 1), max_logit=x) for i, x in enumerate(jump)]
-  assert train.warning_step(rows, 200) == (700, 0)
-  assert train.warning_step(rows, 700) == (None, None)  # not after `start`
-  near = calm + [[[20.0, 1200.0], [10.0]]]  # 40×: no warning
-  assert train.warning_step(
-    [dict(step=100 * (i + 1), max_logit=x) for i, x in enumerate(near)], 200
-  ) == (None, None)
+def test_early_warning_fires_at_a_jump_and_at_a_steep_climb():
+  """A layer whose max logit reaches ≥ 100× its lowest over the previous five rows fires the
+  warning at that row, whether by one jump or by a steady climb (3× a row: 3⁵ = 243× in five
+  rows); a 2×-a-row climb (32×), a 90× jump and a jump before `start` do not."""
+  rows_of = lambda xs: [dict(step=100 * (i + 1), max_logit=x) for i, x in enumerate(xs)]
+  climb = lambda f: [[[1.0], [10.0 * f**i]] for i in range(10)]
+  assert train.warning_step(rows_of(climb(3.0)), 200) == (600, 1)  # row 6: 3⁵ ≥ 100 > 3⁴
+  assert train.warning_step(rows_of(climb(2.0)), 200) == (None, None)
+  calm = [[[20.0, 30.0], [10.0]], [[16.0, 12.0], [10.0]]] * 3  # layer 0: max over heads
+  jump = calm + [[[20.0, 1600.0], [10.0]]]  # layer 0: 1600 / 16 = 100×
+  assert train.warning_step(rows_of(jump), 200) == (700, 0)
+  assert train.warning_step(rows_of(jump), 700) == (None, None)  # not after `start`
+  near = calm + [[[20.0, 1440.0], [10.0]]]  # 90×: no warning
+  assert train.warning_step(rows_of(near), 200) == (None, None)
   w = train.EarlyWarning(start=0, window=2)
   assert [w.update(s, [[x]]) for s, x in ((1, 1.0), (2, 2.0), (3, 200.0), (4, 1.0))] == [
     None,
@@ -368,3 +373,27 @@ def test_early_warning_fires_at_a_jump_not_at_a_ramp():
     3,
     3,
   ]
+  assert "100× its lowest over its previous 5" in train.EarlyWarning(200).describe()
+
+
+def test_early_warning_on_the_measured_runs():
+  """The rule as calibrated: on every anchor-b128 run packed so far (H200, 2026-11-30 to
+  2026-12-02) it warns before each explosion and on no run without one. Each run is replayed
+  from its logged diagnostics; a new pack whose runs break this fails here."""
+  packs = sorted(str(p) for p in RESULTS.glob("h200-*-b128/runs*.jsonl.xz"))
+  runs = experiment.read_packs(packs)
+  missed, false_alarms, n_exploded = [], [], 0
+  for run, found in runs.items():
+    files = {r["file"]: r["rows"] for r in found["records"]}
+    if not files.get("diagnostics.jsonl"):
+      continue  # a run that never trained a step
+    losses = [(r["step"], r["loss"]) for r in files["metrics.jsonl"]]
+    exploded = train.explosion_step(losses, 200)
+    warned, _ = train.warning_step(files["diagnostics.jsonl"], 200)
+    n_exploded += exploded is not None
+    if exploded is not None and (warned is None or warned >= exploded):
+      missed.append(run)
+    if exploded is None and warned is not None:
+      false_alarms.append(run)
+  assert n_exploded >= 10 and len(runs) >= 22
+  assert missed == [] and false_alarms == []

@@ -22,7 +22,7 @@ import statistics
 import jax
 
 from jax_flashstable.experiment import instability
-from jax_flashstable.training.train import TrainConfig, read_metrics
+from jax_flashstable.training.train import EarlyWarning, TrainConfig, read_metrics
 
 # the CPU setting: 3 runs of 250 steps of the tiny model (its time: README, first lines)
 CPU_DEFAULTS = dict(
@@ -160,8 +160,8 @@ def report(base: TrainConfig, rows) -> str:
   lines += [
     "",
     "Explosion: a non-finite loss, or after warmup a 10-step mean loss above 2× its "
-    "running minimum. Warning: `train.EarlyWarning` (a layer's max attention logit ≥ 50× "
-    "its recent median).",
+    f"running minimum. Warning: `train.EarlyWarning` "
+    f"({EarlyWarning(base.warmup_steps).describe()}).",
     "",
     "![curves](curves.png)",
     "",

@@ -33,6 +33,7 @@ import jax
 import numpy as np
 
 from jax_flashstable.training.train import (
+  EarlyWarning,
   NonFiniteError,
   TrainConfig,
   config_changes,
@@ -380,21 +381,32 @@ def survival(rows, event="explosion"):
   return [0, *(int(q) for q in sf.quantiles)], [1.0, *(float(p) for p in sf.probabilities)]
 
 
-def fisher_p(rows, variant, event="explosion") -> float | None:
-  """One-sided Fisher exact p-value that `variant` has `event` more often than its compensated
-  twin (variant + "+comp") among decided runs; None without both."""
+def fisher_p(rows, variant, event="explosion", option=COMPENSATED) -> float | None:
+  """One-sided Fisher exact p-value that `variant` has `event` more often than `variant +
+  option` (by default its compensated twin) among decided runs; None without both."""
   import scipy.stats
 
   if event == "runaway" and runaway_threshold(rows) is None:
     return None
   counts = []
-  for v in (variant, variant + COMPENSATED):
+  for v in (variant, variant + option):
     rs = [r for r in rows if r["variant"] == v and _decided(r, event)]
     n_hit = sum(r[f"{event}_step"] is not None for r in rs)
     counts.append([n_hit, len(rs) - n_hit])
   if not all(sum(c) for c in counts):
     return None
   return float(scipy.stats.fisher_exact(counts, alternative="greater").pvalue)
+
+
+def option_pairs(variants) -> list[tuple[str, str]]:
+  """(variant, option) for every variant whose name plus one "+option" is another variant of
+  the matrix: paper and paper+comp, paper and paper+center, fa2+center and fa2+center+comp."""
+  return [
+    (v, w[len(v) :])
+    for v in variants
+    for w in variants
+    if w.startswith(v + "+") and "+" not in w[len(v) + 1 :]
+  ]
 
 
 def trained_on(out_dir) -> str:
@@ -466,10 +478,9 @@ def format_report(rows, recipe: dict, layer: int) -> str:
     )
   lines += [
     "",
-    "Early warning (`train.EarlyWarning`: a layer's max logit ≥ 50× its median over its "
-    "previous 5 diagnostics rows, after warmup): per variant, the runs it warned before "
-    "the event, the lead in steps (event step − warning step), and false alarms (a "
-    "warning on a run with neither event).",
+    f"Early warning (`train.EarlyWarning`: {EarlyWarning(recipe['warmup_steps']).describe()}):"
+    " per variant, the runs it warned before the event, the lead in steps (event step − "
+    "warning step), and false alarms (a warning on a run with neither event).",
     "",
     "| variant | warned before explosion | lead to explosion | warned before runaway | "
     "lead to runaway | false alarms |",
@@ -494,20 +505,20 @@ def format_report(rows, recipe: dict, layer: int) -> str:
       ]
     cells.append(str(sum(r["false_alarm"] for r in rs)))
     lines.append(f"| {v} | " + " | ".join(cells) + " |")
-  pairs = [v for v in variants if v + COMPENSATED in variants]
+  pairs = option_pairs(variants)
   if pairs:
     lines += [
       "",
-      "One-sided Fisher exact test, H1: the variant has the event more often than with "
-      "the compensation (decided runs only):",
+      "One-sided Fisher exact test, H1: the variant has the event more often than with the "
+      "option (decided runs only):",
       "",
-      "| variant vs + comp | p (explosion) | p (runaway) |",
+      "| variant vs + option | p (explosion) | p (runaway) |",
       "|---|---:|---:|",
     ]
-    for v in pairs:
-      p = [fisher_p(rows, v, e) for e in ("explosion", "runaway")]
+    for v, option in pairs:
+      p = [fisher_p(rows, v, e, option) for e in ("explosion", "runaway")]
       lines.append(
-        f"| {v} vs {v + COMPENSATED} | "
+        f"| {v} vs {v + option} | "
         + " | ".join("n/a" if x is None else f"{x:.2g}" for x in p)
         + " |"
       )

@@ -341,18 +341,28 @@ class ExplosionMonitor:
 class EarlyWarning:
   """Fed the diagnostics rows in order (`diagnostics.diagnose`: per layer and head the max
   attention logit of sampled rows); `step` is the first diagnostics step, after `start`, at
-  which some layer's max logit reaches `factor` × its median over that layer's previous
-  `window` rows: the onset of the logit runaway of Qiu & Yao 2025 (§4), which comes with a
-  jump of σ(W_Q) and a collapse of the attention entropy.
+  which some layer's max logit reaches `factor` × its lowest value over that layer's previous
+  `window` rows: the logit runaway of Qiu & Yao 2025 (§4), which comes with a jump of σ(W_Q)
+  and a collapse of the attention entropy, whether it comes as one jump or as a steady climb.
 
-  The factor 50 was calibrated on the anchor-b128 runs, where it separates the exploding runs
-  from the compensated ones with a margin each way and warns ahead of every explosion
-  (docs/studies/instability-anchor-b128.md; `experiment.instability` reports it per run).
+  Calibrated on the anchor-b128 runs of 2026-11-30 to 2026-12-02 (H200; 10 explosions, 12
+  runs without one): before their explosion the exploding runs' layer 1 grew ≥ 184× within 5
+  rows, the others (compensated, fa2, cuDNN, the mechanism options that held) ≤ 39×, so 100
+  leaves a margin of 1.8× and 2.6×. The rule it replaced (≥ 50× the median of the previous 5
+  rows) missed a climb of 3–5× per row (paper+delta32 seed 29)
+  (docs/studies/instability-anchor-b128.md#the-early-warning-recalibrated).
   """
 
-  def __init__(self, start: int, factor: float = 50.0, window: int = 5):
+  def __init__(self, start: int, factor: float = 100.0, window: int = 5):
     self.start, self.factor, self.window = start, factor, window
     self.history, self.step, self.layer = [], None, None
+
+  def describe(self) -> str:
+    """The rule in words, for reports and logs."""
+    return (
+      f"a layer's max attention logit ≥ {self.factor:g}× its lowest over its previous "
+      f"{self.window} diagnostics rows, after step {self.start}"
+    )
 
   def update(self, step, max_logit) -> int | None:
     """max_logit: [layers][heads] (a diagnostics row's "max_logit"). Returns the warning step
@@ -362,13 +372,8 @@ class EarlyWarning:
     layers = [max(heads) for heads in max_logit]
     if step > self.start and len(self.history) >= self.window:
       for i, x in enumerate(layers):
-        past = sorted(h[i] for h in self.history[-self.window :])
-        median = (
-          past[len(past) // 2]
-          if len(past) % 2
-          else 0.5 * (past[len(past) // 2 - 1] + past[len(past) // 2])
-        )
-        if math.isfinite(x) and median > 0 and x >= self.factor * median:
+        lowest = min(h[i] for h in self.history[-self.window :])
+        if math.isfinite(x) and lowest > 0 and x >= self.factor * lowest:
           self.step, self.layer = step, i
           return step
     self.history.append(layers)
@@ -621,7 +626,8 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None, log=pri
           ):
             note = (
               f"early warning at step {step}: layer {warning.layer}'s max attention logit "
-              f"jumped ≥{warning.factor:g}× (EarlyWarning); {cfg.warning_action}"
+              f"grew ≥{warning.factor:g}× within {warning.window} diagnostics rows "
+              f"(EarlyWarning); {cfg.warning_action}"
             )
             (bar.write if bar is not None else print)(note)
             if cfg.warning_action in ("checkpoint", "stop"):
