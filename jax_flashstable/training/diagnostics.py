@@ -3,7 +3,10 @@
 Per layer and head, on one batch: the rate of rows whose key tiles had tied maxima (read from
 the kernel's own statistics: the compensation's trigger), the max attention logit and the
 attention entropy (sampled rows), the signed error of O and of delta = rowsum(dO∘O) of the
-layer's attention against an FP32 recomputation (sampled rows, dO from the real loss), and the
+layer's attention against an FP32 recomputation (sampled rows, dO from the real loss), the
+error of the layer's own dQ on those rows against FP32 attention's (`dq_rows`: the bias
+mechanism of Qiu & Yao 2025, §4, per layer and head: its size, and its part common to all
+rows, which is what accumulates in W_Q), and the
 spectral norm of W_Q and W_K per head and of the whole W_Q (power iteration, one step per call,
 with the vectors carried between calls; at every (re)start of a run they start from random
 vectors and take 50 steps on the current weights first, `converge_power_state`).
@@ -20,10 +23,12 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jax_flashstable.attention.api import flash_attention
+from jax_flashstable.attention.flax_adapter import attend
 from jax_flashstable.models.gpt2 import loss_fn
 from pallas_kernels.policy import get_numerics
 
 HIGHEST = jax.lax.Precision.HIGHEST
+DQ_SEQUENCES = 8  # the sequences of a batch whose rows `dq_rows` samples
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -61,6 +66,43 @@ def _attention_rows(q, k, v, rows, scale):
   return s, p, o
 
 
+def dq_rows(config, q, k, v, d_o, rows, softmax_scale, rng_key=None):
+  """dQ of sampled rows from the layer's own attention (`attend`: its kernels, layout and
+  backward options, or XLA's or cuDNN's backward), and exact.
+
+  q, k, v, d_o: one layer's [batch, seq, heads, head_dim], causal; d_o is the cotangent of the
+  attention's output, taken in the output's dtype as the training step has it; rows: (batch
+  index, position) arrays [R]. The exact dQ is FP32 attention's: P, dP = dO·Vᵀ and delta =
+  rowsum(dO∘O) from the FP32 O, dQ = scale·Σ_j P_j (dP_j − delta) k_j. Their difference holds
+  the bias mechanism of Qiu & Yao 2025 (§4): a rounding that unbalances a row of dS adds
+  (rowsum dS)·c to dQ, c the keys' common component. Returns (dQ of the attention, exact dQ),
+  float32 [R, heads, head_dim]."""
+  b_idx, t_idx = rows
+  y, vjp = jax.vjp(
+    lambda q: attend(q, k, v, config, causal=True, softmax_scale=softmax_scale, rng_key=rng_key),
+    q,
+  )
+  d_y = d_o.astype(y.dtype)
+  dq = vjp(d_y)[0][b_idx, t_idx].astype(jnp.float32)
+  _, p, o32 = _attention_rows(q, k, v, rows, softmax_scale)
+  do_r = d_y[b_idx, t_idx].astype(jnp.float32)  # [R, h, d]
+  kr, vr = k[b_idx].astype(jnp.float32), v[b_idx].astype(jnp.float32)  # [R, T, h, d]
+  dp = jnp.einsum("rhd,rkhd->rhk", do_r, vr, precision=HIGHEST)
+  ds = p * (dp - jnp.sum(do_r * o32, -1)[..., None])
+  exact = softmax_scale * jnp.einsum("rhk,rkhd->rhd", ds, kr, precision=HIGHEST)
+  return dq, exact
+
+
+def dq_error(formed, exact):
+  """Per head, relative to the exact dQ's root mean square row norm: (the error's root mean
+  square row norm, the norm of its mean over rows — the part common to all rows)."""
+  scale = jnp.sqrt(jnp.mean(jnp.sum(exact**2, -1), axis=0))  # [h]
+  err = formed - exact
+  rms = jnp.sqrt(jnp.mean(jnp.sum(err**2, -1), axis=0))
+  common = jnp.linalg.norm(jnp.mean(err, axis=0), axis=-1)
+  return rms / scale, common / scale
+
+
 @functools.partial(jax.jit, static_argnums=(0, 5))
 def diagnose(graphdef, params, x, y, power, n_rows=64, key=None):
   """Diagnostics of one batch (x, y [batch, t] int32). Returns (metrics dict of arrays, power)."""
@@ -83,7 +125,17 @@ def diagnose(graphdef, params, x, y, power, n_rows=64, key=None):
     jax.random.randint(jax.random.fold_in(key, 1), (n_rows,), 0, t),
   )
   scale = cfg.head_dim**-0.5
-  out = {k: [] for k in ("tie_rate", "max_logit", "entropy", "o_err", "delta_err")}
+  # dQ's rows from the first DQ_SEQUENCES sequences only: a sequence's dQ depends on it alone,
+  # and the backward of the whole batch would hold its residuals (+7.4 GiB for XLA's attention
+  # at anchor-b128, compiled on a CPU)
+  n_seq = min(b, DQ_SEQUENCES)
+  dq_at = (
+    jax.random.randint(jax.random.fold_in(key, 5), (n_rows,), 0, n_seq),
+    jax.random.randint(jax.random.fold_in(key, 6), (n_rows,), 0, t),
+  )
+  out = {
+    k: [] for k in ("tie_rate", "max_logit", "entropy", "o_err", "delta_err", "dq_err", "dq_common")
+  }
   for layer, ((q, k, v, o), d_o) in enumerate(zip(records, d_outs)):
     att = cfg.attention_for(layer)
     if att.implementation == "flash":  # the kernel's own tie detection, on every row
@@ -111,10 +163,16 @@ def diagnose(graphdef, params, x, y, power, n_rows=64, key=None):
     out["entropy"].append(-jnp.mean(jnp.sum(jnp.where(p > 0, p * jnp.log(p), 0.0), -1), axis=0))
     o_rows, do_rows = o[rows[0], rows[1]], d_o[rows[0], rows[1]]  # [R, h, d]
     numerics = get_numerics(att.numerics if att.implementation == "flash" else "fa2")
-    delta = numerics.delta(do_rows, o_rows)  # as the backward forms it
+    delta = numerics.delta(do_rows, o_rows)  # as an FA2 backward forms it from this O
     delta32 = jnp.sum(do_rows * o32, axis=-1)
     out["o_err"].append(jnp.mean(o_rows.astype(jnp.float32) - o32, axis=(0, 2)))
     out["delta_err"].append(jnp.mean(delta - delta32, axis=0))
+    rng = jax.random.fold_in(key, 4) if att.numerics == "stochastic" else None
+    dq_err, dq_common = dq_error(
+      *dq_rows(att, q[:n_seq], k[:n_seq], v[:n_seq], d_o[:n_seq], dq_at, scale, rng)
+    )
+    out["dq_err"].append(dq_err)
+    out["dq_common"].append(dq_common)
   metrics = {k: jnp.stack(v) for k, v in out.items()}  # [L, H]
   sigma, power = _power_steps(model, power)
   return metrics | sigma, power

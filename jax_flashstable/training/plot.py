@@ -13,6 +13,7 @@ PANELS = (
   ("tie_rate", "rows with tied tile maxima", "mean"),
   ("max_logit", "max attention logit", "max"),
   ("delta_err", "delta(bf16) − delta(fp32), mean", "mean"),
+  ("dq_common", "dQ error common to rows / rms dQ, max", "max"),
 )
 
 
@@ -28,16 +29,17 @@ def plot_run(run_dir) -> pathlib.Path:
   if not rows:
     raise FileNotFoundError(f"no metrics.jsonl in {run}")
   diags = read_diagnostics(run)
-  n = 2 + (len(PANELS) if diags else 0)
+  panels = [p for p in PANELS if diags and all(p[0] in d for d in diags)]  # older runs: fewer
+  n = 2 + len(panels)
   fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.6))
   steps = [r["step"] for r in rows]
   axes[0].plot(steps, [r["loss"] for r in rows], lw=0.8)
   axes[0].set(title="loss", xlabel="step")
   axes[1].plot(steps, [r["grad_norm"] for r in rows], lw=0.8)
   axes[1].set(title="global grad norm", xlabel="step", yscale="log")
-  if diags:
+  if panels:
     ds = [d["step"] for d in diags]
-    for ax, (key, title, reduce) in zip(axes[2:], PANELS):
+    for ax, (key, title, reduce) in zip(axes[2:], panels):
       values = np.asarray([d[key] for d in diags], np.float64)  # [steps, L] or [steps, L, H]
       if reduce is not None:
         values = getattr(np, "nan" + reduce)(values, axis=-1)
