@@ -191,9 +191,12 @@ def test_collect_skips_odd_folders_and_a_cut_last_line(tmp_path):
       "".join(json.dumps(r) + "\n" for r in rows) + '{"step": 13, "lo'
     )
   (tmp_path / "fa2" / "seed2-old").mkdir()
+  (tmp_path / "fa2" / "seed3").mkdir()  # a run that died in its first step: empty metrics
+  (tmp_path / "fa2" / "seed3" / "metrics.jsonl").write_text("")
   got = experiment.collect(tmp_path, TINY)
   assert [(r["seed"], r["steps"], r["outcome"]) for r in got] == [
     (2, 12, "unfinished (stable so far)"),
+    (3, 0, "not started (no step logged)"),
     (10, 12, "unfinished (stable so far)"),
   ]
   bad = tmp_path / "fa2" / "seed2" / "metrics.jsonl"

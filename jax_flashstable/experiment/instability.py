@@ -339,6 +339,8 @@ def collect(out_dir, base: TrainConfig, layer=1) -> list[dict]:
       else f"stable to step {row['steps']}"
       if row["finished"]
       else "unfinished (stable so far)"
+      if row["steps"]
+      else "not started (no step logged)"
     )
     rows.append(row)
   threshold = runaway_threshold(rows)
