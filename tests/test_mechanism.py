@@ -5,7 +5,8 @@ because each row of dS = P∘(dP − delta) sums to 0. An FA2 backward breaks th
 delta = rowsum(dO∘O) comes from the rounded O, and dS is rounded to the input dtype before
 the dS·K product. The two inputs separate the pieces: in the fa2 layout one is fixed by
 `delta_float32` only, the other by `center_keys` only, both options together fix both; in the
-paper layout, which rounds dP as well, only `center_keys` fixes anything. The rule is the accuracy
+paper layout, whose O is built in bf16 buffers and whose dP is rounded too, only `center_keys`
+fixes anything. The rule is the accuracy
 rule of the suite: error ≤ 2·error(naive attention in bf16) + one bf16 ulp at the FP64 value's
 scale (`lab.accuracy`).
 """
@@ -42,11 +43,12 @@ def common_keys():
   return tuple(jnp.asarray(a, jnp.bfloat16) for a in (q, k, v, do)), True
 
 
-# which options keep dQ within the rule on each input, per layout. In the paper layout dP is
-# rounded to bf16 too (`Numerics.dp`), so delta from the float32 O leaves the rows of dS
-# unbalanced and fixes neither input; the keys' centring still takes the (rowsum dS)·c term
-# away. The same split as in training at anchor-b128 (H200, 2026-12-02): paper + center stayed
-# stable where paper exploded, paper + delta32 exploded (docs/studies/instability-anchor-b128.md).
+# which options keep dQ within the rule on each input, per layout. In the paper layout the
+# "float32 O" of delta_float32 is acc / l of bf16 buffers rounded every tile, and dP is rounded
+# to bf16 too (`Numerics.dp`): the option fixes neither input; the keys' centring still takes
+# the (rowsum dS)·c term away. Consistent with training at anchor-b128 (H200, 2026-12-02):
+# paper + center stayed stable where paper exploded, paper + delta32 exploded
+# (docs/studies/instability-anchor-b128.md).
 EXPECTED = {
   ("fa2", "nine"): {"fa2": False, "delta32": True, "center": False, "both": True},
   ("fa2", "common_keys"): {"fa2": False, "delta32": False, "center": True, "both": True},

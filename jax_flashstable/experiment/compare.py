@@ -87,8 +87,8 @@ def noise_band(run_dir, steps=NOISE_STEPS) -> dict:
   )
 
 
-def findings(rows) -> list[str]:
-  """What the runs show and do not show, in plain sentences."""
+def findings(rows, on_cpu=False) -> list[str]:
+  """What the runs show and do not show, in plain sentences (`on_cpu`: trained on a CPU)."""
   out = []
   exploded = [r for r in rows if r["explosion_step"] is not None]
   calm = [r for r in rows if r["explosion_step"] is None]
@@ -117,11 +117,15 @@ def findings(rows) -> list[str]:
       f"{verdict} the batch-to-batch noise (std up to {noise:.3f}): this run shows that "
       "the pipeline trains with every attention, not a difference between them. The "
       "explosion and the compensation's effect need the GPU setting (`flashstable "
-      "compare` on a GPU) or the study's recipes: a search of CPU-sized recipes (the tiny "
-      "model, 400 steps, peak lr 0.01 and 0.03, tiles 32 and 64) found none on which the "
-      "paper layout explodes (experiments/results/cpu-2026-12-01-recipe-search); on the "
-      "H200 it took 1,162–2,935 steps of 131k tokens (anchor-b128)."
+      "compare` on a GPU) or the study's recipes."
     )
+    if on_cpu:
+      out[-1] += (
+        " A search of CPU-sized recipes (the tiny model, 400 steps, peak lr 0.01 and 0.03, "
+        "tiles 32 and 64) found none on which the paper layout explodes "
+        "(experiments/results/cpu-2026-12-01-recipe-search); on the H200 it takes thousands "
+        "of steps of 131k tokens (docs/studies/instability-anchor-b128.md)."
+      )
   out.append(
     "Reproducible bit for bit on the same machine and software (the kernels have no "
     "atomics and a fixed reduction order); on another CPU or GPU XLA may compile "
@@ -147,7 +151,11 @@ def report(base: TrainConfig, rows) -> str:
     "## What this run shows",
     "",
   ]
-  lines += [f"- {x}" for x in findings(rows)] if rows else ["- no run finished"]
+  lines += (
+    [f"- {x}" for x in findings(rows, jax.default_backend() == "cpu")]
+    if rows
+    else ["- no run finished"]
+  )
   lines += [
     "",
     f"| attention | steps | final loss (mean ± std, last {NOISE_STEPS} steps) | min loss "

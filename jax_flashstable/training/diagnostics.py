@@ -4,10 +4,10 @@ Per layer and head, on one batch: the rate of rows whose key tiles had tied maxi
 the kernel's own statistics: the compensation's trigger), the max attention logit and the
 attention entropy (sampled rows), the signed error of O and of delta = rowsum(dO∘O) of the
 layer's attention against an FP32 recomputation (sampled rows, dO from the real loss), the
-error of the layer's own dQ on those rows against FP32 attention's (`dq_rows`: the bias
-mechanism of Qiu & Yao 2025, §4, per layer and head: its size, and its part common to all
-rows, which is what accumulates in W_Q), and the
-spectral norm of W_Q and W_K per head and of the whole W_Q (power iteration, one step per call,
+error of the layer's own dQ against FP32 attention's on rows sampled from the batch's first
+`DQ_SEQUENCES` sequences (`dq_rows`, `dq_error`: the bias mechanism of Qiu & Yao 2025, §4 —
+its size, and the share of it along one direction, the rank-one error that accumulates in
+W_Q), and the spectral norm of W_Q and W_K per head and of the whole W_Q (power iteration, one step per call,
 with the vectors carried between calls; at every (re)start of a run they start from random
 vectors and take 50 steps on the current weights first, `converge_power_state`).
 `train_and_evaluate` runs it every `diag_interval` steps and appends a row to
@@ -76,7 +76,8 @@ def dq_rows(config, q, k, v, d_o, rows, softmax_scale, rng_key=None):
   rowsum(dO∘O) from the FP32 O, dQ = scale·Σ_j P_j (dP_j − delta) k_j. Their difference holds
   the bias mechanism of Qiu & Yao 2025 (§4): a rounding that unbalances a row of dS adds
   (rowsum dS)·c to dQ, c the keys' common component. Returns (dQ of the attention, exact dQ),
-  float32 [R, heads, head_dim]."""
+  float32 [R, heads, head_dim]. Keys and values with as many heads as the queries (the model's
+  attention; no grouped heads)."""
   b_idx, t_idx = rows
   y, vjp = jax.vjp(
     lambda q: attend(q, k, v, config, causal=True, softmax_scale=softmax_scale, rng_key=rng_key),
@@ -94,13 +95,22 @@ def dq_rows(config, q, k, v, d_o, rows, softmax_scale, rng_key=None):
 
 
 def dq_error(formed, exact):
-  """Per head, relative to the exact dQ's root mean square row norm: (the error's root mean
-  square row norm, the norm of its mean over rows — the part common to all rows)."""
-  scale = jnp.sqrt(jnp.mean(jnp.sum(exact**2, -1), axis=0))  # [h]
-  err = formed - exact
-  rms = jnp.sqrt(jnp.mean(jnp.sum(err**2, -1), axis=0))
-  common = jnp.linalg.norm(jnp.mean(err, axis=0), axis=-1)
-  return rms / scale, common / scale
+  """Per head, from dQ rows [R, heads, head_dim]: (the error's root mean square row norm
+  relative to the exact dQ's, the share of the error's squared norm along its one leading
+  direction in head_dim space). The bias mechanism gives an error (rowsum dS)_i·c on row i, c
+  the keys' common component: rank one, a share near 1 whatever the signs of the rows' sums,
+  and what accumulates in W_Q as a rank-one error (Qiu & Yao 2025, §4); rounding noise spreads
+  over the head_dim directions (a share near 1/head_dim for many rows). NaN where a head's
+  exact dQ or error is 0."""
+  err = jnp.swapaxes(formed - exact, 0, 1)  # [h, R, d]
+  size = jnp.sqrt(jnp.mean(jnp.sum(exact**2, -1), axis=0))  # [h]
+  energy = jnp.sum(err**2, axis=(1, 2))
+  top = jnp.linalg.svd(err, compute_uv=False)[:, 0] ** 2
+  rms = jnp.sqrt(energy / err.shape[1])
+  return (
+    jnp.where(size > 0, rms / size, jnp.nan),
+    jnp.where(energy > 0, top / energy, jnp.nan),
+  )
 
 
 @functools.partial(jax.jit, static_argnums=(0, 5))
@@ -134,7 +144,7 @@ def diagnose(graphdef, params, x, y, power, n_rows=64, key=None):
     jax.random.randint(jax.random.fold_in(key, 6), (n_rows,), 0, t),
   )
   out = {
-    k: [] for k in ("tie_rate", "max_logit", "entropy", "o_err", "delta_err", "dq_err", "dq_common")
+    k: [] for k in ("tie_rate", "max_logit", "entropy", "o_err", "delta_err", "dq_err", "dq_rank1")
   }
   for layer, ((q, k, v, o), d_o) in enumerate(zip(records, d_outs)):
     att = cfg.attention_for(layer)
@@ -168,11 +178,11 @@ def diagnose(graphdef, params, x, y, power, n_rows=64, key=None):
     out["o_err"].append(jnp.mean(o_rows.astype(jnp.float32) - o32, axis=(0, 2)))
     out["delta_err"].append(jnp.mean(delta - delta32, axis=0))
     rng = jax.random.fold_in(key, 4) if att.numerics == "stochastic" else None
-    dq_err, dq_common = dq_error(
+    dq_err, dq_rank1 = dq_error(
       *dq_rows(att, q[:n_seq], k[:n_seq], v[:n_seq], d_o[:n_seq], dq_at, scale, rng)
     )
     out["dq_err"].append(dq_err)
-    out["dq_common"].append(dq_common)
+    out["dq_rank1"].append(dq_rank1)
   metrics = {k: jnp.stack(v) for k, v in out.items()}  # [L, H]
   sigma, power = _power_steps(model, power)
   return metrics | sigma, power

@@ -13,7 +13,7 @@ PANELS = (
   ("tie_rate", "rows with tied tile maxima", "mean"),
   ("max_logit", "max attention logit", "max"),
   ("delta_err", "delta(bf16) − delta(fp32), mean", "mean"),
-  ("dq_common", "dQ error common to rows / rms dQ, max", "max"),
+  ("dq_err", "dQ error / rms exact dQ, max", "max"),
 )
 
 

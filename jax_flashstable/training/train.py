@@ -342,15 +342,17 @@ class EarlyWarning:
   """Fed the diagnostics rows in order (`diagnostics.diagnose`: per layer and head the max
   attention logit of sampled rows); `step` is the first diagnostics step, after `start`, at
   which some layer's max logit reaches `factor` × its lowest value over that layer's previous
-  `window` rows: the logit runaway of Qiu & Yao 2025 (§4), which comes with a jump of σ(W_Q)
-  and a collapse of the attention entropy, whether it comes as one jump or as a steady climb.
+  `window` rows from `start` on: the logit runaway of Qiu & Yao 2025 (§4), which comes with a
+  jump of σ(W_Q) and a collapse of the attention entropy, whether as one jump or as a steady
+  climb. Rows before `start` (warmup) are not a baseline.
 
-  Calibrated on the anchor-b128 runs of 2026-11-30 to 2026-12-02 (H200; 10 explosions, 12
-  runs without one): before their explosion the exploding runs' layer 1 grew ≥ 184× within 5
-  rows, the others (compensated, fa2, cuDNN, the mechanism options that held) ≤ 39×, so 100
-  leaves a margin of 1.8× and 2.6×. The rule it replaced (≥ 50× the median of the previous 5
-  rows) missed a climb of 3–5× per row (paper+delta32 seed 29)
-  (docs/studies/instability-anchor-b128.md#the-early-warning-recalibrated).
+  Calibrated on the anchor-b128 runs of 2026-11-30 to 2026-12-02 (H200, diagnostics every 100
+  steps; 10 explosions, 12 runs without one) and judged on the same runs: before their
+  explosion the exploding runs' layer 1 grew ≥ 184× within 5 rows, the others (compensated,
+  fa2, cuDNN, the mechanism options) ≤ 39×, so 100 leaves a margin of 1.8× and 2.6×. The rule
+  it replaced (≥ 50× the median of the previous 5 rows) missed a climb of 3–5× per row
+  (paper+delta32 seed 29). At the anchor recipe (batch 32, every 250 steps) it fires with the
+  runaway, not before it (docs/studies/instability-anchor-b128.md#the-early-warning-recalibrated).
   """
 
   def __init__(self, start: int, factor: float = 100.0, window: int = 5):
@@ -376,7 +378,8 @@ class EarlyWarning:
         if math.isfinite(x) and lowest > 0 and x >= self.factor * lowest:
           self.step, self.layer = step, i
           return step
-    self.history.append(layers)
+    if step >= self.start:
+      self.history.append(layers)
     return None
 
 
