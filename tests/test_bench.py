@@ -1,7 +1,12 @@
 """`flashstable bench`: timing helpers, the CLI at CPU size, and the golden output hashes."""
 
 import json
+import os
 import pathlib
+import platform
+import re
+import subprocess
+import sys
 
 import jax
 import pytest
@@ -135,14 +140,34 @@ def test_bench_cli_on_cpu(tmp_path, capsys):
 
 def test_golden_hashes_unchanged():
   """The numerics of every layout, for fixed tiles, are pinned: a speed change must keep them.
-  Per GPU and per CPU class (`bench.hash_key`: float32 bits follow the instruction set)."""
+  Per GPU and per class of XLA's CPU code generation (`bench.hash_key`: the bits of XLA's own
+  attention on the same inputs name the class; float32 bits follow it)."""
   key = bench.hash_key()
   if key not in HASHES:
     pytest.skip(
       f"no golden hashes recorded for {key!r} (XLA's code generation, and so float32 bits, "
-      f"follow the instruction set): record bench.golden_hashes() under that key"
+      f"differ between machines): record bench.golden_hashes() under that key"
     )
   assert bench.golden_hashes() == HASHES[key]
+
+
+def test_xla_fingerprint_names_the_code_generation():
+  """The CPU key is measured: the same process gives the same key, and capping XLA's
+  instruction set at AVX (no FMA), which changes the golden hashes (all 16 on the machines
+  seen), changes it (in a subprocess: XLA_FLAGS are read once per process)."""
+  if jax.default_backend() != "cpu" or platform.machine().lower() not in ("x86_64", "amd64"):
+    pytest.skip("the fingerprint keys CPU records; the AVX cap is an x86 flag")
+  key = bench.hash_key()
+  assert re.fullmatch(r"cpu-xla-[0-9a-f]{16}", key) and bench.hash_key() == key
+  env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} --xla_cpu_max_isa=AVX")
+  capped = subprocess.run(
+    [sys.executable, "-c", "from jax_flashstable import bench; print(bench.hash_key())"],
+    env=env,
+    capture_output=True,
+    text=True,
+    check=True,
+  ).stdout.split()[-1]
+  assert re.fullmatch(r"cpu-xla-[0-9a-f]{16}", capped) and capped != key
 
 
 def test_bench_targets_on_cpu(tmp_path, capsys):

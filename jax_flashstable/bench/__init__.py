@@ -15,6 +15,7 @@ from jax_flashstable.bench.kernels import (
   default_shapes,
   golden_hashes,
   hash_key,
+  xla_fingerprint,
   paired_speed_ratio,
 )
 from jax_flashstable.bench.report import format_bench, format_step_table, plot_bench
@@ -43,6 +44,7 @@ __all__ = [
   "golden_hashes",
   "gpt2_step_table",
   "hash_key",
+  "xla_fingerprint",
   "median_seconds",
   "name_error",
   "paired_overhead",

@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import os
-import platform
-import re
 
 import jax
 import jax.numpy as jnp
@@ -167,42 +164,42 @@ def default_impls(gpu: bool, layouts=("fa2",)):
 
 def hash_key(backend: str | None = None) -> str:
   """The key of tests/golden_hashes.json this machine's `golden_hashes` are recorded under:
-  the JAX backend ("gpu": the Triton kernels on the GPU), or for the CPU "cpu-<machine>[-<isa>]"
-  (e.g. "cpu-x86_64-avx2", from /proc/cpuinfo's flags: avx512 with avx512f, avx2 with AVX2 and
-  FMA, avx, sse). XLA's CPU code generation follows the instruction set — with FMA it contracts
-  float32 multiply-adds — so float32 intermediates, and the bits of every layout that keeps
-  them, differ between CPU classes: on 2026-12-01, 12 of the 16 hashes of an AVX2 CPU differed
-  from those of the earlier development CPU, and capping XLA at AVX (no FMA) changed all 16.
-  A cap set in XLA_FLAGS (--xla_cpu_max_isa=AVX, …) is the class then. The class is coarse:
-  CPUs of one class that XLA tunes differently could still differ (not seen so far)."""
+  the JAX backend ("gpu": the Triton kernels on the GPU), or for the CPU
+  "cpu-xla-<xla_fingerprint()>", the class of XLA's CPU code generation itself.
+
+  The float32 bits of the interpret-mode kernels follow XLA's CPU code generation, which the
+  instruction set alone does not name: on 2026-12-01 12 of the 16 hashes of an AVX2 EPYC
+  differed from those of an AVX-512 CPU, and on 2026-12-02 an AVX-512 Xeon (avx512_bf16,
+  avx512_fp16) gave all 16 of the AVX2 EPYC's, none of the other AVX-512 CPU's 12 — so the
+  class is measured, not read from /proc/cpuinfo. XLA_FLAGS (an ISA cap, YNNPACK fusions) and
+  PJRT_NPROC are part of it, through the fingerprint."""
   backend = backend or jax.default_backend()
   if backend != "cpu":
     return backend
-  machine = platform.machine().lower().replace("amd64", "x86_64")
-  isa = ""
-  capped = re.search(r"--xla_cpu_max_isa=(\w+)", os.environ.get("XLA_FLAGS", ""))
-  if capped:
-    isa = capped.group(1).lower()
-  elif machine == "x86_64":
-    flags = set()
-    try:
-      with open("/proc/cpuinfo") as f:
-        flags = next(
-          (set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set()
-        )
-    except OSError:  # not Linux: the class is unknown
-      pass
-    if flags:
-      isa = (
-        "avx512"
-        if "avx512f" in flags
-        else "avx2"
-        if {"avx2", "fma"} <= flags
-        else "avx"
-        if "avx" in flags
-        else "sse"
+  return f"cpu-xla-{xla_fingerprint()}"
+
+
+def xla_fingerprint() -> str:
+  """SHA-256 (first 16 hex digits) of the bits of XLA's own attention — jitted
+  `jax.nn.dot_product_attention(implementation="xla")`, forward and the three gradients, in
+  float32 and in bfloat16 — on `golden_hashes`' inputs (head_dim 64 and 128).
+
+  It names the machine's class of XLA code generation (vector width, FMA contraction, the
+  dots' blocking and threads) without any of this library's kernels, so a changed kernel
+  cannot change it. Checked 2026-12-02 on an AVX-512 Xeon: it changes exactly where
+  `golden_hashes` do (XLA capped at AVX2: both unchanged; at AVX and at SSE4.2: both changed,
+  the two caps alike in both)."""
+  h = hashlib.sha256()
+  for head_dim in (64, 128):
+    q, k, v, do = make_inputs(Shape(1, 200, 200, 2, 2, head_dim, True), jnp.bfloat16, 0)
+    for dtype in (jnp.float32, jnp.bfloat16):
+      attend = jax.jit(
+        lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")
       )
-  return f"cpu-{machine}" + (f"-{isa}" if isa else "")
+      o, vjp = jax.vjp(attend, *(x.astype(dtype) for x in (q, k, v)))
+      for x in (o, *vjp(do.astype(dtype))):
+        h.update(np.asarray(x).tobytes())
+  return h.hexdigest()[:16]
 
 
 def golden_hashes(
