@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.extend import core as jex_core
 
 from pallas_kernels.checks import check_inputs
 
@@ -47,22 +48,72 @@ def _attention(query, key, value, causal, softmax_scale, dtype):
   return o.astype(dtype)  # rounding point 3
 
 
-# float64: one compiled program (eager op-by-op dispatch is most of its cost). The
-# low-precision references run op by op, each op rounding its result as written: under jit
-# XLA may fuse and contract (an FMA) where the plain arithmetic rounds: jitted, the float32
-# baseline of the accuracy rule came out more accurate than float32 arithmetic (the float32
-# case of tests/test_mechanism.py: naive dQ error 2.1e-6 jitted, 7.0e-6 op by op).
+# float64: one compiled program (eager op-by-op dispatch is most of its cost).
 @functools.partial(jax.jit, static_argnums=(3, 4))
 def _attention_fp64(query, key, value, causal, softmax_scale):
   return _attention(query, key, value, causal, softmax_scale, jnp.float64)
 
 
+def _eval_apart(closed, *args):
+  """Evaluates a closed jaxpr with every top-level equation's results passed through an
+  optimization barrier: under jit, XLA can then neither fuse nor simplify across two
+  operations (no FMA contraction, no convert pair removed as excess precision), so each
+  operation rounds its result as it does when dispatched on its own, op by op."""
+  env = dict(zip(closed.jaxpr.constvars, closed.consts))
+  env.update(zip(closed.jaxpr.invars, args))
+  read = lambda v: v.val if isinstance(v, jex_core.Literal) else env[v]
+  for eqn in closed.jaxpr.eqns:
+    with eqn.ctx.manager:
+      outs = eqn.primitive.bind(*map(read, eqn.invars), **eqn.primitive.get_bind_params(eqn.params))
+    outs = lax.optimization_barrier(list(outs) if eqn.primitive.multiple_results else [outs])
+    env.update(zip(eqn.outvars, outs))
+  return [read(v) for v in closed.jaxpr.outvars]
+
+
+def _apart(fun, *args):
+  """fun(*args) as the operations of its jaxpr kept apart (`_eval_apart`): the bits of running
+  fun op by op (eager dispatch: one compiled program per operation) from one compiled program.
+  Tested bit for bit against op by op on every low-precision reference of the test suite."""
+  closed, shapes = jax.make_jaxpr(fun, return_shape=True)(*args)
+  return jax.tree.unflatten(jax.tree.structure(shapes), _eval_apart(closed, *args))
+
+
+# The low-precision references: each operation must round its result as written. Jitted as one
+# program, XLA fuses and contracts (an FMA) where the plain arithmetic rounds: the float32
+# baseline of the accuracy rule came out more accurate than float32 arithmetic (the float32
+# case of tests/test_mechanism.py: naive dQ error 2.1e-6 jitted, 7.0e-6 op by op). Op by op,
+# every operation is a compiled program of its own, and compiling them was most of the test
+# suite's time in the references; `_apart` gives the op-by-op bits from one program. Called
+# inside a transformation (a training step's reference-fp32 layers), the reference is part of
+# that program, as any JAX function.
+@functools.partial(jax.jit, static_argnums=(3, 4, 5))
+def _attention_low(query, key, value, causal, softmax_scale, dtype):
+  return _apart(
+    lambda q, k, v: _attention(q, k, v, causal, softmax_scale, dtype), query, key, value
+  )
+
+
+def _attention_vjp(query, key, value, d_out, causal, softmax_scale, dtype):
+  out, vjp = jax.vjp(
+    lambda q, k, v: _attention(q, k, v, causal, softmax_scale, dtype), query, key, value
+  )
+  return out, vjp(jnp.asarray(d_out).astype(out.dtype))
+
+
 @functools.partial(jax.jit, static_argnums=(4, 5))
 def _attention_vjp_fp64(query, key, value, d_out, causal, softmax_scale):
-  out, vjp = jax.vjp(
-    lambda q, k, v: _attention(q, k, v, causal, softmax_scale, jnp.float64), query, key, value
+  return _attention_vjp(query, key, value, d_out, causal, softmax_scale, jnp.float64)
+
+
+@functools.partial(jax.jit, static_argnums=(4, 5, 6))
+def _attention_vjp_low(query, key, value, d_out, causal, softmax_scale, dtype):
+  return _apart(
+    lambda *a: _attention_vjp(*a, causal, softmax_scale, dtype), query, key, value, d_out
   )
-  return out, vjp(d_out)
+
+
+def _traced(*args):
+  return any(isinstance(x, jax.core.Tracer) for x in args)
 
 
 def _check_dtype(dtype):
@@ -93,7 +144,9 @@ def reference_attention(query, key, value, *, causal=False, softmax_scale=None, 
     with jax.enable_x64(True):
       args = [jnp.asarray(np.asarray(x, np.float64)) for x in (query, key, value)]
       return np.asarray(_attention_fp64(*args, causal, softmax_scale))
-  return _attention(query, key, value, causal, softmax_scale, dtype)
+  if _traced(query, key, value):  # inside a jit, grad, checkpoint…: part of that program
+    return _attention(query, key, value, causal, softmax_scale, dtype)
+  return _attention_low(query, key, value, causal, softmax_scale, dtype)
 
 
 def reference_attention_vjp(
@@ -102,7 +155,8 @@ def reference_attention_vjp(
   """(out, (d_query, d_key, d_value)) of `reference_attention` for the cotangent `d_out`.
 
   float64 results are NumPy arrays (computed with x64 on locally); the gradients of the
-  low-precision references are the autodiff of the rounded program, evaluated op by op.
+  low-precision references are the autodiff of the rounded program, each operation rounded as
+  on its own (op by op, `_apart`).
   """
   dtype = _check_dtype(dtype)
   softmax_scale = check_inputs(query, key, value, softmax_scale, allow_float64=True)
@@ -115,7 +169,6 @@ def reference_attention_vjp(
       out, grads = _attention_vjp_fp64(query, key, value, d_out, causal, softmax_scale)
       return np.asarray(out), tuple(np.asarray(g) for g in grads)
   query, key, value = (x.astype(dtype) for x in (query, key, value))
-  out, vjp = jax.vjp(
-    lambda q, k, v: _attention(q, k, v, causal, softmax_scale, dtype), query, key, value
-  )
-  return out, vjp(jnp.asarray(d_out).astype(out.dtype))
+  if _traced(query, key, value, d_out):
+    return _attention_vjp(query, key, value, d_out, causal, softmax_scale, dtype)
+  return _attention_vjp_low(query, key, value, d_out, causal, softmax_scale, dtype)

@@ -69,3 +69,34 @@ def test_bf16_reference_rounds_three_times():
     dtype=jnp.float32,
   )
   assert np.abs(np.asarray(o32[0, :, 0]) - got).max() > 0
+
+
+def test_low_precision_references_are_op_by_op():
+  """The low-precision references run as one program with every operation kept apart
+  (`reference._apart`: an optimization barrier after each): the bits of evaluating the same
+  function op by op (eager dispatch), forward and gradients, in bfloat16, float16 and
+  float32; inside a jit the reference is traced into the caller's program. The same function
+  jitted without the barriers gives other bits (XLA fuses and contracts float32 arithmetic;
+  measured on this project's CPUs in float32 and float16), so the comparison can fail."""
+  from jax_flashstable.lab.shapes import Shape, make_inputs
+  from pallas_kernels import reference
+  from pallas_kernels.reference import reference_attention_vjp
+
+  bits = lambda tree: [np.asarray(x).view(np.uint8) for x in jax.tree.leaves(tree)]
+  same = lambda a, b: all(np.array_equal(x, y) for x, y in zip(bits(a), bits(b)))
+  fused = jax.jit(reference._attention_vjp, static_argnums=(4, 5, 6))
+  differ = []
+  for shape, dtype in (
+    (Shape(2, 17, 17, 2, 2, 32, causal=True), jnp.bfloat16),
+    (Shape(1, 40, 70, 2, 2, 64), jnp.float16),
+    (Shape(1, 64, 64, 2, 1, 32, causal=True), jnp.float32),
+  ):
+    q, k, v, do = make_inputs(shape, dtype, 0)
+    args = (q, k, v, do, shape.causal, shape.head_dim**-0.5, dtype)
+    op_by_op = reference._attention_vjp(*args)  # eager: one dispatch per operation
+    assert same(reference_attention_vjp(q, k, v, do, causal=shape.causal, dtype=dtype), op_by_op)
+    differ.append(not same(fused(*args), op_by_op))
+  assert any(differ) or jax.default_backend() != "cpu", differ
+  fwd = lambda q, k, v: reference_attention(q, k, v, causal=True, dtype=jnp.float32)
+  assert same(fwd(q, k, v), reference._attention(q, k, v, True, shape.head_dim**-0.5, dtype))
+  assert "optimization_barrier" not in str(jax.make_jaxpr(jax.jit(fwd))(q, k, v))

@@ -64,15 +64,15 @@ def test_loss_decreases_determinism_and_resume(tmp_path):
   b = dataclasses.replace(a, out_dir=str(tmp_path / "b"), checkpoint_interval=0)
   train_and_evaluate(b)
   assert losses(b) == la
-  from jax_flashstable.training import train  # b reused a's step: one program, compiled once
-
-  step = train._SHARED_STEPS[train.step_key(a)][0]
-  assert step._cache_size() == 1
   # stop after 4 steps (checkpoint at 4), resume to 8: identical to the uninterrupted run
   c = dataclasses.replace(a, out_dir=str(tmp_path / "c"), steps=4)
   train_and_evaluate(c)
   train_and_evaluate(dataclasses.replace(c, steps=8))
   assert losses(c) == la
+  from jax_flashstable.training import train  # b, c and c resumed from its checkpoint reused
+
+  step, evaluate = train._SHARED_STEPS[train.step_key(a)]  # a's step: one program each
+  assert step._cache_size() == 1 and evaluate._cache_size() == 1
   assert json.load(open(tmp_path / "c" / "config.json"))["n_params"] == s["n_params"]
   # running again into the same folder starts a fresh metrics file (no mixed runs)
   train_and_evaluate(dataclasses.replace(b, steps=3))

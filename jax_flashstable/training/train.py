@@ -487,7 +487,12 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None, log=pri
         f"devices (data_parallel=True)"
       )
   place = lambda a, axis: a
-  if mesh is not None:
+  if mesh is None:
+    # committed to their device, as a restored checkpoint's arrays are: jit keys its programs
+    # on that too, so a run resumed in the same process (the tests, run_matrix) reuses the
+    # step and evaluation of the fresh run instead of compiling both again
+    params, opt_state = jax.tree.map(lambda a: jax.device_put(a, a.sharding), (params, opt_state))
+  else:
     from jax_flashstable.training.parallel import replicate, shard_batch
 
     place = lambda a, axis: shard_batch(mesh, a, axis)
