@@ -109,7 +109,9 @@ def test_early_warning_action(tmp_path, monkeypatch, capsys, action):
   monkeypatch.setattr(
     train, "EarlyWarning", functools.partial(train.EarlyWarning, factor=0.0, window=1)
   )
-  c = cfg(tmp_path, action, steps=10, diag_interval=2, diag_rows=4, warning_action=action)
+  c = cfg(  # XLA's attention: the interrupt test's compiled step (the rule does not look at it)
+    tmp_path, action, attention="xla", steps=10, diag_interval=2, diag_rows=4, warning_action=action
+  )
   s = train_and_evaluate(c)
   assert s["warning_step"] == 4 and "early warning at step 4" in capsys.readouterr().out
   if action == "log":
