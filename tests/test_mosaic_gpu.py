@@ -85,6 +85,11 @@ def test_mosaic_gpu_matches_triton_forward(shape, dtype, numerics, extra, stabil
     causal=shape.causal, stabilize=stabilize, numerics=numerics, block_k=extra.get("block_k")
   )
   ulps = 1 if jax.default_backend() == "cpu" else 2
+  dtype_ulp = lambda b: (
+    bf16_ulp(b)
+    if dtype == jnp.bfloat16
+    else np.spacing(np.abs(b).astype(np.float16)).astype(np.float64)
+  )
 
   def run(backend, **more):
     out, vjp = jax.vjp(
@@ -100,19 +105,20 @@ def test_mosaic_gpu_matches_triton_forward(shape, dtype, numerics, extra, stabil
   for name, a, b in zip(TENSORS, mgpu, triton):
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     assert np.isfinite(a).all(), name
-    ulp = (
-      bf16_ulp(b)
-      if dtype == jnp.bfloat16
-      else np.spacing(np.abs(b).astype(np.float16)).astype(np.float64)
-    )
+    ulp = dtype_ulp(b)
     if name != "out":  # an ulp of O moves delta, so every gradient element: one ulp
       ulp = ulp_at_scale(b)  # at the tensor's scale (the bound the FP64 tests use per ulp)
     assert np.all(np.abs(a - b) <= ulps * ulp + 1e-12), (name, np.abs(a - b).max())
   c = compare(q, k, v, do, result=(mgpu[0], mgpu[1:]), **kw)
   assert all(c.passes().values()), {t: (c.flash[t], c.standard[t]) for t in TENSORS}
-  if stabilize:  # the compensation fired: it changes the output on tied rows
-    plain = flash_attention(q, k, v, backend="mosaic_gpu", causal=shape.causal, numerics=numerics)
-    assert not np.array_equal(np.asarray(plain), np.asarray(mgpu[0]))
+  if stabilize:  # the compensation fired: on tied rows the uncompensated output lies beyond
+    # the tolerance above from the compensated one, so the Mosaic GPU output, within it, is
+    # the compensated one (the plain output from Triton: an interpreted Mosaic GPU forward
+    # costs 2–4 s a case on a 2-core CPU)
+    plain = flash_attention(q, k, v, backend="triton", causal=shape.causal, numerics=numerics)
+    out = np.asarray(triton[0], np.float64)
+    gap = np.abs(np.asarray(plain, np.float64) - out)
+    assert np.any(gap > 2 * ulps * dtype_ulp(out) + 1e-12), gap.max()
 
 
 @pytest.mark.parametrize(
