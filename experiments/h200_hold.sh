@@ -29,7 +29,7 @@ start)
   # keys CPU records by it), beside the queues, on a few of its cores, under the suite's flags
   JAX_PLATFORMS=cpu PJRT_NPROC=4 XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type= nice \
     timeout 300 python3 -c 'import json; from jax_flashstable import bench
-print(json.dumps({bench.hash_key(): bench.golden_hashes()}))' > $H/cpu_hashes.json 2>&1 &
+print(json.dumps({bench.hash_key(): bench.golden_hashes()}))' > $H/cpu_hashes.json 2> $H/cpu_hashes.err &
   sleep 45
   tail -n 5 $R/queue*.log
   ;;
@@ -41,14 +41,14 @@ wait)
   while kill -0 "$(cat $H/pid)" 2>/dev/null && (( $(date +%s) - t0 < ${1:-570} )); do sleep 5; done
   if kill -0 "$(cat $H/pid)" 2>/dev/null; then
     tail -n 8 $R/queue*.log
-    cp $R/queue*.log $H/cpu_hashes.json "$OUT"/
+    cp $R/queue*.log "$OUT"/
     for dir in $R/*/; do
       pack_runs $dir "$OUT/partial-$(basename $dir | tr + _).jsonl.xz"
     done
     echo "running; call wait again"
   else
     cat $H/log
-    cp $H/cpu_hashes.json "$OUT"/
+    cp $H/cpu_hashes.* "$OUT"/
     cp $H/out/* "$OUT"/ && echo done
   fi
   ;;

@@ -182,13 +182,16 @@ def hash_key(backend: str | None = None) -> str:
 def xla_fingerprint() -> str:
   """SHA-256 (first 16 hex digits) of the bits of XLA's own attention — jitted
   `jax.nn.dot_product_attention(implementation="xla")`, forward and the three gradients, in
-  float32 and in bfloat16 — on `golden_hashes`' inputs (head_dim 64 and 128).
+  float32 and in bfloat16 — on the shapes and seed of `golden_hashes`' inputs (head_dim 64
+  and 128; the keys untied).
 
   It names the machine's class of XLA code generation (vector width, FMA contraction, the
   dots' blocking and threads) without any of this library's kernels, so a changed kernel
   cannot change it. Checked 2026-12-02 on an AVX-512 Xeon: it changes exactly where
   `golden_hashes` do (XLA capped at AVX2: both unchanged; at AVX and at SSE4.2: both changed,
-  the two caps alike in both)."""
+  the two caps alike in both). A proxy: it runs XLA's dots, exp and reductions, not the
+  kernels' tiled loops, so two classes it does not tell apart are possible (one of them would
+  then fail `tests/test_bench.py`, whose unrecorded keys are checked against every record)."""
   h = hashlib.sha256()
   for head_dim in (64, 128):
     q, k, v, do = make_inputs(Shape(1, 200, 200, 2, 2, head_dim, True), jnp.bfloat16, 0)
