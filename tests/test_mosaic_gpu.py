@@ -115,10 +115,10 @@ def test_mosaic_gpu_matches_triton_forward(shape, dtype, numerics, extra, stabil
     # the tolerance above from the compensated one, so the Mosaic GPU output, within it, is
     # the compensated one (the plain output from Triton: an interpreted Mosaic GPU forward
     # costs 2–4 s a case on a 2-core CPU)
-    plain = np.asarray(flash_attention(q, k, v, backend="triton", **dict(kw, stabilize=False)))
-    out = np.asarray(triton[0], np.float64)
-    gap = np.abs(plain.astype(np.float64) - out)
-    larger = np.maximum(np.abs(out), np.abs(plain.astype(np.float64)))
+    plain = flash_attention(q, k, v, backend="triton", **dict(kw, stabilize=False))
+    plain, out = np.asarray(plain, np.float64), np.asarray(triton[0], np.float64)
+    gap = np.abs(plain - out)
+    larger = np.maximum(np.abs(out), np.abs(plain))
     assert np.any(gap > 2 * ulps * dtype_ulp(larger) + 1e-12), gap.max()
 
 

@@ -15,8 +15,8 @@ from jax_flashstable.bench.kernels import (
   default_shapes,
   golden_hashes,
   hash_key,
-  xla_fingerprint,
   paired_speed_ratio,
+  xla_fingerprint,
 )
 from jax_flashstable.bench.report import format_bench, format_step_table, plot_bench
 from jax_flashstable.bench.runners import EXTERNAL, NAME_FORMS, name_error, runs
@@ -44,7 +44,6 @@ __all__ = [
   "golden_hashes",
   "gpt2_step_table",
   "hash_key",
-  "xla_fingerprint",
   "median_seconds",
   "name_error",
   "paired_overhead",
@@ -53,4 +52,5 @@ __all__ = [
   "runs",
   "seconds_per_call",
   "waiting",
+  "xla_fingerprint",
 ]

@@ -192,13 +192,13 @@ def xla_fingerprint() -> str:
   the two caps alike in both). A proxy: it runs XLA's dots, exp and reductions, not the
   kernels' tiled loops, so two classes it does not tell apart are possible (one of them would
   then fail `tests/test_bench.py`, whose unrecorded keys are checked against every record)."""
+  attend = jax.jit(
+    lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")
+  )
   h = hashlib.sha256()
   for head_dim in (64, 128):
     q, k, v, do = make_inputs(Shape(1, 200, 200, 2, 2, head_dim, True), jnp.bfloat16, 0)
     for dtype in (jnp.float32, jnp.bfloat16):
-      attend = jax.jit(
-        lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")
-      )
       o, vjp = jax.vjp(attend, *(x.astype(dtype) for x in (q, k, v)))
       for x in (o, *vjp(do.astype(dtype))):
         h.update(np.asarray(x).tobytes())
