@@ -435,3 +435,25 @@ def test_early_warning_on_the_measured_runs(tmp_path):
   assert {name(r) for r in exploded} == set(B128_WARNINGS)
   assert all(r["explosion_lead"] > 0 for r in exploded)
   assert len(rows) - len(exploded) == 12 and not any(r["false_alarm"] for r in rows)
+
+
+# anchor-b128 packs made after the calibration: the rule's out-of-sample runs, with the warning
+# steps and explosions they gave (none so far) and how many runs each pack holds
+B128_LATER = {"h200-2026-12-02b-b128/runs-1.jsonl.xz": ({}, 2)}
+
+
+@pytest.mark.parametrize("pack", B128_LATER)
+def test_early_warning_out_of_sample(pack, tmp_path):
+  """The calibrated rule on runs made after it: the warnings and explosions recorded for them
+  in the study (paper + comp 29 calm to 3,000 with a slow climb of layer 1's max logit to
+  5,446; seed 30 calm to 1,168): no false alarm, every explosion warned before."""
+  warnings, n_runs = B128_LATER[pack]
+  experiment.unpack_runs([str(RESULTS / pack)], tmp_path)
+  fields = {f.name for f in dataclasses.fields(TrainConfig)}
+  base = TrainConfig(**{k: v for k, v in experiment.RECIPES["anchor-b128"].items() if k in fields})
+  rows = experiment.collect(tmp_path, base)
+  name = lambda r: f"{r['variant']}/seed{r['seed']}"
+  assert len(rows) == n_runs
+  assert {name(r): r["warning_step"] for r in rows if r["warning_step"]} == warnings
+  assert {name(r) for r in rows if r["explosion_step"] is not None} <= set(warnings)
+  assert not any(r["false_alarm"] for r in rows)
