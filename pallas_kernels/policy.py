@@ -320,6 +320,13 @@ class Compensation:
   (For |max| ≥ 2^17 the float32 sum max + min_shift can round back to max; scores that large
   are outside what this guard promises.)
   Ties split across two tiles are not detected, as in the paper.
+  The paper layout keeps the literal rule (`shifted_max`), as the paper's kernel does, unless
+  `guard_paper`. There, with the kernel's clamp of each tile's sum at ≥ 1e−10
+  (`Numerics.clamp_sum`), a tied tile whose max exceeds ln(2·10¹⁰) ≈ 23.7 has its P̄ summed to
+  2e^−max < 1e−10 and clamped up: the row's O is scaled by 2e^−max/1e−10 (0.19% of its value
+  at max 30), toward 0 (tests/test_compensation.py).
+  guard_paper: the paper layout shifts by the clipped d above, as the other layouts do (its tie
+    rule and rounding points stay the paper's; m' = max + d in float32).
   """
 
   beta: float = 2.0
@@ -327,9 +334,10 @@ class Compensation:
   min_shift: float = 2.0**-7  # exp(−2^−7) = 0.99222 → bf16 0.99219 < 1
   max_shift: float = 20.0  # exp(−20) = 2.1e−9, far from float32's smallest normal;
   # 6 for float16 inputs (`for_dtype`)
+  guard_paper: bool = False
 
   @classmethod
-  def for_dtype(cls, dtype, beta=2.0, tie_tolerance=1e-3) -> "Compensation":
+  def for_dtype(cls, dtype, beta=2.0, tie_tolerance=1e-3, guard_paper=False) -> "Compensation":
     """The settings `flash_attention` uses for inputs of `dtype`: float16 (5 exponent bits)
     caps the shift at 6 so that the tied P̄ = e^−d ≥ e^−6 stays a normal float16 number after
     `round_p` (scores more than ≈3.7 below the tied max then become float16 subnormals)."""
@@ -337,6 +345,7 @@ class Compensation:
       beta=beta,
       tie_tolerance=tie_tolerance,
       max_shift=6.0 if jnp.dtype(dtype) == jnp.float16 else cls.max_shift,
+      guard_paper=guard_paper,
     )
 
   def __post_init__(self):
@@ -354,6 +363,8 @@ class Compensation:
       raise ValueError(
         f"tie_tolerance must be a finite number >= 0, got tie_tolerance={self.tie_tolerance!r}"
       )
+    if not isinstance(self.guard_paper, (bool, np.bool_)):
+      raise TypeError(f"guard_paper must be a bool, got guard_paper={self.guard_paper!r}")
     if not 0 < self.min_shift <= self.max_shift:
       raise ValueError(f"need 0 < min_shift <= max_shift, got {self.min_shift=}, {self.max_shift=}")
 
@@ -443,10 +454,11 @@ def shifted_max(tile_max, tied, comp: Compensation, paper: bool = False):
   """(m_tile, tied as float32) from the tile max and its tie decision (bool [rows]; the count
   rule's is `tie_count(...) > 1`).
 
-  paper: the literal rule, m' = bf16(β·max) for max > 0, 0 for max < 0, unchanged at 0.
+  paper: the literal rule, m' = bf16(β·max) for max > 0, 0 for max < 0, unchanged at 0
+    (unless `comp.guard_paper`).
   fa2: the paper's shift d = m' − max clipped to [min_shift, max_shift] (`Compensation`).
   """
-  if paper:
+  if paper and not comp.guard_paper:
     shifted = jnp.where(
       tile_max > 0, round_bf16(comp.beta * tile_max), jnp.where(tile_max < 0, 0.0, tile_max)
     )

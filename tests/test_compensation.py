@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from jax_flashstable import flash_attention, reference_attention_vjp
-from jax_flashstable.lab.accuracy import flash_vjp, ulp_at_scale
+from jax_flashstable.lab.accuracy import compare, flash_vjp, ulp_at_scale
 from pallas_kernels.policy import Compensation
 
 
@@ -94,6 +94,67 @@ def test_literal_paper_rule_underflows_in_the_paper_layout():
   guarded = np.asarray(flash_attention(q, k, v, softmax_scale=1.0, stabilize=True), np.float64)
   assert not np.all(np.isfinite(paper)) or np.abs(paper - gold).max() > 0.1
   assert np.abs(guarded - gold).max() < 0.02
+
+
+def two_ties(top, seed=0):
+  """One 64-key tile (bf16, head_dim 64, softmax_scale 1): every query row's scores are `top`
+  at keys 0 and 1 and 0 elsewhere."""
+  q = np.zeros((1, 64, 1, 64))
+  q[..., 0] = 1.0
+  k = np.zeros((1, 64, 1, 64))
+  k[0, :2, 0, 0] = top
+  v = np.random.default_rng(seed).standard_normal((1, 64, 1, 64))
+  return tuple(jnp.asarray(x, jnp.bfloat16) for x in (q, k, v))
+
+
+@pytest.mark.parametrize("top", [10.0, 30.0, 60.0])
+def test_literal_paper_shift_scales_large_tied_rows_toward_zero(top):
+  """The paper layout's literal shift m' = 2·max at two ties at `top`: the tile's P̄ sums to
+  2e^−top (+ 62e^−2·top), which the kernel's clamp (≥ 1e−10) raises once top > ln(2·10¹⁰) ≈
+  23.7, so O = gold · (2e^−top / 1e−10): 1 at 10, 1.87e−3 at 30, 1.75e−16 at 60 (from the
+  definition). With guard_shift the same layout keeps O within the FP64 rule."""
+  q, k, v = two_ties(top)
+  kw = dict(softmax_scale=1.0, stabilize=True, numerics="paper", block_q=64, block_k=64)
+  gold = np.asarray(reference_attention_vjp(q, k, v, q, softmax_scale=1.0, dtype=jnp.float64)[0])
+  literal = np.asarray(flash_attention(q, k, v, **kw), np.float64)
+  total = 2 * math.exp(-top) + 62 * math.exp(-2 * top)
+  np.testing.assert_allclose(literal, gold * min(1.0, total / 1e-10), rtol=2e-2, atol=1e-30)
+  guarded = np.asarray(flash_attention(q, k, v, guard_shift=True, **kw), np.float64)
+  assert np.abs(guarded - gold).max() <= 2 * ulp_at_scale(gold), np.abs(guarded - gold).max()
+
+
+@pytest.mark.parametrize("tie_value", TIES)
+def test_guarded_paper_shift_stays_accurate(tie_value):
+  """numerics="paper" with guard_shift at ties from −120 to 120: O and the gradients within the
+  FP64 rule (error ≤ 2·error(naive bf16) + one bf16 ulp at scale), as the literal rule is
+  not at −120 (`test_literal_paper_rule_underflows_in_the_paper_layout`) or above ≈ 24."""
+  q, k, v, do = tied_inputs(tie_value, jnp.bfloat16)
+  c = compare(
+    q,
+    k,
+    v,
+    do,
+    causal=False,
+    softmax_scale=1.0,
+    stabilize=True,
+    numerics="paper",
+    guard_shift=True,
+  )
+  assert all(c.passes().values()), {n: (c.flash[n].max, c.standard[n].max) for n in c.flash}
+
+
+@pytest.mark.parametrize(
+  "kw",
+  [
+    dict(numerics="fa2", stabilize=True),
+    dict(numerics="paper"),
+    dict(numerics="paper", stabilize=True, guard_shift=1),
+  ],
+)
+def test_guard_shift_needs_the_paper_layout_with_the_compensation(kw):
+  q = jnp.zeros((1, 4, 1, 32), jnp.bfloat16)
+  with pytest.raises((ValueError, TypeError), match="guard_shift"):
+    flash_attention(q, q, q, **{"guard_shift": True, **kw})
 
 
 def test_float16_with_large_ties_is_not_flushed():

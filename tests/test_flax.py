@@ -54,6 +54,7 @@ def test_nnx_multihead_attention(recorder):
     delta_float32=False,
     center_keys=False,
     single_lse=False,
+    guard_shift=False,
   )
 
 

@@ -27,6 +27,7 @@ CASES = [  # (layout, batch, len, heads, kv_heads, head_dim, causal, stabilize, 
   ("paper", 1, 600, 1, 1, 64, True, True, BF16, 512, 512),
   ("paper", 1, 130, 2, 1, 32, False, True, BF16, 64, 32),
   ("paper", 1, 65, 2, 2, 32, True, True, BF16, 64, 64),  # one real key in the last tile
+  ("paper", 1, 65, 2, 2, 32, True, "guard", BF16, 64, 64),  # the same, the clipped shift
   ("fp32_out", 1, 140, 2, 2, 64, True, True, BF16, None, None),
   ("stochastic", 1, 140, 2, 1, 64, False, False, BF16, None, None),
 ]
@@ -37,7 +38,8 @@ def same(a, b):
 
 
 def ids(c):
-  return f"{c[0]}-L{c[2]}-c{int(c[6])}-s{int(c[7])}-{np.dtype(c[8]).name}-{c[9]}x{c[10]}"
+  comp = {False: "s0", True: "s1", "guard": "guard"}[c[7]]
+  return f"{c[0]}-L{c[2]}-c{int(c[6])}-{comp}-{np.dtype(c[8]).name}-{c[9]}x{c[10]}"
 
 
 @pytest.mark.parametrize("case", CASES, ids=ids)
@@ -58,7 +60,8 @@ def test_kernel_matches_bit_level_emulation(case):
   key = jax.random.key(L)
   kw = dict(
     causal=causal,
-    stabilize=stabilize,
+    stabilize=bool(stabilize),
+    guard_shift=stabilize == "guard",
     numerics=layout,
     block_q=bq,
     block_k=bk,
@@ -72,7 +75,7 @@ def test_kernel_matches_bit_level_emulation(case):
 
   o, lse, grads = jax.jit(run)(*(jnp.asarray(x) for x in (q, k, v)), jnp.asarray(do))
   lse = np.asarray(lse).transpose(0, 2, 1)
-  comp = Compensation.for_dtype(dt) if stabilize else None
+  comp = Compensation.for_dtype(dt, guard_paper=stabilize == "guard") if stabilize else None
   blocks = BlockSizes.default(d, bq, bk).for_numerics(numerics).fit(L, L)
   seeds = np.asarray(jax.random.bits(key, (2,), jnp.uint32)) if numerics.stochastic else None
   for intermediate in (True, False):

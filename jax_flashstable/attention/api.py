@@ -71,6 +71,7 @@ def flash_attention(
   delta_float32=False,
   center_keys=False,
   single_lse=False,
+  guard_shift=False,
   block_q=None,
   block_k=None,
   interpret=None,
@@ -94,7 +95,10 @@ def flash_attention(
   `tie_tolerance` of the tile max uses m' = beta·max (max > 0) or 0 (max < 0) instead of max.
   Unlike the paper, the shift m' − max is clipped to [2^−7, 20] ([2^−7, 6] for float16, whose
   P̄ must stay a normal float16 number), so ties at 0 are shifted too and ties of large
-  magnitude do not underflow the row (`pallas_kernels.policy.Compensation`).
+  magnitude do not underflow the row (`pallas_kernels.policy.Compensation`). The paper layout
+  keeps the paper's literal shift, with which its clamp of each tile's sum at ≥ 1e−10 scales a
+  tied row's O by 2e^−max/1e−10 once the tied max exceeds ≈ 23.7 (toward 0), unless
+  `guard_shift`.
 
   Args:
     query: [batch, q_len, num_heads, head_dim], bfloat16, float16 or float32.
@@ -122,6 +126,10 @@ def flash_attention(
       cuDNN and JAX's Pallas mha keep one float32 lse; they form it in base 2, so not their
       bits), whose rows err by up to ½ ulp(lse) relative once the row max m is large
       (`pallas_kernels.policy.Numerics.probs`; docs/numerics.md).
+    guard_shift: numerics="paper" with stabilize=True only: the clipped shift of the other
+      layouts instead of the paper's literal m' = β·max, so that ties at large scores do not
+      drive the row's O toward 0 (the paper's tie rule and rounding points stay). Raises
+      ValueError with another layout (they always clip) or without stabilize.
     block_q, block_k: forward tile sizes, powers of two ≥ 16. They are part of the numerics
       (ties are detected per key tile). Defaults: block_k = 64, block_q = 128 (64 when
       head_dim > 128), the same on CPU and GPU.
@@ -181,6 +189,7 @@ def flash_attention(
     delta_float32=delta_float32,
     center_keys=center_keys,
     single_lse=single_lse,
+    guard_shift=guard_shift,
     block_q=block_q,
     block_k=block_k,
     interpret=interpret,
@@ -229,6 +238,7 @@ def _kernel_config(
   delta_float32=False,
   center_keys=False,
   single_lse=False,
+  guard_shift=False,
   block_q=None,
   block_k=None,
   interpret=None,
@@ -241,8 +251,18 @@ def _kernel_config(
 ):
   """`flash_attention`'s checks and its (KernelConfig, seeds or None)."""
   softmax_scale = check_inputs(query, key, value, softmax_scale)
+  if not isinstance(guard_shift, (bool, np.bool_)):
+    raise TypeError(f"guard_shift must be a bool, got guard_shift={guard_shift!r}")
+  if guard_shift and not (stabilize and numerics == "paper"):
+    raise ValueError(
+      f"guard_shift=True needs numerics='paper' and stabilize=True (the other layouts always "
+      f"clip the shift), got numerics={numerics!r}, stabilize={stabilize!r}"
+    )
   compensation = Compensation.for_dtype(
-    query.dtype, _number("beta", beta), _number("tie_tolerance", tie_tolerance)
+    query.dtype,
+    _number("beta", beta),
+    _number("tie_tolerance", tie_tolerance),
+    guard_paper=bool(guard_shift),
   )
   if not isinstance(causal, (bool, np.bool_)):
     raise TypeError(f"causal must be a bool, got causal={causal!r}")

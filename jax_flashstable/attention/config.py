@@ -11,7 +11,8 @@ names it everywhere (the Flax module, the GPT-2 model, `flashstable train --atte
                 (backend=mosaic_gpu: our Hopper kernels, explicitly), triton
                 (backend=triton: the Triton kernels, explicitly), delta32
                 (delta_float32=true), center (center_keys=true), lse (single_lse=true:
-                the production kernels' P = exp(S − lse) in the backward)
+                the production kernels' P = exp(S − lse) in the backward), guard (guard_shift=true:
+                the paper layout's compensation with the clipped shift)
     FIELD    := any field of AttentionConfig
 
 For example "paper+comp", "fa2+comp+mgpu:block_k=128", "fa2:tie_tolerance=0.01". A flash spec
@@ -44,6 +45,8 @@ class AttentionConfig:
     "stochastic" needs an `rng_key` per call (`attend(..., rng_key=)`; the GPT model folds one
     per step and layer).
   stabilize, beta, tie_tolerance: the compensation of Qiu & Yao 2025 (flash only).
+  guard_shift: the paper layout's compensation with the clipped shift of the other layouts
+    instead of the paper's literal one (`flash_attention`); paper + stabilize only.
   delta_float32, center_keys: backward options of the flash kernels that remove one piece of
     the bias mechanism each (`flash_attention`); single_lse: the backward's P from one float32
     lse per row, as production kernels form it.
@@ -64,6 +67,7 @@ class AttentionConfig:
   delta_float32: bool = False
   center_keys: bool = False
   single_lse: bool = False
+  guard_shift: bool = False
   block_q: int | None = None
   block_k: int | None = None
   reference_dtype: str = "float32"
@@ -91,6 +95,11 @@ class AttentionConfig:
         )
       return
     Compensation(beta=self.beta, tie_tolerance=self.tie_tolerance)  # validates
+    if self.guard_shift and not (self.stabilize and self.numerics == "paper"):
+      raise ValueError(
+        f"guard_shift=True needs numerics='paper' and stabilize=True (the other layouts always "
+        f"clip the shift), got numerics={self.numerics!r}, stabilize={self.stabilize!r}"
+      )
     if self.block_q is not None or self.block_k is not None:
       BlockSizes.default(64, self.block_q, self.block_k)  # validates
     from pallas_kernels.attention import supported
@@ -188,6 +197,7 @@ _FLASH_FIELDS = (
   "delta_float32",
   "center_keys",
   "single_lse",
+  "guard_shift",
   "block_q",
   "block_k",
   "backend",
@@ -242,6 +252,7 @@ MODIFIERS = {
   "delta32": dict(delta_float32=True),
   "center": dict(center_keys=True),
   "lse": dict(single_lse=True),
+  "guard": dict(guard_shift=True),
 }
 # Older spellings → their spec now (parse warns with FutureWarning).
 ALIASES = {"flash": "fa2", "flash-stable": "fa2+comp", "fp32-reference": "reference-fp32"}
