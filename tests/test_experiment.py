@@ -326,9 +326,10 @@ def test_runaway_survival_fisher_and_pack(tmp_path):
   # different layer setting or tile size, and what does not parse make no pair
   assert experiment.option_pairs(
     ["paper", "paper+comp", "paper+center+comp", "fa2+lse", "fa2", "paper+comp@layer"]
-    + ["paper@layer", "fa2+comp:block_q=256", "xla", "bogus"]
+    + ["paper@layer", "fa2+comp:block_q=256", "xla", "bogus", "paper+guard+comp"]
   ) == [
     ("paper", "paper+comp", "comp"),
+    ("paper", "paper+guard+comp", "comp+guard"),
     ("paper+comp", "paper+center+comp", "center"),
     ("paper@layer", "paper+comp@layer", "comp"),
   ]
