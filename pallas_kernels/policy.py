@@ -326,7 +326,11 @@ class Compensation:
   2e^−max < 1e−10 and clamped up: the row's O is scaled by 2e^−max/1e−10 (0.19% of its value
   at max 30), toward 0 (tests/test_compensation.py).
   guard_paper: the paper layout shifts by the clipped d above, as the other layouts do (its tie
-    rule and rounding points stay the paper's; m' = max + d in float32).
+    rule and rounding points stay the paper's; m' = max + d in float32). The same clamp then
+    raises any tile whose P̄ sums below 1e−10 to 1e−10, against a tied P̄ of e^−max_shift: with
+    max_shift 20 (2.1e−9) that adds up to 5% of a tied row's l per such tile (a fully masked
+    tile, or one far below the max), a bias of O toward 0; max_shift 6 (2.5e−3) keeps it below
+    4e−8.
   """
 
   beta: float = 2.0
@@ -337,14 +341,20 @@ class Compensation:
   guard_paper: bool = False
 
   @classmethod
-  def for_dtype(cls, dtype, beta=2.0, tie_tolerance=1e-3, guard_paper=False) -> "Compensation":
+  def for_dtype(
+    cls, dtype, beta=2.0, tie_tolerance=1e-3, guard_paper=False, max_shift=None
+  ) -> "Compensation":
     """The settings `flash_attention` uses for inputs of `dtype`: float16 (5 exponent bits)
     caps the shift at 6 so that the tied P̄ = e^−d ≥ e^−6 stays a normal float16 number after
     `round_p` (scores more than ≈3.7 below the tied max then become float16 subnormals)."""
     return cls(
       beta=beta,
       tie_tolerance=tie_tolerance,
-      max_shift=6.0 if jnp.dtype(dtype) == jnp.float16 else cls.max_shift,
+      max_shift=max_shift
+      if max_shift is not None
+      else 6.0
+      if jnp.dtype(dtype) == jnp.float16
+      else cls.max_shift,
       guard_paper=guard_paper,
     )
 
@@ -365,8 +375,11 @@ class Compensation:
       )
     if not isinstance(self.guard_paper, (bool, np.bool_)):
       raise TypeError(f"guard_paper must be a bool, got guard_paper={self.guard_paper!r}")
-    if not 0 < self.min_shift <= self.max_shift:
-      raise ValueError(f"need 0 < min_shift <= max_shift, got {self.min_shift=}, {self.max_shift=}")
+    if not (math.isfinite(self.max_shift) and 0 < self.min_shift <= self.max_shift):
+      raise ValueError(
+        f"need 0 < min_shift <= max_shift < inf, got min_shift={self.min_shift!r}, "
+        f"max_shift={self.max_shift!r}"
+      )
 
 
 def tie_count(s, tile_max, comp: Compensation, paper: bool = False, in_range=None):

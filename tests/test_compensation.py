@@ -96,14 +96,14 @@ def test_literal_paper_rule_underflows_in_the_paper_layout():
   assert np.abs(guarded - gold).max() < 0.02
 
 
-def two_ties(top, seed=0):
-  """One 64-key tile (bf16, head_dim 64, softmax_scale 1): every query row's scores are `top`
-  at keys 0 and 1 and 0 elsewhere."""
-  q = np.zeros((1, 64, 1, 64))
+def two_ties(top, length=64, seed=0):
+  """bf16, head_dim 64, softmax_scale 1: every query row's scores are `top` at keys 0 and 1
+  and 0 elsewhere."""
+  q = np.zeros((1, length, 1, 64))
   q[..., 0] = 1.0
-  k = np.zeros((1, 64, 1, 64))
+  k = np.zeros((1, length, 1, 64))
   k[0, :2, 0, 0] = top
-  v = np.random.default_rng(seed).standard_normal((1, 64, 1, 64))
+  v = np.random.default_rng(seed).standard_normal((1, length, 1, 64))
   return tuple(jnp.asarray(x, jnp.bfloat16) for x in (q, k, v))
 
 
@@ -121,6 +121,29 @@ def test_literal_paper_shift_scales_large_tied_rows_toward_zero(top):
   np.testing.assert_allclose(literal, gold * min(1.0, total / 1e-10), rtol=2e-2, atol=1e-30)
   guarded = np.asarray(flash_attention(q, k, v, guard_shift=True, **kw), np.float64)
   assert np.abs(guarded - gold).max() <= 2 * ulp_at_scale(gold), np.abs(guarded - gold).max()
+
+
+def test_guarded_paper_shift_and_the_clamp():
+  """numerics="paper", guard_shift, causal, two 64-key tiles; two ties at 30 (key 0 and 1),
+  every other score 0. A tied row's shift is clipped to max_shift, so its tied P̄ sums to
+  2e^−max_shift, and its other tile (fully masked, or real keys at e^−(30+max_shift)) sums
+  below 1e−10 and is clamped up to it: O = gold · 2e^−d / (2e^−d + 1e−10) (from the
+  definition): 0.976 at max_shift 20, 1 − 2e−8 at 6, within the FP64 rule."""
+  q, k, v = two_ties(30.0, length=128)
+  gold = np.asarray(
+    reference_attention_vjp(q, k, v, q, causal=True, softmax_scale=1.0, dtype=jnp.float64)[0]
+  )
+  kw = dict(causal=True, softmax_scale=1.0, stabilize=True, numerics="paper", guard_shift=True)
+  for cap in (20.0, 6.0):
+    out = np.asarray(
+      flash_attention(q, k, v, max_shift=cap, block_q=64, block_k=64, **kw), np.float64
+    )
+    factor = 2 * math.exp(-cap) / (2 * math.exp(-cap) + 1e-10)
+    big = np.abs(gold[0, 1:]) > 0.1  # rows 1…: ratios of O to gold away from 0
+    ratio = np.median(out[0, 1:][big] / gold[0, 1:][big])
+    # the bf16 roundings of l, P̄ (dot only) and O: a few 2^−9 apart from the definition
+    assert ratio == pytest.approx(factor, abs=6e-3), (cap, ratio, factor)
+  assert np.abs(out - gold).max() <= 2 * ulp_at_scale(gold)  # the cap of 6
 
 
 @pytest.mark.parametrize("tie_value", TIES)
@@ -155,6 +178,13 @@ def test_guard_shift_needs_the_paper_layout_with_the_compensation(kw):
   q = jnp.zeros((1, 4, 1, 32), jnp.bfloat16)
   with pytest.raises((ValueError, TypeError), match="guard_shift"):
     flash_attention(q, q, q, **{"guard_shift": True, **kw})
+
+
+@pytest.mark.parametrize("kw", [dict(max_shift=6.0), dict(stabilize=True, max_shift=float("inf"))])
+def test_max_shift_needs_the_compensation_and_a_finite_cap(kw):
+  q = jnp.zeros((1, 4, 1, 32), jnp.bfloat16)
+  with pytest.raises(ValueError, match="max_shift"):
+    flash_attention(q, q, q, **kw)
 
 
 def test_float16_with_large_ties_is_not_flushed():

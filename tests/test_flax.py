@@ -55,6 +55,7 @@ def test_nnx_multihead_attention(recorder):
     center_keys=False,
     single_lse=False,
     guard_shift=False,
+    max_shift=None,
   )
 
 

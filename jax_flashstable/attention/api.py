@@ -72,6 +72,7 @@ def flash_attention(
   center_keys=False,
   single_lse=False,
   guard_shift=False,
+  max_shift=None,
   block_q=None,
   block_k=None,
   interpret=None,
@@ -130,6 +131,11 @@ def flash_attention(
       layouts instead of the paper's literal m' = β·max, so that ties at large scores do not
       drive the row's O toward 0 (the paper's tie rule and rounding points stay). Raises
       ValueError with another layout (they always clip) or without stabilize.
+    max_shift: with stabilize=True, the cap of the clipped shift m' − max (None: 20, 6 for
+      float16). In the paper layout with guard_shift, 6 keeps the tied P̄ = e^−6 far above the
+      kernel's 1e−10 clamp of a tile's sum; at 20 the clamp biases tied rows' O toward 0 by up
+      to 5% per clamped tile (`pallas_kernels.policy.Compensation`). ValueError without
+      stabilize, or when not finite and ≥ 2^−7.
     block_q, block_k: forward tile sizes, powers of two ≥ 16. They are part of the numerics
       (ties are detected per key tile). Defaults: block_k = 64, block_q = 128 (64 when
       head_dim > 128), the same on CPU and GPU.
@@ -190,6 +196,7 @@ def flash_attention(
     center_keys=center_keys,
     single_lse=single_lse,
     guard_shift=guard_shift,
+    max_shift=max_shift,
     block_q=block_q,
     block_k=block_k,
     interpret=interpret,
@@ -239,6 +246,7 @@ def _kernel_config(
   center_keys=False,
   single_lse=False,
   guard_shift=False,
+  max_shift=None,
   block_q=None,
   block_k=None,
   interpret=None,
@@ -258,11 +266,16 @@ def _kernel_config(
       f"guard_shift=True needs numerics='paper' and stabilize=True (the other layouts always "
       f"clip the shift), got numerics={numerics!r}, stabilize={stabilize!r}"
     )
+  if max_shift is not None:
+    max_shift = _number("max_shift", max_shift)
+    if not stabilize:
+      raise ValueError(f"max_shift={max_shift!r} needs stabilize=True")
   compensation = Compensation.for_dtype(
     query.dtype,
     _number("beta", beta),
     _number("tie_tolerance", tie_tolerance),
     guard_paper=bool(guard_shift),
+    max_shift=max_shift,
   )
   if not isinstance(causal, (bool, np.bool_)):
     raise TypeError(f"causal must be a bool, got causal={causal!r}")

@@ -47,6 +47,7 @@ class AttentionConfig:
   stabilize, beta, tie_tolerance: the compensation of Qiu & Yao 2025 (flash only).
   guard_shift: the paper layout's compensation with the clipped shift of the other layouts
     instead of the paper's literal one (`flash_attention`); paper + stabilize only.
+  max_shift: the cap of the clipped shift (None: 20, 6 for float16; `flash_attention`).
   delta_float32, center_keys: backward options of the flash kernels that remove one piece of
     the bias mechanism each (`flash_attention`); single_lse: the backward's P from one float32
     lse per row, as production kernels form it.
@@ -68,6 +69,7 @@ class AttentionConfig:
   center_keys: bool = False
   single_lse: bool = False
   guard_shift: bool = False
+  max_shift: float | None = None
   block_q: int | None = None
   block_k: int | None = None
   reference_dtype: str = "float32"
@@ -94,7 +96,13 @@ class AttentionConfig:
           f"implementation='flash', got {self.implementation!r}"
         )
       return
-    Compensation(beta=self.beta, tie_tolerance=self.tie_tolerance)  # validates
+    Compensation(  # validates
+      beta=self.beta,
+      tie_tolerance=self.tie_tolerance,
+      **({} if self.max_shift is None else dict(max_shift=self.max_shift)),
+    )
+    if self.max_shift is not None and not self.stabilize:
+      raise ValueError(f"max_shift={self.max_shift!r} needs stabilize=True")
     if self.guard_shift and not (self.stabilize and self.numerics == "paper"):
       raise ValueError(
         f"guard_shift=True needs numerics='paper' and stabilize=True (the other layouts always "
@@ -198,6 +206,7 @@ _FLASH_FIELDS = (
   "center_keys",
   "single_lse",
   "guard_shift",
+  "max_shift",
   "block_q",
   "block_k",
   "backend",
@@ -220,7 +229,7 @@ def parse_field_value(key, text, type_name):
     if "int" in t and "float" not in t:
       return None if text.lower() == "none" else int(text)
     if "float" in t:
-      return float(text)
+      return None if "None" in t and text.lower() == "none" else float(text)
   except ValueError:
     raise ValueError(f"{key}={text!r} is not a valid {t}") from None
   return text
