@@ -439,16 +439,24 @@ def test_early_warning_on_the_measured_runs(tmp_path):
 
 
 # anchor-b128 packs made after the calibration: the rule's out-of-sample runs, with the warning
-# steps and explosions they gave (none so far) and how many runs each pack holds
-B128_LATER = {"h200-2026-12-02b-b128/runs-1.jsonl.xz": ({}, 2)}
+# and explosion steps they gave and how many runs each pack holds
+B128_LATER = {
+  "h200-2026-12-02b-b128/runs-1.jsonl.xz": ({}, {}, 2),
+  "h200-2026-12-02c-b128/runs.jsonl.xz": (
+    {"paper+comp+guard/seed28": 900, "paper+comp+guard/seed31": 800},
+    {"paper+comp+guard/seed28": 917, "paper+comp+guard/seed31": 745},
+    2,
+  ),
+}
 
 
 @pytest.mark.parametrize("pack", B128_LATER)
 def test_early_warning_out_of_sample(pack, tmp_path):
-  """The calibrated rule on runs made after it: the warnings and explosions recorded for them
-  in the study (paper + comp 29 calm to 3,000 with a slow climb of layer 1's max logit to
-  5,446; seed 30 calm to 1,168): no false alarm, every explosion warned before."""
-  warnings, n_runs = B128_LATER[pack]
+  """The calibrated rule on runs made after it, as the study reports them: paper + comp 29
+  calm to 3,000 (layer 1's max logit climbing slowly to 5,446) and 30 calm to 1,168, no
+  warning; paper + comp + guard 28 and 31 exploded at 917 and 745, warned at 900 (17 steps
+  ahead) and at 800 (after the explosion). No false alarm."""
+  warnings, explosions, n_runs = B128_LATER[pack]
   experiment.unpack_runs([str(RESULTS / pack)], tmp_path)
   fields = {f.name for f in dataclasses.fields(TrainConfig)}
   base = TrainConfig(**{k: v for k, v in experiment.RECIPES["anchor-b128"].items() if k in fields})
@@ -456,5 +464,5 @@ def test_early_warning_out_of_sample(pack, tmp_path):
   name = lambda r: f"{r['variant']}/seed{r['seed']}"
   assert len(rows) == n_runs
   assert {name(r): r["warning_step"] for r in rows if r["warning_step"]} == warnings
-  assert {name(r) for r in rows if r["explosion_step"] is not None} <= set(warnings)
+  assert {name(r): r["explosion_step"] for r in rows if r["explosion_step"]} == explosions
   assert not any(r["false_alarm"] for r in rows)
