@@ -2,7 +2,8 @@
 # Issue 6 on the H200s (device tool): `flashstable experiment instability` on the anchor recipe
 # with the carried corpus (.data/, carry it). QUEUES holds one queue per GPU, separated by "|"
 # (queue i runs on GPU i mod the GPUs present: two queues on one H200 share it, concurrently);
-# a queue is a space-separated list of variant:seeds[:steps[:recipe]] items run one after another
+# a queue is a space-separated list of variant:seeds[:steps[:recipe]] items (the variant may carry
+# :FIELD=VALUE overrides) run one after another
 # on its GPU (CUDA_VISIBLE_DEVICES), all within BUDGET seconds from the start (steps: a cap, the
 # cosine schedule keeps the recipe's length; recipe: one of experiment.RECIPES, default anchor);
 # an item naming a check script (speed, mgpu, tune, ratio, profile) runs h200_{item}_check.sh on
@@ -35,7 +36,11 @@ run_queue() {  # gpu items...
       CUDA_VISIBLE_DEVICES=$gpu bash $script "$OUT"; continue
     fi
     echo "GPU $gpu: $item with $left s left ($(date +%T))"
-    IFS=: read -r variant seeds steps recipe <<< "$item"
+    # the variant may hold ":FIELD=VALUE" itself (e.g. paper+comp+guard:max_shift=6:28::anchor-b128)
+    if [[ ! $item =~ ^(.+):([0-9][0-9,]*)(:([0-9]*)(:([A-Za-z0-9_.-]+))?)?$ ]]; then
+      echo "GPU $gpu: $item is not VARIANT:SEEDS[:STEPS[:RECIPE]]"; continue
+    fi
+    variant=${BASH_REMATCH[1]} seeds=${BASH_REMATCH[2]} steps=${BASH_REMATCH[4]} recipe=${BASH_REMATCH[6]}
     recipe=${recipe:-anchor}
     CUDA_VISIBLE_DEVICES=$gpu python3 -m jax_flashstable.cli experiment instability --recipe $recipe \
       --data .data --attention "$variant" --seeds "$seeds" ${steps:+--steps "$steps"} \

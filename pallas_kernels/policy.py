@@ -327,10 +327,11 @@ class Compensation:
   at max 30), toward 0 (tests/test_compensation.py).
   guard_paper: the paper layout shifts by the clipped d above, as the other layouts do (its tie
     rule and rounding points stay the paper's; m' = max + d in float32). The same clamp then
-    raises any tile whose P̄ sums below 1e−10 to 1e−10, against a tied P̄ of e^−max_shift: with
-    max_shift 20 (2.1e−9) that adds up to 5% of a tied row's l per such tile (a fully masked
-    tile, or one far below the max), a bias of O toward 0; max_shift 6 (2.5e−3) keeps it below
-    4e−8.
+    raises any tile whose P̄ sums below 1e−10 to 1e−10, against a tied P̄ of e^−max_shift. With
+    two ties at max_shift 20 (2·2.1e−9) each such tile (a fully masked one, or one whose scores
+    sit more than about 3 + ln(its count) below the tied max) adds 2.4% to the row's l, so O is
+    scaled by 2e^−d / (2e^−d + n·1e−10) for n such tiles: 0.976 for one, 0.87 for seven; at
+    max_shift 6 (2.5e−3) each adds about 4e−8.
   """
 
   beta: float = 2.0
@@ -380,6 +381,39 @@ class Compensation:
         f"need 0 < min_shift <= max_shift < inf, got min_shift={self.min_shift!r}, "
         f"max_shift={self.max_shift!r}"
       )
+
+
+def check_shift_options(numerics, stabilize, guard_shift, max_shift, dtype=None):
+  """The checks of `flash_attention`'s and `AttentionConfig`'s guard_shift and max_shift (one
+  line naming the value): guard_shift a bool, only with numerics="paper" and the compensation
+  (the other layouts always clip the shift); max_shift a real number, only with the compensation
+  and a clipped shift (the paper layout's literal shift has no cap: there it needs
+  guard_shift), at most 6 for float16 inputs outside the paper layout (`Compensation.for_dtype`:
+  e^−6 is about the smallest P̄ that stays a normal float16 number). Returns max_shift as a
+  float or None; the range is `Compensation`'s check."""
+  if not isinstance(guard_shift, (bool, np.bool_)):
+    raise TypeError(f"guard_shift must be a bool, got guard_shift={guard_shift!r}")
+  if guard_shift and not (stabilize and numerics == "paper"):
+    raise ValueError(
+      f"guard_shift=True needs numerics='paper' and stabilize=True (the other layouts always "
+      f"clip the shift), got numerics={numerics!r}, stabilize={stabilize!r}"
+    )
+  if max_shift is None:
+    return None
+  if isinstance(max_shift, (bool, np.bool_, str)) or not np.isrealobj(max_shift):
+    raise TypeError(f"max_shift must be a number, got max_shift={max_shift!r}")
+  max_shift = float(max_shift)
+  if not stabilize:
+    raise ValueError(f"max_shift={max_shift!r} needs stabilize=True")
+  if numerics == "paper" and not guard_shift:
+    raise ValueError(
+      f"max_shift={max_shift!r} caps the clipped shift; the paper layout's literal shift has "
+      "none: add guard_shift=True (+guard)"
+    )
+  if dtype is not None and jnp.dtype(dtype) == jnp.float16 and numerics != "paper":
+    if max_shift > 6.0:
+      raise ValueError(f"max_shift={max_shift!r} > 6 flushes the tied P̄ of float16 inputs")
+  return max_shift
 
 
 def tie_count(s, tile_max, comp: Compensation, paper: bool = False, in_range=None):

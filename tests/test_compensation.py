@@ -107,12 +107,12 @@ def two_ties(top, length=64, seed=0):
   return tuple(jnp.asarray(x, jnp.bfloat16) for x in (q, k, v))
 
 
-@pytest.mark.parametrize("top", [10.0, 30.0, 60.0])
+@pytest.mark.parametrize("top", [10.0, 24.0, 30.0, 60.0])
 def test_literal_paper_shift_scales_large_tied_rows_toward_zero(top):
   """The paper layout's literal shift m' = 2·max at two ties at `top`: the tile's P̄ sums to
   2e^−top (+ 62e^−2·top), which the kernel's clamp (≥ 1e−10) raises once top > ln(2·10¹⁰) ≈
-  23.7, so O = gold · (2e^−top / 1e−10): 1 at 10, 1.87e−3 at 30, 1.75e−16 at 60 (from the
-  definition). With guard_shift the same layout keeps O within the FP64 rule."""
+  23.7, so O = gold · (2e^−top / 1e−10): 1 at 10, 0.755 at 24, 1.87e−3 at 30, 1.75e−16 at 60
+  (from the definition). With guard_shift the same layout keeps O within the FP64 rule."""
   q, k, v = two_ties(top)
   kw = dict(softmax_scale=1.0, stabilize=True, numerics="paper", block_q=64, block_k=64)
   gold = np.asarray(reference_attention_vjp(q, k, v, q, softmax_scale=1.0, dtype=jnp.float64)[0])
@@ -180,11 +180,40 @@ def test_guard_shift_needs_the_paper_layout_with_the_compensation(kw):
     flash_attention(q, q, q, **{"guard_shift": True, **kw})
 
 
-@pytest.mark.parametrize("kw", [dict(max_shift=6.0), dict(stabilize=True, max_shift=float("inf"))])
-def test_max_shift_needs_the_compensation_and_a_finite_cap(kw):
-  q = jnp.zeros((1, 4, 1, 32), jnp.bfloat16)
-  with pytest.raises(ValueError, match="max_shift"):
+@pytest.mark.parametrize(
+  "kw, dtype",
+  [
+    (dict(max_shift=6.0), jnp.bfloat16),  # no compensation
+    (dict(stabilize=True, max_shift=float("inf")), jnp.bfloat16),
+    (dict(stabilize=True, max_shift=1e-3), jnp.bfloat16),  # below min_shift 2^-7
+    (dict(stabilize=True, max_shift="6"), jnp.bfloat16),
+    (dict(stabilize=True, max_shift=True), jnp.bfloat16),
+    (dict(stabilize=True, numerics="paper", max_shift=6.0), jnp.bfloat16),  # literal: no cap
+    (dict(stabilize=True, max_shift=20.0), jnp.float16),  # e^-20 flushes in float16
+  ],
+)
+def test_bad_max_shift(kw, dtype):
+  """max_shift is refused, naming it, wherever it would not act as asked: without the
+  compensation, outside [2^-7, inf), not a number, with the paper layout's literal shift (which
+  has no cap; bit-identical outputs otherwise), above 6 for float16."""
+  q = jnp.zeros((1, 4, 1, 32), dtype)
+  with pytest.raises((ValueError, TypeError), match="max_shift"):
     flash_attention(q, q, q, **kw)
+  from jax_flashstable import AttentionConfig
+
+  if dtype == jnp.bfloat16:  # the config refuses the same before any call
+    with pytest.raises((ValueError, TypeError), match="max_shift"):
+      AttentionConfig(**kw)
+
+
+def test_guard_and_max_shift_specs_round_trip():
+  from jax_flashstable import AttentionConfig
+
+  c = AttentionConfig.parse("paper+comp+guard:max_shift=6,block_q=512,block_k=512")
+  assert (c.guard_shift, c.max_shift, c.numerics, c.stabilize) == (True, 6.0, "paper", True)
+  assert c.name == "paper+comp+guard:max_shift=6.0,block_q=512,block_k=512"
+  assert AttentionConfig.parse(c.name) == c
+  assert AttentionConfig.parse("fa2+comp:max_shift=none") == AttentionConfig.parse("fa2+comp")
 
 
 def test_float16_with_large_ties_is_not_flushed():

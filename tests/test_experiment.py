@@ -327,9 +327,11 @@ def test_runaway_survival_fisher_and_pack(tmp_path):
   assert experiment.option_pairs(
     ["paper", "paper+comp", "paper+center+comp", "fa2+lse", "fa2", "paper+comp@layer"]
     + ["paper@layer", "fa2+comp:block_q=256", "xla", "bogus", "paper+guard+comp"]
+    + ["paper+comp+guard:max_shift=6"]
   ) == [
     ("paper", "paper+comp", "comp"),
     ("paper", "paper+guard+comp", "comp+guard"),
+    ("paper", "paper+comp+guard:max_shift=6", "comp+guard"),
     ("paper+comp", "paper+center+comp", "center"),
     ("paper@layer", "paper+comp@layer", "comp"),
   ]
@@ -466,3 +468,24 @@ def test_early_warning_out_of_sample(pack, tmp_path):
   assert {name(r): r["warning_step"] for r in rows if r["warning_step"]} == warnings
   assert {name(r): r["explosion_step"] for r in rows if r["explosion_step"]} == explosions
   assert not any(r["false_alarm"] for r in rows)
+
+
+def test_compare_findings_name_the_literal_compensations_caveat():
+  """The main job's report says, beside a calm paper + comp run, that its literal shift
+  switches tied rows off (docs/numerics.md); not beside the clipped shift's run or fa2's."""
+  from jax_flashstable.experiment import compare
+
+  row = lambda v, step: dict(
+    variant=v,
+    explosion_step=step,
+    steps=3000,
+    min_loss=1.5,
+    final_loss=4.0,
+    max_logit=1e5,
+    max_sigma_wq=70.0,
+  )
+  caveat = "literal shift"
+  text = " ".join(compare.findings([row("paper", 1500), row("paper+comp", None)]))
+  assert caveat in text and "paper exploded at step 1,500" in text
+  for calm in ("paper+comp+guard:max_shift=6", "fa2+comp", "paper+center"):
+    assert caveat not in " ".join(compare.findings([row("paper", 1500), row(calm, None)]))

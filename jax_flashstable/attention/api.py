@@ -12,7 +12,7 @@ import numpy as np
 from pallas_kernels.attention import flash_attention_padded, kernel_config
 from pallas_kernels.checks import check_inputs
 from pallas_kernels.forward_mgpu import MosaicGPUOptions
-from pallas_kernels.policy import BACKENDS, Compensation, get_numerics
+from pallas_kernels.policy import BACKENDS, Compensation, check_shift_options, get_numerics
 from pallas_kernels.reference import reference_attention, reference_attention_vjp
 
 __all__ = [
@@ -45,7 +45,7 @@ class AttentionStats(NamedTuple):
 
 def _number(name, value):
   """A Python float from a Python/NumPy number or a concrete 0-d array (names the value if not)."""
-  if isinstance(value, (bool, np.bool_)):
+  if isinstance(value, (bool, np.bool_, str)):
     raise TypeError(f"{name} must be a number, got {name}={value!r}")
   try:
     return float(value)
@@ -132,10 +132,11 @@ def flash_attention(
       drive the row's O toward 0 (the paper's tie rule and rounding points stay). Raises
       ValueError with another layout (they always clip) or without stabilize.
     max_shift: with stabilize=True, the cap of the clipped shift m' − max (None: 20, 6 for
-      float16). In the paper layout with guard_shift, 6 keeps the tied P̄ = e^−6 far above the
-      kernel's 1e−10 clamp of a tile's sum; at 20 the clamp biases tied rows' O toward 0 by up
-      to 5% per clamped tile (`pallas_kernels.policy.Compensation`). ValueError without
-      stabilize, or when not finite and ≥ 2^−7.
+      float16). In the paper layout (with guard_shift: its literal shift has no cap), 6 keeps
+      the tied P̄ = e^−6 far above the kernel's 1e−10 clamp of a tile's sum; at 20 the clamp
+      scales two-tie rows' O by 0.976 per clamped tile (`pallas_kernels.policy.Compensation`).
+      ValueError without stabilize, in the paper layout without guard_shift, above 6 for
+      float16 outside the paper layout, unless finite and ≥ 2^−7; TypeError unless a number.
     block_q, block_k: forward tile sizes, powers of two ≥ 16. They are part of the numerics
       (ties are detected per key tile). Defaults: block_k = 64, block_q = 128 (64 when
       head_dim > 128), the same on CPU and GPU.
@@ -259,17 +260,7 @@ def _kernel_config(
 ):
   """`flash_attention`'s checks and its (KernelConfig, seeds or None)."""
   softmax_scale = check_inputs(query, key, value, softmax_scale)
-  if not isinstance(guard_shift, (bool, np.bool_)):
-    raise TypeError(f"guard_shift must be a bool, got guard_shift={guard_shift!r}")
-  if guard_shift and not (stabilize and numerics == "paper"):
-    raise ValueError(
-      f"guard_shift=True needs numerics='paper' and stabilize=True (the other layouts always "
-      f"clip the shift), got numerics={numerics!r}, stabilize={stabilize!r}"
-    )
-  if max_shift is not None:
-    max_shift = _number("max_shift", max_shift)
-    if not stabilize:
-      raise ValueError(f"max_shift={max_shift!r} needs stabilize=True")
+  max_shift = check_shift_options(numerics, stabilize, guard_shift, max_shift, query.dtype)
   compensation = Compensation.for_dtype(
     query.dtype,
     _number("beta", beta),

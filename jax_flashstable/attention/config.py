@@ -30,7 +30,13 @@ import itertools
 import re
 import warnings
 
-from pallas_kernels.policy import BACKENDS, NUMERICS, BlockSizes, Compensation
+from pallas_kernels.policy import (
+  BACKENDS,
+  NUMERICS,
+  BlockSizes,
+  Compensation,
+  check_shift_options,
+)
 
 IMPLEMENTATIONS = ("flash", "reference", "xla", "cudnn")
 
@@ -96,18 +102,12 @@ class AttentionConfig:
           f"implementation='flash', got {self.implementation!r}"
         )
       return
+    cap = check_shift_options(self.numerics, self.stabilize, self.guard_shift, self.max_shift)
     Compensation(  # validates
       beta=self.beta,
       tie_tolerance=self.tie_tolerance,
-      **({} if self.max_shift is None else dict(max_shift=self.max_shift)),
+      **({} if cap is None else dict(max_shift=cap)),
     )
-    if self.max_shift is not None and not self.stabilize:
-      raise ValueError(f"max_shift={self.max_shift!r} needs stabilize=True")
-    if self.guard_shift and not (self.stabilize and self.numerics == "paper"):
-      raise ValueError(
-        f"guard_shift=True needs numerics='paper' and stabilize=True (the other layouts always "
-        f"clip the shift), got numerics={self.numerics!r}, stabilize={self.stabilize!r}"
-      )
     if self.block_q is not None or self.block_k is not None:
       BlockSizes.default(64, self.block_q, self.block_k)  # validates
     from pallas_kernels.attention import supported

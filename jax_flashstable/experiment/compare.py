@@ -21,6 +21,7 @@ import statistics
 
 import jax
 
+from jax_flashstable.attention.config import AttentionConfig
 from jax_flashstable.experiment import instability
 from jax_flashstable.training.train import EarlyWarning, TrainConfig, read_metrics
 
@@ -126,6 +127,14 @@ def findings(rows, on_cpu=False) -> list[str]:
         "(experiments/results/cpu-2026-12-01-recipe-search); on the H200 it takes thousands "
         "of steps of 131k tokens (docs/studies/instability-anchor-b128.md)."
       )
+  if any(_literal_paper_compensation(r["variant"]) for r in calm):
+    out.append(
+      "In the paper layout the compensation's literal shift (m' = 2·max) with the kernel's clamp "
+      "of each tile's sum at ≥ 1e−10 scales a tied row's output toward 0 once its max passes "
+      "≈ 23.7, so part of what keeps it stable may be attention rows switched off; with the "
+      "shift clipped (`paper+comp+guard`) it exploded at both seeds tried "
+      "(docs/numerics.md, docs/studies/instability-anchor-b128.md)."
+    )
   out.append(
     "Reproducible bit for bit on the same machine and software (the kernels have no "
     "atomics and a fixed reduction order); on another CPU or GPU XLA may compile "
@@ -133,6 +142,20 @@ def findings(rows, on_cpu=False) -> list[str]:
     "third decimal on while the verdict above stays."
   )
   return out
+
+
+def _literal_paper_compensation(variant) -> bool:
+  """Whether a variant is the paper layout with the compensation's literal shift."""
+  try:
+    cfg = AttentionConfig.parse(variant)
+  except ValueError:
+    return False
+  return (
+    cfg.implementation == "flash"
+    and cfg.numerics == "paper"
+    and cfg.stabilize
+    and not cfg.guard_shift
+  )
 
 
 def report(base: TrainConfig, rows) -> str:

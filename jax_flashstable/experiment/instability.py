@@ -404,13 +404,16 @@ def fisher_p(rows, variant, event="explosion", other=None) -> float | None:
 # tested (one-sided) for having the event less often than the variant without it. "comp+guard"
 # is one fix: the compensation with the clipped shift (paper layout), against neither.
 FIXES = ("comp", "comp+guard", "center", "delta32")
+COMP_SETTINGS = ("beta", "tie_tolerance", "max_shift")
 
 
 def option_pairs(variants) -> list[tuple[str, str, str]]:
   """(variant, the same with one fix more, the fix) for every such pair of the matrix, however
   spelled (`paper+center+comp` is `paper+center` with "comp"; a variant's "@layer" must match):
-  paper and paper+comp, paper and paper+center, paper+center and paper+center+comp. Variants
-  that do not parse, and other modifiers (`+lse`, a backend), make no pair."""
+  paper and paper+comp, paper and paper+center, paper+center and paper+center+comp; a fix with
+  the compensation whatever its settings (`paper+comp+guard:max_shift=6` is `paper` with
+  "comp+guard"). Variants that do not parse, and other modifiers (`+lse`, a backend), make no
+  pair."""
   import warnings
 
   def parsed(v):
@@ -436,7 +439,13 @@ def option_pairs(variants) -> list[tuple[str, str, str]]:
         fixed = dataclasses.replace(pv[0], **{k: x for part in parts for k, x in part.items()})
       except ValueError:  # a combination no kernel runs (+guard outside the paper layout)
         continue
-      pairs += [(v, w, fix) for w, pw in found.items() if pw == (fixed, pv[1])]
+      for w, pw in found.items():
+        if pw is None or pw[1] != pv[1]:
+          continue
+        # a fix with the compensation pairs whatever its settings (beta, tolerance, cap)
+        settings = {k: getattr(fixed, k) for k in COMP_SETTINGS} if "comp" in fix.split("+") else {}
+        if dataclasses.replace(pw[0], **settings) == fixed:
+          pairs.append((v, w, fix))
   return pairs
 
 
