@@ -107,23 +107,23 @@ def emulate_forward(
     s = np.where(valid, s, F32(-BF16_MAX) if numerics.paper else F32(-np.inf)).astype(F32)
     tile_max = s.max(-1)
     m_tile = tile_max
-    if comp is not None and numerics.paper and not comp.guard_paper:
-      n_ties = (s >= round_bf16(tile_max - F32(comp.tie_tolerance))[..., None]).sum(-1)
-      with np.errstate(over="ignore"):  # β·max of a fully masked tile (−BF16_MAX): unused
-        shifted = np.where(
-          tile_max > 0,
-          round_bf16(F32(comp.beta) * tile_max),
-          np.where(tile_max < 0, F32(0), tile_max),
-        ).astype(F32)
-      m_tile = np.where(n_ties > 1, shifted, tile_max).astype(F32)
-    elif comp is not None:
-      if numerics.paper:  # the paper's tie rule, the clipped shift (`Compensation.guard_paper`)
+    if comp is not None:
+      if numerics.paper:  # the paper's tie rule: masked scores count, the threshold in bf16
         n_ties = (s >= round_bf16(tile_max - F32(comp.tie_tolerance))[..., None]).sum(-1)
       else:
         n_ties = (valid & (s >= (tile_max - F32(comp.tie_tolerance))[..., None])).sum(-1)
-      paper_shift = np.where(tile_max > 0, F32(comp.beta - 1.0) * tile_max, -tile_max).astype(F32)
-      shift = np.clip(paper_shift, F32(comp.min_shift), F32(comp.max_shift)).astype(F32)
-      m_tile = np.where(n_ties > 1, tile_max + shift, tile_max).astype(F32)
+      if numerics.paper and not comp.guard_paper:  # the literal shift
+        with np.errstate(over="ignore"):  # β·max of a fully masked tile (−BF16_MAX): unused
+          shifted = np.where(
+            tile_max > 0,
+            round_bf16(F32(comp.beta) * tile_max),
+            np.where(tile_max < 0, F32(0), tile_max),
+          ).astype(F32)
+      else:  # the clipped shift
+        paper_shift = np.where(tile_max > 0, F32(comp.beta - 1.0) * tile_max, -tile_max)
+        shift = np.clip(paper_shift.astype(F32), F32(comp.min_shift), F32(comp.max_shift))
+        shifted = (tile_max + shift.astype(F32)).astype(F32)
+      m_tile = np.where(n_ties > 1, shifted, tile_max).astype(F32)
     with np.errstate(invalid="ignore"):
       m_new = np.maximum(m, m_tile)
       alpha = np.exp(rb(m - m_new)).astype(F32)

@@ -348,16 +348,9 @@ class Compensation:
     """The settings `flash_attention` uses for inputs of `dtype`: float16 (5 exponent bits)
     caps the shift at 6 so that the tied P̄ = e^−d ≥ e^−6 stays a normal float16 number after
     `round_p` (scores more than ≈3.7 below the tied max then become float16 subnormals)."""
-    return cls(
-      beta=beta,
-      tie_tolerance=tie_tolerance,
-      max_shift=max_shift
-      if max_shift is not None
-      else 6.0
-      if jnp.dtype(dtype) == jnp.float16
-      else cls.max_shift,
-      guard_paper=guard_paper,
-    )
+    if max_shift is None:
+      max_shift = 6.0 if jnp.dtype(dtype) == jnp.float16 else cls.max_shift
+    return cls(beta=beta, tie_tolerance=tie_tolerance, max_shift=max_shift, guard_paper=guard_paper)
 
   def __post_init__(self):
     if not (

@@ -432,20 +432,21 @@ def option_pairs(variants) -> list[tuple[str, str, str]]:
     if pv is None or pv[0].implementation != "flash":
       continue
     for fix in FIXES:
-      parts = [MODIFIERS[m] for m in fix.split("+")]
+      mods = fix.split("+")
+      parts = [MODIFIERS[m] for m in mods]
       if any(all(getattr(pv[0], k) == x for k, x in part.items()) for part in parts):
         continue  # v has it, or a part of it, already
       try:
         fixed = dataclasses.replace(pv[0], **{k: x for part in parts for k, x in part.items()})
       except ValueError:  # a combination no kernel runs (+guard outside the paper layout)
         continue
-      for w, pw in found.items():
-        if pw is None or pw[1] != pv[1]:
-          continue
-        # a fix with the compensation pairs whatever its settings (beta, tolerance, cap)
-        settings = {k: getattr(fixed, k) for k in COMP_SETTINGS} if "comp" in fix.split("+") else {}
-        if dataclasses.replace(pw[0], **settings) == fixed:
-          pairs.append((v, w, fix))
+      # a fix with the compensation pairs whatever its settings (beta, tolerance, cap)
+      settings = {k: getattr(fixed, k) for k in COMP_SETTINGS} if "comp" in mods else {}
+      pairs += [
+        (v, w, fix)
+        for w, pw in found.items()
+        if pw is not None and pw[1] == pv[1] and dataclasses.replace(pw[0], **settings) == fixed
+      ]
   return pairs
 
 
