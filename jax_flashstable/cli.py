@@ -306,8 +306,11 @@ def _deviation(args):
 
 
 def _bias(args):
+  from jax_flashstable.attention.config import split_specs
   from jax_flashstable.lab.numerics_lab import (
+    BIAS_ATTENTIONS,
     bias_benchmark,
+    bias_configs,
     bit_example,
     format_bias,
     plot_bias,
@@ -315,8 +318,23 @@ def _bias(args):
   )
   from jax_flashstable.results import write_results
 
+  try:
+    configs = bias_configs(
+      BIAS_ATTENTIONS if args.attention is None else split_specs(args.attention)
+    )
+  except ValueError as e:
+    raise SystemExit(f"flashstable bias: {e}") from None
+  try:
+    ties = tuple(float(x) for x in args.tie_values.split(","))
+  except ValueError:
+    ties = ()
+  if not ties or not all(abs(t) < float("inf") for t in ties):
+    raise SystemExit(
+      f"flashstable bias: --tie-values {args.tie_values!r} must be comma-separated finite numbers"
+    )
   _out("bias", args.out)
-  rows = bias_benchmark(tied_rows(num_rows=args.rows, seed=args.seed), seed=args.seed)
+  inputs = tied_rows(num_rows=args.rows, tie_values=ties, seed=args.seed)
+  rows = bias_benchmark(inputs, configs, seed=args.seed)
   write_results(args.out, "bias", rows, format_bias(rows), _meta(args))
   print(f"plot: {plot_bias(rows, os.path.join(args.out, 'bias.png'))}")
   ex = bit_example()
@@ -618,7 +636,17 @@ def build_parser():
     help="signed error of O and delta on rows with tied maxima, every "
     "layout × stabilize (Qiu & Yao 2025), and the paper's bit example",
   )
+  p.add_argument(
+    "--attention",
+    help="comma-separated flash specs (PRESET[+MODIFIER...][:FIELD=VALUE,...], e.g. "
+    "paper+comp+guard:max_shift=6); default: every layout without and with +comp",
+  )
   p.add_argument("--rows", type=_count(1), default=512)
+  p.add_argument(
+    "--tie-values",
+    default="-4,0,2,5",
+    help="comma-separated values of the tied maxima (scores, softmax_scale 1), one per row at random",
+  )
   p.add_argument("--seed", type=_count(0), default=0)
   p.add_argument("--out", default="runs/bias")
   p.set_defaults(func=_bias)

@@ -80,6 +80,7 @@ def supported(
   num_stages=None,
   delta_float32=False,
   center_keys=False,
+  sum_rounded_p=False,
   backward=False,
   group=None,
 ) -> str | None:
@@ -107,6 +108,8 @@ def supported(
       group=group,
       center_keys=center_keys,
     )
+  if backend == "mosaic_gpu" and sum_rounded_p:
+    return "sum_rounded_p (the Triton forward has it; the Mosaic GPU forward does not)"
   if backend == "mosaic_gpu":
     return forward_mgpu.supported(
       numerics=name,
@@ -131,6 +134,7 @@ def choose_backend(
   num_stages=None,
   delta_float32=False,
   center_keys=False,
+  sum_rounded_p=False,
   causal=False,
   interpret=False,
 ) -> str:
@@ -162,6 +166,7 @@ def choose_backend(
       num_stages=num_stages,
       delta_float32=delta_float32,
       center_keys=center_keys,
+      sum_rounded_p=sum_rounded_p,
     )
     is not None
   ):
@@ -224,6 +229,7 @@ def kernel_config(
     num_stages=stages,
     delta_float32=numerics.delta_float32,
     center_keys=numerics.center_keys,
+    sum_rounded_p=numerics.sum_rounded_p,
     causal=causal,
     interpret=interpret,
   )
@@ -239,6 +245,7 @@ def kernel_config(
     num_stages=stages,
     delta_float32=numerics.delta_float32,
     center_keys=numerics.center_keys,
+    sum_rounded_p=numerics.sum_rounded_p,
   )
   if why is not None:
     given = (

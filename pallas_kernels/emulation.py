@@ -128,11 +128,11 @@ def emulate_forward(
       m_new = np.maximum(m, m_tile)
       alpha = np.exp(rb(m - m_new)).astype(F32)
       p = np.exp(rb(s - m_new[..., None])).astype(F32)
-    tile_sum = p.sum(-1, dtype=F32)
+    p_dot = _cast(p, "bfloat16" if numerics.paper else dtype) if intermediate else p
+    tile_sum = (p_dot.astype(F32) if numerics.sum_rounded_p else p).sum(-1, dtype=F32)
     if numerics.paper:
       tile_sum = np.maximum(tile_sum, F32(1e-10))
     l = rb(alpha * l + tile_sum)
-    p_dot = _cast(p, "bfloat16" if numerics.paper else dtype) if intermediate else p
     acc = rb(rb(alpha[..., None] * acc) + rb(_dot(p_dot, v[:, :, sl])))
     m = m_new
   o = (acc / l[..., None]).astype(F32)

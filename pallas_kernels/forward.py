@@ -149,11 +149,16 @@ def forward_kernel(q_ref, k_ref, v_ref, *refs, cfg):
       p = numerics.exp_scores(s, m_new[:, None])  # P̄, float32
       if cfg.return_stats:  # max_p: a stat only
         mp = jnp.maximum(mp, jnp.max(p, axis=-1))
-      return tile_sum + jnp.sum(p, axis=-1), pv + dot_nn(numerics.round_p(p, dtype), v), mp
+      p_dot = numerics.round_p(p, dtype)
+      return (
+        tile_sum + jnp.sum(numerics.row_sum_terms(p, dtype), axis=-1),
+        pv + dot_nn(p_dot, v),
+        mp,
+      )
 
     zeros = jnp.zeros_like(m_new)
     tile_sum, pv, max_p = sub_tile_loop(n_sub, accumulate, (zeros, jnp.zeros_like(acc), max_p))
-    l_new = numerics.state(alpha * l_i + numerics.clamp_sum(tile_sum))  # row_sum from f32 P̄
+    l_new = numerics.state(alpha * l_i + numerics.clamp_sum(tile_sum))  # `row_sum_terms`
     acc = numerics.state(numerics.state(alpha[:, None] * acc) + numerics.pv(pv))
     return acc, m_new, l_new, max_p, (tied_tiles + tied) if cfg.return_stats else tied_tiles
 

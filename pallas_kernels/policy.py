@@ -130,14 +130,19 @@ class Numerics:
   delta_float32: bool = False  # backward option: delta from the float32 O
   center_keys: bool = False  # backward option: dQ from the keys less their mean
   single_lse: bool = False  # backward option: P from one float32 lse, as production kernels
+  sum_rounded_p: bool = False  # forward option: l sums the P̄ the P̄V dot takes (`row_sum_terms`)
 
-  def with_options(self, *, delta_float32=False, center_keys=False, single_lse=False) -> "Numerics":
-    """This layout with the backward options (module docstring)."""
+  def with_options(
+    self, *, delta_float32=False, center_keys=False, single_lse=False, sum_rounded_p=False
+  ) -> "Numerics":
+    """This layout with the backward options and the forward's sum_rounded_p (module
+    docstring)."""
     return dataclasses.replace(
       self,
       delta_float32=bool(delta_float32),
       center_keys=bool(center_keys),
       single_lse=bool(single_lse),
+      sum_rounded_p=bool(sum_rounded_p),
     )
 
   # --- forward -------------------------------------------------------------------------
@@ -178,6 +183,19 @@ class Numerics:
   def round_p(self, p, input_dtype):
     """P̄ (forward) and P (backward) before their dots."""
     return p.astype(jnp.bfloat16 if self.paper else input_dtype)
+
+  def row_sum_terms(self, p, input_dtype):
+    """The P̄ (float32) whose sum over a tile the row sum l adds: P̄ itself (FlashAttention-2's
+    and the paper kernel's design, though the P̄V dot takes `round_p`(P̄)), or with
+    sum_rounded_p the P̄ the dot takes, so that O = Σ r(P̄)·v / Σ r(P̄). A relative rounding
+    error that a row's large P̄ share, such as the compensation's tied P̄ = e^−d (the same d on
+    every tie beyond the shift's cap), then cancels in O instead of scaling it
+    (docs/numerics.md#the-compensation). The rounding is `round_bf16`'s, on the bits: a convert
+    pair here is dropped by XLA (CPU, 2026-12-02). bfloat16 and float32 inputs only
+    (`flash_attention` refuses float16)."""
+    if not self.sum_rounded_p or (jnp.dtype(input_dtype) == jnp.float32 and not self.paper):
+      return p
+    return round_bf16(p)
 
   def pv(self, pv):
     return round_bf16(pv) if self.paper else pv  # paper: bf16(P̄V)

@@ -2,7 +2,9 @@
 
 import math
 
+import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -146,6 +148,45 @@ def test_guarded_paper_shift_and_the_clamp():
   assert np.abs(out - gold).max() <= 2 * ulp_at_scale(gold)  # the cap of 6
 
 
+@pytest.mark.parametrize("cap", [6.0, 20.0])
+@pytest.mark.parametrize("top", [30.0, 50.0])
+def test_capped_shift_scales_tied_rows_by_its_rounding(top, cap):
+  """Two ties at `top` > cap, every other score 0, float32 O (fp32_out, so no final rounding):
+  the clipped shift gives every such row the same d = cap, and the P̄V dot takes the tied
+  P̄ = e^−cap rounded to bf16 while the row sum l adds the float32 one, so O = gold ·
+  r(e^−cap)/e^−cap on every row: 0.99725 at cap 6, 1.00243 at 20 (from the definition), a
+  bias common to all tied rows past the cap. With sum_rounded_p, l adds the rounded P̄ and
+  O = gold to float32 accuracy."""
+  q, k, v = two_ties(top)
+  gold = np.asarray(reference_attention_vjp(q, k, v, q, softmax_scale=1.0, dtype=jnp.float64)[0])
+  tied_p = np.exp(np.float32(-cap))
+  factor = float(tied_p.astype(ml_dtypes.bfloat16)) / float(tied_p)
+  big = np.abs(gold) > 0.1
+  kw = dict(softmax_scale=1.0, stabilize=True, numerics="fp32_out", max_shift=cap)
+  for rsum, expected in ((False, factor), (True, 1.0)):
+    out = np.asarray(flash_attention(q, k, v, sum_rounded_p=rsum, **kw), np.float64)
+    np.testing.assert_allclose(out[big] / gold[big], expected, rtol=1e-5)
+  assert abs(factor - 1) > 2e-3  # the factor is not within the tolerance of 1
+
+
+@pytest.mark.parametrize("tie_value", [-6.0, 0.5, 3.0, 7.0, 30.0])
+def test_literal_and_guarded_shift_differ_only_past_the_cap(tie_value):
+  """The paper layout's literal compensation and paper+comp+guard:max_shift=6 shift a tied
+  tile by the same d = |max| whenever 2⁻⁷ ≤ |max| ≤ 6 (the cap), so O and the gradients are
+  the same bits there; past the cap they part (at 30 the literal rule's row is switched off).
+  So at anchor-b128 the two differ only on tied tiles whose max exceeds 6 in size
+  (docs/studies/instability-anchor-b128.md)."""
+  q, k, v, do = tied_inputs(tie_value, jnp.bfloat16)
+  kw = dict(softmax_scale=1.0, stabilize=True, numerics="paper")
+  literal = flash_vjp(q, k, v, do, **kw)
+  guarded = flash_vjp(q, k, v, do, guard_shift=True, max_shift=6.0, **kw)
+  same = [
+    np.array_equal(np.asarray(a), np.asarray(b))
+    for a, b in zip(jax.tree.leaves(literal), jax.tree.leaves(guarded))
+  ]
+  assert all(same) == (abs(tie_value) <= 6.0), same
+
+
 @pytest.mark.parametrize("tie_value", TIES)
 def test_guarded_paper_shift_stays_accurate(tie_value):
   """numerics="paper" with guard_shift at ties from −120 to 120: O and the gradients within the
@@ -204,6 +245,20 @@ def test_bad_max_shift(kw, dtype):
   if dtype == jnp.bfloat16:  # the config refuses the same before any call
     with pytest.raises((ValueError, TypeError), match="max_shift"):
       AttentionConfig(**kw)
+
+
+@pytest.mark.parametrize(
+  "kw, dtype, error",
+  [
+    (dict(sum_rounded_p=True), jnp.float16, ValueError),  # no bit-level float16 rounding
+    (dict(sum_rounded_p=True, backend="mosaic_gpu"), jnp.bfloat16, ValueError),
+    (dict(sum_rounded_p=1), jnp.bfloat16, TypeError),
+  ],
+)
+def test_bad_sum_rounded_p(kw, dtype, error):
+  q = jnp.zeros((1, 16, 1, 16), dtype)
+  with pytest.raises(error, match="sum_rounded_p"):
+    flash_attention(q, q, q, stabilize=True, **kw)
 
 
 def test_guard_and_max_shift_specs_round_trip():

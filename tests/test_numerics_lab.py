@@ -4,7 +4,14 @@ import numpy as np
 import pytest
 
 from jax_flashstable.cli import main
-from jax_flashstable.lab.numerics_lab import Bias, bit_example, bias_benchmark, tied_rows
+from jax_flashstable.lab.numerics_lab import (
+  LAYOUTS,
+  Bias,
+  bias_benchmark,
+  bias_configs,
+  bit_example,
+  tied_rows,
+)
 
 
 def test_bit_example_through_the_kernel():
@@ -29,7 +36,7 @@ def test_bias_benchmark_flags_paper_and_clears_fp32_out_and_stochastic():
   """On tied maxima with same-sign values the paper layout's per-tile bf16 buffers add a bias
   (measured, sign not assumed); FP32 O and stochastic rounding do not. "Unbiased" for fp32_out
   is |mean| < 0.01 bf16 ulp: its float32 errors are ~1e-3 ulp, so any residue gives a large z."""
-  rows = {r["layout"]: r for r in bias_benchmark(tied_rows(num_rows=512), stabilize=(False,))}
+  rows = {r["attention"]: r for r in bias_benchmark(tied_rows(num_rows=512), LAYOUTS)}
   paper, fp32_out, stochastic = (
     rows[k]["out_vs_fp64"] for k in ("paper", "fp32_out", "stochastic")
   )
@@ -40,16 +47,61 @@ def test_bias_benchmark_flags_paper_and_clears_fp32_out_and_stochastic():
   assert abs(rows["paper"]["delta_vs_fp64"]["z"]) > 3  # and it reaches delta
 
 
-def test_bias_benchmark_rows_and_signs():
-  rows = bias_benchmark(
-    tied_rows(num_rows=64, kv_len=32), layouts=("fa2", "stochastic"), stabilize=(False,)
+def test_capped_shift_bias_and_the_rounded_row_sum():
+  """Ties spread over 7–22 (beyond the cap of 6, below the literal rule's switch-off at
+  ≈ 23.7): the literal paper compensation's shift d = max varies from row to row, so the bf16
+  rounding of its tied P̄ = e^−d does not add up; the shift capped at 6 gives every row the same
+  P̄ = e^−6, rounded 0.28% low for the P̄V dot only, and O's bias grows several times past the
+  paper layout's own (measured: +0.49 ulp against +0.11, 2,048 rows, CPU, 2026-12-02). With
+  sum_rounded_p (`+rsum`) it is gone, and fa2 + comp's −0.07 ulp with it."""
+  ties = tuple(np.arange(7.0, 22.25, 0.25))
+  specs = (
+    "paper",
+    "paper+comp",
+    "paper+comp+guard:max_shift=6",
+    "paper+comp+guard+rsum:max_shift=6",
+    "fa2+comp",
+    "fa2+comp+rsum",
   )
-  assert [r["layout"] for r in rows] == ["fa2", "stochastic", "correctly rounded FP64"]
+  rows = bias_benchmark(tied_rows(num_rows=512, tie_values=ties), specs)
+  mean = {spec: r["out_vs_fp64"]["mean"] for spec, r in zip(specs, rows)}
+  assert mean["paper"] > 0.05 and abs(mean["paper+comp"]) < mean["paper"] / 2
+  assert mean["paper+comp+guard:max_shift=6"] > 3 * mean["paper"]
+  assert abs(mean["paper+comp+guard+rsum:max_shift=6"]) < mean["paper"] / 3
+  assert abs(mean["fa2+comp"]) > 0.03 and abs(mean["fa2+comp+rsum"]) < 0.02
+
+
+@pytest.mark.parametrize(
+  "specs, match",
+  [(("xla",), "not a flash layout"), (("fa2+delta32",), "delta32"), ((), "no attention")],
+)
+def test_bias_refuses_what_it_cannot_measure(specs, match):
+  with pytest.raises(ValueError, match=match):
+    bias_configs(specs)
+
+
+def test_bias_benchmark_rows_and_signs():
+  rows = bias_benchmark(tied_rows(num_rows=64, kv_len=32), ("fa2", "stochastic"))
+  assert [r["attention"] for r in rows] == ["fa2", "stochastic", "correctly rounded FP64"]
   for r in rows:
     for key in ("out_vs_fp64", "out_vs_rounded", "delta_vs_fp64", "delta_vs_rounded"):
       assert np.isfinite(r[key]["mean"])
   # each stochastic draw is within one ulp; nearest rounding within half an ulp
   assert abs(rows[1]["out_vs_fp64"]["mean"]) < 1 and abs(rows[0]["out_vs_fp64"]["mean"]) < 0.5
+
+
+@pytest.mark.parametrize(
+  "args, match",
+  [
+    (["--attention", "cudnn"], "not a flash layout"),
+    (["--attention", "paper+bogus"], "unknown modifier"),
+    (["--tie-values", "1,x"], "--tie-values"),
+    (["--tie-values", "inf"], "--tie-values"),
+  ],
+)
+def test_cli_bias_refuses_bad_input(args, match, tmp_path):
+  with pytest.raises(SystemExit, match=match):
+    main(["bias", *args, "--out", str(tmp_path)])
 
 
 def test_cli_deviation_and_bias(tmp_path, capsys):

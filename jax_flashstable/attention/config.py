@@ -12,7 +12,8 @@ names it everywhere (the Flax module, the GPT-2 model, `flashstable train --atte
                 (backend=triton: the Triton kernels, explicitly), delta32
                 (delta_float32=true), center (center_keys=true), lse (single_lse=true:
                 the production kernels' P = exp(S − lse) in the backward), guard (guard_shift=true:
-                the paper layout's compensation with the clipped shift)
+                the paper layout's compensation with the clipped shift), rsum
+                (sum_rounded_p=true: the row sum l adds P̄ as the P̄V dot takes it)
     FIELD    := any field of AttentionConfig
 
 For example "paper+comp", "fa2+comp+mgpu:block_k=128", "fa2:tie_tolerance=0.01". A flash spec
@@ -57,6 +58,7 @@ class AttentionConfig:
   delta_float32, center_keys: backward options of the flash kernels that remove one piece of
     the bias mechanism each (`flash_attention`); single_lse: the backward's P from one float32
     lse per row, as production kernels form it.
+  sum_rounded_p: the forward's row sum l adds the P̄ the P̄V dot takes (`flash_attention`).
   block_q, block_k: flash tile sizes (None: the kernel defaults).
   backend: the flash kernels, "auto" (default: Mosaic GPU on a Hopper GPU where it supports
     the call, else Triton), "triton" or "mosaic_gpu" (Hopper; see `flash_attention`).
@@ -74,6 +76,7 @@ class AttentionConfig:
   delta_float32: bool = False
   center_keys: bool = False
   single_lse: bool = False
+  sum_rounded_p: bool = False
   guard_shift: bool = False
   max_shift: float | None = None
   block_q: int | None = None
@@ -118,6 +121,7 @@ class AttentionConfig:
       block_k=self.block_k,
       delta_float32=self.delta_float32,
       center_keys=self.center_keys,
+      sum_rounded_p=self.sum_rounded_p,
     ):
       raise ValueError(f"backend={self.backend!r} does not support {why}")
 
@@ -205,6 +209,7 @@ _FLASH_FIELDS = (
   "delta_float32",
   "center_keys",
   "single_lse",
+  "sum_rounded_p",
   "guard_shift",
   "max_shift",
   "block_q",
@@ -262,6 +267,7 @@ MODIFIERS = {
   "center": dict(center_keys=True),
   "lse": dict(single_lse=True),
   "guard": dict(guard_shift=True),
+  "rsum": dict(sum_rounded_p=True),
 }
 # Older spellings → their spec now (parse warns with FutureWarning).
 ALIASES = {"flash": "fa2", "flash-stable": "fa2+comp", "fp32-reference": "reference-fp32"}

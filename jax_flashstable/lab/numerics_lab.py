@@ -1,5 +1,5 @@
 """The numerics lab: the paper's bit example, the deviation benchmark (Golden et al. 2024) and
-the bias benchmark (Qiu & Yao 2025), for every precision layout × stabilize.
+the bias benchmark (Qiu & Yao 2025), for every precision layout or any flash spec.
 
 Shared by `flashstable deviation`, `flashstable bias`, `experiments/` and the tests.
 """
@@ -180,12 +180,40 @@ class Bias:
     return cls(m, se, m / se if se > 0 else (0.0 if m == 0 else math.copysign(math.inf, m)))
 
 
-def bias_benchmark(inputs=None, layouts=LAYOUTS, stabilize=(False, True), seed=0):
-  """Signed error of O and of delta = rowsum(dO∘O) per layout × stabilize, against FP64 and
-  against the correctly rounded (bf16, nearest-even) FP64 output. Rows of dicts.
+# flash_attention's compensation on and off in every layout: the rows of `flashstable bias`
+BIAS_ATTENTIONS = tuple(f"{layout}{comp}" for layout in LAYOUTS for comp in ("", "+comp"))
+
+
+def bias_configs(attentions):
+  """Specs (`AttentionConfig` grammar) → configs for the bias benchmark. Raises ValueError
+  naming a spec that is not one of our flash kernels (the benchmark reads their O), or that
+  takes delta from the float32 O (`+delta32`: the benchmark forms delta as the layout does)."""
+  from jax_flashstable.attention.config import AttentionConfig
+
+  configs = [AttentionConfig.parse(a) for a in attentions]
+  for c in configs:
+    if c.implementation != "flash":
+      raise ValueError(f"bias: attention {c.name!r} is not a flash layout (fa2, paper, ...)")
+    if c.delta_float32:
+      raise ValueError(
+        f"bias: attention {c.name!r}: +delta32 changes delta, which this "
+        "benchmark forms from O as the layout does"
+      )
+  if not configs:
+    raise ValueError("bias: no attention given")
+  return configs
+
+
+def bias_benchmark(inputs=None, attentions=BIAS_ATTENTIONS, seed=0):
+  """Signed error of O and of delta = rowsum(dO∘O) per attention (a flash spec of the
+  `AttentionConfig` grammar, e.g. "paper+comp+guard:max_shift=6"), against FP64 and against
+  the correctly rounded (bf16, nearest-even) FP64 output. Rows of dicts: attention (its
+  name), layout, stabilize, and a `Bias` per comparison.
 
   Errors are in units of one bf16 ulp of the FP64 value, so rows of different scale add up.
+  Raises ValueError as `bias_configs`, before any kernel runs.
   """
+  configs = bias_configs(attentions)
   q, k, v, do = inputs if inputs is not None else tied_rows(seed=seed)
   gold = reference_attention(q, k, v, softmax_scale=1.0, dtype=jnp.float64)
   cr = gold.astype(ml_dtypes.bfloat16).astype(np.float64)  # correctly rounded
@@ -194,26 +222,32 @@ def bias_benchmark(inputs=None, layouts=LAYOUTS, stabilize=(False, True), seed=0
   delta_gold, delta_cr = (do64 * gold).sum(-1), (do64 * cr).sum(-1)
   delta_ulp = bf16_ulp(delta_gold)
   rows = []
-  for layout in layouts:
-    numerics = get_numerics(layout)
-    for stab in stabilize:
-      o = flash_attention(
-        q, k, v, softmax_scale=1.0, stabilize=stab, **_layout_kwargs(layout, seed)
+  for config in configs:
+    stochastic = config.numerics == "stochastic"
+    o = flash_attention(
+      q,
+      k,
+      v,
+      softmax_scale=1.0,
+      rng_key=jax.random.key(seed) if stochastic else None,
+      **config.flash_kwargs(),
+    )
+    delta = np.asarray(get_numerics(config.numerics).delta(do, o), np.float64)  # as the backward
+    o = np.asarray(o, np.float64)
+    rows.append(
+      dict(
+        attention=config.name,
+        layout=config.numerics,
+        stabilize=config.stabilize,
+        out_vs_fp64=dataclasses.asdict(Bias.of((o - gold) / ulp)),
+        out_vs_rounded=dataclasses.asdict(Bias.of((o - cr) / ulp)),
+        delta_vs_fp64=dataclasses.asdict(Bias.of((delta - delta_gold) / delta_ulp)),
+        delta_vs_rounded=dataclasses.asdict(Bias.of((delta - delta_cr) / delta_ulp)),
       )
-      delta = np.asarray(numerics.delta(do, o), np.float64)  # as the backward forms it
-      o = np.asarray(o, np.float64)
-      rows.append(
-        dict(
-          layout=layout,
-          stabilize=stab,
-          out_vs_fp64=dataclasses.asdict(Bias.of((o - gold) / ulp)),
-          out_vs_rounded=dataclasses.asdict(Bias.of((o - cr) / ulp)),
-          delta_vs_fp64=dataclasses.asdict(Bias.of((delta - delta_gold) / delta_ulp)),
-          delta_vs_rounded=dataclasses.asdict(Bias.of((delta - delta_cr) / delta_ulp)),
-        )
-      )
+    )
   rows.append(
     dict(
+      attention="correctly rounded FP64",
       layout="correctly rounded FP64",
       stabilize=None,
       out_vs_fp64=dataclasses.asdict(Bias.of((cr - gold) / ulp)),
@@ -225,15 +259,20 @@ def bias_benchmark(inputs=None, layouts=LAYOUTS, stabilize=(False, True), seed=0
   return rows
 
 
+def _bias_label(row):
+  """A row's attention (rows written before 2026-12-02 have layout and stabilize only)."""
+  return row.get("attention") or f"{row['layout']}{'+comp' if row['stabilize'] else ''}"
+
+
 def format_bias(rows):
   out = [
-    "| layout | stabilize | O − FP64 (ulp, z) | O − rounded FP64 (ulp, z) | delta − FP64 (ulp, z) | delta − rounded FP64 (ulp, z) |",
-    "|---|---|---:|---:|---:|---:|",
+    "| attention | O − FP64 (ulp, z) | O − rounded FP64 (ulp, z) | delta − FP64 (ulp, z) | delta − rounded FP64 (ulp, z) |",
+    "|---|---:|---:|---:|---:|",
   ]
   f = lambda b: f"{b['mean']:+.4f} (z={b['z']:+.1f})"
   for r in rows:
     out.append(
-      f"| {r['layout']} | {r['stabilize']} | {f(r['out_vs_fp64'])} | {f(r['out_vs_rounded'])} | "
+      f"| {_bias_label(r)} | {f(r['out_vs_fp64'])} | {f(r['out_vs_rounded'])} | "
       f"{f(r['delta_vs_fp64'])} | {f(r['delta_vs_rounded'])} |"
     )
   return "\n".join(out)
@@ -294,7 +333,7 @@ def plot_bias(rows, path):
     ("out_vs_rounded", "O − rounded FP64"),
     ("delta_vs_fp64", "delta − FP64"),
   )
-  labels = [f"{r['layout']}{' +comp' if r['stabilize'] else ''}" for r in rows]
+  labels = [_bias_label(r) for r in rows]
   fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 3.8), sharey=False)
   for ax, (key, title) in zip(axes, keys):
     have = [i for i, r in enumerate(rows) if r.get(key)]
