@@ -327,13 +327,16 @@ def test_runaway_survival_fisher_and_pack(tmp_path):
   assert experiment.option_pairs(
     ["paper", "paper+comp", "paper+center+comp", "fa2+lse", "fa2", "paper+comp@layer"]
     + ["paper@layer", "fa2+comp:block_q=256", "xla", "bogus", "paper+guard+comp"]
-    + ["paper+comp+guard:max_shift=6"]
+    + ["paper+comp+guard:max_shift=6", "paper+comp+guard+rsum:max_shift=6", "fa2+comp+rsum"]
   ) == [
     ("paper", "paper+comp", "comp"),
     ("paper", "paper+guard+comp", "comp+guard"),
     ("paper", "paper+comp+guard:max_shift=6", "comp+guard"),
+    ("paper", "paper+comp+guard+rsum:max_shift=6", "comp+guard+rsum"),
     ("paper+comp", "paper+center+comp", "center"),
+    ("fa2", "fa2+comp+rsum", "comp+rsum"),
     ("paper@layer", "paper+comp@layer", "comp"),
+    ("paper+comp+guard:max_shift=6", "paper+comp+guard+rsum:max_shift=6", "rsum"),
   ]
   assert experiment.fisher_p(rows, "paper", other="paper+center") is None  # no such runs
   text = experiment.format_report(rows, dict(warmup_steps=cfg.warmup_steps), 1)
@@ -449,6 +452,11 @@ B128_LATER = {
     {"paper+comp+guard/seed28": 917, "paper+comp+guard/seed31": 745},
     2,
   ),
+  "h200-2026-12-02d-b128/runs.jsonl.xz": (
+    {f"paper+comp+guard:max_shift=6/seed{s}": w for s, w in ((25, 1200), (28, 800), (31, 1200))},
+    {f"paper+comp+guard:max_shift=6/seed{s}": e for s, e in ((25, 1174), (28, 798), (31, 1219))},
+    6,  # and paper + comp 30, 31 calm to 3,000; fa2 25 calm to 1,913
+  ),
 }
 
 
@@ -457,7 +465,10 @@ def test_early_warning_out_of_sample(pack, tmp_path):
   """The calibrated rule on runs made after it, as the study reports them: paper + comp 29
   calm to 3,000 (layer 1's max logit climbing slowly to 5,446) and 30 calm to 1,168, no
   warning; paper + comp + guard 28 and 31 exploded at 917 and 745, warned at 900 (17 steps
-  ahead) and at 800 (after the explosion). No false alarm."""
+  ahead) and at 800 (after the explosion); the same at max_shift 6, seeds 25, 28 and 31,
+  exploded at 1,174, 798 and 1,219, warned at 1,200, 800 and 1,200 (after, 2 after, 19
+  ahead); paper + comp 30 and 31 calm to 3,000 and fa2 25 to 1,913, no warning. No false
+  alarm."""
   warnings, explosions, n_runs = B128_LATER[pack]
   experiment.unpack_runs([str(RESULTS / pack)], tmp_path)
   fields = {f.name for f in dataclasses.fields(TrainConfig)}

@@ -131,9 +131,11 @@ def findings(rows, on_cpu=False) -> list[str]:
     out.append(
       "In the paper layout the compensation's literal shift (m' = 2·max) with the kernel's clamp "
       "of each tile's sum at ≥ 1e−10 scales a tied row's output toward 0 once its max passes "
-      "≈ 23.7, so part of what keeps it stable may be attention rows switched off; with the "
-      "shift clipped (`paper+comp+guard`) it exploded at both seeds tried "
-      "(docs/numerics.md, docs/studies/instability-anchor-b128.md)."
+      "≈ 23.7, so part of what keeps it stable may be attention rows switched off. With the "
+      "shift capped (`paper+comp+guard`, at 20 or 6) it exploded in 5 of 5 runs at anchor-b128, "
+      "but a capped shift rounds every tie past the cap alike, a bias of its own; "
+      "`paper+comp+guard+rsum:max_shift=6` has neither (docs/numerics.md, "
+      "docs/studies/instability-anchor-b128.md)."
     )
   out.append(
     "Reproducible bit for bit on the same machine and software (the kernels have no "

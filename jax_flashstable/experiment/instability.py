@@ -402,8 +402,9 @@ def fisher_p(rows, variant, event="explosion", other=None) -> float | None:
 
 # The modifiers that remove the bias or a piece of its mechanism: a variant with one of them is
 # tested (one-sided) for having the event less often than the variant without it. "comp+guard"
-# is one fix: the compensation with the clipped shift (paper layout), against neither.
-FIXES = ("comp", "comp+guard", "center", "delta32")
+# is one fix: the compensation with the clipped shift (paper layout), against neither; "rsum"
+# (the row sum of the rounded P̄) with or without the compensation that it corrects.
+FIXES = ("comp", "comp+guard", "comp+rsum", "comp+guard+rsum", "rsum", "center", "delta32")
 COMP_SETTINGS = ("beta", "tie_tolerance", "max_shift")
 
 
