@@ -54,6 +54,7 @@ def test_nnx_multihead_attention(recorder):
     delta_float32=False,
     center_keys=False,
     single_lse=False,
+    sum_rounded_p=False,
     guard_shift=False,
     max_shift=None,
   )
