@@ -324,16 +324,18 @@ def _bias(args):
     )
   except ValueError as e:
     raise SystemExit(f"flashstable bias: {e}") from None
-  try:
-    ties = tuple(float(x) for x in args.tie_values.split(","))
-  except ValueError:
-    ties = ()
-  if not ties or not all(abs(t) < float("inf") for t in ties):
-    raise SystemExit(
-      f"flashstable bias: --tie-values {args.tie_values!r} must be comma-separated finite numbers"
-    )
+  ties = {}
+  if args.tie_values is not None:
+    try:
+      ties = dict(tie_values=tuple(float(x) for x in args.tie_values.split(",")))
+    except ValueError:
+      ties = dict(tie_values=())
+    if not ties["tie_values"] or not all(abs(t) < float("inf") for t in ties["tie_values"]):
+      raise SystemExit(
+        f"flashstable bias: --tie-values {args.tie_values!r} must be comma-separated finite numbers"
+      )
   _out("bias", args.out)
-  inputs = tied_rows(num_rows=args.rows, tie_values=ties, seed=args.seed)
+  inputs = tied_rows(num_rows=args.rows, seed=args.seed, **ties)
   rows = bias_benchmark(inputs, configs, seed=args.seed)
   write_results(args.out, "bias", rows, format_bias(rows), _meta(args))
   print(f"plot: {plot_bias(rows, os.path.join(args.out, 'bias.png'))}")
@@ -644,8 +646,8 @@ def build_parser():
   p.add_argument("--rows", type=_count(1), default=512)
   p.add_argument(
     "--tie-values",
-    default="-4,0,2,5",
-    help="comma-separated values of the tied maxima (scores, softmax_scale 1), one per row at random",
+    help="comma-separated values of the tied maxima (scores, softmax_scale 1, rounded to bf16), "
+    "one per row at random; default: -4,0,2,5 (numerics_lab.tied_rows)",
   )
   p.add_argument("--seed", type=_count(0), default=0)
   p.add_argument("--out", default="runs/bias")

@@ -108,8 +108,6 @@ def supported(
       group=group,
       center_keys=center_keys,
     )
-  if backend == "mosaic_gpu" and sum_rounded_p:
-    return "sum_rounded_p (the Triton forward has it; the Mosaic GPU forward does not)"
   if backend == "mosaic_gpu":
     return forward_mgpu.supported(
       numerics=name,
@@ -119,6 +117,7 @@ def supported(
       return_stats=return_stats,
       num_stages=num_stages,
       delta_float32=delta_float32,
+      sum_rounded_p=sum_rounded_p,
     )
   return f"backend={backend!r} (one of {', '.join(BACKENDS)})"
 

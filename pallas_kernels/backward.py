@@ -28,7 +28,7 @@ def _probs_and_dscores(q, k, v, do, m, log_l, delta, q_pos, k_pos, cfg):
   numerics = cfg.numerics
   valid = score_mask(q_pos, k_pos, causal=cfg.causal, kv_len=cfg.kv_len, q_len=cfg.q_len)
   s = numerics.scores(dot_nt(q, k), cfg.softmax_scale)  # [bq, bk]
-  p = jnp.where(valid, numerics.probs(s, m[:, None], log_l[:, None]), 0.0)
+  p = jnp.where(valid, numerics.probs(s, m[:, None], log_l[:, None], q.dtype), 0.0)
   dp = numerics.dp(dot_nt(do, v))  # dO Vᵀ, [bq, bk]
   ds = jnp.where(valid, numerics.dscores(p, dp, delta[:, None], cfg.softmax_scale), 0.0)
   return p, ds

@@ -129,7 +129,7 @@ def emulate_forward(
       alpha = np.exp(rb(m - m_new)).astype(F32)
       p = np.exp(rb(s - m_new[..., None])).astype(F32)
     p_dot = _cast(p, "bfloat16" if numerics.paper else dtype) if intermediate else p
-    tile_sum = (p_dot.astype(F32) if numerics.sum_rounded_p else p).sum(-1, dtype=F32)
+    tile_sum = (p_dot.astype(F32) if numerics.rounds_row_sum(dtype) else p).sum(-1, dtype=F32)
     if numerics.paper:
       tile_sum = np.maximum(tile_sum, F32(1e-10))
     l = rb(alpha * l + tile_sum)
@@ -187,7 +187,14 @@ def emulate_backward(
   prod = (do * o).astype(F32)
   delta = (round_bf16(prod) if paper else prod).sum(-1, dtype=F32)
   s = _scores(q, k, numerics, softmax_scale, intermediate)
-  if numerics.single_lse:  # one float32 lse per row, as production kernels (`Numerics.probs`)
+  if (
+    numerics.rounds_row_sum(dtype) and intermediate
+  ):  # the forward's weights r(P̄)/l (`Numerics.probs`)
+    lse = (row_max + log_l).astype(F32)
+    scale_l = np.exp(row_max - lse) if numerics.single_lse else np.exp(-log_l)
+    p_bar = round_bf16(np.exp(s - row_max[..., None]).astype(F32))
+    p = np.where(valid, p_bar * scale_l[..., None], 0).astype(F32)
+  elif numerics.single_lse:  # one float32 lse per row, as production kernels (`Numerics.probs`)
     lse = (row_max + log_l).astype(F32)
     p = np.where(valid, np.exp(s - lse[..., None]), 0).astype(F32)
   else:

@@ -158,7 +158,8 @@ def forward_kernel(q_ref, k_ref, v_ref, *refs, cfg):
 
     zeros = jnp.zeros_like(m_new)
     tile_sum, pv, max_p = sub_tile_loop(n_sub, accumulate, (zeros, jnp.zeros_like(acc), max_p))
-    l_new = numerics.state(alpha * l_i + numerics.clamp_sum(tile_sum))  # `row_sum_terms`
+    # l from the float32 P̄, or from P̄ as the dot takes it (`Numerics.row_sum_terms`)
+    l_new = numerics.state(alpha * l_i + numerics.clamp_sum(tile_sum))
     acc = numerics.state(numerics.state(alpha[:, None] * acc) + numerics.pv(pv))
     return acc, m_new, l_new, max_p, (tied_tiles + tied) if cfg.return_stats else tied_tiles
 

@@ -123,6 +123,7 @@ def supported(
   return_stats=False,
   num_stages=None,
   delta_float32=False,
+  sum_rounded_p=False,
 ) -> str | None:
   """Why the Mosaic GPU forward cannot run a call (None when it can, or when the arguments left
   None could still make it); head_dim is the padded one. Limits:
@@ -138,11 +139,14 @@ def supported(
   - shared memory bounds block_k × stages (`smem_bytes`; fp32_out's float32 O at head_dim 256
     does not fit);
   - it writes out and the rows' m and log(l) only (no statistics, no float32 O beside a
-    rounded one)."""
+    rounded one);
+  - its row sum adds the float32 P̄ (no sum_rounded_p)."""
   if numerics not in NUMERICS:
     return f"numerics={numerics!r} (the Mosaic GPU forward has {', '.join(NUMERICS)})"
   if delta_float32:
     return "delta_float32=True (the Mosaic GPU forward writes no float32 O for delta)"
+  if sum_rounded_p:
+    return "sum_rounded_p=True (the Mosaic GPU forward's row sum adds the float32 P̄)"
   if return_stats:
     return "return_stats=True (the Mosaic GPU forward writes out, m and log(l) only)"
   if block_k is not None and block_k not in MOSAIC_GPU_BLOCK_K:

@@ -9,7 +9,8 @@ layouts are described on `Numerics`; the default "fa2" is:
     m      = running row max               float32   (compensation may shift it, see below)
     P̄      = exp(S − m)                    float32
     P̄ → `Numerics.round_p`                 input dtype, before the P̄V dot
-    l      = α·l + rowsum(P̄)               float32 (from the float32 P̄, as FA2 does)
+    l      = α·l + rowsum(P̄)               float32 (from the float32 P̄, as FA2 does;
+                                            sum_rounded_p: of P̄ as the dot takes it)
     acc    = α·acc + P̄V                    float32
     O      = acc / l → `Numerics.round_out` input dtype, rounded once
     m, log l                               float32, natural log, kept for the backward
@@ -191,11 +192,19 @@ class Numerics:
     error that a row's large P̄ share, such as the compensation's tied P̄ = e^−d (the same d on
     every tie beyond the shift's cap), then cancels in O instead of scaling it
     (docs/numerics.md#the-compensation). The rounding is `round_bf16`'s, on the bits: a convert
-    pair here is dropped by XLA (CPU, 2026-12-02). bfloat16 and float32 inputs only
-    (`flash_attention` refuses float16)."""
-    if not self.sum_rounded_p or (jnp.dtype(input_dtype) == jnp.float32 and not self.paper):
-      return p
-    return round_bf16(p)
+    pair here is dropped by XLA (CPU, 2026-12-02). The backward's P follows (`probs`)."""
+    return round_bf16(p) if self.rounds_row_sum(input_dtype) else p
+
+  def rounds_row_sum(self, input_dtype) -> bool:
+    """Whether sum_rounded_p rounds anything: P̄'s dot takes bf16 (the paper layout, or bf16
+    inputs); float32 inputs outside the paper layout keep P̄ as it is. Raises ValueError for
+    float16 inputs outside the paper layout (no bit-level float16 rounding here)."""
+    if not self.sum_rounded_p:
+      return False
+    dtype = jnp.dtype(input_dtype)
+    if dtype == jnp.float16 and not self.paper:
+      raise ValueError("sum_rounded_p=True takes bfloat16 or float32 inputs, got float16")
+    return self.paper or dtype == jnp.bfloat16
 
   def pv(self, pv):
     return round_bf16(pv) if self.paper else pv  # paper: bf16(P̄V)
@@ -221,7 +230,7 @@ class Numerics:
     return hash_u32(hash_u32(pos ^ seed0) ^ hash_u32(head + seed1))
 
   # --- backward ------------------------------------------------------------------------
-  def probs(self, s, m, log_l):
+  def probs(self, s, m, log_l, input_dtype=None):
     """P = exp(S − m − log l) in float32, every layout. FlashAttention-2 (and FA3, cuDNN)
     store lse = m + log l and form exp(S − lse); in float32 that sum rounds log l away once
     |m| is large (ulp(lse) ≈ |m|·2^−23: at m ≈ 10^5, 0.008), so P and every gradient err in
@@ -237,7 +246,15 @@ class Numerics:
     f_i = exp(m + log l − lse), |f_i − 1| ≤ about ½ ulp(lse) ≈ |m|·2⁻²⁴, and with them the
     row's dS, its dQ row and its share of dV and dK; f_i = l_i ≥ 1 on rows where log l < ½ ulp(m) (lse
     rounds to m). Σ_j dS_ij becomes f_i·(rowsum(P∘dP) − delta_i): the rows' sums are scaled,
-    not made non-zero, so it adds no (rowsum dS)·c term of its own."""
+    not made non-zero, so it adds no (rowsum dS)·c term of its own.
+
+    sum_rounded_p (with the input dtype, `rounds_row_sum`): P = r(exp(S − m))·exp(−log l), the
+    weights the forward's O took (l summed the rounded P̄, `row_sum_terms`), so a row's P sums
+    to 1 as O's weights do; with float32 P̄ it would sum to ΣP̄/Σr(P̄) (1.0028 on rows of ties
+    past a shift capped at 6), scaling those rows' gradients alike."""
+    if input_dtype is not None and self.rounds_row_sum(input_dtype):
+      p_bar = round_bf16(jnp.exp(jnp.where(s == m, 0.0, s - m)))
+      return p_bar * jnp.exp(m - (m + log_l) if self.single_lse else -log_l)
     if self.single_lse:
       return jnp.exp(s - (m + log_l))
     return jnp.exp(jnp.where(s == m, 0.0, s - m) - log_l)

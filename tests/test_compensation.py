@@ -149,42 +149,60 @@ def test_guarded_paper_shift_and_the_clamp():
 
 
 @pytest.mark.parametrize("cap", [6.0, 20.0])
-@pytest.mark.parametrize("top", [30.0, 50.0])
-def test_capped_shift_scales_tied_rows_by_its_rounding(top, cap):
-  """Two ties at `top` > cap, every other score 0, float32 O (fp32_out, so no final rounding):
+def test_capped_shift_scales_tied_rows_by_its_rounding(cap):
+  """Two ties at 30 or 50 (one batch element each) > cap, every other score 0, float32 O
+  (fp32_out, so no final rounding):
   the clipped shift gives every such row the same d = cap, and the P̄V dot takes the tied
   P̄ = e^−cap rounded to bf16 while the row sum l adds the float32 one, so O = gold ·
-  r(e^−cap)/e^−cap on every row: 0.99725 at cap 6, 1.00243 at 20 (from the definition), a
+  r(e^−cap)/e^−cap on every row: 0.99725 at cap 6, 1.00253 at 20 (from the definition), a
   bias common to all tied rows past the cap. With sum_rounded_p, l adds the rounded P̄ and
   O = gold to float32 accuracy."""
-  q, k, v = two_ties(top)
+  q, k, v = (jnp.concatenate(x) for x in zip(two_ties(30.0), two_ties(50.0)))
   gold = np.asarray(reference_attention_vjp(q, k, v, q, softmax_scale=1.0, dtype=jnp.float64)[0])
   tied_p = np.exp(np.float32(-cap))
   factor = float(tied_p.astype(ml_dtypes.bfloat16)) / float(tied_p)
+  assert factor == pytest.approx({6.0: 0.99725, 20.0: 1.00253}[cap], abs=1e-5)  # as the docs say
   big = np.abs(gold) > 0.1
   kw = dict(softmax_scale=1.0, stabilize=True, numerics="fp32_out", max_shift=cap)
   for rsum, expected in ((False, factor), (True, 1.0)):
     out = np.asarray(flash_attention(q, k, v, sum_rounded_p=rsum, **kw), np.float64)
     np.testing.assert_allclose(out[big] / gold[big], expected, rtol=1e-5)
-  assert abs(factor - 1) > 2e-3  # the factor is not within the tolerance of 1
 
 
-@pytest.mark.parametrize("tie_value", [-6.0, 0.5, 3.0, 7.0, 30.0])
-def test_literal_and_guarded_shift_differ_only_past_the_cap(tie_value):
+def test_rounded_row_sum_backward_takes_the_forwards_weights():
+  """sum_rounded_p: l sums the rounded P̄, so the backward's P is r(P̄)/l, the weights O took,
+  and each row's P sums to 1. With the float32 P̄ over that l it would sum to
+  e^−6/r(e^−6) = 1.00276 on rows whose two ties (at 30, past the cap of 6) carry the row, and
+  dV of the tied keys (Σ_i P_i,tie·dO_i, dO > 0) would come out 0.28% high. A third key at
+  30 − 2…6, different per row, spreads P_tie over 0.47–0.50 so that the bf16 rounding of P
+  for the dV dot averages out. Against FP64, mean over the 128 tied entries of dV."""
+  rng = np.random.default_rng(1)
+  q, k, v = (np.asarray(x, np.float32) for x in two_ties(30.0))
+  q[0, :, 0, 1] = rng.uniform(-1, 1, q.shape[1])
+  k[0, 2, 0, :2] = (26.0, 2.0)  # key 2 scores 26 + 2·q₁ ∈ [24, 28]
+  do = rng.uniform(0.5, 1.5, q.shape)
+  q, k, v, do = (jnp.asarray(x, jnp.bfloat16) for x in (q, k, v, do))
+  kw = dict(softmax_scale=1.0, stabilize=True, numerics="fp32_out", max_shift=6.0)
+  dv = np.asarray(flash_vjp(q, k, v, do, sum_rounded_p=True, **kw)[1][2], np.float64)
+  gold = reference_attention_vjp(q, k, v, do, softmax_scale=1.0, dtype=jnp.float64)[1][2]
+  ratio = np.mean(dv[0, :2] / np.asarray(gold)[0, :2])  # the two tied keys
+  assert ratio == pytest.approx(1.0, abs=7e-4), ratio
+
+
+def test_literal_and_guarded_shift_differ_only_past_the_cap():
   """The paper layout's literal compensation and paper+comp+guard:max_shift=6 shift a tied
-  tile by the same d = |max| whenever 2⁻⁷ ≤ |max| ≤ 6 (the cap), so O and the gradients are
-  the same bits there; past the cap they part (at 30 the literal rule's row is switched off).
-  So at anchor-b128 the two differ only on tied tiles whose max exceeds 6 in size
-  (docs/studies/instability-anchor-b128.md)."""
-  q, k, v, do = tied_inputs(tie_value, jnp.bfloat16)
+  tile by the same d = |max| whenever 2⁻⁷ ≤ |max| ≤ 6 (the cap; β = 2), so O and the gradients
+  are the same bits there; past the cap they part (at 30 the literal rule's row is switched
+  off). So at anchor-b128 the two differ only on tied tiles whose max exceeds 6 in size
+  (docs/studies/instability-anchor-b128.md). One batch element per tie value."""
+  ties = (-6.0, 0.5, 3.0, 7.0, 30.0)
+  q, k, v, do = (jnp.concatenate(x) for x in zip(*(tied_inputs(t, jnp.bfloat16) for t in ties)))
   kw = dict(softmax_scale=1.0, stabilize=True, numerics="paper")
-  literal = flash_vjp(q, k, v, do, **kw)
-  guarded = flash_vjp(q, k, v, do, guard_shift=True, max_shift=6.0, **kw)
-  same = [
-    np.array_equal(np.asarray(a), np.asarray(b))
-    for a, b in zip(jax.tree.leaves(literal), jax.tree.leaves(guarded))
-  ]
-  assert all(same) == (abs(tie_value) <= 6.0), same
+  literal = jax.tree.leaves(flash_vjp(q, k, v, do, **kw))
+  guarded = jax.tree.leaves(flash_vjp(q, k, v, do, guard_shift=True, max_shift=6.0, **kw))
+  for b, t in enumerate(ties):
+    same = [np.array_equal(np.asarray(x[b]), np.asarray(y[b])) for x, y in zip(literal, guarded)]
+    assert all(same) == (abs(t) <= 6.0), (t, same)
 
 
 @pytest.mark.parametrize("tie_value", TIES)
@@ -269,6 +287,10 @@ def test_guard_and_max_shift_specs_round_trip():
   assert c.name == "paper+comp+guard:max_shift=6.0,block_q=512,block_k=512"
   assert AttentionConfig.parse(c.name) == c
   assert AttentionConfig.parse("fa2+comp:max_shift=none") == AttentionConfig.parse("fa2+comp")
+  c = AttentionConfig.parse("paper+comp+guard+rsum:max_shift=6")
+  assert c.sum_rounded_p and AttentionConfig.parse(c.name) == c
+  with pytest.raises(ValueError, match="sum_rounded_p"):  # the Mosaic GPU forward has no +rsum
+    AttentionConfig.parse("fa2+rsum+mgpu")
 
 
 def test_float16_with_large_ties_is_not_flushed():

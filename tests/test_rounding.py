@@ -122,15 +122,17 @@ def test_kernel_matches_bit_level_emulation(case):
     if intermediate:
       # fp16: 8× denser rounding boundaries. fp32_out: delta sums float32 products of the
       # float32 O, so its summation order shows in dQ (H200: 99.26% on 2026-11-29).
-      floor = 0.98 if dt != BF16 else 0.99 if numerics.out_float32 else 0.995
+      # rsum: the backward rounds P̄ too, and an exp one ulp apart from NumPy's flips a P̄ and
+      # the gradient entries it feeds (CPU, 2026-12-02: 99.50–99.96%).
+      floor = 0.98 if dt != BF16 else 0.99 if numerics.out_float32 or rsum else 0.995
       rates = grad_rates + ([] if numerics.out_float32 else [same(o, eo)])
       assert min(rates) >= floor, rates
       if numerics.out_float32:  # H200: 2.4e-5 (GPU exp/division), CPU 5e-7
         assert out_err <= 1e-4, out_err
-      if rsum:  # a P̄ that exp puts an ulp across a bf16 boundary moves l by ≤ 2⁻⁸ of a
-        # P̄ ≤ 1, so lse by ≤ 2⁻⁸/l (2 of 260 rows here, 3e-5)
+      if rsum:  # a P̄ that exp puts an ulp across a bf16 boundary moves l by one bf16 ulp
+        # of that P̄ (≤ 2⁻⁸), so lse by ≤ 2⁻⁸/l: 2 of 260 rows here, 3e-5 (CPU, 2026-12-02)
         lse_err = np.abs(lse - e_lse)
-        assert np.mean(lse_err <= 2e-6) >= 0.99 and lse_err.max() <= 2**-8, lse_err.max()
+        assert np.mean(lse_err <= 2e-6) >= 0.99 and lse_err.max() <= 1e-4, lse_err.max()
       else:
         np.testing.assert_allclose(lse, e_lse, atol=2e-6)
     else:

@@ -128,14 +128,15 @@ def flash_attention(
       cuDNN and JAX's Pallas mha keep one float32 lse; they form it in base 2, so not their
       bits), whose rows err by up to ½ ulp(lse) relative once the row max m is large
       (`pallas_kernels.policy.Numerics.probs`; docs/numerics.md).
-    sum_rounded_p: the forward's row sum l adds P̄ as the P̄V dot takes it (rounded to the
-      input dtype; bf16 in the paper layout) instead of the float32 P̄, so that a relative
-      rounding error shared by a row's large P̄ cancels in O = Σ r(P̄)·v / Σ r(P̄). With the
+    sum_rounded_p: the forward's row sum l adds P̄ as the P̄V dot takes it (rounded to bf16:
+      the paper layout, or bfloat16 inputs; float32 inputs elsewhere round nothing) instead of
+      the float32 P̄, so that a relative rounding error shared by a row's large P̄ cancels in
+      O = Σ r(P̄)·v / Σ r(P̄); the backward's P takes the same weights r(P̄)/l. With the
       compensation every tie whose shift is capped has the same P̄ = e^−max_shift, whose bf16
       rounding (−0.28% at 6) otherwise scales all those rows' O alike
-      (`pallas_kernels.policy.Numerics.row_sum_terms`; docs/numerics.md). Triton forward
-      only (backend="auto" picks it; "mosaic_gpu" raises ValueError); ValueError for
-      float16 inputs.
+      (`pallas_kernels.policy.Numerics.row_sum_terms`, `probs`; docs/numerics.md). Triton
+      kernels (backend="auto" picks them; "mosaic_gpu" raises ValueError); ValueError for
+      float16 inputs outside the paper layout, TypeError unless a bool.
     guard_shift: numerics="paper" with stabilize=True only: the clipped shift of the other
       layouts instead of the paper's literal m' = β·max, so that ties at large scores do not
       drive the row's O toward 0 (the paper's tie rule and rounding points stay). Raises
@@ -285,14 +286,13 @@ def _kernel_config(
     raise ValueError(f"backend must be one of {BACKENDS}, got backend={backend!r}")
   if not isinstance(sum_rounded_p, (bool, np.bool_)):
     raise TypeError(f"sum_rounded_p must be a bool, got sum_rounded_p={sum_rounded_p!r}")
-  if sum_rounded_p and query.dtype == jnp.float16:
-    raise ValueError("sum_rounded_p=True takes bfloat16 or float32 inputs, got query.dtype=float16")
   layout = get_numerics(numerics).with_options(
     delta_float32=delta_float32,
     center_keys=center_keys,
     single_lse=single_lse,
     sum_rounded_p=sum_rounded_p,
   )
+  layout.rounds_row_sum(query.dtype)  # ValueError for float16 outside the paper layout
   seeds = None
   if layout.stochastic:
     if query.dtype != jnp.bfloat16:

@@ -15,6 +15,7 @@ import ml_dtypes
 import numpy as np
 
 from jax_flashstable.attention.api import flash_attention, reference_attention
+from jax_flashstable.attention.flax_adapter import attend
 from jax_flashstable.lab.accuracy import bf16_ulp
 from jax_flashstable.lab.shapes import Shape, make_inputs
 from pallas_kernels.policy import get_numerics
@@ -185,22 +186,25 @@ BIAS_ATTENTIONS = tuple(f"{layout}{comp}" for layout in LAYOUTS for comp in ("",
 
 
 def bias_configs(attentions):
-  """Specs (`AttentionConfig` grammar) → configs for the bias benchmark. Raises ValueError
-  naming a spec that is not one of our flash kernels (the benchmark reads their O), or that
-  takes delta from the float32 O (`+delta32`: the benchmark forms delta as the layout does)."""
-  from jax_flashstable.attention.config import AttentionConfig
+  """Specs (`AttentionConfig` grammar; a comma-separated string, a list, or configs) → configs
+  for the bias benchmark. Raises ValueError naming a spec that is not one of our flash kernels
+  (the benchmark reads their O), or that takes delta from the float32 O (`+delta32`: the
+  benchmark forms delta as the layout does), or when none is given."""
+  from jax_flashstable.attention.config import AttentionConfig, split_specs
 
+  if isinstance(attentions, str):
+    attentions = split_specs(attentions)
   configs = [AttentionConfig.parse(a) for a in attentions]
   for c in configs:
     if c.implementation != "flash":
-      raise ValueError(f"bias: attention {c.name!r} is not a flash layout (fa2, paper, ...)")
+      raise ValueError(f"attention {c.name!r} is not a flash layout (fa2, paper, ...)")
     if c.delta_float32:
       raise ValueError(
-        f"bias: attention {c.name!r}: +delta32 changes delta, which this "
-        "benchmark forms from O as the layout does"
+        f"attention {c.name!r}: +delta32 changes delta, which this benchmark forms from O as "
+        "the layout does"
       )
   if not configs:
-    raise ValueError("bias: no attention given")
+    raise ValueError("no attention given")
   return configs
 
 
@@ -222,16 +226,8 @@ def bias_benchmark(inputs=None, attentions=BIAS_ATTENTIONS, seed=0):
   delta_gold, delta_cr = (do64 * gold).sum(-1), (do64 * cr).sum(-1)
   delta_ulp = bf16_ulp(delta_gold)
   rows = []
-  for config in configs:
-    stochastic = config.numerics == "stochastic"
-    o = flash_attention(
-      q,
-      k,
-      v,
-      softmax_scale=1.0,
-      rng_key=jax.random.key(seed) if stochastic else None,
-      **config.flash_kwargs(),
-    )
+  for config in configs:  # the stochastic layout's rng_key: ignored by the others
+    o = attend(q, k, v, config, causal=False, softmax_scale=1.0, rng_key=jax.random.key(seed))
     delta = np.asarray(get_numerics(config.numerics).delta(do, o), np.float64)  # as the backward
     o = np.asarray(o, np.float64)
     rows.append(
