@@ -1,5 +1,7 @@
 """The paper's bit example through the kernel, and the deviation and bias benchmarks."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -111,7 +113,11 @@ def test_cli_deviation_and_bias(tmp_path, capsys):
   )
   assert "headline" in capsys.readouterr().out
   assert (tmp_path / "deviation.json").exists() and (tmp_path / "deviation.png").stat().st_size > 0
-  assert main(["bias", "--rows", "32", "--out", str(tmp_path)]) == 0
+  # two specs, ties at 7 and 30: the rows the command writes are those asked for
+  args = ["--rows", "32", "--attention", "paper,fa2+comp+rsum", "--tie-values", "7,30"]
+  assert main(["bias", *args, "--out", str(tmp_path)]) == 0
   out = capsys.readouterr().out
   assert "bit example" in out and (tmp_path / "bias.md").exists()
+  rows = json.loads((tmp_path / "bias.json").read_text())["rows"]
+  assert [r["attention"] for r in rows] == ["paper", "fa2+comp+rsum", "correctly rounded FP64"]
   assert (tmp_path / "bias.png").stat().st_size > 0
