@@ -107,6 +107,7 @@ def supported(
       num_stages=num_stages,
       group=group,
       center_keys=center_keys,
+      sum_rounded_p=sum_rounded_p,
     )
   if backend == "mosaic_gpu":
     return forward_mgpu.supported(
@@ -263,6 +264,7 @@ def kernel_config(
       num_stages=2,
       group=group,
       center_keys=numerics.center_keys,
+      sum_rounded_p=numerics.sum_rounded_p,
     )
     is None
   ):

@@ -76,7 +76,14 @@ def smem_bytes(head_dim: int, stages: int, group: int = 1, center_keys: bool = F
 
 
 def supported(
-  *, numerics: str, head_dim=None, dtype=None, num_stages=None, group=None, center_keys=False
+  *,
+  numerics: str,
+  head_dim=None,
+  dtype=None,
+  num_stages=None,
+  group=None,
+  center_keys=False,
+  sum_rounded_p=False,
 ) -> str | None:
   """Why the Mosaic GPU backward cannot run a call (None when it can, or when the arguments
   left None could still make it); head_dim is the padded one, group = num_heads //
@@ -86,6 +93,8 @@ def supported(
   ≤ 128), shared memory (`smem_bytes`)."""
   if numerics not in NUMERICS:
     return f"numerics={numerics!r} (the Mosaic GPU backward has {', '.join(NUMERICS)})"
+  if sum_rounded_p:  # its P is the float32 P̄'s (`Numerics.probs` without the input dtype)
+    return "sum_rounded_p=True (the Mosaic GPU backward forms P from the float32 P̄)"
   if dtype is not None and jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16):
     return f"dtype={jnp.dtype(dtype)} (the Mosaic GPU backward needs bfloat16 or float16)"
   if head_dim is not None and not (32 <= head_dim <= MAX_HEAD_DIM):

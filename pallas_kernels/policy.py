@@ -248,12 +248,16 @@ class Numerics:
     rounds to m). Σ_j dS_ij becomes f_i·(rowsum(P∘dP) − delta_i): the rows' sums are scaled,
     not made non-zero, so it adds no (rowsum dS)·c term of its own.
 
-    sum_rounded_p (with the input dtype, `rounds_row_sum`): P = r(exp(S − m))·exp(−log l), the
-    weights the forward's O took (l summed the rounded P̄, `row_sum_terms`), so a row's P sums
-    to 1 as O's weights do; with float32 P̄ it would sum to ΣP̄/Σr(P̄) (1.0028 on rows of ties
-    past a shift capped at 6), scaling those rows' gradients alike."""
+    sum_rounded_p (with the input dtype, `rounds_row_sum`): P = r(P̄)·exp(−log l), P̄ formed as
+    the forward forms it (`exp_scores`) against the row's final m: the weights O took on the
+    tile that set that m (l summed the rounded P̄, `row_sum_terms`), where with the float32 P̄
+    a row of ties past a shift capped at 6 would get P summing to ΣP̄/Σr(P̄) = 1.0028 and its
+    gradients 0.28% high. A tile before the max moved took r(P̄_then)·α, which r(P̄_then·α)
+    does not reproduce: noise of up to 2⁻⁹ relative per entry, and on capped ties (the same
+    r(e^−cap) on every row) a bias of up to the same 0.28% times that tile's share of the
+    row (m alone per row cannot undo it; docs/numerics.md#the-compensation)."""
     if input_dtype is not None and self.rounds_row_sum(input_dtype):
-      p_bar = round_bf16(jnp.exp(jnp.where(s == m, 0.0, s - m)))
+      p_bar = round_bf16(jnp.exp(self.exp_arg(jnp.where(s == m, 0.0, s - m))))
       return p_bar * jnp.exp(m - (m + log_l) if self.single_lse else -log_l)
     if self.single_lse:
       return jnp.exp(s - (m + log_l))

@@ -131,7 +131,8 @@ def flash_attention(
     sum_rounded_p: the forward's row sum l adds P̄ as the P̄V dot takes it (rounded to bf16:
       the paper layout, or bfloat16 inputs; float32 inputs elsewhere round nothing) instead of
       the float32 P̄, so that a relative rounding error shared by a row's large P̄ cancels in
-      O = Σ r(P̄)·v / Σ r(P̄); the backward's P takes the same weights r(P̄)/l. With the
+      O = Σ r(P̄)·v / Σ r(P̄); the backward's P takes the rounded P̄ over the same l (O's
+      weights on the tile that set the row's max; docs/numerics.md). With the
       compensation every tie whose shift is capped has the same P̄ = e^−max_shift, whose bf16
       rounding (−0.28% at 6) otherwise scales all those rows' O alike
       (`pallas_kernels.policy.Numerics.row_sum_terms`, `probs`; docs/numerics.md). Triton
