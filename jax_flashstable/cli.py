@@ -263,6 +263,18 @@ def _ints(text, option="value", low=None, command=""):
   return values
 
 
+def _floats(text, option="value", command=""):
+  """The comma-separated finite numbers of `text`; else the one-line error (as `_ints`)."""
+  where = f"flashstable{' ' + command if command else ''}: {option}"
+  try:
+    values = tuple(float(x) for x in text.split(","))
+  except ValueError:
+    values = ()
+  if not values or not all(abs(x) < float("inf") for x in values):
+    raise SystemExit(f"{where} {text!r} must be comma-separated finite numbers")
+  return values
+
+
 def _deviation(args):
   from jax_flashstable.lab.numerics_lab import (
     deviation_benchmark,
@@ -306,7 +318,6 @@ def _deviation(args):
 
 
 def _bias(args):
-  from jax_flashstable.attention.config import split_specs
   from jax_flashstable.lab.numerics_lab import (
     BIAS_ATTENTIONS,
     bias_benchmark,
@@ -319,21 +330,12 @@ def _bias(args):
   from jax_flashstable.results import write_results
 
   try:
-    configs = bias_configs(
-      BIAS_ATTENTIONS if args.attention is None else split_specs(args.attention)
-    )
+    configs = bias_configs(BIAS_ATTENTIONS if args.attention is None else args.attention)
   except ValueError as e:
     raise SystemExit(f"flashstable bias: {e}") from None
   ties = {}
   if args.tie_values is not None:
-    try:
-      ties = dict(tie_values=tuple(float(x) for x in args.tie_values.split(",")))
-    except ValueError:
-      ties = dict(tie_values=())
-    if not ties["tie_values"] or not all(abs(t) < float("inf") for t in ties["tie_values"]):
-      raise SystemExit(
-        f"flashstable bias: --tie-values {args.tie_values!r} must be comma-separated finite numbers"
-      )
+    ties = dict(tie_values=_floats(args.tie_values, "--tie-values", "bias"))
   _out("bias", args.out)
   inputs = tied_rows(num_rows=args.rows, seed=args.seed, **ties)
   rows = bias_benchmark(inputs, configs, seed=args.seed)
