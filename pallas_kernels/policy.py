@@ -278,11 +278,7 @@ class Numerics:
     """The keys of the dQ = dS K product, [batch, kv_len_p, kv_heads, d]: K itself, or
     (center_keys) K − mean of the first kv_len keys per (batch, kv head), computed in float32
     and rounded to the input dtype."""
-    if not self.center_keys:
-      return k
-    k32 = k.astype(jnp.float32)
-    c = jnp.mean(k32[:, :kv_len], axis=1, keepdims=True)
-    return (k32 - c).astype(k.dtype)
+    return centered_keys(k, kv_len) if self.center_keys else k
 
   def dp(self, dp):
     return round_bf16(dp) if self.paper else dp  # paper: bf16(dO·Vᵀ)
@@ -650,3 +646,14 @@ class BlockSizes:
       min(self.block_q_bwd, self.sub),
       min(self.block_k_bwd, self.sub),
     )
+
+
+def centered_keys(k, kv_len=None):
+  """K − c, c the mean of the first kv_len keys (all: None) per (batch, kv head), computed in
+  float32 and rounded to k's dtype; k: [batch, kv_len_p, kv_heads, head_dim]. Each row of the
+  exact softmax(QKᵀ) is unchanged by a key shift common to the keys it sees, and each row of dS
+  sums to 0, so dQ = dS·(K − c) is exact; with rounding it drops the (rowsum dS)·c term a large
+  common component c leaves in dQ (Qiu & Yao 2025, §4; docs/numerics.md). Differentiable."""
+  k32 = k.astype(jnp.float32)
+  c = jnp.mean(k32 if kv_len is None else k32[:, :kv_len], axis=1, keepdims=True)
+  return (k32 - c).astype(k.dtype)

@@ -150,6 +150,9 @@ def test_attention_config_parsing_and_errors():
     AttentionConfig("xla", stabilize=True)
   with pytest.raises(ValueError, match="stabilize=True needs"):
     AttentionConfig.parse("xla+comp")
+  with pytest.raises(ValueError, match="delta_float32=True needs"):
+    AttentionConfig.parse("cudnn+delta32")
+  assert AttentionConfig.parse("cudnn+center") == AttentionConfig("cudnn", center_keys=True)
   with pytest.raises(ValueError, match="block_k=24"):
     AttentionConfig(block_k=24)
   assert AttentionConfig.parse("fa2+comp+mgpu") == AttentionConfig(
@@ -198,6 +201,8 @@ def test_old_spellings_parse_with_a_warning_naming_the_new_one(old, new):
     "xla",
     "cudnn",
     "reference-bf16",
+    "cudnn+center",
+    "reference-fp32+center",
     "stochastic+comp",
     "fa2+comp+delta32+center",
     "fa2+comp+lse",

@@ -139,3 +139,42 @@ def test_float32_gradients_reach_float32_accuracy():
   assert c.ulp["d_value"] == 2.0**-23  # one float32 ulp in [1, 2)
   assert all(c.passes().values()), {t: (c.flash[t].max, c.standard[t].max) for t in c.flash}
   assert c.flash["d_value"].max <= 5e-8
+
+
+CENTRED = ("xla", "reference-bf16", "reference-fp32", "cudnn")
+
+
+@pytest.mark.parametrize("spec", CENTRED)
+def test_centred_keys_serve_every_implementation(spec):
+  """`+center` on an implementation that is not ours gives it the keys less their mean
+  (`attend`): the forward and dQ, dV are the implementation's on `centered_keys(k)` (bit for
+  bit), dK is its dK less the mean over the keys (the chain rule of the centring; the exact dK
+  sums to 0 over the keys), and on both inputs above every tensor stays within the rule
+  against FP64. On the GPU this includes cuDNN, whose backward takes delta from the rounded O
+  as ours does (the seed-21 cuDNN run of anchor-b128 ran away: the study's ninth session)."""
+  import jax
+
+  from jax_flashstable.attention.config import AttentionConfig
+  from jax_flashstable.attention.flax_adapter import attend
+  from pallas_kernels.policy import centered_keys
+
+  if spec == "cudnn" and jax.default_backend() != "gpu":
+    pytest.skip("cuDNN attention needs a GPU")
+  plain, centred = AttentionConfig.parse(spec), AttentionConfig.parse(spec + "+center")
+  f32 = lambda x: np.asarray(x, np.float32)
+  for case in (common_keys,) if spec == "cudnn" else (nine, common_keys):  # cuDNN: d % 8 == 0
+    (q, k, v, do), causal = case()
+    out, vjp = jax.vjp(lambda q, k, v: attend(q, k, v, centred, causal=causal), q, k, v)
+    grads = vjp(do)
+    want, want_vjp = jax.vjp(
+      lambda q, k, v: attend(q, k, v, plain, causal=causal), q, centered_keys(k), v
+    )
+    (dq, dk_c, dv), dk = want_vjp(do), f32(grads[1])
+    for got, x in ((out, want), (grads[0], dq), (grads[2], dv)):
+      np.testing.assert_array_equal(f32(got), f32(x))
+    dk_c = f32(dk_c)
+    np.testing.assert_array_equal(
+      dk, f32(jnp.asarray(dk_c - dk_c.mean(axis=1, keepdims=True)).astype(k.dtype))
+    )
+    c = compare(q, k, v, do, causal=causal, result=(out, grads))
+    assert all(c.passes().values()), {t: (c.flash[t].max, c.standard[t].max) for t in c.flash}

@@ -13,7 +13,8 @@ names it everywhere (the Flax module, the GPT-2 model, `flashstable train --atte
                 (delta_float32=true), center (center_keys=true), lse (single_lse=true:
                 the production kernels' P = exp(S − lse) in the backward), guard (guard_shift=true:
                 the paper layout's compensation with the clipped shift), rsum
-                (sum_rounded_p=true: the row sum l adds P̄ as the P̄V dot takes it)
+                (sum_rounded_p=true: the row sum l adds P̄ as the P̄V dot takes it); flash
+                only, but center, which every implementation takes ("cudnn+center")
     FIELD    := any field of AttentionConfig
 
 For example "paper+comp", "fa2+comp+mgpu:block_k=128", "fa2:tie_tolerance=0.01". A flash spec
@@ -57,7 +58,9 @@ class AttentionConfig:
   max_shift: the cap of the clipped shift (None: 20, 6 for float16; `flash_attention`).
   delta_float32, center_keys: backward options of the flash kernels that remove one piece of
     the bias mechanism each (`flash_attention`); single_lse: the backward's P from one float32
-    lse per row, as production kernels form it.
+    lse per row, as production kernels form it. center_keys also serves the other
+    implementations ("cudnn+center"): `attend` gives them the keys less their mean, so their
+    dQ is formed from centred keys (`pallas_kernels.policy.centered_keys`).
   sum_rounded_p: the forward's row sum l adds the P̄ the P̄V dot takes (`flash_attention`).
   block_q, block_k: flash tile sizes (None: the kernel defaults).
   backend: the flash kernels, "auto" (default: Mosaic GPU on a Hopper GPU where it supports
@@ -97,7 +100,9 @@ class AttentionConfig:
       flash_only = [
         f.name
         for f in dataclasses.fields(self)
-        if f.name in _FLASH_FIELDS and getattr(self, f.name) != f.default
+        if f.name in _FLASH_FIELDS
+        and f.name not in _ANY_IMPLEMENTATION
+        and getattr(self, f.name) != f.default
       ]
       if flash_only:
         raise ValueError(
@@ -137,7 +142,11 @@ class AttentionConfig:
     differ (e.g. "paper+comp:block_q=512,block_k=512")."""
     best = None
     for preset, base in PRESETS.items():
-      mods = [m for m in MODIFIERS if base.implementation == "flash"]
+      mods = [
+        m
+        for m in MODIFIERS
+        if base.implementation == "flash" or set(MODIFIERS[m]) <= set(_ANY_IMPLEMENTATION)
+      ]
       for n in range(len(mods) + 1):
         for chosen in itertools.combinations(mods, n):
           try:
@@ -216,6 +225,11 @@ _FLASH_FIELDS = (
   "block_k",
   "backend",
 )
+
+
+# Flash fields every implementation takes: center_keys (outside the flash kernels, `attend`
+# gives the implementation the keys less their mean).
+_ANY_IMPLEMENTATION = ("center_keys",)
 
 
 def _format_value(value) -> str:

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 
 from jax_flashstable.attention import api as _attention
 from jax_flashstable.attention.config import AttentionConfig
+from pallas_kernels.policy import centered_keys
 
 
 def _register_interpret_config():
@@ -40,6 +41,10 @@ def attend(
 
   key/value may have fewer heads (GQA). The result has query's dtype (float32 for the
   "fp32_out" layout). `rng_key` drives numerics="stochastic" and is ignored otherwise.
+  `config.center_keys` outside the flash kernels gives the implementation the keys less their
+  mean (`pallas_kernels.policy.centered_keys`): the same softmax in exact arithmetic, so its
+  dQ is formed from centred keys, the forward's scores shift by q·c per row and round anew,
+  and the keys' gradient is the autodiff of the centring (the kernel's dK less its mean).
 
   Raises:
     ValueError: numerics="stochastic" without an rng_key.
@@ -60,6 +65,8 @@ def attend(
       rng_key=rng_key if stochastic else None,
       **config.flash_kwargs(),
     )
+  if config.center_keys:  # the keys less their mean go in (flash kernels: dQ's keys only)
+    key = centered_keys(key)
   if impl == "reference":
     return _reference(query, key, value, causal, softmax_scale, jnp.dtype(config.reference_dtype))
   return jax.nn.dot_product_attention(

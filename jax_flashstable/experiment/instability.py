@@ -78,6 +78,7 @@ VARIANTS = (
   "fa2+center+comp",
   "fa2+lse",
   "fa2+lse+comp",
+  "cudnn+center",
 )
 
 # The anchor of issue 6 (measured with the paper's PyTorch model and kernel on one H200):
@@ -411,7 +412,8 @@ COMP_SETTINGS = ("beta", "tie_tolerance", "max_shift")
 def option_pairs(variants) -> list[tuple[str, str, str]]:
   """(variant, the same with one fix more, the fix) for every such pair of the matrix, however
   spelled (`paper+center+comp` is `paper+center` with "comp"; a variant's "@layer" must match):
-  paper and paper+comp, paper and paper+center, paper+center and paper+center+comp; a fix with
+  paper and paper+comp, paper and paper+center, paper+center and paper+center+comp, cudnn and
+  cudnn+center (the fixes an implementation takes); a fix with
   the compensation whatever its settings (`paper+comp+guard:max_shift=6` is `paper` with
   "comp+guard"). Variants that do not parse, and other modifiers (`+lse`, a backend), make no
   pair."""
@@ -430,7 +432,7 @@ def option_pairs(variants) -> list[tuple[str, str, str]]:
   found = {v: parsed(v) for v in variants}
   pairs = []
   for v, pv in found.items():
-    if pv is None or pv[0].implementation != "flash":
+    if pv is None:
       continue
     for fix in FIXES:
       mods = fix.split("+")
