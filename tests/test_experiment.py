@@ -328,6 +328,7 @@ def test_runaway_survival_fisher_and_pack(tmp_path):
     ["paper", "paper+comp", "paper+center+comp", "fa2+lse", "fa2", "paper+comp@layer"]
     + ["paper@layer", "fa2+comp:block_q=256", "xla", "bogus", "paper+guard+comp"]
     + ["paper+comp+guard:max_shift=6", "paper+comp+guard+rsum:max_shift=6", "fa2+comp+rsum"]
+    + ["cudnn+center", "cudnn"]
   ) == [
     ("paper", "paper+comp", "comp"),
     ("paper", "paper+guard+comp", "comp+guard"),
@@ -337,6 +338,7 @@ def test_runaway_survival_fisher_and_pack(tmp_path):
     ("fa2", "fa2+comp+rsum", "comp+rsum"),
     ("paper@layer", "paper+comp@layer", "comp"),
     ("paper+comp+guard:max_shift=6", "paper+comp+guard+rsum:max_shift=6", "rsum"),
+    ("cudnn", "cudnn+center", "center"),  # the one fix an implementation not ours takes
   ]
   assert experiment.fisher_p(rows, "paper", other="paper+center") is None  # no such runs
   text = experiment.format_report(rows, dict(warmup_steps=cfg.warmup_steps), 1)
@@ -457,6 +459,14 @@ B128_LATER = {
     {f"paper+comp+guard:max_shift=6/seed{s}": e for s, e in ((25, 1174), (28, 798), (31, 1219))},
     6,  # and paper + comp 30, 31 calm to 3,000; fa2 25 calm to 1,913
   ),
+  "h200-2026-12-02e-b128/runs.jsonl.xz": (
+    {f"paper+comp+guard+rsum:max_shift=6/seed{s}": 1100 + 100 * (s == 28) for s in (25, 28, 31)},
+    {
+      f"paper+comp+guard+rsum:max_shift=6/seed{s}": e
+      for s, e in ((25, 1185), (28, 1236), (31, 1169))
+    },
+    5,  # and fa2 + lse 21, cudnn 21 calm to 3,000 by these rules (cudnn 21: layer 1 ran away at 2,400)
+  ),
 }
 
 
@@ -467,7 +477,9 @@ def test_early_warning_out_of_sample(pack, tmp_path):
   warning; paper + comp + guard 28 and 31 exploded at 917 and 745, warned at 900 (17 steps
   ahead) and at 800 (after the explosion); the same at max_shift 6, seeds 25, 28 and 31,
   exploded at 1,174, 798 and 1,219, warned at 1,200, 800 and 1,200 (after, 2 after, 19
-  ahead); paper + comp 30 and 31 calm to 3,000 and fa2 25 to 1,913, no warning. No false
+  ahead); paper + comp 30 and 31 calm to 3,000 and fa2 25 to 1,913, no warning; with +rsum
+  at max_shift 6, seeds 25, 28 and 31 exploded at 1,185, 1,236 and 1,169, warned at 1,100,
+  1,200 and 1,100 (85, 36 and 69 steps ahead); fa2 + lse 21 and cudnn 21 not warned. No false
   alarm."""
   warnings, explosions, n_runs = B128_LATER[pack]
   experiment.unpack_runs([str(RESULTS / pack)], tmp_path)
