@@ -101,12 +101,14 @@ def test_large_logits_keep_the_backward_exact(value):
   assert c.flash["d_value"].max <= c.standard["d_value"].max
 
 
-def test_single_lse_gives_the_production_kernels_p():
+@pytest.mark.parametrize("rsum", [False, True])
+def test_single_lse_gives_the_production_kernels_p(rsum):
   """`single_lse=True` forms P = exp(S − lse) from one float32 lse, as FlashAttention-2/3 and
   cuDNN do. On bf16 q = k = v = 704 (T = S = 4, head_dim 64) every logit is
   S = 704²·64/8 = 3,964,928, exact in float32, and lse = fl32(S + log 4) = S + 1.5 (ulp 0.25):
   each P is exp(−1.5) = 0.2231 instead of 1/4, so dV_j = 0.2231·Σ_i dO_i, 10.7% low. The output
-  is the forward's and stays exact."""
+  is the forward's and stays exact. With `sum_rounded_p` (its own branch of `Numerics.probs`:
+  r(P̄)·exp(m − lse)) the same, since every P̄ is 1."""
   import jax
   from jax_flashstable import flash_attention, reference_attention_vjp
 
@@ -120,7 +122,7 @@ def test_single_lse_gives_the_production_kernels_p():
   gold_out, (_, _, gold_dv) = reference_attention_vjp(x, x, x, do, dtype=jnp.float64)
   got = {}
   for single in (False, True):
-    out, vjp = jax.vjp(lambda v: flash_attention(x, x, v, single_lse=single), x)
+    out, vjp = jax.vjp(lambda v: flash_attention(x, x, v, single_lse=single, sum_rounded_p=rsum), x)
     got[single] = np.asarray(vjp(do)[0], np.float64)
     np.testing.assert_allclose(np.asarray(out, np.float64), gold_out, rtol=2**-8)
   ulp = 2.0**-8 * np.abs(gold_dv).max()
