@@ -650,10 +650,13 @@ class BlockSizes:
 
 def centered_keys(k, kv_len=None):
   """K − c, c the mean of the first kv_len keys (all: None) per (batch, kv head), computed in
-  float32 and rounded to k's dtype; k: [batch, kv_len_p, kv_heads, head_dim]. Each row of the
-  exact softmax(QKᵀ) is unchanged by a key shift common to the keys it sees, and each row of dS
-  sums to 0, so dQ = dS·(K − c) is exact; with rounding it drops the (rowsum dS)·c term a large
-  common component c leaves in dQ (Qiu & Yao 2025, §4; docs/numerics.md). Differentiable."""
-  k32 = k.astype(jnp.float32)
-  c = jnp.mean(k32 if kv_len is None else k32[:, :kv_len], axis=1, keepdims=True)
-  return (k32 - c).astype(k.dtype)
+  float32 (float64 keys: float64) and rounded to k's dtype; k: [..., kv_len_p, kv_heads,
+  head_dim]. Each row of the exact softmax(QKᵀ) is unchanged by a key shift common to the keys
+  it sees, and each row of dS sums to 0, so dQ = dS·(K − c) is exact; with rounding it drops
+  the (rowsum dS)·c term a large common component c leaves in dQ (Qiu & Yao 2025, §4;
+  docs/numerics.md). c takes every key, later ones too: use it in a backward only, where a
+  causal row's gradient may depend on later keys at rounding level, never in a causal forward."""
+  wide = jnp.promote_types(k.dtype, jnp.float32)
+  kw = k.astype(wide)
+  c = jnp.mean(kw if kv_len is None else kw[..., :kv_len, :, :], axis=-3, keepdims=True)
+  return (kw - c).astype(k.dtype)

@@ -59,8 +59,9 @@ class AttentionConfig:
   delta_float32, center_keys: backward options of the flash kernels that remove one piece of
     the bias mechanism each (`flash_attention`); single_lse: the backward's P from one float32
     lse per row, as production kernels form it. center_keys also serves the other
-    implementations ("cudnn+center"): `attend` gives them the keys less their mean, so their
-    dQ is formed from centred keys (`pallas_kernels.policy.centered_keys`).
+    implementations ("cudnn+center"): `attend` keeps their output and runs their backward at
+    the keys less their mean, so their dQ is formed from centred keys too
+    (`pallas_kernels.policy.centered_keys`).
   sum_rounded_p: the forward's row sum l adds the P̄ the P̄V dot takes (`flash_attention`).
   block_q, block_k: flash tile sizes (None: the kernel defaults).
   backend: the flash kernels, "auto" (default: Mosaic GPU on a Hopper GPU where it supports

@@ -41,10 +41,14 @@ def attend(
 
   key/value may have fewer heads (GQA). The result has query's dtype (float32 for the
   "fp32_out" layout). `rng_key` drives numerics="stochastic" and is ignored otherwise.
-  `config.center_keys` outside the flash kernels gives the implementation the keys less their
-  mean (`pallas_kernels.policy.centered_keys`): the same softmax in exact arithmetic, so its
-  dQ is formed from centred keys, the forward's scores shift by q·c per row and round anew,
-  and the keys' gradient is the autodiff of the centring (the kernel's dK less its mean).
+  `config.center_keys` is a backward option everywhere: the output is the implementation's own,
+  and dQ is formed from the keys less their mean (`pallas_kernels.policy.centered_keys`).
+  The flash kernels do it inside their backward; for the other implementations (`xla`, `cudnn`,
+  the references) the backward runs the implementation again at the centred keys and takes
+  its dQ, dK and dV there (dK and dV are the same in exact arithmetic: each row's softmax is
+  unchanged by the shift): one more forward per backward, and the inputs kept instead of the
+  implementation's residuals. The forward never sees a later key; the gradients may, at
+  rounding level, through the mean.
 
   Raises:
     ValueError: numerics="stochastic" without an rng_key.
@@ -65,13 +69,33 @@ def attend(
       rng_key=rng_key if stochastic else None,
       **config.flash_kwargs(),
     )
-  if config.center_keys:  # the keys less their mean go in (flash kernels: dQ's keys only)
-    key = centered_keys(key)
   if impl == "reference":
-    return _reference(query, key, value, causal, softmax_scale, jnp.dtype(config.reference_dtype))
-  return jax.nn.dot_product_attention(
-    query, key, value, scale=softmax_scale, is_causal=causal, implementation=impl
-  )
+    dtype = jnp.dtype(config.reference_dtype)
+    run = lambda q, k, v: _reference(q, k, v, causal, softmax_scale, dtype)  # noqa: E731
+  else:
+    run = functools.partial(
+      jax.nn.dot_product_attention, scale=softmax_scale, is_causal=causal, implementation=impl
+    )
+  return (_centred_backward(run) if config.center_keys else run)(query, key, value)
+
+
+def _centred_backward(run):
+  """run(q, k, v) whose backward is run's own evaluated at `centered_keys(k)`: dQ formed from
+  centred keys (`AttentionConfig.center_keys` for an implementation that is not ours)."""
+
+  @jax.custom_vjp
+  def centred(q, k, v):
+    return run(q, k, v)
+
+  def forward(q, k, v):
+    return run(q, k, v), (q, k, v)
+
+  def backward(inputs, d_out):
+    q, k, v = inputs
+    return jax.vjp(run, q, centered_keys(k), v)[1](d_out)
+
+  centred.defvjp(forward, backward)
+  return centred
 
 
 # The backward recomputes the materialized reference's scores and probabilities instead of

@@ -413,7 +413,7 @@ def option_pairs(variants) -> list[tuple[str, str, str]]:
   """(variant, the same with one fix more, the fix) for every such pair of the matrix, however
   spelled (`paper+center+comp` is `paper+center` with "comp"; a variant's "@layer" must match):
   paper and paper+comp, paper and paper+center, paper+center and paper+center+comp, cudnn and
-  cudnn+center (the fixes an implementation takes); a fix with
+  cudnn+center (+center is the one fix xla, cudnn and the references take); a fix with
   the compensation whatever its settings (`paper+comp+guard:max_shift=6` is `paper` with
   "comp+guard"). Variants that do not parse, and other modifiers (`+lse`, a backend), make no
   pair."""
