@@ -229,7 +229,7 @@ _FLASH_FIELDS = (
 
 
 # Flash fields every implementation takes: center_keys (outside the flash kernels, `attend`
-# gives the implementation the keys less their mean).
+# runs the implementation's backward at the keys less their mean).
 _ANY_IMPLEMENTATION = ("center_keys",)
 
 
