@@ -131,10 +131,10 @@ def findings(rows, on_cpu=False) -> list[str]:
     out.append(
       "In the paper layout the compensation's literal shift (m' = 2·max) with the kernel's clamp "
       "of each tile's sum at ≥ 1e−10 scales a tied row's output toward 0 once its max passes "
-      "≈ 23.7, and weights tied tiles past a max of 6 by e^−max. With the shift capped instead "
-      "(`paper+comp+guard`, at 20 or 6, at 6 also with `+rsum`: the tie bias removed on every "
-      "tied row, no row switched off) it exploded in 8 of 8 runs at anchor-b128, so what keeps "
-      "it stable is that damping of rows with large tied logits, not the bias removed; "
+      "≈ 23.7. With the shift capped instead (`paper+comp+guard`, at 20 or 6, at 6 also with "
+      "`+rsum`: the tie bias removed on every tied row, no row switched off) it exploded in 8 "
+      "of 8 runs at anchor-b128, so what keeps it stable is most likely that switch-off of "
+      "rows with large tied logits, not the bias removed; "
       "`+center` (dQ from the keys less their mean) holds without it (docs/numerics.md, "
       "docs/studies/instability-anchor-b128.md)."
     )
