@@ -123,7 +123,8 @@ def emulate_forward(
         paper_shift = np.where(tile_max > 0, F32(comp.beta - 1.0) * tile_max, -tile_max)
         shift = np.clip(paper_shift.astype(F32), F32(comp.min_shift), F32(comp.max_shift))
         shifted = (tile_max + shift.astype(F32)).astype(F32)
-      m_tile = np.where(n_ties > 1, shifted, tile_max).astype(F32)
+      fired = (n_ties > 1) & (np.abs(tile_max) >= F32(comp.shift_above))
+      m_tile = np.where(fired, shifted, tile_max).astype(F32)
     with np.errstate(invalid="ignore"):
       m_new = np.maximum(m, m_tile)
       alpha = np.exp(rb(m - m_new)).astype(F32)

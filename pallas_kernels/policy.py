@@ -367,6 +367,11 @@ class Compensation:
     sit more than about 3 + ln(its count) below the tied max) adds 2.4% to the row's l, so O is
     scaled by 2e^−d / (2e^−d + n·1e−10) for n such tiles: 0.976 for one, 0.87 for seven; at
     max_shift 6 (2.5e−3) each adds about 4e−8.
+  shift_above: the rule shifts only tied tiles whose |max| is at least this (0: every tied
+    tile, the paper's rule). In the paper layout with its literal shift, 23.7 keeps exactly the
+    tiles whose rows the clamp switches off and leaves every smaller tie unshifted, as without
+    the compensation: the test of whether the switch-off alone is what holds at anchor-b128
+    (docs/studies/instability-anchor-b128.md).
   """
 
   beta: float = 2.0
@@ -375,17 +380,24 @@ class Compensation:
   max_shift: float = 20.0  # exp(−20) = 2.1e−9, far from float32's smallest normal;
   # 6 for float16 inputs (`for_dtype`)
   guard_paper: bool = False
+  shift_above: float = 0.0
 
   @classmethod
   def for_dtype(
-    cls, dtype, beta=2.0, tie_tolerance=1e-3, guard_paper=False, max_shift=None
+    cls, dtype, beta=2.0, tie_tolerance=1e-3, guard_paper=False, max_shift=None, shift_above=0.0
   ) -> "Compensation":
     """The settings `flash_attention` uses for inputs of `dtype`: float16 (5 exponent bits)
     caps the shift at 6 so that the tied P̄ = e^−d ≥ e^−6 stays a normal float16 number after
     `round_p` (scores more than ≈3.7 below the tied max then become float16 subnormals)."""
     if max_shift is None:
       max_shift = 6.0 if jnp.dtype(dtype) == jnp.float16 else cls.max_shift
-    return cls(beta=beta, tie_tolerance=tie_tolerance, max_shift=max_shift, guard_paper=guard_paper)
+    return cls(
+      beta=beta,
+      tie_tolerance=tie_tolerance,
+      max_shift=max_shift,
+      guard_paper=guard_paper,
+      shift_above=shift_above,
+    )
 
   def __post_init__(self):
     if not (
@@ -404,6 +416,15 @@ class Compensation:
       )
     if not isinstance(self.guard_paper, (bool, np.bool_)):
       raise TypeError(f"guard_paper must be a bool, got guard_paper={self.guard_paper!r}")
+    if not (
+      isinstance(self.shift_above, (int, float, np.floating))
+      and not isinstance(self.shift_above, bool)
+      and math.isfinite(self.shift_above)
+      and self.shift_above >= 0
+    ):
+      raise ValueError(
+        f"shift_above must be a finite number >= 0, got shift_above={self.shift_above!r}"
+      )
     if not (math.isfinite(self.max_shift) and 0 < self.min_shift <= self.max_shift):
       raise ValueError(
         f"need 0 < min_shift <= max_shift < inf, got min_shift={self.min_shift!r}, "
@@ -411,14 +432,19 @@ class Compensation:
       )
 
 
-def check_shift_options(numerics, stabilize, guard_shift, max_shift, dtype=None):
+def check_shift_options(numerics, stabilize, guard_shift, max_shift, dtype=None, shift_above=0.0):
   """The checks of `flash_attention`'s and `AttentionConfig`'s guard_shift and max_shift (one
   line naming the value): guard_shift a bool, only with numerics="paper" and the compensation
   (the other layouts always clip the shift); max_shift a real number, only with the compensation
   and a clipped shift (the paper layout's literal shift has no cap: there it needs
   guard_shift), at most 6 for float16 inputs outside the paper layout (`Compensation.for_dtype`:
-  e^−6 is about the smallest P̄ that stays a normal float16 number). Returns max_shift as a
-  float or None; the range is `Compensation`'s check."""
+  e^−6 is about the smallest P̄ that stays a normal float16 number); shift_above a real number,
+  not 0 only with the compensation. Returns max_shift as a float or None; the ranges are
+  `Compensation`'s check."""
+  if isinstance(shift_above, (bool, np.bool_, str)) or not np.isrealobj(shift_above):
+    raise TypeError(f"shift_above must be a number, got shift_above={shift_above!r}")
+  if shift_above and not stabilize:
+    raise ValueError(f"shift_above={shift_above!r} needs stabilize=True")
   if not isinstance(guard_shift, (bool, np.bool_)):
     raise TypeError(f"guard_shift must be a bool, got guard_shift={guard_shift!r}")
   if guard_shift and not (stabilize and numerics == "paper"):
@@ -532,7 +558,10 @@ def shifted_max(tile_max, tied, comp: Compensation, paper: bool = False):
   paper: the literal rule, m' = bf16(β·max) for max > 0, 0 for max < 0, unchanged at 0
     (unless `comp.guard_paper`).
   fa2: the paper's shift d = m' − max clipped to [min_shift, max_shift] (`Compensation`).
+  Only tiles whose |max| ≥ comp.shift_above are shifted (and counted as tied).
   """
+  if comp.shift_above > 0:
+    tied = tied & (jnp.abs(tile_max) >= comp.shift_above)
   if paper and not comp.guard_paper:
     shifted = jnp.where(
       tile_max > 0, round_bf16(comp.beta * tile_max), jnp.where(tile_max < 0, 0.0, tile_max)

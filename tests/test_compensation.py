@@ -205,6 +205,58 @@ def test_literal_and_guarded_shift_differ_only_past_the_cap():
     assert all(same) == (abs(t) <= 6.0), (t, same)
 
 
+@pytest.mark.parametrize("numerics, above", [("paper", 23.7), ("fa2", 5.0)])
+def test_shift_above_shifts_only_the_large_ties(numerics, above):
+  """`shift_above`: a tied tile is shifted only when its |max| ≥ shift_above. Per batch
+  element one tie value: below the threshold the bits (O, the gradients, the tie count) are
+  those without the compensation, at or above it those with the compensation as it is (in
+  the paper layout the literal shift, whose rows past ≈ 23.7 the clamp switches off: the
+  training variant `paper+comp:shift_above=23.7`). The NumPy emulation follows the kernel's
+  O bit for bit."""
+  from pallas_kernels.emulation import emulate_forward
+  from pallas_kernels.policy import BlockSizes, get_numerics
+
+  ties = (-30.0, 3.0, 10.0, 30.0)
+  q, k, v, do = (jnp.concatenate(x) for x in zip(*(tied_inputs(t, jnp.bfloat16) for t in ties)))
+  kw = dict(softmax_scale=1.0, numerics=numerics, return_stats=True)
+
+  def run(**more):
+    (out, stats), vjp = jax.vjp(lambda *a: flash_attention(*a, **kw, **more), q, k, v)
+    return [out, stats.tied_tiles, *vjp((do, jax.tree.map(jnp.zeros_like, stats)))]
+
+  plain, full, some = run(), run(stabilize=True), run(stabilize=True, shift_above=above)
+  for b, t in enumerate(ties):
+    want = full if abs(t) >= above else plain
+    for got, x in zip(some, want):
+      np.testing.assert_array_equal(np.asarray(got[b], np.float32), np.asarray(x[b], np.float32))
+    assert (float(np.asarray(some[1][b]).min()) >= 1) == (abs(t) >= above)  # the rule fired
+  layout = get_numerics(numerics)
+  blocks = BlockSizes.default(32).for_numerics(layout).fit(q.shape[1], k.shape[1])
+  eo = emulate_forward(
+    *(np.asarray(x).astype(ml_dtypes.bfloat16) for x in (q, k, v)),
+    causal=False,
+    softmax_scale=1.0,
+    block_k=blocks.block_k,
+    dtype=ml_dtypes.bfloat16,
+    numerics=layout,
+    compensation=Compensation(shift_above=above),
+    intermediate=True,
+    seeds=None,
+    head_dim_padded=32,
+  )[0]
+  np.testing.assert_array_equal(np.asarray(some[0], np.float32), np.asarray(eo, np.float32))
+
+
+def test_bad_shift_above():
+  q = jnp.zeros((1, 8, 1, 32), jnp.bfloat16)
+  with pytest.raises(ValueError, match="shift_above=1.0 needs stabilize"):
+    flash_attention(q, q, q, shift_above=1.0)
+  with pytest.raises(ValueError, match="shift_above=-1"):
+    flash_attention(q, q, q, stabilize=True, shift_above=-1.0)
+  with pytest.raises(TypeError, match="shift_above='1'"):
+    flash_attention(q, q, q, stabilize=True, shift_above="1")
+
+
 @pytest.mark.parametrize("tie_value", TIES)
 def test_guarded_paper_shift_stays_accurate(tie_value):
   """numerics="paper" with guard_shift at ties from −120 to 120: O and the gradients within the

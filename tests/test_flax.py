@@ -57,6 +57,7 @@ def test_nnx_multihead_attention(recorder):
     sum_rounded_p=False,
     guard_shift=False,
     max_shift=None,
+    shift_above=0.0,
   )
 
 

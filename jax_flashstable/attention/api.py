@@ -74,6 +74,7 @@ def flash_attention(
   sum_rounded_p=False,
   guard_shift=False,
   max_shift=None,
+  shift_above=0.0,
   block_q=None,
   block_k=None,
   interpret=None,
@@ -148,6 +149,11 @@ def flash_attention(
       scales two-tie rows' O by 0.976 per clamped tile (`pallas_kernels.policy.Compensation`).
       ValueError without stabilize, in the paper layout without guard_shift, above 6 for
       float16 outside the paper layout, unless finite and ≥ 2^−7; TypeError unless a number.
+    shift_above: with stabilize=True, the rule shifts only tied tiles whose |max| is at least
+      this (default 0: every tied tile, the paper's rule). With the paper layout's literal
+      shift, 23.7 shifts exactly the tiles whose rows its clamp switches off and no others: a
+      test variant, not a fix (`pallas_kernels.policy.Compensation`). ValueError unless finite
+      and ≥ 0, or when not 0 without stabilize; TypeError unless a number.
     block_q, block_k: forward tile sizes, powers of two ≥ 16. They are part of the numerics
       (ties are detected per key tile). Defaults: block_k = 64, block_q = 128 (64 when
       head_dim > 128), the same on CPU and GPU.
@@ -210,6 +216,7 @@ def flash_attention(
     sum_rounded_p=sum_rounded_p,
     guard_shift=guard_shift,
     max_shift=max_shift,
+    shift_above=shift_above,
     block_q=block_q,
     block_k=block_k,
     interpret=interpret,
@@ -261,6 +268,7 @@ def _kernel_config(
   sum_rounded_p=False,
   guard_shift=False,
   max_shift=None,
+  shift_above=0.0,
   block_q=None,
   block_k=None,
   interpret=None,
@@ -273,13 +281,16 @@ def _kernel_config(
 ):
   """`flash_attention`'s checks and its (KernelConfig, seeds or None)."""
   softmax_scale = check_inputs(query, key, value, softmax_scale)
-  max_shift = check_shift_options(numerics, stabilize, guard_shift, max_shift, query.dtype)
+  max_shift = check_shift_options(
+    numerics, stabilize, guard_shift, max_shift, query.dtype, shift_above
+  )
   compensation = Compensation.for_dtype(
     query.dtype,
     _number("beta", beta),
     _number("tie_tolerance", tie_tolerance),
     guard_paper=bool(guard_shift),
     max_shift=max_shift,
+    shift_above=_number("shift_above", shift_above),
   )
   if not isinstance(causal, (bool, np.bool_)):
     raise TypeError(f"causal must be a bool, got causal={causal!r}")

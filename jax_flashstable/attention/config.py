@@ -56,6 +56,8 @@ class AttentionConfig:
   guard_shift: the paper layout's compensation with the clipped shift of the other layouts
     instead of the paper's literal one (`flash_attention`); paper + stabilize only.
   max_shift: the cap of the clipped shift (None: 20, 6 for float16; `flash_attention`).
+  shift_above: the compensation shifts only tied tiles whose |max| is at least this (0: every
+    tied tile; `flash_attention`).
   delta_float32, center_keys: backward options of the flash kernels that remove one piece of
     the bias mechanism each (`flash_attention`); single_lse: the backward's P from one float32
     lse per row, as production kernels form it. center_keys also serves the other
@@ -83,6 +85,7 @@ class AttentionConfig:
   sum_rounded_p: bool = False
   guard_shift: bool = False
   max_shift: float | None = None
+  shift_above: float = 0.0
   block_q: int | None = None
   block_k: int | None = None
   reference_dtype: str = "float32"
@@ -111,10 +114,13 @@ class AttentionConfig:
           f"implementation='flash', got {self.implementation!r}"
         )
       return
-    cap = check_shift_options(self.numerics, self.stabilize, self.guard_shift, self.max_shift)
+    cap = check_shift_options(
+      self.numerics, self.stabilize, self.guard_shift, self.max_shift, shift_above=self.shift_above
+    )
     Compensation(  # validates
       beta=self.beta,
       tie_tolerance=self.tie_tolerance,
+      shift_above=self.shift_above,
       **({} if cap is None else dict(max_shift=cap)),
     )
     if self.block_q is not None or self.block_k is not None:
@@ -222,6 +228,7 @@ _FLASH_FIELDS = (
   "sum_rounded_p",
   "guard_shift",
   "max_shift",
+  "shift_above",
   "block_q",
   "block_k",
   "backend",

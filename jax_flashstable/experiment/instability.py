@@ -406,7 +406,7 @@ def fisher_p(rows, variant, event="explosion", other=None) -> float | None:
 # is one fix: the compensation with the clipped shift (paper layout), against neither; "rsum"
 # (the row sum of the rounded P̄) with or without the compensation that it corrects.
 FIXES = ("comp", "comp+guard", "comp+rsum", "comp+guard+rsum", "rsum", "center", "delta32")
-COMP_SETTINGS = ("beta", "tie_tolerance", "max_shift")
+COMP_SETTINGS = ("beta", "tie_tolerance", "max_shift", "shift_above")
 
 
 def option_pairs(variants) -> list[tuple[str, str, str]]:
