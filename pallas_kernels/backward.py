@@ -71,7 +71,7 @@ def dkv_kernel(q_ref, k_ref, v_ref, do_ref, m_ref, log_l_ref, delta_ref, dk_ref,
     return numerics.accumulate(dk, dk_t), numerics.accumulate(dv, dv_t)
 
   # Causal: query tiles that end before this key tile starts see none of it.
-  first = lax.div(k_tile * bk, bq) if cfg.causal else 0
+  first = lax.div(k_tile * bk, jnp.int32(bq)) if cfg.causal else 0
   zeros = jnp.zeros(k.shape, jnp.float32)
   dk, dv = lax.fori_loop(first, pl.cdiv(cfg.q_len, bq), body, (zeros, zeros))
   dk_ref[...] = numerics.round_grad(dk, cfg.softmax_scale, dk_ref.dtype)
@@ -101,7 +101,7 @@ def dq_kernel(q_ref, k_ref, v_ref, do_ref, m_ref, log_l_ref, delta_ref, *refs, c
 
   n = pl.cdiv(cfg.kv_len, bk)
   if cfg.causal:
-    n = jnp.minimum(n, lax.div(bq * (q_tile + 1) + bk - 1, bk))
+    n = jnp.minimum(n, lax.div(bq * (q_tile + 1) + bk - 1, jnp.int32(bk)))
   dq = lax.fori_loop(0, n, body, jnp.zeros(q.shape, jnp.float32))
   dq_ref[...] = numerics.round_grad(dq, cfg.softmax_scale, dq_ref.dtype)
 

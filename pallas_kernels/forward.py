@@ -72,7 +72,7 @@ def num_key_tiles(q_tile, *, block_q, block_k, kv_len, causal):
   """
   n = pl.cdiv(kv_len, block_k)
   if causal:
-    n = jnp.minimum(n, lax.div(block_q * (q_tile + 1) + block_k - 1, block_k))
+    n = jnp.minimum(n, lax.div(block_q * (q_tile + 1) + block_k - 1, jnp.int32(block_k)))
   return n
 
 
@@ -178,8 +178,8 @@ def forward_kernel(q_ref, k_ref, v_ref, *refs, cfg):
   random_bits = None
   if numerics.stochastic:
     seeds = seed_ref[...]  # two scalars, read without scalar indexing
-    seed0 = jnp.sum(jnp.where(jnp.arange(2) == 0, seeds, jnp.uint32(0)))
-    seed1 = jnp.sum(jnp.where(jnp.arange(2) == 1, seeds, jnp.uint32(0)))
+    seed0 = jnp.sum(jnp.where(jnp.arange(2) == 0, seeds, jnp.uint32(0)), dtype=jnp.uint32)
+    seed1 = jnp.sum(jnp.where(jnp.arange(2) == 1, seeds, jnp.uint32(0)), dtype=jnp.uint32)
     head = (pl.program_id(1) * pl.num_programs(2) + pl.program_id(2)).astype(jnp.uint32)
     pos = (q_pos[:, None] * o.shape[1] + jnp.arange(o.shape[1])[None, :]).astype(jnp.uint32)
     random_bits = numerics.random_bits((seed0, seed1), head, pos)

@@ -116,10 +116,17 @@ def _traced(*args):
   return any(isinstance(x, jax.core.Tracer) for x in args)
 
 
-def _check_dtype(dtype):
+def _check_dtype(dtype, *args):
+  """The reference's dtype; TypeError for another, and for float64 on traced args (the FP64
+  reference is computed outside the trace, with x64 on locally, and returns NumPy)."""
   dtype = jnp.dtype(dtype)
   if dtype not in (jnp.float64, jnp.float32, jnp.bfloat16, jnp.float16):
     raise TypeError(f"reference dtype must be float64, float32, bfloat16 or float16, got {dtype=}")
+  if dtype == jnp.float64 and _traced(*args):
+    raise TypeError(
+      "the float64 reference runs on concrete arrays, outside jit/grad/vmap (it returns NumPy), "
+      "got traced inputs; its gradients: reference_attention_vjp(..., dtype=jnp.float64)"
+    )
   return dtype
 
 
@@ -136,9 +143,10 @@ def reference_attention(query, key, value, *, causal=False, softmax_scale=None, 
     [batch, q_len, num_heads, head_dim]: a float64 NumPy array for dtype float64, else a JAX
     array of `dtype`.
   Raises:
-    ValueError/TypeError for bad shapes or an unsupported dtype (see `pallas_kernels.checks.check_inputs`).
+    ValueError/TypeError for bad shapes or an unsupported dtype (see `pallas_kernels.checks.check_inputs`);
+    TypeError for dtype float64 inside jit, grad or vmap (traced inputs).
   """
-  dtype = _check_dtype(dtype)
+  dtype = _check_dtype(dtype, query, key, value)
   softmax_scale = check_inputs(query, key, value, softmax_scale, allow_float64=True)
   if dtype == jnp.float64:
     with jax.enable_x64(True):
@@ -158,7 +166,7 @@ def reference_attention_vjp(
   low-precision references are the autodiff of the rounded program, each operation rounded as
   on its own (op by op, `_apart`).
   """
-  dtype = _check_dtype(dtype)
+  dtype = _check_dtype(dtype, query, key, value, d_out)
   softmax_scale = check_inputs(query, key, value, softmax_scale, allow_float64=True)
 
   if dtype == jnp.float64:

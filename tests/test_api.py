@@ -17,6 +17,35 @@ def test_bitwise_deterministic():
     assert np.array_equal(np.asarray(a).view(np.uint16), np.asarray(b).view(np.uint16))
 
 
+def test_x64_mode_changes_no_bit():
+  """With jax_enable_x64 on (as a user comparing against FP64 has it), Python ints and unsigned
+  sums default to 64 bits: the causal tile count's division and the stochastic seeds' sum
+  failed there (2026-12-02). Every layout's outputs and gradients, causal and not, with the
+  options, are the same bits as without it."""
+  q, k, v, do = make_inputs(Shape(1, 100, 100, 2, 2, 32, causal=True), jnp.bfloat16, seed=3)
+  calls = [
+    dict(causal=True),
+    dict(causal=True, numerics="paper", stabilize=True, sum_rounded_p=True, block_q=64, block_k=32),
+    dict(causal=False, stabilize=True, center_keys=True, delta_float32=True, single_lse=True),
+    dict(causal=True, numerics="stochastic", rng_key=jax.random.key(0)),
+  ]
+  for kw in calls:
+    want = jax.tree.leaves(flash_vjp(q, k, v, do, **kw))
+    with jax.enable_x64(True):
+      got = jax.tree.leaves(flash_vjp(q, k, v, do, **kw))
+    for a, b in zip(got, want):
+      assert np.array_equal(np.asarray(a).view(np.uint16), np.asarray(b).view(np.uint16)), kw
+
+
+def test_float64_reference_refuses_a_trace():
+  """The FP64 reference returns NumPy, computed outside the trace: under grad or jit it says so
+  in one line instead of a TracerArrayConversionError."""
+  q = jnp.ones((1, 4, 1, 8), jnp.float32)
+  with pytest.raises(TypeError, match="float64 reference runs on concrete arrays"):
+    jax.grad(lambda q: reference_attention(q, q, q, dtype=jnp.float64).sum())(q)
+  assert reference_attention(q, q, q, dtype=jnp.float64).dtype == np.float64
+
+
 def test_jit_and_vmap_over_a_leading_axis():
   rng = np.random.default_rng(0)
   q, k, v = (jnp.asarray(rng.standard_normal((3, 1, 33, 2, 32)), jnp.float32) for _ in range(3))
