@@ -123,9 +123,10 @@ def findings(rows, on_cpu=False) -> list[str]:
     if on_cpu:
       out[-1] += (
         " A search of CPU-sized recipes (the tiny model, 400 steps, peak lr 0.01 and 0.03, "
-        "tiles 32 and 64) found none on which the paper layout explodes "
-        "(experiments/results/cpu-2026-12-01-recipe-search); on the H200 it takes thousands "
-        "of steps of 131k tokens (docs/studies/instability-anchor-b128.md)."
+        "tiles 32 and 64) found none on which even the paper's BF16 layout, the one that "
+        "explodes on the H200, explodes (experiments/results/cpu-2026-12-01-recipe-search); "
+        "there it takes thousands of steps of 131k tokens "
+        "(docs/studies/instability-anchor-b128.md)."
       )
   if any(_literal_paper_compensation(r["variant"]) for r in calm):
     out.append(
@@ -163,10 +164,11 @@ def _literal_paper_compensation(variant) -> bool:
 
 def report(base: TrainConfig, rows) -> str:
   dev = jax.devices()[0]
+  kind, backend = getattr(dev, "device_kind", dev.platform), jax.default_backend()
   lines = [
     "# flashstable compare",
     "",
-    f"Device: {getattr(dev, 'device_kind', dev.platform)} ({jax.default_backend()}), jax "
+    f"Device: {kind}{'' if kind == backend else f' ({backend})'}, jax "
     f"{jax.__version__}. Model `{base.model}`"
     f"{' ' + str(dict(base.model_overrides)) if base.model_overrides else ''}, "
     f"{base.steps} steps, batch {base.batch_size}×{base.grad_accum}, seq_len "
