@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import math
 
-import jax
 import jax.numpy as jnp
-import numpy as np
 
-from pallas_kernels.policy import MAX_HEAD_DIM, SUPPORTED_DTYPES
+from pallas_kernels.policy import MAX_HEAD_DIM, SUPPORTED_DTYPES, real_number
 
 
 def check_inputs(query, key, value, softmax_scale, *, allow_float64=False):
@@ -52,14 +50,7 @@ def check_inputs(query, key, value, softmax_scale, *, allow_float64=False):
     raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
   if softmax_scale is None:
     return 1.0 / math.sqrt(head_dim)
-  if isinstance(softmax_scale, (bool, np.bool_)):
-    raise TypeError(f"softmax_scale must be a number, got softmax_scale={softmax_scale!r}")
-  try:
-    scale = float(softmax_scale)  # Python/NumPy numbers and concrete 0-d arrays
-  except (TypeError, ValueError, jax.errors.ConcretizationTypeError):
-    raise TypeError(
-      f"softmax_scale must be a concrete number (it is static), got softmax_scale={softmax_scale!r}"
-    ) from None
+  scale = real_number("softmax_scale", softmax_scale)  # static: a concrete number
   if not (math.isfinite(scale) and scale > 0):
     raise ValueError(f"softmax_scale must be finite and > 0, got softmax_scale={softmax_scale!r}")
   return scale

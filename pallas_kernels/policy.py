@@ -367,11 +367,18 @@ class Compensation:
     sit more than about 3 + ln(its count) below the tied max) adds 2.4% to the row's l, so O is
     scaled by 2e^−d / (2e^−d + n·1e−10) for n such tiles: 0.976 for one, 0.87 for seven; at
     max_shift 6 (2.5e−3) each adds about 4e−8.
-  shift_above: the rule shifts only tied tiles whose |max| is at least this (0: every tied
-    tile, the paper's rule). In the paper layout with its literal shift, 23.7 keeps exactly the
-    tiles whose rows the clamp switches off and leaves every smaller tie unshifted, as without
-    the compensation: the test of whether the switch-off alone is what holds at anchor-b128
-    (docs/studies/instability-anchor-b128.md).
+  shift_above: the rule shifts only tied tiles whose |max| (after softmax_scale) is at least
+    this (0: every tied tile, the paper's rule); every other tile is as without the
+    compensation. In the paper layout with its literal shift, n ties at max M leave the tile a
+    sum of about n·e^−M, clamped up once below 1e−10: the clamp switches such a tile off in full
+    past ln(n·10¹⁰) (23.7 for two ties, 24.1 for three). 23.7 keeps the literal rule on those
+    and drops it below, including its partial effects there (other tiles of the row summing
+    below 1e−10 against the raised max are clamped up too: two keys at 20 and 510 at 10 in
+    eight tiles of 64, v = 1, give O = 0.871 under the literal rule, 1 under 23.7). A fully masked tile
+    of the paper layout's causal loop (every score −BF16_MAX, all tied) passes any threshold
+    and is shifted to 0 as by the literal rule: a causal row whose scores are all negative
+    gets row_max 0 either way. The test of whether the full switch-off alone is what holds at
+    anchor-b128 (docs/studies/instability-anchor-b128.md); a test variant, not a fix.
   """
 
   beta: float = 2.0
@@ -400,36 +407,39 @@ class Compensation:
     )
 
   def __post_init__(self):
-    if not (
-      isinstance(self.beta, (int, float, np.floating))
-      and math.isfinite(self.beta)
-      and self.beta > 1
+    for name in ("beta", "tie_tolerance", "min_shift", "max_shift", "shift_above"):
+      object.__setattr__(self, name, real_number(name, getattr(self, name)))
+    for name, low, strict in (
+      ("beta", 1, True),
+      ("tie_tolerance", 0, False),
+      ("shift_above", 0, False),
     ):
-      raise ValueError(f"beta must be a finite number > 1, got beta={self.beta!r}")
-    if not (
-      isinstance(self.tie_tolerance, (int, float, np.floating))
-      and math.isfinite(self.tie_tolerance)
-      and self.tie_tolerance >= 0
-    ):
-      raise ValueError(
-        f"tie_tolerance must be a finite number >= 0, got tie_tolerance={self.tie_tolerance!r}"
-      )
+      value = getattr(self, name)
+      if not (math.isfinite(value) and (value > low if strict else value >= low)):
+        raise ValueError(
+          f"{name} must be a finite number {'>' if strict else '>='} {low}, got {name}={value!r}"
+        )
     if not isinstance(self.guard_paper, (bool, np.bool_)):
       raise TypeError(f"guard_paper must be a bool, got guard_paper={self.guard_paper!r}")
-    if not (
-      isinstance(self.shift_above, (int, float, np.floating))
-      and not isinstance(self.shift_above, bool)
-      and math.isfinite(self.shift_above)
-      and self.shift_above >= 0
-    ):
-      raise ValueError(
-        f"shift_above must be a finite number >= 0, got shift_above={self.shift_above!r}"
-      )
     if not (math.isfinite(self.max_shift) and 0 < self.min_shift <= self.max_shift):
       raise ValueError(
         f"need 0 < min_shift <= max_shift < inf, got min_shift={self.min_shift!r}, "
         f"max_shift={self.max_shift!r}"
       )
+
+
+def real_number(name, value) -> float:
+  """A Python float from a Python/NumPy real number or a concrete 0-d array; a one-line
+  TypeError naming the value for anything else (bool, str, None, complex, an array of another
+  shape, a tracer: these settings are static)."""
+  if isinstance(value, (bool, np.bool_, str)) or value is None:
+    raise TypeError(f"{name} must be a number, got {name}={value!r}")
+  try:
+    if np.ndim(value) != 0 or not np.isrealobj(value):
+      raise TypeError
+    return float(value)
+  except (TypeError, ValueError):  # jax.errors.ConcretizationTypeError is a TypeError
+    raise TypeError(f"{name} must be a concrete real number, got {name}={value!r}") from None
 
 
 def check_shift_options(numerics, stabilize, guard_shift, max_shift, dtype=None, shift_above=0.0):
@@ -441,8 +451,9 @@ def check_shift_options(numerics, stabilize, guard_shift, max_shift, dtype=None,
   e^−6 is about the smallest P̄ that stays a normal float16 number); shift_above a real number,
   not 0 only with the compensation. Returns max_shift as a float or None; the ranges are
   `Compensation`'s check."""
-  if isinstance(shift_above, (bool, np.bool_, str)) or not np.isrealobj(shift_above):
-    raise TypeError(f"shift_above must be a number, got shift_above={shift_above!r}")
+  shift_above = real_number("shift_above", shift_above)
+  if not (math.isfinite(shift_above) and shift_above >= 0):
+    raise ValueError(f"shift_above must be a finite number >= 0, got shift_above={shift_above!r}")
   if shift_above and not stabilize:
     raise ValueError(f"shift_above={shift_above!r} needs stabilize=True")
   if not isinstance(guard_shift, (bool, np.bool_)):
@@ -454,9 +465,7 @@ def check_shift_options(numerics, stabilize, guard_shift, max_shift, dtype=None,
     )
   if max_shift is None:
     return None
-  if isinstance(max_shift, (bool, np.bool_, str)) or not np.isrealobj(max_shift):
-    raise TypeError(f"max_shift must be a number, got max_shift={max_shift!r}")
-  max_shift = float(max_shift)
+  max_shift = real_number("max_shift", max_shift)
   if not stabilize:
     raise ValueError(f"max_shift={max_shift!r} needs stabilize=True")
   if numerics == "paper" and not guard_shift:

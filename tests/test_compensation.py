@@ -205,20 +205,21 @@ def test_literal_and_guarded_shift_differ_only_past_the_cap():
     assert all(same) == (abs(t) <= 6.0), (t, same)
 
 
-@pytest.mark.parametrize("numerics, above", [("paper", 23.7), ("fa2", 5.0)])
+@pytest.mark.parametrize("numerics, above", [("paper", 24.0), ("fa2", 5.0)])
 def test_shift_above_shifts_only_the_large_ties(numerics, above):
-  """`shift_above`: a tied tile is shifted only when its |max| ≥ shift_above. Per batch
-  element one tie value: below the threshold the bits (O, the gradients, the tie count) are
-  those without the compensation, at or above it those with the compensation as it is (in
-  the paper layout the literal shift, whose rows past ≈ 23.7 the clamp switches off: the
-  training variant `paper+comp:shift_above=23.7`). The NumPy emulation follows the kernel's
-  O bit for bit."""
+  """`shift_above`: a tied tile is shifted only when its |max| ≥ shift_above, |max| after the
+  softmax scale (here 0.5 on doubled scores). Per batch element one tie value, two of them on
+  the threshold itself: below it the bits (O, the gradients, the tie count) are those without
+  the compensation, at or above it those with the compensation as it is (in the paper layout
+  the literal shift, whose rows past ≈ 23.7 the clamp switches off: the training variant
+  `paper+comp:shift_above=23.7`). The NumPy emulation follows the kernel's O bit for bit."""
   from pallas_kernels.emulation import emulate_forward
   from pallas_kernels.policy import BlockSizes, get_numerics
 
-  ties = (-30.0, 3.0, 10.0, 30.0)
+  ties = (-30.0, -above, 3.0, above, 10.0, 30.0)
   q, k, v, do = (jnp.concatenate(x) for x in zip(*(tied_inputs(t, jnp.bfloat16) for t in ties)))
-  kw = dict(softmax_scale=1.0, numerics=numerics, return_stats=True)
+  q = q * 2  # exact in bfloat16: the scores double, softmax_scale halves them back
+  kw = dict(softmax_scale=0.5, numerics=numerics, return_stats=True)
 
   def run(**more):
     (out, stats), vjp = jax.vjp(lambda *a: flash_attention(*a, **kw, **more), q, k, v)
@@ -235,7 +236,7 @@ def test_shift_above_shifts_only_the_large_ties(numerics, above):
   eo = emulate_forward(
     *(np.asarray(x).astype(ml_dtypes.bfloat16) for x in (q, k, v)),
     causal=False,
-    softmax_scale=1.0,
+    softmax_scale=0.5,
     block_k=blocks.block_k,
     dtype=ml_dtypes.bfloat16,
     numerics=layout,
@@ -247,14 +248,88 @@ def test_shift_above_shifts_only_the_large_ties(numerics, above):
   np.testing.assert_array_equal(np.asarray(some[0], np.float32), np.asarray(eo, np.float32))
 
 
-def test_bad_shift_above():
+def test_shift_above_keeps_the_masked_tiles_shift():
+  """The paper layout's causal loop visits every key tile; a fully masked one (every score
+  −BF16_MAX, so all tied) has |max| above any threshold and is shifted to 0 as by the literal
+  rule. So with `shift_above` as without it, a causal row whose scores are all negative and
+  whose query tile has a masked key tile ends with row_max 0 (its scores then count from 0:
+  past ≈ −23.7 the clamp switches it off, as in `paper+comp`), while the rows of the last
+  query tile, which have no masked tile, keep their own max. Distinct scores (−5.5 − j/16,
+  no ties among real keys): the bits with shift_above are the literal rule's everywhere and
+  the plain kernel's on the last query tile; O stays within 1e−2 of FP64."""
+  n, d = 64, 32
+  q = np.zeros((1, n, 1, d))
+  q[..., 0], q[..., 1] = -5.0, 1.0
+  k = np.zeros((1, n, 1, d))
+  k[..., 0], k[0, :, 0, 1] = 1.0, -(0.5 + np.arange(n) / 16)
+  v = np.random.default_rng(0).standard_normal((1, n, 1, d))
+  q, k, v, do = (jnp.asarray(x, jnp.bfloat16) for x in (q, k, v, v[:, ::-1]))
+  kw = dict(causal=True, softmax_scale=1.0, numerics="paper", block_q=32, block_k=32)
+
+  def run(**more):
+    f = lambda *a: flash_attention(*a, return_stats=True, **kw, **more)  # noqa: E731
+    (out, stats), vjp = jax.vjp(f, q, k, v)
+    return [out, stats.row_max, *vjp((do, jax.tree.map(jnp.zeros_like, stats)))]
+
+  plain, full, some = run(), run(stabilize=True), run(stabilize=True, shift_above=23.7)
+  f32 = lambda x: np.asarray(x, np.float32)  # noqa: E731
+  for got, x, y in zip(some, full, plain):
+    np.testing.assert_array_equal(f32(got), f32(x))
+    np.testing.assert_array_equal(f32(got)[:, 32:], f32(y)[:, 32:])
+  assert (f32(some[1])[:, :32] == 0).all() and (f32(plain[1])[:, :32] < -5).all()
+  gold = reference_attention_vjp(q, k, v, do, causal=True, softmax_scale=1.0, dtype=jnp.float64)
+  np.testing.assert_allclose(f32(some[0]), np.asarray(gold[0]), atol=1e-2)
+
+
+def test_shift_above_drops_the_partial_switch_off():
+  """Below 23.7 the literal rule still scales O: a tie at 20 raises the paper layout's row max
+  to 40, and each of seven other tiles (64 scores at 10) then sums to 64·e^−30 < 1e−10 and is
+  clamped up to 1e−10 in l but not in O's numerator. With v = 1 (O = 1 exactly): 0.871
+  under the literal rule (0.864 in exact arithmetic; the paper layout rounds l to bfloat16 per
+  tile), 1 under shift_above=23.7 and without the compensation."""
+  n, d = 8 * 64, 32
+  q = np.zeros((1, 1, 1, d))
+  q[..., 0] = 1.0
+  k = np.zeros((1, n, 1, d))
+  k[0, :, 0, 0] = 10.0
+  k[0, :2, 0, 0] = 20.0
+  q, k, v = (jnp.asarray(x, jnp.bfloat16) for x in (q, k, np.ones((1, n, 1, d))))
+  kw = dict(softmax_scale=1.0, numerics="paper", block_k=64)
+  o = lambda **more: float(np.asarray(flash_attention(q, k, v, **kw, **more), np.float32).max())  # noqa: E731
+  assert o() == 1.0 and o(stabilize=True, shift_above=23.7) == 1.0
+  # exact arithmetic: Σ P̄ over Σ max(tile sum, 1e−10), P̄ against the row max 40: 0.8637
+  tied, low = 2 * math.exp(-20), math.exp(-30)
+  literal = (tied + 510 * low) / (tied + 62 * low + 7 * 1e-10)
+  assert abs(o(stabilize=True) - literal) < 0.01, (o(stabilize=True), literal)  # 0.8711: l in bf16
+
+
+@pytest.mark.parametrize(
+  "value, error, message",
+  [
+    (1.0, ValueError, "shift_above=1.0 needs stabilize"),  # without the compensation
+    (-1.0, ValueError, "shift_above must be a finite number >= 0, got shift_above=-1.0"),
+    (float("nan"), ValueError, "got shift_above=nan"),
+    ("1", TypeError, "shift_above must be a number, got shift_above='1'"),
+    (None, TypeError, "got shift_above=None"),
+    (np.array([1.0, 2.0]), TypeError, r"got shift_above=array\(\[1., 2.\]\)"),
+  ],
+)
+def test_bad_shift_above(value, error, message):
   q = jnp.zeros((1, 8, 1, 32), jnp.bfloat16)
-  with pytest.raises(ValueError, match="shift_above=1.0 needs stabilize"):
-    flash_attention(q, q, q, shift_above=1.0)
-  with pytest.raises(ValueError, match="shift_above=-1"):
-    flash_attention(q, q, q, stabilize=True, shift_above=-1.0)
-  with pytest.raises(TypeError, match="shift_above='1'"):
-    flash_attention(q, q, q, stabilize=True, shift_above="1")
+  with pytest.raises(error, match=message):
+    flash_attention(q, q, q, stabilize=not message.endswith("needs stabilize"), shift_above=value)
+
+
+def test_settings_take_numpy_numbers():
+  """beta, tie_tolerance, max_shift and shift_above take NumPy integers and 0-d arrays as
+  Python numbers (the same bits)."""
+  q, k, v, _ = tied_inputs(30.0, jnp.bfloat16)
+  py = dict(beta=3, tie_tolerance=0.0, max_shift=6, shift_above=24)
+  want = flash_attention(q, k, v, stabilize=True, numerics="fa2", **py)
+  for wrap in (np.int64, np.float32, np.asarray):
+    got = flash_attention(q, k, v, stabilize=True, numerics="fa2", **jax.tree.map(wrap, py))
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+  assert Compensation(shift_above=np.int64(24)) == Compensation(shift_above=24.0)
 
 
 @pytest.mark.parametrize("tie_value", TIES)

@@ -328,9 +328,10 @@ def test_runaway_survival_fisher_and_pack(tmp_path):
     ["paper", "paper+comp", "paper+center+comp", "fa2+lse", "fa2", "paper+comp@layer"]
     + ["paper@layer", "fa2+comp:block_q=256", "xla", "bogus", "paper+guard+comp"]
     + ["paper+comp+guard:max_shift=6", "paper+comp+guard+rsum:max_shift=6", "fa2+comp+rsum"]
-    + ["cudnn+center", "cudnn"]
+    + ["cudnn+center", "cudnn", "paper+comp:shift_above=23.7"]
   ) == [
     ("paper", "paper+comp", "comp"),
+    ("paper", "paper+comp:shift_above=23.7", "comp:shift_above=23.7"),  # a test variant
     ("paper", "paper+guard+comp", "comp+guard"),
     ("paper", "paper+comp+guard:max_shift=6", "comp+guard"),
     ("paper", "paper+comp+guard+rsum:max_shift=6", "comp+guard+rsum"),
@@ -467,6 +468,9 @@ B128_LATER = {
     },
     5,  # and fa2 + lse 21, cudnn 21 calm to 3,000 by these rules (cudnn 21: layer 1 ran away at 2,400)
   ),
+  # cudnn + center 21 and paper + comp with shift_above 23.7 at 28 calm to 3,000 (layer 1's max
+  # logit 29 and 7,153, the latter climbing over 2,000 steps), 31 to 744: no warning
+  "h200-2026-12-02f-b128/runs.jsonl.xz": ({}, {}, 3),
 }
 
 
@@ -479,8 +483,9 @@ def test_early_warning_out_of_sample(pack, tmp_path):
   exploded at 1,174, 798 and 1,219, warned at 1,200, 800 and 1,200 (after, 2 after, 19
   ahead); paper + comp 30 and 31 calm to 3,000 and fa2 25 to 1,913, no warning; with +rsum
   at max_shift 6, seeds 25, 28 and 31 exploded at 1,185, 1,236 and 1,169, warned at 1,100,
-  1,200 and 1,100 (85, 36 and 69 steps ahead); fa2 + lse 21 and cudnn 21 not warned. No false
-  alarm."""
+  1,200 and 1,100 (85, 36 and 69 steps ahead); fa2 + lse 21 and cudnn 21 not warned; nor
+  cudnn + center 21 and paper + comp with shift_above 23.7 at 28 (calm to 3,000) and 31 (to
+  744). No false alarm."""
   warnings, explosions, n_runs = B128_LATER[pack]
   experiment.unpack_runs([str(RESULTS / pack)], tmp_path)
   fields = {f.name for f in dataclasses.fields(TrainConfig)}

@@ -43,16 +43,6 @@ class AttentionStats(NamedTuple):
   tied_tiles: jax.Array
 
 
-def _number(name, value):
-  """A Python float from a Python/NumPy number or a concrete 0-d array (names the value if not)."""
-  if isinstance(value, (bool, np.bool_, str)):
-    raise TypeError(f"{name} must be a number, got {name}={value!r}")
-  try:
-    return float(value)
-  except (TypeError, ValueError, jax.errors.ConcretizationTypeError):
-    raise TypeError(f"{name} must be a concrete number, got {name}={value!r}") from None
-
-
 def _default_interpret() -> bool:
   return jax.default_backend() != "gpu"
 
@@ -150,10 +140,11 @@ def flash_attention(
       ValueError without stabilize, in the paper layout without guard_shift, above 6 for
       float16 outside the paper layout, unless finite and ≥ 2^−7; TypeError unless a number.
     shift_above: with stabilize=True, the rule shifts only tied tiles whose |max| is at least
-      this (default 0: every tied tile, the paper's rule). With the paper layout's literal
-      shift, 23.7 shifts exactly the tiles whose rows its clamp switches off and no others: a
-      test variant, not a fix (`pallas_kernels.policy.Compensation`). ValueError unless finite
-      and ≥ 0, or when not 0 without stabilize; TypeError unless a number.
+      this, in units of the scaled scores (default 0: every tied tile, the paper's rule). With
+      the paper layout's literal shift, 23.7 keeps the rule on the two-tie tiles its 1e−10
+      clamp switches off in full, and on fully masked tiles: a test variant, not a fix
+      (`pallas_kernels.policy.Compensation` gives the exact account). ValueError unless finite
+      and ≥ 0, or when not 0 without stabilize; TypeError unless a real number.
     block_q, block_k: forward tile sizes, powers of two ≥ 16. They are part of the numerics
       (ties are detected per key tile). Defaults: block_k = 64, block_q = 128 (64 when
       head_dim > 128), the same on CPU and GPU.
@@ -286,11 +277,11 @@ def _kernel_config(
   )
   compensation = Compensation.for_dtype(
     query.dtype,
-    _number("beta", beta),
-    _number("tie_tolerance", tie_tolerance),
+    beta,
+    tie_tolerance,
     guard_paper=bool(guard_shift),
     max_shift=max_shift,
-    shift_above=_number("shift_above", shift_above),
+    shift_above=shift_above,
   )
   if not isinstance(causal, (bool, np.bool_)):
     raise TypeError(f"causal must be a bool, got causal={causal!r}")

@@ -415,7 +415,8 @@ def option_pairs(variants) -> list[tuple[str, str, str]]:
   paper and paper+comp, paper and paper+center, paper+center and paper+center+comp, cudnn and
   cudnn+center (+center is the one fix xla, cudnn and the references take); a fix with
   the compensation whatever its settings (`paper+comp+guard:max_shift=6` is `paper` with
-  "comp+guard"). Variants that do not parse, and other modifiers (`+lse`, a backend), make no
+  "comp+guard"; `paper+comp:shift_above=23.7` is `paper` with "comp:shift_above=23.7", the
+  compensation on the large ties only). Variants that do not parse, and other modifiers (`+lse`, a backend), make no
   pair."""
   import warnings
 
@@ -446,7 +447,8 @@ def option_pairs(variants) -> list[tuple[str, str, str]]:
       # a fix with the compensation pairs whatever its settings (beta, tolerance, cap)
       settings = {k: getattr(fixed, k) for k in COMP_SETTINGS} if "comp" in mods else {}
       pairs += [
-        (v, w, fix)
+        # shift_above leaves ties below it alone: a test variant, named as such in the pair
+        (v, w, fix + (f":shift_above={pw[0].shift_above:g}" if pw[0].shift_above else ""))
         for w, pw in found.items()
         if pw is not None and pw[1] == pv[1] and dataclasses.replace(pw[0], **settings) == fixed
       ]
