@@ -6,7 +6,10 @@
 # Call `wait` again at once (the machine goes back 30 s after a call) until it prints "done".
 # A machine that went back between calls takes its queues with it (`wait` on the fresh one says
 # so): start and wait in one call, so that a late next call loses only what runs after it
-# (2026-12-01: two machines went back so, each between a start and its wait).
+# (2026-12-01: two machines went back so, each between a start and its wait). Every 120 s
+# `wait` also leaves a snapshot of the runs under $OUT, so that a call killed at its limit (the
+# session's device time left may be less than the wait: 2026-12-02, 551 s lost) still brings
+# back what ran.
 # Usage (repo root, on the device; carry .data):
 #   QUEUES="paper+comp:24,25|paper:24,25" BUDGET=1480 bash experiments/h200_hold.sh start "$OUT" \
 #     && bash experiments/h200_hold.sh wait "$OUT" 500
@@ -37,18 +40,25 @@ wait)
   if [[ ! -f $H/pid ]]; then  # a fresh machine: the one that ran the queues has gone back
     echo "no queues were started on this machine (a fresh one?): start them again" >&2; exit 2
   fi
-  t0=$(date +%s)
-  while kill -0 "$(cat $H/pid)" 2>/dev/null && (( $(date +%s) - t0 < ${1:-570} )); do sleep 5; done
+  snapshot() {  # what exists so far, under $OUT: a call killed at its limit still brings it back
+    cp $R/queue*.log "$OUT"/ 2>/dev/null
+    for dir in $R/*/; do
+      [[ -d $dir ]] && pack_runs $dir "$OUT/partial-$(basename $dir | tr + _).jsonl.xz"
+    done
+  }
+  t0=$(date +%s); last=$t0
+  while kill -0 "$(cat $H/pid)" 2>/dev/null && (( $(date +%s) - t0 < ${1:-570} )); do
+    sleep 5
+    if (( $(date +%s) - last >= 120 )); then snapshot; last=$(date +%s); fi
+  done
   if kill -0 "$(cat $H/pid)" 2>/dev/null; then
     tail -n 8 $R/queue*.log
-    cp $R/queue*.log "$OUT"/
-    for dir in $R/*/; do
-      pack_runs $dir "$OUT/partial-$(basename $dir | tr + _).jsonl.xz"
-    done
+    snapshot
     echo "running; call wait again"
   else
     cat $H/log
     cp $H/cpu_hashes.* "$OUT"/
+    rm -f "$OUT"/partial-*.jsonl.xz  # the final packs below hold every run
     cp $H/out/* "$OUT"/ && echo done
   fi
   ;;
