@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 
 import jax.numpy as jnp
 import numpy as np
@@ -369,16 +370,21 @@ class Compensation:
     max_shift 6 (2.5e−3) each adds about 4e−8.
   shift_above: the rule shifts only tied tiles whose |max| (after softmax_scale) is at least
     this (0: every tied tile, the paper's rule); every other tile is as without the
-    compensation. In the paper layout with its literal shift, n ties at max M leave the tile a
-    sum of about n·e^−M, clamped up once below 1e−10: the clamp switches such a tile off in full
-    past ln(n·10¹⁰) (23.7 for two ties, 24.1 for three). 23.7 keeps the literal rule on those
-    and drops it below, including its partial effects there (other tiles of the row summing
-    below 1e−10 against the raised max are clamped up too: two keys at 20 and 510 at 10 in
-    eight tiles of 64, v = 1, give O = 0.871 under the literal rule, 1 under 23.7). A fully masked tile
-    of the paper layout's causal loop (every score −BF16_MAX, all tied) passes any threshold
-    and is shifted to 0 as by the literal rule: a causal row whose scores are all negative
-    gets row_max 0 either way. The test of whether the full switch-off alone is what holds at
-    anchor-b128 (docs/studies/instability-anchor-b128.md); a test variant, not a fix.
+    compensation. In the paper layout with its literal shift, n ties at max M > 0 leave the
+    tile a sum of about n·e^−M; below 1e−10 the clamp raises it in l and not in O's numerator,
+    so a row whose weight is that tile has its O scaled by n·e^−M·10¹⁰: 1 at ln(n·10¹⁰) (23.7
+    for two ties, 24.1 for three), then 0.755 at 24, 0.28 at 25, 0.002 at 30 for two ties. The
+    switch-off starts at 23.7 and is gradual. 23.7 keeps the literal rule on every tied tile
+    from there (3-tie tiles up to 24.1, which the clamp does not scale yet, included) and
+    drops it below, its partial effects there included: tiles after the tied one that sum
+    below 1e−10 against the raised max are clamped up too (two keys at 20 in the first of eight
+    tiles of 64, the other 510 at 10, v = 1: O = 0.871 under the literal rule, 1 under 23.7;
+    a tie in the last tile leaves the earlier tiles alone). A fully masked tile of the paper
+    layout's causal loop (every score −BF16_MAX, all tied) passes any threshold and is shifted
+    to 0 as by the literal rule: a causal row whose scores are all negative, in a query tile
+    that has a fully masked key tile, gets row_max 0 either way. A test variant, not a fix:
+    does the literal rule's switch-off alone hold at anchor-b128
+    (docs/studies/instability-anchor-b128.md)?
   """
 
   beta: float = 2.0
@@ -429,17 +435,31 @@ class Compensation:
 
 
 def real_number(name, value) -> float:
-  """A Python float from a Python/NumPy real number or a concrete 0-d array; a one-line
-  TypeError naming the value for anything else (bool, str, None, complex, an array of another
-  shape, a tracer: these settings are static)."""
-  if isinstance(value, (bool, np.bool_, str)) or value is None:
-    raise TypeError(f"{name} must be a number, got {name}={value!r}")
+  """A Python float from a Python/NumPy real number or a concrete 0-d integer or floating array;
+  a one-line TypeError naming the value for anything else (bool, str, bytes, None, complex, an
+  array of another shape or dtype, a tracer: these settings are static), and for an integer too
+  large for a float."""
+  dtype = getattr(value, "dtype", None)
+  if isinstance(value, bool) or not (
+    isinstance(value, numbers.Real)
+    if dtype is None
+    else np.dtype(dtype).kind in "iu" or jnp.issubdtype(dtype, jnp.floating)  # not m8, b1
+  ):
+    raise TypeError(f"{name} must be a real number, got {name}={_shown(value)}")
+  if np.ndim(value) != 0:
+    raise TypeError(f"{name} must be a single number, got {name}={_shown(value)}")
   try:
-    if np.ndim(value) != 0 or not np.isrealobj(value):
-      raise TypeError
     return float(value)
-  except (TypeError, ValueError):  # jax.errors.ConcretizationTypeError is a TypeError
-    raise TypeError(f"{name} must be a concrete real number, got {name}={value!r}") from None
+  except (TypeError, ValueError, OverflowError):  # a tracer: jax's ConcretizationTypeError
+    raise TypeError(f"{name} must be a concrete real number, got {name}={_shown(value)}") from None
+
+
+def _shown(value) -> str:
+  """repr on one short line: an array's type, shape and dtype; a long repr cut."""
+  if np.ndim(value):
+    return f"{type(value).__name__}(shape={np.shape(value)}, dtype={getattr(value, 'dtype', None)})"
+  text = repr(value)
+  return text if len(text) <= 80 else text[:60] + "…"
 
 
 def check_shift_options(numerics, stabilize, guard_shift, max_shift, dtype=None, shift_above=0.0):

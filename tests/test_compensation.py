@@ -282,9 +282,9 @@ def test_shift_above_keeps_the_masked_tiles_shift():
 
 
 def test_shift_above_drops_the_partial_switch_off():
-  """Below 23.7 the literal rule still scales O: a tie at 20 raises the paper layout's row max
-  to 40, and each of seven other tiles (64 scores at 10) then sums to 64·e^−30 < 1e−10 and is
-  clamped up to 1e−10 in l but not in O's numerator. With v = 1 (O = 1 exactly): 0.871
+  """Below 23.7 the literal rule still scales O: a tie at 20 in the first tile raises the paper
+  layout's row max to 40, and each of the seven later tiles (64 scores at 10) then sums to
+  64·e^−30 < 1e−10 and is clamped up to 1e−10 in l but not in O's numerator. With v = 1 (O = 1 exactly): 0.871
   under the literal rule (0.864 in exact arithmetic; the paper layout rounds l to bfloat16 per
   tile), 1 under shift_above=23.7 and without the compensation."""
   n, d = 8 * 64, 32
@@ -301,6 +301,10 @@ def test_shift_above_drops_the_partial_switch_off():
   tied, low = 2 * math.exp(-20), math.exp(-30)
   literal = (tied + 510 * low) / (tied + 62 * low + 7 * 1e-10)
   assert abs(o(stabilize=True) - literal) < 0.01, (o(stabilize=True), literal)  # 0.8711: l in bf16
+  # the tie in the last tile: the earlier tiles' sums were taken against their own max (10)
+  # and are only rescaled, never clamped: O = 1 under the literal rule too
+  k = jnp.roll(k, -2, axis=1)
+  assert o(stabilize=True) == 1.0
 
 
 @pytest.mark.parametrize(
@@ -309,9 +313,9 @@ def test_shift_above_drops_the_partial_switch_off():
     (1.0, ValueError, "shift_above=1.0 needs stabilize"),  # without the compensation
     (-1.0, ValueError, "shift_above must be a finite number >= 0, got shift_above=-1.0"),
     (float("nan"), ValueError, "got shift_above=nan"),
-    ("1", TypeError, "shift_above must be a number, got shift_above='1'"),
+    ("1", TypeError, "shift_above must be a real number, got shift_above='1'"),
     (None, TypeError, "got shift_above=None"),
-    (np.array([1.0, 2.0]), TypeError, r"got shift_above=array\(\[1., 2.\]\)"),
+    (np.array([1.0, 2.0]), TypeError, r"single number, got shift_above=ndarray\(shape=\(2,\)"),
   ],
 )
 def test_bad_shift_above(value, error, message):
@@ -330,6 +334,32 @@ def test_settings_take_numpy_numbers():
     got = flash_attention(q, k, v, stabilize=True, numerics="fa2", **jax.tree.map(wrap, py))
     np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
   assert Compensation(shift_above=np.int64(24)) == Compensation(shift_above=24.0)
+  defaults = flash_attention(q, k, v, stabilize=True, numerics="fa2")  # the settings count
+  assert not np.array_equal(np.asarray(want, np.float32), np.asarray(defaults, np.float32))
+
+
+@pytest.mark.parametrize(
+  "value, message",
+  [
+    (True, "must be a real number, got x=True"),
+    (np.asarray(True), "must be a real number, got x=array(True)"),
+    (b"1", "must be a real number, got x=b'1'"),
+    (1 + 2j, "must be a real number, got x=(1+2j)"),
+    (np.timedelta64(1, "s"), "must be a real number"),
+    (np.ones((2, 2)), "must be a single number, got x=ndarray(shape=(2, 2), dtype=float64)"),
+    (10**400, "must be a concrete real number, got x=1000000000"),
+  ],
+)
+def test_real_number_names_the_value_in_one_line(value, message):
+  """Every static number of the kernels (softmax_scale, the compensation's settings) goes
+  through `policy.real_number`: a one-line TypeError naming the value; a tracer too."""
+  from pallas_kernels.policy import real_number
+
+  with pytest.raises(TypeError) as e:
+    real_number("x", value)
+  assert message in str(e.value) and "\n" not in str(e.value)
+  with pytest.raises(TypeError, match=r"concrete real number, got x=JitTracer"):
+    jax.jit(lambda s: real_number("x", s))(1.0)
 
 
 @pytest.mark.parametrize("tie_value", TIES)

@@ -328,7 +328,7 @@ def test_runaway_survival_fisher_and_pack(tmp_path):
     ["paper", "paper+comp", "paper+center+comp", "fa2+lse", "fa2", "paper+comp@layer"]
     + ["paper@layer", "fa2+comp:block_q=256", "xla", "bogus", "paper+guard+comp"]
     + ["paper+comp+guard:max_shift=6", "paper+comp+guard+rsum:max_shift=6", "fa2+comp+rsum"]
-    + ["cudnn+center", "cudnn", "paper+comp:shift_above=23.7"]
+    + ["cudnn+center", "cudnn", "paper+comp:shift_above=23.7", "paper+center+comp:shift_above=23.7"]
   ) == [
     ("paper", "paper+comp", "comp"),
     ("paper", "paper+comp:shift_above=23.7", "comp:shift_above=23.7"),  # a test variant
@@ -340,13 +340,14 @@ def test_runaway_survival_fisher_and_pack(tmp_path):
     ("paper@layer", "paper+comp@layer", "comp"),
     ("paper+comp+guard:max_shift=6", "paper+comp+guard+rsum:max_shift=6", "rsum"),
     ("cudnn", "cudnn+center", "center"),  # the one fix an implementation not ours takes
+    ("paper+comp:shift_above=23.7", "paper+center+comp:shift_above=23.7", "center"),
   ]
   assert experiment.fisher_p(rows, "paper", other="paper+center") is None  # no such runs
   text = experiment.format_report(rows, dict(warmup_steps=cfg.warmup_steps), 1)
   assert "| paper | 5 / 5 | 5 / 5 | 0.00 |" not in text  # only 60 steps: no 500 mark
   assert (
     "| paper+comp | 0 / 4 (1 unfinished) | 1 / 5 |" in text
-    and "| paper vs paper+comp | 0.0079 | 0.024 |" in text
+    and "| paper vs paper+comp | comp | 0.0079 | 0.024 |" in text
   )
   # pack → unpack gives the same rows (timings kept to 4 digits)
   pack = experiment.pack_runs(tmp_path, tmp_path / "runs.jsonl.xz")

@@ -141,9 +141,9 @@ def flash_attention(
       float16 outside the paper layout, unless finite and ≥ 2^−7; TypeError unless a number.
     shift_above: with stabilize=True, the rule shifts only tied tiles whose |max| is at least
       this, in units of the scaled scores (default 0: every tied tile, the paper's rule). With
-      the paper layout's literal shift, 23.7 keeps the rule on the two-tie tiles its 1e−10
-      clamp switches off in full, and on fully masked tiles: a test variant, not a fix
-      (`pallas_kernels.policy.Compensation` gives the exact account). ValueError unless finite
+      the paper layout's literal shift, 23.7 keeps the rule where its 1e−10 clamp starts
+      switching rows off (two ties at 23.7), and on fully masked tiles: a test variant, not a
+      fix (`pallas_kernels.policy.Compensation` gives the exact account). ValueError unless finite
       and ≥ 0, or when not 0 without stabilize; TypeError unless a real number.
     block_q, block_k: forward tile sizes, powers of two ≥ 16. They are part of the numerics
       (ties are detected per key tile). Defaults: block_k = 64, block_q = 128 (64 when

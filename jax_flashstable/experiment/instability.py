@@ -446,9 +446,10 @@ def option_pairs(variants) -> list[tuple[str, str, str]]:
         continue
       # a fix with the compensation pairs whatever its settings (beta, tolerance, cap)
       settings = {k: getattr(fixed, k) for k in COMP_SETTINGS} if "comp" in mods else {}
+      comp_only_above = lambda c: "comp" in mods and c.shift_above  # noqa: E731
       pairs += [
         # shift_above leaves ties below it alone: a test variant, named as such in the pair
-        (v, w, fix + (f":shift_above={pw[0].shift_above:g}" if pw[0].shift_above else ""))
+        (v, w, fix + (f":shift_above={pw[0].shift_above:g}" if comp_only_above(pw[0]) else ""))
         for w, pw in found.items()
         if pw is not None and pw[1] == pv[1] and dataclasses.replace(pw[0], **settings) == fixed
       ]
@@ -560,13 +561,15 @@ def format_report(rows, recipe: dict, layer: int) -> str:
       "One-sided Fisher exact test, H1: the variant has the event more often than with one "
       f"fix more ({', '.join('+' + f for f in FIXES)}; decided runs only):",
       "",
-      "| variant vs + fix | p (explosion) | p (runaway) |",
-      "|---|---:|---:|",
+      "| variant vs + fix | fix | p (explosion) | p (runaway) |",
+      "|---|---|---:|---:|",
     ]
-    for v, w, _ in pairs:
+    for v, w, fix in pairs:
       p = [fisher_p(rows, v, e, w) for e in ("explosion", "runaway")]
       lines.append(
-        f"| {v} vs {w} | " + " | ".join("n/a" if x is None else f"{x:.2g}" for x in p) + " |"
+        f"| {v} vs {w} | {fix} | "
+        + " | ".join("n/a" if x is None else f"{x:.2g}" for x in p)
+        + " |"
       )
   return "\n".join(lines)
 
