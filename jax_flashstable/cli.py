@@ -56,6 +56,14 @@ def _non_negative(text):
   return value
 
 
+def _positive(text):
+  """argparse type: a finite float > 0."""
+  value = _non_negative(text)
+  if value == 0:
+    raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+  return value
+
+
 def _out(command, path, option="--out"):
   """`path` when it is a folder that can be written (or created); else the one-line error."""
   from jax_flashstable.training.config import ConfigError, check_output_dir
@@ -422,7 +430,7 @@ def _experiment(args):
       _check_packs(args.runs)
       experiment.unpack_runs(args.runs, args.out)
     if args.report_only or args.runs:
-      rows = experiment.collect(args.out, base, args.layer)
+      rows = experiment.collect(args.out, base, args.layer, args.reference_max_logit)
     else:
       rows = experiment.run_matrix(
         base,
@@ -432,6 +440,7 @@ def _experiment(args):
         tiles=args.tiles,
         layer=args.layer,
         time_budget=args.time_budget,
+        reference_max=args.reference_max_logit,
       )
   except (ValueError, FileNotFoundError, CheckpointError) as e:
     raise SystemExit(f"flashstable experiment: {e}") from None
@@ -717,6 +726,13 @@ def build_parser():
     default=0.0,
     help="seconds of wall time for this invocation (0: none); unfinished runs "
     "resume from their last checkpoint next time",
+  )
+  p.add_argument(
+    "--reference-max-logit",
+    type=_positive,
+    default=None,
+    help="the FP32 reference's largest watched-layer max logit, measured elsewhere (the "
+    "runaway threshold is 10× the largest of it and of the matrix's reference-fp32 runs)",
   )
   p.add_argument(
     "--report-only",

@@ -110,6 +110,10 @@ def _bad_inputs(tmp):
       ["experiment", "instability", "--recipe", "tiny", "--time-budget", "-1"],
       r"argument --time-budget: must be a finite number ≥ 0, got -1",
     ),
+    (
+      ["experiment", "instability", "--recipe", "tiny", "--reference-max-logit", "0"],
+      r"argument --reference-max-logit: must be a finite number > 0, got 0",
+    ),
     (["experiment", "instability", "--recipe", "nope"], r"--recipe 'nope' is unknown"),
     (
       [

@@ -6,6 +6,7 @@ import json
 import lzma
 import math
 import pathlib
+import shutil
 
 import pytest
 
@@ -113,7 +114,7 @@ def test_a_run_out_of_device_memory_is_one_line_and_the_matrix_goes_on(tmp_path,
 
   monkeypatch.setattr(experiment, "train_and_evaluate", fake_train)
   monkeypatch.setattr(experiment, "load_dataset", lambda cfg: None)
-  monkeypatch.setattr(experiment, "collect", lambda out, base, layer: [])
+  monkeypatch.setattr(experiment, "collect", lambda out, base, layer, reference_max=None: [])
   logs = []
   experiment.run_matrix(TINY, ["stochastic", "fa2"], [0], tmp_path, log=logs.append)
   assert logs[1] == (
@@ -358,6 +359,22 @@ def test_runaway_survival_fisher_and_pack(tmp_path):
   ]
   assert strip(again) == strip(rows)
   assert again[0]["steps_per_s"] == pytest.approx(rows[0]["steps_per_s"], rel=1e-3)
+  # a reference's largest measured elsewhere (--reference-max-logit): the threshold is 10× the
+  # largest of it and of the matrix's reference runs; without reference runs it stands alone
+  given = experiment.collect(tmp_path, cfg, reference_max=60.0)  # 10 × 60 = 600 > 500
+  assert given[0]["runaway_threshold"] == 600.0
+  assert all(r["runaway_step"] == 30 for r in given if r["variant"] == "paper")  # 2,000 at 30
+  assert "runaway: layer 1 max logit > 600 (10 × the fp32-reference runs' largest and 60 given" in (
+    experiment.format_report(given, dict(warmup_steps=cfg.warmup_steps), 1)
+  )
+  assert experiment.collect(tmp_path, cfg, reference_max=1.0)[0]["runaway_threshold"] == 400.0
+  shutil.rmtree(tmp_path / "reference-fp32")
+  alone = experiment.collect(tmp_path, cfg, reference_max=60.0)
+  assert alone[0]["runaway_basis"] == "60 given (--reference-max-logit)"
+  assert experiment.collect(tmp_path, cfg)[0]["runaway_threshold"] is None
+  for bad in (0.0, -1.0, math.nan, math.inf, "60"):
+    with pytest.raises(ValueError, match="reference_max="):
+      experiment.collect(tmp_path, cfg, reference_max=bad)
   assert experiment.plot_report(tmp_path, rows).stat().st_size > 0
   # packs of two sessions: a run in both comes whole from the pack where it trained furthest,
   # whichever comes first (here a later session's failed start: its config, no steps)

@@ -10,7 +10,8 @@ its last checkpoint (when the recipe checkpoints). The report (`OUT/report.md`, 
 running minimum, or non-finite; `train.ExplosionMonitor`), the loss, the spectral norm of the
 watched layer's whole W_Q and its tie rate (rows whose key tiles had tied maxima), the
 runaway step (the watched layer's max logit above `RUNAWAY_FACTOR` × the largest the
-fp32-reference runs of the matrix reached), per variant how many seeds exploded and ran away,
+fp32-reference runs of the matrix reached, or a reference's largest given with
+`--reference-max-logit`), per variant how many seeds exploded and ran away,
 the survival curve (fraction of seeds not yet exploded against the step, Kaplan–Meier with
 unfinished runs censored) and, for each variant beside its compensated twin (`paper` and
 `paper+comp`), the one-sided Fisher exact p-value that the compensation explodes less.
@@ -169,11 +170,20 @@ def variant_config(
 
 
 def run_matrix(
-  base: TrainConfig, variants, seeds, out_dir, *, tiles=512, layer=1, time_budget=0.0, log=print
+  base: TrainConfig,
+  variants,
+  seeds,
+  out_dir,
+  *,
+  tiles=512,
+  layer=1,
+  time_budget=0.0,
+  reference_max=None,
+  log=print,
 ) -> list[dict]:
   """Runs every (variant, seed) not yet done, in order, within `time_budget` seconds of wall
   time (0: none; a run cut by it is left unfinished and resumes next time). Returns the report
-  rows (`collect`).
+  rows (`collect`, with `reference_max`).
 
   Raises:
     ValueError (`train.ConfigError`), before any training: a variant, seed, setting
@@ -235,7 +245,7 @@ def run_matrix(
     (run_dir / "summary.json").write_text(
       json.dumps(dict(s, variant=variant, seed=seed), default=str)
     )
-  return collect(out, base, layer)
+  return collect(out, base, layer, reference_max)
 
 
 def out_of_memory(error) -> str:
@@ -307,19 +317,35 @@ def _is_reference(variant: str) -> bool:
       return False
 
 
-def runaway_threshold(rows) -> float | None:
-  """`RUNAWAY_FACTOR` × the largest watched-layer max logit of the fp32-reference rows, or None
-  when the matrix has no fp32-reference run with diagnostics."""
+def runaway_threshold(rows, reference_max=None) -> float | None:
+  """`RUNAWAY_FACTOR` × the largest watched-layer max logit of the fp32-reference rows and of
+  `reference_max` (a reference's largest measured elsewhere: `--reference-max-logit`), or None
+  when there is neither (no fp32-reference run with diagnostics, no value given).
+
+  Raises:
+    ValueError: reference_max not a finite number > 0.
+  """
+  if reference_max is not None and not (
+    isinstance(reference_max, (int, float)) and 0 < reference_max < math.inf
+  ):
+    raise ValueError(f"reference_max={reference_max!r} must be a finite number > 0")
   ref = [
     r["max_logit"] for r in rows if _is_reference(r["variant"]) and math.isfinite(r["max_logit"])
-  ]
+  ] + ([reference_max] if reference_max is not None else [])
   return RUNAWAY_FACTOR * max(ref) if ref else None
 
 
-def collect(out_dir, base: TrainConfig, layer=1) -> list[dict]:
+def _runaway_basis(rows, reference_max) -> str:
+  """What the threshold comes from, for the report's rule."""
+  runs = any(_is_reference(r["variant"]) and math.isfinite(r["max_logit"]) for r in rows)
+  given = f"{reference_max:g} given (--reference-max-logit)" if reference_max is not None else ""
+  return " and ".join([s for s in ("the fp32-reference runs' largest" if runs else "", given) if s])
+
+
+def collect(out_dir, base: TrainConfig, layer=1, reference_max=None) -> list[dict]:
   """One row per run folder under out_dir (finished or not), read from its metrics. A row's
   `runaway_step` is the first diagnostics step whose watched-layer max logit exceeds
-  `runaway_threshold` (None: not by its last step, or no threshold)."""
+  `runaway_threshold(rows, reference_max)` (None: not by its last step, or no threshold)."""
   rows = []
   runs = [d for d in pathlib.Path(out_dir).glob("*/seed*") if d.name[4:].isdigit()]
   for run_dir in sorted(runs, key=lambda d: (d.parent.name, int(d.name[4:]))):
@@ -344,10 +370,12 @@ def collect(out_dir, base: TrainConfig, layer=1) -> list[dict]:
       else "not started (no step logged)"
     )
     rows.append(row)
-  threshold = runaway_threshold(rows)
+  threshold = runaway_threshold(rows, reference_max)
+  basis = _runaway_basis(rows, reference_max)
   for row in rows:
     logits = row.pop("logits")
     row["runaway_threshold"] = threshold
+    row["runaway_basis"] = basis
     row["runaway_step"] = (
       None if threshold is None else next((step for step, x in logits if x > threshold), None)
     )
@@ -389,7 +417,7 @@ def fisher_p(rows, variant, event="explosion", other=None) -> float | None:
   default its compensated twin, variant + "+comp") among decided runs; None without both."""
   import scipy.stats
 
-  if event == "runaway" and runaway_threshold(rows) is None:
+  if event == "runaway" and (not rows or rows[0]["runaway_threshold"] is None):
     return None
   counts = []
   for v in (variant, other or variant + COMPENSATED):
@@ -479,7 +507,7 @@ def format_report(rows, recipe: dict, layer: int) -> str:
   "warmup_steps" states the early warning's rule; KeyError without it), the watched layer."""
   threshold = rows[0]["runaway_threshold"] if rows else None
   rule = (
-    f"max logit > {threshold:,.0f} ({RUNAWAY_FACTOR:g} × the fp32-reference runs' largest)"
+    f"max logit > {threshold:,.0f} ({RUNAWAY_FACTOR:g} × {rows[0]['runaway_basis']})"
     if threshold is not None
     else "not defined: the matrix has no fp32-reference run"
   )
