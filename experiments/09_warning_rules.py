@@ -1,0 +1,94 @@
+"""Early-warning rules tried on the anchor-b128 runs kept in git: for each rule, the runs it
+warned before their event (the first of explosion and runaway, the runaway threshold 10× the
+given reference's largest layer-1 max logit), the lead in steps to the event and to the
+explosion, the runs it missed and its false alarms (a warning on a finished run with neither
+event; an unfinished run without one is undecided).
+The rules read the diagnostics rows (every 100 steps) after warmup; `train.EarlyWarning` is the
+report's own rule.
+
+    PYTHONPATH=. python3 experiments/09_warning_rules.py [reference_max_logit, default 24]
+"""
+
+import json
+import pathlib
+import statistics
+import sys
+import tempfile
+
+from jax_flashstable.experiment import instability
+from jax_flashstable.training.train import TrainConfig
+
+REFERENCE_MAX = float(sys.argv[1]) if len(sys.argv) > 1 else 24.0
+PACKS = sorted(str(p) for p in pathlib.Path("experiments/results").glob("*b128/runs*.jsonl.xz"))
+WARMUP = instability.RECIPES["anchor-b128"]["warmup_steps"]
+
+layer1 = lambda d: max(d["max_logit"][1])  # noqa: E731
+any_layer = lambda d: max(max(heads) for heads in d["max_logit"])  # noqa: E731
+RULES = {f"layer-1 max logit ≥ {t}": (lambda d, t=t: layer1(d) >= t) for t in (50, 100, 160)}
+RULES |= {f"any layer's max logit ≥ {t}": (lambda d, t=t: any_layer(d) >= t) for t in (60, 100)}
+RULES |= {f"layer-1 σ(W_Q) ≥ {s}": (lambda d, s=s: d["sn_q_full"][1] >= s) for s in (8, 12)}
+
+with tempfile.TemporaryDirectory() as out:
+  instability.unpack_runs(",".join(PACKS), out)
+  base = TrainConfig(**{k: v for k, v in instability.RECIPES["anchor-b128"].items()})
+  rows = [r for r in instability.collect(out, base, 1, REFERENCE_MAX) if r["steps"]]
+  diag = {
+    (r["variant"], r["seed"]): [
+      json.loads(line)
+      for line in (pathlib.Path(out) / r["variant"] / f"seed{r['seed']}" / "diagnostics.jsonl")
+      .read_text()
+      .splitlines()
+    ]
+    for r in rows
+  }
+
+
+def event(r):
+  steps = [s for s in (r["explosion_step"], r["runaway_step"]) if s is not None]
+  return min(steps, default=None)
+
+
+def assess(warned_at):
+  """warned_at(row) → the warning step or None; the table row's cells."""
+  leads, to_explosion, missed, false = [], [], [], []
+  for r in rows:
+    w, e, name = warned_at(r), event(r), f"{r['variant']} {r['seed']}"
+    if e is None:
+      false += [name] if w is not None and r["finished"] else []  # unfinished: undecided
+    elif w is None or w > e:
+      missed.append(name)
+    else:
+      leads.append(e - w)
+      if r["explosion_step"] is not None:
+        to_explosion.append(r["explosion_step"] - w)
+  n = len(leads) + len(missed)
+  lead = f"{min(leads)} / {statistics.median(leads):g}" if leads else "–"
+  return [
+    f"{len(leads)} / {n}",
+    lead,
+    str(min(to_explosion, default="–")),
+    ", ".join(missed) or "–",
+    f"{len(false)}" + (f" ({', '.join(false)})" if false else ""),
+  ]
+
+
+def first(rule):
+  return lambda r: next(
+    (d["step"] for d in diag[r["variant"], r["seed"]] if d["step"] > WARMUP and rule(d)), None
+  )
+
+
+threshold = rows[0]["runaway_threshold"]
+print(f"# {len(rows)} runs of {len(PACKS)} packs; runaway: layer-1 max logit > {threshold:g}")
+print(
+  "| rule | warned before the event | lead to the event, min / median | min lead to an "
+  "explosion | missed | false alarms |"
+)
+print("|---|---:|---:|---:|---|---|")
+print(
+  "| `train.EarlyWarning` (100× its lowest over 5 rows) | "
+  + " | ".join(assess(lambda r: r["warning_step"]))
+  + " |"
+)
+for name, rule in RULES.items():
+  print(f"| {name} | " + " | ".join(assess(first(rule))) + " |")
