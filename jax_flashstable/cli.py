@@ -58,8 +58,11 @@ def _non_negative(text):
 
 def _positive(text):
   """argparse type: a finite float > 0."""
-  value = _non_negative(text)
-  if value == 0:
+  try:
+    value = float(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+  if not 0 < value < float("inf"):
     raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
   return value
 
@@ -440,7 +443,7 @@ def _experiment(args):
         tiles=args.tiles,
         layer=args.layer,
         time_budget=args.time_budget,
-        reference_max=args.reference_max_logit,
+        reference_max_logit=args.reference_max_logit,
       )
   except (ValueError, FileNotFoundError, CheckpointError) as e:
     raise SystemExit(f"flashstable experiment: {e}") from None
@@ -503,7 +506,13 @@ def _crosscheck_train(args):
       )
     result = (
       twin.collect(
-        args.out, base, pairs, tiles=args.tiles, layer=args.layer, tolerance=args.tolerance
+        args.out,
+        base,
+        pairs,
+        tiles=args.tiles,
+        layer=args.layer,
+        tolerance=args.tolerance,
+        reference_max_logit=args.reference_max_logit,
       )
       if report
       else None
@@ -786,6 +795,13 @@ def build_parser():
     "--tiles", type=int, default=512, help="the paper layout's block_q = block_k, both sides"
   )
   p.add_argument("--layer", type=int, default=1, help="the watched layer (runaway rule)")
+  p.add_argument(
+    "--reference-max-logit",
+    type=_positive,
+    default=None,
+    help="the FP32 reference's largest watched-layer max logit, measured elsewhere (each "
+    "side's runaway threshold is 10× the largest of it and of that side's reference-fp32 runs)",
+  )
   p.add_argument(
     "--side",
     choices=["both", "jax", "torch"],

@@ -8,6 +8,8 @@ import math
 import pathlib
 import shutil
 
+import numpy as np
+
 import pytest
 
 from jax_flashstable import cli
@@ -114,9 +116,13 @@ def test_a_run_out_of_device_memory_is_one_line_and_the_matrix_goes_on(tmp_path,
 
   monkeypatch.setattr(experiment, "train_and_evaluate", fake_train)
   monkeypatch.setattr(experiment, "load_dataset", lambda cfg: None)
-  monkeypatch.setattr(experiment, "collect", lambda out, base, layer, reference_max=None: [])
+  given = []
+  monkeypatch.setattr(experiment, "collect", lambda out, base, layer, ref: given.append(ref) or [])
   logs = []
-  experiment.run_matrix(TINY, ["stochastic", "fa2"], [0], tmp_path, log=logs.append)
+  experiment.run_matrix(
+    TINY, ["stochastic", "fa2"], [0], tmp_path, reference_max_logit=np.float32(24), log=logs.append
+  )
+  assert given == [24.0]  # checked, converted and passed on
   assert logs[1] == (
     "stochastic seed 0: out of device memory (an allocation of 49.62GiB failed; other "
     "processes on the device count too); left unfinished, it runs next time"
@@ -175,6 +181,10 @@ def test_cli_experiment_tiny(tmp_path):
     )
     == 0
   )
+  assert "runaway: layer 1 not defined" in (tmp_path / "report.md").read_text()
+  only = ["experiment", "instability", "--recipe", "tiny", "--report-only", "--out", str(tmp_path)]
+  assert cli.main(only + ["--reference-max-logit", "60"]) == 0  # reaches the report's rule
+  assert "runaway: layer 1 max logit > 600 (10 × 60 given)" in (tmp_path / "report.md").read_text()
   with pytest.raises(SystemExit, match="variant .bogus.: unknown attention .bogus."):
     cli.main(
       [
@@ -361,20 +371,25 @@ def test_runaway_survival_fisher_and_pack(tmp_path):
   assert again[0]["steps_per_s"] == pytest.approx(rows[0]["steps_per_s"], rel=1e-3)
   # a reference's largest measured elsewhere (--reference-max-logit): the threshold is 10× the
   # largest of it and of the matrix's reference runs; without reference runs it stands alone
-  given = experiment.collect(tmp_path, cfg, reference_max=60.0)  # 10 × 60 = 600 > 500
+  given = experiment.collect(tmp_path, cfg, reference_max_logit=60.0)  # 10 × 60 = 600 > 500
   assert given[0]["runaway_threshold"] == 600.0
   assert all(r["runaway_step"] == 30 for r in given if r["variant"] == "paper")  # 2,000 at 30
-  assert "runaway: layer 1 max logit > 600 (10 × the fp32-reference runs' largest and 60 given" in (
-    experiment.format_report(given, dict(warmup_steps=cfg.warmup_steps), 1)
-  )
-  assert experiment.collect(tmp_path, cfg, reference_max=1.0)[0]["runaway_threshold"] == 400.0
+  text = experiment.format_report(given, dict(warmup_steps=cfg.warmup_steps), 1)
+  assert "max logit > 600 (10 × 60 given (sets it); the fp32-reference runs' largest, 40)" in text
+  low = experiment.collect(tmp_path, cfg, reference_max_logit=np.int64(1))  # the runs' 40 sets it
+  assert low[0]["runaway_threshold"] == 400.0 and "40 (sets it); 1 given" in low[0]["runaway_basis"]
   shutil.rmtree(tmp_path / "reference-fp32")
-  alone = experiment.collect(tmp_path, cfg, reference_max=60.0)
-  assert alone[0]["runaway_basis"] == "60 given (--reference-max-logit)"
+  alone = experiment.collect(tmp_path, cfg, reference_max_logit=60.0)
+  assert alone[0]["runaway_basis"] == "60 given"
+  assert experiment.fisher_p(alone, "paper", "runaway") is not None  # a threshold, no runs
   assert experiment.collect(tmp_path, cfg)[0]["runaway_threshold"] is None
-  for bad in (0.0, -1.0, math.nan, math.inf, "60"):
-    with pytest.raises(ValueError, match="reference_max="):
-      experiment.collect(tmp_path, cfg, reference_max=bad)
+  for bad, error in ((0.0, ValueError), (-1.0, ValueError), (math.nan, ValueError)) + (
+    (math.inf, ValueError),
+    ("60", TypeError),
+    (True, TypeError),
+  ):
+    with pytest.raises(error, match="reference_max_logit="):
+      experiment.collect(tmp_path, cfg, reference_max_logit=bad)
   assert experiment.plot_report(tmp_path, rows).stat().st_size > 0
   # packs of two sessions: a run in both comes whole from the pack where it trained furthest,
   # whichever comes first (here a later session's failed start: its config, no steps)

@@ -48,7 +48,7 @@ from jax_flashstable.training.train import (
   warning_step,
 )
 from jax_flashstable.attention.config import MODIFIERS, AttentionConfig
-from pallas_kernels.policy import check_tile
+from pallas_kernels.policy import check_tile, real_number
 
 # A variant is an attention spec of `AttentionConfig`'s grammar ("paper", "paper+comp", "fa2",
 # "cudnn", "reference-fp32", "fa2+delta32+comp", …) for every layer, or SPEC@layer: standard
@@ -178,12 +178,12 @@ def run_matrix(
   tiles=512,
   layer=1,
   time_budget=0.0,
-  reference_max=None,
+  reference_max_logit=None,
   log=print,
 ) -> list[dict]:
   """Runs every (variant, seed) not yet done, in order, within `time_budget` seconds of wall
   time (0: none; a run cut by it is left unfinished and resumes next time). Returns the report
-  rows (`collect`, with `reference_max`).
+  rows (`collect`, with `reference_max_logit`).
 
   Raises:
     ValueError (`train.ConfigError`), before any training: a variant, seed, setting
@@ -194,6 +194,7 @@ def run_matrix(
   t0 = time.perf_counter()
   if any(not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in seeds):
     raise ValueError(f"seeds={list(seeds)!r}: every seed must be an integer ≥ 0")
+  reference_max_logit = check_reference_max_logit(reference_max_logit)
   configs = [
     (v, s, variant_config(base, v, s, out / v / f"seed{s}", tiles=tiles, layer=layer))
     for v in variants
@@ -245,7 +246,7 @@ def run_matrix(
     (run_dir / "summary.json").write_text(
       json.dumps(dict(s, variant=variant, seed=seed), default=str)
     )
-  return collect(out, base, layer, reference_max)
+  return collect(out, base, layer, reference_max_logit)
 
 
 def out_of_memory(error) -> str:
@@ -317,35 +318,60 @@ def _is_reference(variant: str) -> bool:
       return False
 
 
-def runaway_threshold(rows, reference_max=None) -> float | None:
-  """`RUNAWAY_FACTOR` × the largest watched-layer max logit of the fp32-reference rows and of
-  `reference_max` (a reference's largest measured elsewhere: `--reference-max-logit`), or None
-  when there is neither (no fp32-reference run with diagnostics, no value given).
+def check_reference_max_logit(value) -> float | None:
+  """None, or a finite number > 0 as a float (a reference's largest watched-layer max logit,
+  measured elsewhere).
 
   Raises:
-    ValueError: reference_max not a finite number > 0.
+    TypeError / ValueError: one line naming the value.
   """
-  if reference_max is not None and not (
-    isinstance(reference_max, (int, float)) and 0 < reference_max < math.inf
-  ):
-    raise ValueError(f"reference_max={reference_max!r} must be a finite number > 0")
-  ref = [
+  if value is None:
+    return None
+  value = real_number("reference_max_logit", value)
+  if not 0 < value < math.inf:
+    raise ValueError(f"reference_max_logit={value!r} must be a finite number > 0")
+  return value
+
+
+def _reference_logits(rows) -> list[float]:
+  return [
     r["max_logit"] for r in rows if _is_reference(r["variant"]) and math.isfinite(r["max_logit"])
-  ] + ([reference_max] if reference_max is not None else [])
+  ]
+
+
+def runaway_threshold(rows, reference_max_logit=None) -> float | None:
+  """`RUNAWAY_FACTOR` × the largest watched-layer max logit of the fp32-reference rows and of
+  `reference_max_logit` (a reference's largest measured elsewhere: `--reference-max-logit`),
+  or None when there is neither (no fp32-reference run with diagnostics, no value given).
+
+  Raises:
+    TypeError / ValueError: reference_max_logit not a finite number > 0
+      (`check_reference_max_logit`).
+  """
+  given = check_reference_max_logit(reference_max_logit)
+  ref = _reference_logits(rows) + ([given] if given is not None else [])
   return RUNAWAY_FACTOR * max(ref) if ref else None
 
 
-def _runaway_basis(rows, reference_max) -> str:
-  """What the threshold comes from, for the report's rule."""
-  runs = any(_is_reference(r["variant"]) and math.isfinite(r["max_logit"]) for r in rows)
-  given = f"{reference_max:g} given (--reference-max-logit)" if reference_max is not None else ""
-  return " and ".join([s for s in ("the fp32-reference runs' largest" if runs else "", given) if s])
+def _runaway_basis(rows, reference_max_logit) -> str:
+  """What the threshold comes from, for the report's rule: each source with its value, the
+  one that sets the threshold first."""
+  ref = _reference_logits(rows)
+  sources = [(max(ref), f"the fp32-reference runs' largest, {max(ref):g}")] if ref else []
+  if reference_max_logit is not None:
+    sources.append((reference_max_logit, f"{reference_max_logit:g} given"))
+  sources.sort(key=lambda source: -source[0])
+  return "; ".join(
+    text + (" (sets it)" if i == 0 and len(sources) > 1 else "")
+    for i, (_, text) in enumerate(sources)
+  )
 
 
-def collect(out_dir, base: TrainConfig, layer=1, reference_max=None) -> list[dict]:
+def collect(out_dir, base: TrainConfig, layer=1, reference_max_logit=None) -> list[dict]:
   """One row per run folder under out_dir (finished or not), read from its metrics. A row's
   `runaway_step` is the first diagnostics step whose watched-layer max logit exceeds
-  `runaway_threshold(rows, reference_max)` (None: not by its last step, or no threshold)."""
+  `runaway_threshold(rows, reference_max_logit)` (None: not by its last step, or no threshold)."""
+  reference_max_logit = check_reference_max_logit(reference_max_logit)
   rows = []
   runs = [d for d in pathlib.Path(out_dir).glob("*/seed*") if d.name[4:].isdigit()]
   for run_dir in sorted(runs, key=lambda d: (d.parent.name, int(d.name[4:]))):
@@ -370,8 +396,8 @@ def collect(out_dir, base: TrainConfig, layer=1, reference_max=None) -> list[dic
       else "not started (no step logged)"
     )
     rows.append(row)
-  threshold = runaway_threshold(rows, reference_max)
-  basis = _runaway_basis(rows, reference_max)
+  threshold = runaway_threshold(rows, reference_max_logit)
+  basis = _runaway_basis(rows, reference_max_logit)
   for row in rows:
     logits = row.pop("logits")
     row["runaway_threshold"] = threshold
@@ -506,10 +532,12 @@ def format_report(rows, recipe: dict, layer: int) -> str:
   """The report's markdown: `collect`'s rows, the recipe's TrainConfig fields as a dict (its
   "warmup_steps" states the early warning's rule; KeyError without it), the watched layer."""
   threshold = rows[0]["runaway_threshold"] if rows else None
+  # (rows of a report.json from before the basis was kept: the reference runs were the only one)
+  basis = rows[0].get("runaway_basis", "the fp32-reference runs' largest") if rows else ""
   rule = (
-    f"max logit > {threshold:,.0f} ({RUNAWAY_FACTOR:g} × {rows[0]['runaway_basis']})"
+    f"max logit > {threshold:,.0f} ({RUNAWAY_FACTOR:g} × {basis})"
     if threshold is not None
-    else "not defined: the matrix has no fp32-reference run"
+    else "not defined: the matrix has no fp32-reference run and no --reference-max-logit"
   )
   lines = [
     f"recipe: {json.dumps(recipe, default=str)}",

@@ -890,11 +890,12 @@ def outcome(row: dict | None) -> str:
   return "calm" if row["finished"] else "unfinished"
 
 
-def _side_rows(out: pathlib.Path, side: str, base: TrainConfig, layer: int):
+def _side_rows(out: pathlib.Path, side: str, base: TrainConfig, layer: int, reference_max_logit):
   if not (out / side).is_dir():
     return {}, None
-  rows = instability.collect(out / side, base, layer)
-  return {(r["variant"], r["seed"]): r for r in rows}, instability.runaway_threshold(rows)
+  rows = instability.collect(out / side, base, layer, reference_max_logit)
+  threshold = instability.runaway_threshold(rows, reference_max_logit)
+  return {(r["variant"], r["seed"]): r for r in rows}, threshold
 
 
 def _seeds_of(out: pathlib.Path, side: str, variant: str) -> set[int]:
@@ -903,16 +904,26 @@ def _seeds_of(out: pathlib.Path, side: str, variant: str) -> set[int]:
 
 
 def collect(
-  out_dir, base: TrainConfig, pairs, *, tiles=512, layer=1, tolerance=TOLERANCE, window=WINDOW
+  out_dir,
+  base: TrainConfig,
+  pairs,
+  *,
+  tiles=512,
+  layer=1,
+  tolerance=TOLERANCE,
+  window=WINDOW,
+  reference_max_logit=None,
 ) -> dict:
   """Every (pair, seed) with a run on either side under out_dir: both sides' `collect` rows
-  (`instability.collect`, each side with its own runaway threshold), the loss comparison
+  (`instability.collect`, each side with its own runaway threshold, from its reference-fp32
+  runs and `reference_max_logit`), the loss comparison
   (`compare_losses`) of twin and JAX and of the JAX null and JAX, the outcomes and a sentence.
   Returns {"rows": [...], "thresholds": {"jax": t, "torch": t}, "tolerance", "window"}."""
   check_tolerance(tolerance)
+  reference_max_logit = instability.check_reference_max_logit(reference_max_logit)
   out = pathlib.Path(out_dir)
-  jax_rows, jax_t = _side_rows(out, "jax", base, layer)
-  torch_rows, torch_t = _side_rows(out, "torch", base, layer)
+  jax_rows, jax_t = _side_rows(out, "jax", base, layer, reference_max_logit)
+  torch_rows, torch_t = _side_rows(out, "torch", base, layer, reference_max_logit)
   rows = []
   for pair in pairs:
     seeds = _seeds_of(out, "jax", pair.jax) | _seeds_of(out, "torch", pair.torch)
@@ -1039,7 +1050,8 @@ def format_report(result: dict, recipe: dict, layer=1) -> str:
     "ulp of the loss's scale); Δ below are relative to the JAX loss. Explosion: trailing "
     "10-step mean loss > 2× its running minimum after warmup, or non-finite. Runaway: "
     f"layer {layer}'s max logit above 10× the largest of the same side's reference-fp32 "
-    f"runs — JAX: {rule(th['jax'])}; torch: {rule(th['torch'])}. Exact pairs share every "
+    f"runs and of a value given (--reference-max-logit) — JAX: {rule(th['jax'])}; "
+    f"torch: {rule(th['torch'])}. Exact pairs share every "
     "rounding point; the others pair an SDPA backend with the nearest JAX numerics.",
     "",
   ]
