@@ -3,8 +3,9 @@ warned before their event (the first of explosion and runaway, the runaway thres
 given reference's largest layer-1 max logit), the lead in steps to the event and to the
 explosion, the runs it missed and its false alarms (a warning on a finished run with neither
 event; an unfinished run without one is undecided).
-The rules read the diagnostics rows (every 100 steps) after warmup; `train.EarlyWarning` is the
-report's own rule.
+The rules read the diagnostics rows (every 100 steps) after warmup; `train.EarlyWarning` and
+`train.DQErrorWarning` are the report's own rules; the dQ error's rules are judged on the runs
+that logged it.
 
     PYTHONPATH=. python3 experiments/09_warning_rules.py [reference_max_logit, default 24]
 """
@@ -48,10 +49,11 @@ def event(r):
   return min(steps, default=None)
 
 
-def assess(warned_at):
-  """warned_at(row) → the warning step or None; the table row's cells."""
+def assess(warned_at, runs=None):
+  """warned_at(row) → the warning step or None, over `runs` (default: all); the table row's
+  cells."""
   leads, to_explosion, missed, false = [], [], [], []
-  for r in rows:
+  for r in rows if runs is None else runs:
     w, e, name = warned_at(r), event(r), f"{r['variant']} {r['seed']}"
     if e is None:
       false += [name] if w is not None and r["finished"] else []  # unfinished: undecided
@@ -78,17 +80,34 @@ def first(rule):
   )
 
 
+def table(runs, extra_rows):
+  """The rules' table over `runs`: the report's rules first (name → warned_at), then RULES."""
+  print(
+    "| rule | warned before the event | lead to the event, min / median | min lead to an "
+    "explosion | missed | false alarms |"
+  )
+  print("|---|---:|---:|---:|---|---|")
+  for name, warned_at in extra_rows.items():
+    print(f"| {name} | " + " | ".join(assess(warned_at, runs)) + " |")
+
+
 threshold = rows[0]["runaway_threshold"]
 print(f"# {len(rows)} runs of {len(PACKS)} packs; runaway: layer-1 max logit > {threshold:g}")
+report_rule = {"`train.EarlyWarning` (100× its lowest over 5 rows)": lambda r: r["warning_step"]}
+table(rows, report_rule | {name: first(rule) for name, rule in RULES.items()})
+logged = [r for r in rows if r["dq_logged"]]
 print(
-  "| rule | warned before the event | lead to the event, min / median | min lead to an "
-  "explosion | missed | false alarms |"
+  f"\nOn the {len(logged)} runs that logged dQ's error (2026-12-02 on), the rules above and the "
+  "dQ error's own:\n"
 )
-print("|---|---:|---:|---:|---|---|")
-print(
-  "| `train.EarlyWarning` (100× its lowest over 5 rows) | "
-  + " | ".join(assess(lambda r: r["warning_step"]))
-  + " |"
+dq1 = lambda d: max(x for x in d["dq_err"][1] if x == x)  # noqa: E731 (NaN heads skipped)
+DQ_RULES = {f"layer-1 dQ error ≥ {t} (one row)": (lambda d, t=t: dq1(d) >= t) for t in (0.035, 0.05)}
+dq_rule = {
+  "`train.DQErrorWarning` (layer 1's dQ error ≥ 0.03, 2 rows running)": (
+    lambda r: r["dq_warning_step"]
+  )
+}
+table(
+  logged,
+  report_rule | dq_rule | {name: first(rule) for name, rule in (RULES | DQ_RULES).items()},
 )
-for name, rule in RULES.items():
-  print(f"| {name} | " + " | ".join(assess(first(rule))) + " |")

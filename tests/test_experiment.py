@@ -437,6 +437,71 @@ def test_early_warning_fires_at_a_jump_and_at_a_steep_climb():
   assert "100× its lowest over its previous 5" in train.EarlyWarning(200).describe()
 
 
+def test_dq_error_warning_needs_its_rows_running():
+  """`DQErrorWarning` fires at the row that ends `rows` consecutive rows with the watched
+  layer's dQ error (largest over heads, NaN heads skipped) ≥ the threshold, after `start`:
+  not on one high row between low ones, not on another layer, not on rows up to `start`."""
+  rows_of = lambda xs: [dict(step=100 * (i + 1), dq_err=x) for i, x in enumerate(xs)]
+  row = lambda x, other=0.0: [[other], [0.001, x, math.nan]]  # layer 1: max over heads
+  alone = [row(0.01), row(0.01), row(0.05), row(0.01), row(0.03), row(0.01)]
+  assert train.warning_step(rows_of(alone), 200, train.DQErrorWarning) == (None, None)
+  running = alone + [row(0.03), row(0.031), row(0.01)]  # rows 7 and 8: two running
+  assert train.warning_step(rows_of(running), 200, train.DQErrorWarning) == (800, 1)
+  assert train.warning_step(rows_of(running), 200, train.DQErrorWarning, rows=3) == (None, None)
+  assert train.warning_step(rows_of(running), 200, train.DQErrorWarning, layer=0) == (None, None)
+  other = [row(0.01, 0.5)] * 6  # layer 0 high: not the watched layer
+  assert train.warning_step(rows_of(other), 200, train.DQErrorWarning) == (None, None)
+  assert train.warning_step(rows_of(other), 200, train.DQErrorWarning, layer=0) == (400, 0)
+  early = [row(0.05)] * 2 + [row(0.01)] * 4  # rows 100 and 200: not after start
+  assert train.warning_step(rows_of(early), 200, train.DQErrorWarning) == (None, None)
+  old = [dict(step=100 * i, max_logit=[[1.0], [1.0]]) for i in range(1, 6)]  # no dq_err logged
+  assert train.warning_step(old, 200, train.DQErrorWarning) == (None, None)
+  assert "≥ 0.03 in 2 diagnostics rows running" in train.DQErrorWarning(200).describe()
+
+
+# The dQ-error rule on every anchor-b128 run that logged dQ's error (2026-12-02 on): the
+# warning step, and the explosion and runaway (> 240, the provisional threshold) it precedes
+B128_DQ_WARNINGS = {
+  "cudnn/seed21": 1800,
+  "cudnn/seed25": 2000,
+  "paper+comp/seed29": 400,
+  "paper+comp/seed30": 400,
+  "paper+comp/seed31": 400,
+  "paper+comp+guard/seed28": 400,
+  "paper+comp+guard/seed31": 600,
+  "paper+comp+guard+rsum:max_shift=6/seed25": 700,
+  "paper+comp+guard+rsum:max_shift=6/seed28": 600,
+  "paper+comp+guard+rsum:max_shift=6/seed31": 400,
+  "paper+comp+guard:max_shift=6/seed25": 900,
+  "paper+comp+guard:max_shift=6/seed28": 400,
+  "paper+comp+guard:max_shift=6/seed31": 700,
+  "paper+comp:shift_above=23.7/seed28": 400,
+  "paper+comp:shift_above=23.7/seed31": 400,
+  "stochastic/seed25": 1300,
+}
+
+
+def test_dq_error_warning_on_the_measured_runs(tmp_path):
+  """The dQ-error rule as calibrated, replayed through the report's own definitions
+  (`collect`) on the 21 runs that logged dQ's error: it warns at the recorded steps, before
+  every explosion (145–949 steps ahead) and every runaway (100–2,100), and on none of the
+  five calm runs (cuDNN + center 21, 24, 25; fa2 25; fa2 + lse 21). In-sample, with a thin
+  margin (fa2 + lse 21 had 0.035 in one row, 0.027 in two running): later runs are its test."""
+  experiment.unpack_runs([str(RESULTS / p) for p in (*B128_PACKS, *B128_LATER)], tmp_path)
+  fields = {f.name for f in dataclasses.fields(TrainConfig)}
+  base = TrainConfig(**{k: v for k, v in experiment.RECIPES["anchor-b128"].items() if k in fields})
+  rows = [r for r in experiment.collect(tmp_path, base, 1, 24.0) if r["dq_logged"]]
+  name = lambda r: f"{r['variant']}/seed{r['seed']}"
+  assert len(rows) == 21
+  assert {name(r): r["dq_warning_step"] for r in rows if r["dq_warning_step"]} == B128_DQ_WARNINGS
+  events = [r for r in rows if r["explosion_step"] or r["runaway_step"]]
+  assert {name(r) for r in events} == set(B128_DQ_WARNINGS)
+  exploded = [r for r in events if r["explosion_step"]]
+  assert len(exploded) == 10 and min(r["dq_explosion_lead"] for r in exploded) == 145
+  assert min(r["dq_runaway_lead"] for r in events if r["runaway_step"]) == 100
+  assert not any(r["dq_false_alarm"] for r in rows)
+
+
 # The anchor-b128 packs of 2026-11-30 to 2026-12-02 (H200) on which `train.EarlyWarning` was
 # calibrated, and the warning steps it gives there (docs/studies/instability-anchor-b128.md).
 B128_PACKS = (

@@ -4,6 +4,7 @@ non-finite stop, explosion detection."""
 import dataclasses
 import gc
 import json
+import math
 import pathlib
 import re
 
@@ -121,6 +122,36 @@ def test_early_warning_action(tmp_path, monkeypatch, capsys, action):
     assert sorted(p.name for p in (tmp_path / action / "checkpoints").iterdir()) == ["4"]
   with pytest.raises(ValueError, match="warning_action='shout'"):
     train_and_evaluate(dataclasses.replace(c, warning_action="shout"))
+
+
+def test_dq_error_warning_in_the_loop(tmp_path, monkeypatch, capsys):
+  """warning_rule="dq_error" puts `DQErrorWarning` in the loop, on warning_layer, reading the
+  rows' dQ error: with a threshold of 0 it fires at the second diagnostics row after warmup
+  (two rows running) and "stop" stops there; a resumed run replays the rows it kept. A rule or
+  a layer the model lacks is one line naming it, before any training."""
+  import functools
+  from jax_flashstable.training import train
+
+  monkeypatch.setattr(
+    train, "DQErrorWarning", functools.partial(train.DQErrorWarning, threshold=0.0)
+  )
+  c = cfg(
+    tmp_path, "dq", attention="xla", steps=10, diag_interval=2, diag_rows=4,
+    warning_action="stop", warning_rule="dq_error", warning_layer=0,
+  )
+  s = train_and_evaluate(c)
+  out = capsys.readouterr().out
+  assert s["warning_step"] == c.warmup_steps + 4 and s["stopped"] == "warning"
+  assert f"early warning at step {s['warning_step']} (DQErrorWarning: layer 0's dQ error" in out
+  rows = [json.loads(x) for x in (tmp_path / "dq" / "diagnostics.jsonl").read_text().splitlines()]
+  assert all(math.isfinite(max(r["dq_err"][0])) for r in rows)
+  with pytest.raises(ValueError, match="warning_rule='loud' is not one of"):
+    dataclasses.replace(c, warning_rule="loud")
+  n_layer = c.model_config().n_layer
+  with pytest.raises(ValueError, match=f"warning_layer={n_layer} is not a layer of model"):
+    dataclasses.replace(c, warning_layer=n_layer).validate()
+  with pytest.raises(ValueError, match="warning_layer=-1 must be an integer ≥ 0"):
+    dataclasses.replace(c, warning_layer=-1)
 
 
 # --- nothing lost, nothing silently wrong -------------------------------------------------------

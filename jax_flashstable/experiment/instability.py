@@ -34,6 +34,7 @@ import jax
 import numpy as np
 
 from jax_flashstable.training.train import (
+  DQErrorWarning,
   EarlyWarning,
   NonFiniteError,
   TrainConfig,
@@ -293,6 +294,10 @@ def _run_row(run_dir: pathlib.Path, warmup_steps: int, layer: int, diag_interval
     explosion_step=explosion_step(losses, warmup_steps),
     warning_step=warned,
     warning_layer=warned_layer,
+    # the dQ-error rule on the watched layer; None where no row logged dQ's error (before
+    # 2026-12-02), which the report tells apart from "not warned" by `dq_logged`
+    dq_warning_step=warning_step(diags, warmup_steps, DQErrorWarning, layer=layer)[0],
+    dq_logged=any(d.get("dq_err") is not None for d in diags),
     min_loss=min(finite) if finite else math.nan,
     final_loss=metrics[-1]["loss"] if metrics else math.nan,
     final_val_loss=vals[-1] if vals else math.nan,
@@ -405,18 +410,24 @@ def collect(out_dir, base: TrainConfig, layer=1, reference_max_logit=None) -> li
     row["runaway_step"] = (
       None if threshold is None else next((step for step, x in logits if x > threshold), None)
     )
-    for event in ("explosion", "runaway"):  # steps from the warning to the event
-      row[f"{event}_lead"] = (
-        row[f"{event}_step"] - row["warning_step"]
-        if None not in (row[f"{event}_step"], row["warning_step"])
-        else None
+    for rule in WARNING_RULES:  # per rule ("" or "dq_"): steps from the warning to the event
+      for event in ("explosion", "runaway"):
+        row[f"{rule}{event}_lead"] = (
+          row[f"{event}_step"] - row[f"{rule}warning_step"]
+          if None not in (row[f"{event}_step"], row[f"{rule}warning_step"])
+          else None
+        )
+      row[f"{rule}false_alarm"] = (
+        row[f"{rule}warning_step"] is not None
+        and row["explosion_step"] is None
+        and row["runaway_step"] is None
       )
-    row["false_alarm"] = (
-      row["warning_step"] is not None
-      and row["explosion_step"] is None
-      and row["runaway_step"] is None
-    )
   return rows
+
+
+# the report's warning rules, by the prefix of their row fields: `train.EarlyWarning` (the max
+# logit's growth) and `train.DQErrorWarning` (the watched layer's dQ error)
+WARNING_RULES = {"": "`train.EarlyWarning`", "dq_": "`train.DQErrorWarning`"}
 
 
 def _decided(row, event: str) -> bool:
@@ -545,17 +556,19 @@ def format_report(rows, recipe: dict, layer: int) -> str:
     "explosion: trailing 10-step mean loss > 2× its running minimum after warmup, or a "
     f"non-finite loss; runaway: layer {layer} {rule}.",
     "",
-    f"| variant | seed | steps | explosion step | runaway step | warning step (layer) | min loss "
+    f"| variant | seed | steps | explosion step | runaway step | warning step (layer) "
+    f"| dQ warning step | min loss "
     f"| final loss | final val | max grad norm | layer {layer} W_Q σ max / last "
     f"| layer {layer} max logit | layer {layer} tie rate | steps/s | diagnostics cost | outcome |",
-    "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---|",
+    "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---|",
   ]
   for r in rows:
     runaway = "n/a" if threshold is None else r["runaway_step"] or "–"
     warned = f"{r['warning_step']} ({r['warning_layer']})" if r["warning_step"] is not None else "–"
+    dq_warned = r.get("dq_warning_step") or ("–" if r.get("dq_logged") else "n/a")
     lines.append(
       f"| {r['variant']} | {r['seed']} | {r['steps']} | {r['explosion_step'] or '–'} | "
-      f"{runaway} | {warned} | {r['min_loss']:.3f} | {r['final_loss']:.3f} | {r['final_val_loss']:.3f} | "
+      f"{runaway} | {warned} | {dq_warned} | {r['min_loss']:.3f} | {r['final_loss']:.3f} | {r['final_val_loss']:.3f} | "
       f"{r['max_grad_norm']:.2f} | {r['max_sigma_wq']:.1f} / {r['last_sigma_wq']:.1f} | "
       f"{r['max_logit']:,.0f} | "
       f"{r['mean_tie_rate']:.3f} | {r['steps_per_s']:.1f} | {100 * r['diag_cost']:.1f}% | "
@@ -581,35 +594,48 @@ def format_report(rows, recipe: dict, layer: int) -> str:
       + " | ".join(f"{at(s):.2f}" for s in marks)
       + " |"
     )
-  lines += [
-    "",
-    f"Early warning (`train.EarlyWarning`: {EarlyWarning(recipe['warmup_steps']).describe()}):"
-    " per variant, the runs it warned before the event, the lead in steps (event step − "
-    "warning step), and false alarms (a warning on a run with neither event).",
-    "",
-    "| variant | warned before explosion | lead to explosion | warned before runaway | "
-    "lead to runaway | false alarms |",
-    "|---|---|---|---|---|---|",
-  ]
-  for v in variants:
-    rs = [r for r in rows if r["variant"] == v]
-    cells = []
-    for event in ("explosion", "runaway"):
-      hit = [r for r in rs if r[f"{event}_step"] is not None]
-      leads = [
-        r[f"{event}_lead"]
-        for r in hit
-        if r[f"{event}_lead"] is not None and r[f"{event}_lead"] >= 0
-      ]
-      if event == "runaway" and threshold is None:
-        cells += ["n/a", "n/a"]
+  rules = {
+    "": EarlyWarning(recipe["warmup_steps"]),
+    "dq_": DQErrorWarning(recipe["warmup_steps"], layer=layer),
+  }
+  for rule, monitor in rules.items():
+    logged = [r for r in rows if rule != "dq_" or r.get("dq_logged")]
+    lines += [
+      "",
+      f"Early warning ({WARNING_RULES[rule]}: {monitor.describe()}): per variant, the runs it "
+      "warned before the event, the lead in steps (event step − warning step), and false "
+      "alarms (a warning on a run with neither event)"
+      + (
+        f"; on the {len(logged)} of {len(rows)} runs that logged dQ's error."
+        if len(logged) < len(rows)
+        else "."
+      ),
+      "",
+      "| variant | warned before explosion | lead to explosion | warned before runaway | "
+      "lead to runaway | false alarms |",
+      "|---|---|---|---|---|---|",
+    ]
+    for v in variants:
+      rs = [r for r in logged if r["variant"] == v]
+      if not rs:
         continue
-      cells += [
-        f"{len(leads)} / {len(hit)}",
-        f"{min(leads)}–{max(leads)} (median {statistics.median(leads):g})" if leads else "–",
-      ]
-    cells.append(str(sum(r["false_alarm"] for r in rs)))
-    lines.append(f"| {v} | " + " | ".join(cells) + " |")
+      cells = []
+      for event in ("explosion", "runaway"):
+        hit = [r for r in rs if r[f"{event}_step"] is not None]
+        leads = [
+          r[f"{rule}{event}_lead"]
+          for r in hit
+          if r.get(f"{rule}{event}_lead") is not None and r[f"{rule}{event}_lead"] >= 0
+        ]
+        if event == "runaway" and threshold is None:
+          cells += ["n/a", "n/a"]
+          continue
+        cells += [
+          f"{len(leads)} / {len(hit)}",
+          f"{min(leads)}–{max(leads)} (median {statistics.median(leads):g})" if leads else "–",
+        ]
+      cells.append(str(sum(bool(r.get(f"{rule}false_alarm")) for r in rs)))
+      lines.append(f"| {v} | " + " | ".join(cells) + " |")
   pairs = option_pairs(variants)
   if pairs:
     lines += [

@@ -14,6 +14,9 @@ import pathlib
 import tempfile
 
 WARNING_ACTIONS = ("off", "log", "checkpoint", "stop")
+# the early warnings: "logit" (`train.EarlyWarning`: some layer's max logit grows ≥ 100× within
+# 5 rows) and "dq_error" (`train.DQErrorWarning`: warning_layer's dQ error ≥ 0.03, 2 rows running)
+WARNING_RULES = ("logit", "dq_error")
 # Fields a resumed or repeated run may change: they decide when training stops and what is
 # saved, not the trajectory (`steps` too when the cosine length is fixed by decay_steps), and
 # `out_dir`: the folder is where the run lives (spelled `runs/r`, `runs/r/` or absolute, or
@@ -24,6 +27,8 @@ RESUMABLE_FIELDS = (
   "checkpoint_interval",
   "stop_after_explosion",
   "warning_action",
+  "warning_rule",
+  "warning_layer",
   "out_dir",
 )
 
@@ -71,6 +76,8 @@ class TrainConfig:
   stop_after_explosion: int = -1  # stop this many steps after an explosion (-1: never)
   warning_action: str = "log"  # on the early warning (`EarlyWarning`, needs diag_interval):
   # "off", "log", "checkpoint" (and go on) or "stop" (after one)
+  warning_rule: str = "logit"  # which early warning: "logit" or "dq_error" (WARNING_RULES)
+  warning_layer: int = 1  # the layer (0-based) whose dQ error "dq_error" watches
   max_seconds: float = 0.0  # stop (and checkpoint) this long after the start
   # (0: no limit)
   out_dir: str = "runs/train"
@@ -93,6 +100,7 @@ class TrainConfig:
       ("diag_interval", 0),
       ("diag_rows", 1),
       ("stop_after_explosion", -1),
+      ("warning_layer", 0),
     ):
       value = getattr(self, name)
       if value is None and name in ("seq_len", "decay_steps"):
@@ -124,6 +132,8 @@ class TrainConfig:
         raise ConfigError(f"{name}={value!r} must be a finite number {bounds}{hint}")
     if self.warning_action not in WARNING_ACTIONS:
       raise ConfigError(f"warning_action={self.warning_action!r} is not one of {WARNING_ACTIONS}")
+    if self.warning_rule not in WARNING_RULES:
+      raise ConfigError(f"warning_rule={self.warning_rule!r} is not one of {WARNING_RULES}")
     for name in ("model", "attention", "out_dir"):
       value = getattr(self, name)
       if not isinstance(value, str) or not value:
@@ -156,6 +166,11 @@ class TrainConfig:
       raise ConfigError(
         f"seq_len={self.seq_len} exceeds the context of model {self.model!r} "
         f"(block_size={mcfg.block_size}); use seq_len ≤ {mcfg.block_size}"
+      )
+    if self.warning_rule == "dq_error" and self.warning_layer >= mcfg.n_layer:
+      raise ConfigError(
+        f"warning_layer={self.warning_layer} is not a layer of model {self.model!r} "
+        f"(n_layer={mcfg.n_layer}); warning_rule='dq_error' watches it"
       )
     _check_device(self, mcfg)
     if self.data is not None and not pathlib.Path(self.data).is_dir():

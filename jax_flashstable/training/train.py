@@ -355,6 +355,8 @@ class EarlyWarning:
   runaway, not before it (docs/studies/instability-anchor-b128.md#the-early-warning-recalibrated).
   """
 
+  reads = "max_logit"  # the diagnostics row's field that `update` takes
+
   def __init__(self, start: int, factor: float = 100.0, window: int = 5):
     self.start, self.factor, self.window = start, factor, window
     self.history, self.step, self.layer = [], None, None
@@ -383,13 +385,63 @@ class EarlyWarning:
     return None
 
 
-def warning_step(diagnostics_rows, start: int) -> tuple[int | None, int | None]:
-  """`EarlyWarning` over a whole run's diagnostics rows: (warning step, layer) or (None, None)."""
-  monitor = EarlyWarning(start)
+class DQErrorWarning:
+  """The bias mechanism's own size as a warning (Qiu & Yao 2025, §4; this project's
+  mechanism study): fed the diagnostics rows in order, `step` is the first diagnostics step,
+  after `start`, that ends `rows` consecutive rows in which the watched `layer`'s dQ error
+  (`diagnostics.dq_error`: the rms error of its dQ against FP32 attention's, relative to the
+  exact dQ's, the largest over heads) is ≥ `threshold`. The (rowsum dS)·c term grows dQ's
+  error before it grows the logits.
+
+  Calibrated on the 21 anchor-b128 runs with dQ diagnostics (H200, 2026-12-02/03, every 100
+  steps; 16 with an explosion or a runaway, 5 calm) and judged on the same runs: it warned
+  before all 16 events, and on no calm run, whose layer 1 stayed ≤ 0.035 in any one row and
+  ≤ 0.027 in two running (fa2's drifting up over training: the margin is thin); one row ≥
+  0.035 alone would have no margin at all. Out of sample: the runs of the next sessions
+  (docs/studies/instability-anchor-b128.md).
+  """
+
+  reads = "dq_err"
+
+  def __init__(self, start: int, threshold: float = 0.03, rows: int = 2, layer: int = 1):
+    self.start, self.threshold, self.rows, self.layer = start, threshold, rows, layer
+    self.run, self.step = 0, None
+
+  def describe(self) -> str:
+    """The rule in words, for reports and logs."""
+    return (
+      f"layer {self.layer}'s dQ error (rms, relative to the exact dQ, largest over heads) ≥ "
+      f"{self.threshold:g} in {self.rows} diagnostics rows running, after step {self.start}"
+    )
+
+  def update(self, step, dq_err) -> int | None:
+    """dq_err: [layers][heads] (a diagnostics row's "dq_err"). Returns the warning step once
+    it has fired (None before)."""
+    if self.step is not None or step <= self.start:
+      return self.step
+    heads = [x for x in dq_err[self.layer] if math.isfinite(x)]
+    self.run = self.run + 1 if heads and max(heads) >= self.threshold else 0
+    if self.run >= self.rows:
+      self.step = step
+    return self.step
+
+
+def early_warning(cfg: TrainConfig):
+  """The run's early warning, as `cfg.warning_rule` names it (config.WARNING_RULES)."""
+  if cfg.warning_rule == "dq_error":
+    return DQErrorWarning(cfg.warmup_steps, layer=cfg.warning_layer)
+  return EarlyWarning(cfg.warmup_steps)
+
+
+def warning_step(diagnostics_rows, start: int, rule=EarlyWarning, **options):
+  """A warning rule (`EarlyWarning`, `DQErrorWarning`) over a whole run's diagnostics rows:
+  (warning step, layer) or (None, None). Rows without the field the rule reads (runs made
+  before it was logged) are skipped."""
+  monitor = rule(start, **options)
   for row in diagnostics_rows:
-    if "max_logit" in row:
-      monitor.update(row["step"], row["max_logit"])
-  return monitor.step, monitor.layer
+    if row.get(rule.reads) is not None:
+      monitor.update(row["step"], row[rule.reads])
+  return monitor.step, monitor.layer if monitor.step is not None else None
 
 
 def explosion_step(losses, warmup_steps, factor=2.0, window=10):
@@ -510,13 +562,13 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None, log=pri
   done = state_step = start  # the last step logged with finite values / whose state `state` is
   try:  # from here on, Ctrl-C saves and the manager is closed in the end
     kept = [r for r in read_metrics(out) if r["step"] <= start] if start else []  # resumed rows
-    monitor, warning = ExplosionMonitor(cfg.warmup_steps), EarlyWarning(start=cfg.warmup_steps)
+    monitor, warning = ExplosionMonitor(cfg.warmup_steps), early_warning(cfg)
     for r in kept:
       monitor.update(r["step"], r["loss"])
     kept_diag = [r for r in read_diagnostics(out) if r["step"] <= start] if start else []
     for r in kept_diag:
-      if "max_logit" in r:
-        warning.update(r["step"], r["max_logit"])
+      if r.get(warning.reads) is not None:
+        warning.update(r["step"], r[warning.reads])
     if start >= cfg.steps:  # finished before: report it, train nothing
       return dict(
         kept[-1] if kept else dict(step=start),
@@ -630,12 +682,11 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None, log=pri
           if (
             cfg.warning_action != "off"
             and warning.step is None
-            and warning.update(step, drow["max_logit"])
+            and warning.update(step, drow[warning.reads])
           ):
             note = (
-              f"early warning at step {step}: layer {warning.layer}'s max attention logit "
-              f"grew ≥{warning.factor:g}× within {warning.window} diagnostics rows "
-              f"(EarlyWarning); {cfg.warning_action}"
+              f"early warning at step {step} ({type(warning).__name__}: "
+              f"{warning.describe()}; layer {warning.layer}); {cfg.warning_action}"
             )
             (bar.write if bar is not None else print)(note)
             if cfg.warning_action in ("checkpoint", "stop"):
