@@ -101,7 +101,9 @@ print(
   "dQ error's own:\n"
 )
 dq1 = lambda d: max(x for x in d["dq_err"][1] if x == x)  # noqa: E731 (NaN heads skipped)
-DQ_RULES = {f"layer-1 dQ error ≥ {t} (one row)": (lambda d, t=t: dq1(d) >= t) for t in (0.035, 0.05)}
+DQ_RULES = {
+  f"layer-1 dQ error ≥ {t} (one row)": (lambda d, t=t: dq1(d) >= t) for t in (0.035, 0.05)
+}
 dq_rule = {
   "`train.DQErrorWarning` (layer 1's dQ error ≥ 0.03, 2 rows running)": (
     lambda r: r["dq_warning_step"]

@@ -35,6 +35,10 @@ def test_compare_writes_report_and_png_and_resumes(tmp_path, capsys):
   for name in ("fa2", "fa2+comp", "reference-fp32"):
     assert f"| {name} | 3 |" in report
   assert "No run exploded" in report and "noise" in report and "bit for bit" in report
+  assert (
+    "| warning step | dQ warning step |" in report
+    and "dQ warning: `train.DQErrorWarning`" in report
+  )
   assert (out / "curves.png").read_bytes()[:4] == b"\x89PNG"
   summary = json.loads((out / "summary.json").read_text())
   assert [r["variant"] for r in summary] == ["fa2", "fa2+comp", "reference-fp32"]

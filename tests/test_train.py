@@ -136,8 +136,15 @@ def test_dq_error_warning_in_the_loop(tmp_path, monkeypatch, capsys):
     train, "DQErrorWarning", functools.partial(train.DQErrorWarning, threshold=0.0)
   )
   c = cfg(
-    tmp_path, "dq", attention="xla", steps=10, diag_interval=2, diag_rows=4,
-    warning_action="stop", warning_rule="dq_error", warning_layer=0,
+    tmp_path,
+    "dq",
+    attention="xla",
+    steps=10,
+    diag_interval=2,
+    diag_rows=4,
+    warning_action="stop",
+    warning_rule="dq_error",
+    warning_layer=0,
   )
   s = train_and_evaluate(c)
   out = capsys.readouterr().out

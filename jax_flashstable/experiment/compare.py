@@ -23,7 +23,7 @@ import jax
 
 from jax_flashstable.attention.config import AttentionConfig
 from jax_flashstable.experiment import instability
-from jax_flashstable.training.train import EarlyWarning, TrainConfig, read_metrics
+from jax_flashstable.training.train import DQErrorWarning, EarlyWarning, TrainConfig, read_metrics
 
 # the CPU setting: 3 runs of 250 steps of the tiny model (its time: README, first lines)
 CPU_DEFAULTS = dict(
@@ -187,20 +187,24 @@ def report(base: TrainConfig, rows) -> str:
   lines += [
     "",
     f"| attention | steps | final loss (mean ± std, last {NOISE_STEPS} steps) | min loss "
-    "| final val loss | explosion step | warning step | layer 1 max logit | layer 1 σ(W_Q) max |",
-    "|---|---:|---|---:|---:|---:|---:|---:|---:|",
+    "| final val loss | explosion step | warning step | dQ warning step | layer 1 max logit "
+    "| layer 1 σ(W_Q) max |",
+    "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
   ]
   for r in rows:
     lines.append(
       f"| {r['variant']} | {r['steps']} | {r['last_mean']:.3f} ± {r['last_std']:.3f} | "
       f"{r['min_loss']:.3f} | {r['final_val_loss']:.3f} | {r['explosion_step'] or '–'} | "
-      f"{r['warning_step'] or '–'} | {r['max_logit']:,.0f} | {r['max_sigma_wq']:.1f} |"
+      f"{r['warning_step'] or '–'} | "
+      f"{r.get('dq_warning_step') or ('–' if r.get('dq_logged') else 'n/a')} | "
+      f"{r['max_logit']:,.0f} | {r['max_sigma_wq']:.1f} |"
     )
   lines += [
     "",
     "Explosion: a non-finite loss, or after warmup a 10-step mean loss above 2× its "
     f"running minimum. Warning: `train.EarlyWarning` "
-    f"({EarlyWarning(base.warmup_steps).describe()}).",
+    f"({EarlyWarning(base.warmup_steps).describe()}); dQ warning: `train.DQErrorWarning` "
+    f"({DQErrorWarning(base.warmup_steps).describe()}).",
     "",
     "![curves](curves.png)",
     "",
