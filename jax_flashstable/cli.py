@@ -163,6 +163,14 @@ def _train_config(args, **defaults):
   return TrainConfig(**kw)
 
 
+# what the help adds to a TrainConfig option's default
+OPTION_NOTES = {
+  "warning_action": "; off, log, checkpoint or stop",
+  "warning_rule": "; logit (any layer's max logit) or dq_error (--warning-layer's dQ error)",
+  "warning_layer": "; 0-based, watched by --warning-rule dq_error only",
+}
+
+
 def _add_train_options(p, skip=(), layer_attention=True, defaults=None):
   """One option per TrainConfig field; `defaults` ({field: value}, or a string for all) is what
   the help shows when the command does not use TrainConfig's own defaults."""
@@ -183,7 +191,7 @@ def _add_train_options(p, skip=(), layer_attention=True, defaults=None):
         defaults
         if isinstance(defaults, str)
         else f"default {(defaults or {}).get(f.name, f.default)}"
-      )
+      ) + OPTION_NOTES.get(f.name, "")
       p.add_argument(flag, dest=f.name, type=typ, default=None, help=shown)
   p.add_argument(
     "--model-set",

@@ -360,6 +360,12 @@ def test_runaway_survival_fisher_and_pack(tmp_path):
     "| paper+comp | 0 / 4 (1 unfinished) | 1 / 5 |" in text
     and "| paper vs paper+comp | comp | 0.0079 | 0.024 |" in text
   )
+  # no run logged dQ's error: its warning column says n/a, its table says why; rows made
+  # before the report gave the dQ rule (an old report.json) say so
+  assert "| 20 | 20 | – | n/a | 3.000 |" in text and "no run here logged dQ's error." in text
+  old = [{k: v for k, v in r.items() if not k.startswith("dq_")} for r in rows]
+  text = experiment.format_report(old, dict(warmup_steps=cfg.warmup_steps), 1)
+  assert "not in these rows (made before the report gave it); report the runs again." in text
   # pack → unpack gives the same rows (timings kept to 4 digits)
   pack = experiment.pack_runs(tmp_path, tmp_path / "runs.jsonl.xz")
   assert set(experiment.unpack_runs(pack, tmp_path / "again")) == {f"{v}/seed{s}" for v, s in by}
@@ -452,8 +458,14 @@ def test_dq_error_warning_needs_its_rows_running():
   other = [row(0.01, 0.5)] * 6  # layer 0 high: not the watched layer
   assert train.warning_step(rows_of(other), 200, train.DQErrorWarning) == (None, None)
   assert train.warning_step(rows_of(other), 200, train.DQErrorWarning, layer=0) == (400, 0)
-  early = [row(0.05)] * 2 + [row(0.01)] * 4  # rows 100 and 200: not after start
+  early = [row(0.05)] * 3 + [row(0.01)] * 3  # rows 100 and 200 are not after start: no run of 2
   assert train.warning_step(rows_of(early), 200, train.DQErrorWarning) == (None, None)
+  blank = [row(0.01)] * 2 + [row(0.05), [[0.0], [math.nan] * 3], row(math.inf)]  # all NaN: no row
+  assert train.warning_step(rows_of(blank), 200, train.DQErrorWarning) == (500, 1)
+  with pytest.raises(ValueError, match="rows=0 must be an integer ≥ 1"):
+    train.DQErrorWarning(200, rows=0)
+  with pytest.raises(ValueError, match="threshold=nan must be a finite number ≥ 0"):
+    train.DQErrorWarning(200, threshold=math.nan)
   old = [dict(step=100 * i, max_logit=[[1.0], [1.0]]) for i in range(1, 6)]  # no dq_err logged
   assert train.warning_step(old, 200, train.DQErrorWarning) == (None, None)
   assert "≥ 0.03 in 2 diagnostics rows running" in train.DQErrorWarning(200).describe()
@@ -500,6 +512,12 @@ def test_dq_error_warning_on_the_measured_runs(tmp_path):
   assert len(exploded) == 10 and min(r["dq_explosion_lead"] for r in exploded) == 145
   assert min(r["dq_runaway_lead"] for r in events if r["runaway_step"]) == 100
   assert not any(r["dq_false_alarm"] for r in rows)
+  every = experiment.collect(tmp_path, base, 1, 24.0)  # with the runs that did not log it
+  text = experiment.format_report(every, dict(warmup_steps=base.warmup_steps), 1)
+  assert "on the 21 of 44 runs that logged dQ's error." in text
+  assert "| cudnn | 1 / 1 | 949–949 (median 949) | 2 / 2 | 300–600 (median 450) | 0 |" in text
+  assert "| cudnn | 24 | 3000 | – | – | – | n/a |" in text  # logged no dQ error
+  assert "| cudnn+center | 25 | 3000 | – | – | – | – |" in text  # logged it, not warned
 
 
 # The anchor-b128 packs of 2026-11-30 to 2026-12-02 (H200) on which `train.EarlyWarning` was

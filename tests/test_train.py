@@ -127,31 +127,30 @@ def test_early_warning_action(tmp_path, monkeypatch, capsys, action):
 def test_dq_error_warning_in_the_loop(tmp_path, monkeypatch, capsys):
   """warning_rule="dq_error" puts `DQErrorWarning` in the loop, on warning_layer, reading the
   rows' dQ error: with a threshold of 0 it fires at the second diagnostics row after warmup
-  (two rows running) and "stop" stops there; a resumed run replays the rows it kept. A rule or
-  a layer the model lacks is one line naming it, before any training."""
+  (two rows running), here across a resume (the first part's row is replayed), and "stop"
+  stops there. A rule or a layer the model lacks is one line naming it."""
   import functools
   from jax_flashstable.training import train
 
   monkeypatch.setattr(
     train, "DQErrorWarning", functools.partial(train.DQErrorWarning, threshold=0.0)
   )
-  c = cfg(
-    tmp_path,
-    "dq",
-    attention="xla",
-    steps=10,
-    diag_interval=2,
-    diag_rows=4,
-    warning_action="stop",
-    warning_rule="dq_error",
-    warning_layer=0,
-  )
-  s = train_and_evaluate(c)
+  kw = dict(attention="xla", diag_interval=2, diag_rows=4, warning_action="stop")
+  c = cfg(tmp_path, "dq", steps=4, warning_rule="dq_error", warning_layer=0, **kw)
+  first = train_and_evaluate(c)  # rows at 2 (warmup) and 4: one row after warmup
+  assert first["warning_step"] is None and first["step"] == 4
+  assert first["warning_rule"] == "dq_error"
+  s = train_and_evaluate(dataclasses.replace(c, steps=8))  # resumed: 4 replayed, 6 fires
   out = capsys.readouterr().out
-  assert s["warning_step"] == c.warmup_steps + 4 and s["stopped"] == "warning"
-  assert f"early warning at step {s['warning_step']} (DQErrorWarning: layer 0's dQ error" in out
+  assert s["warning_step"] == c.warmup_steps + 4 == 6 and s["stopped"] == "warning"
+  assert "early warning at step 6 in layer 0 (DQErrorWarning: layer 0's dQ error" in out
   rows = [json.loads(x) for x in (tmp_path / "dq" / "diagnostics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in rows] == [2, 4, 6]
   assert all(math.isfinite(max(r["dq_err"][0])) for r in rows)
+  logit = train_and_evaluate(  # the same rows under the logit rule: no warning, no stop
+    cfg(tmp_path, "logit", steps=6, **kw)
+  )
+  assert logit["warning_step"] is None and logit["warning_rule"] == "logit"
   with pytest.raises(ValueError, match="warning_rule='loud' is not one of"):
     dataclasses.replace(c, warning_rule="loud")
   n_layer = c.model_config().n_layer

@@ -410,7 +410,7 @@ def collect(out_dir, base: TrainConfig, layer=1, reference_max_logit=None) -> li
     row["runaway_step"] = (
       None if threshold is None else next((step for step, x in logits if x > threshold), None)
     )
-    for rule in WARNING_RULES:  # per rule ("" or "dq_"): steps from the warning to the event
+    for rule in REPORT_RULES:  # per rule ("" or "dq_"): steps from the warning to the event
       for event in ("explosion", "runaway"):
         row[f"{rule}{event}_lead"] = (
           row[f"{event}_step"] - row[f"{rule}warning_step"]
@@ -427,7 +427,7 @@ def collect(out_dir, base: TrainConfig, layer=1, reference_max_logit=None) -> li
 
 # the report's warning rules, by the prefix of their row fields: `train.EarlyWarning` (the max
 # logit's growth) and `train.DQErrorWarning` (the watched layer's dQ error)
-WARNING_RULES = {"": "`train.EarlyWarning`", "dq_": "`train.DQErrorWarning`"}
+REPORT_RULES = {"": "`train.EarlyWarning`", "dq_": "`train.DQErrorWarning`"}
 
 
 def _decided(row, event: str) -> bool:
@@ -557,7 +557,7 @@ def format_report(rows, recipe: dict, layer: int) -> str:
     f"non-finite loss; runaway: layer {layer} {rule}.",
     "",
     f"| variant | seed | steps | explosion step | runaway step | warning step (layer) "
-    f"| dQ warning step | min loss "
+    f"| layer {layer} dQ warning step | min loss "
     f"| final loss | final val | max grad norm | layer {layer} W_Q σ max / last "
     f"| layer {layer} max logit | layer {layer} tie rate | steps/s | diagnostics cost | outcome |",
     "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---|",
@@ -600,9 +600,20 @@ def format_report(rows, recipe: dict, layer: int) -> str:
   }
   for rule, monitor in rules.items():
     logged = [r for r in rows if rule != "dq_" or r.get("dq_logged")]
+    if not logged:  # no run logged dQ's error, or rows made before the report read it
+      lines += [
+        "",
+        f"Early warning ({REPORT_RULES[rule]}: {monitor.describe()}): "
+        + (
+          "no run here logged dQ's error."
+          if any("dq_logged" in r for r in rows)
+          else "not in these rows (made before the report gave it); report the runs again."
+        ),
+      ]
+      continue
     lines += [
       "",
-      f"Early warning ({WARNING_RULES[rule]}: {monitor.describe()}): per variant, the runs it "
+      f"Early warning ({REPORT_RULES[rule]}: {monitor.describe()}): per variant, the runs it "
       "warned before the event, the lead in steps (event step − warning step), and false "
       "alarms (a warning on a run with neither event)"
       + (

@@ -519,7 +519,7 @@ def plan(
 # fixes the cosine) that decide where a finished run ended: a run taken for the twin has them
 # as this command's JAX run would. The other free ones (out_dir, max_seconds, progress,
 # checkpoint_interval) decide where it lives, when it was cut and what it saved, not its steps.
-REUSE_STRICT = ("steps", "stop_after_explosion", "warning_action")
+REUSE_STRICT = ("steps", "stop_after_explosion", "warning_action", "warning_rule", "warning_layer")
 
 
 def reuse_changes(run_dir, cfg: TrainConfig) -> dict:

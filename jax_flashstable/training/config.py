@@ -74,10 +74,10 @@ class TrainConfig:
   diag_rows: int = 64  # sampled rows per diagnostics call
   data_parallel: bool = False  # split each batch over all local devices (shard_map)
   stop_after_explosion: int = -1  # stop this many steps after an explosion (-1: never)
-  warning_action: str = "log"  # on the early warning (`EarlyWarning`, needs diag_interval):
+  warning_action: str = "log"  # on the early warning (warning_rule's, needs diag_interval):
   # "off", "log", "checkpoint" (and go on) or "stop" (after one)
   warning_rule: str = "logit"  # which early warning: "logit" or "dq_error" (WARNING_RULES)
-  warning_layer: int = 1  # the layer (0-based) whose dQ error "dq_error" watches
+  warning_layer: int = 1  # the layer (0-based) whose dQ error "dq_error" watches (only it)
   max_seconds: float = 0.0  # stop (and checkpoint) this long after the start
   # (0: no limit)
   out_dir: str = "runs/train"
@@ -153,7 +153,8 @@ class TrainConfig:
   def validate(self) -> "TrainConfig":
     """Checks what construction cannot without imports or files: the model preset and its
     overrides, the attention specs (and that the device can run them), seq_len ≤ the model's
-    block_size, that the data folder exists and that out_dir can be written. Returns self.
+    block_size, warning_layer a layer of the model under warning_rule="dq_error", that the data
+    folder exists and that out_dir can be written. Returns self.
 
     Raises:
       ConfigError: naming the field and its value.

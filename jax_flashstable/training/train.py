@@ -386,54 +386,71 @@ class EarlyWarning:
 
 
 class DQErrorWarning:
-  """The bias mechanism's own size as a warning (Qiu & Yao 2025, §4; this project's
-  mechanism study): fed the diagnostics rows in order, `step` is the first diagnostics step,
-  after `start`, that ends `rows` consecutive rows in which the watched `layer`'s dQ error
-  (`diagnostics.dq_error`: the rms error of its dQ against FP32 attention's, relative to the
-  exact dQ's, the largest over heads) is ≥ `threshold`. The (rowsum dS)·c term grows dQ's
-  error before it grows the logits.
+  """The bias mechanism's own size as a warning (Qiu & Yao 2025, §4; the mechanism study,
+  docs/studies/instability-anchor-b128.md#the-dq-error-warns-earlier-than-the-logits): fed the
+  diagnostics rows in order, `step` is the first diagnostics step, after `start`, that ends
+  `rows` consecutive rows in which layer `watch`'s dQ error is ≥ `threshold`. The dQ error
+  (`diagnostics.dq_error`, a row's "dq_err" [layers][heads], the field `reads` names) is the
+  rms error of the layer's dQ against FP32 attention's, relative to the exact dQ's (no unit),
+  here the largest over heads; NaN heads are skipped (an infinite error counts), and a row
+  whose heads are all NaN leaves the count as it was. `layer` is None until it fires, then
+  `watch` (as `EarlyWarning.layer` names the layer that fired). The (rowsum dS)·c term grows
+  dQ's error before it grows the logits.
 
   Calibrated on the 21 anchor-b128 runs with dQ diagnostics (H200, 2026-12-02/03, every 100
-  steps; 16 with an explosion or a runaway, 5 calm) and judged on the same runs: it warned
-  before all 16 events, and on no calm run, whose layer 1 stayed ≤ 0.035 in any one row and
-  ≤ 0.027 in two running (fa2's drifting up over training: the margin is thin); one row ≥
-  0.035 alone would have no margin at all. Out of sample: the runs of the next sessions
-  (docs/studies/instability-anchor-b128.md).
+  steps, runaway: layer 1's max logit > 240, the provisional threshold) and judged on the same
+  runs: it warned in all 16 runs with an explosion or a runaway, and on none of the 4 finished
+  calm ones (cuDNN + center 21, 24, 25; fa2 + lse 21, whose layer 1 reached 0.027 in two rows
+  running, drifting up over training: a thin margin; cuDNN 21, a runaway, had 0.027 in two
+  rows 900 steps before its runaway). One of the 16, paper + comp 30, crossed 240 only just
+  (247); at 480 it is a false alarm. Out of sample: the runs of the next sessions.
+
+  Raises:
+    ValueError: `rows` < 1 or a threshold that is not a finite number ≥ 0, naming it.
   """
 
   reads = "dq_err"
 
   def __init__(self, start: int, threshold: float = 0.03, rows: int = 2, layer: int = 1):
-    self.start, self.threshold, self.rows, self.layer = start, threshold, rows, layer
-    self.run, self.step = 0, None
+    if not (isinstance(rows, int) and rows >= 1):
+      raise ValueError(f"rows={rows!r} must be an integer ≥ 1")
+    if not (isinstance(threshold, (int, float)) and math.isfinite(threshold) and threshold >= 0):
+      raise ValueError(f"threshold={threshold!r} must be a finite number ≥ 0")
+    self.start, self.threshold, self.rows, self.watch = start, threshold, rows, layer
+    self.run, self.step, self.layer = 0, None, None
 
   def describe(self) -> str:
     """The rule in words, for reports and logs."""
     return (
-      f"layer {self.layer}'s dQ error (rms, relative to the exact dQ, largest over heads) ≥ "
+      f"layer {self.watch}'s dQ error (rms, relative to the exact dQ, largest over heads) ≥ "
       f"{self.threshold:g} in {self.rows} diagnostics rows running, after step {self.start}"
     )
 
   def update(self, step, dq_err) -> int | None:
     """dq_err: [layers][heads] (a diagnostics row's "dq_err"). Returns the warning step once
-    it has fired (None before)."""
+    it has fired (None before). Raises IndexError for a `watch` beyond the row's layers."""
     if self.step is not None or step <= self.start:
       return self.step
-    heads = [x for x in dq_err[self.layer] if math.isfinite(x)]
-    self.run = self.run + 1 if heads and max(heads) >= self.threshold else 0
+    heads = [x for x in dq_err[self.watch] if x == x]  # NaN heads skipped; inf counts
+    if not heads:
+      return None
+    self.run = self.run + 1 if max(heads) >= self.threshold else 0
     if self.run >= self.rows:
-      self.step = step
+      self.step, self.layer = step, self.watch
     return self.step
 
 
-def early_warning(cfg: TrainConfig):
+def early_warning(cfg: TrainConfig) -> EarlyWarning | DQErrorWarning:
   """The run's early warning, as `cfg.warning_rule` names it (config.WARNING_RULES)."""
-  if cfg.warning_rule == "dq_error":
-    return DQErrorWarning(cfg.warmup_steps, layer=cfg.warning_layer)
-  return EarlyWarning(cfg.warmup_steps)
+  return {
+    "logit": lambda: EarlyWarning(cfg.warmup_steps),
+    "dq_error": lambda: DQErrorWarning(cfg.warmup_steps, layer=cfg.warning_layer),
+  }[cfg.warning_rule]()
 
 
-def warning_step(diagnostics_rows, start: int, rule=EarlyWarning, **options):
+def warning_step(
+  diagnostics_rows, start: int, rule=EarlyWarning, **options
+) -> tuple[int | None, int | None]:
   """A warning rule (`EarlyWarning`, `DQErrorWarning`) over a whole run's diagnostics rows:
   (warning step, layer) or (None, None). Rows without the field the rule reads (runs made
   before it was logged) are skipped."""
@@ -441,7 +458,7 @@ def warning_step(diagnostics_rows, start: int, rule=EarlyWarning, **options):
   for row in diagnostics_rows:
     if row.get(rule.reads) is not None:
       monitor.update(row["step"], row[rule.reads])
-  return monitor.step, monitor.layer if monitor.step is not None else None
+  return monitor.step, monitor.layer
 
 
 def explosion_step(losses, warmup_steps, factor=2.0, window=10):
@@ -566,7 +583,7 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None, log=pri
     for r in kept:
       monitor.update(r["step"], r["loss"])
     kept_diag = [r for r in read_diagnostics(out) if r["step"] <= start] if start else []
-    for r in kept_diag:
+    for r in kept_diag if cfg.warning_action != "off" else ():  # as a fresh run would
       if r.get(warning.reads) is not None:
         warning.update(r["step"], r[warning.reads])
     if start >= cfg.steps:  # finished before: report it, train nothing
@@ -575,6 +592,7 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None, log=pri
         n_params=n_params,
         stopped=None,
         warning_step=warning.step,
+        warning_rule=cfg.warning_rule,
         explosion_step=monitor.step,
         already_finished=True,
       )
@@ -685,8 +703,8 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None, log=pri
             and warning.update(step, drow[warning.reads])
           ):
             note = (
-              f"early warning at step {step} ({type(warning).__name__}: "
-              f"{warning.describe()}; layer {warning.layer}); {cfg.warning_action}"
+              f"early warning at step {step} in layer {warning.layer} "
+              f"({type(warning).__name__}: {warning.describe()}); {cfg.warning_action}"
             )
             (bar.write if bar is not None else print)(note)
             if cfg.warning_action in ("checkpoint", "stop"):
@@ -743,6 +761,7 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None, log=pri
     n_params=n_params,
     stopped=stopped,
     warning_step=warning.step,
+    warning_rule=cfg.warning_rule,
     explosion_step=monitor.step,
   )  # fed every logged loss, resumed too
   return summary
