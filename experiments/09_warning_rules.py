@@ -11,6 +11,7 @@ that logged it.
 """
 
 import json
+import math
 import pathlib
 import statistics
 import sys
@@ -100,7 +101,7 @@ print(
   f"\nOn the {len(logged)} runs that logged dQ's error (2026-12-02 on), the rules above and the "
   "dQ error's own:\n"
 )
-dq1 = lambda d: max(x for x in d["dq_err"][1] if x == x)  # noqa: E731 (NaN heads skipped)
+dq1 = lambda d: max((x for x in d["dq_err"][1] if x == x), default=math.nan)  # noqa: E731
 DQ_RULES = {
   f"layer-1 dQ error ≥ {t} (one row)": (lambda d, t=t: dq1(d) >= t) for t in (0.035, 0.05)
 }
