@@ -158,6 +158,12 @@ def test_dq_error_warning_in_the_loop(tmp_path, monkeypatch, capsys):
     dataclasses.replace(c, warning_layer=n_layer).validate()
   with pytest.raises(ValueError, match="warning_layer=-1 must be an integer ≥ 0"):
     dataclasses.replace(c, warning_layer=-1)
+  # a warning asked for with nothing to watch (no diagnostics rows) is refused, not ignored
+  with pytest.raises(ValueError, match=r"warning_rule='dq_error' needs diag_interval > 0"):
+    dataclasses.replace(c, diag_interval=0)
+  with pytest.raises(ValueError, match=r"warning_action='stop' needs diag_interval > 0"):
+    dataclasses.replace(c, diag_interval=0, warning_rule="logit")
+  assert dataclasses.replace(c, diag_interval=0, warning_rule="logit", warning_action="log")
 
 
 # --- nothing lost, nothing silently wrong -------------------------------------------------------

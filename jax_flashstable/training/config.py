@@ -134,6 +134,15 @@ class TrainConfig:
       raise ConfigError(f"warning_action={self.warning_action!r} is not one of {WARNING_ACTIONS}")
     if self.warning_rule not in WARNING_RULES:
       raise ConfigError(f"warning_rule={self.warning_rule!r} is not one of {WARNING_RULES}")
+    if not self.diag_interval and (
+      self.warning_rule != "logit" or self.warning_action in ("checkpoint", "stop")
+    ):  # asked for, and nothing to watch: the warnings read the diagnostics rows
+      chosen = (
+        f"warning_rule={self.warning_rule!r}"
+        if self.warning_rule != "logit"
+        else f"warning_action={self.warning_action!r}"
+      )
+      raise ConfigError(f"{chosen} needs diag_interval > 0 (the diagnostics it reads), got 0")
     for name in ("model", "attention", "out_dir"):
       value = getattr(self, name)
       if not isinstance(value, str) or not value:

@@ -422,8 +422,9 @@ class DQErrorWarning:
   def describe(self) -> str:
     """The rule in words, for reports and logs."""
     return (
-      f"layer {self.watch}'s dQ error (rms, relative to the exact dQ, largest over heads) ≥ "
-      f"{self.threshold:g} in {self.rows} diagnostics rows running, after step {self.start}"
+      f"layer {self.watch}'s dQ error against FP32 attention's dQ, relative to the exact dQ's "
+      f"size, largest head, ≥ {self.threshold:g} in {self.rows} diagnostics rows running, "
+      f"after step {self.start}"
     )
 
   def update(self, step, dq_err) -> int | None:
