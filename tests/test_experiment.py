@@ -499,7 +499,7 @@ def test_dq_error_warning_on_the_measured_runs(tmp_path):
   every explosion (145–949 steps ahead) and every runaway (100–2,100), and on none of the
   five calm runs (cuDNN + center 21, 24, 25; fa2 25; fa2 + lse 21). In-sample, with a thin
   margin (fa2 + lse 21 had 0.035 in one row, 0.027 in two running): later runs are its test."""
-  experiment.unpack_runs([str(RESULTS / p) for p in (*B128_PACKS, *B128_LATER)], tmp_path)
+  experiment.unpack_runs([str(RESULTS / p) for p in B128_DQ_PACKS], tmp_path)
   fields = {f.name for f in dataclasses.fields(TrainConfig)}
   base = TrainConfig(**{k: v for k, v in experiment.RECIPES["anchor-b128"].items() if k in fields})
   rows = [r for r in experiment.collect(tmp_path, base, 1, 24.0) if r["dq_logged"]]
@@ -596,7 +596,42 @@ B128_LATER = {
     5,
     {"paper+comp:shift_above=23.7/seed31"},
   ),
+  # cudnn 26 and 27 exploded at 2,942 and 2,896 (warned at 1,800 and 2,000: 1,142 and 896
+  # ahead; layer 1 ran away at 1,800 and 1,900); cudnn + center 26 and 27 calm, not warned
+  "h200-2026-12-03b-b128/runs.jsonl.xz": (
+    {"cudnn/seed26": 1800, "cudnn/seed27": 2000},
+    {"cudnn/seed26": 2942, "cudnn/seed27": 2896},
+    4,
+  ),
 }
+# the packs on which `train.DQErrorWarning` was calibrated (2026-12-03): those up to the
+# eleventh session; the later ones are its out-of-sample runs (B128_DQ_LATER)
+B128_DQ_PACKS = (*B128_PACKS, *tuple(B128_LATER)[:6])
+# the dQ-error rule's warning steps on them and the runs it warned on without an event
+B128_DQ_LATER = {
+  "h200-2026-12-03b-b128/runs.jsonl.xz": ({"cudnn/seed26": 1500, "cudnn/seed27": 1500}, set()),
+}
+
+
+@pytest.mark.parametrize("pack", B128_DQ_LATER)
+def test_dq_error_warning_out_of_sample(pack, tmp_path):
+  """The dQ-error rule on runs made after its calibration, with the runaway threshold of the
+  study (layer 1's max logit > 240): cudnn 26 and 27 warned at 1,500, before their runaways
+  (1,800 and 1,900: 300 and 400 ahead) and explosions (2,942 and 2,896); cudnn + center 26
+  and 27 calm to 3,000 (layer 1's dQ error at most 0.021 and 0.022), not warned."""
+  warnings, false_alarms = B128_DQ_LATER[pack]
+  experiment.unpack_runs([str(RESULTS / pack)], tmp_path)
+  fields = {f.name for f in dataclasses.fields(TrainConfig)}
+  base = TrainConfig(**{k: v for k, v in experiment.RECIPES["anchor-b128"].items() if k in fields})
+  rows = experiment.collect(tmp_path, base, 1, 24.0)
+  name = lambda r: f"{r['variant']}/seed{r['seed']}"
+  assert all(r["dq_logged"] for r in rows)
+  assert {name(r): r["dq_warning_step"] for r in rows if r["dq_warning_step"]} == warnings
+  assert {name(r) for r in rows if r["dq_false_alarm"]} == false_alarms
+  events = [r for r in rows if r["explosion_step"] or r["runaway_step"]]
+  assert {name(r) for r in events} == set(warnings) - false_alarms
+  assert all(r["dq_runaway_lead"] > 0 for r in events if r["runaway_step"])
+  assert all(r["dq_explosion_lead"] > 0 for r in events if r["explosion_step"])
 
 
 @pytest.mark.parametrize("pack", B128_LATER)
