@@ -601,6 +601,7 @@ def test_twin_jax_specs_are_the_commands():
   out = json.loads(reply)
   assert tuple(out["attentions"]) == twin.TWIN_ATTENTIONS
   assert set(PAPER_KINDS) <= set(out["cpu"])
+  assert tuple(a for a in out["attentions"] if a not in out["cpu"]) == twin.CUDA_ONLY
   for (tiles, beta, tol), specs in zip(settings, out["specs"]):
     expected = [twin.twin_jax_spec(kind, tiles, beta, tol) for kind in twin.TWIN_ATTENTIONS]
     assert specs == expected
@@ -610,6 +611,34 @@ def test_twin_jax_specs_are_the_commands():
   for kind, other in (("paper", "paper+lse"), ("paper+lse", "paper"), ("paper+comp", "paper")):
     assert not twin.is_exact(twin.Pair(kind, other), 64), (kind, other)
   assert twin.is_exact(twin.Pair("paper+comp+lse", "paper+lse+comp"), 64)
+
+
+def test_cuda_only_twins_are_refused_before_any_run(tmp_path):
+  """A twin attention that torch has on CUDA only (SDPA cuDNN, efficient), asked for where the
+  twin's torch sees no CUDA device, or with `--device cpu`, is one ValueError naming it, from
+  `twin.run` before the initial parameters are exported or any run (JAX side included)
+  starts; a CPU attention in the same setting is no error."""
+  python = TORCH_PYTHON
+  version, cuda = twin.check_torch_python(python, {**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+  assert version.split(".")[0].isdigit() and cuda is False
+  with pytest.raises(ValueError, match=r"^--pairs sdpa-cudnn,sdpa-efficient: torch's SDPA has"):
+    twin.check_twin_device(["sdpa-cudnn", "paper", "sdpa-efficient"], python, False)
+  with pytest.raises(ValueError, match=r"--device cpu$"):
+    twin.check_twin_device(["sdpa-cudnn"], python, True, ["--device", "cpu"])
+  twin.check_twin_device(["sdpa-cudnn"], python, True)  # CUDA: no error
+  twin.check_twin_device(["sdpa-flash", "sdpa-math", "paper"], python, False)
+  base = TrainConfig(model="tiny", batch_size=4, steps=2, out_dir=str(tmp_path / "unused"))
+  with pytest.raises(ValueError, match=r"^--pairs sdpa-cudnn: .* sees no CUDA device$"):
+    twin.run(
+      base,
+      twin.parse_pairs("sdpa-cudnn"),
+      [0],
+      tmp_path,
+      torch_python=python,
+      torch_gpu="",
+      log=str,
+    )
+  assert not any(tmp_path.rglob("*.npz")) and not (tmp_path / "jax").exists()
 
 
 def test_reference_recomputes_its_probabilities_with_the_same_gradients():

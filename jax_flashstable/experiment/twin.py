@@ -372,24 +372,50 @@ def resolve_python(python: str) -> str:
   return found
 
 
-def check_torch_python(python: str) -> str:
-  """torch's version in `python` (a path or a name on PATH). Raises ValueError naming the
-  interpreter if it cannot run or cannot import torch."""
+def check_torch_python(python: str, env: dict | None = None) -> tuple[str, bool]:
+  """torch's version in `python` (a path or a name on PATH) and whether it sees a CUDA device
+  under `env` (None: this process's environment). Raises ValueError naming the interpreter if
+  it cannot run or cannot import torch."""
   python = resolve_python(python)
   try:
     with interrupts.unblocked():
       proc = subprocess.run(
-        [python, "-c", "import torch; print(torch.__version__)"],
+        [python, "-c", "import torch; print(torch.__version__, torch.cuda.is_available())"],
         capture_output=True,
         text=True,
         timeout=300,
+        env=env,
       )
   except OSError as e:
     raise ValueError(f"--torch-python {python!r} does not run: {e}") from None
   if proc.returncode:
     last = (proc.stderr.strip().splitlines() or ["?"])[-1]
     raise ValueError(f"--torch-python {python!r} cannot import torch: {last}")
-  return proc.stdout.strip()
+  version, cuda = proc.stdout.split()[-2:]
+  return version, cuda == "True"
+
+
+# gpt_twin.CUDA_ONLY: the SDPA backends torch has on CUDA only (a test keeps the two equal)
+CUDA_ONLY = ("sdpa-efficient", "sdpa-cudnn")
+
+
+def check_twin_device(attentions, python, cuda: bool, torch_args=()):
+  """ValueError naming the twin attentions that need CUDA when the twin will run without it
+  (torch in `python` sees no CUDA device, or torch_args ask for `--device cpu`), so that a
+  command fails before it trains anything rather than after the JAX side's runs."""
+  args = list(torch_args)
+  forced = args[args.index("--device") + 1] if "--device" in args[:-1] else "auto"
+  if cuda and forced != "cpu":
+    return
+  need = [a for a in dict.fromkeys(attentions) if a in CUDA_ONLY]
+  if need:
+    where = (
+      "--torch-args --device cpu" if forced == "cpu" else f"torch in {python} sees no CUDA device"
+    )
+    raise ValueError(
+      f"--pairs {','.join(need)}: torch's SDPA has {'these backends' if len(need) > 1 else 'this backend'} "
+      f"on CUDA only, and {where}"
+    )
 
 
 # --- the null: JAX with every batch as two half-batches ---------------------------------------
@@ -647,8 +673,8 @@ def run(
   `gpt_twin.py train` options (e.g. ["--threads", "1"], ["--compile", "off"]).
 
   Returns {"failed": [messages]} (a twin that exited with an error; a run cut by the budget is
-  not a failure: it is left unfinished). Raises ValueError (`plan`, `check_torch_python`)
-  before any run starts.
+  not a failure: it is left unfinished). Raises ValueError (`plan`, `check_torch_python`,
+  `check_twin_device`) before any run starts.
   """
   t0 = time.perf_counter()
   if not (
@@ -678,13 +704,15 @@ def run(
       raise ValueError(
         f"the twin {TWIN_SCRIPT} is not there (it ships with the repository, not with the package)"
       )
-    log(f"torch {check_torch_python(python)} in {python}")
-    for seed in sorted({s for _, s in torch_jobs}):
-      it = next(i for (_, s), (i, _) in torch_jobs.items() if s == seed)
-      export_init(it.cfg, out / "init" / f"seed{seed}.npz")
     env = dict(os.environ)
     if torch_gpu is not None:
       env["CUDA_VISIBLE_DEVICES"] = str(torch_gpu)
+    version, cuda = check_torch_python(python, env)
+    check_twin_device([a for a, _ in torch_jobs], python, cuda, torch_args)
+    log(f"torch {version} in {python}" + ("" if cuda else " (no CUDA device)"))
+    for seed in sorted({s for _, s in torch_jobs}):
+      it = next(i for (_, s), (i, _) in torch_jobs.items() if s == seed)
+      export_init(it.cfg, out / "init" / f"seed{seed}.npz")
 
     def torch_side():
       for (attention, seed), (it, run_dir) in torch_jobs.items():
