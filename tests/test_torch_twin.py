@@ -617,18 +617,39 @@ def test_cuda_only_twins_are_refused_before_any_run(tmp_path):
   """A twin attention that torch has on CUDA only (SDPA cuDNN, efficient), asked for where the
   twin's torch sees no CUDA device, or with `--device cpu`, is one ValueError naming it, from
   `twin.run` before the initial parameters are exported or any run (JAX side included)
-  starts; a CPU attention in the same setting is no error."""
+  starts; a CPU attention in the same setting is no error. The torch probe's line is found
+  among whatever else the interpreter prints."""
   python = TORCH_PYTHON
   version, cuda = twin.check_torch_python(python, {**os.environ, "CUDA_VISIBLE_DEVICES": ""})
   assert version.split(".")[0].isdigit() and cuda is False
   with pytest.raises(ValueError, match=r"^--pairs sdpa-cudnn,sdpa-efficient: torch's SDPA has"):
     twin.check_twin_device(["sdpa-cudnn", "paper", "sdpa-efficient"], python, False)
-  with pytest.raises(ValueError, match=r"--device cpu$"):
-    twin.check_twin_device(["sdpa-cudnn"], python, True, ["--device", "cpu"])
+  # the probe's line found among what torch prints around it; none is one named error
+  fake = tmp_path / "fake-python"
+  for out, expected in (("a warning\nflashstable-torch: 9.1 True\nbye", ("9.1", True)), ("", None)):
+    fake.write_text(f"#!/bin/sh\nprintf '{out}\\n'\n")
+    fake.chmod(0o755)
+    if expected:
+      assert twin.check_torch_python(str(fake)) == expected
+    else:
+      with pytest.raises(ValueError, match=r"fake-python'? printed no torch version"):
+        twin.check_torch_python(str(fake))
+  # --device as the twin's parser reads it: = spelling, abbreviation, the last one winning
+  for args in (
+    ["--device", "cpu"],
+    ["--device=cpu"],
+    ["--dev", "cpu"],
+    ["--device", "cuda", "--device=cpu"],
+  ):
+    with pytest.raises(ValueError, match=r"ask for --device cpu$"):
+      twin.check_twin_device(["sdpa-cudnn"], python, True, ["--threads", "1", *args])
+  twin.check_twin_device(["sdpa-cudnn"], python, True, ["--device", "cpu", "--device", "cuda"])
   twin.check_twin_device(["sdpa-cudnn"], python, True)  # CUDA: no error
+  with pytest.raises(ValueError, match=r"sees no CUDA device with CUDA_VISIBLE_DEVICES='7'$"):
+    twin.check_twin_device(["sdpa-efficient"], python, False, visible="7")
   twin.check_twin_device(["sdpa-flash", "sdpa-math", "paper"], python, False)
   base = TrainConfig(model="tiny", batch_size=4, steps=2, out_dir=str(tmp_path / "unused"))
-  with pytest.raises(ValueError, match=r"^--pairs sdpa-cudnn: .* sees no CUDA device$"):
+  with pytest.raises(ValueError, match=r"^--pairs sdpa-cudnn: .* sees no CUDA device with CUDA_V"):
     twin.run(
       base,
       twin.parse_pairs("sdpa-cudnn"),

@@ -380,7 +380,11 @@ def check_torch_python(python: str, env: dict | None = None) -> tuple[str, bool]
   try:
     with interrupts.unblocked():
       proc = subprocess.run(
-        [python, "-c", "import torch; print(torch.__version__, torch.cuda.is_available())"],
+        [
+          python,
+          "-c",
+          f"import torch; print({TORCH_MARK!r}, torch.__version__, torch.cuda.is_available())",
+        ],
         capture_output=True,
         text=True,
         timeout=300,
@@ -391,31 +395,46 @@ def check_torch_python(python: str, env: dict | None = None) -> tuple[str, bool]
   if proc.returncode:
     last = (proc.stderr.strip().splitlines() or ["?"])[-1]
     raise ValueError(f"--torch-python {python!r} cannot import torch: {last}")
-  version, cuda = proc.stdout.split()[-2:]
+  found = [line.split() for line in proc.stdout.splitlines() if line.startswith(TORCH_MARK + " ")]
+  if not found or len(found[-1]) != 3:
+    raise ValueError(
+      f"--torch-python {python!r} printed no torch version: {proc.stdout.strip()[-200:]!r}"
+    )
+  _, version, cuda = found[-1]
   return version, cuda == "True"
+
+
+TORCH_MARK = "flashstable-torch:"  # the line of check_torch_python's probe among torch's output
 
 
 # gpt_twin.CUDA_ONLY: the SDPA backends torch has on CUDA only (a test keeps the two equal)
 CUDA_ONLY = ("sdpa-efficient", "sdpa-cudnn")
 
 
-def check_twin_device(attentions, python, cuda: bool, torch_args=()):
+def check_twin_device(attentions, python, cuda: bool, torch_args=(), visible=None):
   """ValueError naming the twin attentions that need CUDA when the twin will run without it
-  (torch in `python` sees no CUDA device, or torch_args ask for `--device cpu`), so that a
-  command fails before it trains anything rather than after the JAX side's runs."""
-  args = list(torch_args)
-  forced = args[args.index("--device") + 1] if "--device" in args[:-1] else "auto"
+  (torch in `python` sees no CUDA device, under CUDA_VISIBLE_DEVICES=`visible` if given, or
+  torch_args ask for `--device cpu`, read as gpt_twin's parser reads it: `--device=cpu`,
+  abbreviations, the last one winning), so that a command fails before it trains anything
+  rather than after the JAX side's runs."""
+  import argparse
+
+  parser = argparse.ArgumentParser(add_help=False)
+  parser.add_argument("--device", default="auto")
+  forced = parser.parse_known_args(list(torch_args))[0].device
   if cuda and forced != "cpu":
     return
   need = [a for a in dict.fromkeys(attentions) if a in CUDA_ONLY]
-  if need:
-    where = (
-      "--torch-args --device cpu" if forced == "cpu" else f"torch in {python} sees no CUDA device"
-    )
-    raise ValueError(
-      f"--pairs {','.join(need)}: torch's SDPA has {'these backends' if len(need) > 1 else 'this backend'} "
-      f"on CUDA only, and {where}"
-    )
+  if not need:
+    return
+  if forced == "cpu":
+    where = "--torch-args ask for --device cpu"
+  else:
+    where = f"torch in {python} sees no CUDA device"
+    if visible is not None:
+      where += f" with CUDA_VISIBLE_DEVICES={visible!r}"
+  kind = "these backends" if len(need) > 1 else "this backend"
+  raise ValueError(f"--pairs {','.join(need)}: torch's SDPA has {kind} on CUDA only, and {where}")
 
 
 # --- the null: JAX with every batch as two half-batches ---------------------------------------
@@ -708,7 +727,8 @@ def run(
     if torch_gpu is not None:
       env["CUDA_VISIBLE_DEVICES"] = str(torch_gpu)
     version, cuda = check_torch_python(python, env)
-    check_twin_device([a for a, _ in torch_jobs], python, cuda, torch_args)
+    visible = None if torch_gpu is None else str(torch_gpu)
+    check_twin_device([a for a, _ in torch_jobs], python, cuda, torch_args, visible)
     log(f"torch {version} in {python}" + ("" if cuda else " (no CUDA device)"))
     for seed in sorted({s for _, s in torch_jobs}):
       it = next(i for (_, s), (i, _) in torch_jobs.items() if s == seed)

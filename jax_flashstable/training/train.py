@@ -403,7 +403,9 @@ class DQErrorWarning:
   calm ones (cuDNN + center 21, 24, 25; fa2 + lse 21, whose layer 1 reached 0.027 in two rows
   running, drifting up over training: a thin margin; cuDNN 21, a runaway, had 0.027 in two
   rows 900 steps before its runaway). One of the 16, paper + comp 30, crossed 240 only just
-  (247); at 480 it is a false alarm. Out of sample: the runs of the next sessions.
+  (247); at 480 it is a false alarm. Out of sample (2026-12-03, cuDNN and cuDNN + center at
+  seeds 26 and 27): it warned at 1,500 in both cuDNN runs, 300 and 400 steps before their
+  runaways, and on neither calm centred run (≤ 0.022).
 
   Raises:
     ValueError: `rows` < 1 or a threshold that is not a finite number ≥ 0, naming it.
