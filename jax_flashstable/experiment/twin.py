@@ -727,7 +727,7 @@ def run(
     if torch_gpu is not None:
       env["CUDA_VISIBLE_DEVICES"] = str(torch_gpu)
     version, cuda = check_torch_python(python, env)
-    visible = None if torch_gpu is None else str(torch_gpu)
+    visible = env.get("CUDA_VISIBLE_DEVICES")  # the twin's, set or inherited
     check_twin_device([a for a, _ in torch_jobs], python, cuda, torch_args, visible)
     log(f"torch {version} in {python}" + ("" if cuda else " (no CUDA device)"))
     for seed in sorted({s for _, s in torch_jobs}):

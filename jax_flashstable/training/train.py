@@ -457,11 +457,17 @@ def warning_step(
   """A warning rule (`EarlyWarning`, `DQErrorWarning`) over a whole run's diagnostics rows:
   (warning step, layer) or (None, None). Rows without the field the rule reads (runs made
   before it was logged) are skipped."""
-  monitor = rule(start, **options)
-  for row in diagnostics_rows:
-    if row.get(rule.reads) is not None:
-      monitor.update(row["step"], row[rule.reads])
+  monitor = replay(rule(start, **options), diagnostics_rows)
   return monitor.step, monitor.layer
+
+
+def replay(monitor, diagnostics_rows):
+  """`monitor` (a warning rule's instance) fed the rows, in order, that hold the field it
+  reads (rows of runs made before it was logged are skipped). Returns `monitor`."""
+  for row in diagnostics_rows:
+    if row.get(monitor.reads) is not None:
+      monitor.update(row["step"], row[monitor.reads])
+  return monitor
 
 
 def explosion_step(losses, warmup_steps, factor=2.0, window=10):
@@ -586,9 +592,8 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None, log=pri
     for r in kept:
       monitor.update(r["step"], r["loss"])
     kept_diag = [r for r in read_diagnostics(out) if r["step"] <= start] if start else []
-    for r in kept_diag if cfg.warning_action != "off" else ():  # as a fresh run would
-      if r.get(warning.reads) is not None:
-        warning.update(r["step"], r[warning.reads])
+    if cfg.warning_action != "off":  # as a fresh run would
+      replay(warning, kept_diag)
     if start >= cfg.steps:  # finished before: report it, train nothing
       return dict(
         kept[-1] if kept else dict(step=start),
