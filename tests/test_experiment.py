@@ -607,14 +607,24 @@ B128_LATER = {
     {"cudnn/seed26": 2942, "cudnn/seed27": 2896},
     4,
   ),
+  # cudnn 28 calm by the explosion rule to 3,000 but warned at 2,600: a false alarm by that rule
+  # only (layer 1 ran away at 2,600, 56 → 3,339 over 2,400–2,600; 2.1·10⁶ at the end, loss
+  # 1.385 → 2.494); cudnn + center 28 calm (max logit at most 59), not warned
+  "h200-2026-12-03c-b128/runs.jsonl.xz": ({"cudnn/seed28": 2600}, {}, 2, {"cudnn/seed28"}),
 }
 # anchor-b128 packs made after `train.DQErrorWarning` was calibrated (2026-12-03, on the packs
-# up to the eleventh session): per pack, per run its dQ warning step, runaway step (> 240) and
-# explosion step, and the runs it warned on without an event
+# up to the eleventh session): per pack, the runs with an event, each with its dQ warning step,
+# runaway step (> 240) and explosion step (None: none by 3,000), and the calm runs, each with
+# its largest layer-1 dQ error after warmup and its dQ warning step (None: not warned; a step:
+# a false alarm)
 B128_DQ_LATER = {
   "h200-2026-12-03b-b128/runs.jsonl.xz": (
     {"cudnn/seed26": (1500, 1800, 2942), "cudnn/seed27": (1500, 1900, 2896)},
-    {"cudnn+center/seed26": 0.021, "cudnn+center/seed27": 0.022},  # calm: largest dQ error
+    {"cudnn+center/seed26": (0.021, None), "cudnn+center/seed27": (0.022, None)},
+  ),
+  "h200-2026-12-03c-b128/runs.jsonl.xz": (
+    {"cudnn/seed28": (1300, 2600, None)},
+    {"cudnn+center/seed28": (0.116, 700)},
   ),
 }
 B128_DQ_PACKS = (*B128_PACKS, *(p for p in B128_LATER if p not in B128_DQ_LATER))
@@ -625,8 +635,10 @@ def test_dq_error_warning_out_of_sample(pack, tmp_path):
   """The dQ-error rule on runs made after its calibration, with the runaway threshold of the
   study (layer 1's max logit > 240): cudnn 26 and 27 warned at 1,500, before their runaways
   (1,800 and 1,900: 300 and 400 ahead) and explosions (2,942 and 2,896: 1,442 and 1,396
-  ahead); cudnn + center 26 and 27 calm to 3,000 (layer 1's dQ error at most 0.021 and
-  0.022), neither event, not warned."""
+  ahead); cudnn 28 warned at 1,300, 1,300 before its runaway (2,600; no explosion by 3,000);
+  cudnn + center 26 and 27 calm to 3,000 (layer 1's dQ error at most 0.021 and 0.022), not
+  warned; cudnn + center 28 calm to 3,000 (layer 1's max logit at most 59) but warned at 700
+  (dQ error 0.038 and 0.031 at 600 and 700, at most 0.116): the rule's first false alarm."""
   warned, calm = B128_DQ_LATER[pack]
   experiment.unpack_runs([str(RESULTS / pack)], tmp_path)
   base = b128_config()
@@ -639,13 +651,16 @@ def test_dq_error_warning_out_of_sample(pack, tmp_path):
   for r in rows:
     if name(r) in warned:
       w, runaway, explosion = warned[name(r)]
-      assert (r["dq_runaway_lead"], r["dq_explosion_lead"]) == (runaway - w, explosion - w)
+      leads = (runaway - w, explosion - w if explosion else None)
+      assert (r["dq_runaway_lead"], r["dq_explosion_lead"]) == leads
+      assert not r["dq_false_alarm"]
     else:  # layer 1's largest dQ error over heads and rows, after warmup
-      assert not any(r[k] for k in steps)
+      largest, w = calm[name(r)]
+      assert (r["runaway_step"], r["explosion_step"], r["dq_warning_step"]) == (None, None, w)
+      assert r["dq_false_alarm"] == (w is not None)
       diags = train.read_diagnostics(tmp_path / r["variant"] / f"seed{r['seed']}")
       errs = [np.nanmax(d["dq_err"][1]) for d in diags if d["step"] > base.warmup_steps]
-      assert round(float(max(errs)), 3) == calm[name(r)]
-  assert not any(r["dq_false_alarm"] for r in rows)
+      assert round(float(max(errs)), 3) == largest
 
 
 @pytest.mark.parametrize("pack", B128_LATER)
@@ -662,7 +677,10 @@ def test_early_warning_out_of_sample(pack, tmp_path):
   744). No false alarm until 2026-12-03: cudnn 25 and stochastic 25 exploded at 2,949 and
   1,736, warned at 2,400 and 1,500 (549 and 236 ahead); cudnn + center 24 and 25 calm, not
   warned; shift_above 23.7 at 31 calm to 3,000, warned at 700 (layer 1: 19 → 2,354 within
-  five rows), the first false alarm by the explosion rule."""
+  five rows), the first false alarm by the explosion rule; cudnn 26 and 27 exploded at 2,942
+  and 2,896, warned at 1,800 and 2,000; cudnn 28 warned at 2,600, when layer 1 ran away, and
+  did not explode by 3,000 (a false alarm by the explosion rule); cudnn + center 26–28 calm,
+  not warned."""
   warnings, explosions, n_runs, *false_alarms = B128_LATER[pack]
   experiment.unpack_runs([str(RESULTS / pack)], tmp_path)
   base = b128_config()
