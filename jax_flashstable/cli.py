@@ -482,7 +482,13 @@ def _crosscheck_train(args):
   report = args.side == "both" or args.report_only or args.runs or args.jax_runs
   try:
     twin.check_tolerance(args.tolerance)
-    pairs = twin.parse_pairs(args.pairs)
+    reporting = (args.report_only or args.runs) and not args.jax_runs
+    # a report of runs already made covers every pair they hold unless --pairs names some
+    pairs = (
+      None
+      if args.pairs is None and reporting
+      else twin.parse_pairs(args.pairs or twin.DEFAULT_PAIRS)
+    )
     if args.jax_runs:  # before anything runs: the JAX side is then done
       twin.take_jax_runs(
         args.jax_runs,
@@ -517,7 +523,7 @@ def _crosscheck_train(args):
       twin.collect(
         args.out,
         base,
-        pairs,
+        pairs or twin.pairs_under(args.out),
         tiles=args.tiles,
         layer=args.layer,
         tolerance=args.tolerance,
@@ -790,12 +796,13 @@ def build_parser():
   )
   p.add_argument(
     "--pairs",
-    default="reference-fp32,paper",
-    help="comma-separated twin attentions "
-    "(paired with their default JAX partner: reference-fp32, paper, paper+comp, "
-    "sdpa-cudnn=cudnn, sdpa-flash=fa2) or TWIN=JAXSPEC (twin attentions: "
-    "paper, paper+comp, reference-fp32, sdpa-flash, sdpa-efficient, sdpa-cudnn, "
-    "sdpa-math; efficient and cudnn need CUDA)",
+    default=None,
+    help="default: reference-fp32,paper; with --report-only or --runs, every twin attention "
+    "the runs hold. Comma-separated twin attentions, each paired with its default JAX partner "
+    "(experiment.twin.PAIRS: reference-fp32, paper[+comp][+lse] with the same, "
+    "sdpa-cudnn[+center] with cudnn[+center], sdpa-flash[+center] with fa2[+center]), "
+    "or TWIN=JAXSPEC; the twin attentions are gpt_twin.py's (paper[+comp][+lse], "
+    "reference-fp32, sdpa-flash|efficient|cudnn|math[+center]; efficient and cudnn need CUDA)",
   )
   p.add_argument(
     "--seeds", default="24", help="comma-separated seeds (initialisation and data order)"

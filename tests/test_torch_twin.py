@@ -582,6 +582,61 @@ def test_paper_backwards_part_at_large_logits(tmp_path):
   np.testing.assert_allclose(dv["paper+lse"], dv["paper"] * np.exp(-1.5) / 0.25, rtol=2**-7)
 
 
+def test_centred_sdpa_drops_the_common_key_term_against_fp64(tmp_path):
+  """`sdpa-*+center` (the twin's form of JAX's `+center` for an implementation not its own) on
+  the mechanism's common-keys input (tests/test_mechanism.py: keys at −480 in channel 0, dQ
+  there 0 in FP64). Torch's CPU flash backend leaves the (rowsum dS)·c term in dQ: its error
+  is 1.875 (JAX's fa2 and cuDNN on the H200: 1.88), outside the suite's rule against FP64
+  (2× naive bf16 attention's error + 1 ulp); with +center 7.5e-4, within it, and every tensor
+  within it. Its output is the plain backend's bit for bit, its gradients the plain backend's
+  at `centered_keys(K)`, and the twin's centred keys are JAX's
+  (`pallas_kernels.policy.centered_keys`) bit for bit; eager and torch.compile the same bits."""
+  from test_mechanism import common_keys
+
+  from jax_flashstable.lab.accuracy import compare
+  from pallas_kernels.policy import centered_keys
+
+  (q, k, v, d_out), causal = common_keys()
+  np.savez(tmp_path / "in.npz", **{n: bits(a) for n, a in zip("qkvd", (q, k, v, d_out))})
+  run_torch(
+    """
+    d = np.load(sys.argv[1] + "/in.npz")
+    bf = lambda a: torch.from_numpy(a.astype(np.int16)).view(torch.bfloat16)
+    q, k, v, do = (bf(d[n]) for n in "qkvd")
+    def grad(kind, k, fn=T.attend):
+      x = [a.clone().requires_grad_() for a in (q, k, v)]
+      o = fn(*x, T.AttentionChoice(kind))
+      o.backward(do)
+      return [t.detach().view(torch.int16).numpy() for t in (o, *(a.grad for a in x))]
+    centred = T.centered_keys(k.transpose(1, 2)).transpose(1, 2)
+    out = {"plain": grad("sdpa-flash", k), "center": grad("sdpa-flash+center", k),
+           "at_centred": grad("sdpa-flash", centred),
+           "compiled": grad("sdpa-flash+center", k, torch.compile(T.attend)),
+           "centred_keys": [centred.view(torch.int16).numpy()]}
+    np.savez(sys.argv[1] + "/out.npz", **{f"{n}/{i}": a for n, r in out.items() for i, a in enumerate(r)})
+    """,
+    tmp_path,
+  )
+  t = np.load(tmp_path / "out.npz")
+  got = {
+    n: [t[f"{n}/{i}"].view(BF16) for i in range(4)]
+    for n in ("plain", "center", "at_centred", "compiled")
+  }
+  np.testing.assert_array_equal(bits(t["centred_keys/0"]), bits(centered_keys(k)))
+  np.testing.assert_array_equal(bits(got["center"][0]), bits(got["plain"][0]))
+  for i in range(4):
+    np.testing.assert_array_equal(bits(got["center"][i]), bits(got["compiled"][i]))
+  for i in (1, 2, 3):
+    np.testing.assert_array_equal(bits(got["center"][i]), bits(got["at_centred"][i]))
+  check = {
+    n: compare(q, k, v, d_out, causal=causal, result=(r[0], tuple(r[1:]))) for n, r in got.items()
+  }
+  assert check["plain"].flash["d_query"].max == pytest.approx(1.875, rel=1e-3)
+  assert not check["plain"].passes()["d_query"]
+  assert check["center"].flash["d_query"].max < 1e-3
+  assert all(check["center"].passes().values()), check["center"].passes()
+
+
 def test_twin_jax_specs_are_the_commands():
   """gpt_twin's attention list and the JAX spec it records for each (`AttentionChoice.jax_spec`,
   spelled without JAX) are crosscheck-train's (`twin.TWIN_ATTENTIONS`, `twin.twin_jax_spec`,
@@ -1109,3 +1164,27 @@ def test_crosscheck_train_rejects_bad_input_in_one_line(tmp_path, args, message)
   text = str(e.value.code)
   assert message in text and "\n" not in text, text
   assert not (tmp_path / "out").exists()
+
+
+def test_report_of_packed_twin_runs_covers_the_pairs_they_hold(tmp_path, capsys):
+  """`crosscheck-train --runs PACK` without --pairs reports every pair the pack holds (here the
+  H200 runs of 2026-12-03: torch's SDPA cuDNN at 26 calm to 3,000 and at 27 ran away at 2,500,
+  JAX's cuDNN exploded at 2,942 and 2,896; runaway threshold 240); pairs_under names the twin
+  attentions it cannot pair by default, and an --out without twin runs, in one line."""
+  pack = ROOT / "experiments/results/h200-2026-12-03c-b128/twin-runs.jsonl.xz"
+  args = ["crosscheck-train", "--recipe", "anchor-b128", "--runs", str(pack)]
+  assert cli.main([*args, "--reference-max-logit", "24", "--out", str(tmp_path / "r")]) == 0
+  rows = json.loads((tmp_path / "r" / "report.json").read_text())["rows"]
+  got = {(r["pair"], r["seed"]): (r["jax_outcome"], r["torch_outcome"]) for r in rows}
+  assert got == {
+    ("sdpa-cudnn ↔ cudnn", 26): ("exploded", "calm"),
+    ("sdpa-cudnn ↔ cudnn", 27): ("exploded", "runaway"),
+  }
+  assert "JAX exploded at 2896, torch ran away at 2500: outcomes differ." in capsys.readouterr().out
+  (tmp_path / "m" / "torch" / "sdpa-math" / "seed0").mkdir(parents=True)
+  with pytest.raises(ValueError, match=r"^twin runs of sdpa-math under .* --pairs \(A=SPEC\)$"):
+    twin.pairs_under(tmp_path / "m")
+  with pytest.raises(SystemExit, match=r"no twin runs under .*; name the pairs with --pairs$"):
+    cli.main(
+      ["crosscheck-train", "--recipe", "tiny", "--report-only", "--out", str(tmp_path / "e")]
+    )

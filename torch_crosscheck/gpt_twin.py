@@ -119,6 +119,12 @@ Attention choices (`--attention`; layout [batch, seq, heads, head_dim], bf16 in 
                       backend (no JAX twin bit for bit; "cudnn" is the nearest for sdpa-cudnn).
                       On CPU torch has only math and flash (its CPU flash kernel, not FA2);
                       efficient and cudnn need CUDA and are refused on CPU.
+  sdpa-*+center       the same backend's output, its backward evaluated at the keys less
+                      their mean (`centered_keys`), as JAX's "+center" for an implementation
+                      not its own (`flax_adapter._centred_backward`; "cudnn+center" is the
+                      nearest for sdpa-cudnn+center): exact in exact arithmetic, it drops the
+                      (rowsum dS)·c term a common key component c leaves in dQ when rounding
+                      unbalances a row of dS (Qiu & Yao 2025, §4).
 
 Optimizer: `OptaxAdamW` is optax.chain(clip_by_global_norm(c), adamw(schedule, b1, b2, eps,
 weight_decay, mask=ndim ≥ 2)) in float32 as optax 0.2.8 writes it and XLA compiles it (its fma
@@ -173,8 +179,13 @@ ATTENTIONS = (
   "sdpa-efficient",
   "sdpa-cudnn",
   "sdpa-math",
+  "sdpa-flash+center",
+  "sdpa-efficient+center",
+  "sdpa-cudnn+center",
+  "sdpa-math+center",
 )
-CUDA_ONLY = ("sdpa-efficient", "sdpa-cudnn")  # torch has these SDPA backends on CUDA only
+# torch has these SDPA backends on CUDA only
+CUDA_ONLY = ("sdpa-efficient", "sdpa-cudnn", "sdpa-efficient+center", "sdpa-cudnn+center")
 CPU_ATTENTIONS = tuple(a for a in ATTENTIONS if a not in CUDA_ONLY)
 MATMULS = ("bf16", "emulated")
 EXIT_NON_FINITE = 3
@@ -270,6 +281,11 @@ class AttentionChoice:
     return self.kind.startswith("paper")
 
   @property
+  def center_keys(self) -> bool:
+    """An SDPA backend whose backward runs at the keys less their mean (modifier +center)."""
+    return self.kind.startswith("sdpa-") and self.kind.endswith("+center")
+
+  @property
   def stabilize(self) -> bool:
     """The compensation (modifier +comp of JAX's grammar)."""
     return self.paper and "+comp" in self.kind
@@ -344,6 +360,43 @@ class _PaperAttention(torch.autograd.Function):
     return (d_query, d_key, d_value) + (None,) * 8
 
 
+def centered_keys(key):
+  """K − c, c the mean of the keys per (batch, head), computed in float32 and rounded to key's
+  dtype; key [batch, heads, seq, head_dim]. `pallas_kernels.policy.centered_keys` in torch
+  (the same bits: tests/test_torch_twin.py). For a backward only: c takes every key, later
+  ones too."""
+  wide = key.float()
+  return (wide - wide.mean(dim=2, keepdim=True)).to(key.dtype)
+
+
+class _CentredSDPA(torch.autograd.Function):
+  """SDPA restricted to one backend, whose backward is the same SDPA's evaluated at
+  `centered_keys(key)` (dQ, dK, dV of that recomputation), as JAX's `_centred_backward`.
+  Tensors [batch, heads, seq, head_dim]."""
+
+  @staticmethod
+  def forward(ctx, query, key, value, softmax_scale, causal, choice):
+    with backend_context(choice):
+      out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, is_causal=causal, scale=softmax_scale
+      )
+    ctx.save_for_backward(query, key, value)
+    ctx.settings = (softmax_scale, causal, choice)
+    return out
+
+  @staticmethod
+  def backward(ctx, d_out):
+    query, key, value = ctx.saved_tensors
+    softmax_scale, causal, choice = ctx.settings
+    inputs = [x.detach().requires_grad_() for x in (query, centered_keys(key), value)]
+    with torch.enable_grad(), backend_context(choice):
+      out = torch.nn.functional.scaled_dot_product_attention(
+        *inputs, is_causal=causal, scale=softmax_scale
+      )
+      grads = torch.autograd.grad(out, inputs, d_out)
+    return (*grads, None, None, None)
+
+
 def _sdpa_backend(kind):
   from torch.nn.attention import SDPBackend
 
@@ -352,7 +405,7 @@ def _sdpa_backend(kind):
     efficient=SDPBackend.EFFICIENT_ATTENTION,
     cudnn=SDPBackend.CUDNN_ATTENTION,
     math=SDPBackend.MATH,
-  )[kind.removeprefix("sdpa-")]
+  )[kind.removeprefix("sdpa-").removesuffix("+center")]
 
 
 def backend_context(choice: AttentionChoice):
@@ -411,6 +464,8 @@ def attend(query, key, value, choice: AttentionChoice, *, causal=True, softmax_s
       )
     else:
       out = reference_attention(q, k, v, softmax_scale, causal)
+  elif choice.center_keys:
+    out = _CentredSDPA.apply(q, k, v, softmax_scale, causal, choice)
   else:
     with backend_context(choice):
       out = torch.nn.functional.scaled_dot_product_attention(

@@ -7,7 +7,8 @@ A pair is a twin attention and the JAX attention it is compared with (`PAIRS`: e
 the same rounding points — for reference-fp32 and paper, paper+comp, paper+lse,
 paper+comp+lse, whose backwards form P as JAX's: from m and log l apart, or with +lse from one
 float32 lse; the nearest production numerics for the SDPA backends: sdpa-flash ↔ fa2,
-sdpa-cudnn ↔ cudnn). Per pair and seed:
+sdpa-cudnn ↔ cudnn, and with their backward at centred keys sdpa-flash+center ↔ fa2+center,
+sdpa-cudnn+center ↔ cudnn+center). Per pair and seed:
 
   OUT/init/seed<k>.npz            the JAX run's initial parameters (`train.init_state`) in the
                                   twin's .npz layout (`export_init`; the layout is documented
@@ -92,6 +93,10 @@ TWIN_ATTENTIONS = (
   "sdpa-efficient",
   "sdpa-cudnn",
   "sdpa-math",
+  "sdpa-flash+center",
+  "sdpa-efficient+center",
+  "sdpa-cudnn+center",
+  "sdpa-math+center",
 )
 # twin attention → the JAX variant it is compared with by default
 PAIRS = {
@@ -102,6 +107,8 @@ PAIRS = {
   "paper+comp+lse": "paper+comp+lse",
   "sdpa-cudnn": "cudnn",
   "sdpa-flash": "fa2",
+  "sdpa-cudnn+center": "cudnn+center",
+  "sdpa-flash+center": "fa2+center",
 }
 # twins with JAX's own rounding points (the paper ones in the backward too: P from m and log l
 # apart, or with +lse from one float32 lse, as JAX's single_lse)
@@ -190,6 +197,27 @@ def parse_pairs(text: str) -> list[Pair]:
     if not j:
       raise ValueError(f"pair {t}=: the JAX variant is empty")
   return list(dict.fromkeys(Pair(t, j) for t, j in pairs))
+
+
+DEFAULT_PAIRS = "reference-fp32,paper"  # crosscheck-train's --pairs when it trains
+
+
+def pairs_under(out_dir) -> list[Pair]:
+  """The pairs of the twin runs under out_dir (OUT/torch/<attention>/), each with its default
+  JAX partner (`PAIRS`), in `TWIN_ATTENTIONS` order: what a report of packed runs covers when
+  no pairs are named. Raises ValueError when there is no twin run, or a twin attention with no
+  default partner (naming it: its pair must be named as A=SPEC)."""
+  root = pathlib.Path(out_dir) / "torch"
+  found = {p.name for p in root.iterdir() if p.is_dir()} if root.is_dir() else set()
+  if not found:
+    raise ValueError(f"no twin runs under {out_dir}; name the pairs with --pairs")
+  alone = sorted(a for a in found if a not in PAIRS)
+  if alone:
+    raise ValueError(
+      f"twin runs of {', '.join(alone)} under {out_dir}, which have no default JAX partner; "
+      "name the pairs with --pairs (A=SPEC)"
+    )
+  return [Pair(a, PAIRS[a]) for a in TWIN_ATTENTIONS if a in found]
 
 
 def twin_attention_config(attention: str, tiles: int, beta=2.0, tie_tolerance=1e-3):
@@ -408,7 +436,7 @@ TORCH_MARK = "flashstable-torch:"  # the line of check_torch_python's probe amon
 
 
 # gpt_twin.CUDA_ONLY: the SDPA backends torch has on CUDA only (a test keeps the two equal)
-CUDA_ONLY = ("sdpa-efficient", "sdpa-cudnn")
+CUDA_ONLY = ("sdpa-efficient", "sdpa-cudnn", "sdpa-efficient+center", "sdpa-cudnn+center")
 
 
 def check_twin_device(attentions, python, cuda: bool, torch_args=(), visible=None):
