@@ -9,7 +9,10 @@
 # (2026-12-01: two machines went back so, each between a start and its wait). Every 120 s
 # `wait` also leaves a snapshot of the runs under $OUT, so that a call killed at its limit (the
 # session's device time left may be less than the wait: 2026-12-02, 551 s lost) still brings
-# back what ran.
+# back what ran. The device brings back at most 8 files of $OUT: a finished hold leaves the queue
+# logs (one per queue), the runs' pack, report, curves and cpu_hashes.json (and
+# cpu_hashes.err when not empty): another script's files in the same call can push the pack out
+# (2026-12-03: fetched again from the warm machine in the next call).
 # Usage (repo root, on the device; carry .data):
 #   QUEUES="paper+comp:24,25|paper:24,25" BUDGET=1480 bash experiments/h200_hold.sh start "$OUT" \
 #     && bash experiments/h200_hold.sh wait "$OUT" 500
@@ -57,7 +60,7 @@ wait)
     echo "running; call wait again"
   else
     cat $H/log
-    cp $H/cpu_hashes.* "$OUT"/
+    cp $H/cpu_hashes.json "$OUT"/; [[ -s $H/cpu_hashes.err ]] && cp $H/cpu_hashes.err "$OUT"/
     rm -f "$OUT"/partial-*.jsonl.xz  # the final packs below hold every run
     cp $H/out/* "$OUT"/ && echo done
   fi
