@@ -53,7 +53,7 @@ for kind in (a for a in T.ATTENTIONS if a.startswith("sdpa-")):
     out = T.attend(*x, T.AttentionChoice(kind), causal=bool(d["causal"]))
     out.backward(to(d["d"]))
   except RuntimeError as e:  # no kernel for this shape or device
-    result[kind + "/error"] = np.asarray(str(e).splitlines()[0][:80])
+    result[kind + "/error"] = np.asarray((str(e).splitlines() or [type(e).__name__])[0][:80])
     continue
   for i, t in enumerate((out, *(a.grad for a in x))):
     result[f"{kind}/{i}"] = t.detach().cpu().view(torch.int16).numpy()
@@ -76,7 +76,9 @@ def torch_runs(q, k, v, do, causal):
     if proc.returncode:
       if "No module named 'torch'" in proc.stderr:
         return {}, None
-      raise RuntimeError(proc.stderr.strip().splitlines()[-1])
+      raise RuntimeError(
+        (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+      )
     t = np.load(f"{tmp}/out.npz")
     dtype = np.asarray(q).dtype
     runs = {}
@@ -90,10 +92,19 @@ def torch_runs(q, k, v, do, causal):
   return runs, json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def main():
-  from jax._src.lib import cuda_versions
+def jax_cudnn_version():
+  """The cuDNN version JAX's CUDA plugin loaded (None without one): a private JAX module, the
+  one its cuDNN attention checks versions with."""
+  try:
+    from jax._src.lib import cuda_versions
 
-  jax_cudnn = cuda_versions.cudnn_get_version() if GPU and cuda_versions else None
+    return cuda_versions.cudnn_get_version() if GPU and cuda_versions else None
+  except (ImportError, AttributeError, RuntimeError):
+    return None
+
+
+def main():
+  jax_cudnn = jax_cudnn_version()
   lines, head = [], f"# {jax.devices()[0].device_kind}, jax {jax.__version__} (cuDNN {jax_cudnn})"
   for case in (common_keys, nine):
     (q, k, v, do), causal = case()

@@ -484,11 +484,9 @@ def _crosscheck_train(args):
     twin.check_tolerance(args.tolerance)
     reporting = (args.report_only or args.runs) and not args.jax_runs
     # a report of runs already made covers every pair they hold unless --pairs names some
-    pairs = (
-      None
-      if args.pairs is None and reporting
-      else twin.parse_pairs(args.pairs or twin.DEFAULT_PAIRS)
-    )
+    if args.pairs is None and not reporting:
+      args.pairs = twin.DEFAULT_PAIRS
+    pairs = None if args.pairs is None else twin.parse_pairs(args.pairs)
     if args.jax_runs:  # before anything runs: the JAX side is then done
       twin.take_jax_runs(
         args.jax_runs,
@@ -519,11 +517,14 @@ def _crosscheck_train(args):
         torch_gpu=args.torch_gpu,
         torch_args=shlex.split(args.torch_args),
       )
+    if pairs is None:  # recorded in the report's header as the pairs it covers
+      pairs = twin.pairs_under(args.out)
+      args.pairs = ",".join(p.torch for p in pairs)
     result = (
       twin.collect(
         args.out,
         base,
-        pairs or twin.pairs_under(args.out),
+        pairs,
         tiles=args.tiles,
         layer=args.layer,
         tolerance=args.tolerance,

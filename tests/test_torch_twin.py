@@ -587,42 +587,54 @@ def test_centred_sdpa_drops_the_common_key_term_against_fp64(tmp_path):
   the mechanism's common-keys input (tests/test_mechanism.py: keys at −480 in channel 0, dQ
   there 0 in FP64). Torch's CPU flash backend leaves the (rowsum dS)·c term in dQ: its error
   is 1.875 (JAX's fa2 and cuDNN on the H200: 1.88), outside the suite's rule against FP64
-  (2× naive bf16 attention's error + 1 ulp); with +center 7.5e-4, within it, and every tensor
+  (2× naive bf16 attention's error + 1 ulp); with +center 7.55e-4, within it, and every tensor
   within it. Its output is the plain backend's bit for bit, its gradients the plain backend's
-  at `centered_keys(K)`, and the twin's centred keys are JAX's
-  (`pallas_kernels.policy.centered_keys`) bit for bit; eager and torch.compile the same bits."""
+  at `centered_keys(K)`; the twin's centred keys are JAX's (`pallas_kernels.policy
+  .centered_keys`) bit for bit, also on random keys of 96 positions (float32 sums in another
+  order would show there); torch.compile traces it whole (no graph break: the first form, a
+  custom backward calling torch.autograd.grad, had two) and gives the same bits."""
   from test_mechanism import common_keys
 
   from jax_flashstable.lab.accuracy import compare
   from pallas_kernels.policy import centered_keys
 
   (q, k, v, d_out), causal = common_keys()
-  np.savez(tmp_path / "in.npz", **{n: bits(a) for n, a in zip("qkvd", (q, k, v, d_out))})
-  run_torch(
+  wide = (np.random.default_rng(3).standard_normal((2, 96, 3, 16)) * 4 + 20).astype(BF16)
+  arrays = dict(q=q, k=k, v=v, d=d_out, wide=wide)
+  np.savez(tmp_path / "in.npz", **{n: bits(a) for n, a in arrays.items()})
+  breaks = run_torch(
     """
     d = np.load(sys.argv[1] + "/in.npz")
+    causal = sys.argv[2] == "causal"
     bf = lambda a: torch.from_numpy(a.astype(np.int16)).view(torch.bfloat16)
     q, k, v, do = (bf(d[n]) for n in "qkvd")
     def grad(kind, k, fn=T.attend):
       x = [a.clone().requires_grad_() for a in (q, k, v)]
-      o = fn(*x, T.AttentionChoice(kind))
+      o = fn(*x, T.AttentionChoice(kind), causal=causal)
       o.backward(do)
       return [t.detach().view(torch.int16).numpy() for t in (o, *(a.grad for a in x))]
-    centred = T.centered_keys(k.transpose(1, 2)).transpose(1, 2)
+    centre = lambda k: T.centered_keys(k.transpose(1, 2)).transpose(1, 2)
+    loss = lambda *x: T.attend(*x, T.AttentionChoice("sdpa-flash+center"), causal=causal).sum()
+    explained = torch._dynamo.explain(loss)(*(a.clone().requires_grad_() for a in (q, k, v)))
     out = {"plain": grad("sdpa-flash", k), "center": grad("sdpa-flash+center", k),
-           "at_centred": grad("sdpa-flash", centred),
-           "compiled": grad("sdpa-flash+center", k, torch.compile(T.attend)),
-           "centred_keys": [centred.view(torch.int16).numpy()]}
+           "at_centred": grad("sdpa-flash", centre(k)),
+           "compiled": grad("sdpa-flash+center", k, torch.compile(T.attend, backend="aot_eager")),
+           "centred_keys": [centre(k).view(torch.int16).numpy(),
+                            centre(bf(d["wide"])).view(torch.int16).numpy()]}
     np.savez(sys.argv[1] + "/out.npz", **{f"{n}/{i}": a for n, r in out.items() for i, a in enumerate(r)})
+    print(explained.graph_break_count)
     """,
     tmp_path,
+    "causal" if causal else "full",
   )
+  assert breaks.split() == ["0"]  # torch.compile's graph breaks in the centred attention
   t = np.load(tmp_path / "out.npz")
   got = {
     n: [t[f"{n}/{i}"].view(BF16) for i in range(4)]
     for n in ("plain", "center", "at_centred", "compiled")
   }
   np.testing.assert_array_equal(bits(t["centred_keys/0"]), bits(centered_keys(k)))
+  np.testing.assert_array_equal(bits(t["centred_keys/1"]), bits(centered_keys(wide)))
   np.testing.assert_array_equal(bits(got["center"][0]), bits(got["plain"][0]))
   for i in range(4):
     np.testing.assert_array_equal(bits(got["center"][i]), bits(got["compiled"][i]))
@@ -1137,6 +1149,7 @@ def test_jax_runs_rejects_what_is_not_this_run_in_one_line(
 
 CROSSCHECK_ERRORS = [
   (["--pairs", "flash"], "pair 'flash': 'flash' is not a twin attention"),
+  (["--pairs", ""], "no pairs in ''"),
   (["--pairs", "sdpa-math"], "pair 'sdpa-math': sdpa-math has no default JAX partner"),
   (["--pairs", "paper=bogus"], "variant 'bogus'"),
   (["--pairs", "paper=paper@layer"], "the twin uses one attention in every layer"),
@@ -1171,10 +1184,12 @@ def test_report_of_packed_twin_runs_covers_the_pairs_they_hold(tmp_path, capsys)
   H200 runs of 2026-12-03: torch's SDPA cuDNN at 26 calm to 3,000 and at 27 ran away at 2,500,
   JAX's cuDNN exploded at 2,942 and 2,896; runaway threshold 240); pairs_under names the twin
   attentions it cannot pair by default, and an --out without twin runs, in one line."""
-  pack = ROOT / "experiments/results/h200-2026-12-03c-b128/twin-runs.jsonl.xz"
+  pack = ROOT / "experiments/results/h200-2026-12-03c-b128/twin-anchor-b128-s3000.jsonl.xz"
   args = ["crosscheck-train", "--recipe", "anchor-b128", "--runs", str(pack)]
   assert cli.main([*args, "--reference-max-logit", "24", "--out", str(tmp_path / "r")]) == 0
-  rows = json.loads((tmp_path / "r" / "report.json").read_text())["rows"]
+  report = json.loads((tmp_path / "r" / "report.json").read_text())
+  assert report["meta"]["args"]["pairs"] == "sdpa-cudnn"  # the pairs covered, in the header
+  rows = report["rows"]
   got = {(r["pair"], r["seed"]): (r["jax_outcome"], r["torch_outcome"]) for r in rows}
   assert got == {
     ("sdpa-cudnn ↔ cudnn", 26): ("exploded", "calm"),

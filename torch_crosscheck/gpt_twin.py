@@ -120,11 +120,11 @@ Attention choices (`--attention`; layout [batch, seq, heads, head_dim], bf16 in 
                       On CPU torch has only math and flash (its CPU flash kernel, not FA2);
                       efficient and cudnn need CUDA and are refused on CPU.
   sdpa-*+center       the same backend's output, its backward evaluated at the keys less
-                      their mean (`centered_keys`), as JAX's "+center" for an implementation
-                      not its own (`flax_adapter._centred_backward`; "cudnn+center" is the
-                      nearest for sdpa-cudnn+center): exact in exact arithmetic, it drops the
-                      (rowsum dS)·c term a common key component c leaves in dQ when rounding
-                      unbalances a row of dS (Qiu & Yao 2025, §4).
+                      their mean (`centered_keys`, `_centred_sdpa`), as JAX's "+center" for an
+                      implementation not its own (`flax_adapter._centred_backward`;
+                      "cudnn+center" is the nearest for sdpa-cudnn+center): exact in exact
+                      arithmetic, it drops the (rowsum dS)·c term a common key component c
+                      leaves in dQ when rounding unbalances a row of dS (Qiu & Yao 2025, §4).
 
 Optimizer: `OptaxAdamW` is optax.chain(clip_by_global_norm(c), adamw(schedule, b1, b2, eps,
 weight_decay, mask=ndim ≥ 2)) in float32 as optax 0.2.8 writes it and XLA compiles it (its fma
@@ -369,32 +369,33 @@ def centered_keys(key):
   return (wide - wide.mean(dim=2, keepdim=True)).to(key.dtype)
 
 
-class _CentredSDPA(torch.autograd.Function):
-  """SDPA restricted to one backend, whose backward is the same SDPA's evaluated at
-  `centered_keys(key)` (dQ, dK, dV of that recomputation), as JAX's `_centred_backward`.
-  Tensors [batch, heads, seq, head_dim]."""
+class _StraightThrough(torch.autograd.Function):
+  """f(x) forward, the identity backward: the gradient with respect to f(x) passed to x."""
 
   @staticmethod
-  def forward(ctx, query, key, value, softmax_scale, causal, choice):
-    with backend_context(choice):
-      out = torch.nn.functional.scaled_dot_product_attention(
-        query, key, value, is_causal=causal, scale=softmax_scale
-      )
-    ctx.save_for_backward(query, key, value)
-    ctx.settings = (softmax_scale, causal, choice)
-    return out
+  def forward(ctx, x, f):
+    return f(x)
 
   @staticmethod
-  def backward(ctx, d_out):
-    query, key, value = ctx.saved_tensors
-    softmax_scale, causal, choice = ctx.settings
-    inputs = [x.detach().requires_grad_() for x in (query, centered_keys(key), value)]
-    with torch.enable_grad(), backend_context(choice):
-      out = torch.nn.functional.scaled_dot_product_attention(
-        *inputs, is_causal=causal, scale=softmax_scale
-      )
-      grads = torch.autograd.grad(out, inputs, d_out)
-    return (*grads, None, None, None)
+  def backward(ctx, grad):
+    return grad, None
+
+
+def _centred_sdpa(query, key, value, softmax_scale, causal, choice):
+  """SDPA restricted to `choice`'s backend whose output is the backend's own at (query, key,
+  value), bit for bit, and whose backward is the same SDPA's at (query, `centered_keys(key)`,
+  value), its dK passed to key as it is: JAX's `flax_adapter._centred_backward`. Written
+  without a custom backward (out = plain + (centred − centred), the second term exactly 0 but
+  for -0 outputs, which come back +0), so that torch.compile traces it whole. Tensors [batch,
+  heads, seq, head_dim] in the inputs' dtype (bf16 in training)."""
+  sdpa = functools.partial(
+    torch.nn.functional.scaled_dot_product_attention, is_causal=causal, scale=softmax_scale
+  )
+  with backend_context(choice):
+    with torch.no_grad():
+      plain = sdpa(query, key, value)
+    centred = sdpa(query, _StraightThrough.apply(key, centered_keys), value)
+  return plain + (centred - centred.detach())
 
 
 def _sdpa_backend(kind):
@@ -465,7 +466,7 @@ def attend(query, key, value, choice: AttentionChoice, *, causal=True, softmax_s
     else:
       out = reference_attention(q, k, v, softmax_scale, causal)
   elif choice.center_keys:
-    out = _CentredSDPA.apply(q, k, v, softmax_scale, causal, choice)
+    out = _centred_sdpa(q, k, v, softmax_scale, causal, choice)
   else:
     with backend_context(choice):
       out = torch.nn.functional.scaled_dot_product_attention(

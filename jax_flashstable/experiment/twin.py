@@ -205,8 +205,9 @@ DEFAULT_PAIRS = "reference-fp32,paper"  # crosscheck-train's --pairs when it tra
 def pairs_under(out_dir) -> list[Pair]:
   """The pairs of the twin runs under out_dir (OUT/torch/<attention>/), each with its default
   JAX partner (`PAIRS`), in `TWIN_ATTENTIONS` order: what a report of packed runs covers when
-  no pairs are named. Raises ValueError when there is no twin run, or a twin attention with no
-  default partner (naming it: its pair must be named as A=SPEC)."""
+  no pairs are named (runs made as A=SPEC, with another JAX partner, need --pairs A=SPEC: the
+  twin's folder does not say which). Raises ValueError when there is no twin run, or a twin
+  attention with no default partner (naming it: its pair must be named as A=SPEC)."""
   root = pathlib.Path(out_dir) / "torch"
   found = {p.name for p in root.iterdir() if p.is_dir()} if root.is_dir() else set()
   if not found:

@@ -405,7 +405,9 @@ class DQErrorWarning:
   rows 900 steps before its runaway). One of the 16, paper + comp 30, crossed 240 only just
   (247); at 480 it is a false alarm. Out of sample (2026-12-03, cuDNN and cuDNN + center at
   seeds 26 and 27): it warned at 1,500 in both cuDNN runs, 300 and 400 steps before their
-  runaways, and on neither calm centred run (≤ 0.022).
+  runaways, and on neither calm centred run (≤ 0.022); at seed 28 it warned cuDNN at 1,300,
+  1,300 steps before its runaway, and the centred run at 700, which stayed calm (its dQ error
+  up to 0.116): the first false alarm.
 
   Raises:
     ValueError: `rows` < 1 or a threshold that is not a finite number ≥ 0, naming it.
