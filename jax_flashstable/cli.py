@@ -29,6 +29,27 @@ class _Parser(argparse.ArgumentParser):
     raise SystemExit(f"{self.prog}: {message} (see {self.prog} --help)")
 
 
+def _files(text):
+  """argparse type: one or more comma-separated file paths, none empty (an empty --runs must
+  not read as no --runs)."""
+  if not text.strip() or not all(x.strip() for x in text.split(",")):
+    raise argparse.ArgumentTypeError(f"expected one or more comma-separated files, got {text!r}")
+  return text
+
+
+_files.__name__ = "comma-separated files"
+
+
+def _file(text):
+  """argparse type: a file path, not empty."""
+  if not text.strip():
+    raise argparse.ArgumentTypeError(f"expected a file path, got {text!r}")
+  return text
+
+
+_file.__name__ = "file path"
+
+
 def _count(low):
   """argparse type: an integer ≥ low (its error names the value)."""
 
@@ -442,6 +463,7 @@ def _experiment(args):
       _check_packs(args.runs)
       experiment.unpack_runs(args.runs, args.out)
     if args.report_only or args.runs:
+      experiment.check_recipe(args.out, base)
       rows = experiment.collect(args.out, base, args.layer, args.reference_max_logit)
     else:
       rows = experiment.run_matrix(
@@ -479,6 +501,9 @@ def _crosscheck_train(args):
     )
   base = _train_config(args, **instability.RECIPES[args.recipe])
   seeds = _ints(args.seeds, "--seeds")
+  _out("crosscheck-train", args.out)
+  if args.pack:
+    _out("crosscheck-train", str(pathlib.Path(args.pack).parent), "--pack's folder")
   report = args.side == "both" or args.report_only or args.runs or args.jax_runs
   try:
     twin.check_tolerance(args.tolerance)
@@ -517,6 +542,8 @@ def _crosscheck_train(args):
         torch_gpu=args.torch_gpu,
         torch_args=shlex.split(args.torch_args),
       )
+    if reporting:  # runs made elsewhere, judged by this command's recipe
+      instability.check_recipe(pathlib.Path(args.out) / "jax", base)
     if pairs is None:  # recorded in the report's header as the pairs it covers
       pairs = twin.pairs_under(args.out)
       args.pairs = ",".join(p.torch for p in pairs)
@@ -533,6 +560,18 @@ def _crosscheck_train(args):
       if report
       else None
     )
+    if reporting:  # the header records what the report covers; a named pair must be there
+      empty = [p.name for p in pairs if not any(r["pair"] == p.name for r in result["rows"])]
+      if empty:
+        held = (
+          ", ".join(p.torch for p in twin.pairs_under(args.out))
+          if any((pathlib.Path(args.out) / "torch").glob("*/seed*"))
+          else "none"
+        )
+        raise ValueError(
+          f"--pairs: no runs of {', '.join(empty)} under {args.out} (twin runs: {held})"
+        )
+      args.seeds = ",".join(str(s) for s in sorted({r["seed"] for r in result["rows"]}))
   except ValueError as e:
     raise SystemExit(f"flashstable crosscheck-train: {e}") from None
   if result is not None:
@@ -768,12 +807,14 @@ def build_parser():
   p.add_argument(
     "--runs",
     default=None,
+    type=_files,
     help="report the runs of --pack files (comma-separated, e.g. several sessions' packs; "
     "unpacked into --out; a run in several: the one trained furthest), training nothing",
   )
   p.add_argument(
     "--pack",
     default=None,
+    type=_file,
     help="after the report, write every run folder (no checkpoints) into this one .jsonl.xz file",
   )
   p.add_argument("--out", default="runs/instability")
@@ -870,18 +911,23 @@ def build_parser():
   p.add_argument(
     "--runs",
     default=None,
+    type=_files,
     help="report the runs of --pack files (comma-separated, e.g. several sessions' packs; "
     "unpacked into --out; a run in several: the one trained furthest), training nothing",
   )
   p.add_argument(
     "--jax-runs",
     default=None,
+    type=_files,
     help="take the JAX runs from `experiment instability --pack` files (comma-separated; "
     "each asked pair and seed must be there, finished, made with these settings) into "
     "--out/jax instead of training them; with --side torch only the twin trains, then the report",
   )
   p.add_argument(
-    "--pack", default=None, help="write every run (no checkpoints) into this one .jsonl.xz file"
+    "--pack",
+    default=None,
+    type=_file,
+    help="write every run (no checkpoints) into this one .jsonl.xz file",
   )
   p.add_argument("--out", default="runs/twin")
   _add_train_options(

@@ -120,6 +120,14 @@ def _bad_inputs(tmp):
     ),
     (["experiment", "instability", "--recipe", "nope"], r"--recipe 'nope' is unknown"),
     (
+      ["experiment", "instability", "--recipe", "tiny", "--runs", ""],
+      r"argument --runs: expected one or more comma-separated files, got ''",
+    ),
+    (
+      ["experiment", "instability", "--recipe", "tiny", "--pack", " "],
+      r"argument --pack: expected a file path, got ' '",
+    ),
+    (
       [
         "experiment",
         "instability",

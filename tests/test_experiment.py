@@ -175,14 +175,11 @@ def test_cli_experiment_tiny(tmp_path):
   assert rc == 0
   report = json.loads((tmp_path / "report.json").read_text())
   assert report["recipe"]["steps"] == 4 and report["rows"][0]["variant"] == "fa2+comp"
-  assert (
-    cli.main(
-      ["experiment", "instability", "--recipe", "tiny", "--report-only", "--out", str(tmp_path)]
-    )
-    == 0
-  )
-  assert "runaway: layer 1 not defined" in (tmp_path / "report.md").read_text()
+  # a report of runs already made: with the recipe and options they were made with
   only = ["experiment", "instability", "--recipe", "tiny", "--report-only", "--out", str(tmp_path)]
+  only += ["--diag-interval", "2", "--model-set", "block_size=32"]
+  assert cli.main(only) == 0
+  assert "runaway: layer 1 not defined" in (tmp_path / "report.md").read_text()
   assert cli.main(only + ["--reference-max-logit", "60"]) == 0  # reaches the report's rule
   assert "runaway: layer 1 max logit > 600 (10 × 60 given)" in (tmp_path / "report.md").read_text()
   with pytest.raises(SystemExit, match="variant .bogus.: unknown attention .bogus."):
@@ -711,3 +708,23 @@ def test_compare_findings_name_the_literal_compensations_caveat():
   assert caveat in text and "paper exploded at step 1,500" in text
   for calm in ("paper+comp+guard:max_shift=6", "fa2+comp", "paper+center"):
     assert caveat not in " ".join(compare.findings([row("paper", 1500), row(calm, None)]))
+
+
+def test_a_report_refuses_runs_of_another_recipe(tmp_path):
+  """`experiment instability --runs` judges runs by the command's recipe (warmup, diagnostics
+  interval) and states it as theirs: runs made with other recipe fields are refused in one
+  line naming the run and the field, not misjudged (e.g. --warmup-steps 2999 would have
+  called cudnn 28's runaway calm; --recipe tiny would head a gpt-6l report as tiny)."""
+  pack = str(RESULTS / "h200-2026-12-03c-b128/runs.jsonl.xz")
+  argv = ["experiment", "instability", "--runs", pack, "--out", str(tmp_path / "r")]
+  for extra, message in (
+    (["--recipe", "tiny"], "cudnn seed28 under .* was trained with model='gpt-6l', not 'tiny'"),
+    (
+      ["--recipe", "anchor-b128", "--warmup-steps", "2999"],
+      "cudnn seed28 under .* was trained with warmup_steps=200, not 2999",
+    ),
+  ):
+    with pytest.raises(SystemExit, match=f"^flashstable experiment: {message}") as e:
+      cli.main([*argv, *extra])
+    assert "\n" not in str(e.value.code)
+  assert cli.main([*argv, "--recipe", "anchor-b128"]) == 0  # its own recipe: reported

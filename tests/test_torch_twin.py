@@ -1163,6 +1163,11 @@ CROSSCHECK_ERRORS = [
   (["--null-steps", "2", "--batch-size", "3"], "batch_size=3 is odd"),
   (["--steps", "0"], "steps=0 must be an integer ≥ 1"),
   (["--runs", "/nonexistent.jsonl.xz"], "--runs '/nonexistent.jsonl.xz': no such file"),
+  (["--runs", ""], "argument --runs: expected one or more comma-separated files, got ''"),
+  (["--runs", "a.xz,"], "argument --runs: expected one or more comma-separated files, got 'a.xz,'"),
+  (["--jax-runs", " "], "argument --jax-runs: expected one or more comma-separated files"),
+  (["--pack", ""], "argument --pack: expected a file path, got ''"),
+  (["--out", str(ROOT / "README.md")], "README.md' is a file, not a folder"),
   (["--data", "/nonexistent"], "data folder not found: /nonexistent"),
 ]
 
@@ -1182,8 +1187,10 @@ def test_crosscheck_train_rejects_bad_input_in_one_line(tmp_path, args, message)
 def test_report_of_packed_twin_runs_covers_the_pairs_they_hold(tmp_path, capsys):
   """`crosscheck-train --runs PACK` without --pairs reports every pair the pack holds (here the
   H200 runs of 2026-12-03: torch's SDPA cuDNN at 26 calm to 3,000 and at 27 ran away at 2,500,
-  JAX's cuDNN exploded at 2,942 and 2,896; runaway threshold 240); pairs_under names the twin
-  attentions it cannot pair by default, and an --out without twin runs, in one line."""
+  JAX's cuDNN exploded at 2,942 and 2,896; runaway threshold 240) and records the pairs and
+  seeds it covers; it refuses, in one line, options that would judge the runs by another
+  recipe than theirs and a named pair the runs lack; pairs_under names the twin attentions it
+  cannot pair by default, and an --out without twin runs."""
   pack = ROOT / "experiments/results/h200-2026-12-03c-b128/twin-anchor-b128-s3000.jsonl.xz"
   args = ["crosscheck-train", "--recipe", "anchor-b128", "--runs", str(pack)]
   assert cli.main([*args, "--reference-max-logit", "24", "--out", str(tmp_path / "r")]) == 0
@@ -1196,6 +1203,16 @@ def test_report_of_packed_twin_runs_covers_the_pairs_they_hold(tmp_path, capsys)
     ("sdpa-cudnn ↔ cudnn", 27): ("exploded", "runaway"),
   }
   assert "JAX exploded at 2896, torch ran away at 2500: outcomes differ." in capsys.readouterr().out
+  assert report["meta"]["args"]["seeds"] == "26,27"  # the seeds covered, not --seeds' default
+  for extra, message in (
+    (
+      ["--warmup-steps", "2999"],
+      "cudnn seed26 under .* was trained with warmup_steps=200, not 2999",
+    ),
+    (["--pairs", "sdpa-cudnn+center"], r"no runs of sdpa-cudnn\+center ↔ cudnn\+center under .*"),
+  ):
+    with pytest.raises(SystemExit, match=message):
+      cli.main([*args, *extra, "--out", str(tmp_path / "x")])
   (tmp_path / "m" / "torch" / "sdpa-math" / "seed0").mkdir(parents=True)
   with pytest.raises(ValueError, match=r"^twin runs of sdpa-math under .* --pairs \(A=SPEC\)$"):
     twin.pairs_under(tmp_path / "m")
@@ -1203,3 +1220,22 @@ def test_report_of_packed_twin_runs_covers_the_pairs_they_hold(tmp_path, capsys)
     cli.main(
       ["crosscheck-train", "--recipe", "tiny", "--report-only", "--out", str(tmp_path / "e")]
     )
+
+
+def test_a_twin_killed_from_outside_is_a_failure_not_a_budget_cut(tmp_path, capsys):
+  """A twin process killed by a signal that is not the time budget's (here SIGKILL, as the
+  kernel's out-of-memory killer sends) is reported as killed, with the signal, and the command
+  exits 1; before, any negative status of an unfinished run read as "cut by the time budget"
+  and the command exited 0."""
+  wrapper = tmp_path / "python"
+  wrapper.write_text(
+    f'#!/bin/sh\ncase "$*" in *gpt_twin.py*) kill -9 $$ ;; esac\nexec {TORCH_PYTHON} "$@"\n'
+  )
+  wrapper.chmod(0o755)
+  args = ["crosscheck-train", "--recipe", "tiny", "--steps", "2", "--pairs", "paper"]
+  args += ["--seeds", "0", "--tiles", "64", "--side", "torch", "--torch-python", str(wrapper)]
+  assert cli.main([*args, "--out", str(tmp_path / "out"), "--no-progress"]) == 1
+  out = capsys.readouterr()
+  text = out.out + out.err
+  assert "torch paper seed 0: gpt_twin.py was killed by SIGKILL at step 0 (out of memory?" in text
+  assert "cut by the time budget" not in text

@@ -372,6 +372,45 @@ def _runaway_basis(rows, reference_max_logit) -> str:
   )
 
 
+# the TrainConfig fields a report judges runs by or states as their recipe (its header): a
+# stored run made with other values is not the command's recipe
+RECIPE_FIELDS = (
+  "model",
+  "model_overrides",
+  "batch_size",
+  "grad_accum",
+  "seq_len",
+  "lr",
+  "min_lr",
+  "warmup_steps",
+  "decay_steps",
+  "weight_decay",
+  "beta1",
+  "beta2",
+  "eps",
+  "grad_clip",
+  "diag_interval",
+)  # not stop_after_explosion: it decides only where an exploded run ended (reports mix 200, 300)
+
+
+def check_recipe(out_dir, base: TrainConfig, option="--recipe and its options"):
+  """ValueError (one line, naming the run and the first field) when a run folder under out_dir
+  (`OUT/<variant>/seed<k>/config.json`) was trained with other `RECIPE_FIELDS` than `base`: a
+  report judges every run by base's warmup and diagnostics interval and states base as their
+  recipe, so runs of another recipe (or mixed into the folder) would be misjudged silently.
+  Fields a stored config lacks are not compared."""
+  new = json.loads(json.dumps(dataclasses.asdict(base), default=str))
+  for path in sorted(pathlib.Path(out_dir).glob("*/seed*/config.json")):
+    old = json.loads(path.read_text()).get("train", {})
+    for k in RECIPE_FIELDS:
+      if k in old and old[k] != new[k]:
+        run = f"{path.parent.parent.name} {path.parent.name}"
+        raise ValueError(
+          f"{run} under {out_dir} was trained with {k}={old[k]!r}, not {new[k]!r} as {option} "
+          "give: report it with the recipe and options it was made with"
+        )
+
+
 def collect(out_dir, base: TrainConfig, layer=1, reference_max_logit=None) -> list[dict]:
   """One row per run folder under out_dir (finished or not), read from its metrics. A row's
   `runaway_step` is the first diagnostics step whose watched-layer max logit exceeds

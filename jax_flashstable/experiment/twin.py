@@ -60,6 +60,7 @@ import lzma
 import math
 import os
 import pathlib
+import signal
 import statistics
 import subprocess
 import sys
@@ -831,9 +832,14 @@ def _run_twin(python, it: _Item, run_dir, init, torch_args, env, left, log) -> s
       proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, bufsize=1
       )
-    timer = None
+    timer, cut = None, threading.Event()  # cut: the budget's timer killed it (not a signal else)
+
+    def stop():
+      cut.set()
+      proc.kill()
+
     if math.isfinite(left):
-      timer = threading.Timer(left, proc.kill)
+      timer = threading.Timer(left, stop)
       timer.start()
     tail = []
     for line in proc.stdout:
@@ -854,9 +860,14 @@ def _run_twin(python, it: _Item, run_dir, init, torch_args, env, left, log) -> s
   if rc in (0, EXIT_NON_FINITE):
     log(f"{name}: done, {len(rows)} steps in {dt:.0f} s ({speed})")
     return None
-  if rc < 0 and not _done(run_dir):
+  if cut.is_set() and not _done(run_dir):
     log(f"{name}: cut by the time budget at step {len(rows)} ({speed}); it starts again next time")
     return None
+  if rc < 0:  # killed from outside: the kernel's out-of-memory killer, a user's kill
+    how = f"was killed by {signal.Signals(-rc).name} at step {len(rows)}"
+    if -rc == signal.SIGKILL:
+      how += " (out of memory? see the kernel log)"
+    return f"{name}: gpt_twin.py {how}:\n" + "\n".join(tail[-8:])
   return f"{name}: gpt_twin.py exited with status {rc}:\n" + "\n".join(tail[-8:])
 
 
