@@ -372,11 +372,8 @@ def _runaway_basis(rows, reference_max_logit) -> str:
   )
 
 
-# the TrainConfig fields a report judges runs by or states as their recipe (its header): a
-# stored run made with other values is not the command's recipe
-RECIPE_FIELDS = (
-  "model",
-  "model_overrides",
+# a recipe's batch, optimizer and schedule (TrainConfig fields; the twin mirrors them too)
+SCHEDULE_FIELDS = (
   "batch_size",
   "grad_accum",
   "seq_len",
@@ -389,6 +386,13 @@ RECIPE_FIELDS = (
   "beta2",
   "eps",
   "grad_clip",
+)
+# the TrainConfig fields a report judges runs by or states as their recipe (its header): a
+# stored run made with other values is not the command's recipe
+RECIPE_FIELDS = (
+  "model",
+  "model_overrides",
+  *SCHEDULE_FIELDS,
   "diag_interval",
 )  # not stop_after_explosion: it decides only where an exploded run ended (reports mix 200, 300)
 
