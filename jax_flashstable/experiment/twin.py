@@ -410,10 +410,14 @@ def check_torch_python(python: str, env: dict | None = None) -> tuple[str, bool]
         env=env,
       )
   except OSError as e:
-    raise ValueError(f"--torch-python {python!r} does not run: {e}") from None
+    raise ValueError(f"the twin's interpreter {python!r} does not run: {e}") from None
   if proc.returncode:
     last = (proc.stderr.strip().splitlines() or ["?"])[-1]
-    raise ValueError(f"--torch-python {python!r} cannot import torch: {last}")
+    raise ValueError(
+      f"the twin's interpreter {python!r} cannot import torch: {last} (it is --torch-python, "
+      "else $FLASHSTABLE_TORCH_PYTHON, else .torchvenv/bin/python, which `bash scripts/setup.sh "
+      "test` makes, else this one)"
+    )
   found = [line.split() for line in proc.stdout.splitlines() if line.startswith(TORCH_MARK + " ")]
   if not found or len(found[-1]) != 3:
     raise ValueError(
@@ -645,6 +649,12 @@ def take_jax_runs(
     for run, it in wanted.items():
       what = f"{it.pair.jax} seed {it.seed}"
       if run not in found:
+        if any(k.startswith(("jax/", "torch/")) for k in found):  # crosscheck-train's own pack
+          raise ValueError(
+            f"--jax-runs {names}: a crosscheck-train pack (its runs under jax/ and torch/), "
+            "not `experiment instability --pack` files: report it with --runs, or unpack it "
+            "into --out (h200_twin.sh PREVIOUS)"
+          )
         raise ValueError(
           f"--jax-runs {names}: no run {what} (for the pair {it.pair.name}); the packs hold "
           f"{_held(found)}"
@@ -1140,9 +1150,11 @@ def format_report(result: dict, recipe: dict, layer=1) -> str:
     if r["jax_outcome"] in ("exploded", "runaway", "calm")
     and r["torch_outcome"] in ("exploded", "runaway", "calm")
   ]
+  short = sum(r["twin"]["steps"] < window for r in exact)  # judged on every common step
+  fewer = f", {short} of them over fewer steps (all they have)" if short else ""
   lines += [
     f"**Exact pairs agreeing within τ over the first {window} steps: {len(held)} of "
-    f"{len(exact)} compared.** Outcomes the same on both sides: "
+    f"{len(exact)} compared{fewer}.** Outcomes the same on both sides: "
     f"{sum(r['same_outcome'] for r in decided)} of {len(decided)} decided (pair, seed).",
     "",
     f"| pair | seed | exact | steps JAX / torch | Δ steps 1–2 | max Δ steps 1–{window} "
