@@ -317,6 +317,11 @@ def test_export_round_trip_first_loss_diagnostics_and_errors(tmp_path):
 CLI_ERRORS = [
   (["--attention", "flash"], "attention='flash' is not one of"),
   (["--attention", "sdpa-cudnn", "--device", "cpu"], "attention='sdpa-cudnn' needs CUDA"),
+  (
+    ["--attention", "sdpa-cudnn+center", "--device", "cpu"],
+    "attention='sdpa-cudnn+center' needs CUDA",
+  ),
+  (["--init", str(ROOT / "README.md")], "README.md: not an .npz of arrays (ValueError)"),
   (["--block-q", "48"], "block_q must be a power of two >= 16, got block_q=48"),
   (["--n-embd", "65"], "n_embd=65 is not a multiple of n_head=6"),
   (["--seq-len", "2048"], "seq_len=2048 must be in [1, block_size=1024]"),
@@ -337,9 +342,8 @@ def test_cli_rejects_bad_input_in_one_line(tmp_path):
     for args in json.loads(sys.argv[1]):
       err = io.StringIO()
       with contextlib.redirect_stderr(err):
-        try:
-          T.main(["train", "--init", sys.argv[2], "--out", sys.argv[3]] + args)
-          code = 0
+        try:  # argparse's errors exit; a ValueError while training returns 2
+          code = T.main(["train", "--init", sys.argv[2], "--out", sys.argv[3]] + args)
         except SystemExit as e:
           code = e.code
       results.append((code, err.getvalue()))

@@ -153,6 +153,7 @@ import json
 import math
 import pathlib
 import sys
+import zipfile
 import time
 
 import numpy as np
@@ -788,8 +789,13 @@ def load_npz(model: GPT, path):
   if not path.is_file():
     raise FileNotFoundError(f"initial parameters not found: {path}")
   params = dict(model.named_parameters())
-  with np.load(path) as f:
-    arrays = {k: f[k] for k in f.files}
+  try:
+    with np.load(path) as f:  # allow_pickle off: an .npz of arrays, nothing else
+      arrays = {k: f[k] for k in f.files}
+  except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
+    raise ValueError(
+      f"initial parameters {path}: not an .npz of arrays ({type(e).__name__})"
+    ) from None
   problems = [f"missing {k}" for k in params if k not in arrays]
   problems += [f"unexpected {k}" for k in arrays if k not in params]
   for k, a in arrays.items():
