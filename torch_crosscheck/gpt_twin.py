@@ -1300,7 +1300,9 @@ def _bool(text):
 
 
 def build_parser():
-  ap = argparse.ArgumentParser(prog="gpt_twin.py", description=__doc__.splitlines()[0])
+  ap = argparse.ArgumentParser(
+    prog="gpt_twin.py", description=" ".join(__doc__.split("\n\n")[0].split())
+  )  # the docstring's first paragraph
   sub = ap.add_subparsers(dest="command", required=True)
   tr = sub.add_parser(
     "train",
