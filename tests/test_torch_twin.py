@@ -1247,3 +1247,16 @@ def test_a_twin_killed_from_outside_is_a_failure_not_a_budget_cut(tmp_path, caps
   text = out.out + out.err
   assert "torch paper seed 0: gpt_twin.py was killed by SIGKILL at step 0 (out of memory?" in text
   assert "cut by the time budget" not in text
+
+
+def test_a_run_that_ends_within_warmup_is_undecided_not_calm():
+  """The explosion rule starts after warmup, so a finished run without an event that ended
+  within it is 'too short' (not counted as decided, its event line says so), and one step
+  past warmup is calm; events and unfinished runs as before."""
+  row = dict(explosion_step=None, runaway_step=None, finished=True, steps=3)
+  assert twin.outcome(row, warmup_steps=5) == "too short"
+  assert twin.outcome(row | dict(steps=6), warmup_steps=5) == "calm"
+  assert twin.outcome(row | dict(finished=False), warmup_steps=5) == "unfinished"
+  assert twin.outcome(row | dict(runaway_step=2), warmup_steps=5) == "runaway"
+  assert twin.outcome(None) == "missing"
+  assert twin._event(row, "too short") == "ended at 3, within warmup (undecided)"

@@ -966,15 +966,19 @@ def agrees(comparison: dict | None, window=WINDOW) -> bool:
   return (comparison["first_apart"] or math.inf) > min(window, comparison["steps"])
 
 
-def outcome(row: dict | None) -> str:
-  """'exploded', 'runaway', 'calm', 'unfinished' or 'missing' of an `instability.collect` row."""
+def outcome(row: dict | None, warmup_steps: int = 0) -> str:
+  """'exploded', 'runaway', 'calm', 'unfinished', 'too short' or 'missing' of an
+  `instability.collect` row. 'too short': finished without an event by the end of warmup,
+  where the explosion rule has not started: undecided, not calm."""
   if row is None:
     return "missing"
   if row["explosion_step"] is not None:
     return "exploded"
   if row["runaway_step"] is not None:
     return "runaway"
-  return "calm" if row["finished"] else "unfinished"
+  if not row["finished"]:
+    return "unfinished"
+  return "too short" if row["steps"] <= warmup_steps else "calm"
 
 
 def _side_rows(out: pathlib.Path, side: str, base: TrainConfig, layer: int, reference_max_logit):
@@ -1027,8 +1031,8 @@ def collect(
         exact=is_exact(pair, tiles),
         jax_run=_brief(j),
         torch_run=_brief(t),
-        jax_outcome=outcome(j),
-        torch_outcome=outcome(t),
+        jax_outcome=outcome(j, base.warmup_steps),
+        torch_outcome=outcome(t, base.warmup_steps),
         twin=compare_losses(jm, tm, tolerance, window) if jm and tm else None,
         null=compare_losses(jm, nm, tolerance, window) if jm and nm else None,
       )
@@ -1070,6 +1074,7 @@ def _event(r: dict | None, outcome_: str) -> str:
     "runaway": f"ran away at {r['runaway_step']}",
     "calm": f"calm to {r['steps']}",
     "unfinished": f"unfinished at {r['steps']}",
+    "too short": f"ended at {r['steps']}, within warmup (undecided)",
   }[outcome_]
 
 
