@@ -563,11 +563,8 @@ def _crosscheck_train(args):
     if reporting:  # the header records what the report covers; a named pair must be there
       empty = [p.name for p in pairs if not any(r["pair"] == p.name for r in result["rows"])]
       if empty:
-        held = (
-          ", ".join(p.torch for p in twin.pairs_under(args.out))
-          if any((pathlib.Path(args.out) / "torch").glob("*/seed*"))
-          else "none"
-        )
+        runs = (pathlib.Path(args.out) / "torch").glob("*/seed*")
+        held = ", ".join(sorted({r.parent.name for r in runs})) or "none"
         raise ValueError(
           f"--pairs: no runs of {', '.join(empty)} under {args.out} (twin runs: {held})"
         )

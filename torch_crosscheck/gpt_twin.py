@@ -170,23 +170,20 @@ F32 = np.float32
 LN_EPS = 1e-5
 SQRT_HALF_BF16 = 0.70703125  # np.sqrt(0.5) rounded to bf16, as jax.nn.gelu builds it
 NEG_TWO_OVER_SQRT_PI_BF16 = -1.125  # −2/√π rounded to bf16 (the erfc jvp on bf16)
+SDPA_ATTENTIONS = ("sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "sdpa-math")
 ATTENTIONS = (
   "paper",
   "paper+comp",
   "paper+lse",
   "paper+comp+lse",
   "reference-fp32",
-  "sdpa-flash",
-  "sdpa-efficient",
-  "sdpa-cudnn",
-  "sdpa-math",
-  "sdpa-flash+center",
-  "sdpa-efficient+center",
-  "sdpa-cudnn+center",
-  "sdpa-math+center",
+  *SDPA_ATTENTIONS,
+  *(f"{a}+center" for a in SDPA_ATTENTIONS),  # each backend with its backward at centred keys
 )
-# torch has these SDPA backends on CUDA only
-CUDA_ONLY = ("sdpa-efficient", "sdpa-cudnn", "sdpa-efficient+center", "sdpa-cudnn+center")
+# torch has these SDPA backends on CUDA only (with or without +center)
+CUDA_ONLY = tuple(
+  a for a in ATTENTIONS if a.removesuffix("+center") in ("sdpa-efficient", "sdpa-cudnn")
+)
 CPU_ATTENTIONS = tuple(a for a in ATTENTIONS if a not in CUDA_ONLY)
 MATMULS = ("bf16", "emulated")
 EXIT_NON_FINITE = 3

@@ -84,20 +84,15 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 TWIN_SCRIPT = ROOT / "torch_crosscheck" / "gpt_twin.py"
 # gpt_twin.ATTENTIONS (gpt_twin imports torch, so it is not imported here; a test keeps the two
 # equal)
+SDPA_ATTENTIONS = ("sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "sdpa-math")
 TWIN_ATTENTIONS = (
   "paper",
   "paper+comp",
   "paper+lse",
   "paper+comp+lse",
   "reference-fp32",
-  "sdpa-flash",
-  "sdpa-efficient",
-  "sdpa-cudnn",
-  "sdpa-math",
-  "sdpa-flash+center",
-  "sdpa-efficient+center",
-  "sdpa-cudnn+center",
-  "sdpa-math+center",
+  *SDPA_ATTENTIONS,
+  *(f"{a}+center" for a in SDPA_ATTENTIONS),  # each backend with its backward at centred keys
 )
 # twin attention → the JAX variant it is compared with by default
 PAIRS = {
@@ -431,7 +426,9 @@ TORCH_MARK = "flashstable-torch:"  # the line of check_torch_python's probe amon
 
 
 # gpt_twin.CUDA_ONLY: the SDPA backends torch has on CUDA only (a test keeps the two equal)
-CUDA_ONLY = ("sdpa-efficient", "sdpa-cudnn", "sdpa-efficient+center", "sdpa-cudnn+center")
+CUDA_ONLY = tuple(
+  a for a in TWIN_ATTENTIONS if a.removesuffix("+center") in ("sdpa-efficient", "sdpa-cudnn")
+)
 
 
 def check_twin_device(attentions, python, cuda: bool, torch_args=(), visible=None):
