@@ -1,13 +1,13 @@
 """Early-warning rules tried on the anchor-b128 runs kept in git: for each rule, the runs it
 warned before their event (the first of explosion and runaway, the runaway threshold 10× the
-given reference's largest layer-1 max logit), the lead in steps to the event and to the
+largest layer-1 max logit of the packs' reference-fp32 runs and of a value given), the lead in steps to the event and to the
 explosion, the runs it missed and its false alarms (a warning on a finished run with neither
 event; an unfinished run without one is undecided).
 The rules read the diagnostics rows (every 100 steps) after warmup; `train.EarlyWarning` and
 `train.DQErrorWarning` are the report's own rules; the dQ error's rules are judged on the runs
 that logged it.
 
-    PYTHONPATH=. python3 experiments/09_warning_rules.py [reference_max_logit, default 24]
+    PYTHONPATH=. python3 experiments/09_warning_rules.py [reference_max_logit]
 """
 
 import json
@@ -20,7 +20,7 @@ import tempfile
 from jax_flashstable.experiment import instability
 from jax_flashstable.training.train import TrainConfig
 
-REFERENCE_MAX = float(sys.argv[1]) if len(sys.argv) > 1 else 24.0
+REFERENCE_MAX = float(sys.argv[1]) if len(sys.argv) > 1 else None
 PACKS = sorted(str(p) for p in pathlib.Path("experiments/results").glob("*b128/runs*.jsonl.xz"))
 WARMUP = instability.RECIPES["anchor-b128"]["warmup_steps"]
 

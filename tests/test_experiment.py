@@ -493,27 +493,40 @@ B128_DQ_WARNINGS = {
 def test_dq_error_warning_on_the_measured_runs(tmp_path):
   """The dQ-error rule as calibrated, replayed through the report's own definitions
   (`collect`) on the 21 runs that logged dQ's error: it warns at the recorded steps, before
-  every explosion (145–949 steps ahead) and every runaway (100–2,100), and on none of the
+  every explosion (145–949 steps ahead) and every runaway (100–800), and on none of the
   five calm runs (cuDNN + center 21, 24, 25; fa2 25; fa2 + lse 21). In-sample, with a thin
-  margin (fa2 + lse 21 had 0.035 in one row, 0.027 in two running): later runs are its test."""
+  margin (fa2 + lse 21 had 0.035 in one row, 0.027 in two running): later runs are its test.
+  It was calibrated with a provisional runaway threshold (240); at the measured one (10× the
+  reference-fp32 run's 46.5) paper + comp 30 (layer 1's max logit at most 247) did not run
+  away, and its warning at 400 is a false alarm."""
   experiment.unpack_runs([str(RESULTS / p) for p in B128_DQ_PACKS], tmp_path)
   base = b128_config()
-  rows = [r for r in experiment.collect(tmp_path, base, 1, 24.0) if r["dq_logged"]]
+  rows = [
+    r for r in experiment.collect(tmp_path, base, 1, B128_REFERENCE_MAX_LOGIT) if r["dq_logged"]
+  ]
   name = lambda r: f"{r['variant']}/seed{r['seed']}"
   assert len(rows) == 21
   assert {name(r): r["dq_warning_step"] for r in rows if r["dq_warning_step"]} == B128_DQ_WARNINGS
   events = [r for r in rows if r["explosion_step"] or r["runaway_step"]]
-  assert {name(r) for r in events} == set(B128_DQ_WARNINGS)
+  assert {name(r) for r in events} == set(B128_DQ_WARNINGS) - {"paper+comp/seed30"}
   exploded = [r for r in events if r["explosion_step"]]
   assert len(exploded) == 10 and min(r["dq_explosion_lead"] for r in exploded) == 145
-  assert min(r["dq_runaway_lead"] for r in events if r["runaway_step"]) == 100
-  assert not any(r["dq_false_alarm"] for r in rows)
-  every = experiment.collect(tmp_path, base, 1, 24.0)  # with the runs that did not log it
+  leads = [r["dq_runaway_lead"] for r in events if r["runaway_step"]]
+  assert (min(leads), max(leads)) == (100, 800)
+  assert {name(r) for r in rows if r["dq_false_alarm"]} == {"paper+comp/seed30"}
+  every = experiment.collect(
+    tmp_path, base, 1, B128_REFERENCE_MAX_LOGIT
+  )  # with the runs that did not log it
   text = experiment.format_report(every, dict(warmup_steps=base.warmup_steps), 1)
   assert "on the 21 of 44 runs that logged dQ's error." in text
   assert "| cudnn | 1 / 1 | 949–949 (median 949) | 2 / 2 | 300–600 (median 450) | 0 |" in text
   assert "| cudnn | 24 | 3000 | – | – | – | n/a |" in text  # logged no dQ error
   assert "| cudnn+center | 25 | 3000 | – | – | – | – |" in text  # logged it, not warned
+
+
+# layer 1's largest max logit in the anchor-b128 reference-fp32 run (seed 21, 3,000 steps; H200,
+# 2026-12-03, experiments/results/h200-2026-12-03d-b128): the runaway threshold is 10× this
+B128_REFERENCE_MAX_LOGIT = 46.529408
 
 
 def b128_config() -> TrainConfig:
@@ -608,38 +621,59 @@ B128_LATER = {
   # only (layer 1 ran away at 2,600, 56 → 3,339 over 2,400–2,600; 2.1·10⁶ at the end, loss
   # 1.385 → 2.494); cudnn + center 28 calm (max logit at most 59), not warned
   "h200-2026-12-03c-b128/runs.jsonl.xz": ({"cudnn/seed28": 2600}, {}, 2, {"cudnn/seed28"}),
+  # reference-fp32 21 calm to 3,000 (layer 1's max logit at most 46.5: the runaway threshold's
+  # basis), not warned
+  "h200-2026-12-03d-b128/runs.jsonl.xz": ({}, {}, 1),
 }
 # anchor-b128 packs made after `train.DQErrorWarning` was calibrated (2026-12-03, on the packs
 # up to the eleventh session): per pack, the runs with an event, each with its dQ warning step,
-# runaway step (> 240) and explosion step (None: none by 3,000), and the calm runs, each with
+# runaway step (> 465, 10× the reference-fp32 run's largest) and explosion step (None: none by 3,000), and the calm runs, each with
 # its largest layer-1 dQ error after warmup and its dQ warning step (None: not warned; a step:
 # a false alarm)
 B128_DQ_LATER = {
   "h200-2026-12-03b-b128/runs.jsonl.xz": (
-    {"cudnn/seed26": (1500, 1800, 2942), "cudnn/seed27": (1500, 1900, 2896)},
+    {"cudnn/seed26": (1500, 1800, 2942), "cudnn/seed27": (1500, 2000, 2896)},
     {"cudnn+center/seed26": (0.021, None), "cudnn+center/seed27": (0.022, None)},
   ),
   "h200-2026-12-03c-b128/runs.jsonl.xz": (
     {"cudnn/seed28": (1300, 2600, None)},
     {"cudnn+center/seed28": (0.116, 700)},
   ),
+  "h200-2026-12-03d-b128/runs.jsonl.xz": ({}, {"reference-fp32/seed21": (0.002, None)}),
 }
 B128_DQ_PACKS = (*B128_PACKS, *(p for p in B128_LATER if p not in B128_DQ_LATER))
 
 
+def test_the_runaway_threshold_comes_from_the_reference_run(tmp_path):
+  """The reference-fp32 run (seed 21, 3,000 steps, H200) sets the runaway threshold with no
+  value given: 10× layer 1's largest max logit over its diagnostics rows, 46.529408, read
+  from the pack itself; a value given above it raises the threshold, one below does not."""
+  experiment.unpack_runs([str(RESULTS / "h200-2026-12-03d-b128/runs.jsonl.xz")], tmp_path)
+  base = b128_config()
+  diags = train.read_diagnostics(tmp_path / "reference-fp32" / "seed21")
+  largest = max(max(d["max_logit"][1]) for d in diags)
+  assert largest == pytest.approx(B128_REFERENCE_MAX_LOGIT, abs=1e-6) and len(diags) == 30
+  for given, threshold in ((None, 10 * largest), (24.0, 10 * largest), (60.0, 600.0)):
+    (row,) = experiment.collect(tmp_path, base, 1, given)
+    assert row["runaway_threshold"] == pytest.approx(threshold, rel=1e-6)
+    assert (row["steps"], row["runaway_step"], row["explosion_step"]) == (3000, None, None)
+
+
 @pytest.mark.parametrize("pack", B128_DQ_LATER)
 def test_dq_error_warning_out_of_sample(pack, tmp_path):
-  """The dQ-error rule on runs made after its calibration, with the runaway threshold of the
-  study (layer 1's max logit > 240): cudnn 26 and 27 warned at 1,500, before their runaways
-  (1,800 and 1,900: 300 and 400 ahead) and explosions (2,942 and 2,896: 1,442 and 1,396
+  """The dQ-error rule on runs made after its calibration, with the measured runaway threshold
+  (layer 1's max logit > 465): cudnn 26 and 27 warned at 1,500, before their runaways
+  (1,800 and 2,000: 300 and 500 ahead) and explosions (2,942 and 2,896: 1,442 and 1,396
   ahead); cudnn 28 warned at 1,300, 1,300 before its runaway (2,600; no explosion by 3,000);
   cudnn + center 26 and 27 calm to 3,000 (layer 1's dQ error at most 0.021 and 0.022), not
   warned; cudnn + center 28 calm to 3,000 (layer 1's max logit at most 59) but warned at 700
-  (dQ error 0.038 and 0.031 at 600 and 700, at most 0.116): the rule's first false alarm."""
+  (dQ error 0.038 and 0.031 at 600 and 700, at most 0.116): the rule's first false alarm;
+  reference-fp32 21 calm (its own dQ against the diagnostics' FP32 dQ: at most 0.002, the
+  floor of the measure), not warned."""
   warned, calm = B128_DQ_LATER[pack]
   experiment.unpack_runs([str(RESULTS / pack)], tmp_path)
   base = b128_config()
-  rows = experiment.collect(tmp_path, base, 1, 24.0)
+  rows = experiment.collect(tmp_path, base, 1, B128_REFERENCE_MAX_LOGIT)
   name = lambda r: f"{r['variant']}/seed{r['seed']}"
   assert sorted(map(name, rows)) == sorted([*warned, *calm])
   assert all(r["dq_logged"] for r in rows)
@@ -677,7 +711,7 @@ def test_early_warning_out_of_sample(pack, tmp_path):
   five rows), the first false alarm by the explosion rule; cudnn 26 and 27 exploded at 2,942
   and 2,896, warned at 1,800 and 2,000; cudnn 28 warned at 2,600, when layer 1 ran away, and
   did not explode by 3,000 (a false alarm by the explosion rule); cudnn + center 26–28 calm,
-  not warned."""
+  not warned; reference-fp32 21 calm to 3,000, not warned."""
   warnings, explosions, n_runs, *false_alarms = B128_LATER[pack]
   experiment.unpack_runs([str(RESULTS / pack)], tmp_path)
   base = b128_config()

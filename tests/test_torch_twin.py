@@ -1195,20 +1195,24 @@ def test_crosscheck_train_rejects_bad_input_in_one_line(tmp_path, args, message)
 def test_report_of_packed_twin_runs_covers_the_pairs_they_hold(tmp_path, capsys):
   """`crosscheck-train --runs PACK` without --pairs reports every pair the pack holds (here the
   H200 runs of 2026-12-03: torch's SDPA cuDNN at 26 calm to 3,000 and at 27 ran away at 2,500,
-  JAX's cuDNN exploded at 2,942 and 2,896; runaway threshold 240) and records the pairs and
-  seeds it covers; it refuses, in one line, options that would judge the runs by another
-  recipe than theirs and a named pair the runs lack; pairs_under names the twin attentions it
-  cannot pair by default, and an --out without twin runs."""
-  pack = ROOT / "experiments/results/h200-2026-12-03c-b128/twin-anchor-b128-s3000.jsonl.xz"
+  JAX's cuDNN exploded at 2,942 and 2,896; torch's SDPA cuDNN + center and JAX's cuDNN +
+  center at 27 both calm; runaway threshold 465, from JAX's reference-fp32 run) and records
+  the pairs and seeds it covers; it refuses, in one line, options that would judge the runs by
+  another recipe than theirs and a named pair the runs lack; pairs_under names the twin
+  attentions it cannot pair by default, and an --out without twin runs."""
+  pack = ROOT / "experiments/results/h200-2026-12-03d-b128/twin-anchor-b128-s3000.jsonl.xz"
   args = ["crosscheck-train", "--recipe", "anchor-b128", "--runs", str(pack)]
-  assert cli.main([*args, "--reference-max-logit", "24", "--out", str(tmp_path / "r")]) == 0
+  reference = ["--reference-max-logit", "46.529408"]
+  assert cli.main([*args, *reference, "--out", str(tmp_path / "r")]) == 0
   report = json.loads((tmp_path / "r" / "report.json").read_text())
-  assert report["meta"]["args"]["pairs"] == "sdpa-cudnn"  # the pairs covered, in the header
+  # the pairs covered, in the header
+  assert report["meta"]["args"]["pairs"] == "sdpa-cudnn,sdpa-cudnn+center"
   rows = report["rows"]
   got = {(r["pair"], r["seed"]): (r["jax_outcome"], r["torch_outcome"]) for r in rows}
   assert got == {
     ("sdpa-cudnn ↔ cudnn", 26): ("exploded", "calm"),
     ("sdpa-cudnn ↔ cudnn", 27): ("exploded", "runaway"),
+    ("sdpa-cudnn+center ↔ cudnn+center", 27): ("calm", "calm"),
   }
   assert "JAX exploded at 2896, torch ran away at 2500: outcomes differ." in capsys.readouterr().out
   assert report["meta"]["args"]["seeds"] == "26,27"  # the seeds covered, not --seeds' default
@@ -1217,7 +1221,7 @@ def test_report_of_packed_twin_runs_covers_the_pairs_they_hold(tmp_path, capsys)
       ["--warmup-steps", "2999"],
       "cudnn seed26 under .* was trained with warmup_steps=200, not 2999",
     ),
-    (["--pairs", "sdpa-cudnn+center"], r"no runs of sdpa-cudnn\+center ↔ cudnn\+center under .*"),
+    (["--pairs", "sdpa-flash"], r"no runs of sdpa-flash ↔ fa2 under .*"),
   ):
     with pytest.raises(SystemExit, match=message):
       cli.main([*args, *extra, "--out", str(tmp_path / "x")])
