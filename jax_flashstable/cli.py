@@ -430,13 +430,13 @@ def _crosscheck(args):
 
 
 def _check_packs(runs: str):
-  """--runs: every comma-separated pack exists, checked before any is read (ValueError naming
-  the first that does not)."""
-  from jax_flashstable.experiment.instability import pack_paths
+  """--runs: every comma-separated pack a regular file, checked before any is read
+  (ValueError naming the first that is not, and why: `instability.pack_problem`)."""
+  from jax_flashstable.experiment.instability import pack_paths, pack_problem
 
   for path in pack_paths(runs):
-    if not pathlib.Path(path).is_file():
-      raise ValueError(f"--runs {path!r}: no such file")
+    if problem := pack_problem(path):
+      raise ValueError(f"--runs {path!r}: {problem}")
 
 
 def _experiment(args):

@@ -124,6 +124,10 @@ def _bad_inputs(tmp):
       r"argument --runs: expected one or more comma-separated files, got ''",
     ),
     (
+      ["experiment", "instability", "--recipe", "tiny", "--runs", "/dev/null", "--out", str(tmp)],
+      r"flashstable experiment: --runs '/dev/null': not a regular file",
+    ),
+    (
       ["experiment", "instability", "--recipe", "tiny", "--pack", " "],
       r"argument --pack: expected a file path, got ' '",
     ),

@@ -1111,6 +1111,7 @@ JAX_RUNS_ERRORS = [
   ([], "is unfinished (4 steps, no summary.json)"),
   ([], "is not a pack of runs (LZMAError"),
   ([], "--jax-runs: pack '/nonexistent.jsonl.xz': no such file"),
+  ([], "--jax-runs: pack '/dev/null': not a regular file"),
   ([], "holds another run than paper seed 0 of"),
   ([], "a crosscheck-train pack (its runs under jax/ and torch/), not `experiment instability"),
 ]
@@ -1137,6 +1138,8 @@ def test_jax_runs_rejects_what_is_not_this_run_in_one_line(
     pack.write_bytes(b"not xz")
   elif "no such file" in message:
     pack = "/nonexistent.jsonl.xz"
+  elif "not a regular file" in message:  # exists, but a device: no "no such file"
+    pack = "/dev/null"
   elif "crosscheck-train pack" in message:  # the twin's own pack, its runs under jax/, torch/
     pack = ROOT / "experiments/results/h200-2026-12-03c-b128/twin-anchor-b128-s3000.jsonl.xz"
   elif "holds another run" in message:  # a run of its own there
@@ -1171,6 +1174,8 @@ CROSSCHECK_ERRORS = [
   (["--null-steps", "2", "--batch-size", "3"], "batch_size=3 is odd"),
   (["--steps", "0"], "steps=0 must be an integer ≥ 1"),
   (["--runs", "/nonexistent.jsonl.xz"], "--runs '/nonexistent.jsonl.xz': no such file"),
+  (["--runs", "/dev/null"], "--runs '/dev/null': not a regular file"),
+  (["--runs", "/tmp"], "--runs '/tmp': a folder, not a pack file"),
   (["--runs", ""], "argument --runs: expected one or more comma-separated files, got ''"),
   (["--runs", "a.xz,"], "argument --runs: expected one or more comma-separated files, got 'a.xz,'"),
   (["--jax-runs", " "], "argument --jax-runs: expected one or more comma-separated files"),

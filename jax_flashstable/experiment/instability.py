@@ -828,6 +828,18 @@ def pack_paths(paths) -> list:
   return list(paths)
 
 
+def pack_problem(path) -> str | None:
+  """Why `path` cannot be a pack file, before it is read: "no such file", "a folder, not a
+  pack file", "not a regular file" (a device such as /dev/null, a pipe); None when it is a
+  regular file (whether it holds runs, `read_packs` says)."""
+  p = pathlib.Path(path)
+  if not p.exists():
+    return "no such file"
+  if p.is_dir():
+    return "a folder, not a pack file"
+  return None if p.is_file() else "not a regular file"
+
+
 def read_packs(paths) -> dict[str, dict]:
   """The runs of one `pack_runs` file or of several (`pack_paths`): {run: {"steps", "records",
   "pack"}}, a run in several packs taken whole from the pack where it trained the most steps
@@ -835,12 +847,14 @@ def read_packs(paths) -> dict[str, dict]:
   its pack, and a run cut short and run again has more steps in the later pack.
 
   Raises FileNotFoundError naming a pack that does not exist, ValueError naming the pack when
-  it cannot be read as a pack (not xz, not JSON lines of runs) or holds a path outside its
+  it is not a regular file (`pack_problem`), cannot be read as a pack (not xz, not JSON lines
+  of runs) or holds a path outside its
   folder or a file that is not a run file."""
   found = {}  # run → the best so far
   for path in pack_paths(paths):
-    if not pathlib.Path(path).is_file():
-      raise FileNotFoundError(f"pack {str(path)!r}: no such file")
+    if problem := pack_problem(path):
+      error = FileNotFoundError if problem == "no such file" else ValueError
+      raise error(f"pack {str(path)!r}: {problem}")
     records = {}
     try:
       for line in lzma.decompress(pathlib.Path(path).read_bytes()).decode().splitlines():

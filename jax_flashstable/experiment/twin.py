@@ -638,7 +638,7 @@ def take_jax_runs(
   names = ",".join(map(str, instability.pack_paths(packs)))
   try:
     found = instability.read_packs(packs)
-  except FileNotFoundError as e:
+  except (FileNotFoundError, ValueError) as e:  # one line naming the pack (read_packs)
     raise ValueError(f"--jax-runs: {e}") from None
   out = pathlib.Path(out_dir)
   wanted = {f"{it.pair.jax}/seed{it.seed}": it for it in items}
