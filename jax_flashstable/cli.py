@@ -99,6 +99,14 @@ def _out(command, path, option="--out"):
   return path
 
 
+def _pack_out(command, pack):
+  """--pack: a file that can be written (its folder writable or creatable, itself not a
+  folder), checked before any work; else the one-line error."""
+  _out(command, str(pathlib.Path(pack).parent), "--pack's folder")
+  if pathlib.Path(pack).is_dir():
+    raise SystemExit(f"flashstable {command}: --pack {pack!r} is a folder, not a file")
+
+
 def _choices(command, option, text, allowed):
   """The comma-separated items of `text`, each one of `allowed`; else the one-line error."""
   items = [x.strip() for x in text.split(",")]
@@ -455,7 +463,7 @@ def _experiment(args):
   seeds = _ints(args.seeds, "--seeds", 0, "experiment")
   _out("experiment", args.out)
   if args.pack:
-    _out("experiment", str(pathlib.Path(args.pack).parent), "--pack's folder")
+    _pack_out("experiment", args.pack)
   if not variants:
     raise SystemExit(f"flashstable experiment: --attention {args.variants!r}: no variant")
   try:
@@ -503,7 +511,7 @@ def _crosscheck_train(args):
   seeds = _ints(args.seeds, "--seeds")
   _out("crosscheck-train", args.out)
   if args.pack:
-    _out("crosscheck-train", str(pathlib.Path(args.pack).parent), "--pack's folder")
+    _pack_out("crosscheck-train", args.pack)
   report = args.side == "both" or args.report_only or args.runs or args.jax_runs
   try:
     twin.check_tolerance(args.tolerance)

@@ -128,6 +128,14 @@ def _bad_inputs(tmp):
       r"flashstable experiment: --runs '/dev/null': not a regular file",
     ),
     (
+      ["experiment", "instability", "--recipe", "tiny", "--runs", "x" * 5000, "--out", str(tmp)],
+      r"flashstable experiment: --runs 'x+': cannot be read \(File name too long\)",
+    ),
+    (
+      ["experiment", "instability", "--recipe", "tiny", "--pack", str(tmp), "--out", str(tmp)],
+      r"flashstable experiment: --pack '.*' is a folder, not a file",
+    ),
+    (
       ["experiment", "instability", "--recipe", "tiny", "--pack", " "],
       r"argument --pack: expected a file path, got ' '",
     ),

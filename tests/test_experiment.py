@@ -468,8 +468,10 @@ def test_dq_error_warning_needs_its_rows_running():
   assert "≥ 0.03 in 2 diagnostics rows running" in train.DQErrorWarning(200).describe()
 
 
-# The dQ-error rule on every anchor-b128 run that logged dQ's error (2026-12-02 on): the
-# warning step, and the explosion and runaway (> 240, the provisional threshold) it precedes
+# The dQ-error rule on the anchor-b128 runs that logged dQ's error to its calibration
+# (2026-12-02/03): the warning steps. Calibrated with a provisional runaway threshold (240);
+# at the measured one (465) each precedes an explosion or a runaway, except paper + comp
+# 30's (a false alarm)
 B128_DQ_WARNINGS = {
   "cudnn/seed21": 1800,
   "cudnn/seed25": 2000,
@@ -493,12 +495,12 @@ B128_DQ_WARNINGS = {
 def test_dq_error_warning_on_the_measured_runs(tmp_path):
   """The dQ-error rule as calibrated, replayed through the report's own definitions
   (`collect`) on the 21 runs that logged dQ's error: it warns at the recorded steps, before
-  every explosion (145–949 steps ahead) and every runaway (100–800), and on none of the
-  five calm runs (cuDNN + center 21, 24, 25; fa2 25; fa2 + lse 21). In-sample, with a thin
-  margin (fa2 + lse 21 had 0.035 in one row, 0.027 in two running): later runs are its test.
-  It was calibrated with a provisional runaway threshold (240); at the measured one (10× the
-  reference-fp32 run's 46.5) paper + comp 30 (layer 1's max logit at most 247) did not run
-  away, and its warning at 400 is a false alarm."""
+  every explosion (145–949 steps ahead) and every runaway (100–800), and on one of the six
+  runs without either (cuDNN + center 21, 24, 25; fa2 25; fa2 + lse 21; paper + comp 30).
+  In-sample, with a thin margin (fa2 + lse 21 had 0.035 in one row, 0.027 in two running):
+  later runs are its test. It was calibrated with a provisional runaway threshold (240); at
+  the measured one (10× the reference-fp32 run's 46.5) paper + comp 30 (layer 1's max logit at
+  most 247) did not run away, and its warning at 400 is a false alarm."""
   experiment.unpack_runs([str(RESULTS / p) for p in B128_DQ_PACKS], tmp_path)
   base = b128_config()
   rows = [
@@ -611,7 +613,7 @@ B128_LATER = {
     {"paper+comp:shift_above=23.7/seed31"},
   ),
   # cudnn 26 and 27 exploded at 2,942 and 2,896 (warned at 1,800 and 2,000: 1,142 and 896
-  # ahead; layer 1 ran away at 1,800 and 1,900); cudnn + center 26 and 27 calm, not warned
+  # ahead; layer 1 ran away at 1,800 and 2,000); cudnn + center 26 and 27 calm, not warned
   "h200-2026-12-03b-b128/runs.jsonl.xz": (
     {"cudnn/seed26": 1800, "cudnn/seed27": 2000},
     {"cudnn/seed26": 2942, "cudnn/seed27": 2896},

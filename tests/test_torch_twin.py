@@ -327,6 +327,7 @@ CLI_ERRORS = [
   (["--seq-len", "2048"], "seq_len=2048 must be in [1, block_size=1024]"),
   (["--lr", "nan"], "lr must be a finite number >= 0, got lr=nan"),
   (["--init", "/nonexistent/init.npz"], "init='/nonexistent/init.npz': no such file"),
+  (["--init", "/tmp"], "init='/tmp' is a folder, not an .npz"),
 ]
 
 
@@ -1180,6 +1181,7 @@ CROSSCHECK_ERRORS = [
   (["--runs", "a.xz,"], "argument --runs: expected one or more comma-separated files, got 'a.xz,'"),
   (["--jax-runs", " "], "argument --jax-runs: expected one or more comma-separated files"),
   (["--pack", ""], "argument --pack: expected a file path, got ''"),
+  (["--pack", "/tmp"], "--pack '/tmp' is a folder, not a file"),
   (["--out", str(ROOT / "README.md")], "README.md' is a file, not a folder"),
   (["--data", "/nonexistent"], "data folder not found: /nonexistent"),
 ]

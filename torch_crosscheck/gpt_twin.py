@@ -1070,6 +1070,8 @@ class TwinConfig:
         raise ValueError(f"{f}={getattr(self, f)!r} is not one of {', '.join(allowed)}")
     if not self.init:
       raise ValueError("init is required: the .npz of initial parameters")
+    if pathlib.Path(self.init).is_dir():
+      raise ValueError(f"init={self.init!r} is a folder, not an .npz")
     if not pathlib.Path(self.init).is_file():
       raise ValueError(f"init={self.init!r}: no such file")
     if self.data is not None and not pathlib.Path(self.data).is_dir():

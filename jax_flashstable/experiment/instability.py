@@ -830,14 +830,18 @@ def pack_paths(paths) -> list:
 
 def pack_problem(path) -> str | None:
   """Why `path` cannot be a pack file, before it is read: "no such file", "a folder, not a
-  pack file", "not a regular file" (a device such as /dev/null, a pipe); None when it is a
+  pack file", "not a regular file" (a device such as /dev/null, a pipe), "cannot be read (…)"
+  (the system's reason: a name too long, a folder on the way not readable); None when it is a
   regular file (whether it holds runs, `read_packs` says)."""
   p = pathlib.Path(path)
-  if not p.exists():
-    return "no such file"
-  if p.is_dir():
-    return "a folder, not a pack file"
-  return None if p.is_file() else "not a regular file"
+  try:
+    if not p.exists():
+      return "no such file"
+    if p.is_dir():
+      return "a folder, not a pack file"
+    return None if p.is_file() else "not a regular file"
+  except OSError as e:  # a name too long, a folder on the way that cannot be read
+    return f"cannot be read ({e.strerror or e})"
 
 
 def read_packs(paths) -> dict[str, dict]:
