@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # The training cross-check on an nvidia-h200-x2 machine (device tool; carry .data): `flashstable
 # crosscheck-train` with its two sides in parallel — JAX on GPU 0, the PyTorch twin on GPU 1
-# (on a one-GPU machine both on GPU 0, concurrently)
 # (CUDA_VISIBLE_DEVICES; the twin runs in this image's python3, which has torch beside JAX) —
-# each side working through the same QUEUE in order, within BUDGET seconds from the start.
+# each side working through the same QUEUE in order, within BUDGET seconds from the start. On a
+# one-GPU machine (nvidia-h200) the sides take turns, item by item (JAX's runs of an item, then
+# the twin's): two training processes at once would share the GPU's time, and the references'
+# steps would not fit its memory together (the twin's reference alone: about 116 GiB at
+# anchor-b128, docs/studies/training-twin.md).
 # An item is PAIRS:SEEDS:STEPS[:NULL] (PAIRS: crosscheck-train's default pairs, comma-separated;
 # NULL: --null-steps, the JAX run again with each batch as two halves). Items with the same
 # STEPS share the folder $R/RECIPE-sSTEPS, so their report reads every pair of that cap (and
@@ -70,9 +73,10 @@ i.unpack_runs(*sys.argv[1:])" "$@"; }
 pack() { python3 -c "import sys; import jax_flashstable.experiment.twin as t
 t.pack(*sys.argv[1:])" "$@"; }
 
-run_side() {  # side gpu: every item's runs of that side, in order
-  local side=$1 gpu=$2 T0=$(date +%s)
-  for item in "${ITEMS[@]}"; do
+T0=$(date +%s)  # the budget counts from here
+run_side() {  # side gpu items...: the items' runs of that side, in order
+  local side=$1 gpu=$2; shift 2
+  for item in "$@"; do
     local left=$(( BUDGET - ($(date +%s) - T0) ))
     if (( left < 60 )); then echo "[$side] $item not started, $left s left"; continue; fi
     IFS=: read -r pairs seeds steps null <<< "$item"
@@ -92,11 +96,16 @@ queues() {
   done
   local ngpu; ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
   if [[ -n $JAX_PREVIOUS ]]; then   # the JAX side from the packs: the twin alone, on GPU 0
-    run_side torch 0 > $R/queue-torch.log 2>&1
-  else
-    run_side jax 0 > $R/queue-jax.log 2>&1 &     # one GPU (nvidia-h200): both sides share it
-    run_side torch $(( ngpu > 1 ? 1 : 0 )) > $R/queue-torch.log 2>&1 &
+    run_side torch 0 "${ITEMS[@]}" > $R/queue-torch.log 2>&1
+  elif (( ngpu > 1 )); then         # a GPU each, in parallel
+    run_side jax 0 "${ITEMS[@]}" > $R/queue-jax.log 2>&1 &
+    run_side torch 1 "${ITEMS[@]}" > $R/queue-torch.log 2>&1 &
     wait
+  else                              # one GPU: the sides take turns, item by item
+    for item in "${ITEMS[@]}"; do
+      run_side jax 0 "$item" >> $R/queue-jax.log 2>&1
+      run_side torch 0 "$item" >> $R/queue-torch.log 2>&1
+    done
   fi
   for dir in $R/$RECIPE-s*/; do
     name=$(basename $dir)

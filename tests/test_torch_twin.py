@@ -1263,7 +1263,8 @@ def test_a_twin_killed_from_outside_is_a_failure_not_a_budget_cut(tmp_path, caps
 def test_a_run_that_ends_within_warmup_is_undecided_not_calm():
   """The explosion rule starts after warmup, so a finished run without an event that ended
   within it is 'too short' (not counted as decided, its event line says so), and one step
-  past warmup is calm; events and unfinished runs as before."""
+  past warmup is calm; events and unfinished runs as before. A (pair, seed) with a side too
+  short is open, not "outcomes differ" (as both sides too short read before 2026-12-03)."""
   row = dict(explosion_step=None, runaway_step=None, finished=True, steps=3)
   assert twin.outcome(row, warmup_steps=5) == "too short"
   assert twin.outcome(row | dict(steps=6), warmup_steps=5) == "calm"
@@ -1271,3 +1272,15 @@ def test_a_run_that_ends_within_warmup_is_undecided_not_calm():
   assert twin.outcome(row | dict(runaway_step=2), warmup_steps=5) == "runaway"
   assert twin.outcome(None) == "missing"
   assert twin._event(row, "too short") == "ended at 3, within warmup (undecided)"
+  base = dict(twin=None, null=None, jax_run=row, torch_run=row)
+  for j_out, t_out, said in (
+    ("too short", "too short", "outcome open"),
+    ("calm", "too short", "outcome open"),
+    ("calm", "unfinished", "outcome open"),
+    ("calm", "runaway", "outcomes differ"),
+    ("exploded", "exploded", "same outcome"),
+  ):
+    pair = base | dict(jax_outcome=j_out, torch_outcome=t_out)
+    pair["same_outcome"] = twin.decided(pair) and j_out == t_out
+    assert twin.statement(pair).endswith(f": {said}."), (j_out, t_out)
+    assert twin.decided(pair) == (said != "outcome open")

@@ -963,6 +963,15 @@ def agrees(comparison: dict | None, window=WINDOW) -> bool:
   return (comparison["first_apart"] or math.inf) > min(window, comparison["steps"])
 
 
+DECIDED = ("exploded", "runaway", "calm")  # the outcomes a run has settled (`outcome`)
+
+
+def decided(row: dict) -> bool:
+  """Whether both sides of a report row (`collect`) have settled their outcome: the
+  (pair, seed)s whose outcomes compare; the others are open."""
+  return row["jax_outcome"] in DECIDED and row["torch_outcome"] in DECIDED
+
+
 def outcome(row: dict | None, warmup_steps: int = 0) -> str:
   """'exploded', 'runaway', 'calm', 'unfinished', 'too short' or 'missing' of an
   `instability.collect` row. 'too short': finished without an event by the end of warmup,
@@ -1033,11 +1042,7 @@ def collect(
         twin=compare_losses(jm, tm, tolerance, window) if jm and tm else None,
         null=compare_losses(jm, nm, tolerance, window) if jm and nm else None,
       )
-      row["same_outcome"] = row["jax_outcome"] == row["torch_outcome"] and row["jax_outcome"] in (
-        "exploded",
-        "runaway",
-        "calm",
-      )
+      row["same_outcome"] = decided(row) and row["jax_outcome"] == row["torch_outcome"]
       row["statement"] = statement(row, tolerance, window)
       rows.append(row)
   return dict(
@@ -1099,12 +1104,7 @@ def statement(row: dict, tolerance=TOLERANCE, window=WINDOW) -> str:
   j = _event(row["jax_run"], row["jax_outcome"])
   t = _event(row["torch_run"], row["torch_outcome"])
   same = (
-    "same outcome"
-    if row["same_outcome"]
-    else "outcomes differ"
-    if "unfinished" not in (row["jax_outcome"], row["torch_outcome"])
-    and "missing" not in (row["jax_outcome"], row["torch_outcome"])
-    else "outcome open"
+    "same outcome" if row["same_outcome"] else "outcomes differ" if decided(row) else "outcome open"
   )
   return f"{text}. JAX {j}, torch {t}: {same}."
 
@@ -1146,18 +1146,13 @@ def format_report(result: dict, recipe: dict, layer=1) -> str:
   ]
   exact = [r for r in rows if r["exact"] and r["twin"] is not None]
   held = [r for r in exact if agrees(r["twin"], window)]
-  decided = [
-    r
-    for r in rows
-    if r["jax_outcome"] in ("exploded", "runaway", "calm")
-    and r["torch_outcome"] in ("exploded", "runaway", "calm")
-  ]
+  settled = [r for r in rows if decided(r)]
   short = sum(r["twin"]["steps"] < window for r in exact)  # judged on every common step
   fewer = f", {short} of them over fewer steps (all they have)" if short else ""
   lines += [
     f"**Exact pairs agreeing within τ over the first {window} steps: {len(held)} of "
     f"{len(exact)} compared{fewer}.** Outcomes the same on both sides: "
-    f"{sum(r['same_outcome'] for r in decided)} of {len(decided)} decided (pair, seed).",
+    f"{sum(r['same_outcome'] for r in settled)} of {len(settled)} decided (pair, seed).",
     "",
     f"| pair | seed | exact | steps JAX / torch | Δ steps 1–2 | max Δ steps 1–{window} "
     "| max Δ run | apart from step | null apart from | JAX | torch "
