@@ -3,10 +3,12 @@
 # crosscheck-train` with its two sides in parallel — JAX on GPU 0, the PyTorch twin on GPU 1
 # (CUDA_VISIBLE_DEVICES; the twin runs in this image's python3, which has torch beside JAX) —
 # each side working through the same QUEUE in order, within BUDGET seconds from the start. On a
-# one-GPU machine (nvidia-h200) the sides take turns, item by item (JAX's runs of an item, then
-# the twin's): two training processes at once would share the GPU's time, and the references'
-# steps would not fit its memory together (the twin's reference alone: about 116 GiB at
-# anchor-b128, docs/studies/training-twin.md).
+# one-GPU machine (nvidia-h200) the sides take turns, item by item, the twin's runs of an item
+# first (a cut twin run starts again, a cut JAX run resumes, so the budget's end had better
+# fall on JAX): two training processes at once share the GPU's time (two JAX runs together
+# made 8.7 steps/s against 8.9 alone, docs/studies/instability-anchor-b128.md), and the
+# references' steps would not fit its memory together (the twin's reference alone: about 116
+# GiB at anchor-b128, docs/studies/training-twin.md).
 # An item is PAIRS:SEEDS:STEPS[:NULL] (PAIRS: crosscheck-train's default pairs, comma-separated;
 # NULL: --null-steps, the JAX run again with each batch as two halves). Items with the same
 # STEPS share the folder $R/RECIPE-sSTEPS, so their report reads every pair of that cap (and
@@ -89,6 +91,7 @@ run_side() {  # side gpu items...: the items' runs of that side, in order
 }
 
 queues() {
+  rm -f $R/queue-*.log  # this run's logs only (an earlier run's on a warm machine: its own)
   nvidia-smi -L
   for f in ${PREVIOUS:-}; do    # twin-NAME.jsonl.xz → $R/NAME
     name=$(basename $f .jsonl.xz); name=${name#twin-}; name=${name#partial-}
@@ -101,10 +104,10 @@ queues() {
     run_side jax 0 "${ITEMS[@]}" > $R/queue-jax.log 2>&1 &
     run_side torch 1 "${ITEMS[@]}" > $R/queue-torch.log 2>&1 &
     wait
-  else                              # one GPU: the sides take turns, item by item
+  else                              # one GPU: the sides take turns, item by item, the twin first
     for item in "${ITEMS[@]}"; do
-      run_side jax 0 "$item" >> $R/queue-jax.log 2>&1
       run_side torch 0 "$item" >> $R/queue-torch.log 2>&1
+      run_side jax 0 "$item" >> $R/queue-jax.log 2>&1
     done
   fi
   for dir in $R/$RECIPE-s*/; do

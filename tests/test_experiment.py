@@ -299,6 +299,29 @@ def _fake_run(root, variant, seed, losses, logits, finished=True, layer=1):
     (run / "summary.json").write_text(json.dumps(dict(variant=variant, seed=seed)))
 
 
+def test_a_run_that_ends_within_warmup_is_undecided(tmp_path):
+  """The explosion rule starts after warmup: a finished run without an event that ended within
+  it is undecided ("too short"), not "stable", and counts in neither side of the Fisher test
+  (one `outcome` with the twin's report); one step past warmup it is calm."""
+  cfg = dataclasses.replace(TINY, warmup_steps=5)
+  _fake_run(tmp_path, "paper", 0, [3.0] * 5, [10.0])  # finished at step 5: within warmup
+  _fake_run(tmp_path, "paper", 1, [3.0] * 6, [10.0])  # at step 6: past it, calm
+  _fake_run(tmp_path, "paper", 2, [3.0] * 9 + [100.0] * 3, [10.0])  # exploded at 10
+  _fake_run(tmp_path, "paper+comp", 0, [3.0] * 4, [10.0])  # within warmup
+  rows = {(r["variant"], r["seed"]): r for r in experiment.collect(tmp_path, cfg)}
+  assert [experiment.outcome(rows["paper", s]) for s in range(3)] == [
+    "too short",
+    "calm",
+    "exploded",
+  ]
+  assert rows["paper", 0]["outcome"] == "ended at step 5, within warmup (undecided)"
+  assert rows["paper", 1]["outcome"] == "stable to step 6"
+  text = experiment.format_report(list(rows.values()), dict(warmup_steps=5), 1)
+  assert "| paper | 1 / 2 (1 within warmup) |" in text
+  assert "| paper+comp | 0 / 0 (1 within warmup) |" in text
+  assert experiment.fisher_p(list(rows.values()), "paper") is None  # no decided paper+comp
+
+
 def test_runaway_survival_fisher_and_pack(tmp_path):
   """The report's rules on runs whose answers are known by construction: explosions at given
   steps, logits crossing 10× the fp32 reference's largest, Kaplan–Meier survival, the Fisher

@@ -1264,12 +1264,14 @@ def test_a_run_that_ends_within_warmup_is_undecided_not_calm():
   """The explosion rule starts after warmup, so a finished run without an event that ended
   within it is 'too short' (not counted as decided, its event line says so), and one step
   past warmup is calm; events and unfinished runs as before. A (pair, seed) with a side too
-  short is open, not "outcomes differ" (as both sides too short read before 2026-12-03)."""
-  row = dict(explosion_step=None, runaway_step=None, finished=True, steps=3)
-  assert twin.outcome(row, warmup_steps=5) == "too short"
-  assert twin.outcome(row | dict(steps=6), warmup_steps=5) == "calm"
-  assert twin.outcome(row | dict(finished=False), warmup_steps=5) == "unfinished"
-  assert twin.outcome(row | dict(runaway_step=2), warmup_steps=5) == "runaway"
+  short is open, not "outcomes differ" (as a side too short read from 4bb97f6 to c0f39c5). The
+  outcome is `instability.outcome`, the experiment report's own
+  (test_experiment.py::test_a_run_that_ends_within_warmup_is_undecided)."""
+  row = dict(explosion_step=None, runaway_step=None, finished=True, steps=3, past_warmup=False)
+  assert twin.outcome(row) == "too short"
+  assert twin.outcome(row | dict(steps=6, past_warmup=True)) == "calm"
+  assert twin.outcome(row | dict(finished=False)) == "unfinished"
+  assert twin.outcome(row | dict(runaway_step=2)) == "runaway"
   assert twin.outcome(None) == "missing"
   assert twin._event(row, "too short") == "ended at 3, within warmup (undecided)"
   base = dict(twin=None, null=None, jax_run=row, torch_run=row)

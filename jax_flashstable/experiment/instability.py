@@ -434,9 +434,12 @@ def collect(out_dir, base: TrainConfig, layer=1, reference_max_logit=None) -> li
       stopped=s.get("stopped"),
       **_run_row(run_dir, base.warmup_steps, layer, base.diag_interval),
     )
+    row["past_warmup"] = row["steps"] > base.warmup_steps  # the explosion rule has started
     row["outcome"] = (
       "exploded"
       if row["explosion_step"] is not None
+      else f"ended at step {row['steps']}, within warmup (undecided)"
+      if row["finished"] and not row["past_warmup"]
       else f"stable to step {row['steps']}"
       if row["finished"]
       else "unfinished (stable so far)"
@@ -473,9 +476,26 @@ def collect(out_dir, base: TrainConfig, layer=1, reference_max_logit=None) -> li
 REPORT_RULES = {"": "`train.EarlyWarning`", "dq_": "`train.DQErrorWarning`"}
 
 
+DECIDED = ("exploded", "runaway", "calm")  # the outcomes (`outcome`) a run has settled
+
+
+def outcome(row: dict) -> str:
+  """A `collect` row's outcome: 'exploded', 'runaway', 'calm', 'unfinished' or 'too short' (it
+  finished without an event by the end of warmup, where the explosion rule has not started:
+  undecided, not calm)."""
+  if row["explosion_step"] is not None:
+    return "exploded"
+  if row["runaway_step"] is not None:
+    return "runaway"
+  if not row["finished"]:
+    return "unfinished"
+  return "calm" if row["past_warmup"] else "too short"
+
+
 def _decided(row, event: str) -> bool:
-  """A run counts for `event` ("explosion" or "runaway") once it finished or the event happened."""
-  return row["finished"] or row[f"{event}_step"] is not None
+  """A run counts for `event` ("explosion" or "runaway") once the event happened or it
+  finished past warmup without it (not 'unfinished' or 'too short', `outcome`)."""
+  return row[f"{event}_step"] is not None or (row["finished"] and row["past_warmup"])
 
 
 def survival(rows, event="explosion"):
@@ -575,11 +595,16 @@ def trained_on(out_dir) -> str:
 
 
 def _count(rs, event):
-  decided = [r for r in rs if _decided(r, event)]
+  """'hit / decided', with the runs not decided for `event` by kind: unfinished, or finished
+  within warmup (`outcome` 'too short')."""
+  open_ = [r["finished"] for r in rs if not _decided(r, event)]  # finished: within warmup
   n_hit = sum(r[f"{event}_step"] is not None for r in rs)
-  return f"{n_hit} / {len(decided)}" + (
-    f" ({len(rs) - len(decided)} unfinished)" if len(rs) > len(decided) else ""
-  )
+  kinds = [
+    f"{n} {name}"
+    for n, name in ((open_.count(False), "unfinished"), (open_.count(True), "within warmup"))
+    if n
+  ]
+  return f"{n_hit} / {len(rs) - len(open_)}" + (f" ({', '.join(kinds)})" if kinds else "")
 
 
 def format_report(rows, recipe: dict, layer: int) -> str:

@@ -963,28 +963,15 @@ def agrees(comparison: dict | None, window=WINDOW) -> bool:
   return (comparison["first_apart"] or math.inf) > min(window, comparison["steps"])
 
 
-DECIDED = ("exploded", "runaway", "calm")  # the outcomes a run has settled (`outcome`)
-
-
 def decided(row: dict) -> bool:
-  """Whether both sides of a report row (`collect`) have settled their outcome: the
-  (pair, seed)s whose outcomes compare; the others are open."""
-  return row["jax_outcome"] in DECIDED and row["torch_outcome"] in DECIDED
+  """Whether both sides of a report row (`collect`) have settled their outcome
+  (`instability.DECIDED`): the (pair, seed)s whose outcomes compare; the others are open."""
+  return row["jax_outcome"] in instability.DECIDED and row["torch_outcome"] in instability.DECIDED
 
 
-def outcome(row: dict | None, warmup_steps: int = 0) -> str:
-  """'exploded', 'runaway', 'calm', 'unfinished', 'too short' or 'missing' of an
-  `instability.collect` row. 'too short': finished without an event by the end of warmup,
-  where the explosion rule has not started: undecided, not calm."""
-  if row is None:
-    return "missing"
-  if row["explosion_step"] is not None:
-    return "exploded"
-  if row["runaway_step"] is not None:
-    return "runaway"
-  if not row["finished"]:
-    return "unfinished"
-  return "too short" if row["steps"] <= warmup_steps else "calm"
+def outcome(row: dict | None) -> str:
+  """`instability.outcome` of a side's run, or 'missing' without one."""
+  return "missing" if row is None else instability.outcome(row)
 
 
 def _side_rows(out: pathlib.Path, side: str, base: TrainConfig, layer: int, reference_max_logit):
@@ -1037,8 +1024,8 @@ def collect(
         exact=is_exact(pair, tiles),
         jax_run=_brief(j),
         torch_run=_brief(t),
-        jax_outcome=outcome(j, base.warmup_steps),
-        torch_outcome=outcome(t, base.warmup_steps),
+        jax_outcome=outcome(j),
+        torch_outcome=outcome(t),
         twin=compare_losses(jm, tm, tolerance, window) if jm and tm else None,
         null=compare_losses(jm, nm, tolerance, window) if jm and nm else None,
       )
