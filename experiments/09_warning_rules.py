@@ -1,8 +1,8 @@
 """Early-warning rules tried on the anchor-b128 runs kept in git: for each rule, the runs it
 warned before their event (the first of explosion and runaway, the runaway threshold 10× the
-largest layer-1 max logit of the packs' reference-fp32 runs and of a value given), the lead in steps to the event and to the
-explosion, the runs it missed and its false alarms (a warning on a finished run with neither
-event; an unfinished run without one is undecided).
+largest layer-1 max logit of the packs' reference-fp32 runs and of a value given), the lead in
+steps to the event and to the explosion, the runs it missed and its false alarms (a warning on
+a finished run with neither event; an unfinished run without one is undecided).
 The rules read the diagnostics rows (every 100 steps) after warmup; `train.EarlyWarning` and
 `train.DQErrorWarning` are the report's own rules; the dQ error's rules are judged on the runs
 that logged it.

@@ -526,9 +526,8 @@ def test_dq_error_warning_on_the_measured_runs(tmp_path):
   most 247) did not run away, and its warning at 400 is a false alarm."""
   experiment.unpack_runs([str(RESULTS / p) for p in B128_DQ_PACKS], tmp_path)
   base = b128_config()
-  rows = [
-    r for r in experiment.collect(tmp_path, base, 1, B128_REFERENCE_MAX_LOGIT) if r["dq_logged"]
-  ]
+  every = experiment.collect(tmp_path, base, 1, B128_REFERENCE_MAX_LOGIT)
+  rows = [r for r in every if r["dq_logged"]]  # `every` has the runs that did not log it
   name = lambda r: f"{r['variant']}/seed{r['seed']}"
   assert len(rows) == 21
   assert {name(r): r["dq_warning_step"] for r in rows if r["dq_warning_step"]} == B128_DQ_WARNINGS
@@ -539,9 +538,6 @@ def test_dq_error_warning_on_the_measured_runs(tmp_path):
   leads = [r["dq_runaway_lead"] for r in events if r["runaway_step"]]
   assert (min(leads), max(leads)) == (100, 800)
   assert {name(r) for r in rows if r["dq_false_alarm"]} == {"paper+comp/seed30"}
-  every = experiment.collect(
-    tmp_path, base, 1, B128_REFERENCE_MAX_LOGIT
-  )  # with the runs that did not log it
   text = experiment.format_report(every, dict(warmup_steps=base.warmup_steps), 1)
   assert "on the 21 of 44 runs that logged dQ's error." in text
   assert "| cudnn | 1 / 1 | 949–949 (median 949) | 2 / 2 | 300–600 (median 450) | 0 |" in text
@@ -652,9 +648,9 @@ B128_LATER = {
 }
 # anchor-b128 packs made after `train.DQErrorWarning` was calibrated (2026-12-03, on the packs
 # up to the eleventh session): per pack, the runs with an event, each with its dQ warning step,
-# runaway step (> 465, 10× the reference-fp32 run's largest) and explosion step (None: none by 3,000), and the calm runs, each with
-# its largest layer-1 dQ error after warmup and its dQ warning step (None: not warned; a step:
-# a false alarm)
+# runaway step (> 465, 10× the reference-fp32 run's largest) and explosion step (None: none by
+# 3,000), and the calm runs, each with its largest layer-1 dQ error after warmup and its dQ
+# warning step (None: not warned; a step: a false alarm)
 B128_DQ_LATER = {
   "h200-2026-12-03b-b128/runs.jsonl.xz": (
     {"cudnn/seed26": (1500, 1800, 2942), "cudnn/seed27": (1500, 2000, 2896)},
