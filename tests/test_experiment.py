@@ -645,6 +645,14 @@ B128_LATER = {
   # reference-fp32 21 calm to 3,000 (layer 1's max logit at most 46.5: the runaway threshold's
   # basis), not warned
   "h200-2026-12-03d-b128/runs.jsonl.xz": ({}, {}, 1),
+  # paper 29 and 31 again (`paper+triton`: the experiment's paper, in folders of its own, now
+  # with dQ logged): exploded at 2,916 and 2,844 (the first runs: 1,452 and 1,306), warned at
+  # 1,300 and 1,000, when layer 1 ran away
+  "h200-2026-12-03e-b128/runs.jsonl.xz": (
+    {"paper+triton/seed29": 1300, "paper+triton/seed31": 1000},
+    {"paper+triton/seed29": 2916, "paper+triton/seed31": 2844},
+    2,
+  ),
 }
 # anchor-b128 packs made after `train.DQErrorWarning` was calibrated (2026-12-03, on the packs
 # up to the eleventh session): per pack, the runs with an event, each with its dQ warning step,
@@ -661,6 +669,10 @@ B128_DQ_LATER = {
     {"cudnn+center/seed28": (0.116, 700)},
   ),
   "h200-2026-12-03d-b128/runs.jsonl.xz": ({}, {"reference-fp32/seed21": (0.002, None)}),
+  "h200-2026-12-03e-b128/runs.jsonl.xz": (
+    {"paper+triton/seed29": (400, 1300, 2916), "paper+triton/seed31": (600, 1000, 2844)},
+    {},
+  ),
 }
 B128_DQ_PACKS = (*B128_PACKS, *(p for p in B128_LATER if p not in B128_DQ_LATER))
 
@@ -680,6 +692,36 @@ def test_the_runaway_threshold_comes_from_the_reference_run(tmp_path):
     assert (row["steps"], row["runaway_step"], row["explosion_step"]) == (3000, None, None)
 
 
+def test_a_rerun_of_a_seed_parts_early_and_explodes_again(tmp_path):
+  """paper 29 and 31 trained twice on the H200 with one configuration (2026-12-01 and, as
+  `paper+triton`, 2026-12-03; the experiment's flash variants run Triton): the same weights and
+  batches, the loss at steps 1–2 within float32 rounding (29: equal; 31: 8.9e-8 apart), then the runs part beyond τ = 2⁻⁸ at steps 48 and 49
+  (as JAX's null does in the twin: 48–53), and each explodes again, ~1,500 steps later. The
+  explosion step of a seed does not reproduce; its outcome does."""
+  from jax_flashstable.experiment import twin
+
+  first = [str(RESULTS / f"h200-2026-12-01c-b128/runs-{i}.jsonl.xz") for i in (1, 2)]
+  experiment.unpack_runs(first, tmp_path / "a")
+  experiment.unpack_runs([str(RESULTS / "h200-2026-12-03e-b128/runs.jsonl.xz")], tmp_path / "b")
+  rows = {
+    (side, r["seed"]): r
+    for side in ("a", "b")
+    for r in experiment.collect(tmp_path / side, b128_config(), 1, B128_REFERENCE_MAX_LOGIT)
+    if r["variant"] in ("paper", "paper+triton") and r["seed"] in (29, 31)
+  }
+  for seed, apart, explosions in ((29, 48, (1452, 2916)), (31, 49, (1306, 2844))):
+    a, b = (
+      tmp_path / side / v / f"seed{seed}" for side, v in (("a", "paper"), ("b", "paper+triton"))
+    )
+    ca, cb = (json.loads((d / "config.json").read_text())["train"] for d in (a, b))
+    bookkeeping = {"out_dir", "max_seconds", "checkpoint_interval", "warning_rule", "warning_layer"}
+    assert {k for k in ca.keys() | cb.keys() if ca.get(k) != cb.get(k)} <= bookkeeping
+    assert ca["attention"] == cb["attention"] == "paper+triton:block_q=512,block_k=512"
+    c = twin.compare_losses(train.read_metrics(a), train.read_metrics(b))
+    assert c["start_rel"] < 1e-6 and c["first_apart"] == apart, c  # 0 and 8.9e-8 at steps 1–2
+    assert tuple(rows[side, seed]["explosion_step"] for side in "ab") == explosions
+
+
 @pytest.mark.parametrize("pack", B128_DQ_LATER)
 def test_dq_error_warning_out_of_sample(pack, tmp_path):
   """The dQ-error rule on runs made after its calibration, with the measured runaway threshold
@@ -690,7 +732,9 @@ def test_dq_error_warning_out_of_sample(pack, tmp_path):
   warned; cudnn + center 28 calm to 3,000 (layer 1's max logit at most 59) but warned at 700
   (dQ error 0.038 and 0.031 at 600 and 700, at most 0.116): the rule's first false alarm;
   reference-fp32 21 calm (its own dQ against the diagnostics' FP32 dQ: at most 0.002, the
-  floor of the measure), not warned."""
+  floor of the measure), not warned; the paper layout (29 and 31 again, the first of its runs
+  with dQ logged) warned at 400 and 600, 900 and 400 before its runaways (1,300 and 1,000)
+  and 2,516 and 2,244 before its explosions (2,916 and 2,844)."""
   warned, calm = B128_DQ_LATER[pack]
   experiment.unpack_runs([str(RESULTS / pack)], tmp_path)
   base = b128_config()
@@ -732,7 +776,8 @@ def test_early_warning_out_of_sample(pack, tmp_path):
   five rows), the first false alarm by the explosion rule; cudnn 26 and 27 exploded at 2,942
   and 2,896, warned at 1,800 and 2,000; cudnn 28 warned at 2,600, when layer 1 ran away, and
   did not explode by 3,000 (a false alarm by the explosion rule); cudnn + center 26–28 calm,
-  not warned; reference-fp32 21 calm to 3,000, not warned."""
+  not warned; reference-fp32 21 calm to 3,000, not warned; paper 29 and 31 again exploded at
+  2,916 and 2,844, warned at 1,300 and 1,000 (1,616 and 1,844 ahead)."""
   warnings, explosions, n_runs, *false_alarms = B128_LATER[pack]
   experiment.unpack_runs([str(RESULTS / pack)], tmp_path)
   base = b128_config()

@@ -1136,9 +1136,30 @@ def format_report(result: dict, recipe: dict, layer=1) -> str:
   settled = [r for r in rows if decided(r)]
   short = sum(r["twin"]["steps"] < window for r in exact)  # judged on every common step
   fewer = f", {short} of them over fewer steps (all they have)" if short else ""
+  # the JAX null (the same run, each batch in two halves: a change of rounding order only) is
+  # the yardstick: where it parts from JAX within the window as early as the twin does, the
+  # twin's parting is the recipe's amplification of rounding, not a difference of the port
+  nulls = [r for r in exact if r["null"] is not None and r["null"]["steps"]]
+  yardstick = ""
+  if nulls:
+    null_held = [r for r in nulls if agrees(r["null"], window)]
+    apart = lambda side: sorted(
+      r[side]["first_apart"] for r in nulls if not agrees(r[side], window)
+    )
+    span = lambda s: f"step {s[0]}" if s[0] == s[-1] else f"steps {s[0]}–{s[-1]}"
+    yardstick = (
+      f" JAX's null (each batch in two halves) holds within τ in {len(null_held)} of "
+      f"{len(nulls)} of them"
+    )
+    if apart("null"):
+      twin_apart = apart("twin")
+      yardstick += f" (apart from {span(apart('null'))}" + (
+        f"; the twin from {span(twin_apart)})" if twin_apart else ")"
+      )
+    yardstick += "."
   lines += [
     f"**Exact pairs agreeing within τ over the first {window} steps: {len(held)} of "
-    f"{len(exact)} compared{fewer}.** Outcomes the same on both sides: "
+    f"{len(exact)} compared{fewer}.**{yardstick} Outcomes the same on both sides: "
     f"{sum(r['same_outcome'] for r in settled)} of {len(settled)} decided (pair, seed).",
     "",
     f"| pair | seed | exact | steps JAX / torch | Δ steps 1–2 | max Δ steps 1–{window} "
