@@ -4,8 +4,8 @@
 # (CUDA_VISIBLE_DEVICES; the twin runs in this image's python3, which has torch beside JAX) —
 # each side working through the same QUEUE in order, within BUDGET seconds from the start. On a
 # one-GPU machine (nvidia-h200) the sides take turns, item by item, the twin's runs of an item
-# first (a cut twin run starts again, a cut JAX run resumes, so the budget's end had better
-# fall on JAX): two training processes at once share the GPU's time (two JAX runs together
+# first (both sides resume a cut run from its checkpoint while the machine stays warm; the twin
+# stops itself with one 30 s before the budget ends): two training processes at once share the GPU's time (two JAX runs together
 # made 8.7 steps/s against 8.9 alone, docs/studies/instability-anchor-b128.md), and the
 # references' steps would not fit its memory together (the twin's reference alone: about 116
 # GiB at anchor-b128, docs/studies/training-twin.md).
@@ -13,7 +13,7 @@
 # NULL: --null-steps, the JAX run again with each batch as two halves). Items with the same
 # STEPS share the folder $R/RECIPE-sSTEPS, so their report reads every pair of that cap (and
 # its reference-fp32 runs give the runaway thresholds). Runs resume while the machine stays
-# warm (JAX from its checkpoints; a cut twin run starts again); PREVIOUS=FILES (packs brought
+# warm (both sides from their checkpoints, which the packs leave out); PREVIOUS=FILES (packs brought
 # back by an earlier session, e.g. experiments/results/…/twin-*.jsonl.xz, made with the same
 # RUNS folder: a JAX run's out_dir is part of its configuration) are unpacked first, so their
 # finished runs are skipped. JAX_PREVIOUS=PACKS (the instability experiment's packs,

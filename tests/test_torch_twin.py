@@ -20,6 +20,7 @@ import lzma
 import math
 import os
 import pathlib
+import shutil
 import subprocess
 import textwrap
 
@@ -1273,6 +1274,41 @@ def test_the_h200_agreement_check_parts_where_jaxs_own_null_does(tmp_path):
     "(each batch in two halves) holds within τ in 0 of 2 of them (apart from steps 48–53; the "
     "twin from steps 43–48)."
   ) in md
+
+
+def test_a_twin_stopped_by_its_time_limit_resumes_bit_for_bit(training_runs, tmp_path, capsys):
+  """The twin stops itself with a checkpoint when its --max-seconds are spent (here after
+  every step), writes no summary.json, and the same command resumes it: three stops and a
+  last call give the uncut run's losses, norms, learning rates and diagnostics bit for bit
+  (CPU), and remove the checkpoint. A checkpoint of a run with another trajectory field is
+  refused in one line naming it."""
+  out = tmp_path / "twin"
+  shutil.copytree(training_runs, out)
+  run = out / "torch" / "paper" / "seed0"
+  shutil.rmtree(run)
+  base = [*CROSSCHECK[:-2], "--pairs", "paper", "--side", "torch", "--out", str(out)]
+  own = CROSSCHECK[-1]  # the twin's options of the fixture's command (--torch-args)
+  for step in range(1, STEPS):
+    assert cli.main([*base, "--torch-args", own + " --max-seconds 0.001"]) == 0
+    log = capsys.readouterr().out
+    assert f"torch paper seed 0: stopped by its time limit at step {step} (" in log, log
+    assert "it resumes from its checkpoint next time" in log
+    assert (run / "checkpoint.pt").exists() and not (run / "summary.json").exists()
+    if step == 2:  # the same twin command with another learning rate: refused, one line
+      cmd = log.split("torch paper seed 0: training (")[1].split(")\n")[0].split()
+      cmd[cmd.index("--lr") + 1] = "0.004"
+      done = subprocess.run([TORCH_PYTHON, *cmd], capture_output=True, text=True)
+      assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+      assert "checkpoint.pt is of a run with lr=0.003, not 0.004: resume" in done.stderr
+  assert cli.main([*base, "--torch-args", own]) == 0
+  assert f"torch paper seed 0: done, {STEPS} steps" in capsys.readouterr().out
+  assert (run / "summary.json").exists() and not (run / "checkpoint.pt").exists()
+  uncut = training_runs / "torch" / "paper" / "seed0"
+  keys = ("step", "lr", "loss", "grad_norm", "param_norm", "val_loss")
+  rows = lambda d: [{k: r.get(k) for k in keys} for r in read_metrics(d)]  # noqa: E731
+  assert rows(run) == rows(uncut) and len(rows(run)) == STEPS
+  diag = lambda d: [{k: v for k, v in r.items() if k != "diag_time_s"} for r in read_diagnostics(d)]  # noqa: E731
+  assert diag(run) == diag(uncut) and len(diag(run)) == STEPS // 2
 
 
 def test_a_twin_killed_from_outside_is_a_failure_not_a_budget_cut(tmp_path, capsys):

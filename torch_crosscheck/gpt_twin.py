@@ -22,7 +22,12 @@ OUT/summary.json, and with --save-final OUT/final_params.npz. A non-finite loss 
 ends the run as in JAX (the row is written first); the command then exits with status 3 and
 summary.json says stopped="non-finite". `--stop-after-explosion N` ends the run N steps after
 the explosion step of JAX's rule (`ExplosionMonitor`; summary.json: stopped="explosion").
-Checkpoints and resumption are not mirrored (a cut run starts again from step 1).
+Checkpoints (`--checkpoint-interval`, and when `--max-seconds` of wall time are spent): OUT/
+checkpoint.pt holds the parameters, the optimizer's moments and count and the explosion rule's
+state; the same command then resumes after its step, bit for bit the run it would have been
+(the rows past it are dropped), and refuses, naming the field, a checkpoint of a run with other
+trajectory fields (`RESUME_FREE` may differ). A run stopped by --max-seconds writes no
+summary.json (it is not done) and exits 0; a finished one removes its checkpoint.
 
 Diagnostics (`diagnose`, for the instability experiment's runaway rule): a row every
 --diag-interval steps with "step", "max_logit" [layer][head], "sn_q_full" [layer] and
@@ -187,6 +192,26 @@ CUDA_ONLY = tuple(
 CPU_ATTENTIONS = tuple(a for a in ATTENTIONS if a not in CUDA_ONLY)
 MATMULS = ("bf16", "emulated")
 EXIT_NON_FINITE = 3
+CHECKPOINT = "checkpoint.pt"
+# TwinConfig fields a resumed run may change: where things are and how the run is driven, not
+# its trajectory (`steps` too when decay_steps is fixed; `matmul` is compared as resolved)
+RESUME_FREE = frozenset(
+  (
+    "init",  # compared by content (its sha256)
+    "data",
+    "out_dir",
+    "device",
+    "compile",
+    "matmul",
+    "deterministic",
+    "save_final",
+    "print_interval",
+    "threads",
+    "stop_after_explosion",
+    "checkpoint_interval",
+    "max_seconds",
+  )
+)
 # The data module's file, newest location first (the JAX package is being reorganised).
 DATA_MODULE_PATHS = ("jax_flashstable/training/data.py",)
 
@@ -996,6 +1021,8 @@ class TwinConfig:
   diag_interval: int = 100  # steps between diagnostics rows (0: off), `diagnose`
   diag_rows: int = 64  # rows per diagnostics call (0: the first sequence's all)
   stop_after_explosion: int = 300  # stop this many steps after an explosion (-1: never)
+  checkpoint_interval: int = 250  # steps between checkpoints (0: none but the time stop's)
+  max_seconds: float = 0.0  # stop with a checkpoint this long after the start (0: never)
   out_dir: str = "runs/torch_twin"
   device: str = "auto"  # auto: cuda if available, else cpu
   compile: str = "auto"  # auto: on for CUDA, off on CPU
@@ -1038,6 +1065,7 @@ class TwinConfig:
       "threads",
       "diag_interval",
       "diag_rows",
+      "checkpoint_interval",
     ):
       if getattr(self, f) < 0:
         raise ValueError(f"{f} must be >= 0, got {f}={getattr(self, f)}")
@@ -1057,6 +1085,8 @@ class TwinConfig:
     for f in ("beta1", "beta2"):
       if not 0 <= getattr(self, f) < 1:
         raise ValueError(f"{f} must be in [0, 1), got {f}={getattr(self, f)!r}")
+    if not (math.isfinite(self.max_seconds) and self.max_seconds >= 0):
+      raise ValueError(f"max_seconds must be a finite number >= 0, got {self.max_seconds!r}")
     if not (math.isfinite(self.grad_clip) and self.grad_clip > 0):
       raise ValueError(f"grad_clip must be a finite number > 0, got grad_clip={self.grad_clip!r}")
     if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
@@ -1129,9 +1159,85 @@ def _sha256(path):
   return h.hexdigest()
 
 
+def _monitor_state(monitor: ExplosionMonitor) -> dict:
+  return dict(running=monitor.running, recent=list(monitor.recent), step=monitor.step)
+
+
+def save_checkpoint(out: pathlib.Path, step, cfg: TwinConfig, matmul, init_sha256, opt, monitor):
+  """OUT/checkpoint.pt after `step`: the parameters and moments (JAX's order), the optimizer's
+  count, the explosion rule's state, and what a resumption must match. Written whole, then
+  renamed over the old one (a kill while writing leaves the old checkpoint)."""
+  cpu = lambda ts: [t.detach().to("cpu", copy=True) for t in ts]  # noqa: E731
+  state = dict(
+    step=step,
+    config=dataclasses.asdict(cfg),
+    matmul=matmul,
+    init_sha256=init_sha256,
+    names=list(opt.names),
+    params=cpu(opt.params),
+    mu=cpu(opt.mu),
+    nu=cpu(opt.nu),
+    count=opt.count,
+    monitor=_monitor_state(monitor),
+  )
+  tmp = out / (CHECKPOINT + ".tmp")
+  torch.save(state, tmp)
+  tmp.replace(out / CHECKPOINT)
+
+
+def resume(out: pathlib.Path, cfg: TwinConfig, matmul, init_sha256, opt, monitor) -> int:
+  """Loads OUT/checkpoint.pt into `opt` (its parameters are the model's) and `monitor`;
+  returns its step (0: no checkpoint). Raises ValueError naming the first trajectory field
+  (`RESUME_FREE` aside), the resolved matmul or the initial parameters that differ, or a
+  checkpoint past `steps`."""
+  path = out / CHECKPOINT
+  if not path.exists():
+    return 0
+  ck = torch.load(path, map_location="cpu", weights_only=True)
+  old, new = ck["config"], dataclasses.asdict(cfg)
+  free = set(RESUME_FREE)
+  if old.get("decay_steps") is not None and new["decay_steps"] is not None:
+    free.add("steps")  # a longer or shorter run of the same schedule
+  for key, was, now in (
+    *((k, old.get(k), v) for k, v in new.items() if k not in free),
+    ("matmul (resolved)", ck["matmul"], matmul),
+    ("init (sha256)", ck["init_sha256"], init_sha256),
+  ):
+    if was != now:
+      raise ValueError(
+        f"{path} is of a run with {key}={was!r}, not {now!r}: resume with its settings, "
+        "or remove it to start again"
+      )
+  if ck["step"] > cfg.steps:
+    raise ValueError(f"{path} is at step {ck['step']}, past steps={cfg.steps}")
+  if ck["names"] != list(opt.names):
+    raise ValueError(f"{path} holds other parameters than this model's")
+  with torch.no_grad():
+    for p, saved in zip(opt.params, ck["params"]):
+      p.copy_(saved)
+  device = opt.params[0].device
+  opt.mu = [t.to(device) for t in ck["mu"]]
+  opt.nu = [t.to(device) for t in ck["nu"]]
+  opt.count = ck["count"]
+  m = ck["monitor"]
+  monitor.running, monitor.recent, monitor.step = m["running"], list(m["recent"]), m["step"]
+  return ck["step"]
+
+
+def _keep_rows(path: pathlib.Path, last_step: int):
+  """Rewrites a JSON-lines log with its rows up to `last_step` (a resumed run's own)."""
+  if path.exists():
+    rows = [line for line in path.read_text().splitlines() if line.strip()]
+    kept = [line for line in rows if json.loads(line)["step"] <= last_step]
+    path.write_text("".join(line + "\n" for line in kept))
+
+
 def train(cfg: TwinConfig) -> dict:
   """Trains as `train.train_and_evaluate` does, logging to cfg.out_dir; returns the summary
-  (the last row, n_params, stopped: None or "explosion", explosion_step).
+  (the last row, n_params, stopped: None, "explosion" or "time", explosion_step). Resumes
+  from OUT/checkpoint.pt when there is one (`resume`); checkpoints every
+  checkpoint_interval steps and when max_seconds (counted from the call, setup and
+  compilation included, as JAX) are spent, then stops with stopped="time".
 
   Per step s = 1 … steps: batches `Dataset.batch("train", seed, s·grad_accum + j, batch_size,
   seq_len)` for j < grad_accum; loss and gradients averaged over them; the update; a row with
@@ -1145,6 +1251,7 @@ def train(cfg: TwinConfig) -> dict:
     ValueError: a bad field (`TwinConfig.validate`) or an .npz that does not fit the model.
     NonFiniteError: a non-finite loss or gradient (after writing that step's row).
   """
+  t_start = time.perf_counter()
   cfg.validate()
   device = cfg.torch_device()
   matmul = cfg.matmul if cfg.matmul != "auto" else ("bf16" if device.type == "cuda" else "emulated")
@@ -1173,6 +1280,11 @@ def train(cfg: TwinConfig) -> dict:
   )
   out = pathlib.Path(cfg.out_dir)
   out.mkdir(parents=True, exist_ok=True)
+  init_sha256 = _sha256(cfg.init)
+  monitor = ExplosionMonitor(cfg.warmup_steps)
+  start = resume(out, cfg, matmul, init_sha256, opt, monitor)
+  if start:
+    print(f"resuming from {out / CHECKPOINT} after step {start}", flush=True)
   with open(out / "config.json", "w") as f:
     json.dump(
       dict(
@@ -1186,7 +1298,7 @@ def train(cfg: TwinConfig) -> dict:
         matmul=matmul,
         compiled=use_compile,
         jax_attention=choice.jax_spec(),
-        init_sha256=_sha256(cfg.init),
+        init_sha256=init_sha256,
       ),
       f,
       indent=1,
@@ -1217,14 +1329,19 @@ def train(cfg: TwinConfig) -> dict:
   )  # as train.peak_flops
   params = opt.params
   summary, stopped = {}, None
-  monitor = ExplosionMonitor(cfg.warmup_steps)
   diag_path = out / "diagnostics.jsonl"
-  if cfg.diag_interval:
-    diag_path.write_text("")
-  else:
+  if not cfg.diag_interval:
     diag_path.unlink(missing_ok=True)  # no stale rows of an older run
-  with open(out / "metrics.jsonl", "w") as log:
-    for step in range(1, cfg.steps + 1):
+  elif start:
+    _keep_rows(diag_path, start)
+  else:
+    diag_path.write_text("")
+  if start:
+    _keep_rows(out / "metrics.jsonl", start)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    summary = rows[-1] if rows else {}
+  with open(out / "metrics.jsonl", "a" if start else "w") as log:
+    for step in range(start + 1, cfg.steps + 1):
       xy = train_batches(data, cfg, step, seq_len)
       t0 = time.perf_counter()
       for p in params:
@@ -1282,6 +1399,17 @@ def train(cfg: TwinConfig) -> dict:
       if exploded is not None and 0 <= cfg.stop_after_explosion <= step - exploded:
         stopped = "explosion"
         break
+      out_of_time = cfg.max_seconds and time.perf_counter() - t_start > cfg.max_seconds
+      if step < cfg.steps and (
+        out_of_time or (cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0)
+      ):
+        save_checkpoint(out, step, cfg, matmul, init_sha256, opt, monitor)
+        if out_of_time:
+          stopped = "time"
+          break
+  if stopped == "time":
+    return dict(summary, n_params=n_params, stopped=stopped, explosion_step=monitor.step)
+  (out / CHECKPOINT).unlink(missing_ok=True)  # done: nothing to resume
   if cfg.save_final:
     save_npz(model, out / "final_params.npz")
   return dict(summary, n_params=n_params, stopped=stopped, explosion_step=monitor.step)
@@ -1364,6 +1492,12 @@ def main(argv=None):
   except ValueError as e:  # e.g. an .npz that does not fit
     print(f"gpt_twin.py: error: {e}", file=sys.stderr)
     return 2
+  if summary.get("stopped") == "time":  # not done: no summary.json, the checkpoint resumes it
+    print(
+      f"stopped by --max-seconds after step {summary.get('step')}; the same command resumes "
+      f"from {out / CHECKPOINT}"
+    )
+    return 0
   (out / "summary.json").write_text(json.dumps(summary, default=str))
   print(
     f"done: {summary.get('step')} steps, final loss {summary.get('loss')}"

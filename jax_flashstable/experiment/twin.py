@@ -17,8 +17,10 @@ sdpa-cudnn+center ↔ cudnn+center). Per pair and seed:
                                   checkpoints, resumption and refusal of changed settings), or
                                   taken as it is from the instability experiment's packs
                                   (`take_jax_runs`, --jax-runs: the same run, not trained again)
-  OUT/torch/<attention>/seed<k>/  the twin, a subprocess (no checkpoints: a run cut by the time
-                                  budget starts again from step 1)
+  OUT/torch/<attention>/seed<k>/  the twin, a subprocess: it checkpoints every
+                                  checkpoint_interval steps and stops with a checkpoint 30 s
+                                  before the time budget ends (--max-seconds); the next call
+                                  resumes it (gpt_twin.py, `resume`)
   OUT/null/<variant>/seed<k>/     (null_steps > 0) the JAX run again with every batch fed as two
                                   half-batches (`HalvedBatches`): the same weights, data and
                                   arithmetic but for where the batch sums are split and rounded —
@@ -318,6 +320,7 @@ def twin_fields(cfg: TrainConfig, attention: str, tiles: int) -> dict:
     "diag_interval",
     "diag_rows",
     "stop_after_explosion",
+    "checkpoint_interval",
   ):
     fields[f] = getattr(cfg, f)
   return fields
@@ -337,6 +340,8 @@ _TWIN_FREE = frozenset(
     "save_final",
     "stop_after_explosion",
     "deterministic",
+    "checkpoint_interval",
+    "max_seconds",
   )
 )
 
@@ -811,6 +816,9 @@ def _jax_side(base, items, out, tiles, layer, null_steps, left, log):
       _run_null(it, null_steps, out / "null" / it.pair.jax / f"seed{it.seed}", left(), log)
 
 
+SAVE_MARGIN = 30  # s: a twin's --max-seconds ends this long before the budget's kill
+
+
 def _run_twin(python, it: _Item, run_dir, init, torch_args, env, left, log) -> str | None:
   """One twin run as a subprocess, its output relayed line by line (and kept in
   run_dir/twin.log); killed when `left` seconds are spent. Returns an error message or None."""
@@ -820,7 +828,9 @@ def _run_twin(python, it: _Item, run_dir, init, torch_args, env, left, log) -> s
     return None
   run_dir = pathlib.Path(run_dir)
   run_dir.mkdir(parents=True, exist_ok=True)
-  cmd = twin_command(python, it.fields, init, run_dir, torch_args)
+  # the twin stops itself with a checkpoint SAVE_MARGIN s before the budget's kill
+  own = ["--max-seconds", f"{max(left - SAVE_MARGIN, 1):.0f}"] if math.isfinite(left) else []
+  cmd = twin_command(python, it.fields, init, run_dir, [*own, *torch_args])
   log(f"{name}: training ({' '.join(cmd[1:])})")
   t0 = time.perf_counter()
   with open(run_dir / "twin.log", "w") as keep:
@@ -853,11 +863,17 @@ def _run_twin(python, it: _Item, run_dir, init, torch_args, env, left, log) -> s
     if rows
     else "no steps"
   )
-  if rc in (0, EXIT_NON_FINITE):
+  checkpoint = run_dir / "checkpoint.pt"
+  if rc in (0, EXIT_NON_FINITE) and _done(run_dir):
     log(f"{name}: done, {len(rows)} steps in {dt:.0f} s ({speed})")
     return None
-  if cut.is_set() and not _done(run_dir):
-    log(f"{name}: cut by the time budget at step {len(rows)} ({speed}); it starts again next time")
+  if (rc == 0 or cut.is_set()) and not _done(run_dir):  # stopped itself, or the budget's kill
+    again = (
+      "it resumes from its checkpoint next time"
+      if checkpoint.exists()
+      else "it starts again next time"
+    )
+    log(f"{name}: stopped by its time limit at step {len(rows)} ({speed}); {again}")
     return None
   if rc < 0:  # killed from outside: the kernel's out-of-memory killer, a user's kill
     how = f"was killed by {signal.Signals(-rc).name} at step {len(rows)}"
