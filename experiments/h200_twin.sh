@@ -5,8 +5,9 @@
 # each side working through the same QUEUE in order, within BUDGET seconds from the start. On a
 # one-GPU machine (nvidia-h200) the sides take turns, item by item, the twin's runs of an item
 # first (both sides resume a cut run from its checkpoint while the machine stays warm; the twin
-# stops itself with one 30 s before the budget ends): two training processes at once share the GPU's time (two JAX runs together
-# made 8.7 steps/s against 8.9 alone, docs/studies/instability-anchor-b128.md), and the
+# stops itself with one 30 s before the budget ends): two training processes at once share
+# the GPU's time (two JAX runs together made 8.7 steps/s against 8.9 alone,
+# docs/studies/instability-anchor-b128.md), and the
 # references' steps would not fit its memory together (the twin's reference alone: about 116
 # GiB at anchor-b128, docs/studies/training-twin.md).
 # An item is PAIRS:SEEDS:STEPS[:NULL] (PAIRS: crosscheck-train's default pairs, comma-separated;

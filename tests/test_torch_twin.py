@@ -1280,8 +1280,9 @@ def test_a_twin_stopped_by_its_time_limit_resumes_bit_for_bit(training_runs, tmp
   """The twin stops itself with a checkpoint when its --max-seconds are spent (here after
   every step), writes no summary.json, and the same command resumes it: three stops and a
   last call give the uncut run's losses, norms, learning rates and diagnostics bit for bit
-  (CPU), and remove the checkpoint. A checkpoint of a run with another trajectory field is
-  refused in one line naming it."""
+  (CPU), and remove the checkpoint; a last metrics line cut by a kill is dropped. A
+  checkpoint of a run with another trajectory field, or one that cannot be read, is refused
+  in one line naming it."""
   out = tmp_path / "twin"
   shutil.copytree(training_runs, out)
   run = out / "torch" / "paper" / "seed0"
@@ -1291,23 +1292,37 @@ def test_a_twin_stopped_by_its_time_limit_resumes_bit_for_bit(training_runs, tmp
   for step in range(1, STEPS):
     assert cli.main([*base, "--torch-args", own + " --max-seconds 0.001"]) == 0
     log = capsys.readouterr().out
-    assert f"torch paper seed 0: stopped by its time limit at step {step} (" in log, log
-    assert "it resumes from its checkpoint next time" in log
+    stopped = f"torch paper seed 0: stopped by its time limit at step {step} (1 step in "
+    assert stopped in log and f"it resumes after step {step} next time" in log, log
     assert (run / "checkpoint.pt").exists() and not (run / "summary.json").exists()
-    if step == 2:  # the same twin command with another learning rate: refused, one line
+    if step == 2:  # the same twin command with another learning rate or steps, or a bad file
       cmd = log.split("torch paper seed 0: training (")[1].split(")\n")[0].split()
-      cmd[cmd.index("--lr") + 1] = "0.004"
-      done = subprocess.run([TORCH_PYTHON, *cmd], capture_output=True, text=True)
-      assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
-      assert "checkpoint.pt is of a run with lr=0.003, not 0.004: resume" in done.stderr
+      good = (run / "checkpoint.pt").read_bytes()
+      for flag, value, message in (
+        ("--lr", "0.004", "checkpoint.pt is of a run with lr=0.003, not 0.004: resume"),
+        ("--steps", "2", "checkpoint.pt is of a run with steps=4, not 2: resume"),
+        ("--lr", "0.003", "checkpoint.pt cannot be read as a twin checkpoint (RuntimeError: "),
+      ):
+        if "cannot be read" in message:
+          (run / "checkpoint.pt").write_bytes(good[: len(good) // 2])  # cut by a kill
+        bad = [*cmd]
+        bad[bad.index(flag) + 1] = value
+        done = subprocess.run([TORCH_PYTHON, *bad], capture_output=True, text=True)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+        assert message in done.stderr, done.stderr
+      (run / "checkpoint.pt").write_bytes(good)
+      with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"step": 3, "lo')  # a row cut by a kill past the checkpoint: dropped
   assert cli.main([*base, "--torch-args", own]) == 0
-  assert f"torch paper seed 0: done, {STEPS} steps" in capsys.readouterr().out
+  assert f"torch paper seed 0: done at step {STEPS} (1 step in " in capsys.readouterr().out
   assert (run / "summary.json").exists() and not (run / "checkpoint.pt").exists()
   uncut = training_runs / "torch" / "paper" / "seed0"
   keys = ("step", "lr", "loss", "grad_norm", "param_norm", "val_loss")
   rows = lambda d: [{k: r.get(k) for k in keys} for r in read_metrics(d)]  # noqa: E731
   assert rows(run) == rows(uncut) and len(rows(run)) == STEPS
-  diag = lambda d: [{k: v for k, v in r.items() if k != "diag_time_s"} for r in read_diagnostics(d)]  # noqa: E731
+  diag = lambda d: [  # noqa: E731
+    {k: v for k, v in r.items() if k != "diag_time_s"} for r in read_diagnostics(d)
+  ]
   assert diag(run) == diag(uncut) and len(diag(run)) == STEPS // 2
 
 

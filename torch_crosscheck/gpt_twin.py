@@ -25,9 +25,10 @@ the explosion step of JAX's rule (`ExplosionMonitor`; summary.json: stopped="exp
 Checkpoints (`--checkpoint-interval`, and when `--max-seconds` of wall time are spent): OUT/
 checkpoint.pt holds the parameters, the optimizer's moments and count and the explosion rule's
 state; the same command then resumes after its step, bit for bit the run it would have been
-(the rows past it are dropped), and refuses, naming the field, a checkpoint of a run with other
-trajectory fields (`RESUME_FREE` may differ). A run stopped by --max-seconds writes no
-summary.json (it is not done) and exits 0; a finished one removes its checkpoint.
+(the rows past it are dropped), and refuses in one line a checkpoint it cannot read or one of
+a run with other trajectory fields (`RESUME_FREE` may differ; `resume`). A run stopped by
+--max-seconds writes no summary.json (it is not done) and exits 0; one that ends (finished,
+stopped after an explosion, non-finite) removes its checkpoint.
 
 Diagnostics (`diagnose`, for the instability experiment's runaway rule): a row every
 --diag-interval steps with "step", "max_logit" [layer][head], "sn_q_full" [layer] and
@@ -161,9 +162,11 @@ import sys
 import zipfile
 import time
 
-import numpy as np
-import torch
-from torch import nn
+STARTED = time.perf_counter()  # --max-seconds counts from here, torch's import included
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -193,21 +196,19 @@ CPU_ATTENTIONS = tuple(a for a in ATTENTIONS if a not in CUDA_ONLY)
 MATMULS = ("bf16", "emulated")
 EXIT_NON_FINITE = 3
 CHECKPOINT = "checkpoint.pt"
-# TwinConfig fields a resumed run may change: where things are and how the run is driven, not
-# its trajectory (`steps` too when decay_steps is fixed; `matmul` is compared as resolved)
+# TwinConfig fields a resumed run may change: where things are and how the run is reported or
+# driven, not its numbers (`steps` too when decay_steps is fixed). init, data, device,
+# compile and matmul are compared as what they resolve to (`_resolved`).
 RESUME_FREE = frozenset(
   (
-    "init",  # compared by content (its sha256)
+    "init",
     "data",
-    "out_dir",
     "device",
     "compile",
     "matmul",
-    "deterministic",
+    "out_dir",
     "save_final",
     "print_interval",
-    "threads",
-    "stop_after_explosion",
     "checkpoint_interval",
     "max_seconds",
   )
@@ -1086,7 +1087,9 @@ class TwinConfig:
       if not 0 <= getattr(self, f) < 1:
         raise ValueError(f"{f} must be in [0, 1), got {f}={getattr(self, f)!r}")
     if not (math.isfinite(self.max_seconds) and self.max_seconds >= 0):
-      raise ValueError(f"max_seconds must be a finite number >= 0, got {self.max_seconds!r}")
+      raise ValueError(
+        f"max_seconds must be a finite number >= 0, got max_seconds={self.max_seconds!r}"
+      )
     if not (math.isfinite(self.grad_clip) and self.grad_clip > 0):
       raise ValueError(f"grad_clip must be a finite number > 0, got grad_clip={self.grad_clip!r}")
     if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
@@ -1163,16 +1166,17 @@ def _monitor_state(monitor: ExplosionMonitor) -> dict:
   return dict(running=monitor.running, recent=list(monitor.recent), step=monitor.step)
 
 
-def save_checkpoint(out: pathlib.Path, step, cfg: TwinConfig, matmul, init_sha256, opt, monitor):
+def save_checkpoint(out: pathlib.Path, step, cfg: TwinConfig, resolved: dict, opt, monitor):
   """OUT/checkpoint.pt after `step`: the parameters and moments (JAX's order), the optimizer's
-  count, the explosion rule's state, and what a resumption must match. Written whole, then
-  renamed over the old one (a kill while writing leaves the old checkpoint)."""
+  count, the explosion rule's state, and what a resumption must match (the config, and what
+  init, data, device, compile and matmul resolve to: `_resolved`). Written whole, then renamed
+  over the old one (a kill while writing leaves the old checkpoint); OUT/checkpoint.json
+  then names its step for the JAX side (`experiment.twin`), which reads no torch files."""
   cpu = lambda ts: [t.detach().to("cpu", copy=True) for t in ts]  # noqa: E731
   state = dict(
     step=step,
     config=dataclasses.asdict(cfg),
-    matmul=matmul,
-    init_sha256=init_sha256,
+    resolved=resolved,
     names=list(opt.names),
     params=cpu(opt.params),
     mu=cpu(opt.mu),
@@ -1183,61 +1187,108 @@ def save_checkpoint(out: pathlib.Path, step, cfg: TwinConfig, matmul, init_sha25
   tmp = out / (CHECKPOINT + ".tmp")
   torch.save(state, tmp)
   tmp.replace(out / CHECKPOINT)
+  _write_atomic(out / "checkpoint.json", json.dumps(dict(step=step)) + "\n")
 
 
-def resume(out: pathlib.Path, cfg: TwinConfig, matmul, init_sha256, opt, monitor) -> int:
+def remove_checkpoint(out: pathlib.Path):
+  """The run is over (finished, exploded and stopped, or non-finite): nothing to resume."""
+  for name in (CHECKPOINT, CHECKPOINT + ".tmp", "checkpoint.json"):
+    (out / name).unlink(missing_ok=True)
+
+
+def _write_atomic(path: pathlib.Path, text: str):
+  tmp = path.with_name(path.name + ".tmp")
+  tmp.write_text(text)
+  tmp.replace(path)
+
+
+def resume(out: pathlib.Path, cfg: TwinConfig, resolved: dict, opt, monitor) -> int:
   """Loads OUT/checkpoint.pt into `opt` (its parameters are the model's) and `monitor`;
-  returns its step (0: no checkpoint). Raises ValueError naming the first trajectory field
-  (`RESUME_FREE` aside), the resolved matmul or the initial parameters that differ, or a
-  checkpoint past `steps`."""
+  returns its step (0: no checkpoint). Raises ValueError, naming the file, for a checkpoint
+  that cannot be read, one of a run with another trajectory field (`RESUME_FREE` aside) or
+  another resolved init, data, device, compile or matmul (`_resolved`), and one not before
+  `steps` (nothing left to run)."""
   path = out / CHECKPOINT
   if not path.exists():
     return 0
-  ck = torch.load(path, map_location="cpu", weights_only=True)
-  old, new = ck["config"], dataclasses.asdict(cfg)
+  try:
+    ck = torch.load(path, map_location="cpu", weights_only=True)
+    old, done = ck["config"], ck["resolved"]
+    step, names = int(ck["step"]), ck["names"]
+    params, mu, nu, count, m = (ck[k] for k in ("params", "mu", "nu", "count", "monitor"))
+    running, recent, exploded = m["running"], list(m["recent"]), m["step"]
+  except Exception as e:  # a cut or foreign file, a folder: one line, not a traceback
+    raise ValueError(
+      f"{path} cannot be read as a twin checkpoint ({type(e).__name__}: "
+      f"{str(e).splitlines()[0] if str(e) else ''}); remove it to start again"
+    ) from None
+  new = dataclasses.asdict(cfg)
   free = set(RESUME_FREE)
   if old.get("decay_steps") is not None and new["decay_steps"] is not None:
     free.add("steps")  # a longer or shorter run of the same schedule
   for key, was, now in (
     *((k, old.get(k), v) for k, v in new.items() if k not in free),
-    ("matmul (resolved)", ck["matmul"], matmul),
-    ("init (sha256)", ck["init_sha256"], init_sha256),
+    *((f"{k} (resolved)", done.get(k), v) for k, v in resolved.items()),
   ):
     if was != now:
       raise ValueError(
         f"{path} is of a run with {key}={was!r}, not {now!r}: resume with its settings, "
         "or remove it to start again"
       )
-  if ck["step"] > cfg.steps:
-    raise ValueError(f"{path} is at step {ck['step']}, past steps={cfg.steps}")
-  if ck["names"] != list(opt.names):
+  if step >= cfg.steps:
+    raise ValueError(
+      f"{path} is at step {step}, not before steps={cfg.steps}: nothing to resume "
+      "(give more steps, or remove it to start again)"
+    )
+  if names != list(opt.names):
     raise ValueError(f"{path} holds other parameters than this model's")
   with torch.no_grad():
-    for p, saved in zip(opt.params, ck["params"]):
+    for p, saved in zip(opt.params, params):
       p.copy_(saved)
   device = opt.params[0].device
-  opt.mu = [t.to(device) for t in ck["mu"]]
-  opt.nu = [t.to(device) for t in ck["nu"]]
-  opt.count = ck["count"]
-  m = ck["monitor"]
-  monitor.running, monitor.recent, monitor.step = m["running"], list(m["recent"]), m["step"]
-  return ck["step"]
+  opt.mu = [t.to(device) for t in mu]
+  opt.nu = [t.to(device) for t in nu]
+  opt.count = count
+  monitor.running, monitor.recent, monitor.step = running, recent, exploded
+  return step
 
 
-def _keep_rows(path: pathlib.Path, last_step: int):
-  """Rewrites a JSON-lines log with its rows up to `last_step` (a resumed run's own)."""
-  if path.exists():
-    rows = [line for line in path.read_text().splitlines() if line.strip()]
-    kept = [line for line in rows if json.loads(line)["step"] <= last_step]
-    path.write_text("".join(line + "\n" for line in kept))
+def _keep_rows(path: pathlib.Path, last_step: int) -> list[dict]:
+  """Rewrites a JSON-lines log with its rows up to `last_step` (a resumed run's own; a last
+  line cut by a killed process is dropped, as JAX's reader does) and returns them. ValueError
+  naming the file for a line that does not parse before its last."""
+  lines = path.read_text().splitlines() if path.exists() else []
+  rows = []
+  for i, line in enumerate(lines):
+    try:
+      rows.append(json.loads(line))
+    except json.JSONDecodeError:
+      if i < len(lines) - 1:
+        raise ValueError(f"{path}: line {i + 1} is not JSON; remove the run to start again")
+  kept = [r for r in rows if r["step"] <= last_step]
+  _write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
+  return kept
 
 
-def train(cfg: TwinConfig) -> dict:
+def _resolved(device, use_compile, matmul, data_folder, init_sha256) -> dict:
+  """What a resumed run must match beside its trajectory fields: the initial parameters by
+  content, the data folder as found, and the device, compilation and matmul as resolved."""
+  return dict(
+    init=init_sha256,
+    data=str(data_folder),
+    device=device.type,
+    compile=bool(use_compile),
+    matmul=matmul,
+  )
+
+
+def train(cfg: TwinConfig, started: float | None = None) -> dict:
   """Trains as `train.train_and_evaluate` does, logging to cfg.out_dir; returns the summary
   (the last row, n_params, stopped: None, "explosion" or "time", explosion_step). Resumes
   from OUT/checkpoint.pt when there is one (`resume`); checkpoints every
   checkpoint_interval steps and when max_seconds (counted from the call, setup and
-  compilation included, as JAX) are spent, then stops with stopped="time".
+  compilation included, as JAX; `started`: a perf_counter time to count from instead, as
+  `main` gives the module's import) are spent, then stops with stopped="time".
 
   Per step s = 1 … steps: batches `Dataset.batch("train", seed, s·grad_accum + j, batch_size,
   seq_len)` for j < grad_accum; loss and gradients averaged over them; the update; a row with
@@ -1251,7 +1302,7 @@ def train(cfg: TwinConfig) -> dict:
     ValueError: a bad field (`TwinConfig.validate`) or an .npz that does not fit the model.
     NonFiniteError: a non-finite loss or gradient (after writing that step's row).
   """
-  t_start = time.perf_counter()
+  t_start = time.perf_counter() if started is None else started
   cfg.validate()
   device = cfg.torch_device()
   matmul = cfg.matmul if cfg.matmul != "auto" else ("bf16" if device.type == "cuda" else "emulated")
@@ -1281,8 +1332,11 @@ def train(cfg: TwinConfig) -> dict:
   out = pathlib.Path(cfg.out_dir)
   out.mkdir(parents=True, exist_ok=True)
   init_sha256 = _sha256(cfg.init)
+  resolved = _resolved(device, use_compile, matmul, data.folder, init_sha256)
   monitor = ExplosionMonitor(cfg.warmup_steps)
-  start = resume(out, cfg, matmul, init_sha256, opt, monitor)
+  start = resume(out, cfg, resolved, opt, monitor)
+  for stale in ("summary.json", "final_params.npz"):  # of an earlier run: this one is not done
+    (out / stale).unlink(missing_ok=True)
   if start:
     print(f"resuming from {out / CHECKPOINT} after step {start}", flush=True)
   with open(out / "config.json", "w") as f:
@@ -1337,9 +1391,13 @@ def train(cfg: TwinConfig) -> dict:
   else:
     diag_path.write_text("")
   if start:
-    _keep_rows(out / "metrics.jsonl", start)
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    summary = rows[-1] if rows else {}
+    rows = _keep_rows(out / "metrics.jsonl", start)
+    if not rows or rows[-1]["step"] != start:
+      raise ValueError(
+        f"{out / 'metrics.jsonl'} holds rows to step {rows[-1]['step'] if rows else 0}, its "
+        f"checkpoint is at {start}; remove the run to start again"
+      )
+    summary = rows[-1]
   with open(out / "metrics.jsonl", "a" if start else "w") as log:
     for step in range(start + 1, cfg.steps + 1):
       xy = train_batches(data, cfg, step, seq_len)
@@ -1390,6 +1448,7 @@ def train(cfg: TwinConfig) -> dict:
           flush=True,
         )
       if not finite:
+        remove_checkpoint(out)  # the run is over
         raise NonFiniteError(
           f"non-finite loss or gradient at step {step} (loss={m['loss']}, "
           f"grad_norm={m['grad_norm']}) in {out}"
@@ -1403,13 +1462,13 @@ def train(cfg: TwinConfig) -> dict:
       if step < cfg.steps and (
         out_of_time or (cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0)
       ):
-        save_checkpoint(out, step, cfg, matmul, init_sha256, opt, monitor)
+        save_checkpoint(out, step, cfg, resolved, opt, monitor)
         if out_of_time:
           stopped = "time"
           break
   if stopped == "time":
     return dict(summary, n_params=n_params, stopped=stopped, explosion_step=monitor.step)
-  (out / CHECKPOINT).unlink(missing_ok=True)  # done: nothing to resume
+  remove_checkpoint(out)  # done: nothing to resume
   if cfg.save_final:
     save_npz(model, out / "final_params.npz")
   return dict(summary, n_params=n_params, stopped=stopped, explosion_step=monitor.step)
@@ -1483,7 +1542,7 @@ def main(argv=None):
     ap.error(str(e))
   out = pathlib.Path(cfg.out_dir)
   try:
-    summary = train(cfg)
+    summary = train(cfg, started=STARTED)
   except NonFiniteError as e:
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(dict(stopped="non-finite", error=str(e))))

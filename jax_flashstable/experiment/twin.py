@@ -819,6 +819,18 @@ def _jax_side(base, items, out, tiles, layer, null_steps, left, log):
 SAVE_MARGIN = 30  # s: a twin's --max-seconds ends this long before the budget's kill
 
 
+def twin_checkpoint_step(run_dir) -> int:
+  """The step of the twin run's checkpoint (gpt_twin.py writes checkpoint.json beside
+  checkpoint.pt); 0 without one."""
+  run_dir = pathlib.Path(run_dir)
+  if not (run_dir / "checkpoint.pt").exists() or not (run_dir / "checkpoint.json").exists():
+    return 0
+  try:
+    return int(json.loads((run_dir / "checkpoint.json").read_text())["step"])
+  except (ValueError, KeyError, TypeError):
+    return 0
+
+
 def _run_twin(python, it: _Item, run_dir, init, torch_args, env, left, log) -> str | None:
   """One twin run as a subprocess, its output relayed line by line (and kept in
   run_dir/twin.log); killed when `left` seconds are spent. Returns an error message or None."""
@@ -832,7 +844,7 @@ def _run_twin(python, it: _Item, run_dir, init, torch_args, env, left, log) -> s
   own = ["--max-seconds", f"{max(left - SAVE_MARGIN, 1):.0f}"] if math.isfinite(left) else []
   cmd = twin_command(python, it.fields, init, run_dir, [*own, *torch_args])
   log(f"{name}: training ({' '.join(cmd[1:])})")
-  t0 = time.perf_counter()
+  t0, first = time.perf_counter(), twin_checkpoint_step(run_dir)  # first: resumed after it
   with open(run_dir / "twin.log", "w") as keep:
     with interrupts.unblocked():  # the twin answers Ctrl-C itself
       proc = subprocess.Popen(
@@ -855,25 +867,24 @@ def _run_twin(python, it: _Item, run_dir, init, torch_args, env, left, log) -> s
     rc = proc.wait()
     if timer is not None:
       timer.cancel()
-  rows = read_metrics(run_dir)
+  rows = [r for r in read_metrics(run_dir) if r["step"] > first]  # this call's steps
   dt = time.perf_counter() - t0
   speed = (
-    f"{len(rows) / dt:.2f} steps/s with startup, "
+    f"{len(rows)} step{'s' * (len(rows) != 1)} in {dt:.0f} s, {len(rows) / dt:.2f} steps/s "
+    "with startup, "
     f"{1 / statistics.median(r['step_time_s'] for r in rows[10:] or rows):.2f} per step"
     if rows
-    else "no steps"
+    else f"no step in {dt:.0f} s"
   )
-  checkpoint = run_dir / "checkpoint.pt"
+  last = rows[-1]["step"] if rows else first
   if rc in (0, EXIT_NON_FINITE) and _done(run_dir):
-    log(f"{name}: done, {len(rows)} steps in {dt:.0f} s ({speed})")
+    log(f"{name}: done at step {last} ({speed})")
     return None
   if (rc == 0 or cut.is_set()) and not _done(run_dir):  # stopped itself, or the budget's kill
-    again = (
-      "it resumes from its checkpoint next time"
-      if checkpoint.exists()
-      else "it starts again next time"
-    )
-    log(f"{name}: stopped by its time limit at step {len(rows)} ({speed}); {again}")
+    saved = twin_checkpoint_step(run_dir)
+    how = "stopped by its time limit" if rc == 0 else "cut by the time budget"
+    again = f"it resumes after step {saved} next time" if saved else "it starts again next time"
+    log(f"{name}: {how} at step {last} ({speed}); {again}")
     return None
   if rc < 0:  # killed from outside: the kernel's out-of-memory killer, a user's kill
     how = f"was killed by {signal.Signals(-rc).name} at step {len(rows)}"
