@@ -26,7 +26,7 @@ Checkpoints (`--checkpoint-interval`, and when `--max-seconds` of wall time are 
 checkpoint.pt holds the parameters, the optimizer's moments and count and the explosion rule's
 state; the same command then resumes after its step, bit for bit the run it would have been
 (the rows past it are dropped), and refuses in one line a checkpoint it cannot read or one of
-a run with other trajectory fields (`RESUME_FREE` may differ; `resume`). A run stopped by
+a run with other trajectory fields (`RESUME_FREE` may differ; `read_checkpoint`). A run stopped by
 --max-seconds writes no summary.json (it is not done) and exits 0; one that ends (finished,
 stopped after an explosion, non-finite) removes its checkpoint.
 
@@ -1202,15 +1202,15 @@ def _write_atomic(path: pathlib.Path, text: str):
   tmp.replace(path)
 
 
-def resume(out: pathlib.Path, cfg: TwinConfig, resolved: dict, opt, monitor) -> int:
-  """Loads OUT/checkpoint.pt into `opt` (its parameters are the model's) and `monitor`;
-  returns its step (0: no checkpoint). Raises ValueError, naming the file, for a checkpoint
+def read_checkpoint(out: pathlib.Path, cfg: TwinConfig, resolved: dict) -> dict | None:
+  """OUT/checkpoint.pt, checked against this run before any model is built (None: no
+  checkpoint); `restore` then loads it. Raises ValueError, naming the file, for a checkpoint
   that cannot be read, one of a run with another trajectory field (`RESUME_FREE` aside) or
   another resolved init, data, device, compile or matmul (`_resolved`), and one not before
   `steps` (nothing left to run)."""
   path = out / CHECKPOINT
   if not path.exists():
-    return 0
+    return None
   try:
     ck = torch.load(path, map_location="cpu", weights_only=True)
     old, done = ck["config"], ck["resolved"]
@@ -1240,17 +1240,32 @@ def resume(out: pathlib.Path, cfg: TwinConfig, resolved: dict, opt, monitor) -> 
       f"{path} is at step {step}, not before steps={cfg.steps}: nothing to resume "
       "(give more steps, or remove it to start again)"
     )
-  if names != list(opt.names):
-    raise ValueError(f"{path} holds other parameters than this model's")
+  return dict(
+    path=path,
+    step=step,
+    names=names,
+    params=params,
+    mu=mu,
+    nu=nu,
+    count=count,
+    monitor=(running, recent, exploded),
+  )
+
+
+def restore(ck: dict, opt, monitor) -> int:
+  """Loads a `read_checkpoint` result into `opt` (its parameters are the model's) and
+  `monitor`; returns its step. ValueError if it holds other parameters than the model's."""
+  if ck["names"] != list(opt.names):
+    raise ValueError(f"{ck['path']} holds other parameters than this model's")
   with torch.no_grad():
-    for p, saved in zip(opt.params, params):
+    for p, saved in zip(opt.params, ck["params"]):
       p.copy_(saved)
   device = opt.params[0].device
-  opt.mu = [t.to(device) for t in mu]
-  opt.nu = [t.to(device) for t in nu]
-  opt.count = count
-  monitor.running, monitor.recent, monitor.step = running, recent, exploded
-  return step
+  opt.mu = [t.to(device) for t in ck["mu"]]
+  opt.nu = [t.to(device) for t in ck["nu"]]
+  opt.count = ck["count"]
+  monitor.running, monitor.recent, monitor.step = ck["monitor"]
+  return ck["step"]
 
 
 def _keep_rows(path: pathlib.Path, last_step: int) -> list[dict]:
@@ -1285,7 +1300,7 @@ def _resolved(device, use_compile, matmul, data_folder, init_sha256) -> dict:
 def train(cfg: TwinConfig, started: float | None = None) -> dict:
   """Trains as `train.train_and_evaluate` does, logging to cfg.out_dir; returns the summary
   (the last row, n_params, stopped: None, "explosion" or "time", explosion_step). Resumes
-  from OUT/checkpoint.pt when there is one (`resume`); checkpoints every
+  from OUT/checkpoint.pt when there is one (`read_checkpoint`, `restore`); checkpoints every
   checkpoint_interval steps and when max_seconds (counted from the call, setup and
   compilation included, as JAX; `started`: a perf_counter time to count from instead, as
   `main` gives the module's import) are spent, then stops with stopped="time".
@@ -1313,6 +1328,10 @@ def train(cfg: TwinConfig, started: float | None = None) -> dict:
   mcfg, choice = cfg.model_config(), cfg.attention_choice()
   seq_len = cfg.seq_len or mcfg.block_size
   data = import_data_module().Dataset(cfg.data, mcfg.vocab_size)
+  out = pathlib.Path(cfg.out_dir)
+  init_sha256 = _sha256(cfg.init)
+  resolved = _resolved(device, use_compile, matmul, data.folder, init_sha256)
+  checkpoint = read_checkpoint(out, cfg, resolved)  # refused before the model is built
   model = GPT(mcfg, choice, matmul=matmul)
   load_npz(model, cfg.init)
   model.to(device)
@@ -1329,12 +1348,9 @@ def train(cfg: TwinConfig, started: float | None = None) -> dict:
     weight_decay=cfg.weight_decay,
     grad_clip=cfg.grad_clip,
   )
-  out = pathlib.Path(cfg.out_dir)
   out.mkdir(parents=True, exist_ok=True)
-  init_sha256 = _sha256(cfg.init)
-  resolved = _resolved(device, use_compile, matmul, data.folder, init_sha256)
   monitor = ExplosionMonitor(cfg.warmup_steps)
-  start = resume(out, cfg, resolved, opt, monitor)
+  start = restore(checkpoint, opt, monitor) if checkpoint else 0
   for stale in ("summary.json", "final_params.npz"):  # of an earlier run: this one is not done
     (out / stale).unlink(missing_ok=True)
   if start:

@@ -20,7 +20,7 @@ sdpa-cudnn+center ↔ cudnn+center). Per pair and seed:
   OUT/torch/<attention>/seed<k>/  the twin, a subprocess: it checkpoints every
                                   checkpoint_interval steps and stops with a checkpoint 30 s
                                   before the time budget ends (--max-seconds); the next call
-                                  resumes it (gpt_twin.py, `resume`)
+                                  resumes it (gpt_twin.py, `read_checkpoint`)
   OUT/null/<variant>/seed<k>/     (null_steps > 0) the JAX run again with every batch fed as two
                                   half-batches (`HalvedBatches`): the same weights, data and
                                   arithmetic but for where the batch sums are split and rounded —
