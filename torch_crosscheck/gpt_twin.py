@@ -158,6 +158,7 @@ import importlib.util
 import json
 import math
 import pathlib
+import pickle
 import sys
 import zipfile
 import time
@@ -1218,9 +1219,14 @@ def read_checkpoint(out: pathlib.Path, cfg: TwinConfig, resolved: dict) -> dict 
     params, mu, nu, count, m = (ck[k] for k in ("params", "mu", "nu", "count", "monitor"))
     running, recent, exploded = m["running"], list(m["recent"]), m["step"]
   except Exception as e:  # a cut or foreign file, a folder: one line, not a traceback
+    first = (str(e).splitlines() or [""])[0]
+    why = (
+      "not a file torch.save wrote"  # torch's own message suggests weights_only=False
+      if isinstance(e, pickle.UnpicklingError)
+      else type(e).__name__ + (f": {first[:120]}" if first else "")
+    )
     raise ValueError(
-      f"{path} cannot be read as a twin checkpoint ({type(e).__name__}: "
-      f"{str(e).splitlines()[0] if str(e) else ''}); remove it to start again"
+      f"{path} cannot be read as a twin checkpoint ({why}); remove it to start again"
     ) from None
   new = dataclasses.asdict(cfg)
   free = set(RESUME_FREE)
