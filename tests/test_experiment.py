@@ -354,9 +354,12 @@ def test_runaway_survival_fisher_and_pack(tmp_path):
   # runaway: paper 5/5, paper+comp 0/4 decided (the unfinished run ran away: 1/5 decided)
   assert experiment.fisher_p(rows, "paper", "runaway") == pytest.approx(6 / 252)  # C(6,5)/C(10,5)
   # every variant against the same with one fix more, however spelled; other modifiers, a
-  # different layer setting or tile size, and what does not parse make no pair
+  # different layer setting or tile size, what does not parse, and another spelling of an
+  # earlier variant (paper+triton: the experiment's paper; its runs repeat paper's seeds) make
+  # no pair
   assert experiment.option_pairs(
-    ["paper", "paper+comp", "paper+center+comp", "fa2+lse", "fa2", "paper+comp@layer"]
+    ["paper", "paper+triton", "paper+comp", "paper+center+comp", "fa2+lse", "fa2"]
+    + ["paper+comp@layer"]
     + ["paper@layer", "fa2+comp:block_q=256", "xla", "bogus", "paper+guard+comp"]
     + ["paper+comp+guard:max_shift=6", "paper+comp+guard+rsum:max_shift=6", "fa2+comp+rsum"]
     + ["cudnn+center", "cudnn", "paper+comp:shift_above=23.7", "paper+center+comp:shift_above=23.7"]

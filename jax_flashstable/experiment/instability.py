@@ -545,7 +545,9 @@ def option_pairs(variants) -> list[tuple[str, str, str]]:
   the compensation whatever its settings (`paper+comp+guard:max_shift=6` is `paper` with
   "comp+guard"; `paper+comp:shift_above=23.7` is `paper` with "comp:shift_above=23.7", the
   compensation on the large ties only). Variants that do not parse, and other modifiers (`+lse`, a backend), make no
-  pair."""
+  pair; nor does a variant that is another spelling of an earlier one's configuration (e.g.
+  `paper+triton`: the experiment runs `paper` on Triton): its runs repeat that variant's
+  seeds, not new ones."""
   import warnings
 
   def parsed(v):
@@ -558,7 +560,10 @@ def option_pairs(variants) -> list[tuple[str, str, str]]:
       except ValueError:
         return None
 
-  found = {v: parsed(v) for v in variants}
+  found = {}
+  for v in variants:  # a respelling of an earlier variant: left out (None), as one that fails
+    pv = parsed(v)
+    found[v] = None if pv is not None and pv in found.values() else pv
   pairs = []
   for v, pv in found.items():
     if pv is None:
