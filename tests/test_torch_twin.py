@@ -1311,6 +1311,8 @@ def test_a_twin_stopped_by_its_time_limit_resumes_bit_for_bit(training_runs, tmp
         assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
         assert message in done.stderr, done.stderr
       (run / "checkpoint.pt").write_bytes(good)
+      with pytest.raises(SystemExit, match=r"twin.*seed0 was run with another configuration"):
+        cli.main([*base, "--lr", "0.004", "--torch-args", own])  # refused before any run
       with open(run / "metrics.jsonl", "a") as f:
         f.write('{"step": 3, "lo')  # a row cut by a kill past the checkpoint: dropped
   assert cli.main([*base, "--torch-args", own]) == 0

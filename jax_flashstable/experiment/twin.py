@@ -346,15 +346,16 @@ _TWIN_FREE = frozenset(
 )
 
 
-def twin_changes(run_dir, fields: dict) -> dict:
+def twin_changes(run_dir, fields: dict, resuming=False) -> dict:
   """{field: (stored, new)} for each trajectory field of the twin run stored in run_dir that
   `fields` would change ({} when nothing is stored); `steps` may change when decay_steps is
-  fixed (as `train.config_changes`)."""
+  fixed (as `train.config_changes`). resuming: the run is to go on from its checkpoint, whose
+  stop rule must stay too (gpt_twin.py's RESUME_FREE)."""
   path = pathlib.Path(run_dir) / "config.json"
   if not path.exists():
     return {}
   old = json.loads(path.read_text()).get("train", {})
-  free = set(_TWIN_FREE)
+  free = set(_TWIN_FREE) - ({"stop_after_explosion"} if resuming else set())
   if old.get("decay_steps") is not None and fields.get("decay_steps") is not None:
     free.add("steps")
   return {k: (old[k], v) for k, v in fields.items() if k not in free and k in old and old[k] != v}
@@ -573,7 +574,9 @@ def plan(
         ncfg = null_config(it.cfg, null_steps, null_dir)
         checks.append((null_dir, config_changes(null_dir, ncfg) if _done(null_dir) else {}))
     if side != "jax":
-      checks.append((torch_dir, twin_changes(torch_dir, it.fields) if _done(torch_dir) else {}))
+      done, cut = _done(torch_dir), twin_checkpoint_step(torch_dir)  # a cut run resumes
+      changes = twin_changes(torch_dir, it.fields, resuming=not done) if done or cut else {}
+      checks.append((torch_dir, changes))
     for run_dir, changes in checks:
       if changes:
         raise ValueError(
