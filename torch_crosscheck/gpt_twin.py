@@ -1488,11 +1488,10 @@ def train(cfg: TwinConfig, started: float | None = None) -> dict:
         if out_of_time:
           stopped = "time"
           break
-  if stopped == "time":
-    return dict(summary, n_params=n_params, stopped=stopped, explosion_step=monitor.step)
-  remove_checkpoint(out)  # done: nothing to resume
-  if cfg.save_final:
-    save_npz(model, out / "final_params.npz")
+  if stopped != "time":  # done: nothing to resume
+    remove_checkpoint(out)
+    if cfg.save_final:
+      save_npz(model, out / "final_params.npz")
   return dict(summary, n_params=n_params, stopped=stopped, explosion_step=monitor.step)
 
 

@@ -890,7 +890,7 @@ def _run_twin(python, it: _Item, run_dir, init, torch_args, env, left, log) -> s
     log(f"{name}: {how} at step {last} ({speed}); {again}")
     return None
   if rc < 0:  # killed from outside: the kernel's out-of-memory killer, a user's kill
-    how = f"was killed by {signal.Signals(-rc).name} at step {len(rows)}"
+    how = f"was killed by {signal.Signals(-rc).name} at step {last}"
     if -rc == signal.SIGKILL:
       how += " (out of memory? see the kernel log)"
     return f"{name}: gpt_twin.py {how}:\n" + "\n".join(tail[-8:])
@@ -1181,9 +1181,9 @@ def format_report(result: dict, recipe: dict, layer=1) -> str:
       f" JAX's null (each batch in two halves) holds within τ in {len(null_held)} of "
       f"{len(nulls)} of them"
     )
-    if apart("null"):
-      twin_apart = apart("twin")
-      yardstick += f" (apart from {span(apart('null'))}" + (
+    null_apart, twin_apart = apart("null"), apart("twin")
+    if null_apart:
+      yardstick += f" (apart from {span(null_apart)}" + (
         f"; the twin from {span(twin_apart)})" if twin_apart else ")"
       )
     yardstick += "."
