@@ -656,6 +656,13 @@ B128_LATER = {
     {"paper+triton/seed29": 2916, "paper+triton/seed31": 2844},
     2,
   ),
+  # stochastic 24 and 26 exploded at 2,267 and 1,601, warned at 2,100 and 1,200 (167 and 401
+  # ahead); fa2 26 calm to 3,000, not warned (its layer-1 max logit 10 → 431 over 1,300–3,000)
+  "h200-2026-12-03f-b128/runs.jsonl.xz": (
+    {"stochastic/seed24": 2100, "stochastic/seed26": 1200},
+    {"stochastic/seed24": 2267, "stochastic/seed26": 1601},
+    3,
+  ),
 }
 # anchor-b128 packs made after `train.DQErrorWarning` was calibrated (2026-12-03, on the packs
 # up to the eleventh session): per pack, the runs with an event, each with its dQ warning step,
@@ -675,6 +682,10 @@ B128_DQ_LATER = {
   "h200-2026-12-03e-b128/runs.jsonl.xz": (
     {"paper+triton/seed29": (400, 1300, 2916), "paper+triton/seed31": (600, 1000, 2844)},
     {},
+  ),
+  "h200-2026-12-03f-b128/runs.jsonl.xz": (
+    {"stochastic/seed24": (2000, 2000, 2267), "stochastic/seed26": (1000, 1200, 1601)},
+    {"fa2/seed26": (1.08, 1500)},
   ),
 }
 B128_DQ_PACKS = (*B128_PACKS, *(p for p in B128_LATER if p not in B128_DQ_LATER))
@@ -737,7 +748,11 @@ def test_dq_error_warning_out_of_sample(pack, tmp_path):
   reference-fp32 21 calm (its own dQ against the diagnostics' FP32 dQ: at most 0.002, the
   floor of the measure), not warned; the paper layout (29 and 31 again, the first of its runs
   with dQ logged) warned at 400 and 600, 900 and 400 before its runaways (1,300 and 1,000)
-  and 2,516 and 2,244 before its explosions (2,916 and 2,844)."""
+  and 2,516 and 2,244 before its explosions (2,916 and 2,844); stochastic rounding 24 and 26
+  warned at 2,000 and 1,000, at and 200 before the runaways (2,000, 1,200), 267 and 601 before
+  the explosions (2,267, 1,601); fa2 26 calm to 3,000 but warned at 1,500: a false alarm at the
+  horizon of a run on its way (layer 1's dQ error 0.05 → 1.08 and max logit 14 → 431 over
+  1,500–3,000, 93% of the runaway threshold at the last row)."""
   warned, calm = B128_DQ_LATER[pack]
   experiment.unpack_runs([str(RESULTS / pack)], tmp_path)
   base = b128_config()
@@ -780,7 +795,8 @@ def test_early_warning_out_of_sample(pack, tmp_path):
   and 2,896, warned at 1,800 and 2,000; cudnn 28 warned at 2,600, when layer 1 ran away, and
   did not explode by 3,000 (a false alarm by the explosion rule); cudnn + center 26–28 calm,
   not warned; reference-fp32 21 calm to 3,000, not warned; paper 29 and 31 again exploded at
-  2,916 and 2,844, warned at 1,300 and 1,000 (1,616 and 1,844 ahead)."""
+  2,916 and 2,844, warned at 1,300 and 1,000 (1,616 and 1,844 ahead); stochastic 24 and 26
+  exploded at 2,267 and 1,601, warned at 2,100 and 1,200; fa2 26 calm, not warned."""
   warnings, explosions, n_runs, *false_alarms = B128_LATER[pack]
   experiment.unpack_runs([str(RESULTS / pack)], tmp_path)
   base = b128_config()

@@ -999,6 +999,18 @@ def decided(row: dict) -> bool:
   return row["jax_outcome"] in instability.DECIDED and row["torch_outcome"] in instability.DECIDED
 
 
+def agreement(row: dict) -> str:
+  """How the two sides' outcomes of a report row compare: 'same outcome'; 'both failed' (one
+  exploded, the other ran away: both left the reference's range, one further); 'outcomes
+  differ' (one calm, one failed); 'outcome open' (a side not decided, `decided`)."""
+  j, t = row["jax_outcome"], row["torch_outcome"]
+  if not decided(row):
+    return "outcome open"
+  if j == t:
+    return "same outcome"
+  return "outcomes differ" if "calm" in (j, t) else "both failed"
+
+
 def outcome(row: dict | None) -> str:
   """`instability.outcome` of a side's run, or 'missing' without one."""
   return "missing" if row is None else instability.outcome(row)
@@ -1059,7 +1071,8 @@ def collect(
         twin=compare_losses(jm, tm, tolerance, window) if jm and tm else None,
         null=compare_losses(jm, nm, tolerance, window) if jm and nm else None,
       )
-      row["same_outcome"] = decided(row) and row["jax_outcome"] == row["torch_outcome"]
+      row["agreement"] = agreement(row)
+      row["same_outcome"] = row["agreement"] == "same outcome"
       row["statement"] = statement(row, tolerance, window)
       rows.append(row)
   return dict(
@@ -1120,10 +1133,7 @@ def statement(row: dict, tolerance=TOLERANCE, window=WINDOW) -> str:
     )
   j = _event(row["jax_run"], row["jax_outcome"])
   t = _event(row["torch_run"], row["torch_outcome"])
-  same = (
-    "same outcome" if row["same_outcome"] else "outcomes differ" if decided(row) else "outcome open"
-  )
-  return f"{text}. JAX {j}, torch {t}: {same}."
+  return f"{text}. JAX {j}, torch {t}: {agreement(row)}."
 
 
 # --- the report ----------------------------------------------------------------------------
@@ -1190,7 +1200,9 @@ def format_report(result: dict, recipe: dict, layer=1) -> str:
   lines += [
     f"**Exact pairs agreeing within τ over the first {window} steps: {len(held)} of "
     f"{len(exact)} compared{fewer}.**{yardstick} Outcomes the same on both sides: "
-    f"{sum(r['same_outcome'] for r in settled)} of {len(settled)} decided (pair, seed).",
+    f"{sum(r['same_outcome'] for r in settled)} of {len(settled)} decided (pair, seed); "
+    "calm on both sides or failed on both (a runaway or an explosion): "
+    f"{sum(r['agreement'] != 'outcomes differ' for r in settled)} of {len(settled)}.",
     "",
     f"| pair | seed | exact | steps JAX / torch | Δ steps 1–2 | max Δ steps 1–{window} "
     "| max Δ run | apart from step | null apart from | JAX | torch "
