@@ -1,0 +1,174 @@
+"""Issue 19: which launch settings and speed options of our Mosaic GPU forward
+(`pallas_kernels/forward_mgpu.py`) bring it closer to cuDNN's forward? Each variant against
+cuDNN in interleaved pairs (the median of `--pairs` ratios, each side 10 back-to-back calls,
+as `flashstable bench --paired`), its TFLOP/s alone, and whether its output equals, bit for
+bit, the first variant of the same numerics (block_k, compensation, and the options that
+change float32 values: fused_pv, exp2; `MosaicGPUOptions`): a speed change must say "same
+bits". Headline shape b4 × 4096 × 16 × d128 bf16 by default.
+
+    python3 experiments/11_mgpu_forward_ab.py [--causal] [--pairs 15] [--out FILE] VARIANT ...
+
+VARIANT: comma-separated KEY=VALUE: bk (block_k: 64 or 128; default 64), st (num_stages,
+key/value tiles in flight; default 2), comp (the compensation, 0/1; default 1), and any field
+of `MosaicGPUOptions` as 0/1 (pingpong, fused_pv, early_turn, exp2, q_tiles_inner). Every
+variant is checked before any work (one line naming the bad one). With
+MOSAIC_GPU_DUMP_PTXAS=1 ptxas reports each kernel's registers and spills on stderr.
+GPU only (a Hopper GPU: the Mosaic GPU forward and cuDNN); ~15 s a variant on one H200.
+Example (on the device, repo root):
+
+    source experiments/h200_env.sh
+    python3 experiments/11_mgpu_forward_ab.py --out $OUT/ab.txt bk=64,st=2 bk=64,st=3 bk=64,st=4
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+OPTIONS_CHANGING_FLOATS = ("fused_pv", "exp2")  # MosaicGPUOptions' docstring
+
+
+def parse_variant(spec: str, option_fields) -> dict:
+  """{'block_k', 'num_stages', 'stabilize', 'options': {field: bool}} from "bk=64,st=3,exp2=0";
+  ValueError naming the spec and the bad item."""
+  out = dict(block_k=64, num_stages=2, stabilize=True, options={})
+  for item in filter(None, spec.split(",")):
+    key, eq, value = item.partition("=")
+    if not eq:
+      raise ValueError(f"variant {spec!r}: {item!r} is not KEY=VALUE")
+    if key in ("bk", "st"):
+      if not value.isdigit():
+        raise ValueError(f"variant {spec!r}: {key}={value!r} is not a positive int")
+      out["block_k" if key == "bk" else "num_stages"] = int(value)
+    elif key == "comp" or key in option_fields:
+      if value not in ("0", "1"):
+        raise ValueError(f"variant {spec!r}: {key}={value!r} is not 0 or 1")
+      if key == "comp":
+        out["stabilize"] = value == "1"
+      else:
+        out["options"][key] = value == "1"
+    else:
+      known = ", ".join(["bk", "st", "comp", *option_fields])
+      raise ValueError(f"variant {spec!r}: unknown key {key!r} (known: {known})")
+  return out
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap.add_argument("variants", nargs="+")
+  ap.add_argument("--causal", action="store_true")
+  ap.add_argument("--pairs", type=int, default=15)
+  ap.add_argument("--shape", default="4,4096,16,16,128", help="batch,len,heads,kv_heads,head_dim")
+  ap.add_argument("--out", default=None, help="also append every line to this file")
+  a = ap.parse_args(argv)
+  import jax.numpy as jnp
+
+  import pallas_kernels.forward_mgpu as fm
+
+  fields = [f.name for f in dataclasses.fields(fm.MosaicGPUOptions)]
+  try:
+    shape = tuple(map(int, a.shape.split(",")))
+    if len(shape) != 5 or min(shape) < 1:
+      raise ValueError
+  except ValueError:
+    sys.exit(f"11_mgpu_forward_ab: --shape {a.shape!r} is not five positive ints")
+  variants = []
+  for spec in a.variants:
+    try:
+      v = parse_variant(spec, fields)
+    except ValueError as e:
+      sys.exit(f"11_mgpu_forward_ab: {e}")
+    why = fm.supported(
+      numerics="fa2",
+      block_k=v["block_k"],
+      head_dim=shape[4],
+      dtype=jnp.bfloat16,
+      num_stages=v["num_stages"],
+    )
+    if why:
+      sys.exit(f"11_mgpu_forward_ab: variant {spec!r}: {why}")
+    variants.append((spec, v))
+  if a.pairs < 1:
+    sys.exit(f"11_mgpu_forward_ab: --pairs {a.pairs} (at least 1)")
+  run(a, shape, variants, fm)
+
+
+def run(a, shape, variants, fm):
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  from jax_flashstable import flash_attention
+  from jax_flashstable.bench.timing import (
+    attention_flops,
+    paired_overhead,
+    seconds_per_call,
+    waiting,
+  )
+  from jax_flashstable.lab.shapes import Shape, make_inputs
+
+  log = open(a.out, "a") if a.out else None
+
+  def say(line):
+    print(line, flush=True)
+    if log:
+      log.write(line + "\n")
+      log.flush()
+
+  b, n, h, hk, d = shape
+  q, k, v, _ = make_inputs(Shape(b, n, n, h, hk, d), jnp.bfloat16, 0)
+  flops = attention_flops(b, n, n, h, d, causal=a.causal)
+  say(f"# {jax.devices()[0].device_kind}, jax {jax.__version__}, shape {shape}, causal={a.causal}")
+  cudnn = jax.jit(
+    lambda q, k, v: jax.nn.dot_product_attention(
+      q, k, v, is_causal=a.causal, implementation="cudnn"
+    )
+  )
+  run_ref = waiting(cudnn, q, k, v)
+  t_ref = seconds_per_call(run_ref)
+  say(f"cudnn: {t_ref * 1e3:.3f} ms, {flops / t_ref / 1e12:.0f} TFLOP/s")
+  first = {}
+  for spec, var in variants:
+    opts = fm.MosaicGPUOptions(**var["options"])
+    f = jax.jit(
+      lambda q, k, v, var=var, opts=opts: flash_attention(
+        q,
+        k,
+        v,
+        causal=a.causal,
+        stabilize=var["stabilize"],
+        block_k=var["block_k"],
+        num_stages=var["num_stages"],
+        backend="mosaic_gpu",
+        mgpu_options=opts,
+      )
+    )
+    try:
+      out = np.asarray(f(q, k, v).astype(jnp.float32))
+    except Exception as e:  # a variant that does not compile: say so, go on with the next
+      say(f"{spec}: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+      continue
+    numerics = (
+      var["block_k"],
+      var["stabilize"],
+      *(getattr(opts, name) for name in OPTIONS_CHANGING_FLOATS),
+    )
+    if numerics not in first:
+      first[numerics], same = (spec, out), "first of its numerics"
+    elif np.array_equal(out, first[numerics][1]):
+      same = f"same bits as {first[numerics][0]}"
+    else:
+      diff = float(np.max(np.abs(out - first[numerics][1])))
+      same = f"DIFFERS from {first[numerics][0]} (max |Δ| {diff:.2e})"
+    run_v = waiting(f, q, k, v)
+    t = seconds_per_call(run_v)
+    slower = paired_overhead(run_ref, run_v, pairs=a.pairs)  # time(variant) / time(cudnn) − 1
+    say(
+      f"{spec:32s} {1 / (1 + slower):.3f}× cudnn (paired), {t * 1e3:.3f} ms, "
+      f"{flops / t / 1e12:.0f} TFLOP/s; {same}"
+    )
+
+
+if __name__ == "__main__":
+  main()
