@@ -74,6 +74,10 @@ class MosaicGPUOptions:
   q_tiles_inner: the grid runs a head's query tiles one after another (Pallas's last grid
     axis is CUDA's x, launched first), so the CTAs resident together share one head's K and V
     in L2; with heads innermost ~64 heads' K/V (128 MiB at length 4096) were in flight.
+  longest_first: causal only: the grid takes a head's query tiles from the last to the first,
+    so the tiles that visit the most key tiles start first and the short ones fill the tail
+    (FlashAttention-3's scheduling of causal work, Shah et al. 2024, §3); each tile's
+    arithmetic is unchanged. Off by default until measured on the GPU.
   The defaults are the ones that were faster on the H200, or no slower; what each option
   measured, with command and date: docs/studies/speed.md ("The Mosaic GPU route").
   """
@@ -83,6 +87,7 @@ class MosaicGPUOptions:
   early_turn: bool = False
   exp2: bool = True
   q_tiles_inner: bool = True
+  longest_first: bool = False
 
 
 # Hopper's 227 KiB of shared memory per block, less Mosaic GPU's reduction scratch (2 KiB) and
@@ -228,7 +233,7 @@ def visited_key_tiles(row_end, n_tiles, block_k, causal):
 
 
 def _forward_kernel(
-  q_ref, k_ref, v_ref, o_ref, m_ref, log_l_ref, scoped, *, cfg, n_kv, group, stages
+  q_ref, k_ref, v_ref, o_ref, m_ref, log_l_ref, scoped, *, cfg, n_kv, group, stages, n_q_tiles
 ):
   numerics, comp, block_k = cfg.numerics, cfg.compensation, int(cfg.blocks.block_k)
   (q_smem2, k_smem, v_smem, o_smem2, m_smem2, log_l_smem2, p_smem2), barriers = scoped
@@ -245,7 +250,10 @@ def _forward_kernel(
     plgpu.barrier_wait(turn)
 
   batch, head, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
-  cta_row0 = lax.axis_index("q_tiles") * (COMPUTE_WGS * ROWS_PER_WG)
+  q_tile = lax.axis_index("q_tiles")
+  if cfg.causal and opts.longest_first:  # the longest tiles first (`MosaicGPUOptions`)
+    q_tile = n_q_tiles - 1 - q_tile
+  cta_row0 = q_tile * (COMPUTE_WGS * ROWS_PER_WG)
 
   key_steps = lambda row_end: visited_key_tiles(row_end, n_kv, block_k, cfg.causal)
   cta_steps = key_steps(cta_row0 + COMPUTE_WGS * ROWS_PER_WG)
@@ -455,6 +463,7 @@ def flash_forward_mgpu(q, k, v, cfg):
         n_kv=n_kv,
         group=num_heads // num_kv_heads,
         stages=stages,
+        n_q_tiles=rows // cta_rows,
       ),
       smem,
       ready,
