@@ -74,6 +74,10 @@ class MosaicGPUOptions:
   q_tiles_inner: the grid runs a head's query tiles one after another (Pallas's last grid
     axis is CUDA's x, launched first), so the CTAs resident together share one head's K and V
     in L2; with heads innermost ~64 heads' K/V (128 MiB at length 4096) were in flight.
+  opt_barrier: with ping-pong, the step's softmax results (α·acc, m, l, P̄ in 16 bits) pass
+    an `optimization_barrier` before the warpgroup gives up its turn, so the compiler cannot
+    sink their arithmetic past the arrive into the other warpgroup's turn (as JAX's
+    attention_mgpu does at head_dim ≤ 128). No arithmetic changes.
   longest_first: causal only: the grid takes a head's query tiles from the last to the first,
     so the tiles that visit the most key tiles start first and the short ones fill the tail
     (FlashAttention-3's scheduling of causal work, Shah et al. 2024, §3); each tile's
@@ -87,6 +91,7 @@ class MosaicGPUOptions:
   early_turn: bool = False
   exp2: bool = True
   q_tiles_inner: bool = True
+  opt_barrier: bool = False
   longest_first: bool = False
 
 
@@ -310,6 +315,8 @@ def _forward_kernel(
       p_in = numerics.round_p(p, q_smem.dtype)
       if fused_pv:  # α·acc now; the P̄V wgmma adds to it
         acc = numerics.state(lax.broadcast_in_dim(alpha, acc.shape, [0]) * acc)
+      if pingpong and opts.opt_barrier:  # the softmax's values complete before the arrive
+        acc, m_new, l_new, p_in = lax.optimization_barrier((acc, m_new, l_new, p_in))
       if pingpong:
         plgpu.barrier_arrive(turn)  # softmax done ...
       plgpu.barrier_wait(v_ready.at[slot])

@@ -177,15 +177,16 @@ def test_mosaic_gpu_without_interpret_needs_a_hopper_gpu():
 
 
 @pytest.mark.parametrize(
-  "option, causal",
-  [("pingpong", False), ("pingpong", True), ("longest_first", True)],
-  ids=["pingpong-full", "pingpong-causal", "longest_first-causal"],
+  "options, causal",
+  [(("pingpong",), False), (("pingpong",), True), (("longest_first", "opt_barrier"), True)],
+  ids=["pingpong-full", "pingpong-causal", "longest_first+opt_barrier-causal"],
 )
-def test_mosaic_gpu_schedule_options_are_the_same_function(option, causal):
-  """The ping-pong schedule orders the warpgroups and longest_first the causal query tiles,
-  not the arithmetic: with or without either, the output is bit-identical (interpret mode;
-  on the GPU too, as the same instructions run). The shape has two query tiles of 128 rows,
-  the second partial, so longest_first swaps a 2-tile and a 1-tile row of the causal grid."""
+def test_mosaic_gpu_schedule_options_are_the_same_function(options, causal):
+  """The ping-pong schedule orders the warpgroups, longest_first the causal query tiles and
+  opt_barrier the compiler's placement of the softmax, not the arithmetic: with or without
+  them the output is bit-identical (interpret mode; on the GPU too, as the same instructions
+  run). The shape has two query tiles of 128 rows, the second partial, so longest_first swaps
+  a 2-tile and a 1-tile row of the causal grid."""
   _skip_if_causal_refused(causal)
   q, k, v, _ = _tied(Shape(1, 150, 200, 2, 1, 64, causal=causal), jnp.bfloat16, 5)
   run = lambda on: np.asarray(
@@ -196,7 +197,7 @@ def test_mosaic_gpu_schedule_options_are_the_same_function(option, causal):
       causal=causal,
       stabilize=True,
       backend="mosaic_gpu",
-      mgpu_options=fm.MosaicGPUOptions(**{"pingpong": True, option: on}),
+      mgpu_options=fm.MosaicGPUOptions(**({"pingpong": True} | {name: on for name in options})),
     )
   )
   assert np.array_equal(run(False), run(True))
