@@ -38,7 +38,7 @@ def parse_variant(spec: str, option_fields) -> dict:
     if not eq:
       raise ValueError(f"variant {spec!r}: {item!r} is not KEY=VALUE")
     if key in ("bk", "st"):
-      if not value.isdigit():
+      if not value.isdecimal():
         raise ValueError(f"variant {spec!r}: {key}={value!r} is not a positive int")
       out["block_k" if key == "bk" else "num_stages"] = int(value)
     elif key == "comp" or key in option_fields:
@@ -65,6 +65,7 @@ def main(argv=None):
   import jax.numpy as jnp
 
   import pallas_kernels.forward_mgpu as fm
+  from pallas_kernels.attention import next_power_of_2
 
   fields = [f.name for f in dataclasses.fields(fm.MosaicGPUOptions)]
   try:
@@ -73,6 +74,12 @@ def main(argv=None):
       raise ValueError
   except ValueError:
     sys.exit(f"11_mgpu_forward_ab: --shape {a.shape!r} is not five positive ints")
+  if shape[2] % shape[3]:
+    sys.exit(
+      f"11_mgpu_forward_ab: --shape {a.shape!r}: heads {shape[2]} is not a multiple of "
+      f"kv_heads {shape[3]}"
+    )
+  head_dim = max(16, next_power_of_2(shape[4]))  # flash_attention pads it so
   variants = []
   for spec in a.variants:
     try:
@@ -82,7 +89,7 @@ def main(argv=None):
     why = fm.supported(
       numerics="fa2",
       block_k=v["block_k"],
-      head_dim=shape[4],
+      head_dim=head_dim,
       dtype=jnp.bfloat16,
       num_stages=v["num_stages"],
     )
@@ -147,7 +154,7 @@ def run(a, shape, variants, fm):
     try:
       out = np.asarray(f(q, k, v).astype(jnp.float32))
     except Exception as e:  # a variant that does not compile: say so, go on with the next
-      say(f"{spec}: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+      say(f"{spec}: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}")
       continue
     numerics = (
       var["block_k"],
