@@ -98,6 +98,13 @@ def main(argv=None):
     variants.append((spec, v))
   if a.pairs < 1:
     sys.exit(f"11_mgpu_forward_ab: --pairs {a.pairs} (at least 1)")
+  import jax
+
+  if not fm.on_hopper():
+    sys.exit(
+      f"11_mgpu_forward_ab: needs a Hopper GPU (cuDNN and the Mosaic GPU forward); "
+      f"this is {jax.devices()[0].device_kind}"
+    )
   run(a, shape, variants, fm)
 
 
