@@ -2,22 +2,25 @@
 # Issue 19 on one H200 (device tool): the Mosaic GPU forward's launch settings and schedule
 # options against cuDNN (`experiments/11_mgpu_forward_ab.py`: interleaved pairs, a same-bits
 # check per numerics), with ptxas's register and spill report: (1) non-causal, the stages at
-# block_k 64 and 128, ± compensation, and opt_barrier; (2) causal, longest_first. Lines land in
+# block_k 64 and 128, ± compensation; (2) opt_barrier, early_turn, k_wait_in_pv; (3) causal,
+# longest_first. Lines land in
 # $OUT/ab.txt as they come (a call cut at its limit still brings back what ran); ptxas's report
 # (registers, spills per kernel) in $OUT/ptxas.txt. Usage (repo root, on the device):
 #   bash experiments/h200_ab_check.sh "$OUT"
 # As an item of h200_instability.sh's queues: "ab".
-# device seconds: 300 (its timeouts added up; h200_instability.sh starts it only with that much left)
+# device seconds: 360 (its timeouts added up, with start-up; h200_instability.sh starts it only with that much left)
 set -u
 OUT=${1:-runs/h200}
 mkdir -p "$OUT"
 source "$(dirname "$0")/h200_env.sh"
 AB="python3 experiments/11_mgpu_forward_ab.py --pairs 10 --out $OUT/ab.txt"
-MOSAIC_GPU_DUMP_PTXAS=1 timeout 190 $AB bk=64,st=2 bk=64,st=3 bk=64,st=4 bk=64,st=5 bk=128,st=2 \
-  bk=64,st=2,comp=0 bk=64,opt_barrier=1 bk=64,opt_barrier=1,early_turn=1 \
-  bk=128,opt_barrier=1 2> $OUT/stderr.log
-echo "non-causal: exit $?"
-timeout 100 $AB --causal bk=64 bk=64,longest_first=1 bk=128 bk=128,longest_first=1 2>> $OUT/stderr.log
+MOSAIC_GPU_DUMP_PTXAS=1 timeout 130 $AB bk=64,st=2 bk=64,st=3 bk=64,st=4 bk=64,st=5 bk=128,st=2 \
+  bk=64,st=2,comp=0 2> $OUT/stderr.log
+echo "stages: exit $?"
+timeout 110 $AB bk=64 bk=64,opt_barrier=1 bk=64,opt_barrier=1,early_turn=1 bk=64,k_wait_in_pv=1 \
+  bk=64,opt_barrier=1,k_wait_in_pv=1 bk=128,opt_barrier=1 2>> $OUT/stderr.log
+echo "options: exit $?"
+timeout 90 $AB --causal bk=64 bk=64,longest_first=1 bk=128 bk=128,longest_first=1 2>> $OUT/stderr.log
 echo "causal: exit $?"
 grep -iE "spill|registers|Function properties|Compiling entry" $OUT/stderr.log | sort | uniq -c \
   > $OUT/ptxas.txt

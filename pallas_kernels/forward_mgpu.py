@@ -78,6 +78,9 @@ class MosaicGPUOptions:
     an `optimization_barrier` before the warpgroup gives up its turn, so the compiler cannot
     sink their arithmetic past the arrive into the other warpgroup's turn (as JAX's
     attention_mgpu does at head_dim ≤ 128). No arithmetic changes.
+  k_wait_in_pv: the wait for the next key tile is issued right after the P̄V wgmma, so it
+    overlaps the product instead of following it (JAX's attention_mgpu); the first tile's
+    before the loop. No arithmetic changes.
   longest_first: causal only: the grid takes a head's query tiles from the last to the first,
     so the tiles that visit the most key tiles start first and the short ones fill the tail
     (FlashAttention-3's scheduling of causal work, Shah et al. 2024, §3); each tile's
@@ -92,6 +95,7 @@ class MosaicGPUOptions:
   exp2: bool = True
   q_tiles_inner: bool = True
   opt_barrier: bool = False
+  k_wait_in_pv: bool = False
   longest_first: bool = False
 
 
@@ -280,10 +284,16 @@ def _forward_kernel(
     if cfg.causal:
       unmasked = jnp.minimum(unmasked, lax.div(row0 + 1, jnp.int32(block_k)))
 
+    def wait_next_k(j):  # k_wait_in_pv: during step j's P̄V, the key tile of step j + 1
+      @pl.when(j + 1 < steps)
+      def _():
+        plgpu.barrier_wait(k_ready.at[lax.rem(j + 1, jnp.int32(stages))])
+
     def step(j, carry, masked):
       acc, m_i, l_i = carry
       slot = lax.rem(j, jnp.int32(stages))
-      plgpu.barrier_wait(k_ready.at[slot])
+      if not opts.k_wait_in_pv:
+        plgpu.barrier_wait(k_ready.at[slot])
 
       def qk(acc_ref):
         plgpu.wgmma(acc_ref, q_smem, k_smem.at[slot].transpose((1, 0)))
@@ -329,14 +339,20 @@ def _forward_kernel(
         p_in = p_smem
 
       if fused_pv:
-        acc = pl.run_state(lambda acc_ref: plgpu.wgmma(acc_ref, p_in, v_smem.at[slot]))(
-          plgpu.ACC.init(acc)
-        )
+
+        def fused(acc_ref):
+          plgpu.wgmma(acc_ref, p_in, v_smem.at[slot])
+          if opts.k_wait_in_pv:
+            wait_next_k(j)
+
+        acc = pl.run_state(fused)(plgpu.ACC.init(acc))
         plgpu.barrier_arrive(v_free.at[slot])
         return acc, m_new, l_new
 
       def pv(acc_ref):
         plgpu.wgmma(acc_ref, p_in, v_smem.at[slot])
+        if opts.k_wait_in_pv:
+          wait_next_k(j)
         return acc_ref[...]
 
       pv = pl.run_scoped(pv, plgpu.ACC(acc.shape, jnp.float32))
@@ -357,6 +373,8 @@ def _forward_kernel(
     mid = jnp.minimum(unmasked, steps)
     if pingpong:  # warpgroup 1 starts one turn behind
       pl.when(wg == 1)(rendezvous)
+    if opts.k_wait_in_pv:  # the first key tile; each later one during the P̄V before it
+      wait_next_k(jnp.int32(-1))
     carry = lax.fori_loop(0, mid, lambda j, c: step(j, c, False), init)
     acc, m_i, l_i = lax.fori_loop(mid, steps, lambda j, c: step(j, c, True), carry)
 

@@ -112,12 +112,12 @@ def test_mosaic_gpu_forward_lowers(head_dim, block_k, causal, tie_method):
 
 @pytest.mark.parametrize("early_turn", [False, True])
 def test_mosaic_gpu_forward_lowers_with_the_schedule_options(early_turn):
-  """The speed options off by default (opt_barrier, longest_first, early_turn) lower for CUDA
-  as the defaults do: the GPU's compiler gets the same kinds of instructions."""
+  """The speed options off by default (opt_barrier, k_wait_in_pv, longest_first, early_turn)
+  lower for CUDA as the defaults do: the GPU's compiler gets the same kinds of instructions."""
   from pallas_kernels.forward_mgpu import MosaicGPUOptions
 
   options = MosaicGPUOptions(
-    pingpong=True, early_turn=early_turn, opt_barrier=True, longest_first=True
+    pingpong=True, early_turn=early_turn, opt_barrier=True, k_wait_in_pv=True, longest_first=True
   )
   cfg = _cfg(backend="mosaic_gpu", head_dim=128, causal=True, block_k=64, mgpu_options=options)
   text = _lower_for_cuda(lambda q, k, v: flash_forward_mgpu(q, k, v, cfg)[:3], *_qkv(128))

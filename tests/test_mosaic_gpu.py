@@ -178,15 +178,22 @@ def test_mosaic_gpu_without_interpret_needs_a_hopper_gpu():
 
 @pytest.mark.parametrize(
   "options, causal",
-  [(("pingpong",), False), (("pingpong",), True), (("longest_first", "opt_barrier"), True)],
-  ids=["pingpong-full", "pingpong-causal", "longest_first+opt_barrier-causal"],
+  [
+    (("pingpong",), False),
+    (("pingpong",), True),
+    (("longest_first", "opt_barrier", "k_wait_in_pv"), True),
+  ],
+  ids=["pingpong-full", "pingpong-causal", "longest_first+opt_barrier+k_wait_in_pv-causal"],
 )
 def test_mosaic_gpu_schedule_options_are_the_same_function(options, causal):
-  """The ping-pong schedule orders the warpgroups, longest_first the causal query tiles and
-  opt_barrier the compiler's placement of the softmax, not the arithmetic: with or without
-  them the output is bit-identical (interpret mode; on the GPU too, as the same instructions
-  run). The shape has two query tiles of 128 rows, the second partial, so longest_first swaps
-  a 2-tile and a 1-tile row of the causal grid."""
+  """The ping-pong schedule orders the warpgroups, longest_first the causal query tiles,
+  opt_barrier the compiler's placement of the softmax and k_wait_in_pv where the next key
+  tile is waited for, not the arithmetic: with or without them the output is bit-identical
+  (interpret mode, whose barriers would hang or fail on a wait without its arrival; on the GPU
+  the same instructions run). The shape has two query tiles of 128 rows, the second partial
+  (longest_first swaps a 2-tile and a 1-tile row of the causal grid), and four 64-key tiles
+  through a ring of two, the last partly padding; causal rows of the first tile stop early
+  and drain the rest."""
   _skip_if_causal_refused(causal)
   q, k, v, _ = _tied(Shape(1, 150, 200, 2, 1, 64, causal=causal), jnp.bfloat16, 5)
   run = lambda on: np.asarray(
