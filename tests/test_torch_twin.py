@@ -1279,8 +1279,33 @@ def test_the_h200_agreement_check_parts_where_jaxs_own_null_does(tmp_path):
   assert (
     "**Exact pairs agreeing within τ over the first 100 steps: 0 of 2 compared.** JAX's null "
     "(each batch in two halves) holds within τ in 0 of 2 of them (apart from steps 48–53; the "
-    "twin from steps 43–48)."
+    "twin from steps 43–48). Within the null's envelope (median |Δ| per window ≤ 2× the "
+    "null's, or ≤ 1e-05), over every window both cover: 2 of 2."
   ) in md
+  assert "JAX null apart from step 53; within the null's envelope to step 300." in md
+
+
+def test_the_null_envelope_judges_each_window_both_cover():
+  """`twin.within_null_envelope`: the twin's median relative |Δloss| per window against 2× the
+  null's (or the 1e-5 float32 floor), only on windows both comparisons cover to the same step;
+  one window outside is enough to fail."""
+  profile = lambda *meds, last=300: {  # noqa: E731
+    "profile": [(lo, min(hi, last), m) for (lo, hi), m in zip(twin.PROFILE, meds) if lo <= last]
+  }
+  null = profile(3e-7, 2e-6, 1e-3, 3e-3)
+  assert twin.within_null_envelope(profile(1e-6, 4e-6, 2e-3, 6e-3), null) == (True, 300)
+  assert twin.within_null_envelope(profile(1e-6, 4e-6, 2.1e-3, 6e-3), null) == (False, 300)
+  assert twin.within_null_envelope(profile(9e-6, 4e-6, 2e-3, 6e-3), null)[0]  # under the floor
+  assert twin.within_null_envelope(profile(2e-5, 4e-6, 2e-3, 6e-3), null)[0] is False
+  # a twin run longer than the null: its later windows are not judged; a window the null
+  # covers only in part (to step 150) neither
+  assert twin.within_null_envelope(profile(1e-6, 4e-6, 2e-3, 6e-3, 1.0, last=3000), null) == (
+    True,
+    300,
+  )
+  short = profile(3e-7, 2e-6, 1e-3, 3e-3, last=150)
+  assert twin.within_null_envelope(profile(1e-6, 4e-6, 2e-3, 1.0), short) == (True, 100)
+  assert twin.within_null_envelope(profile(1e-6), None) == (None, 0)
 
 
 def test_a_twin_stopped_by_its_time_limit_resumes_bit_for_bit(training_runs, tmp_path, capsys):

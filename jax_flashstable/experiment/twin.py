@@ -985,6 +985,33 @@ def compare_losses(reference, other, tolerance=TOLERANCE, window=WINDOW) -> dict
   )
 
 
+ENVELOPE_FACTOR = 2.0  # the twin's divergence may be this many times the null's ...
+ENVELOPE_FLOOR = 1e-5  # ... or float32 rounding of the loss (relative), whichever is larger
+
+
+def within_null_envelope(twin_cmp: dict | None, null_cmp: dict | None):
+  """Whether the twin diverges from JAX no more than JAX from itself when only the order of
+  its float32 sums changes (the null: each batch in two halves): in every `PROFILE` window
+  both comparisons cover to the same last step, the twin's median relative |Δloss| ≤
+  ENVELOPE_FACTOR × the null's, or ≤ ENVELOPE_FLOOR (float32 rounding of the loss; below it
+  the ratios are of rounding noise). The factor 2 allows the twin rounding orders of its own
+  beside the null's. Returns (verdict, the last step judged); (None, 0) without a null or a
+  window in common. A twin inside the envelope is as close to JAX as the arithmetic lets two
+  runs be at this recipe, however early both leave τ (docs/studies/training-twin.md)."""
+  if twin_cmp is None or null_cmp is None:
+    return None, 0
+  twin = {lo: (last, med) for lo, last, med in twin_cmp["profile"]}
+  null = {lo: (last, med) for lo, last, med in null_cmp["profile"]}
+  judged = [
+    (twin[lo][0], twin[lo][1] <= max(ENVELOPE_FACTOR * null[lo][1], ENVELOPE_FLOOR))
+    for lo in twin
+    if lo in null and twin[lo][0] == null[lo][0]
+  ]
+  if not judged:
+    return None, 0
+  return all(ok for _, ok in judged), max(last for last, _ in judged)
+
+
 def agrees(comparison: dict | None, window=WINDOW) -> bool:
   """Whether a `compare_losses` result stays within the tolerance over the first `window`
   steps (all of them compared) or over every common step of a shorter run."""
@@ -1072,6 +1099,7 @@ def collect(
         null=compare_losses(jm, nm, tolerance, window) if jm and nm else None,
       )
       row["agreement"] = agreement(row)
+      row["envelope"] = within_null_envelope(row["twin"], row["null"])
       row["same_outcome"] = row["agreement"] == "same outcome"
       row["statement"] = statement(row, tolerance, window)
       rows.append(row)
@@ -1131,6 +1159,9 @@ def statement(row: dict, tolerance=TOLERANCE, window=WINDOW) -> str:
       if n["first_apart"] is None
       else f"; JAX null apart from step {n['first_apart']}"
     )
+    inside, last = within_null_envelope(c, n)
+    if inside is not None:
+      text += f"; {'within' if inside else 'outside'} the null's envelope to step {last}"
   j = _event(row["jax_run"], row["jax_outcome"])
   t = _event(row["torch_run"], row["torch_outcome"])
   return f"{text}. JAX {j}, torch {t}: {agreement(row)}."
@@ -1197,6 +1228,11 @@ def format_report(result: dict, recipe: dict, layer=1) -> str:
         f"; the twin from {span(twin_apart)})" if twin_apart else ")"
       )
     yardstick += "."
+    enveloped = [r for r in nulls if within_null_envelope(r["twin"], r["null"])[0]]
+    yardstick += (
+      f" Within the null's envelope (median |Δ| per window ≤ {ENVELOPE_FACTOR:g}× the null's, "
+      f"or ≤ {ENVELOPE_FLOOR:g}), over every window both cover: {len(enveloped)} of {len(nulls)}."
+    )
   lines += [
     f"**Exact pairs agreeing within τ over the first {window} steps: {len(held)} of "
     f"{len(exact)} compared{fewer}.**{yardstick} Outcomes the same on both sides: "
