@@ -8,22 +8,24 @@
 # (registers, spills per kernel) in $OUT/ptxas.txt. Usage (repo root, on the device):
 #   bash experiments/h200_ab_check.sh "$OUT"
 # As an item of h200_instability.sh's queues: "ab".
-# device seconds: 360 (its timeouts added up, with start-up; h200_instability.sh starts it only with that much left)
+# device seconds: 400 (its timeouts added up, with start-up; h200_instability.sh starts it only with that much left)
 set -u
 OUT=${1:-runs/h200}
 mkdir -p "$OUT"
 source "$(dirname "$0")/h200_env.sh"
+export MOSAIC_GPU_DUMP_PTXAS=1  # ptxas's registers and spills per kernel, in compile order
 AB="python3 experiments/11_mgpu_forward_ab.py --pairs 10 --out $OUT/ab.txt"
-MOSAIC_GPU_DUMP_PTXAS=1 timeout 130 $AB bk=64,st=2 bk=64,st=3 bk=64,st=4 bk=64,st=5 bk=128,st=2 \
-  bk=64,st=2,comp=0 2> $OUT/stderr.log
+timeout 130 $AB bk=64,st=2 bk=64,st=3 bk=64,st=4 bk=64,st=5 bk=128,st=2 bk=64,st=2,comp=0 \
+  2> $OUT/stderr.log
 echo "stages: exit $?"
-timeout 110 $AB bk=64 bk=64,opt_barrier=1 bk=64,opt_barrier=1,early_turn=1 bk=64,k_wait_in_pv=1 \
-  bk=64,opt_barrier=1,k_wait_in_pv=1 bk=128,opt_barrier=1 2>> $OUT/stderr.log
+timeout 150 $AB bk=64 bk=64,opt_barrier=1 bk=64,opt_barrier=1,early_turn=1 bk=64,k_wait_in_pv=1 \
+  bk=64,opt_barrier=1,k_wait_in_pv=1 bk=128 bk=128,opt_barrier=1 2>> $OUT/stderr.log
 echo "options: exit $?"
 timeout 90 $AB --causal bk=64 bk=64,longest_first=1 bk=128 bk=128,longest_first=1 2>> $OUT/stderr.log
 echo "causal: exit $?"
-grep -iE "spill|registers|Function properties|Compiling entry" $OUT/stderr.log | sort | uniq -c \
-  > $OUT/ptxas.txt
+# each kernel's "Compiling entry" line followed by its register and spill lines, in order (the
+# variants compile in the order ab.txt lists them)
+grep -iE "spill|registers|Function properties|Compiling entry" $OUT/stderr.log > $OUT/ptxas.txt
 head -c 20000 $OUT/stderr.log > $OUT/stderr_head.log && rm $OUT/stderr.log
 cat $OUT/ab.txt
-head -40 $OUT/ptxas.txt
+grep -ciE "spill" $OUT/ptxas.txt | sed 's/^/ptxas lines naming spills: /'

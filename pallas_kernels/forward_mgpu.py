@@ -380,14 +380,19 @@ def _forward_kernel(
 
     @pl.loop(steps, cta_steps)  # causal: free the slots the other warpgroup still reads
     def _drain(j):
+      # a step's barriers in a step's order (every warpgroup sees every phase): with one
+      # slot, waiting for V before the turns would wait on the other warpgroup's v_free,
+      # which it gives only after this warpgroup's turn (a hang at num_stages=1)
       slot = lax.rem(j, jnp.int32(stages))
-      plgpu.barrier_wait(k_ready.at[slot])  # every warpgroup sees every phase
-      plgpu.barrier_wait(v_ready.at[slot])
+      plgpu.barrier_wait(k_ready.at[slot])
       plgpu.barrier_arrive(k_free.at[slot])
+      if pingpong:  # the first of the two turns of a step the other warpgroup still takes
+        rendezvous()
+        plgpu.barrier_arrive(turn)
+      plgpu.barrier_wait(v_ready.at[slot])
+      if pingpong:  # ... and the second
+        plgpu.barrier_wait(turn)
       plgpu.barrier_arrive(v_free.at[slot])
-      if pingpong:  # the two turns of a step the other warpgroup still takes
-        rendezvous()
-        rendezvous()
 
     if pingpong:  # warpgroup 0 ends one turn later, evening the count
       pl.when(wg == 0)(rendezvous)

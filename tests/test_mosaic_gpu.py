@@ -177,37 +177,53 @@ def test_mosaic_gpu_without_interpret_needs_a_hopper_gpu():
 
 
 @pytest.mark.parametrize(
-  "options, causal",
+  "change, causal",
   [
-    (("pingpong",), False),
-    (("pingpong",), True),
-    (("longest_first", "opt_barrier", "k_wait_in_pv"), True),
+    (dict(pingpong=(False, True)), False),
+    (dict(pingpong=(False, True)), True),
+    (
+      dict(longest_first=(False, True), opt_barrier=(False, True), k_wait_in_pv=(False, True)),
+      True,
+    ),
+    (dict(num_stages=(2, 1)), True),
   ],
-  ids=["pingpong-full", "pingpong-causal", "longest_first+opt_barrier+k_wait_in_pv-causal"],
+  ids=[
+    "pingpong-full",
+    "pingpong-causal",
+    "longest_first+opt_barrier+k_wait_in_pv-causal",
+    "one-stage-causal",
+  ],
 )
-def test_mosaic_gpu_schedule_options_are_the_same_function(options, causal):
+def test_mosaic_gpu_schedules_are_the_same_function(change, causal):
   """The ping-pong schedule orders the warpgroups, longest_first the causal query tiles,
-  opt_barrier the compiler's placement of the softmax and k_wait_in_pv where the next key
-  tile is waited for, not the arithmetic: with or without them the output is bit-identical
-  (interpret mode, whose barriers would hang or fail on a wait without its arrival; on the GPU
-  the same instructions run). The shape has two query tiles of 128 rows, the second partial
-  (longest_first swaps a 2-tile and a 1-tile row of the causal grid), and four 64-key tiles
-  through a ring of two, the last partly padding; causal rows of the first tile stop early
-  and drain the rest."""
+  opt_barrier the compiler's placement of the softmax, k_wait_in_pv where the next key tile
+  is waited for and num_stages how many key/value tiles are in flight, not the arithmetic:
+  with or without them the output is bit-identical (interpret mode, whose barriers hang or
+  fail on a wait without its arrival; on the GPU the same instructions run). The shape has two
+  query tiles of 128 rows, the second partial (longest_first swaps a 2-tile and a 1-tile row
+  of the causal grid), and four 64-key tiles through the ring, the last partly padding; causal
+  rows of the first tile stop early and drain the rest, which with one slot hung before
+  2026-12-03 (the drain waited for V before the turns; found by a review)."""
   _skip_if_causal_refused(causal)
   q, k, v, _ = _tied(Shape(1, 150, 200, 2, 1, 64, causal=causal), jnp.bfloat16, 5)
-  run = lambda on: np.asarray(
-    flash_attention(
-      q,
-      k,
-      v,
-      causal=causal,
-      stabilize=True,
-      backend="mosaic_gpu",
-      mgpu_options=fm.MosaicGPUOptions(**({"pingpong": True} | {name: on for name in options})),
+
+  def run(which):
+    chosen = {name: values[which] for name, values in change.items()}
+    stages = chosen.pop("num_stages", None)
+    return np.asarray(
+      flash_attention(
+        q,
+        k,
+        v,
+        causal=causal,
+        stabilize=True,
+        backend="mosaic_gpu",
+        num_stages=stages,
+        mgpu_options=fm.MosaicGPUOptions(**({"pingpong": True} | chosen)),
+      )
     )
-  )
-  assert np.array_equal(run(False), run(True))
+
+  assert np.array_equal(run(0), run(1))
 
 
 def test_mosaic_gpu_jitted_forward_backward_matches_eager():

@@ -1280,7 +1280,7 @@ def test_the_h200_agreement_check_parts_where_jaxs_own_null_does(tmp_path):
     "**Exact pairs agreeing within τ over the first 100 steps: 0 of 2 compared.** JAX's null "
     "(each batch in two halves) holds within τ in 0 of 2 of them (apart from steps 48–53; the "
     "twin from steps 43–48). Within the null's envelope (median |Δ| per window ≤ 2× the "
-    "null's, or ≤ 1e-05), over every window both cover: 2 of 2."
+    "null's, or ≤ 1e-05), over every window both cover: 2 of 2 (judged to step 300)."
   ) in md
   assert "JAX null apart from step 53; within the null's envelope to step 300." in md
 
