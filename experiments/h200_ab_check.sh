@@ -1,18 +1,25 @@
 #!/usr/bin/env bash
 # Issue 19 on one H200 (device tool): the Mosaic GPU forward's launch settings and schedule
 # options against cuDNN (`experiments/11_mgpu_forward_ab.py`: interleaved pairs, a same-bits
-# check per numerics), with ptxas's register and spill report: (1) non-causal, the stages at
+# check per numerics), with ptxas's register and spill report, after the GPU tests of the
+# schedules (tests.log): (1) non-causal, the stages at
 # block_k 64 and 128, ± compensation; (2) opt_barrier, early_turn, k_wait_in_pv; (3) causal,
 # longest_first. Lines land in
 # $OUT/ab.txt as they come (a call cut at its limit still brings back what ran); ptxas's report
 # (registers, spills per kernel) in $OUT/ptxas.txt. Usage (repo root, on the device):
 #   bash experiments/h200_ab_check.sh "$OUT"
 # As an item of h200_instability.sh's queues: "ab".
-# device seconds: 400 (its timeouts added up, with start-up; h200_instability.sh starts it only with that much left)
+# device seconds: 520 (its timeouts added up, with start-up; h200_instability.sh starts it only with that much left)
 set -u
 OUT=${1:-runs/h200}
 mkdir -p "$OUT"
 source "$(dirname "$0")/h200_env.sh"
+# first the GPU's own check of the schedules (the same bits with and without each option, one
+# stage included: the causal drain's barrier order changed on 2026-12-03) and of the causal
+# forward against Triton
+timeout 120 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_mosaic_gpu.py \
+  -k "schedules or matches_triton_forward" > $OUT/tests.log 2>&1
+echo "tests: exit $?"; tail -3 $OUT/tests.log
 export MOSAIC_GPU_DUMP_PTXAS=1  # ptxas's registers and spills per kernel, in compile order
 AB="python3 experiments/11_mgpu_forward_ab.py --pairs 10 --out $OUT/ab.txt"
 timeout 130 $AB bk=64,st=2 bk=64,st=3 bk=64,st=4 bk=64,st=5 bk=128,st=2 bk=64,st=2,comp=0 \
