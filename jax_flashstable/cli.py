@@ -456,7 +456,7 @@ def _experiment(args):
       f"{sorted(experiment.RECIPES)}"
     )
   base = _train_config(args, **experiment.RECIPES[args.recipe])
-  from jax_flashstable.attention.config import split_specs
+  from jax_flashstable.attention.config import AttentionConfig, split_specs
   from jax_flashstable.training.train import CheckpointError
 
   variants = split_specs(args.variants)
@@ -467,12 +467,20 @@ def _experiment(args):
   if not variants:
     raise SystemExit(f"flashstable experiment: --attention {args.variants!r}: no variant")
   try:
+    if args.report_only or args.runs:
+      # the report covers every run under --out: --attention and --seeds choose nothing, but a
+      # misspelled spec is still an error, not ignored
+      for v in variants:
+        AttentionConfig.parse(v)
     if args.runs:
       _check_packs(args.runs)
       experiment.unpack_runs(args.runs, args.out)
     if args.report_only or args.runs:
       experiment.check_recipe(args.out, base)
       rows = experiment.collect(args.out, base, args.layer, args.reference_max_logit)
+      # the header records what the report covers, not the options' defaults
+      args.variants = ",".join(sorted({r["variant"] for r in rows}))
+      args.seeds = ",".join(str(s) for s in sorted({r["seed"] for r in rows}))
     else:
       rows = experiment.run_matrix(
         base,

@@ -833,7 +833,10 @@ def test_a_report_refuses_runs_of_another_recipe(tmp_path):
   """`experiment instability --runs` judges runs by the command's recipe (warmup, diagnostics
   interval) and states it as theirs: runs made with other recipe fields are refused in one
   line naming the run and the field, not misjudged (e.g. --warmup-steps 2999 would have
-  called cudnn 28's runaway calm; --recipe tiny would head a gpt-6l report as tiny)."""
+  called cudnn 28's runaway calm; --recipe tiny would head a gpt-6l report as tiny). A
+  misspelled --attention is an error there too (it chooses nothing in a report, which covers
+  every run, but was silently ignored until 2026-12-03), and the report's header records the
+  variants and seeds it covers, not the options' defaults."""
   pack = str(RESULTS / "h200-2026-12-03c-b128/runs.jsonl.xz")
   argv = ["experiment", "instability", "--runs", pack, "--out", str(tmp_path / "r")]
   for extra, message in (
@@ -842,8 +845,11 @@ def test_a_report_refuses_runs_of_another_recipe(tmp_path):
       ["--recipe", "anchor-b128", "--warmup-steps", "2999"],
       "cudnn seed28 under .* was trained with warmup_steps=200, not 2999",
     ),
+    (["--recipe", "anchor-b128", "--attention", "fa3"], "unknown attention 'fa3'"),
   ):
     with pytest.raises(SystemExit, match=f"^flashstable experiment: {message}") as e:
       cli.main([*argv, *extra])
     assert "\n" not in str(e.value.code)
   assert cli.main([*argv, "--recipe", "anchor-b128"]) == 0  # its own recipe: reported
+  args = json.loads((tmp_path / "r" / "report.json").read_text())["meta"]["args"]
+  assert (args["variants"], args["seeds"]) == ("cudnn,cudnn+center", "28")
