@@ -27,8 +27,12 @@ if [ ! -x .venv/bin/python ]; then
       "in pyenv, uv or /usr/local. Install one, or set PYTHON=/path/to/python3.12" >&2; exit 1; }
   "$py" -m venv .venv
 fi
-.venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/python -m pip install -q -c constraints.txt -e ".$extras" 2>&1 | grep -v "^WARNING: Location" || true
+# pip's own exit status (pipefail), its location warnings filtered out
+pip_quiet() { "$@" 2>&1 | { grep -v "^WARNING: Location" || true; }; }
+pip_quiet .venv/bin/python -m pip install -q --upgrade pip \
+  || echo "setup: pip could not upgrade itself (above); going on with the one the venv has" >&2
+pip_quiet .venv/bin/python -m pip install -q -c constraints.txt -e ".$extras" \
+  || { echo "setup: installing the project into .venv failed (pip's output above)" >&2; exit 1; }
 .venv/bin/python -c "import jax_flashstable, jax; print('jax-flashstable ready: jax', jax.__version__)"
 
 # The PyTorch side of `flashstable crosscheck` and of the training twin runs in its own
