@@ -32,8 +32,7 @@ def layer1(rows, name):
 
 
 def main():
-  fields = {f for f in TrainConfig.__dataclass_fields__}
-  base = TrainConfig(**{k: v for k, v in instability.RECIPES["anchor-b128"].items() if k in fields})
+  base = TrainConfig(**instability.RECIPES["anchor-b128"])
   with tempfile.TemporaryDirectory() as tmp:
     instability.unpack_runs(PACKS, tmp)
     outcomes = {

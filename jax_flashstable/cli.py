@@ -456,7 +456,7 @@ def _experiment(args):
       f"{sorted(experiment.RECIPES)}"
     )
   base = _train_config(args, **experiment.RECIPES[args.recipe])
-  from jax_flashstable.attention.config import AttentionConfig, split_specs
+  from jax_flashstable.attention.config import split_specs
   from jax_flashstable.training.train import CheckpointError
 
   variants = split_specs(args.variants)
@@ -471,7 +471,7 @@ def _experiment(args):
       # the report covers every run under --out: --attention and --seeds choose nothing, but a
       # misspelled spec is still an error, not ignored
       for v in variants:
-        AttentionConfig.parse(v)
+        experiment.variant_attention(v, tiles=args.tiles, layer=args.layer)
     if args.runs:
       _check_packs(args.runs)
       experiment.unpack_runs(args.runs, args.out)

@@ -1143,8 +1143,9 @@ def _event(r: dict | None, outcome_: str) -> str:
 
 
 def statement(row: dict, tolerance=TOLERANCE, window=WINDOW) -> str:
-  """One sentence on a (pair, seed): how long the loss curves agree within the tolerance, the
-  null's parting step beside it, and the two outcomes."""
+  """One sentence on a (pair, seed) of `collect`: how long the loss curves agree within the
+  tolerance, the null's parting step and envelope (row["envelope"]) beside it, and the two
+  outcomes."""
   c, n = row["twin"], row["null"]
   if c is None:
     text = "no loss comparison yet"
@@ -1163,7 +1164,7 @@ def statement(row: dict, tolerance=TOLERANCE, window=WINDOW) -> str:
       if n["first_apart"] is None
       else f"; JAX null apart from step {n['first_apart']}"
     )
-    inside, last = within_null_envelope(c, n)
+    inside, last = row["envelope"]
     if inside is not None:
       text += f"; {'within' if inside else 'outside'} the null's envelope to step {last}"
   j = _event(row["jax_run"], row["jax_outcome"])
@@ -1232,7 +1233,7 @@ def format_report(result: dict, recipe: dict, layer=1) -> str:
         f"; the twin from {span(twin_apart)})" if twin_apart else ")"
       )
     yardstick += "."
-    judged = [within_null_envelope(r["twin"], r["null"]) for r in nulls]
+    judged = [r["envelope"] for r in nulls]
     lasts = sorted(last for ok, last in judged if ok is not None)
     to = f" (judged to {span(lasts)})" if lasts else ""
     yardstick += (
