@@ -17,9 +17,12 @@ source "$(dirname "$0")/h200_env.sh"
 # first the GPU's own check of the schedules (the same bits with and without each option, one
 # stage included: the causal drain's barrier order changed on 2026-12-03) and of the causal
 # forward against Triton
-timeout 150 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_mosaic_gpu.py \
-  -k "schedules or (matches_triton_forward and causal)" > $OUT/tests.log 2>&1
-echo "tests: exit $?"; tail -3 $OUT/tests.log
+# (AB_TESTS=0 leaves them out: they passed on the H200 on 2026-12-03, 10 passed in 98 s)
+if [[ ${AB_TESTS:-1} != 0 ]]; then
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_mosaic_gpu.py \
+    -k "schedules or (matches_triton_forward and causal)" > $OUT/tests.log 2>&1
+  echo "tests: exit $?"; tail -3 $OUT/tests.log
+fi
 export MOSAIC_GPU_DUMP_PTXAS=1  # ptxas's registers and spills per kernel, in compile order
 AB="python3 experiments/11_mgpu_forward_ab.py --pairs 10 --out $OUT/ab.txt"
 timeout 130 $AB bk=64,st=2 bk=64,st=3 bk=64,st=4 bk=64,st=5 bk=128,st=2 bk=64,st=2,comp=0 \

@@ -285,13 +285,20 @@ def _forward_kernel(
       unmasked = jnp.minimum(unmasked, lax.div(row0 + 1, jnp.int32(block_k)))
 
     def wait_next_k(j):  # k_wait_in_pv: during step j's P̄V, the key tile of step j + 1
-      @pl.when(j + 1 < steps)
-      def _():
-        plgpu.barrier_wait(k_ready.at[lax.rem(j + 1, jnp.int32(stages))])
+      # the condition and the slot computed here, outside any run_state: a constant closed over
+      # by run_state (the non-causal `steps`, a Python int) comes out of its Mosaic GPU lowering
+      # as a numpy value, not an ir.Value, and fails (jax 0.11.2; seen on the H200, 2026-12-03)
+      more, slot = j + 1 < steps, lax.rem(j + 1, jnp.int32(stages))
+
+      def wait():
+        pl.when(more)(lambda: plgpu.barrier_wait(k_ready.at[slot]))
+
+      return wait
 
     def step(j, carry, masked):
       acc, m_i, l_i = carry
       slot = lax.rem(j, jnp.int32(stages))
+      wait_k = wait_next_k(j) if opts.k_wait_in_pv else (lambda: None)
       if not opts.k_wait_in_pv:
         plgpu.barrier_wait(k_ready.at[slot])
 
@@ -342,8 +349,7 @@ def _forward_kernel(
 
         def fused(acc_ref):
           plgpu.wgmma(acc_ref, p_in, v_smem.at[slot])
-          if opts.k_wait_in_pv:
-            wait_next_k(j)
+          wait_k()
 
         acc = pl.run_state(fused)(plgpu.ACC.init(acc))
         plgpu.barrier_arrive(v_free.at[slot])
@@ -351,8 +357,7 @@ def _forward_kernel(
 
       def pv(acc_ref):
         plgpu.wgmma(acc_ref, p_in, v_smem.at[slot])
-        if opts.k_wait_in_pv:
-          wait_next_k(j)
+        wait_k()
         return acc_ref[...]
 
       pv = pl.run_scoped(pv, plgpu.ACC(acc.shape, jnp.float32))
@@ -374,7 +379,7 @@ def _forward_kernel(
     if pingpong:  # warpgroup 1 starts one turn behind
       pl.when(wg == 1)(rendezvous)
     if opts.k_wait_in_pv:  # the first key tile; each later one during the P̄V before it
-      wait_next_k(jnp.int32(-1))
+      wait_next_k(jnp.int32(-1))()
     carry = lax.fori_loop(0, mid, lambda j, c: step(j, c, False), init)
     acc, m_i, l_i = lax.fori_loop(mid, steps, lambda j, c: step(j, c, True), carry)
 

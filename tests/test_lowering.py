@@ -110,16 +110,23 @@ def test_mosaic_gpu_forward_lowers(head_dim, block_k, causal, tie_method):
   assert "wgmma" in text and "cp.async.bulk.tensor" in text
 
 
-@pytest.mark.parametrize("early_turn", [False, True])
-def test_mosaic_gpu_forward_lowers_with_the_schedule_options(early_turn):
+@pytest.mark.parametrize(
+  "early_turn, causal",
+  [(False, True), (True, True), (False, False)],
+  ids=["causal", "early_turn-causal", "full"],
+)
+def test_mosaic_gpu_forward_lowers_with_the_schedule_options(early_turn, causal):
   """The speed options off by default (opt_barrier, k_wait_in_pv, longest_first, early_turn)
-  lower for CUDA as the defaults do: the GPU's compiler gets the same kinds of instructions."""
+  lower for CUDA as the defaults do: the GPU's compiler gets the same kinds of instructions.
+  Non-causal too: there the number of key steps is a Python int, which k_wait_in_pv's wait
+  closed over inside run_state and the Mosaic GPU lowering refused ("Shaped arrays must be
+  represented by ir.Values, got: 4"; on the H200 2026-12-03, then here)."""
   from pallas_kernels.forward_mgpu import MosaicGPUOptions
 
   options = MosaicGPUOptions(
     pingpong=True, early_turn=early_turn, opt_barrier=True, k_wait_in_pv=True, longest_first=True
   )
-  cfg = _cfg(backend="mosaic_gpu", head_dim=128, causal=True, block_k=64, mgpu_options=options)
+  cfg = _cfg(backend="mosaic_gpu", head_dim=128, causal=causal, block_k=64, mgpu_options=options)
   text = _lower_for_cuda(lambda q, k, v: flash_forward_mgpu(q, k, v, cfg)[:3], *_qkv(128))
   assert "wgmma" in text and "cp.async.bulk.tensor" in text
 
