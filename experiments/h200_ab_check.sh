@@ -2,14 +2,14 @@
 # Issue 19 on one H200 (device tool): the Mosaic GPU forward's launch settings and schedule
 # options against cuDNN (`experiments/11_mgpu_forward_ab.py`: interleaved pairs, a same-bits
 # check per numerics), with ptxas's register and spill report, after the GPU tests of the
-# schedules (tests.log): (1) non-causal, the stages at
-# block_k 64 and 128, ± compensation; (2) opt_barrier, early_turn, k_wait_in_pv; (3) causal,
-# longest_first. Lines land in
+# schedules (tests.log; AB_TESTS=0 leaves them out): (1) non-causal, opt_barrier and
+# k_wait_in_pv at block_k 64 and 128; (2) causal, longest_first (the stages, early_turn and the
+# first 10-pair round of these ran 2026-12-03: docs/studies/speed.md). Lines land in
 # $OUT/ab.txt as they come (a call cut at its limit still brings back what ran); ptxas's report
 # (registers, spills per kernel) in $OUT/ptxas.txt. Usage (repo root, on the device):
 #   bash experiments/h200_ab_check.sh "$OUT"
 # As an item of h200_instability.sh's queues: "ab".
-# device seconds: 560 (its timeouts added up, with start-up; h200_instability.sh starts it only with that much left)
+# device seconds: 590 (its timeouts added up, with start-up; h200_instability.sh starts it only with that much left)
 set -u
 OUT=${1:-runs/h200}
 mkdir -p "$OUT"
@@ -24,18 +24,21 @@ if [[ ${AB_TESTS:-1} != 0 ]]; then
   echo "tests: exit $?"; tail -3 $OUT/tests.log
 fi
 export MOSAIC_GPU_DUMP_PTXAS=1  # ptxas's registers and spills per kernel, in compile order
-AB="python3 experiments/11_mgpu_forward_ab.py --pairs 10 --out $OUT/ab.txt"
-timeout 130 $AB bk=64,st=2 bk=64,st=3 bk=64,st=4 bk=64,st=5 bk=128,st=2 bk=64,st=2,comp=0 \
-  2> $OUT/stderr.log
-echo "stages: exit $?"
-timeout 150 $AB bk=64 bk=64,opt_barrier=1 bk=64,opt_barrier=1,early_turn=1 bk=64,k_wait_in_pv=1 \
-  bk=64,opt_barrier=1,k_wait_in_pv=1 bk=128 bk=128,opt_barrier=1 2>> $OUT/stderr.log
+# (ptxas's report comes on stdout, the runs' errors on stderr: both into compile.log; the
+# variants' lines land in ab.txt)
+AB="python3 experiments/11_mgpu_forward_ab.py --pairs 30 --out $OUT/ab.txt"
+# the repeat of 2026-12-03's leads (10 pairs, a 1.4–2.3% spread between repeats: opt_barrier
+# +2.8–3.8%, longest_first at block_k 128 undecided) and k_wait_in_pv's first timing
+timeout 280 $AB bk=64 bk=64,opt_barrier=1 bk=64,k_wait_in_pv=1 bk=64,opt_barrier=1,k_wait_in_pv=1 \
+  bk=128 bk=128,opt_barrier=1 bk=128,opt_barrier=1,k_wait_in_pv=1 > $OUT/compile.log 2>&1
 echo "options: exit $?"
-timeout 90 $AB --causal bk=64 bk=64,longest_first=1 bk=128 bk=128,longest_first=1 2>> $OUT/stderr.log
+timeout 150 $AB --causal bk=128 bk=128,longest_first=1 bk=128,opt_barrier=1,longest_first=1 \
+  >> $OUT/compile.log 2>&1
 echo "causal: exit $?"
 # each kernel's "Compiling entry" line followed by its register and spill lines, in order (the
 # variants compile in the order ab.txt lists them)
-grep -iE "spill|registers|Function properties|Compiling entry" $OUT/stderr.log > $OUT/ptxas.txt
-head -c 20000 $OUT/stderr.log > $OUT/stderr_head.log && rm $OUT/stderr.log
+grep -iE "spill|registers|Function properties|Compiling entry" $OUT/compile.log > $OUT/ptxas.txt
+grep -vE "^ptxas|^    0 bytes|^$" $OUT/compile.log | head -c 20000 > $OUT/compile_head.log
+rm $OUT/compile.log
 cat $OUT/ab.txt
-grep -ciE "spill" $OUT/ptxas.txt | sed 's/^/ptxas lines naming spills: /'
+echo "ptxas: $(grep -c "Compiling entry" $OUT/ptxas.txt) kernels, $(grep -cE "[1-9][0-9]* bytes spill" $OUT/ptxas.txt) lines with a spill"

@@ -663,6 +663,12 @@ B128_LATER = {
     {"stochastic/seed24": 2267, "stochastic/seed26": 1601},
     3,
   ),
+  # stochastic + delta32 24 calm to 3,000 and stochastic + center 24 to 1,816 (cut by the
+  # session's end), not warned (layer 1's max logit at most 31 and 33)
+  "h200-2026-12-03g-b128/runs.jsonl.xz": ({}, {}, 2),
+  # stochastic + center 24 (again, to 3,000) and 26 (to 2,037), stochastic + delta32 26 calm,
+  # not warned (layer 1's max logit at most 30, 33, 29); stochastic alone exploded at these seeds
+  "h200-2026-12-03h-b128/runs.jsonl.xz": ({}, {}, 3),
 }
 # anchor-b128 packs made after `train.DQErrorWarning` was calibrated (2026-12-03, on the packs
 # up to the eleventh session): per pack, the runs with an event, each with its dQ warning step,
@@ -686,6 +692,18 @@ B128_DQ_LATER = {
   "h200-2026-12-03f-b128/runs.jsonl.xz": (
     {"stochastic/seed24": (2000, 2000, 2267), "stochastic/seed26": (1000, 1200, 1601)},
     {"fa2/seed26": (1.08, 1500)},
+  ),
+  "h200-2026-12-03g-b128/runs.jsonl.xz": (
+    {},
+    {"stochastic+center/seed24": (0.021, None), "stochastic+delta32/seed24": (0.017, None)},
+  ),
+  "h200-2026-12-03h-b128/runs.jsonl.xz": (
+    {},
+    {
+      "stochastic+center/seed24": (0.022, None),
+      "stochastic+center/seed26": (0.02, None),
+      "stochastic+delta32/seed26": (0.01, None),
+    },
   ),
 }
 B128_DQ_PACKS = (*B128_PACKS, *(p for p in B128_LATER if p not in B128_DQ_LATER))
@@ -752,7 +770,9 @@ def test_dq_error_warning_out_of_sample(pack, tmp_path):
   warned at 2,000 and 1,000, at and 200 before the runaways (2,000, 1,200), 267 and 601 before
   the explosions (2,267, 1,601); fa2 26 calm to 3,000 but warned at 1,500: a false alarm at the
   horizon of a run on its way (layer 1's dQ error 0.05 → 1.08 and max logit 14 → 431 over
-  1,500–3,000, 93% of the runaway threshold at the last row)."""
+  1,500–3,000, 93% of the runaway threshold at the last row); stochastic rounding with delta
+  from the float32 O (24, 26) or with the keys centred (24 twice, 26 to 2,037) calm, layer 1's
+  dQ error at most 0.010–0.022, not warned."""
   warned, calm = B128_DQ_LATER[pack]
   experiment.unpack_runs([str(RESULTS / pack)], tmp_path)
   base = b128_config()
@@ -796,7 +816,8 @@ def test_early_warning_out_of_sample(pack, tmp_path):
   did not explode by 3,000 (a false alarm by the explosion rule); cudnn + center 26–28 calm,
   not warned; reference-fp32 21 calm to 3,000, not warned; paper 29 and 31 again exploded at
   2,916 and 2,844, warned at 1,300 and 1,000 (1,616 and 1,844 ahead); stochastic 24 and 26
-  exploded at 2,267 and 1,601, warned at 2,100 and 1,200; fa2 26 calm, not warned."""
+  exploded at 2,267 and 1,601, warned at 2,100 and 1,200; fa2 26 calm, not warned; stochastic
+  + delta32 (24, 26) and stochastic + center (24 twice, 26 to 2,037) calm, not warned."""
   warnings, explosions, n_runs, *false_alarms = B128_LATER[pack]
   experiment.unpack_runs([str(RESULTS / pack)], tmp_path)
   base = b128_config()
