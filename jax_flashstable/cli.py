@@ -14,6 +14,7 @@ import datetime
 import json
 import os
 import pathlib
+import shlex
 import sys
 
 from jax_flashstable import interrupts
@@ -295,9 +296,11 @@ def _prepare(args):
 
 
 def _meta(args):
+  """The run's metadata: date, device, jax, the command as typed and its parsed arguments."""
   from jax_flashstable.results import run_meta
 
-  return run_meta(args={k: v for k, v in vars(args).items() if k != "func"})
+  args_ = {k: v for k, v in vars(args).items() if k not in ("func", "argv")}
+  return run_meta(command=shlex.join(["flashstable", *args.argv]), args=args_)
 
 
 def _ints(text, option="value", low=None, command=""):
@@ -1046,10 +1049,26 @@ def build_parser():
   return ap
 
 
+def _chosen_parser(parser, args):
+  """The (sub)parser of the command args name: `flashstable experiment instability`'s for
+  `experiment instability`, the top one when no command was chosen."""
+  for dest in ("command", "name"):
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subs or getattr(args, dest, None) not in subs[0].choices:
+      break
+    parser = subs[0].choices[getattr(args, dest)]
+  return parser
+
+
 def main(argv=None):
   """Runs one command; returns its exit status. User errors raise SystemExit with the one-line
   message (`flashstable <command>: ...`); `console_main` prints it."""
-  args = build_parser().parse_args(argv)
+  argv = sys.argv[1:] if argv is None else list(argv)
+  parser = build_parser()
+  args, unknown = parser.parse_known_args(argv)
+  if unknown:  # named by the command that refused them, with that command's help
+    _chosen_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
+  args.argv = argv  # the command as typed, for the results' headers (`_meta`)
   from jax_flashstable.training.config import ConfigError
 
   try:

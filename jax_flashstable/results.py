@@ -20,13 +20,25 @@ def run_meta(**extra) -> dict:
   )
 
 
+def format_meta(meta: dict | None) -> str:
+  """The header of a markdown results file: the command that made it (`command`, as typed),
+  then its other facts on one line ("date: … · device: … · jax: …"); the parsed arguments
+  (`args`) and everything else stay whole in the JSON beside it."""
+  meta = meta or {}
+  fact = lambda v: v if isinstance(v, str) else json.dumps(v, default=str)  # noqa: E731
+  facts = " · ".join(f"{k}: {fact(v)}" for k, v in meta.items() if k not in ("command", "args"))
+  command = f"Command: `{meta['command']}`" if meta.get("command") else ""
+  return "\n\n".join(part for part in (command, facts) if part)
+
+
 def write_results(out_dir, name, rows, table, meta) -> None:
-  """out_dir/name.json ({meta, rows}) and out_dir/name.md (meta + table); prints the table."""
+  """out_dir/name.json ({meta, rows}) and out_dir/name.md (`format_meta` + table); prints
+  the markdown."""
   os.makedirs(out_dir, exist_ok=True)
   with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
     json.dump(dict(meta=meta, rows=rows), f, indent=1)
   with open(os.path.join(out_dir, f"{name}.md"), "w") as f:
-    f.write(f"# {name}\n\n{json.dumps(meta)}\n\n{table}\n")
-  print(json.dumps(meta))
+    f.write(f"# {name}\n\n{format_meta(meta)}\n\n{table}\n")
+  print(format_meta(meta) + "\n")
   print(table)
   print(f"\n{name}: {out_dir}/{name}.md, {out_dir}/{name}.json")

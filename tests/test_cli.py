@@ -177,6 +177,16 @@ def _bad_inputs(tmp):
       r"flashstable prepare: text folder not found: .*nonexistent",
     ),
     (["prepare", str(tmp / "texts"), str(tmp / "bin")], r"no .txt/.md/.rst files under"),
+    # an option another command has: named by the command that refused it, with its help
+    (
+      ["compare", "--attention", "fa3"],
+      r"^flashstable compare: unrecognized arguments: --attention fa3 "
+      r"\(see flashstable compare --help\)$",
+    ),
+    (
+      ["bias", "--nope"],
+      r"^flashstable bias: unrecognized arguments: --nope \(see flashstable bias",
+    ),
     (
       ["prepare", str(tmp / "texts"), str(tmp / "bin"), "--val-every", "0"],
       r"argument --val-every: must be ≥ 1, got 0",

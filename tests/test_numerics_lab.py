@@ -1,6 +1,7 @@
 """The paper's bit example through the kernel, and the deviation and bias benchmarks."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -117,7 +118,15 @@ def test_cli_deviation_and_bias(tmp_path, capsys):
   args = ["--rows", "32", "--attention", "paper,fa2+comp+rsum", "--tie-values", "7,30"]
   assert main(["bias", *args, "--out", str(tmp_path)]) == 0
   out = capsys.readouterr().out
-  assert "bit example" in out and (tmp_path / "bias.md").exists()
+  assert "bit example" in out
+  # the markdown's header: the command as typed, then date · device · jax, not the raw JSON;
+  # the parsed arguments stay in the JSON
+  head = (tmp_path / "bias.md").read_text().split("\n\n")[:3]
+  assert head[0] == "# bias"
+  assert head[1] == f"Command: `flashstable bias {' '.join(args)} --out {tmp_path}`"
+  assert re.fullmatch(r"date: \d{4}-\d\d-\d\d · device: cpu · jax: [\d.]+", head[2]), head[2]
+  meta = json.loads((tmp_path / "bias.json").read_text())["meta"]
+  assert meta["args"]["tie_values"] == "7,30" and meta["command"].startswith("flashstable bias")
   rows = json.loads((tmp_path / "bias.json").read_text())["rows"]
   assert [r["attention"] for r in rows] == ["paper", "fa2+comp+rsum", "correctly rounded FP64"]
   assert (tmp_path / "bias.png").stat().st_size > 0

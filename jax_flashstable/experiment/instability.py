@@ -33,6 +33,7 @@ import time
 import jax
 import numpy as np
 
+from jax_flashstable.results import format_meta
 from jax_flashstable.training.train import (
   DQErrorWarning,
   EarlyWarning,
@@ -797,9 +798,7 @@ def write_report(out_dir, rows, base: TrainConfig, layer=1, meta=None) -> pathli
   (out / "report.json").write_text(
     json.dumps(dict(meta=meta or {}, recipe=recipe, rows=rows), indent=1, default=str)
   )
-  (out / "report.md").write_text(
-    f"# Instability experiment\n\n{json.dumps(meta or {}, default=str)}\n\n{text}\n"
-  )
+  (out / "report.md").write_text(f"# Instability experiment\n\n{format_meta(meta)}\n\n{text}\n")
   if rows:
     plot_report(out, rows, layer)
   return out / "report.md"

@@ -73,6 +73,7 @@ import numpy as np
 
 from jax_flashstable import interrupts
 from jax_flashstable.experiment import instability
+from jax_flashstable.results import format_meta
 from jax_flashstable.training.train import (
   NonFiniteError,
   TrainConfig,
@@ -1376,8 +1377,7 @@ def write_report(out_dir, result: dict, base: TrainConfig, layer=1, meta=None) -
   )
   text = format_report(result, recipe, layer)
   (out / "report.md").write_text(
-    f"# Training cross-check: JAX and its PyTorch twin\n\n"
-    f"{json.dumps(meta, default=str)}\n\n{text}\n"
+    f"# Training cross-check: JAX and its PyTorch twin\n\n{format_meta(meta)}\n\n{text}\n"
   )
   plot(out, result, layer)
   return out / "report.md"
