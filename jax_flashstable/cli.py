@@ -10,7 +10,6 @@ module, and `--help`, import no JAX (the training options come from `training.co
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import pathlib
@@ -124,7 +123,6 @@ def _choices(command, option, text, allowed):
 def _accuracy(args):
   names = _choices("accuracy", "--dtypes", args.dtypes, DTYPES)
   _out("accuracy", args.out)
-  import jax
   import jax.numpy as jnp
 
   from jax_flashstable.lab.accuracy import accuracy_report, format_report
@@ -132,10 +130,10 @@ def _accuracy(args):
   dtypes = [jnp.dtype(d) for d in names]
   rows = accuracy_report(dtypes=dtypes, seed=args.seed)
   table = format_report(rows)
-  dev = jax.devices()[0]
+  from jax_flashstable.results import format_meta
+
   header = (
-    f"# flash_attention vs FP64 golden\n\n{datetime.date.today()} · "
-    f"{getattr(dev, 'device_kind', dev.platform)} · jax {jax.__version__} · seed {args.seed}\n\n"
+    f"# flash_attention vs FP64 golden\n\n{format_meta(_meta(args) | dict(seed=args.seed))}\n\n"
     "Rule: error(flash) ≤ 2·error(standard attention, same dtype) + 1 bf16 ulp at the "
     "reference's scale, for max and mean.\n\n"
   )
@@ -270,7 +268,11 @@ def _compare(args):
 
   try:
     compare.run_compare(
-      cfg, out, setting["variants"], cfg.seed if args.seed is not None else setting["seed"]
+      cfg,
+      out,
+      setting["variants"],
+      cfg.seed if args.seed is not None else setting["seed"],
+      command=_meta(args)["command"],
     )
   except (ValueError, FileNotFoundError, CheckpointError) as e:
     raise SystemExit(f"flashstable compare: {e}") from None
@@ -1050,8 +1052,9 @@ def build_parser():
 
 
 def _chosen_parser(parser, args):
-  """The (sub)parser of the command args name: `flashstable experiment instability`'s for
-  `experiment instability`, the top one when no command was chosen."""
+  """The parser of the command args name (`flashstable compare`'s for `compare`; for
+  `experiment NAME`, `flashstable experiment`'s: NAME is its positional argument, not a
+  parser), the top one when no command was chosen."""
   for dest in ("command", "name"):
     subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     if not subs or getattr(args, dest, None) not in subs[0].choices:
@@ -1067,7 +1070,9 @@ def main(argv=None):
   parser = build_parser()
   args, unknown = parser.parse_known_args(argv)
   if unknown:  # named by the command that refused them, with that command's help
-    _chosen_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
+    before_command = argv[: argv.index(args.command)] if args.command in argv else argv
+    refused_by = parser if set(unknown) & set(before_command) else _chosen_parser(parser, args)
+    refused_by.error(f"unrecognized arguments: {shlex.join(unknown)}")
   args.argv = argv  # the command as typed, for the results' headers (`_meta`)
   from jax_flashstable.training.config import ConfigError
 

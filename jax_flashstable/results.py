@@ -22,11 +22,14 @@ def run_meta(**extra) -> dict:
 
 def format_meta(meta: dict | None) -> str:
   """The header of a markdown results file: the command that made it (`command`, as typed),
-  then its other facts on one line ("date: … · device: … · jax: …"); the parsed arguments
-  (`args`) and everything else stay whole in the JSON beside it."""
+  then its other single-valued facts on one line ("date: … · device: … · jax: …"); the parsed
+  arguments (`args`) and every list or mapping (bench's targets, hashes, …) stay whole in the
+  JSON beside it."""
   meta = meta or {}
-  fact = lambda v: v if isinstance(v, str) else json.dumps(v, default=str)  # noqa: E731
-  facts = " · ".join(f"{k}: {fact(v)}" for k, v in meta.items() if k not in ("command", "args"))
+  scalar = (str, int, float, bool)
+  facts = " · ".join(
+    f"{k}: {v}" for k, v in meta.items() if k not in ("command", "args") and isinstance(v, scalar)
+  )
   command = f"Command: `{meta['command']}`" if meta.get("command") else ""
   return "\n\n".join(part for part in (command, facts) if part)
 

@@ -4,6 +4,7 @@ import json
 import os
 import pathlib
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -32,6 +33,10 @@ def test_compare_writes_report_and_png_and_resumes(tmp_path, capsys):
   out = tmp_path / "cmp"
   assert main(["compare", "--steps", "3", "--warmup-steps", "1", "--out-dir", str(out)] + FAST) == 0
   report = (out / "report.md").read_text()
+  command = shlex.join(
+    ["flashstable", "compare", "--steps", "3", "--warmup-steps", "1", "--out-dir", str(out), *FAST]
+  )
+  assert report.startswith(f"# flashstable compare\n\nCommand: `{command}`\n\nDate: 20")
   for name in ("fa2", "fa2+comp", "reference-fp32"):
     assert f"| {name} | 3 |" in report
   assert "No run exploded" in report and "noise" in report and "bit for bit" in report

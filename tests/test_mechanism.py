@@ -75,8 +75,8 @@ def test_each_option_fixes_its_piece(numerics, case):
 def test_stochastic_rounding_of_o_reaches_dq_only_through_delta():
   """The stochastic layout (fa2 with O rounded to bf16 unbiasedly; at anchor-b128 it exploded
   at 3 of 3 seeds where fa2 stayed calm) on the common-keys input: its backward reads the
-  rounded O only in delta, so with delta from the float32 O its dQ equals fa2's bit for bit,
-  (and dK, dV) whatever the rounding key, while O differs; without, its dQ fails the rule as
+  rounded O only in delta, so with delta from the float32 O its dQ (and dK, dV) equals fa2 +
+  delta32's bit for bit, whatever the rounding key, while O differs; without, its dQ fails the rule as
   fa2's does (the (rowsum dS)·c
   term, with O's rounding noise in delta), and centring the keys takes the term away for
   every rounding key (experiments/12_dq_error_along_the_common_key.py measures the term along c:
@@ -93,7 +93,7 @@ def test_stochastic_rounding_of_o_reaches_dq_only_through_delta():
     assert not plain.passes()["d_query"], plain.flash["d_query"].max
     assert compare(q, k, v, do, center_keys=True, **kw).passes()["d_query"]
     out, grads = flash_vjp(q, k, v, do, delta_float32=True, **kw)
-    for got, want in zip(grads, fa2_grads):  # dQ, dK, dV: fa2's, to the bit
+    for got, want in zip(grads, fa2_grads):  # dQ, dK, dV: fa2 + delta32's, to the bit
       np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
     assert not np.array_equal(np.asarray(out), np.asarray(fa2_out))  # O is rounded otherwise
 

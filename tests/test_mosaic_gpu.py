@@ -186,12 +186,14 @@ def test_mosaic_gpu_without_interpret_needs_a_hopper_gpu():
       True,
     ),
     (dict(num_stages=(2, 1)), True),
+    (dict(k_wait_in_pv=(False, True)), False),
   ],
   ids=[
     "pingpong-full",
     "pingpong-causal",
     "longest_first+opt_barrier+k_wait_in_pv-causal",
     "one-stage-causal",
+    "k_wait_in_pv-full",
   ],
 )
 def test_mosaic_gpu_schedules_are_the_same_function(change, causal):

@@ -14,6 +14,7 @@ Two settings (`SETTINGS`), picked by the default device:
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import pathlib
@@ -59,10 +60,12 @@ def run_compare(
   variants=("fa2", "fa2+comp", "reference-fp32"),
   seed=0,
   log=print,
+  command: str | None = None,
 ) -> list[dict]:
   """Trains each variant from `base` with `seed` (runs already finished under out_dir are kept,
-  an interrupted one resumes from its last checkpoint); writes report.md, curves.png and
-  summary.json under out_dir; returns the report rows (`instability.collect`)."""
+  an interrupted one resumes from its last checkpoint); writes report.md (headed by `command`,
+  the command line that ran it, when given, and the date), curves.png and summary.json under
+  out_dir; returns the report rows (`instability.collect`)."""
   out = pathlib.Path(out_dir)
   rows = instability.run_matrix(base, list(variants), [seed], out, log=log)
   rows = [
@@ -71,7 +74,7 @@ def run_compare(
     if r["variant"] in variants and r["seed"] == seed
   ]
   plot(out, rows)
-  (out / "report.md").write_text(report(base, rows))
+  (out / "report.md").write_text(report(base, rows, command))
   (out / "summary.json").write_text(json.dumps(rows, indent=1, default=str))
   return rows
 
@@ -162,13 +165,14 @@ def _literal_paper_compensation(variant) -> bool:
   )
 
 
-def report(base: TrainConfig, rows) -> str:
+def report(base: TrainConfig, rows, command: str | None = None) -> str:
   dev = jax.devices()[0]
   kind, backend = getattr(dev, "device_kind", dev.platform), jax.default_backend()
   lines = [
     "# flashstable compare",
     "",
-    f"Device: {kind}{'' if kind == backend else f' ({backend})'}, jax "
+    *([f"Command: `{command}`", ""] if command else []),
+    f"Date: {datetime.date.today().isoformat()}. Device: {kind}{'' if kind == backend else f' ({backend})'}, jax "
     f"{jax.__version__}. Model `{base.model}`"
     f"{' ' + str(dict(base.model_overrides)) if base.model_overrides else ''}, "
     f"{base.steps} steps, batch {base.batch_size}×{base.grad_accum}, seq_len "
