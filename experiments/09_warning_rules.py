@@ -3,7 +3,8 @@ warned before their event (the first of explosion and runaway, the runaway thres
 largest layer-1 max logit of the packs' reference-fp32 runs and of a value given), the lead in
 steps to the event and to the explosion, the runs it missed and its false alarms (a warning on
 a finished run with neither event; an unfinished run without one is undecided).
-The rules read the diagnostics rows (every 100 steps) after warmup; `train.EarlyWarning` and
+The rules read the diagnostics rows (every 100 steps) after warmup (one row each, or the
+history: `grown`); `train.EarlyWarning` and
 `train.DQErrorWarning` are the report's own rules; the dQ error's rules are judged on the runs
 that logged it.
 
@@ -81,6 +82,26 @@ def first(rule):
   )
 
 
+def grown(series, rows=4, ratio=2.0, floor=40.0):
+  """A rule on the history (the rules above read one row): the first step after warmup where
+  `series` rose at every one of the last `rows` diagnostics rows, by ≥ `ratio`× in all, to
+  ≥ `floor` — a sustained climb, not one row's jump."""
+
+  def warned_at(r):
+    values = [(d["step"], series(d)) for d in diag[r["variant"], r["seed"]]]
+    for i in range(rows, len(values)):
+      step, window = values[i][0], [v for _, v in values[i - rows : i + 1]]
+      rising = all(b >= a for a, b in zip(window, window[1:]))
+      if step > WARMUP and rising and window[-1] >= max(floor, ratio * window[0]):
+        return step
+    return None
+
+  return warned_at
+
+
+GROWTH = {"layer-1 max logit rose every row of the last 4, ≥ 2× in all, to ≥ 40": grown(layer1)}
+
+
 def table(runs, extra_rows):
   """The rules' table over `runs`: the report's rules first (name → warned_at), then RULES."""
   print(
@@ -95,7 +116,7 @@ def table(runs, extra_rows):
 threshold = rows[0]["runaway_threshold"]
 print(f"# {len(rows)} runs of {len(PACKS)} packs; runaway: layer-1 max logit > {threshold:g}")
 report_rule = {"`train.EarlyWarning` (100× its lowest over 5 rows)": lambda r: r["warning_step"]}
-table(rows, report_rule | {name: first(rule) for name, rule in RULES.items()})
+table(rows, report_rule | GROWTH | {name: first(rule) for name, rule in RULES.items()})
 logged = [r for r in rows if r["dq_logged"]]
 print(
   f"\nOn the {len(logged)} runs that logged dQ's error (2026-12-02 on), the rules above and the "
@@ -112,5 +133,5 @@ dq_rule = {
 }
 table(
   logged,
-  report_rule | dq_rule | {name: first(rule) for name, rule in (RULES | DQ_RULES).items()},
+  report_rule | dq_rule | GROWTH | {name: first(rule) for name, rule in (RULES | DQ_RULES).items()},
 )
