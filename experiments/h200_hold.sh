@@ -13,6 +13,12 @@
 # logs (one per queue), the runs' pack, report, curves and cpu_hashes.json (and
 # cpu_hashes.err when not empty): another script's files in the same call can push the pack out
 # (2026-12-03: fetched again from the warm machine in the next call).
+# PREVIOUS="PACK ..." (files in the working tree, which travels to the device) puts the packs'
+# finished runs under $RUNS/${PREVIOUS_DIR:-anchor-b128} first, so the queues skip them: after a
+# machine went back with its queues, the next call starts them again from the last call's
+# snapshot (its unfinished runs start over: checkpoints do not come back). A call that does not
+# know whether its machine is the last one runs `start ...; wait ...` (";", not "&&"): on the
+# warm machine start refuses (its queues run on) and wait follows them; on a fresh one it starts.
 # Usage (repo root, on the device; carry .data):
 #   QUEUES="paper+comp:24,25|paper:24,25" BUDGET=1480 bash experiments/h200_hold.sh start "$OUT" \
 #     && bash experiments/h200_hold.sh wait "$OUT" 500
@@ -28,6 +34,9 @@ start)
   fi
   mkdir -p $H/out $R
   nvidia-smi -L
+  if [[ -n ${PREVIOUS:-} ]]; then  # packs of earlier calls: their finished runs are skipped
+    python3 experiments/unpack_finished.py "$R/${PREVIOUS_DIR:-anchor-b128}" $PREVIOUS
+  fi
   setsid nohup env QUEUES="$QUEUES" BUDGET="${BUDGET:-1480}" RUNS=$R \
     bash experiments/h200_instability.sh $H/out "$@" > $H/log 2>&1 < /dev/null &
   echo $! > $H/pid

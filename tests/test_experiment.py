@@ -709,6 +709,38 @@ B128_DQ_LATER = {
 B128_DQ_PACKS = (*B128_PACKS, *(p for p in B128_LATER if p not in B128_DQ_LATER))
 
 
+def test_unpack_finished_puts_back_the_finished_runs_only(tmp_path, capsys):
+  """`experiments/unpack_finished.py` (h200_hold.sh's PREVIOUS, after a machine went back with
+  its queues): the packs' finished runs (summary.json) go under OUT_DIR as the experiment's
+  run folders, the same files bit for bit; a run the packs hold unfinished is left out (it
+  starts over); a run already there is kept; a pack that is not a file stops it before
+  anything is written."""
+  import runpy
+
+  script = runpy.run_path(str(RESULTS.parent / "unpack_finished.py"))
+  packs = [str(RESULTS / f"h200-2026-12-03{s}-b128/runs.jsonl.xz") for s in "gh"]
+  out = tmp_path / "anchor-b128"
+  with pytest.raises(SystemExit, match="'nope.xz' is not a file"):
+    script["main"]([str(out), *packs, "nope.xz"])
+  assert not out.exists()
+  assert script["main"]([str(out), *packs]) == 0
+  kept = sorted(str(p.relative_to(out)) for p in out.glob("*/seed*"))
+  assert kept == [
+    "stochastic+center/seed24",  # from 03h (3,000 steps), not 03g's cut copy
+    "stochastic+delta32/seed24",
+    "stochastic+delta32/seed26",
+  ]
+  assert "stochastic+center/seed26: unfinished in the packs, starts over" in capsys.readouterr().out
+  rows = train.read_metrics(out / "stochastic+center" / "seed24")
+  assert len(rows) == 3000 and (out / "stochastic+center/seed24/summary.json").exists()
+  experiment.unpack_runs(packs, tmp_path / "all")
+  for run in kept:
+    for f in (tmp_path / "all" / run).iterdir():
+      assert (out / run / f.name).read_bytes() == f.read_bytes(), (run, f.name)
+  script["main"]([str(out), packs[1]])
+  assert "already under" in capsys.readouterr().out
+
+
 def test_the_runaway_threshold_comes_from_the_reference_run(tmp_path):
   """The reference-fp32 run (seed 21, 3,000 steps, H200) sets the runaway threshold with no
   value given: 10× layer 1's largest max logit over its diagnostics rows, 46.529408, read
