@@ -45,7 +45,7 @@ run_queue() {  # gpu items...
     CUDA_VISIBLE_DEVICES=$gpu python3 -m jax_flashstable.cli experiment instability --recipe $recipe \
       --data .data --attention "$variant" --seeds "$seeds" ${steps:+--steps "$steps"} \
       --time-budget "$left" --no-progress --out $R/$recipe${TAG:++$TAG} "${EXTRA[@]}" 2>&1 \
-      | grep --line-buffered -v "^|\|^{\|^recipe\|^$\|^#" | sed "s/^/[GPU $gpu] /"
+      | grep --line-buffered -v "^|\|^{\|^[Rr]ecipe\|^Command: \|^date: \|^$\|^#" | sed "s/^/[GPU $gpu] /"
   done
 }
 EXTRA=("$@")

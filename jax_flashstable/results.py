@@ -27,11 +27,17 @@ def format_meta(meta: dict | None) -> str:
   JSON beside it."""
   meta = meta or {}
   scalar = (str, int, float, bool)
-  facts = " · ".join(
-    f"{k}: {v}" for k, v in meta.items() if k not in ("command", "args") and isinstance(v, scalar)
+  facts = format_facts(
+    {k: v for k, v in meta.items() if k not in ("command", "args") and isinstance(v, scalar)}
   )
   command = f"Command: `{meta['command']}`" if meta.get("command") else ""
   return "\n\n".join(part for part in (command, facts) if part)
+
+
+def format_facts(facts: dict) -> str:
+  """One line of `key: value` facts joined by " · " (a list or mapping as compact JSON)."""
+  show = lambda v: v if isinstance(v, str) else json.dumps(v, default=str)  # noqa: E731
+  return " · ".join(f"{k}: {show(v)}" for k, v in facts.items())
 
 
 def write_results(out_dir, name, rows, table, meta) -> None:

@@ -33,7 +33,7 @@ import time
 import jax
 import numpy as np
 
-from jax_flashstable.results import format_meta
+from jax_flashstable.results import format_facts, format_meta
 from jax_flashstable.training.train import (
   DQErrorWarning,
   EarlyWarning,
@@ -625,7 +625,7 @@ def format_report(rows, recipe: dict, layer: int) -> str:
     else "not defined: the matrix has no fp32-reference run and no --reference-max-logit"
   )
   lines = [
-    f"recipe: {json.dumps(recipe, default=str)}",
+    f"Recipe: {format_facts(recipe)}",
     "",
     "explosion: trailing 10-step mean loss > 2× its running minimum after warmup, or a "
     f"non-finite loss; runaway: layer {layer} {rule}.",

@@ -73,7 +73,7 @@ import numpy as np
 
 from jax_flashstable import interrupts
 from jax_flashstable.experiment import instability
-from jax_flashstable.results import format_meta
+from jax_flashstable.results import format_facts, format_meta
 from jax_flashstable.training.train import (
   NonFiniteError,
   TrainConfig,
@@ -1197,7 +1197,7 @@ def format_report(result: dict, recipe: dict, layer=1) -> str:
   )
   rows = result["rows"]
   lines = [
-    f"recipe: {json.dumps(recipe, default=str)}",
+    f"Recipe: {format_facts(recipe)}",
     "",
     f"τ = {tol:.3g} (relative: |loss_torch − loss_jax| ≤ τ·|loss_jax|; 2⁻⁸ is one bf16 "
     "ulp of the loss's scale); Δ below are relative to the JAX loss. Explosion: trailing "
