@@ -272,7 +272,7 @@ def _compare(args):
       out,
       setting["variants"],
       cfg.seed if args.seed is not None else setting["seed"],
-      command=_meta(args)["command"],
+      command=_command(args),
     )
   except (ValueError, FileNotFoundError, CheckpointError) as e:
     raise SystemExit(f"flashstable compare: {e}") from None
@@ -297,12 +297,17 @@ def _prepare(args):
   return 0
 
 
+def _command(args):
+  """The command as typed (`main` keeps its argv), quoted for a shell."""
+  return shlex.join(["flashstable", *args.argv])
+
+
 def _meta(args):
   """The run's metadata: date, device, jax, the command as typed and its parsed arguments."""
   from jax_flashstable.results import run_meta
 
   args_ = {k: v for k, v in vars(args).items() if k not in ("func", "argv")}
-  return run_meta(command=shlex.join(["flashstable", *args.argv]), args=args_)
+  return run_meta(command=_command(args), args=args_)
 
 
 def _ints(text, option="value", low=None, command=""):
