@@ -18,11 +18,11 @@ def main(argv):
   if len(argv) < 2:
     sys.exit("usage: unpack_finished.py OUT_DIR PACK [PACK ...]")
   out, packs = pathlib.Path(argv[0]), argv[1:]
-  for pack in packs:
-    if not pathlib.Path(pack).is_file():
-      sys.exit(f"unpack_finished: {pack!r} is not a file")
   with tempfile.TemporaryDirectory() as tmp:  # all read (and checked) before anything is written
-    runs = instability.unpack_runs(packs, tmp)
+    try:
+      runs = instability.unpack_runs(packs, tmp)
+    except (ValueError, FileNotFoundError) as e:  # names the pack (and the entry)
+      sys.exit(f"unpack_finished: {e}")
     for run in runs:
       src = pathlib.Path(tmp) / run
       if not (src / "summary.json").exists():

@@ -713,14 +713,14 @@ def test_unpack_finished_puts_back_the_finished_runs_only(tmp_path, capsys):
   """`experiments/unpack_finished.py` (h200_hold.sh's PREVIOUS, after a machine went back with
   its queues): the packs' finished runs (summary.json) go under OUT_DIR as the experiment's
   run folders, the same files bit for bit; a run the packs hold unfinished is left out (it
-  starts over); a run already there is kept; a pack that is not a file stops it before
-  anything is written."""
+  starts over); a run already there is kept; a pack that does not exist stops it, in one line
+  naming it (`unpack_runs`'s own check), before anything is written."""
   import runpy
 
   script = runpy.run_path(str(RESULTS.parent / "unpack_finished.py"))
   packs = [str(RESULTS / f"h200-2026-12-03{s}-b128/runs.jsonl.xz") for s in "gh"]
   out = tmp_path / "anchor-b128"
-  with pytest.raises(SystemExit, match="'nope.xz' is not a file"):
+  with pytest.raises(SystemExit, match="^unpack_finished: pack 'nope.xz': no such file$"):
     script["main"]([str(out), *packs, "nope.xz"])
   assert not out.exists()
   assert script["main"]([str(out), *packs]) == 0
