@@ -19,6 +19,8 @@
 # snapshot (its unfinished runs start over: checkpoints do not come back). A call that does not
 # know whether its machine is the last one runs `start ...; wait ...` (";", not "&&"): on the
 # warm machine start refuses (its queues run on) and wait follows them; on a fresh one it starts.
+# Copy each call's files into the tree before the next call: a new session numbers its calls
+# from 1 again and writes over the last session's files (2026-12-04: a finished run lost so).
 # Usage (repo root, on the device; carry .data):
 #   QUEUES="paper+comp:24,25|paper:24,25" BUDGET=1480 bash experiments/h200_hold.sh start "$OUT" \
 #     && bash experiments/h200_hold.sh wait "$OUT" 500

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 6 on the H200s (device tool): `flashstable experiment instability` on the anchor recipe
 # with the carried corpus (.data/, carry it). QUEUES holds one queue per GPU, separated by "|"
-# (queue i runs on GPU i mod the GPUs present: two queues on one H200 share it, concurrently);
+# (queue i runs on GPU i mod the GPUs present: two queues on one H200 share it, concurrently,
+# which anchor-b128 runs do not fit: each asks for one 49.6 GiB buffer, 2026-12-04);
 # a queue is a space-separated list of variant:seeds[:steps[:recipe]] items (the variant may carry
 # :FIELD=VALUE overrides) run one after another
 # on its GPU (CUDA_VISIBLE_DEVICES), all within BUDGET seconds from the start (steps: a cap, the

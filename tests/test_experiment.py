@@ -669,6 +669,16 @@ B128_LATER = {
   # stochastic + center 24 (again, to 3,000) and 26 (to 2,037), stochastic + delta32 26 calm,
   # not warned (layer 1's max logit at most 30, 33, 29); stochastic alone exploded at these seeds
   "h200-2026-12-03h-b128/runs.jsonl.xz": ({}, {}, 3),
+  # fa2 + comp 25 exploded at 2,379, warned at 1,900 (479 ahead); fa2 + comp 21 calm by the
+  # explosion rule to 3,000 but warned at 2,600, when layer 1 ran away (277 → 37,390 over
+  # 2,500–2,800; 138,714 at the end): a false alarm by that rule only; fa2 + comp 24 and
+  # fp32_out 24 and 25 calm, not warned
+  "h200-2026-12-04-b128/runs.jsonl.xz": (
+    {"fa2+comp/seed21": 2600, "fa2+comp/seed25": 1900},
+    {"fa2+comp/seed25": 2379},
+    5,
+    {"fa2+comp/seed21"},
+  ),
 }
 # anchor-b128 packs made after `train.DQErrorWarning` was calibrated (2026-12-03, on the packs
 # up to the eleventh session): per pack, the runs with an event, each with its dQ warning step,
@@ -703,6 +713,14 @@ B128_DQ_LATER = {
       "stochastic+center/seed24": (0.022, None),
       "stochastic+center/seed26": (0.02, None),
       "stochastic+delta32/seed26": (0.01, None),
+    },
+  ),
+  "h200-2026-12-04-b128/runs.jsonl.xz": (
+    {"fa2+comp/seed21": (2600, 2600, None), "fa2+comp/seed25": (1700, 1900, 2379)},
+    {
+      "fa2+comp/seed24": (0.026, None),
+      "fp32_out/seed24": (0.019, None),
+      "fp32_out/seed25": (0.012, None),
     },
   ),
 }
@@ -804,7 +822,10 @@ def test_dq_error_warning_out_of_sample(pack, tmp_path):
   horizon of a run on its way (layer 1's dQ error 0.05 → 1.08 and max logit 14 → 431 over
   1,500–3,000, 93% of the runaway threshold at the last row); stochastic rounding with delta
   from the float32 O (24, 26) or with the keys centred (24 twice, 26 to 2,037) calm, layer 1's
-  dQ error at most 0.010–0.022, not warned."""
+  dQ error at most 0.010–0.022, not warned; fa2 + comp 25 warned at 1,700, 200 before its
+  runaway (1,900) and 679 before its explosion (2,379), 21 at 2,600, its runaway's row (no
+  explosion by 3,000); fa2 + comp 24 and fp32_out 24, 25 calm (at most 0.026, 0.019, 0.012),
+  not warned."""
   warned, calm = B128_DQ_LATER[pack]
   experiment.unpack_runs([str(RESULTS / pack)], tmp_path)
   base = b128_config()
@@ -849,7 +870,10 @@ def test_early_warning_out_of_sample(pack, tmp_path):
   not warned; reference-fp32 21 calm to 3,000, not warned; paper 29 and 31 again exploded at
   2,916 and 2,844, warned at 1,300 and 1,000 (1,616 and 1,844 ahead); stochastic 24 and 26
   exploded at 2,267 and 1,601, warned at 2,100 and 1,200; fa2 26 calm, not warned; stochastic
-  + delta32 (24, 26) and stochastic + center (24 twice, 26 to 2,037) calm, not warned."""
+  + delta32 (24, 26) and stochastic + center (24 twice, 26 to 2,037) calm, not warned;
+  fa2 + comp 25 exploded at 2,379, warned at 1,900 (479 ahead), 21 warned at 2,600, when its
+  layer 1 ran away, and did not explode by 3,000 (a false alarm by the explosion rule); fa2 +
+  comp 24 and fp32_out 24 and 25 calm, not warned."""
   warnings, explosions, n_runs, *false_alarms = B128_LATER[pack]
   experiment.unpack_runs([str(RESULTS / pack)], tmp_path)
   base = b128_config()
