@@ -30,9 +30,11 @@ import sys
 OPTIONS_CHANGING_FLOATS = ("fused_pv", "exp2")  # MosaicGPUOptions' docstring
 
 
-def parse_variant(spec: str, option_fields) -> dict:
-  """{'block_k', 'num_stages', 'stabilize', 'options': {field: bool}} from "bk=64,st=3,exp2=0";
+def parse_variant(spec: str, options_cls) -> dict:
+  """{'block_k', 'num_stages', 'stabilize', 'options': {field: bool}} from "bk=64,st=3,exp2=0",
+  the options fields of options_cls (`MosaicGPUOptions`), which must accept them together;
   ValueError naming the spec and the bad item."""
+  option_fields = [f.name for f in dataclasses.fields(options_cls)]
   out = dict(block_k=64, num_stages=2, stabilize=True, options={})
   for item in filter(None, spec.split(",")):
     key, eq, value = item.partition("=")
@@ -52,6 +54,10 @@ def parse_variant(spec: str, option_fields) -> dict:
     else:
       known = ", ".join(["bk", "st", "comp", *option_fields])
       raise ValueError(f"variant {spec!r}: unknown key {key!r} (known: {known})")
+  try:
+    options_cls(**out["options"])
+  except ValueError as e:
+    raise ValueError(f"variant {spec!r}: {e}") from None
   return out
 
 
@@ -68,7 +74,6 @@ def main(argv=None):
   import pallas_kernels.forward_mgpu as fm
   from pallas_kernels.attention import next_power_of_2
 
-  fields = [f.name for f in dataclasses.fields(fm.MosaicGPUOptions)]
   try:
     shape = tuple(map(int, a.shape.split(",")))
     if len(shape) != 5 or min(shape) < 1:
@@ -84,7 +89,7 @@ def main(argv=None):
   variants = []
   for spec in a.variants:
     try:
-      v = parse_variant(spec, fields)
+      v = parse_variant(spec, fm.MosaicGPUOptions)
     except ValueError as e:
       sys.exit(f"11_mgpu_forward_ab: {e}")
     why = fm.supported(

@@ -2,9 +2,10 @@
 # Issue 19 on one H200 (device tool): the Mosaic GPU forward's launch settings and schedule
 # options against cuDNN (`experiments/11_mgpu_forward_ab.py`: interleaved pairs, a same-bits
 # check per numerics), with ptxas's register and spill report, after the GPU tests of the
-# schedules (tests.log; AB_TESTS=0 leaves them out): (1) non-causal, opt_barrier and
-# k_wait_in_pv at block_k 64 and 128; (2) causal, longest_first (the stages, early_turn and the
-# first 10-pair round of these ran 2026-12-03: docs/studies/speed.md). Lines land in
+# schedules (tests.log; AB_TESTS=0 leaves them out): (1) non-causal, overlap (FlashAttention-3's
+# intra-warpgroup overlap, new 2026-12-04), opt_barrier and k_wait_in_pv at block_k 64 and 128;
+# (2) causal, overlap and longest_first (the stages, early_turn and the first 10-pair round of
+# the others ran 2026-12-03: docs/studies/speed.md). Lines land in
 # $OUT/ab.txt as they come (a call cut at its limit still brings back what ran); ptxas's report
 # (registers, spills per kernel) in $OUT/ptxas.txt. Usage (repo root, on the device):
 #   bash experiments/h200_ab_check.sh "$OUT"
@@ -17,9 +18,11 @@ source "$(dirname "$0")/h200_env.sh"
 # first the GPU's own check of the schedules (the same bits with and without each option, one
 # stage included: the causal drain's barrier order changed on 2026-12-03) and of the causal
 # forward against Triton
-# (AB_TESTS=0 leaves them out: they passed on the H200 on 2026-12-03, 10 passed in 98 s)
+# (AB_TESTS=0 leaves them out: they passed on the H200 on 2026-12-03, 10 passed in 98 s; the
+# overlap's three cases are new: on the GPU they compare its fused path, which interpret mode
+# does not run, with the default's)
 if [[ ${AB_TESTS:-1} != 0 ]]; then
-  timeout 150 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_mosaic_gpu.py \
+  timeout 160 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_mosaic_gpu.py \
     -k "schedules or (matches_triton_forward and causal)" > $OUT/tests.log 2>&1
   echo "tests: exit $?"; tail -3 $OUT/tests.log
 fi
@@ -27,12 +30,13 @@ export MOSAIC_GPU_DUMP_PTXAS=1  # ptxas's registers and spills per kernel, in co
 # (ptxas's report comes on stdout, the runs' errors on stderr: both into compile.log; the
 # variants' lines land in ab.txt)
 AB="python3 experiments/11_mgpu_forward_ab.py --pairs 30 --out $OUT/ab.txt"
-# the repeat of 2026-12-03's leads (10 pairs, a 1.4–2.3% spread between repeats: opt_barrier
-# +2.8–3.8%, longest_first at block_k 128 undecided) and k_wait_in_pv's first timing
-timeout 280 $AB bk=64 bk=64,opt_barrier=1 bk=64,k_wait_in_pv=1 bk=64,opt_barrier=1,k_wait_in_pv=1 \
-  bk=128 bk=128,opt_barrier=1 bk=128,opt_barrier=1,k_wait_in_pv=1 > $OUT/compile.log 2>&1
+# overlap's first timing, the repeat of 2026-12-03's leads (10 pairs, a 1.4–2.3% spread
+# between repeats: opt_barrier +2.8–3.8%, longest_first at block_k 128 undecided) and
+# k_wait_in_pv's first timing
+timeout 280 $AB bk=64 bk=64,overlap=1 bk=64,overlap=1,opt_barrier=1 bk=64,opt_barrier=1 \
+  bk=64,k_wait_in_pv=1 bk=128 bk=128,overlap=1 bk=128,opt_barrier=1 > $OUT/compile.log 2>&1
 echo "options: exit $?"
-timeout 150 $AB --causal bk=128 bk=128,longest_first=1 bk=128,opt_barrier=1,longest_first=1 \
+timeout 150 $AB --causal bk=64 bk=64,overlap=1 bk=128 bk=128,overlap=1 bk=128,longest_first=1 \
   >> $OUT/compile.log 2>&1
 echo "causal: exit $?"
 # each kernel's "Compiling entry" line followed by its register and spill lines, in order (the

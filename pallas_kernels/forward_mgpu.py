@@ -85,6 +85,16 @@ class MosaicGPUOptions:
     so the tiles that visit the most key tiles start first and the short ones fill the tail
     (FlashAttention-3's scheduling of causal work, Shah et al. 2024, §3); each tile's
     arithmetic is unchanged. Off by default until measured on the GPU.
+  overlap: each warpgroup's P̄V wgmma of step j runs beside its QKᵀ wgmma and softmax of step
+    j + 1 (FlashAttention-3's intra-warpgroup overlap of GEMMs and softmax, Shah et al. 2024,
+    §3.2, Alg. 2): both products are issued together, S of j + 1 is read as soon as it is
+    done (`wgmma_accumulator_load(wait_n=1)`) and its softmax runs while P̄V is in flight;
+    a prologue computes step 0's softmax, an epilogue the last P̄V. The same float32
+    operations in the same order as without it (α·acc then + P̄V; the unfused order in
+    interpret mode), one more 64×block_k score tile in registers (block_k 64 at head_dim
+    128 fits in 232; 128 may spill). It takes the turn and waits for the next key tile its
+    own way: early_turn and k_wait_in_pv must be off (ValueError). Off by default until
+    measured on the GPU.
   The defaults are the ones that were faster on the H200, or no slower; what each option
   measured, with command and date: docs/studies/speed.md ("The Mosaic GPU route").
   """
@@ -97,6 +107,14 @@ class MosaicGPUOptions:
   opt_barrier: bool = False
   k_wait_in_pv: bool = False
   longest_first: bool = False
+  overlap: bool = False
+
+  def __post_init__(self):
+    if self.overlap and (self.early_turn or self.k_wait_in_pv):
+      raise ValueError(
+        "MosaicGPUOptions(overlap=True) takes the turn and waits for the next key tile its own "
+        f"way: early_turn={self.early_turn} and k_wait_in_pv={self.k_wait_in_pv} must be False"
+      )
 
 
 # Hopper's 227 KiB of shared memory per block, less Mosaic GPU's reduction scratch (2 KiB) and
@@ -295,25 +313,11 @@ def _forward_kernel(
 
       return wait
 
-    def step(j, carry, masked):
-      acc, m_i, l_i = carry
-      slot = lax.rem(j, jnp.int32(stages))
-      wait_k = wait_next_k(j) if opts.k_wait_in_pv else (lambda: None)
-      if not opts.k_wait_in_pv:
-        plgpu.barrier_wait(k_ready.at[slot])
+    def scores(s_tile):  # the QKᵀ accumulator, scaled (`Numerics.scores`)
+      return numerics.scores(s_tile, cfg.softmax_scale)
 
-      def qk(acc_ref):
-        plgpu.wgmma(acc_ref, q_smem, k_smem.at[slot].transpose((1, 0)))
-        if early_turn:
-          rendezvous()
-        return acc_ref[...]
-
-      s = numerics.scores(
-        pl.run_scoped(qk, plgpu.ACC((ROWS_PER_WG, block_k), jnp.float32)), cfg.softmax_scale
-      )
-      plgpu.barrier_arrive(k_free.at[slot])
-      if pingpong and not early_turn:  # the other warpgroup's products run during this softmax
-        rendezvous()
+    def softmax(j, s, m_i, l_i, masked):
+      """Step j's online softmax from its scores: (m, l, α, P̄ as the P̄V wgmma takes it)."""
       if masked:
         shape = (ROWS_PER_WG, block_k)
         q_pos = row0 + plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA)
@@ -329,17 +333,17 @@ def _forward_kernel(
       alpha = numerics.rescale(m_i, m_new, opts.exp2)  # 1 while the max stays, 0 first
       p = numerics.exp_scores(s, lax.broadcast_in_dim(m_new, s.shape, [0]), opts.exp2)  # P̄, f32
       l_new = numerics.state(alpha * l_i + numerics.clamp_sum(jnp.sum(p, axis=1)))  # from f32 P̄
-      p_in = numerics.round_p(p, q_smem.dtype)
-      if fused_pv:  # α·acc now; the P̄V wgmma adds to it
-        acc = numerics.state(lax.broadcast_in_dim(alpha, acc.shape, [0]) * acc)
-      if pingpong and opts.opt_barrier:  # the softmax's values complete before the arrive
-        acc, m_new, l_new, p_in = lax.optimization_barrier((acc, m_new, l_new, p_in))
-      if pingpong:
-        plgpu.barrier_arrive(turn)  # softmax done ...
+      return m_new, l_new, alpha, numerics.round_p(p, q_smem.dtype)
+
+    def scaled(alpha, acc):  # α·acc (fused_pv: before the P̄V wgmma adds to it)
+      return numerics.state(lax.broadcast_in_dim(alpha, acc.shape, [0]) * acc)
+
+    def pv_step(acc, alpha, p_in, slot, wait_k=lambda: None):
+      """The P̄V product of a step whose softmax is done: fused_pv, into acc (already α·acc);
+      else in its own accumulator, then α·acc + P̄V (the Triton kernel's order)."""
       plgpu.barrier_wait(v_ready.at[slot])
       if pingpong:
         plgpu.barrier_wait(turn)  # ... and the other warpgroup's products too
-
       if p_smem is not None:  # interpret mode: wgmma's A operand from shared memory
         p_smem[...] = p_in
         plgpu.commit_smem()
@@ -353,7 +357,7 @@ def _forward_kernel(
 
         acc = pl.run_state(fused)(plgpu.ACC.init(acc))
         plgpu.barrier_arrive(v_free.at[slot])
-        return acc, m_new, l_new
+        return acc
 
       def pv(acc_ref):
         plgpu.wgmma(acc_ref, p_in, v_smem.at[slot])
@@ -362,11 +366,91 @@ def _forward_kernel(
 
       pv = pl.run_scoped(pv, plgpu.ACC(acc.shape, jnp.float32))
       plgpu.barrier_arrive(v_free.at[slot])
-      # P̄V in its own accumulator, then acc = α·acc + P̄V: the Triton kernel's order of operations
-      acc = numerics.state(
-        numerics.state(lax.broadcast_in_dim(alpha, acc.shape, [0]) * acc) + numerics.pv(pv)
-      )
-      return acc, m_new, l_new
+      return numerics.state(scaled(alpha, acc) + numerics.pv(pv))
+
+    def hand_over(values):  # the softmax done: give the turn (ping-pong)
+      if pingpong and opts.opt_barrier:  # the softmax's values complete before the arrive
+        values = lax.optimization_barrier(values)
+      if pingpong:
+        plgpu.barrier_arrive(turn)  # softmax done ...
+      return values
+
+    def step(j, carry, masked):
+      acc, m_i, l_i = carry
+      slot = lax.rem(j, jnp.int32(stages))
+      wait_k = wait_next_k(j) if opts.k_wait_in_pv else (lambda: None)
+      if not opts.k_wait_in_pv:
+        plgpu.barrier_wait(k_ready.at[slot])
+
+      def qk(acc_ref):
+        plgpu.wgmma(acc_ref, q_smem, k_smem.at[slot].transpose((1, 0)))
+        if early_turn:
+          rendezvous()
+        return acc_ref[...]
+
+      s = scores(pl.run_scoped(qk, plgpu.ACC((ROWS_PER_WG, block_k), jnp.float32)))
+      plgpu.barrier_arrive(k_free.at[slot])
+      if pingpong and not early_turn:  # the other warpgroup's products run during this softmax
+        rendezvous()
+      m_new, l_new, alpha, p_in = softmax(j, s, m_i, l_i, masked)
+      if fused_pv:
+        acc = scaled(alpha, acc)
+      acc, m_new, l_new, p_in = hand_over((acc, m_new, l_new, p_in))
+      return pv_step(acc, alpha, p_in, slot, wait_k), m_new, l_new
+
+    def overlapped_step(j, carry, masked):
+      """P̄V of step j beside QKᵀ and the softmax of step j + 1 (`MosaicGPUOptions.overlap`):
+      carry (acc, m, l, α, P̄) with step j's softmax done (fused_pv: acc already α·acc)."""
+      acc, m_i, l_i, alpha, p_in = carry
+      slot, nxt = lax.rem(j, jnp.int32(stages)), lax.rem(j + 1, jnp.int32(stages))
+      plgpu.barrier_wait(k_ready.at[nxt])
+      plgpu.barrier_wait(v_ready.at[slot])
+      if pingpong:
+        plgpu.barrier_wait(turn)  # the other warpgroup's products done
+      p_op = p_in
+      if p_smem is not None:  # interpret mode: wgmma's A operand from shared memory
+        p_smem[...] = p_in
+        plgpu.commit_smem()
+        p_op = p_smem
+
+      def products_then_softmax(s_ref, o_ref):
+        plgpu.wgmma(s_ref, q_smem, k_smem.at[nxt].transpose((1, 0)))
+        plgpu.wgmma(o_ref, p_op, v_smem.at[slot])
+        s = scores(plgpu.wgmma_accumulator_load(s_ref, wait_n=1))  # P̄V still in flight
+        plgpu.barrier_arrive(k_free.at[nxt])
+        if pingpong:
+          rendezvous()
+        return hand_over(softmax(j + 1, s, m_i, l_i, masked))  # the turn given, P̄V running
+
+      if fused_pv:  # the softmax leaves the accumulators' scope through refs of its own
+
+        def fused(refs):
+          s_ref, o_ref, *out_refs = refs
+          for ref, value in zip(out_refs, products_then_softmax(s_ref, o_ref)):
+            ref[...] = value
+
+        zeros = plgpu.layout_cast(
+          jnp.zeros((ROWS_PER_WG, block_k), jnp.float32), plgpu.Layout.WGMMA
+        )
+        _, acc, *nxt_softmax = pl.run_state(fused)(
+          (plgpu.ACC.init(zeros), plgpu.ACC.init(acc), m_i, l_i, alpha, p_in)
+        )
+        plgpu.barrier_arrive(v_free.at[slot])
+        m_new, l_new, alpha_new, p_new = nxt_softmax
+        acc = scaled(alpha_new, acc)
+      else:
+
+        def unfused(s_ref, o_ref):
+          return products_then_softmax(s_ref, o_ref), o_ref[...]
+
+        (m_new, l_new, alpha_new, p_new), pv = pl.run_scoped(
+          unfused,
+          plgpu.ACC((ROWS_PER_WG, block_k), jnp.float32),
+          plgpu.ACC(acc.shape, jnp.float32),
+        )
+        plgpu.barrier_arrive(v_free.at[slot])
+        acc = numerics.state(scaled(alpha, acc) + numerics.pv(pv))
+      return acc, m_new, l_new, alpha_new, p_new
 
     d = q_smem.shape[-1]
     row = plgpu.Layout.WGMMA.reduce(1)
@@ -378,10 +462,34 @@ def _forward_kernel(
     mid = jnp.minimum(unmasked, steps)
     if pingpong:  # warpgroup 1 starts one turn behind
       pl.when(wg == 1)(rendezvous)
-    if opts.k_wait_in_pv:  # the first key tile; each later one during the P̄V before it
-      wait_next_k(jnp.int32(-1))()
-    carry = lax.fori_loop(0, mid, lambda j, c: step(j, c, False), init)
-    acc, m_i, l_i = lax.fori_loop(mid, steps, lambda j, c: step(j, c, True), carry)
+    if opts.overlap:  # step 0's scores and softmax, then P̄V(j) beside softmax(j + 1)
+      plgpu.barrier_wait(k_ready.at[0])
+
+      def qk0(acc_ref):
+        plgpu.wgmma(acc_ref, q_smem, k_smem.at[0].transpose((1, 0)))
+        return acc_ref[...]
+
+      s = scores(pl.run_scoped(qk0, plgpu.ACC((ROWS_PER_WG, block_k), jnp.float32)))
+      plgpu.barrier_arrive(k_free.at[0])
+      if pingpong:
+        rendezvous()
+      # masked whether or not tile 0 needs it: the mask keeps a tile without masked keys whole
+      m_i, l_i, alpha, p_in = hand_over(softmax(jnp.int32(0), s, init[1], init[2], True))
+      acc = scaled(alpha, init[0]) if fused_pv else init[0]
+      # step j + 1's softmax unmasked while j + 1 < mid, masked from there on
+      split = jnp.maximum(mid, 1) - 1
+      carry = lax.fori_loop(
+        0, split, lambda j, c: overlapped_step(j, c, False), (acc, m_i, l_i, alpha, p_in)
+      )
+      acc, m_i, l_i, alpha, p_in = lax.fori_loop(
+        split, steps - 1, lambda j, c: overlapped_step(j, c, True), carry
+      )
+      acc = pv_step(acc, alpha, p_in, lax.rem(steps - 1, jnp.int32(stages)))
+    else:
+      if opts.k_wait_in_pv:  # the first key tile; each later one during the P̄V before it
+        wait_next_k(jnp.int32(-1))()
+      carry = lax.fori_loop(0, mid, lambda j, c: step(j, c, False), init)
+      acc, m_i, l_i = lax.fori_loop(mid, steps, lambda j, c: step(j, c, True), carry)
 
     @pl.loop(steps, cta_steps)  # causal: free the slots the other warpgroup still reads
     def _drain(j):

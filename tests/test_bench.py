@@ -244,8 +244,9 @@ def test_bench_targets_on_cpu(tmp_path, capsys):
 def test_the_mosaic_gpu_ab_script_reads_variants_and_refuses_bad_ones():
   """experiments/11_mgpu_forward_ab.py (issue 19's A/B of the Mosaic GPU forward on the GPU):
   a variant's keys become flash_attention's block_k, num_stages, stabilize and
-  MosaicGPUOptions fields; a bad item is one ValueError naming the variant and the item,
-  raised before any work (the script exits with it)."""
+  MosaicGPUOptions fields; a bad item, or options the dataclass refuses together, is one
+  ValueError naming the variant and the item, raised before any work (the script exits with
+  it)."""
   import dataclasses
   import importlib.util
 
@@ -256,8 +257,10 @@ def test_the_mosaic_gpu_ab_script_reads_variants_and_refuses_bad_ones():
   ab = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(ab)
   fields = [f.name for f in dataclasses.fields(MosaicGPUOptions)]
-  assert ab.parse_variant("", fields) == dict(block_k=64, num_stages=2, stabilize=True, options={})
-  got = ab.parse_variant("bk=128,st=3,comp=0,exp2=0,early_turn=1", fields)
+  assert ab.parse_variant("", MosaicGPUOptions) == dict(
+    block_k=64, num_stages=2, stabilize=True, options={}
+  )
+  got = ab.parse_variant("bk=128,st=3,comp=0,exp2=0,early_turn=1", MosaicGPUOptions)
   assert got == dict(
     block_k=128, num_stages=3, stabilize=False, options=dict(exp2=False, early_turn=True)
   )
@@ -268,7 +271,8 @@ def test_the_mosaic_gpu_ab_script_reads_variants_and_refuses_bad_ones():
     ("st", "variant 'st': 'st' is not KEY=VALUE"),
     ("bk=-1", "variant 'bk=-1': bk='-1' is not a positive int"),
     ("exp2=yes", "variant 'exp2=yes': exp2='yes' is not 0 or 1"),
+    ("overlap=1,k_wait_in_pv=1", "variant 'overlap=1,k_wait_in_pv=1': MosaicGPUOptions(overlap"),
   ):
     with pytest.raises(ValueError) as e:
-      ab.parse_variant(bad, fields)
+      ab.parse_variant(bad, MosaicGPUOptions)
     assert str(e.value).startswith(message) and "\n" not in str(e.value), str(e.value)

@@ -132,6 +132,38 @@ def test_mosaic_gpu_forward_lowers_with_the_schedule_options(early_turn, causal)
 
 
 @pytest.mark.parametrize(
+  "block_k, causal, opt_barrier",
+  [(64, True, False), (64, False, True), (128, True, True)],
+  ids=["bk64-causal", "bk64-full-opt_barrier", "bk128-causal-opt_barrier"],
+)
+def test_mosaic_gpu_forward_lowers_with_overlap(block_k, causal, opt_barrier):
+  """`MosaicGPUOptions.overlap` (FlashAttention-3's intra-warpgroup overlap) lowers for CUDA:
+  its GPU path, which interpret mode does not run, issues two wgmmas into two accumulators in
+  one `run_state` (the P̄V one initialised with α·acc), reads the scores with one wgmma left
+  in flight (`wgmma.wait_group.sync.aligned 1`) and carries the softmax out of that scope
+  through refs of its own."""
+  from pallas_kernels.forward_mgpu import MosaicGPUOptions
+
+  options = MosaicGPUOptions(pingpong=True, overlap=True, opt_barrier=opt_barrier)
+  cfg = _cfg(
+    backend="mosaic_gpu", head_dim=128, causal=causal, block_k=block_k, mgpu_options=options
+  )
+  text = _lower_for_cuda(lambda q, k, v: flash_forward_mgpu(q, k, v, cfg)[:3], *_qkv(128))
+  assert "wgmma" in text and "cp.async.bulk.tensor" in text
+  assert "wgmma.wait_group.sync.aligned 1;" in text
+
+
+def test_overlap_refuses_the_options_it_replaces():
+  """overlap takes the turn and waits for the next key tile its own way: with early_turn or
+  k_wait_in_pv it is refused in one line naming them."""
+  from pallas_kernels.forward_mgpu import MosaicGPUOptions
+
+  for other in ("early_turn", "k_wait_in_pv"):
+    with pytest.raises(ValueError, match=rf"^MosaicGPUOptions\(overlap=True\).*{other}=True"):
+      MosaicGPUOptions(overlap=True, **{other: True})
+
+
+@pytest.mark.parametrize(
   "head_dim,causal,group,center_keys",
   [(128, True, 1, False), (64, False, 2, True), (32, True, 4, False)],
   ids=["d128-causal", "d64-gqa-center_keys", "d32-causal-gqa4"],

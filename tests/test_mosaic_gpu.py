@@ -187,6 +187,9 @@ def test_mosaic_gpu_without_interpret_needs_a_hopper_gpu():
     ),
     (dict(num_stages=(2, 1)), True),
     (dict(k_wait_in_pv=(False, True)), False),
+    (dict(overlap=(False, True)), False),
+    (dict(overlap=(False, True), opt_barrier=(False, True)), True),
+    (dict(overlap=(False, True), num_stages=(2, 1)), True),
   ],
   ids=[
     "pingpong-full",
@@ -194,6 +197,9 @@ def test_mosaic_gpu_without_interpret_needs_a_hopper_gpu():
     "longest_first+opt_barrier+k_wait_in_pv-causal",
     "one-stage-causal",
     "k_wait_in_pv-full",
+    "overlap-full",
+    "overlap+opt_barrier-causal",
+    "overlap-one-stage-causal",
   ],
 )
 def test_mosaic_gpu_schedules_are_the_same_function(change, causal):
