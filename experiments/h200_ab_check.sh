@@ -2,10 +2,13 @@
 # Issue 19 on one H200 (device tool): the Mosaic GPU forward's launch settings and schedule
 # options against cuDNN (`experiments/11_mgpu_forward_ab.py`: interleaved pairs, a same-bits
 # check per numerics), with ptxas's register and spill report, after the GPU tests of the
-# schedules (tests.log; AB_TESTS=0 leaves them out): (1) non-causal, overlap (FlashAttention-3's
-# intra-warpgroup overlap, new 2026-12-04), opt_barrier and k_wait_in_pv at block_k 64 and 128;
-# (2) causal, overlap and longest_first (the stages, early_turn and the first 10-pair round of
-# the others ran 2026-12-03: docs/studies/speed.md). Lines land in
+# schedules (tests.log; AB_TESTS=0 leaves them out): (1) non-causal, block_k 64 with and
+# without overlap (FlashAttention-3's intra-warpgroup overlap, new 2026-12-04), overlap +
+# opt_barrier, opt_barrier, k_wait_in_pv; block_k 128 with and without overlap, opt_barrier;
+# (2) causal, block_k 64 and 128 with and without overlap, 128 with longest_first (the stages,
+# early_turn and the first 10-pair round of the others ran 2026-12-03: docs/studies/speed.md).
+# ptxas.txt keeps its registers, spills and any "wgmma ... serialized" warning (C75xx: the
+# overlap's two wgmmas not pipelined, and why). Lines land in
 # $OUT/ab.txt as they come (a call cut at its limit still brings back what ran); ptxas's report
 # (registers, spills per kernel) in $OUT/ptxas.txt. Usage (repo root, on the device):
 #   bash experiments/h200_ab_check.sh "$OUT"
@@ -22,7 +25,7 @@ source "$(dirname "$0")/h200_env.sh"
 # overlap's three cases are new: on the GPU they compare its fused path, which interpret mode
 # does not run, with the default's)
 if [[ ${AB_TESTS:-1} != 0 ]]; then
-  timeout 160 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_mosaic_gpu.py \
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_mosaic_gpu.py \
     -k "schedules or (matches_triton_forward and causal)" > $OUT/tests.log 2>&1
   echo "tests: exit $?"; tail -3 $OUT/tests.log
 fi
@@ -41,8 +44,9 @@ timeout 150 $AB --causal bk=64 bk=64,overlap=1 bk=128 bk=128,overlap=1 bk=128,lo
 echo "causal: exit $?"
 # each kernel's "Compiling entry" line followed by its register and spill lines, in order (the
 # variants compile in the order ab.txt lists them)
-grep -iE "spill|registers|Function properties|Compiling entry" $OUT/compile.log > $OUT/ptxas.txt
+grep -iE "spill|registers|Function properties|Compiling entry|serialized|C75[0-9][0-9]" $OUT/compile.log \
+  > $OUT/ptxas.txt
 grep -vE "^ptxas|^    0 bytes|^$" $OUT/compile.log | head -c 20000 > $OUT/compile_head.log
 rm $OUT/compile.log
 cat $OUT/ab.txt
-echo "ptxas: $(grep -c "Compiling entry" $OUT/ptxas.txt) kernels, $(grep -cE "[1-9][0-9]* bytes spill" $OUT/ptxas.txt) lines with a spill"
+echo "ptxas: $(grep -c "Compiling entry" $OUT/ptxas.txt) kernels, $(grep -cE "[1-9][0-9]* bytes spill" $OUT/ptxas.txt) lines with a spill, $(grep -ciE "serialized" $OUT/ptxas.txt) wgmma serialisation warnings"

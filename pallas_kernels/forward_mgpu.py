@@ -91,10 +91,11 @@ class MosaicGPUOptions:
     done (`wgmma_accumulator_load(wait_n=1)`) and its softmax runs while P̄V is in flight;
     a prologue computes step 0's softmax, an epilogue the last P̄V. The same float32
     operations in the same order as without it (α·acc then + P̄V; the unfused order in
-    interpret mode), one more 64×block_k score tile in registers (block_k 64 at head_dim
-    128 fits in 232; 128 may spill). It takes the turn and waits for the next key tile its
-    own way: early_turn and k_wait_in_pv must be off (ValueError). Off by default until
-    measured on the GPU.
+    interpret mode). Step j's P̄ in 16 bits stays live beside step j + 1's scores and P̄
+    (by count about 150 of a thread's 232 registers at the peak at block_k 64 and head_dim
+    128, about 220 at block_k 128: not yet checked by ptxas). It takes the turn and waits for
+    the next key tile its own way: early_turn and k_wait_in_pv must be off (ValueError). Off
+    by default until measured on the GPU.
   The defaults are the ones that were faster on the H200, or no slower; what each option
   measured, with command and date: docs/studies/speed.md ("The Mosaic GPU route").
   """
