@@ -317,6 +317,18 @@ def _forward_kernel(
     def scores(s_tile):  # the QKᵀ accumulator, scaled (`Numerics.scores`)
       return numerics.scores(s_tile, cfg.softmax_scale)
 
+    def issue_qk(s_ref, slot):  # the QKᵀ wgmma of the key tile in `slot`
+      plgpu.wgmma(s_ref, q_smem, k_smem.at[slot].transpose((1, 0)))
+
+    def read_scores(slot, turn_at_issue=False):  # QKᵀ alone, waited for and scaled
+      def qk(s_ref):
+        issue_qk(s_ref, slot)
+        if turn_at_issue:
+          rendezvous()
+        return s_ref[...]
+
+      return scores(pl.run_scoped(qk, plgpu.ACC((ROWS_PER_WG, block_k), jnp.float32)))
+
     def softmax(j, s, m_i, l_i, masked):
       """Step j's online softmax from its scores: (m, l, α, P̄ as the P̄V wgmma takes it)."""
       if masked:
@@ -383,13 +395,7 @@ def _forward_kernel(
       if not opts.k_wait_in_pv:
         plgpu.barrier_wait(k_ready.at[slot])
 
-      def qk(acc_ref):
-        plgpu.wgmma(acc_ref, q_smem, k_smem.at[slot].transpose((1, 0)))
-        if early_turn:
-          rendezvous()
-        return acc_ref[...]
-
-      s = scores(pl.run_scoped(qk, plgpu.ACC((ROWS_PER_WG, block_k), jnp.float32)))
+      s = read_scores(slot, early_turn)
       plgpu.barrier_arrive(k_free.at[slot])
       if pingpong and not early_turn:  # the other warpgroup's products run during this softmax
         rendezvous()
@@ -415,7 +421,7 @@ def _forward_kernel(
         p_op = p_smem
 
       def products_then_softmax(s_ref, o_ref):
-        plgpu.wgmma(s_ref, q_smem, k_smem.at[nxt].transpose((1, 0)))
+        issue_qk(s_ref, nxt)
         plgpu.wgmma(o_ref, p_op, v_smem.at[slot])
         s = scores(plgpu.wgmma_accumulator_load(s_ref, wait_n=1))  # P̄V still in flight
         plgpu.barrier_arrive(k_free.at[nxt])
@@ -465,12 +471,7 @@ def _forward_kernel(
       pl.when(wg == 1)(rendezvous)
     if opts.overlap:  # step 0's scores and softmax, then P̄V(j) beside softmax(j + 1)
       plgpu.barrier_wait(k_ready.at[0])
-
-      def qk0(acc_ref):
-        plgpu.wgmma(acc_ref, q_smem, k_smem.at[0].transpose((1, 0)))
-        return acc_ref[...]
-
-      s = scores(pl.run_scoped(qk0, plgpu.ACC((ROWS_PER_WG, block_k), jnp.float32)))
+      s = read_scores(0)
       plgpu.barrier_arrive(k_free.at[0])
       if pingpong:
         rendezvous()
