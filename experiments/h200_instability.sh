@@ -37,11 +37,13 @@ run_queue() {  # gpu items...
       CUDA_VISIBLE_DEVICES=$gpu bash $script "$OUT"; continue
     fi
     echo "GPU $gpu: $item with $left s left ($(date +%T))"
-    # the variant may hold ":FIELD=VALUE" itself (e.g. paper+comp+guard:max_shift=6:28::anchor-b128)
-    if [[ ! $item =~ ^(.+):([0-9][0-9,]*)(:([0-9]*)(:([A-Za-z0-9_.-]+))?)?$ ]]; then
+    # the variant may hold ":FIELD=VALUE" itself (e.g. paper+comp+guard:max_shift=6:28::anchor-b128):
+    # its segments after the first start with a letter, the seeds with a digit (a greedy variant
+    # took "paper:2,3:4000" as variant paper:2,3 and seeds 4000 until 2026-12-04)
+    if [[ ! $item =~ ^([^:]+(:[A-Za-z_][^:]*)*):([0-9][0-9,]*)(:([0-9]*)(:([A-Za-z0-9_.-]+))?)?$ ]]; then
       echo "GPU $gpu: $item is not VARIANT:SEEDS[:STEPS[:RECIPE]]"; continue
     fi
-    variant=${BASH_REMATCH[1]} seeds=${BASH_REMATCH[2]} steps=${BASH_REMATCH[4]} recipe=${BASH_REMATCH[6]}
+    variant=${BASH_REMATCH[1]} seeds=${BASH_REMATCH[3]} steps=${BASH_REMATCH[5]} recipe=${BASH_REMATCH[7]}
     recipe=${recipe:-anchor}
     CUDA_VISIBLE_DEVICES=$gpu python3 -m jax_flashstable.cli experiment instability --recipe $recipe \
       --data .data --attention "$variant" --seeds "$seeds" ${steps:+--steps "$steps"} \

@@ -160,8 +160,9 @@ def test_capped_shift_scales_tied_rows_by_its_rounding(cap):
   r(e^−cap)/e^−cap on every row: 0.99725 at cap 6, 1.00253 at 20 (from the definition), a
   bias common to all tied rows past the cap. With sum_rounded_p, l adds the rounded P̄ and
   O = gold to float32 accuracy. A cap at a multiple of ln 2 (8 ln 2, 28 ln 2) makes the
-  capped P̄ a power of two, which bf16 holds: r(P̄)/P̄ = 1 to float32 rounding and O = gold
-  without sum_rounded_p (docs/numerics.md)."""
+  capped P̄ a power of two, which bf16 holds: r(P̄)/P̄ = 1 to within the float32 rounding of
+  m′ = max + cap and O = gold without sum_rounded_p (the exp(S − m′) path of these Triton
+  kernels; not in the paper layout, which rounds S − m′ to bf16: docs/numerics.md)."""
   q, k, v = (jnp.concatenate(x) for x in zip(two_ties(30.0), two_ties(50.0)))
   gold = np.asarray(reference_attention_vjp(q, k, v, q, softmax_scale=1.0, dtype=jnp.float64)[0])
   tied_p = np.exp(np.float32(-cap))
