@@ -161,8 +161,10 @@ def test_capped_shift_scales_tied_rows_by_its_rounding(cap):
   bias common to all tied rows past the cap. With sum_rounded_p, l adds the rounded P̄ and
   O = gold to float32 accuracy. A cap at a multiple of ln 2 (8 ln 2, 28 ln 2) makes the
   capped P̄ a power of two, which bf16 holds: r(P̄)/P̄ = 1 to within the float32 rounding of
-  m′ = max + cap and O = gold without sum_rounded_p (the exp(S − m′) path of these Triton
-  kernels; not in the paper layout, which rounds S − m′ to bf16: docs/numerics.md)."""
+  m′ = max + cap and O = gold without sum_rounded_p: through the Triton kernels' exp(S − m′)
+  and through the Mosaic GPU forward's 2^(S·log₂e − m′·log₂e) (interpret mode: exact exp2
+  where the GPU runs ex2.approx; it has no sum_rounded_p). Not in the paper layout, which
+  rounds S − m′ to bf16 (docs/numerics.md)."""
   q, k, v = (jnp.concatenate(x) for x in zip(two_ties(30.0), two_ties(50.0)))
   gold = np.asarray(reference_attention_vjp(q, k, v, q, softmax_scale=1.0, dtype=jnp.float64)[0])
   tied_p = np.exp(np.float32(-cap))
@@ -174,6 +176,8 @@ def test_capped_shift_scales_tied_rows_by_its_rounding(cap):
   for rsum, expected in ((False, factor), (True, 1.0)):
     out = np.asarray(flash_attention(q, k, v, sum_rounded_p=rsum, **kw), np.float64)
     np.testing.assert_allclose(out[big] / gold[big], expected, rtol=1e-5)
+  out = np.asarray(flash_attention(q, k, v, backend="mosaic_gpu", **kw), np.float64)
+  np.testing.assert_allclose(out[big] / gold[big], factor, rtol=1e-5)
 
 
 def test_rounded_row_sum_backward_takes_the_forwards_weights():
