@@ -351,16 +351,23 @@ def _forward_kernel(
     def scaled(alpha, acc):  # α·acc (fused_pv: before the P̄V wgmma adds to it)
       return numerics.state(lax.broadcast_in_dim(alpha, acc.shape, [0]) * acc)
 
-    def pv_step(acc, alpha, p_in, slot, wait_k=lambda: None):
-      """The P̄V product of a step whose softmax is done: fused_pv, into acc (already α·acc);
-      else in its own accumulator, then α·acc + P̄V (the Triton kernel's order)."""
+    def pv_operand(p_in, slot):  # V in its slot, the turn taken: P̄ as the P̄V wgmma reads it
       plgpu.barrier_wait(v_ready.at[slot])
       if pingpong:
         plgpu.barrier_wait(turn)  # ... and the other warpgroup's products too
-      if p_smem is not None:  # interpret mode: wgmma's A operand from shared memory
-        p_smem[...] = p_in
-        plgpu.commit_smem()
-        p_in = p_smem
+      if p_smem is None:
+        return p_in
+      p_smem[...] = p_in  # interpret mode: wgmma's A operand from shared memory
+      plgpu.commit_smem()
+      return p_smem
+
+    def add_pv(acc, alpha, pv):  # P̄V from its own accumulator: α·acc + P̄V (Triton's order)
+      return numerics.state(scaled(alpha, acc) + numerics.pv(pv))
+
+    def pv_step(acc, alpha, p_in, slot, wait_k=lambda: None):
+      """The P̄V product of a step whose softmax is done: fused_pv, into acc (already α·acc);
+      else in its own accumulator, then α·acc + P̄V (the Triton kernel's order)."""
+      p_in = pv_operand(p_in, slot)
 
       if fused_pv:
 
@@ -379,7 +386,7 @@ def _forward_kernel(
 
       pv = pl.run_scoped(pv, plgpu.ACC(acc.shape, jnp.float32))
       plgpu.barrier_arrive(v_free.at[slot])
-      return numerics.state(scaled(alpha, acc) + numerics.pv(pv))
+      return add_pv(acc, alpha, pv)
 
     def hand_over(values):  # the softmax done: give the turn (ping-pong)
       if pingpong and opts.opt_barrier:  # the softmax's values complete before the arrive
@@ -411,14 +418,7 @@ def _forward_kernel(
       acc, m_i, l_i, alpha, p_in = carry
       slot, nxt = lax.rem(j, jnp.int32(stages)), lax.rem(j + 1, jnp.int32(stages))
       plgpu.barrier_wait(k_ready.at[nxt])
-      plgpu.barrier_wait(v_ready.at[slot])
-      if pingpong:
-        plgpu.barrier_wait(turn)  # the other warpgroup's products done
-      p_op = p_in
-      if p_smem is not None:  # interpret mode: wgmma's A operand from shared memory
-        p_smem[...] = p_in
-        plgpu.commit_smem()
-        p_op = p_smem
+      p_op = pv_operand(p_in, slot)
 
       def products_then_softmax(s_ref, o_ref):
         issue_qk(s_ref, nxt)
@@ -456,7 +456,7 @@ def _forward_kernel(
           plgpu.ACC(acc.shape, jnp.float32),
         )
         plgpu.barrier_arrive(v_free.at[slot])
-        acc = numerics.state(scaled(alpha, acc) + numerics.pv(pv))
+        acc = add_pv(acc, alpha, pv)
       return acc, m_new, l_new, alpha_new, p_new
 
     d = q_smem.shape[-1]
