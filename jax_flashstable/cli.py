@@ -194,9 +194,9 @@ def _train_config(args, **defaults):
 # what the help adds to a TrainConfig option's default
 OPTION_NOTES = {
   "warning_action": "; off, log, checkpoint or stop (these two need --diag-interval)",
-  "warning_rule": "; logit (any layer's max logit) or dq_error (--warning-layer's dQ error; "
-  "needs --diag-interval)",
-  "warning_layer": "; 0-based, watched by --warning-rule dq_error only",
+  "warning_rule": "; logit (any layer's max logit), dq_error (--warning-layer's dQ error) or "
+  "dq_common (its part along the keys' mean); the dQ rules need --diag-interval",
+  "warning_layer": "; 0-based, watched by --warning-rule dq_error and dq_common only",
 }
 
 

@@ -34,6 +34,8 @@ def test_diagnostics_match_direct_computations():
   # concentrated on one direction (32 rows × 32 channels: a share of at least 1/32)
   assert m["dq_err"].shape == (2, 2) and np.all((m["dq_err"] > 0) & (m["dq_err"] < 0.05))
   assert np.all(m["dq_rank1"] < 0.6), m["dq_rank1"]
+  # its part along each row's keys' mean: a component of the error, so never more than it
+  assert m["dq_common"].shape == (2, 2) and np.all(m["dq_common"] <= m["dq_err"] * (1 + 1e-6))
 
 
 def test_dq_rows_measure_the_bias_mechanism():
@@ -43,10 +45,13 @@ def test_dq_rows_measure_the_bias_mechanism():
   head fa2's and paper's dQ err by more than the exact dQ's size with all of the error along
   one direction (the (rowsum dS)·c term, whatever the signs of the rows' sums), while with the
   keys centred, or with naive bf16 attention (XLA), they err by under 2% spread over several
-  directions."""
+  directions. `dq_error_along` the keys' mean tells the term from other errors: all of fa2's
+  and paper's error lies along it, of the centred and XLA's errors under 0.01 of dQ does, and
+  `paper+center+comp`, whose literal compensation switches every row off here, errs by 1.0
+  with under 0.01 along it (the two false alarms of the dQ rule, 2026-12-04)."""
   from jax_flashstable import flash_attention, reference_attention_vjp
   from jax_flashstable.attention.config import AttentionConfig
-  from jax_flashstable.training.diagnostics import dq_error, dq_rows
+  from jax_flashstable.training.diagnostics import dq_error, dq_error_along, dq_rows, row_key_mean
 
   rng = np.random.default_rng(0)
   q, k = (0.1 * rng.standard_normal((1, 64, 4, 16)) for _ in range(2))
@@ -56,19 +61,54 @@ def test_dq_rows_measure_the_bias_mechanism():
   rows = (jnp.zeros(64, jnp.int32), jnp.arange(64))
   gold = np.asarray(reference_attention_vjp(q, k, v, do, causal=True, dtype=jnp.float64)[1][0])
   got = {}
-  for spec in ("fa2", "paper", "fa2+center", "xla"):
+  for spec in ("fa2", "paper", "fa2+center", "xla", "paper+center+comp"):
     dq, exact = dq_rows(AttentionConfig.parse(spec), q, k, v, do.astype(jnp.float32), rows, 0.25)
     np.testing.assert_allclose(np.asarray(exact), gold[0], rtol=0, atol=2.0**-21 * 480)
-    got[spec] = [np.asarray(x) for x in dq_error(dq, exact)]
+    along = dq_error_along(dq, exact, row_key_mean(k, rows))
+    got[spec] = [np.asarray(x) for x in (*dq_error(dq, exact), along)]
     if spec == "fa2":
       kernel = jax.vjp(lambda q: flash_attention(q, k, v, causal=True), q)[1](do)[0]
       np.testing.assert_array_equal(np.asarray(dq), np.asarray(kernel[0], np.float32))
-  for spec in ("fa2", "paper"):
-    err, rank1 = got[spec]
-    assert np.all(err > 1) and np.all(rank1 > 0.99), got[spec]
+  for spec in ("fa2", "paper"):  # the error is the term along the keys' mean, all of it
+    err, rank1, along = got[spec]
+    assert np.all(err > 1) and np.all(rank1 > 0.99) and np.all(along > 0.99 * err), got[spec]
   for spec in ("fa2+center", "xla"):
-    err, rank1 = got[spec]
-    assert np.all(err < 0.02) and np.all(rank1 < 0.6), got[spec]
+    err, rank1, along = got[spec]
+    assert np.all(err < 0.02) and np.all(rank1 < 0.6) and np.all(along < 0.01), got[spec]
+  # the literal compensation switches these rows off (ties below 0: m = 0, P̄ = e^−480 = 0), so
+  # with the keys centred dQ errs by its whole size, and none of it along the keys' mean
+  err, _, along = got["paper+center+comp"]
+  np.testing.assert_allclose(err, 1.0, rtol=1e-3)
+  assert np.all(along < 0.01), got["paper+center+comp"]
+
+
+def test_dq_error_along_the_keys_mean_from_the_definition():
+  """`row_key_mean` is each sampled row's mean over the keys it sees (causal), and
+  `dq_error_along` the rms of the error's component along it relative to the exact dQ's rms
+  row norm, both against float64 NumPy; an error orthogonal to each row's direction (a row
+  scaled toward 0 with its keys centred errs so) gives 0 where `dq_error` gives its full size,
+  and one along it gives that size in both."""
+  from jax_flashstable.training.diagnostics import dq_error, dq_error_along, row_key_mean
+
+  rng = np.random.default_rng(3)
+  k = rng.standard_normal((2, 9, 3, 5)) + 4.0
+  rows = (np.array([0, 1, 1, 0]), np.array([0, 8, 3, 5]))
+  mean = np.stack([k[b, : t + 1].mean(0) for b, t in zip(*rows)])  # [R, h, d]
+  got = np.asarray(row_key_mean(jnp.asarray(k, jnp.float32), tuple(map(jnp.asarray, rows))))
+  np.testing.assert_allclose(got, mean, rtol=1e-6)
+  exact, err = rng.standard_normal((2, 4, 3, 5))
+  unit = mean / np.linalg.norm(mean, axis=-1, keepdims=True)
+  size = np.sqrt(np.mean(np.sum(exact**2, -1), 0))
+  want = np.sqrt(np.mean(np.sum(err * unit, -1) ** 2, 0)) / size
+  f32 = lambda *a: [jnp.asarray(x, jnp.float32) for x in a]  # noqa: E731
+  np.testing.assert_allclose(dq_error_along(*f32(exact + err, exact, mean)), want, rtol=1e-5)
+  across = err - np.sum(err * unit, -1, keepdims=True) * unit  # no part along the direction
+  assert np.all(np.asarray(dq_error_along(*f32(exact + across, exact, mean))) < 1e-6)
+  assert np.all(np.asarray(dq_error(*f32(exact + across, exact))[0]) > 0.3)
+  along = 0.5 * np.linalg.norm(exact, axis=-1, keepdims=True) * unit
+  full = np.asarray(dq_error(*f32(exact + along, exact))[0])
+  np.testing.assert_allclose(dq_error_along(*f32(exact + along, exact, mean)), full, rtol=1e-5)
+  np.testing.assert_allclose(full, 0.5, rtol=1e-5)
 
 
 def test_diagnostics_rows_and_plot(tmp_path):

@@ -147,6 +147,14 @@ def test_dq_error_warning_in_the_loop(tmp_path, monkeypatch, capsys):
   rows = [json.loads(x) for x in (tmp_path / "dq" / "diagnostics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in rows] == [2, 4, 6]
   assert all(math.isfinite(max(r["dq_err"][0])) for r in rows)
+  # "dq_common" reads the error's part along the keys' mean from the same rows: never more
+  # than the error, and the rule on it replays to the same step at a threshold of 0
+  assert all(
+    0 <= c <= e * (1 + 1e-6) for r in rows for c, e in zip(r["dq_common"][0], r["dq_err"][0])
+  )
+  common = train.replay(train.early_warning(dataclasses.replace(c, warning_rule="dq_common")), rows)
+  assert (common.step, common.layer, common.reads) == (6, 0, "dq_common")
+  assert "layer 0's dQ error along its keys' mean against" in common.describe()
   logit = train_and_evaluate(  # the same rows under the logit rule: no warning, no stop
     cfg(tmp_path, "logit", steps=6, **kw)
   )

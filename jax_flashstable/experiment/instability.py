@@ -299,6 +299,11 @@ def _run_row(run_dir: pathlib.Path, warmup_steps: int, layer: int, diag_interval
     # 2026-12-02), which the report tells apart from "not warned" by `dq_logged`
     dq_warning_step=warning_step(diags, warmup_steps, DQErrorWarning, layer=layer)[0],
     dq_logged=any(d.get("dq_err") is not None for d in diags),
+    # the same rule on the error's part along the keys' mean (logged since 2026-12-04)
+    dqc_warning_step=warning_step(
+      diags, warmup_steps, DQErrorWarning, layer=layer, reads="dq_common"
+    )[0],
+    dqc_logged=any(d.get("dq_common") is not None for d in diags),
     min_loss=min(finite) if finite else math.nan,
     final_loss=metrics[-1]["loss"] if metrics else math.nan,
     final_val_loss=vals[-1] if vals else math.nan,
@@ -473,8 +478,13 @@ def collect(out_dir, base: TrainConfig, layer=1, reference_max_logit=None) -> li
 
 
 # the report's warning rules, by the prefix of their row fields: `train.EarlyWarning` (the max
-# logit's growth) and `train.DQErrorWarning` (the watched layer's dQ error)
-REPORT_RULES = {"": "`train.EarlyWarning`", "dq_": "`train.DQErrorWarning`"}
+# logit's growth) and `train.DQErrorWarning` (the watched layer's dQ error; on its part along
+# the keys' mean); a dQ rule is reported on the runs that logged its field (`{prefix}logged`)
+REPORT_RULES = {
+  "": "`train.EarlyWarning`",
+  "dq_": "`train.DQErrorWarning`",
+  "dqc_": '`train.DQErrorWarning(reads="dq_common")`',
+}
 
 
 DECIDED = ("exploded", "runaway", "calm")  # the outcomes (`outcome`) a run has settled
@@ -671,16 +681,20 @@ def format_report(rows, recipe: dict, layer: int) -> str:
   rules = {
     "": EarlyWarning(recipe["warmup_steps"]),
     "dq_": DQErrorWarning(recipe["warmup_steps"], layer=layer),
+    "dqc_": DQErrorWarning(recipe["warmup_steps"], layer=layer, reads="dq_common"),
   }
   for rule, monitor in rules.items():
-    logged = [r for r in rows if rule != "dq_" or r.get("dq_logged")]
-    if not logged:  # no run logged dQ's error, or rows made before the report read it
+    logged = [r for r in rows if not rule or r.get(f"{rule}logged")]
+    what = "dQ's error" if rule == "dq_" else "dQ's error along the keys' mean"
+    if not logged:  # no run logged the rule's field, or rows made before the report read it
+      if rule == "dqc_" and not any(r.get("dq_logged") for r in rows):
+        continue  # nothing of dQ at all: the dq_ rule's line says so
       lines += [
         "",
         f"Early warning ({REPORT_RULES[rule]}: {monitor.describe()}): "
         + (
-          "no run here logged dQ's error."
-          if any("dq_logged" in r for r in rows)
+          f"no run here logged {what}."
+          if any(f"{rule}logged" in r for r in rows)
           else "not in these rows (made before the report gave it); report the runs again."
         ),
       ]
@@ -691,7 +705,7 @@ def format_report(rows, recipe: dict, layer: int) -> str:
       "warned before the event, the lead in steps (event step − warning step), and false "
       "alarms (a warning on a run with neither event)"
       + (
-        f"; on the {len(logged)} of {len(rows)} runs that logged dQ's error."
+        f"; on the {len(logged)} of {len(rows)} runs that logged {what}."
         if len(logged) < len(rows)
         else "."
       ),

@@ -15,8 +15,9 @@ import tempfile
 
 WARNING_ACTIONS = ("off", "log", "checkpoint", "stop")
 # the early warnings: "logit" (`train.EarlyWarning`: some layer's max logit grows ≥ 100× within
-# 5 rows) and "dq_error" (`train.DQErrorWarning`: warning_layer's dQ error ≥ 0.03, 2 rows running)
-WARNING_RULES = ("logit", "dq_error")
+# 5 rows), "dq_error" (`train.DQErrorWarning`: warning_layer's dQ error ≥ 0.03, 2 rows running)
+# and "dq_common" (the same on the error's part along each row's keys' mean)
+WARNING_RULES = ("logit", "dq_error", "dq_common")
 # Fields a resumed or repeated run may change: they decide when training stops and what is
 # saved, not the trajectory (`steps` too when the cosine length is fixed by decay_steps), and
 # `out_dir`: the folder is where the run lives (spelled `runs/r`, `runs/r/` or absolute, or
@@ -76,7 +77,9 @@ class TrainConfig:
   stop_after_explosion: int = -1  # stop this many steps after an explosion (-1: never)
   warning_action: str = "log"  # on the early warning (warning_rule's, needs diag_interval):
   # "off", "log", "checkpoint" (and go on) or "stop" (after one)
-  warning_rule: str = "logit"  # which early warning: "logit" or "dq_error" (WARNING_RULES)
+  warning_rule: str = (
+    "logit"  # which early warning: "logit", "dq_error", "dq_common" (WARNING_RULES)
+  )
   warning_layer: int = 1  # the layer (0-based) whose dQ error "dq_error" watches (only it)
   max_seconds: float = 0.0  # stop (and checkpoint) this long after the start
   # (0: no limit)
@@ -162,7 +165,7 @@ class TrainConfig:
   def validate(self) -> "TrainConfig":
     """Checks what construction cannot without imports or files: the model preset and its
     overrides, the attention specs (and that the device can run them), seq_len ≤ the model's
-    block_size, warning_layer a layer of the model under warning_rule="dq_error", that the data
+    block_size, warning_layer a layer of the model under a dQ warning_rule, that the data
     folder exists and that out_dir can be written. Returns self.
 
     Raises:
@@ -177,10 +180,10 @@ class TrainConfig:
         f"seq_len={self.seq_len} exceeds the context of model {self.model!r} "
         f"(block_size={mcfg.block_size}); use seq_len ≤ {mcfg.block_size}"
       )
-    if self.warning_rule == "dq_error" and self.warning_layer >= mcfg.n_layer:
+    if self.warning_rule != "logit" and self.warning_layer >= mcfg.n_layer:
       raise ConfigError(
         f"warning_layer={self.warning_layer} is not a layer of model {self.model!r} "
-        f"(n_layer={mcfg.n_layer}); warning_rule='dq_error' watches it"
+        f"(n_layer={mcfg.n_layer}); warning_rule={self.warning_rule!r} watches it"
       )
     _check_device(self, mcfg)
     if self.data is not None and not pathlib.Path(self.data).is_dir():

@@ -6,8 +6,8 @@ attention entropy (sampled rows), the signed error of O and of delta = rowsum(dO
 layer's attention against an FP32 recomputation (sampled rows, dO from the real loss), the
 error of the layer's own dQ against FP32 attention's on rows sampled from the batch's first
 `DQ_SEQUENCES` sequences (`dq_rows`, `dq_error`: the bias mechanism of Qiu & Yao 2025, §4 —
-its size, and the share of it along one direction, the rank-one error that accumulates in
-W_Q), and the spectral norm of W_Q and W_K per head and of the whole W_Q (power iteration, one step per call,
+its size, the share of it along one direction, the rank-one error that accumulates in
+W_Q, and its part along each row's keys' mean, the mechanism's term alone: `dq_error_along`), and the spectral norm of W_Q and W_K per head and of the whole W_Q (power iteration, one step per call,
 with the vectors carried between calls; at every (re)start of a run they start from random
 vectors and take 50 steps on the current weights first, `converge_power_state`).
 `train_and_evaluate` runs it every `diag_interval` steps and appends a row to
@@ -113,6 +113,35 @@ def dq_error(formed, exact):
   )
 
 
+def row_key_mean(k, rows):
+  """The keys' common component of sampled causal rows: the mean of the keys each row sees.
+
+  k: [batch, seq, heads, head_dim] (any float dtype); rows: (batch index, position) arrays [R].
+  Returns float32 [R, heads, head_dim], row (b, t)'s mean over keys 0..t. The bias mechanism's
+  term (rowsum dS)·c (Qiu & Yao 2025, §4) lies along it: a shift common to a row's keys leaves
+  its softmax and exact dQ unchanged, so only an unbalanced row of dS sees it."""
+  b_idx, t_idx = rows
+  prefix = jnp.cumsum(k.astype(jnp.float32), axis=1)[b_idx, t_idx]  # [R, h, d]
+  return prefix / (t_idx.astype(jnp.float32) + 1.0)[:, None, None]
+
+
+def dq_error_along(formed, exact, direction):
+  """Per head, from dQ rows [R, heads, head_dim] and a direction per row (same shape, e.g.
+  `row_key_mean`): the rms over rows of the error's component along the row's unit direction,
+  relative to the exact dQ's rms row norm (no unit; as `dq_error`'s size, so the two compare).
+  Along the keys' common component it is the (rowsum dS)·c term of the bias mechanism (Qiu &
+  Yao 2025, §4) and not an error in other directions, e.g. a row whose output the kernel
+  scaled toward 0 (the paper layout's literal compensation, docs/numerics.md) with its keys
+  centred in the backward. A row whose direction is 0 contributes 0; NaN where a head's exact
+  dQ is 0."""
+  norm = jnp.sqrt(jnp.sum(direction**2, -1, keepdims=True))
+  unit = jnp.where(norm > 0, direction / jnp.where(norm > 0, norm, 1.0), 0.0)
+  along = jnp.sum((formed - exact) * unit, -1)  # [R, h]
+  size = jnp.sqrt(jnp.mean(jnp.sum(exact**2, -1), axis=0))  # [h]
+  rms = jnp.sqrt(jnp.mean(along**2, axis=0))
+  return jnp.where(size > 0, rms / size, jnp.nan)
+
+
 @functools.partial(jax.jit, static_argnums=(0, 5))
 def diagnose(graphdef, params, x, y, power, n_rows=64, key=None):
   """Diagnostics of one batch (x, y [batch, t] int32). Returns (metrics dict of arrays, power)."""
@@ -144,7 +173,17 @@ def diagnose(graphdef, params, x, y, power, n_rows=64, key=None):
     jax.random.randint(jax.random.fold_in(key, 6), (n_rows,), 0, t),
   )
   out = {
-    k: [] for k in ("tie_rate", "max_logit", "entropy", "o_err", "delta_err", "dq_err", "dq_rank1")
+    k: []
+    for k in (
+      "tie_rate",
+      "max_logit",
+      "entropy",
+      "o_err",
+      "delta_err",
+      "dq_err",
+      "dq_rank1",
+      "dq_common",
+    )
   }
   for layer, ((q, k, v, o), d_o) in enumerate(zip(records, d_outs)):
     att = cfg.attention_for(layer)
@@ -178,11 +217,11 @@ def diagnose(graphdef, params, x, y, power, n_rows=64, key=None):
     out["o_err"].append(jnp.mean(o_rows.astype(jnp.float32) - o32, axis=(0, 2)))
     out["delta_err"].append(jnp.mean(delta - delta32, axis=0))
     rng = jax.random.fold_in(key, 4) if att.numerics == "stochastic" else None
-    dq_err, dq_rank1 = dq_error(
-      *dq_rows(att, q[:n_seq], k[:n_seq], v[:n_seq], d_o[:n_seq], dq_at, scale, rng)
-    )
+    dq, exact = dq_rows(att, q[:n_seq], k[:n_seq], v[:n_seq], d_o[:n_seq], dq_at, scale, rng)
+    dq_err, dq_rank1 = dq_error(dq, exact)
     out["dq_err"].append(dq_err)
     out["dq_rank1"].append(dq_rank1)
+    out["dq_common"].append(dq_error_along(dq, exact, row_key_mean(k[:n_seq], dq_at)))
   metrics = {k: jnp.stack(v) for k, v in out.items()}  # [L, H]
   sigma, power = _power_steps(model, power)
   return metrics | sigma, power

@@ -409,31 +409,43 @@ class DQErrorWarning:
   1,300 steps before its runaway, and the centred run at 700, which stayed calm (its dQ error
   up to 0.116): the first false alarm.
 
+  `reads="dq_common"` reads the error's part along each row's keys' mean instead
+  (`diagnostics.dq_error_along`, logged since 2026-12-04): the (rowsum dS)·c term alone, so not
+  an error that a row's output scaled toward 0 leaves in other directions (the paper layout's
+  literal compensation with the keys centred: two false alarms of "dq_err", 2026-12-04). Same
+  threshold and rows, not yet calibrated on runs.
+
   Raises:
-    ValueError: `rows` < 1 or a threshold that is not a finite number ≥ 0, naming it.
+    ValueError: `rows` < 1, a threshold that is not a finite number ≥ 0, or `reads` not one of
+      DQ_FIELDS, naming it.
   """
 
-  reads = "dq_err"
+  DQ_FIELDS = {"dq_err": "dQ error", "dq_common": "dQ error along its keys' mean"}
 
-  def __init__(self, start: int, threshold: float = 0.03, rows: int = 2, layer: int = 1):
+  def __init__(
+    self, start: int, threshold: float = 0.03, rows: int = 2, layer: int = 1, reads="dq_err"
+  ):
     if not (isinstance(rows, int) and rows >= 1):
       raise ValueError(f"rows={rows!r} must be an integer ≥ 1")
     if not (isinstance(threshold, (int, float)) and math.isfinite(threshold) and threshold >= 0):
       raise ValueError(f"threshold={threshold!r} must be a finite number ≥ 0")
+    if reads not in self.DQ_FIELDS:
+      raise ValueError(f"reads={reads!r} must be one of {tuple(self.DQ_FIELDS)}")
     self.start, self.threshold, self.rows, self.watch = start, threshold, rows, layer
+    self.reads = reads
     self.run, self.step, self.layer = 0, None, None
 
   def describe(self) -> str:
     """The rule in words, for reports and logs."""
     return (
-      f"layer {self.watch}'s dQ error against FP32 attention's dQ, relative to the exact dQ's "
-      f"size, largest head, ≥ {self.threshold:g} in {self.rows} diagnostics rows running, "
-      f"after step {self.start}"
+      f"layer {self.watch}'s {self.DQ_FIELDS[self.reads]} against FP32 attention's dQ, "
+      f"relative to the exact dQ's size, largest head, ≥ {self.threshold:g} in {self.rows} "
+      f"diagnostics rows running, after step {self.start}"
     )
 
   def update(self, step, dq_err) -> int | None:
-    """dq_err: [layers][heads] (a diagnostics row's "dq_err"). Returns the warning step once
-    it has fired (None before). Raises IndexError for a `watch` beyond the row's layers."""
+    """dq_err: [layers][heads] (a diagnostics row's field `reads`). Returns the warning step
+    once it has fired (None before). Raises IndexError for a `watch` beyond the row's layers."""
     if self.step is not None or step <= self.start:
       return self.step
     heads = [x for x in dq_err[self.watch] if x == x]  # NaN heads skipped; inf counts
@@ -450,6 +462,9 @@ def early_warning(cfg: TrainConfig) -> EarlyWarning | DQErrorWarning:
   return {
     "logit": lambda: EarlyWarning(cfg.warmup_steps),
     "dq_error": lambda: DQErrorWarning(cfg.warmup_steps, layer=cfg.warning_layer),
+    "dq_common": lambda: DQErrorWarning(
+      cfg.warmup_steps, layer=cfg.warning_layer, reads="dq_common"
+    ),
   }[cfg.warning_rule]()
 
 
