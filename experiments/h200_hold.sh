@@ -19,6 +19,9 @@
 # snapshot (its unfinished runs start over: checkpoints do not come back). A call that does not
 # know whether its machine is the last one runs `start ...; wait ...` (";", not "&&"): on the
 # warm machine start refuses (its queues run on) and wait follows them; on a fresh one it starts.
+# On 2026-12-04 (twenty-first session) the next call came ~60 s after the last twice, past the
+# 30 s a machine waits, and each time the queue went with the machine: so every call is
+# `start; wait` with PREVIOUS naming every pack copied so far.
 # Copy each call's files into the tree before the next call: a new session numbers its calls
 # from 1 again and writes over the last session's files (2026-12-04: a finished run lost so).
 # Usage (repo root, on the device; carry .data):
