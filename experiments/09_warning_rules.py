@@ -9,6 +9,9 @@ history: `grown`); `train.EarlyWarning` and
 that logged it.
 
     PYTHONPATH=. python3 experiments/09_warning_rules.py [reference_max_logit]
+
+Runs that logged `dq_common` (2026-12-04 on) get a third table: the rules on the dQ error along
+each row's keys' mean.
 """
 
 import json
@@ -135,3 +138,23 @@ table(
   logged,
   report_rule | dq_rule | GROWTH | {name: first(rule) for name, rule in (RULES | DQ_RULES).items()},
 )
+common = [r for r in rows if r["dqc_logged"]]
+if common:  # the dQ error along each row's keys' mean (`dq_common`, logged since 2026-12-04)
+  print(
+    f"\nOn the {len(common)} runs that logged dQ's error along the keys' mean (2026-12-04 on):\n"
+  )
+  dqc1 = lambda d: max((x for x in d["dq_common"][1] if x == x), default=math.nan)  # noqa: E731
+  table(
+    common,
+    report_rule
+    | dq_rule
+    | {
+      '`train.DQErrorWarning(reads="dq_common")` (≥ 0.03, 2 rows running)': (
+        lambda r: r["dqc_warning_step"]
+      )
+    }
+    | {
+      f"layer-1 dQ error along the keys' mean ≥ {t} (one row)": first(lambda d, t=t: dqc1(d) >= t)
+      for t in (0.01, 0.02, 0.05)
+    },
+  )

@@ -462,7 +462,7 @@ def collect(out_dir, base: TrainConfig, layer=1, reference_max_logit=None) -> li
     row["runaway_step"] = (
       None if threshold is None else next((step for step, x in logits if x > threshold), None)
     )
-    for rule in REPORT_RULES:  # per rule ("" or "dq_"): steps from the warning to the event
+    for rule in REPORT_RULES:  # per rule (its prefix): steps from the warning to the event
       for event in ("explosion", "runaway"):
         row[f"{rule}{event}_lead"] = (
           row[f"{event}_step"] - row[f"{rule}warning_step"]

@@ -77,10 +77,8 @@ class TrainConfig:
   stop_after_explosion: int = -1  # stop this many steps after an explosion (-1: never)
   warning_action: str = "log"  # on the early warning (warning_rule's, needs diag_interval):
   # "off", "log", "checkpoint" (and go on) or "stop" (after one)
-  warning_rule: str = (
-    "logit"  # which early warning: "logit", "dq_error", "dq_common" (WARNING_RULES)
-  )
-  warning_layer: int = 1  # the layer (0-based) whose dQ error "dq_error" watches (only it)
+  warning_rule: str = "logit"  # the early warning: one of WARNING_RULES
+  warning_layer: int = 1  # the layer (0-based) the dQ rules watch (only it)
   max_seconds: float = 0.0  # stop (and checkpoint) this long after the start
   # (0: no limit)
   out_dir: str = "runs/train"

@@ -6,8 +6,9 @@ attention entropy (sampled rows), the signed error of O and of delta = rowsum(dO
 layer's attention against an FP32 recomputation (sampled rows, dO from the real loss), the
 error of the layer's own dQ against FP32 attention's on rows sampled from the batch's first
 `DQ_SEQUENCES` sequences (`dq_rows`, `dq_error`: the bias mechanism of Qiu & Yao 2025, §4 —
-its size, the share of it along one direction, the rank-one error that accumulates in
-W_Q, and its part along each row's keys' mean, the mechanism's term alone: `dq_error_along`), and the spectral norm of W_Q and W_K per head and of the whole W_Q (power iteration, one step per call,
+its size, the share of it along one direction, the rank-one error that accumulates in W_Q,
+and its part along each row's keys' mean away from its exact dQ: `dq_error_along`), and the
+spectral norm of W_Q and W_K per head and of the whole W_Q (power iteration, one step per call,
 with the vectors carried between calls; at every (re)start of a run they start from random
 vectors and take 50 steps on the current weights first, `converge_power_state`).
 `train_and_evaluate` runs it every `diag_interval` steps and appends a row to
@@ -125,17 +126,27 @@ def row_key_mean(k, rows):
   return prefix / (t_idx.astype(jnp.float32) + 1.0)[:, None, None]
 
 
+def _unit(x):
+  """x [..., d] over its norm along the last axis; 0 where that norm is 0."""
+  norm = jnp.sqrt(jnp.sum(x**2, -1, keepdims=True))
+  return jnp.where(norm > 0, x / jnp.where(norm > 0, norm, 1.0), 0.0)
+
+
 def dq_error_along(formed, exact, direction):
   """Per head, from dQ rows [R, heads, head_dim] and a direction per row (same shape, e.g.
-  `row_key_mean`): the rms over rows of the error's component along the row's unit direction,
-  relative to the exact dQ's rms row norm (no unit; as `dq_error`'s size, so the two compare).
-  Along the keys' common component it is the (rowsum dS)·c term of the bias mechanism (Qiu &
-  Yao 2025, §4) and not an error in other directions, e.g. a row whose output the kernel
-  scaled toward 0 (the paper layout's literal compensation, docs/numerics.md) with its keys
-  centred in the backward. A row whose direction is 0 contributes 0; NaN where a head's exact
-  dQ is 0."""
-  norm = jnp.sqrt(jnp.sum(direction**2, -1, keepdims=True))
-  unit = jnp.where(norm > 0, direction / jnp.where(norm > 0, norm, 1.0), 0.0)
+  `row_key_mean`): the rms over rows of the error's component along the row's direction less
+  its part along the row's exact dQ (unit length), relative to the exact dQ's rms row norm (no
+  unit; as `dq_error`'s size, so the two compare).
+
+  Along the keys' mean it measures the (rowsum dS)·c term of the bias mechanism (Qiu & Yao
+  2025, §4), c the keys' common component, and not an error that scales a row's dQ: a row
+  whose output the kernel scaled toward 0 (the paper layout's literal compensation,
+  docs/numerics.md) errs by −(1 − s)·dQ, along the exact dQ, which is taken out first (keys
+  that vary along c give the exact dQ a part along c too, and without this step such a row
+  would count). The cost: the term's part along the exact dQ is not counted either. A row
+  whose direction is 0 or along its exact dQ contributes 0; NaN where a head's exact dQ is 0."""
+  e = _unit(exact)
+  unit = _unit(direction - jnp.sum(direction * e, -1, keepdims=True) * e)
   along = jnp.sum((formed - exact) * unit, -1)  # [R, h]
   size = jnp.sqrt(jnp.mean(jnp.sum(exact**2, -1), axis=0))  # [h]
   rms = jnp.sqrt(jnp.mean(along**2, axis=0))

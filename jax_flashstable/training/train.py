@@ -420,7 +420,8 @@ class DQErrorWarning:
       DQ_FIELDS, naming it.
   """
 
-  DQ_FIELDS = {"dq_err": "dQ error", "dq_common": "dQ error along its keys' mean"}
+  # the diagnostics fields it reads (not the warning_rule names "dq_error", "dq_common")
+  DQ_FIELDS = {"dq_err": "dQ error", "dq_common": "dQ error along each row's keys' mean"}
 
   def __init__(
     self, start: int, threshold: float = 0.03, rows: int = 2, layer: int = 1, reads="dq_err"
