@@ -383,10 +383,12 @@ def test_runaway_survival_fisher_and_pack(tmp_path):
     "| paper+comp | 0 / 4 (1 unfinished) | 1 / 5 |" in text
     and "| paper vs paper+comp | comp | 0.0079 | 0.024 |" in text
   )
-  # no run logged dQ's error: its warning column says n/a, its table says why; rows made
-  # before the report gave the dQ rule (an old report.json) say so
-  assert "| 20 | 20 | – | n/a | 3.000 |" in text and "no run here logged dQ's error." in text
-  old = [{k: v for k, v in r.items() if not k.startswith("dq_")} for r in rows]
+  # no run logged dQ's error: its warning columns say n/a, its table says why (and none
+  # for the rule along the keys' mean); rows made before the report gave the dQ rule (an
+  # old report.json) say so
+  assert "| 20 | 20 | – | n/a | n/a | 3.000 |" in text and "no run here logged dQ's error." in text
+  assert 'reads="dq_common"' not in text
+  old = [{k: v for k, v in r.items() if not k.startswith(("dq_", "dqc_"))} for r in rows]
   text = experiment.format_report(old, dict(warmup_steps=cfg.warmup_steps), 1)
   assert "not in these rows (made before the report gave it); report the runs again." in text
   # pack → unpack gives the same rows (timings kept to 4 digits)
@@ -847,7 +849,9 @@ def test_dq_error_warning_out_of_sample(pack, tmp_path):
   rows = experiment.collect(tmp_path, base, 1, B128_REFERENCE_MAX_LOGIT)
   name = lambda r: f"{r['variant']}/seed{r['seed']}"
   assert sorted(map(name, rows)) == sorted([*warned, *calm])
-  assert all(r["dq_logged"] for r in rows)
+  assert all(r["dq_logged"] and not r["dqc_logged"] for r in rows)  # dq_common: 2026-12-04 on
+  text = experiment.format_report(rows, dict(warmup_steps=base.warmup_steps), 1)
+  assert "no run here logged dQ's error along the keys' mean." in text
   steps = ("dq_warning_step", "runaway_step", "explosion_step")
   assert {name(r): tuple(r[k] for k in steps) for r in rows if name(r) in warned} == warned
   for r in rows:
