@@ -14,7 +14,7 @@ PANELS = (
   ("max_logit", "max attention logit", "max"),
   ("delta_err", "delta(bf16) − delta(fp32), mean", "mean"),
   ("dq_err", "dQ error / rms exact dQ, max", "max"),
-  ("dq_common", "dQ error along keys' mean / rms exact dQ, max", "max"),
+  ("dq_common", "dQ error along keys' mean, max", "max"),
 )
 
 
