@@ -91,7 +91,10 @@ def dq_rows(config, q, k, v, d_o, rows, softmax_scale, rng_key=None):
   kr, vr = k[b_idx].astype(jnp.float32), v[b_idx].astype(jnp.float32)  # [R, T, h, d]
   dp = jnp.einsum("rhd,rkhd->rhk", do_r, vr, precision=HIGHEST)
   ds = p * (dp - jnp.sum(do_r * o32, -1)[..., None])
-  exact = softmax_scale * jnp.einsum("rhk,rkhd->rhd", ds, kr, precision=HIGHEST)
+  # Σ_j dS_j k_j taken as Σ_j dS_j (k_j − Σ_j P_j k_j): the same in exact arithmetic (each row
+  # of dS sums to 0), without float32's cancellation along a large common key component
+  k_mean = jnp.einsum("rhk,rkhd->rhd", p, kr, precision=HIGHEST)
+  exact = softmax_scale * jnp.einsum("rhk,rkhd->rhd", ds, kr - k_mean[:, None], precision=HIGHEST)
   return dq, exact
 
 
@@ -138,16 +141,24 @@ def dq_error_along(formed, exact, direction):
   its part along the row's exact dQ (unit length), relative to the exact dQ's rms row norm (no
   unit; as `dq_error`'s size, so the two compare).
 
-  Along the keys' mean it measures the (rowsum dS)·c term of the bias mechanism (Qiu & Yao
-  2025, §4), c the keys' common component, and not an error that scales a row's dQ: a row
-  whose output the kernel scaled toward 0 (the paper layout's literal compensation,
-  docs/numerics.md) errs by −(1 − s)·dQ, along the exact dQ, which is taken out first (keys
-  that vary along c give the exact dQ a part along c too, and without this step such a row
-  would count). The cost: the term's part along the exact dQ is not counted either. A row
-  whose direction is 0 or along its exact dQ contributes 0; NaN where a head's exact dQ is 0."""
+  Along the keys' mean it reads the (rowsum dS)·c term of the bias mechanism (Qiu & Yao 2025,
+  §4), c the keys' common component (exactly: c = Σ_j P_j k_j, which the plain mean of the
+  row's keys approaches when c dominates them), less the term's part along the exact dQ, so
+  the term counts at sin θ of its size, θ its angle to the exact dQ (0.35–0.40 for keys that
+  vary along c by ±2 at −480, `tests/test_diagnostics.py`). What is left out: an error that
+  scales a row's dQ (a row whose output the kernel scaled toward 0, the paper layout's literal
+  compensation, docs/numerics.md, errs by −(1 − s)·dQ). Any other error counts by its part
+  along that direction: about its size/√head_dim for rounding noise. A row whose direction is
+  0, or within 10⁻⁴ (relative) of its exact dQ's, contributes 0 (taken out twice, for
+  float32); a row whose error is not finite makes the head's value inf; NaN where a head's
+  exact dQ is 0."""
   e = _unit(exact)
-  unit = _unit(direction - jnp.sum(direction * e, -1, keepdims=True) * e)
-  along = jnp.sum((formed - exact) * unit, -1)  # [R, h]
+  across = direction - jnp.sum(direction * e, -1, keepdims=True) * e
+  across = across - jnp.sum(across * e, -1, keepdims=True) * e  # again: float32 leaves residue
+  size_of = lambda x: jnp.sqrt(jnp.sum(x**2, -1, keepdims=True))  # noqa: E731
+  unit = jnp.where(size_of(across) > 1e-4 * size_of(direction), _unit(across), 0.0)
+  err = formed - exact
+  along = jnp.where(jnp.all(jnp.isfinite(err), -1), jnp.sum(err * unit, -1), jnp.inf)  # [R, h]
   size = jnp.sqrt(jnp.mean(jnp.sum(exact**2, -1), axis=0))  # [h]
   rms = jnp.sqrt(jnp.mean(along**2, axis=0))
   return jnp.where(size > 0, rms / size, jnp.nan)
