@@ -295,15 +295,7 @@ def _run_row(run_dir: pathlib.Path, warmup_steps: int, layer: int, diag_interval
     explosion_step=explosion_step(losses, warmup_steps),
     warning_step=warned,
     warning_layer=warned_layer,
-    # the dQ-error rule on the watched layer; None where no row logged dQ's error (before
-    # 2026-12-02), which the report tells apart from "not warned" by `dq_logged`
-    dq_warning_step=warning_step(diags, warmup_steps, DQErrorWarning, layer=layer)[0],
-    dq_logged=any(d.get("dq_err") is not None for d in diags),
-    # the same rule on the error's part along the keys' mean (logged since 2026-12-04)
-    dqc_warning_step=warning_step(
-      diags, warmup_steps, DQErrorWarning, layer=layer, reads="dq_common"
-    )[0],
-    dqc_logged=any(d.get("dq_common") is not None for d in diags),
+    **_dq_rule_fields(diags, warmup_steps, layer),
     min_loss=min(finite) if finite else math.nan,
     final_loss=metrics[-1]["loss"] if metrics else math.nan,
     final_val_loss=vals[-1] if vals else math.nan,
@@ -316,6 +308,18 @@ def _run_row(run_dir: pathlib.Path, warmup_steps: int, layer: int, diag_interval
     steps_per_s=1.0 / statistics.median(times) if times else math.nan,
     diag_cost=diag_cost,
   )
+
+
+def _dq_rule_fields(diags, warmup_steps: int, layer: int) -> dict:
+  """Per dQ rule of the report (DQ_REPORT_FIELDS), on the watched layer: `{prefix}warning_step`
+  (None where not warned, or where no row logged the rule's field: dq_err before 2026-12-02,
+  dq_common before 2026-12-04) and `{prefix}logged`, which tells the two apart."""
+  fields = {}
+  for prefix, field in DQ_REPORT_FIELDS.items():
+    rule = warning_step(diags, warmup_steps, DQErrorWarning, layer=layer, reads=field)
+    fields[f"{prefix}warning_step"] = rule[0]
+    fields[f"{prefix}logged"] = any(d.get(field) is not None for d in diags)
+  return fields
 
 
 def _is_reference(variant: str) -> bool:
@@ -485,6 +489,8 @@ REPORT_RULES = {
   "dq_": "`train.DQErrorWarning`",
   "dqc_": '`train.DQErrorWarning(reads="dq_common")`',
 }
+# the dQ rules' prefixes and the diagnostics field each one's `DQErrorWarning` reads
+DQ_REPORT_FIELDS = {"dq_": "dq_err", "dqc_": "dq_common"}
 
 
 DECIDED = ("exploded", "runaway", "calm")  # the outcomes (`outcome`) a run has settled
@@ -679,10 +685,9 @@ def format_report(rows, recipe: dict, layer: int) -> str:
       + " | ".join(f"{at(s):.2f}" for s in marks)
       + " |"
     )
-  rules = {
-    "": EarlyWarning(recipe["warmup_steps"]),
-    "dq_": DQErrorWarning(recipe["warmup_steps"], layer=layer),
-    "dqc_": DQErrorWarning(recipe["warmup_steps"], layer=layer, reads="dq_common"),
+  rules = {"": EarlyWarning(recipe["warmup_steps"])} | {
+    prefix: DQErrorWarning(recipe["warmup_steps"], layer=layer, reads=field)
+    for prefix, field in DQ_REPORT_FIELDS.items()
   }
   for rule, monitor in rules.items():
     logged = [r for r in rows if not rule or r.get(f"{rule}logged")]

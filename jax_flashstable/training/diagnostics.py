@@ -129,9 +129,14 @@ def row_key_mean(k, rows):
   return prefix / (t_idx.astype(jnp.float32) + 1.0)[:, None, None]
 
 
+def _norm(x):
+  """The norm of x [..., d] along the last axis, kept as [..., 1]."""
+  return jnp.sqrt(jnp.sum(x**2, -1, keepdims=True))
+
+
 def _unit(x):
   """x [..., d] over its norm along the last axis; 0 where that norm is 0."""
-  norm = jnp.sqrt(jnp.sum(x**2, -1, keepdims=True))
+  norm = _norm(x)
   return jnp.where(norm > 0, x / jnp.where(norm > 0, norm, 1.0), 0.0)
 
 
@@ -155,8 +160,7 @@ def dq_error_along(formed, exact, direction):
   e = _unit(exact)
   across = direction - jnp.sum(direction * e, -1, keepdims=True) * e
   across = across - jnp.sum(across * e, -1, keepdims=True) * e  # again: float32 leaves residue
-  size_of = lambda x: jnp.sqrt(jnp.sum(x**2, -1, keepdims=True))  # noqa: E731
-  unit = jnp.where(size_of(across) > 1e-4 * size_of(direction), _unit(across), 0.0)
+  unit = jnp.where(_norm(across) > 1e-4 * _norm(direction), _unit(across), 0.0)
   err = formed - exact
   along = jnp.where(jnp.all(jnp.isfinite(err), -1), jnp.sum(err * unit, -1), jnp.inf)  # [R, h]
   size = jnp.sqrt(jnp.mean(jnp.sum(exact**2, -1), axis=0))  # [h]

@@ -409,11 +409,12 @@ class DQErrorWarning:
   1,300 steps before its runaway, and the centred run at 700, which stayed calm (its dQ error
   up to 0.116): the first false alarm.
 
-  `reads="dq_common"` reads the error's part along each row's keys' mean instead
-  (`diagnostics.dq_error_along`, logged since 2026-12-04): the (rowsum dS)·c term alone, so not
-  an error that a row's output scaled toward 0 leaves in other directions (the paper layout's
-  literal compensation with the keys centred: two false alarms of "dq_err", 2026-12-04). Same
-  threshold and rows, not yet calibrated on runs.
+  `reads="dq_common"` reads the error's part along each row's keys' mean, away from its exact
+  dQ, instead (`diagnostics.dq_error_along`, logged since 2026-12-04): where the (rowsum dS)·c
+  term lies, and not an error that only scales a row's dQ (the paper layout's literal
+  compensation switching rows off: with the keys centred, two false alarms of "dq_err",
+  2026-12-04). The separation is partial where keys vary off that error's directions
+  (docs/training.md, "The early warning"). Same threshold and rows, not yet calibrated on runs.
 
   Raises:
     ValueError: `rows` < 1, a threshold that is not a finite number ≥ 0, or `reads` not one of
