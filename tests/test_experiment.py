@@ -684,6 +684,10 @@ B128_LATER = {
   # fp32_out 21 and paper + center + comp 29 and 31 calm to 3,000 (layer 1's max logit at most
   # 26, 127 and 212), not warned
   "h200-2026-12-04b-b128/runs.jsonl.xz": ({}, {}, 3),
+  # paper + delta32 + comp 24, 29, 31 and paper + center + comp 24 calm by the explosion rule to
+  # 3,000, not warned, although 29 and 31 ran away (layer 1's max logit to 744 and 3,536, at
+  # most 17× and 61× its lowest over the previous 5 rows), as paper + comp's runaways were
+  "h200-2026-12-04c-b128/runs.jsonl.xz": ({}, {}, 4),
 }
 # anchor-b128 packs made after `train.DQErrorWarning` was calibrated (2026-12-03, on the packs
 # up to the eleventh session): per pack, the runs with an event, each with its dQ warning step,
@@ -734,6 +738,17 @@ B128_DQ_LATER = {
       "fp32_out/seed21": (0.013, None),
       "paper+center+comp/seed29": (0.889, 500),
       "paper+center+comp/seed31": (1.052, 400),
+    },
+  ),
+  # the first runs with dq_common logged; third: each run's dq_common warning step
+  "h200-2026-12-04c-b128/runs.jsonl.xz": (
+    {"paper+delta32+comp/seed29": (400, 1400, None), "paper+delta32+comp/seed31": (400, 600, None)},
+    {"paper+center+comp/seed24": (0.812, 600), "paper+delta32+comp/seed24": (1.294, 400)},
+    {
+      "paper+center+comp/seed24": 2300,
+      "paper+delta32+comp/seed24": 400,
+      "paper+delta32+comp/seed29": 700,
+      "paper+delta32+comp/seed31": 400,
     },
   ),
 }
@@ -842,16 +857,24 @@ def test_dq_error_warning_out_of_sample(pack, tmp_path):
   calm to 3,000 but warned at 500 and 400: false alarms from the literal compensation, which
   switches tied rows with large scores off (docs/numerics.md), so layer 1's dQ errs by up to
   0.889 and 1.052 of its size once its max logit passes ~24, with no runaway (at most 127 and
-  212)."""
-  warned, calm = B128_DQ_LATER[pack]
+  212). The first runs with `dq_common` logged (2026-12-04, twenty-second session): paper +
+  delta32 + comp 29 and 31 ran away at 1,400 and 600 without exploding, warned by dq_err at 400
+  (1,000 and 200 ahead) and by dq_common at 700 and 400 (700 and 200 ahead); paper + delta32 +
+  comp 24 calm (layer 1's max logit at most 305, climbing) but warned at 400 by both, paper +
+  center + comp 24 calm (at most 149) but warned at 600 by dq_err (at most 0.812) and at 2,300
+  by dq_common: no separation of the compensation's own error on these runs."""
+  warned, calm, *dqc = B128_DQ_LATER[pack]
   experiment.unpack_runs([str(RESULTS / pack)], tmp_path)
   base = b128_config()
   rows = experiment.collect(tmp_path, base, 1, B128_REFERENCE_MAX_LOGIT)
   name = lambda r: f"{r['variant']}/seed{r['seed']}"
   assert sorted(map(name, rows)) == sorted([*warned, *calm])
-  assert all(r["dq_logged"] and not r["dqc_logged"] for r in rows)  # dq_common: 2026-12-04 on
+  assert all(r["dq_logged"] and r["dqc_logged"] == bool(dqc) for r in rows)  # dq_common: 12-04c on
   text = experiment.format_report(rows, dict(warmup_steps=base.warmup_steps), 1)
-  assert "no run here logged dQ's error along the keys' mean." in text
+  assert ("no run here logged dQ's error along the keys' mean." in text) != bool(dqc)
+  if dqc:  # the dq_common rule: its warning steps, a false alarm wherever the run was calm
+    assert {name(r): r["dqc_warning_step"] for r in rows} == dqc[0]
+    assert {name(r) for r in rows if r["dqc_false_alarm"]} == set(dqc[0]) & set(calm)
   steps = ("dq_warning_step", "runaway_step", "explosion_step")
   assert {name(r): tuple(r[k] for k in steps) for r in rows if name(r) in warned} == warned
   for r in rows:
@@ -893,7 +916,8 @@ def test_early_warning_out_of_sample(pack, tmp_path):
   fa2 + comp 25 exploded at 2,379, warned at 1,900 (479 ahead), 21 warned at 2,600, when its
   layer 1 ran away, and did not explode by 3,000 (a false alarm by the explosion rule); fa2 +
   comp 24 and fp32_out 24 and 25 calm, not warned; fp32_out 21 and paper + center + comp 29
-  and 31 calm, not warned."""
+  and 31 calm, not warned; paper + delta32 + comp 24, 29, 31 and paper + center + comp 24 not
+  warned (29 and 31 ran away: missed, as paper + comp's runaways were)."""
   warnings, explosions, n_runs, *false_alarms = B128_LATER[pack]
   experiment.unpack_runs([str(RESULTS / pack)], tmp_path)
   base = b128_config()
