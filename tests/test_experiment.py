@@ -740,7 +740,8 @@ B128_DQ_LATER = {
       "paper+center+comp/seed31": (1.052, 400),
     },
   ),
-  # the first runs with dq_common logged; third: each run's dq_common warning step
+  # the first runs with dq_common logged; third: each run's dq_common warning step (leads to
+  # the runaways 700 and 200)
   "h200-2026-12-04c-b128/runs.jsonl.xz": (
     {"paper+delta32+comp/seed29": (400, 1400, None), "paper+delta32+comp/seed31": (400, 600, None)},
     {"paper+center+comp/seed24": (0.812, 600), "paper+delta32+comp/seed24": (1.294, 400)},
@@ -860,7 +861,7 @@ def test_dq_error_warning_out_of_sample(pack, tmp_path):
   212). The first runs with `dq_common` logged (2026-12-04, twenty-second session): paper +
   delta32 + comp 29 and 31 ran away at 1,400 and 600 without exploding, warned by dq_err at 400
   (1,000 and 200 ahead) and by dq_common at 700 and 400 (700 and 200 ahead); paper + delta32 +
-  comp 24 calm (layer 1's max logit at most 305, climbing) but warned at 400 by both, paper +
+  comp 24 calm (layer 1's max logit at most 305, at step 600) but warned at 400 by both, paper +
   center + comp 24 calm (at most 149) but warned at 600 by dq_err (at most 0.812) and at 2,300
   by dq_common: no separation of the compensation's own error on these runs."""
   warned, calm, *dqc = B128_DQ_LATER[pack]
@@ -872,9 +873,14 @@ def test_dq_error_warning_out_of_sample(pack, tmp_path):
   assert all(r["dq_logged"] and r["dqc_logged"] == bool(dqc) for r in rows)  # dq_common: 12-04c on
   text = experiment.format_report(rows, dict(warmup_steps=base.warmup_steps), 1)
   assert ("no run here logged dQ's error along the keys' mean." in text) != bool(dqc)
-  if dqc:  # the dq_common rule: its warning steps, a false alarm wherever the run was calm
-    assert {name(r): r["dqc_warning_step"] for r in rows} == dqc[0]
-    assert {name(r) for r in rows if r["dqc_false_alarm"]} == set(dqc[0]) & set(calm)
+  if dqc:  # the dq_common rule: its warning steps (None: not warned), its leads to the runaways
+    (steps,) = dqc  # a warned calm run is a false alarm
+    assert {name(r): r["dqc_warning_step"] for r in rows} == steps
+    false_alarms = {n for n, w in steps.items() if w is not None and n in calm}
+    assert {name(r) for r in rows if r["dqc_false_alarm"]} == false_alarms
+    for n, (_, runaway, _) in warned.items():
+      row = next(r for r in rows if name(r) == n)
+      assert row["dqc_runaway_lead"] == (runaway - steps[n] if steps[n] is not None else None)
   steps = ("dq_warning_step", "runaway_step", "explosion_step")
   assert {name(r): tuple(r[k] for k in steps) for r in rows if name(r) in warned} == warned
   for r in rows:
