@@ -129,6 +129,37 @@ dq1 = lambda d: max((x for x in d["dq_err"][1] if x == x), default=math.nan)  # 
 DQ_RULES = {
   f"layer-1 dQ error ≥ {t} (one row)": (lambda d, t=t: dq1(d) >= t) for t in (0.035, 0.05)
 }
+
+
+def rank1_of_largest(d):
+  """The rank-one share (`dq_rank1`) of layer 1's head with the largest dQ error: the
+  mechanism's term is rank one along c, but so, at 0.8–0.9, is the error of runs that stay calm
+  (tried 2026-12-04: no threshold separates)."""
+  pairs = [(e, s) for e, s in zip(d["dq_err"][1], d["dq_rank1"][1]) if e == e and s == s]
+  return max(pairs)[1] if pairs else math.nan
+
+
+def rows_running(value, threshold, rows):
+  """The first step after warmup ending `rows` diagnostics rows running with value ≥ threshold."""
+
+  def warned_at(r):
+    run = 0
+    for d in diag[r["variant"], r["seed"]]:
+      if d["step"] > WARMUP:
+        run = run + 1 if value(d) >= threshold else 0
+        if run >= rows:
+          return d["step"]
+    return None
+
+  return warned_at
+
+
+RANK1 = {
+  f"layer-1 dQ error's rank-one share (largest head) ≥ {t}, {k} rows running": rows_running(
+    rank1_of_largest, t, k
+  )
+  for t, k in ((0.8, 2), (0.9, 3))
+}
 dq_rule = {
   "`train.DQErrorWarning` (layer 1's dQ error ≥ 0.03, 2 rows running)": (
     lambda r: r["dq_warning_step"]
@@ -136,7 +167,11 @@ dq_rule = {
 }
 table(
   logged,
-  report_rule | dq_rule | GROWTH | {name: first(rule) for name, rule in (RULES | DQ_RULES).items()},
+  report_rule
+  | dq_rule
+  | GROWTH
+  | {name: first(rule) for name, rule in (RULES | DQ_RULES).items()}
+  | RANK1,
 )
 common = [r for r in rows if r["dqc_logged"]]
 if common:  # the dQ error along each row's keys' mean (`dq_common`, logged since 2026-12-04)
