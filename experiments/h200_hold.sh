@@ -22,6 +22,8 @@
 # On 2026-12-04 (twenty-first session) the next call came ~60 s after the last twice, past the
 # 30 s a machine waits, and each time the queue went with the machine: so every call is
 # `start; wait` with PREVIOUS naming every pack copied so far.
+# A queue item that runs a check script (e.g. "ab", h200_ab_check.sh) writes into the queues'
+# folder: its files come back as one checks.tar.gz, in each snapshot and at the end.
 # Copy each call's files into the tree before the next call: a new session numbers its calls
 # from 1 again and writes over the last session's files (2026-12-04: a finished run lost so).
 # Usage (repo root, on the device; carry .data):
@@ -57,11 +59,18 @@ wait)
   if [[ ! -f $H/pid ]]; then  # a fresh machine: the one that ran the queues has gone back
     echo "no queues were started on this machine (a fresh one?): start them again" >&2; exit 2
   fi
+  checks() {  # a check item's files (e.g. "ab": ab.txt, ptxas.txt, tests.log) in one archive,
+    # since the device brings back at most 8 files; compile.log is a check's scratch file
+    local files
+    files=$(cd $H/out && ls | grep -vE '^(report-.*[.]md|curves-.*[.]png|runs-.*[.]jsonl[.]xz|queue[0-9]*[.]log|compile[.]log)$')
+    [[ -n $files ]] && tar -czf "$OUT/checks.tar.gz" -C $H/out $files
+  }
   snapshot() {  # what exists so far, under $OUT: a call killed at its limit still brings it back
     cp $R/queue*.log "$OUT"/ 2>/dev/null
     for dir in $R/*/; do
       [[ -d $dir ]] && pack_runs $dir "$OUT/partial-$(basename $dir | tr + _).jsonl.xz"
     done
+    checks
   }
   t0=$(date +%s); last=$t0
   while kill -0 "$(cat $H/pid)" 2>/dev/null && (( $(date +%s) - t0 < ${1:-570} )); do
@@ -76,7 +85,10 @@ wait)
     cat $H/log
     cp $H/cpu_hashes.json "$OUT"/; [[ -s $H/cpu_hashes.err ]] && cp $H/cpu_hashes.err "$OUT"/
     rm -f "$OUT"/partial-*.jsonl.xz  # the final packs below hold every run
-    cp $H/out/* "$OUT"/ && echo done
+    checks
+    cp $H/out/report-*.md $H/out/curves-*.png $H/out/runs-*.jsonl.xz $H/out/queue*.log "$OUT"/ \
+      2>/dev/null
+    echo done
   fi
   ;;
 *) echo "usage: h200_hold.sh start|wait OUT [...]" >&2; exit 2 ;;
