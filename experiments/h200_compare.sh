@@ -5,14 +5,32 @@
 # `wait` follows it for up to S seconds; once it has finished it brings back the report, the
 # PNG, the log and the runs (packed, no checkpoints: `experiment instability --runs` reads
 # them). Call `wait` again at once (the machine goes back 30 s after a call) until "done".
+# `run` does the same in the foreground, for h200_instability.sh's queues (the item "compare",
+# h200_compare_check.sh), which h200_hold.sh holds across calls.
 # Usage (repo root, on the device):
 #   bash experiments/h200_compare.sh start "$OUT"
 #   bash experiments/h200_compare.sh wait "$OUT" 560
+#   bash experiments/h200_compare.sh run "$OUT"
 set -u
 cmd=${1:-}; OUT=${2:-runs/h200}
 H=/tmp/compare-hold; R=/tmp/compare
 source "$(dirname "$0")/h200_env.sh"
+finish() {  # $1: compare's exit status → its log, report, PNG and runs under $OUT
+  cp $H/log "$OUT/compare.log"
+  tail -n 40 $H/log
+  if [[ $1 != 0 ]]; then
+    pack_runs $R "$OUT/partial-compare.jsonl.xz"
+    echo "failed (exit status $1): see compare.log" >&2; return 1
+  fi
+  pack_runs $R "$OUT/runs-compare.jsonl.xz"
+  cp $R/report.md $R/curves.png "$OUT"/ && echo done
+}
 case $cmd in
+run)
+  mkdir -p $H "$OUT"
+  python3 -m jax_flashstable.cli compare --data .data --out-dir $R --no-progress > $H/log 2>&1
+  finish $?
+  ;;
 start)
   if [[ -f $H/pid ]] && kill -0 "$(cat $H/pid)" 2>/dev/null; then
     echo "a compare is already running here (pid $(cat $H/pid)); call wait" >&2; exit 2
@@ -31,20 +49,14 @@ wait)
   fi
   t0=$(date +%s)
   while kill -0 "$(cat $H/pid)" 2>/dev/null && (( $(date +%s) - t0 < ${3:-560} )); do sleep 5; done
-  cp $H/log "$OUT/compare.log"
   if kill -0 "$(cat $H/pid)" 2>/dev/null; then
+    cp $H/log "$OUT/compare.log"
     tail -n 8 $H/log
     pack_runs $R "$OUT/partial-compare.jsonl.xz"
     echo "running; call wait again"
-  elif [[ "$(cat $H/rc 2>/dev/null)" != 0 ]]; then
-    tail -n 40 $H/log
-    pack_runs $R "$OUT/partial-compare.jsonl.xz"
-    echo "failed (exit status $(cat $H/rc 2>/dev/null || echo unknown)): see compare.log" >&2; exit 1
   else
-    tail -n 40 $H/log
-    pack_runs $R "$OUT/runs-compare.jsonl.xz"
-    cp $R/report.md $R/curves.png "$OUT"/ && echo done
+    finish "$(cat $H/rc 2>/dev/null || echo unknown)" || exit 1
   fi
   ;;
-*) echo "usage: h200_compare.sh start|wait OUT [S]" >&2; exit 2 ;;
+*) echo "usage: h200_compare.sh start|wait|run OUT [S]" >&2; exit 2 ;;
 esac
