@@ -22,8 +22,9 @@
 # On 2026-12-04 (twenty-first session) the next call came ~60 s after the last twice, past the
 # 30 s a machine waits, and each time the queue went with the machine: so every call is
 # `start; wait` with PREVIOUS naming every pack copied so far.
-# A queue item that runs a check script (e.g. "ab", h200_ab_check.sh) writes into the queues'
-# folder: its files come back as one checks.tar.gz, in each snapshot and at the end.
+# A queue item that runs a check script (e.g. "ab", h200_ab_check.sh; "compare") writes into
+# the queues' folder: its files come back as one checks.tar.gz, its packed runs
+# (runs-compare.jsonl.xz) as they are, in each snapshot and at the end.
 # Copy each call's files into the tree before the next call: a new session numbers its calls
 # from 1 again and writes over the last session's files (2026-12-04: a finished run lost so).
 # Usage (repo root, on the device; carry .data):
@@ -70,6 +71,7 @@ wait)
     for dir in $R/*/; do
       [[ -d $dir ]] && pack_runs $dir "$OUT/partial-$(basename $dir | tr + _).jsonl.xz"
     done
+    cp $H/out/runs-*.jsonl.xz "$OUT"/ 2>/dev/null  # a finished check's runs (runs-compare)
     checks
   }
   t0=$(date +%s); last=$t0
