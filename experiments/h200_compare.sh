@@ -26,10 +26,16 @@ finish() {  # $1: compare's exit status → its log, report, PNG and runs under 
   cp $R/report.md $R/curves.png "$OUT"/ && echo done
 }
 case $cmd in
-run)
+run)  # PREVIOUS_COMPARE: packs of an earlier machine's compare, whose finished runs it skips;
+  # LEFT: seconds it may take (h200_instability.sh's budget left), so finish still packs
   mkdir -p $H "$OUT"
-  python3 -m jax_flashstable.cli compare --data .data --out-dir $R --no-progress > $H/log 2>&1
-  finish $?
+  if [[ -n ${PREVIOUS_COMPARE:-} ]]; then
+    python3 experiments/unpack_finished.py $R $PREVIOUS_COMPARE
+  fi
+  # the log into $OUT as it goes: h200_hold.sh's snapshots bring it back in checks.tar.gz
+  timeout ${LEFT:-86400} python3 -m jax_flashstable.cli compare --data .data --out-dir $R \
+    --no-progress 2>&1 | tee "$OUT/compare.log" > $H/log
+  finish ${PIPESTATUS[0]}
   ;;
 start)
   if [[ -f $H/pid ]] && kill -0 "$(cat $H/pid)" 2>/dev/null; then

@@ -24,7 +24,9 @@
 # `start; wait` with PREVIOUS naming every pack copied so far.
 # A queue item that runs a check script (e.g. "ab", h200_ab_check.sh; "compare") writes into
 # the queues' folder: its files come back as one checks.tar.gz, its packed runs
-# (runs-compare.jsonl.xz) as they are, in each snapshot and at the end.
+# (runs-compare.jsonl.xz; partial-compare.jsonl.xz while it runs) as they are, in each
+# snapshot and at the end. PREVIOUS must not name compare's packs (they would join the
+# study's runs): PREVIOUS_COMPARE does, and the compare then skips its finished runs.
 # Copy each call's files into the tree before the next call: a new session numbers its calls
 # from 1 again and writes over the last session's files (2026-12-04: a finished run lost so).
 # Usage (repo root, on the device; carry .data):
@@ -37,9 +39,11 @@ H=/tmp/hold; R=${RUNS:-/tmp/instability}
 source "$(dirname "$0")/h200_env.sh"  # the environment, and pack_runs
 case $cmd in
 start)
+  : "${QUEUES:?set QUEUES, the queues of h200_instability.sh}"
   if [[ -f $H/pid ]] && kill -0 "$(cat $H/pid)" 2>/dev/null; then
     echo "queues are already running here (pid $(cat $H/pid)); call wait" >&2; exit 2
   fi
+  rm -rf $H/out  # a last hold's files came back with its "done"; its runs stay under $R
   mkdir -p $H/out $R
   nvidia-smi -L
   if [[ -n ${PREVIOUS:-} ]]; then  # packs of earlier calls: their finished runs are skipped
@@ -63,8 +67,10 @@ wait)
   checks() {  # a check item's files (e.g. "ab": ab.txt, ptxas.txt, tests.log) in one archive,
     # since the device brings back at most 8 files; compile.log is a check's scratch file
     local files
-    files=$(cd $H/out && ls | grep -vE '^(report-.*[.]md|curves-.*[.]png|runs-.*[.]jsonl[.]xz|queue[0-9]*[.]log|compile[.]log)$')
-    [[ -n $files ]] && tar -czf "$OUT/checks.tar.gz" -C $H/out $files
+    mapfile -t files < <(cd $H/out && ls | grep -vE '^(report-.*[.]md|curves-.*[.]png|runs-.*[.]jsonl[.]xz|queue[0-9]*[.]log|compile[.]log)$')
+    (( ${#files[@]} )) || return 0
+    tar -czf "$OUT/checks.tar.gz" -C $H/out -- "${files[@]}" 2>/dev/null  # a growing log: a warning
+    return 0
   }
   snapshot() {  # what exists so far, under $OUT: a call killed at its limit still brings it back
     cp $R/queue*.log "$OUT"/ 2>/dev/null
@@ -72,6 +78,7 @@ wait)
       [[ -d $dir ]] && pack_runs $dir "$OUT/partial-$(basename $dir | tr + _).jsonl.xz"
     done
     cp $H/out/runs-*.jsonl.xz "$OUT"/ 2>/dev/null  # a finished check's runs (runs-compare)
+    [[ -d /tmp/compare ]] && pack_runs /tmp/compare "$OUT/partial-compare.jsonl.xz"  # the item "compare"
     checks
   }
   t0=$(date +%s); last=$t0
@@ -90,7 +97,7 @@ wait)
     checks
     cp $H/out/report-*.md $H/out/curves-*.png $H/out/runs-*.jsonl.xz $H/out/queue*.log "$OUT"/ \
       2>/dev/null
-    echo done
+    if [[ -s $H/log ]]; then echo done; else echo "the queues left no log: see above" >&2; exit 1; fi
   fi
   ;;
 *) echo "usage: h200_hold.sh start|wait OUT [...]" >&2; exit 2 ;;

@@ -34,7 +34,7 @@ run_queue() {  # gpu items...
       local need=$(( $(sed -n 's/^# device seconds: \([0-9]*\).*/\1/p' $script) + 10 ))
       if (( left < need )); then echo "GPU $gpu: $item not started, $left s left"; continue; fi
       echo "GPU $gpu: $item with $left s left ($(date +%T))"
-      CUDA_VISIBLE_DEVICES=$gpu bash $script "$OUT"; continue
+      CUDA_VISIBLE_DEVICES=$gpu LEFT=$left bash $script "$OUT"; continue  # LEFT: a bound it may use
     fi
     echo "GPU $gpu: $item with $left s left ($(date +%T))"
     # the variant may hold ":FIELD=VALUE" itself (e.g. paper+comp+guard:max_shift=6:28::anchor-b128):
