@@ -125,7 +125,14 @@ print(
   f"\nOn the {len(logged)} runs that logged dQ's error (2026-12-02 on), the rules above and the "
   "dQ error's own:\n"
 )
-dq1 = lambda d: max((x for x in d["dq_err"][1] if x == x), default=math.nan)  # noqa: E731
+
+
+def layer1_largest(field):
+  """A diagnostics row → layer 1's largest head of `field` (NaN heads skipped)."""
+  return lambda d: max((x for x in d[field][1] if x == x), default=math.nan)
+
+
+dq1 = layer1_largest("dq_err")
 DQ_RULES = {
   f"layer-1 dQ error ≥ {t} (one row)": (lambda d, t=t: dq1(d) >= t) for t in (0.035, 0.05)
 }
@@ -178,7 +185,7 @@ if common:  # the dQ error along each row's keys' mean (`dq_common`, logged sinc
   print(
     f"\nOn the {len(common)} runs that logged dQ's error along the keys' mean (2026-12-04 on):\n"
   )
-  dqc1 = lambda d: max((x for x in d["dq_common"][1] if x == x), default=math.nan)  # noqa: E731
+  dqc1 = layer1_largest("dq_common")
   table(
     common,
     report_rule

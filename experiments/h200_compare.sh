@@ -13,8 +13,8 @@
 #   bash experiments/h200_compare.sh run "$OUT"
 set -u
 cmd=${1:-}; OUT=${2:-runs/h200}
-H=/tmp/compare-hold; R=/tmp/compare
-source "$(dirname "$0")/h200_env.sh"
+source "$(dirname "$0")/h200_env.sh"  # and COMPARE_RUNS
+H=/tmp/compare-hold; R=$COMPARE_RUNS
 finish() {  # $1: compare's exit status → its log, report, PNG and runs under $OUT
   cp $H/log "$OUT/compare.log"
   tail -n 40 $H/log

@@ -78,7 +78,7 @@ wait)
       [[ -d $dir ]] && pack_runs $dir "$OUT/partial-$(basename $dir | tr + _).jsonl.xz"
     done
     cp $H/out/runs-*.jsonl.xz "$OUT"/ 2>/dev/null  # a finished check's runs (runs-compare)
-    [[ -d /tmp/compare ]] && pack_runs /tmp/compare "$OUT/partial-compare.jsonl.xz"  # the item "compare"
+    [[ -d $COMPARE_RUNS ]] && pack_runs $COMPARE_RUNS "$OUT/partial-compare.jsonl.xz"  # item "compare"
     checks
   }
   t0=$(date +%s); last=$t0

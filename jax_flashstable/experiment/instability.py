@@ -655,11 +655,13 @@ def format_report(rows, recipe: dict, layer: int) -> str:
   for r in rows:
     runaway = "n/a" if threshold is None else r["runaway_step"] or "–"
     warned = f"{r['warning_step']} ({r['warning_layer']})" if r["warning_step"] is not None else "–"
-    dq_warned = r.get("dq_warning_step") or ("–" if r.get("dq_logged") else "n/a")
-    dqc_warned = r.get("dqc_warning_step") or ("–" if r.get("dqc_logged") else "n/a")
+    dq_warned = " | ".join(  # per dQ rule: its step, "–" not warned, "n/a" its field not logged
+      str(r.get(f"{p}warning_step") or ("–" if r.get(f"{p}logged") else "n/a"))
+      for p in DQ_REPORT_FIELDS
+    )
     lines.append(
       f"| {r['variant']} | {r['seed']} | {r['steps']} | {r['explosion_step'] or '–'} | "
-      f"{runaway} | {warned} | {dq_warned} | {dqc_warned} | {r['min_loss']:.3f} | {r['final_loss']:.3f} | {r['final_val_loss']:.3f} | "
+      f"{runaway} | {warned} | {dq_warned} | {r['min_loss']:.3f} | {r['final_loss']:.3f} | {r['final_val_loss']:.3f} | "
       f"{r['max_grad_norm']:.2f} | {r['max_sigma_wq']:.1f} / {r['last_sigma_wq']:.1f} | "
       f"{r['max_logit']:,.0f} | "
       f"{r['mean_tie_rate']:.3f} | {r['steps_per_s']:.1f} | {100 * r['diag_cost']:.1f}% | "
