@@ -273,6 +273,7 @@ def _compare(args):
       setting["variants"],
       cfg.seed if args.seed is not None else setting["seed"],
       command=_command(args),
+      reference_max_logit=compare.reference_max_logit(setting, cfg),
     )
   except (ValueError, FileNotFoundError, CheckpointError) as e:
     raise SystemExit(f"flashstable compare: {e}") from None

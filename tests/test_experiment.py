@@ -688,6 +688,8 @@ B128_LATER = {
   # 3,000, not warned, although 29 and 31 ran away (layer 1's max logit to 744 and 3,536, at
   # most 17× and 61× its lowest over the previous 5 rows), as paper + comp's runaways were
   "h200-2026-12-04c-b128/runs.jsonl.xz": ({}, {}, 4),
+  # xla 21 calm to 3,000 (layer 1's max logit at most 39.3), not warned
+  "h200-2026-12-04d-b128/runs.jsonl.xz": ({}, {}, 1),
 }
 # anchor-b128 packs made after `train.DQErrorWarning` was calibrated (2026-12-03, on the packs
 # up to the eleventh session): per pack, the runs with an event, each with its dQ warning step,
@@ -752,6 +754,8 @@ B128_DQ_LATER = {
       "paper+delta32+comp/seed31": 400,
     },
   ),
+  # xla 21 calm (layer 1's dQ error at most 0.012, along the keys' mean 0.010), warned by neither
+  "h200-2026-12-04d-b128/runs.jsonl.xz": ({}, {"xla/seed21": (0.012, None)}, {"xla/seed21": None}),
 }
 B128_DQ_PACKS = (*B128_PACKS, *(p for p in B128_LATER if p not in B128_DQ_LATER))
 
@@ -863,7 +867,9 @@ def test_dq_error_warning_out_of_sample(pack, tmp_path):
   (1,000 and 200 ahead) and by dq_common at 700 and 400 (700 and 200 ahead); paper + delta32 +
   comp 24 calm (layer 1's max logit at most 305, at step 600) but warned at 400 by both, paper +
   center + comp 24 calm (at most 149) but warned at 600 by dq_err (at most 0.812) and at 2,300
-  by dq_common: no separation of the compensation's own error on these runs."""
+  by dq_common: no separation of the compensation's own error on these runs. xla 21 (standard
+  attention, 2026-12-04, twenty-third session) calm (dQ error at most 0.012), warned by
+  neither."""
   warned, calm, *dqc = B128_DQ_LATER[pack]
   experiment.unpack_runs([str(RESULTS / pack)], tmp_path)
   base = b128_config()
@@ -923,7 +929,8 @@ def test_early_warning_out_of_sample(pack, tmp_path):
   layer 1 ran away, and did not explode by 3,000 (a false alarm by the explosion rule); fa2 +
   comp 24 and fp32_out 24 and 25 calm, not warned; fp32_out 21 and paper + center + comp 29
   and 31 calm, not warned; paper + delta32 + comp 24, 29, 31 and paper + center + comp 24 not
-  warned (29 and 31 ran away: missed, as paper + comp's runaways were)."""
+  warned (29 and 31 ran away: missed, as paper + comp's runaways were); xla 21 calm, not
+  warned."""
   warnings, explosions, n_runs, *false_alarms = B128_LATER[pack]
   experiment.unpack_runs([str(RESULTS / pack)], tmp_path)
   base = b128_config()
@@ -980,3 +987,43 @@ def test_a_report_refuses_runs_of_another_recipe(tmp_path):
   assert cli.main([*argv, "--recipe", "anchor-b128"]) == 0  # its own recipe: reported
   args = json.loads((tmp_path / "r" / "report.json").read_text())["meta"]["args"]
   assert (args["variants"], args["seeds"]) == ("cudnn,cudnn+center", "28")
+
+
+def test_the_main_jobs_gpu_runs_show_the_explosion_and_the_runaway(tmp_path):
+  """`flashstable compare` on the H200 (2026-12-04, its GPU setting: anchor-b128, seed 25):
+  paper exploded at 1,404 (its layer 1 ran away at 1,000); paper + comp did not explode by
+  3,000 but its layer 1 ran past 465, 10× the study's measured FP32 reference, at 900 and
+  reached 6,167. The report, made from the packed runs on any machine, names the H200 they were
+  trained on and says paper + comp held the loss, not the logits (its first report, on the
+  device, called it stable: the setting had no runaway rule). With another recipe the
+  setting's reference does not apply, and the report says runaways are not judged."""
+  from jax_flashstable.experiment import compare
+
+  pack = RESULTS / "h200-2026-12-04d-b128/compare-runs.jsonl.xz"
+  experiment.unpack_runs([str(pack)], tmp_path)
+  gpu = compare.setting(gpu=True)
+  base = b128_config()
+  assert compare.reference_max_logit(gpu, base) == pytest.approx(B128_REFERENCE_MAX_LOGIT)
+  rows = experiment.collect(tmp_path, base, 1, compare.reference_max_logit(gpu, base))
+  steps = ("explosion_step", "runaway_step", "warning_step", "dq_warning_step", "steps")
+  assert {r["variant"]: tuple(r[k] for k in steps) for r in rows} == {
+    "paper": (1404, 1000, 1000, 900, 1704),
+    "paper+comp": (None, 900, None, 400, 3000),
+  }
+  assert round(rows[1]["max_logit"]) == 6167
+  rows = [dict(r, **compare.noise_band(tmp_path / r["variant"] / "seed25")) for r in rows]
+  text = compare.report(base, rows, None, compare.trained_on(tmp_path, rows))
+  assert "Device: NVIDIA H200 (gpu)" in text and "**paper exploded at step 1,404**" in text
+  assert (
+    "**paper+comp did not explode by step 3,000, but its layer 1 ran away**: its max logit "
+    "passed 465 (10× the FP32 reference's 46.5, measured at this recipe by the study's "
+    "reference-fp32 run) at step 900 and reached 6,167"
+  ) in text
+  assert "stayed calm" not in text and "its fix" not in text
+  assert "| paper+comp | 3000 | 1.630 ± 0.065 | 1.455 | 2.433 | – | 900 | – | 400 |" in text
+  other = dataclasses.replace(base, batch_size=32)
+  assert compare.reference_max_logit(gpu, other) is None
+  rows = experiment.collect(tmp_path, other, 1, None)
+  text = " ".join(compare.findings(rows))
+  assert "Runaways are not judged here" in text and "ran away" not in text
+  assert "paper+comp stayed calm to step 3,000" in text

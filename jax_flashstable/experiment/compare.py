@@ -42,7 +42,13 @@ CPU_DEFAULTS = dict(
 )
 SETTINGS = {
   "gpu": dict(
-    recipe=dict(instability.RECIPES["anchor-b128"]), seed=25, variants=("paper", "paper+comp")
+    recipe=dict(instability.RECIPES["anchor-b128"]),
+    seed=25,
+    variants=("paper", "paper+comp"),
+    # layer 1's largest max logit of the FP32 reference at this recipe (`reference-fp32` 21,
+    # H200, 2026-12-03; experiments/results/h200-2026-12-03d-b128): the runaway's basis here,
+    # where the setting runs no reference of its own
+    reference_max_logit=46.529408,
   ),
   "cpu": dict(recipe=CPU_DEFAULTS, seed=0, variants=("fa2", "fa2+comp", "reference-fp32")),
 }
@@ -54,6 +60,16 @@ def setting(gpu: bool | None = None) -> dict:
   return SETTINGS["gpu" if (jax.default_backend() == "gpu" if gpu is None else gpu) else "cpu"]
 
 
+def reference_max_logit(setting: dict, base: TrainConfig) -> float | None:
+  """The setting's measured reference max logit (the runaway's basis) when `base` trains its
+  recipe (every `instability.RECIPE_FIELDS` field as the setting has it), else None: a
+  reference measured at one recipe says nothing of another."""
+  recipe = TrainConfig(**setting["recipe"])
+  if any(getattr(base, k) != getattr(recipe, k) for k in instability.RECIPE_FIELDS):
+    return None
+  return setting.get("reference_max_logit")
+
+
 def run_compare(
   base: TrainConfig,
   out_dir="runs/compare",
@@ -61,20 +77,25 @@ def run_compare(
   seed=0,
   log=print,
   command: str | None = None,
+  reference_max_logit: float | None = None,
 ) -> list[dict]:
   """Trains each variant from `base` with `seed` (runs already finished under out_dir are kept,
   an interrupted one resumes from its last checkpoint); writes report.md (headed by `command`,
   the command line that ran it, when given, and the date), curves.png and summary.json under
-  out_dir; returns the report rows (`instability.collect`)."""
+  out_dir; returns the report rows (`instability.collect`: a run's `runaway_step` from a
+  reference-fp32 run among the variants and `reference_max_logit`, a reference's largest
+  layer-1 max logit measured elsewhere; with neither, runaways are not judged)."""
   out = pathlib.Path(out_dir)
-  rows = instability.run_matrix(base, list(variants), [seed], out, log=log)
+  rows = instability.run_matrix(
+    base, list(variants), [seed], out, log=log, reference_max_logit=reference_max_logit
+  )
   rows = [
     dict(r, **noise_band(out / r["variant"] / f"seed{seed}"))
     for r in rows
     if r["variant"] in variants and r["seed"] == seed
   ]
   plot(out, rows)
-  (out / "report.md").write_text(report(base, rows, command))
+  (out / "report.md").write_text(report(base, rows, command, trained_on(out, rows)))
   (out / "summary.json").write_text(json.dumps(rows, indent=1, default=str))
   return rows
 
@@ -92,24 +113,45 @@ def noise_band(run_dir, steps=NOISE_STEPS) -> dict:
 
 
 def findings(rows, on_cpu=False) -> list[str]:
-  """What the runs show and do not show, in plain sentences (`on_cpu`: trained on a CPU)."""
+  """What the runs show and do not show, in plain sentences (`on_cpu`: trained on a CPU). A
+  run that did not explode but whose `runaway_step` is set held the loss, not the logits: it
+  is said so, not counted as stable."""
   out = []
   exploded = [r for r in rows if r["explosion_step"] is not None]
-  calm = [r for r in rows if r["explosion_step"] is None]
+  ran_away = [r for r in rows if r["explosion_step"] is None and r.get("runaway_step")]
+  calm = [r for r in rows if r["explosion_step"] is None and not r.get("runaway_step")]
   for r in exploded:
     out.append(
       f"**{r['variant']} exploded at step {r['explosion_step']:,}** (loss {r['min_loss']:.2f} "
       f"→ {r['final_loss']:.2f}; layer-1 max logit {r['max_logit']:,.0f}, σ(W_Q) "
       f"{r['max_sigma_wq']:.0f})."
     )
+  for r in ran_away:
+    source = (
+      "its run here"
+      if any(instability.is_reference(x["variant"]) for x in rows)
+      else "measured at this recipe by the study's reference-fp32 run"
+    )
+    out.append(
+      f"**{r['variant']} did not explode by step {r['steps']:,}, but its layer 1 ran away**: "
+      f"its max logit passed {r['runaway_threshold']:,.0f} (10× the FP32 reference's "
+      f"{r['runaway_threshold'] / instability.RUNAWAY_FACTOR:.1f}, {source}) at step "
+      f"{r['runaway_step']:,} and reached {r['max_logit']:,.0f} "
+      f"(σ(W_Q) {r['max_sigma_wq']:.0f}): it held the loss, not the logits."
+    )
   if exploded and calm:
     out.append(
-      f"{', '.join(r['variant'] for r in calm)} stayed stable to step "
+      f"{', '.join(r['variant'] for r in calm)} stayed calm to step "
       f"{max(r['steps'] for r in calm):,} on the same weights and batches: one seed shows "
       "the failure and its fix; how often it happens takes many seeds "
       "(`flashstable experiment instability`, docs/studies)."
     )
-  if not exploded:
+  if rows and rows[0].get("runaway_threshold") is None:
+    out.append(
+      "Runaways are not judged here: no reference-fp32 run among these, and no reference "
+      "measured at this recipe (the GPU setting's is at its own recipe only)."
+    )
+  if not exploded and not ran_away:
     spread = max(r["last_mean"] for r in rows) - min(r["last_mean"] for r in rows)
     noise = max(r["last_std"] for r in rows)
     verdict = (
@@ -131,13 +173,13 @@ def findings(rows, on_cpu=False) -> list[str]:
         "there it takes thousands of steps of 131k tokens "
         "(docs/studies/instability-anchor-b128.md)."
       )
-  if any(_literal_paper_compensation(r["variant"]) for r in calm):
+  if any(_literal_paper_compensation(r["variant"]) for r in calm + ran_away):
     out.append(
       "In the paper layout the compensation's literal shift (m' = 2·max) with the kernel's clamp "
       "of each tile's sum at ≥ 1e−10 scales a tied row's output toward 0 once its max passes "
       "≈ 23.7. With the shift capped instead (`paper+comp+guard`, at 20 or 6, at 6 also with "
       "`+rsum`: the tie bias removed on every tied row, no row switched off) it exploded in 8 "
-      "of 8 runs at anchor-b128, so what keeps it stable is most likely that switch-off of "
+      "of 8 runs at anchor-b128, so what keeps its loss from exploding is most likely that switch-off of "
       "rows with large tied logits, not the bias removed; "
       "`+center` (dQ from the keys less their mean) holds without it (docs/numerics.md, "
       "docs/studies/instability-anchor-b128.md)."
@@ -165,9 +207,25 @@ def _literal_paper_compensation(variant) -> bool:
   )
 
 
-def report(base: TrainConfig, rows, command: str | None = None) -> str:
+def trained_on(out, rows) -> tuple[str, str]:
+  """(device kind, backend) the runs under out were trained on, from the first run's
+  config.json; this machine's when no run records it (a report made elsewhere from packed runs
+  names the device that trained them)."""
+  for r in rows:
+    path = pathlib.Path(out) / r["variant"] / f"seed{r['seed']}" / "config.json"
+    config = json.loads(path.read_text()) if path.exists() else {}
+    if config.get("backend"):
+      return config.get("device") or config["backend"], config["backend"]
   dev = jax.devices()[0]
-  kind, backend = getattr(dev, "device_kind", dev.platform), jax.default_backend()
+  return getattr(dev, "device_kind", dev.platform), jax.default_backend()
+
+
+def report(
+  base: TrainConfig, rows, command: str | None = None, device: tuple[str, str] | None = None
+) -> str:
+  """report.md's text: the setting, the findings, a row per run and the rules. `device`:
+  (kind, backend) the runs were trained on (`trained_on`; default this machine's)."""
+  kind, backend = device or trained_on(None, [])
   lines = [
     "# flashstable compare",
     "",
@@ -183,22 +241,19 @@ def report(base: TrainConfig, rows, command: str | None = None) -> str:
     "## What this run shows",
     "",
   ]
-  lines += (
-    [f"- {x}" for x in findings(rows, jax.default_backend() == "cpu")]
-    if rows
-    else ["- no run finished"]
-  )
+  lines += [f"- {x}" for x in findings(rows, backend == "cpu")] if rows else ["- no run finished"]
   lines += [
     "",
     f"| attention | steps | final loss (mean ± std, last {NOISE_STEPS} steps) | min loss "
-    "| final val loss | explosion step | warning step | dQ warning step | layer 1 max logit "
-    "| layer 1 σ(W_Q) max |",
-    "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    "| final val loss | explosion step | runaway step | warning step | dQ warning step "
+    "| layer 1 max logit | layer 1 σ(W_Q) max |",
+    "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
   ]
   for r in rows:
     lines.append(
       f"| {r['variant']} | {r['steps']} | {r['last_mean']:.3f} ± {r['last_std']:.3f} | "
       f"{r['min_loss']:.3f} | {r['final_val_loss']:.3f} | {r['explosion_step'] or '–'} | "
+      f"{'n/a' if r.get('runaway_threshold') is None else r['runaway_step'] or '–'} | "
       f"{r['warning_step'] or '–'} | "
       f"{r.get('dq_warning_step') or ('–' if r.get('dq_logged') else 'n/a')} | "
       f"{r['max_logit']:,.0f} | {r['max_sigma_wq']:.1f} |"
@@ -206,7 +261,7 @@ def report(base: TrainConfig, rows, command: str | None = None) -> str:
   lines += [
     "",
     "Explosion: a non-finite loss, or after warmup a 10-step mean loss above 2× its "
-    f"running minimum. Warning: `train.EarlyWarning` "
+    f"running minimum. Runaway: {runaway_rule(rows)}. Warning: `train.EarlyWarning` "
     f"({EarlyWarning(base.warmup_steps).describe()}); dQ warning: `train.DQErrorWarning` "
     f"({DQErrorWarning(base.warmup_steps).describe()}).",
     "",
@@ -214,6 +269,17 @@ def report(base: TrainConfig, rows, command: str | None = None) -> str:
     "",
   ]
   return "\n".join(lines)
+
+
+def runaway_rule(rows) -> str:
+  """The runaway rule as the report states it (n/a: not judged)."""
+  threshold = rows[0].get("runaway_threshold") if rows else None
+  if threshold is None:
+    return "not judged (n/a: no FP32 reference at this recipe)"
+  return (
+    f"layer 1's max logit above {threshold:,.1f}, {instability.RUNAWAY_FACTOR:g}× the FP32 "
+    f"reference's largest ({rows[0]['runaway_basis']})"
+  )
 
 
 def plot(out, rows):
