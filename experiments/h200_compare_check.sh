@@ -7,7 +7,7 @@
 # budget left (LEFT); PREVIOUS_COMPARE (packs of a machine that went back) skips its finished
 # runs. (h200_compare.sh start/wait holds it alone.)
 # Usage (repo root, on the device): bash experiments/h200_compare_check.sh "$OUT"
-# device seconds: 780 (paper 25 to its explosion + 300 steps, ~1,840 at 9.1 steps/s, and
-# paper+comp 25 to 3,000 at 8.7, each with its compilation and diagnostics: an estimate from the
-# instability runs of 2026-11-30, not yet measured)
+# device seconds: 780 (measured 2026-12-04 on one H200: 702 s, paper 25 to 1,704 steps and
+# paper+comp 25 to 3,000, each with its compilation and diagnostics; the rest a margin, as the
+# explosion step of a seed moves between builds: 1,540 on 2026-11-30)
 exec bash "$(dirname "$0")/h200_compare.sh" run "${1:-runs/h200}"
