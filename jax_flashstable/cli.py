@@ -704,8 +704,9 @@ def build_parser():
   p.set_defaults(func=_train)
   p = sub.add_parser(
     "compare",
-    help="the main job: flash vs flash+compensation vs FP32 "
-    "reference attention, same seed and data; report + PNG",
+    help="the main job: attentions from the same weights on the same batches (on a GPU the "
+    "paper layout without and with the compensation at anchor-b128; on a CPU fa2, fa2+comp and "
+    "the FP32 reference); report (explosion, runaway, warnings) + PNG",
   )
   _add_train_options(
     p,

@@ -995,16 +995,18 @@ def test_the_main_jobs_gpu_runs_show_the_explosion_and_the_runaway(tmp_path):
   3,000 but its layer 1 ran past 465, 10× the study's measured FP32 reference, at 900 and
   reached 6,167. The report, made from the packed runs on any machine, names the H200 they were
   trained on and says paper + comp held the loss, not the logits (its first report, on the
-  device, called it stable: the setting had no runaway rule). With another recipe the
-  setting's reference does not apply, and the report says runaways are not judged."""
+  device, called it stable: the setting had no runaway rule). With another recipe, or the
+  embedded sample for data, the setting's reference does not apply: the report says runaways
+  are not judged, and calls paper + comp neither calm nor a fix."""
   from jax_flashstable.experiment import compare
 
   pack = RESULTS / "h200-2026-12-04d-b128/compare-runs.jsonl.xz"
   experiment.unpack_runs([str(pack)], tmp_path)
   gpu = compare.setting(gpu=True)
-  base = b128_config()
-  assert compare.reference_max_logit(gpu, base) == pytest.approx(B128_REFERENCE_MAX_LOGIT)
-  rows = experiment.collect(tmp_path, base, 1, compare.reference_max_logit(gpu, base))
+  base = dataclasses.replace(b128_config(), data=".data")
+  given = compare.reference_max_logit(gpu, base)
+  assert given == pytest.approx(B128_REFERENCE_MAX_LOGIT)
+  rows = experiment.collect(tmp_path, base, 1, given)
   steps = ("explosion_step", "runaway_step", "warning_step", "dq_warning_step", "steps")
   assert {r["variant"]: tuple(r[k] for k in steps) for r in rows} == {
     "paper": (1404, 1000, 1000, 900, 1704),
@@ -1013,7 +1015,7 @@ def test_the_main_jobs_gpu_runs_show_the_explosion_and_the_runaway(tmp_path):
   assert round(rows[1]["max_logit"]) == 6167
   rows = [dict(r, **compare.noise_band(tmp_path / r["variant"] / "seed25")) for r in rows]
   text = compare.report(base, rows, None, compare.trained_on(tmp_path, rows))
-  assert "Device: NVIDIA H200 (gpu)" in text and "**paper exploded at step 1,404**" in text
+  assert "Trained on: NVIDIA H200 (gpu)." in text and "**paper exploded at step 1,404**" in text
   assert (
     "**paper+comp did not explode by step 3,000, but its layer 1 ran away**: its max logit "
     "passed 465 (10× the FP32 reference's 46.5, measured at this recipe by the study's "
@@ -1021,9 +1023,43 @@ def test_the_main_jobs_gpu_runs_show_the_explosion_and_the_runaway(tmp_path):
   ) in text
   assert "stayed calm" not in text and "its fix" not in text
   assert "| paper+comp | 3000 | 1.630 ± 0.065 | 1.455 | 2.433 | – | 900 | – | 400 |" in text
-  other = dataclasses.replace(base, batch_size=32)
-  assert compare.reference_max_logit(gpu, other) is None
-  rows = experiment.collect(tmp_path, other, 1, None)
+  assert "Runaway: layer 1's max logit above 465.3 (10× the FP32 reference's 46.5, measured" in text
+  for other in (
+    dataclasses.replace(base, batch_size=32),
+    dataclasses.replace(base, diag_rows=8),
+    dataclasses.replace(base, data=None),  # the embedded sample
+  ):
+    assert compare.reference_max_logit(gpu, other) is None
+  rows = experiment.collect(tmp_path, base, 1, None)
   text = " ".join(compare.findings(rows))
-  assert "Runaways are not judged here" in text and "ran away" not in text
-  assert "paper+comp stayed calm to step 3,000" in text
+  assert "Runaways are not judged here: no reference-fp32 run" in text
+  assert "its layer 1 ran away" not in text
+  assert "paper+comp did not explode by step 3,000" in text
+  assert "stayed calm" not in text and "its fix" not in text
+
+
+def test_compare_gets_its_settings_reference_only_at_its_recipe(tmp_path, monkeypatch):
+  """`flashstable compare` on a GPU passes the setting's measured reference max logit to the
+  run (its runaway rule) with the setting's recipe and a corpus given, and none with the
+  embedded sample or another recipe (wired through the CLI, whose options override the
+  recipe's fields)."""
+  from jax_flashstable.experiment import compare
+
+  got = {}
+
+  def fake_run_compare(cfg, out, variants, seed, **kw):
+    got.update(kw, batch_size=cfg.batch_size)
+    pathlib.Path(out).mkdir(parents=True, exist_ok=True)
+    (pathlib.Path(out) / "report.md").write_text("# flashstable compare\n")
+
+  monkeypatch.setattr(compare, "setting", lambda gpu=None: compare.SETTINGS["gpu"])
+  monkeypatch.setattr(compare, "run_compare", fake_run_compare)
+  data = str(tmp_path / "corpus")
+  for argv, given in (
+    (["--data", data], B128_REFERENCE_MAX_LOGIT),
+    ([], None),
+    (["--data", data, "--batch-size", "32"], None),
+  ):
+    got.clear()
+    assert cli.main(["compare", "--out-dir", str(tmp_path / "out"), *argv]) == 0
+    assert got["reference_max_logit"] == given, argv

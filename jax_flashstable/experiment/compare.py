@@ -4,9 +4,10 @@ what the run shows and what it does not, and one PNG.
 
 Two settings (`SETTINGS`), picked by the default device:
 - GPU: the key pair of the instability study (Qiu & Yao 2025, §4) at its decisive recipe,
-  `anchor-b128`: the paper's BF16 layout without and with the compensation, one seed (about 10
-  minutes on one H200). Pass the study's corpus with `--data` (the embedded sample is 616k
-  tokens, under 5 of the recipe's 3,000 steps' worth).
+  `anchor-b128`: the paper's BF16 layout without and with the compensation, one seed (702 s
+  on one H200, 2026-12-04), its runaways judged against the FP32 reference measured at that
+  recipe. Pass the study's corpus with `--data` (the embedded sample is 616k tokens, under 5 of
+  the recipe's 3,000 steps' worth).
 - CPU: fa2, fa2 + compensation and FP32 reference attention on the tiny model (7 minutes on 2
   cores): a model this size trained this briefly does not explode; the report gives the noise
   band that the final losses must be read against.
@@ -62,10 +63,12 @@ def setting(gpu: bool | None = None) -> dict:
 
 def reference_max_logit(setting: dict, base: TrainConfig) -> float | None:
   """The setting's measured reference max logit (the runaway's basis) when `base` trains its
-  recipe (every `instability.RECIPE_FIELDS` field as the setting has it), else None: a
-  reference measured at one recipe says nothing of another."""
+  recipe (every `instability.RECIPE_FIELDS` field and `diag_rows` as the setting has them) on
+  a corpus given (`data`: it was measured on the study's, not on the embedded sample), else
+  None: a reference measured at one recipe says nothing of another."""
   recipe = TrainConfig(**setting["recipe"])
-  if any(getattr(base, k) != getattr(recipe, k) for k in instability.RECIPE_FIELDS):
+  fields = (*instability.RECIPE_FIELDS, "diag_rows")
+  if not base.data or any(getattr(base, k) != getattr(recipe, k) for k in fields):
     return None
   return setting.get("reference_max_logit")
 
@@ -112,11 +115,31 @@ def noise_band(run_dir, steps=NOISE_STEPS) -> dict:
   )
 
 
+def runaway_basis(rows) -> tuple[float | None, str]:
+  """The runaway threshold the rows were judged by (their `runaway_threshold`, from
+  `instability.collect`: 10× the largest max logit of a reference-fp32 run among them and of
+  the setting's measured one) and what sets it, in words; (None, why) when there is none."""
+  threshold = rows[0].get("runaway_threshold") if rows else None
+  if threshold is None:
+    return None, (
+      "no reference-fp32 run with diagnostics among these runs, and no reference measured at "
+      "this recipe (the GPU setting's applies at its own recipe, with --data)"
+    )
+  own = threshold == instability.runaway_threshold(rows)  # a reference run among the rows
+  source = "its run here" if own else "measured at this recipe by the study's reference-fp32 run"
+  return threshold, (
+    f"{instability.RUNAWAY_FACTOR:g}× the FP32 reference's "
+    f"{threshold / instability.RUNAWAY_FACTOR:.1f}, {source}"
+  )
+
+
 def findings(rows, on_cpu=False) -> list[str]:
   """What the runs show and do not show, in plain sentences (`on_cpu`: trained on a CPU). A
   run that did not explode but whose `runaway_step` is set held the loss, not the logits: it
-  is said so, not counted as stable."""
+  is said so, not counted as stable; with no runaway threshold a run that did not explode is
+  not called calm."""
   out = []
+  threshold, basis = runaway_basis(rows)
   exploded = [r for r in rows if r["explosion_step"] is not None]
   ran_away = [r for r in rows if r["explosion_step"] is None and r.get("runaway_step")]
   calm = [r for r in rows if r["explosion_step"] is None and not r.get("runaway_step")]
@@ -127,30 +150,27 @@ def findings(rows, on_cpu=False) -> list[str]:
       f"{r['max_sigma_wq']:.0f})."
     )
   for r in ran_away:
-    source = (
-      "its run here"
-      if any(instability.is_reference(x["variant"]) for x in rows)
-      else "measured at this recipe by the study's reference-fp32 run"
-    )
     out.append(
       f"**{r['variant']} did not explode by step {r['steps']:,}, but its layer 1 ran away**: "
-      f"its max logit passed {r['runaway_threshold']:,.0f} (10× the FP32 reference's "
-      f"{r['runaway_threshold'] / instability.RUNAWAY_FACTOR:.1f}, {source}) at step "
-      f"{r['runaway_step']:,} and reached {r['max_logit']:,.0f} "
-      f"(σ(W_Q) {r['max_sigma_wq']:.0f}): it held the loss, not the logits."
+      f"its max logit passed {threshold:,.0f} ({basis}) at step {r['runaway_step']:,} and "
+      f"reached {r['max_logit']:,.0f} (σ(W_Q) {r['max_sigma_wq']:.0f}): it held the loss, "
+      "not the logits."
     )
-  if exploded and calm:
+  if exploded and calm and threshold is not None:
     out.append(
       f"{', '.join(r['variant'] for r in calm)} stayed calm to step "
       f"{max(r['steps'] for r in calm):,} on the same weights and batches: one seed shows "
       "the failure and its fix; how often it happens takes many seeds "
       "(`flashstable experiment instability`, docs/studies)."
     )
-  if rows and rows[0].get("runaway_threshold") is None:
+  elif exploded and calm:
     out.append(
-      "Runaways are not judged here: no reference-fp32 run among these, and no reference "
-      "measured at this recipe (the GPU setting's is at its own recipe only)."
+      f"{', '.join(r['variant'] for r in calm)} did not explode by step "
+      f"{max(r['steps'] for r in calm):,} on the same weights and batches; whether its logits "
+      "ran away is not judged here."
     )
+  if rows and threshold is None:
+    out.append(f"Runaways are not judged here: {basis}.")
   if not exploded and not ran_away:
     spread = max(r["last_mean"] for r in rows) - min(r["last_mean"] for r in rows)
     noise = max(r["last_std"] for r in rows)
@@ -221,7 +241,10 @@ def trained_on(out, rows) -> tuple[str, str]:
 
 
 def report(
-  base: TrainConfig, rows, command: str | None = None, device: tuple[str, str] | None = None
+  base: TrainConfig,
+  rows,
+  command: str | None = None,
+  device: tuple[str, str] | None = None,
 ) -> str:
   """report.md's text: the setting, the findings, a row per run and the rules. `device`:
   (kind, backend) the runs were trained on (`trained_on`; default this machine's)."""
@@ -230,8 +253,8 @@ def report(
     "# flashstable compare",
     "",
     *([f"Command: `{command}`", ""] if command else []),
-    f"Date: {datetime.date.today().isoformat()}. Device: {kind}{'' if kind == backend else f' ({backend})'}, jax "
-    f"{jax.__version__}. Model `{base.model}`"
+    f"Date: {datetime.date.today().isoformat()} (report made with jax {jax.__version__}). "
+    f"Trained on: {kind}{'' if kind == backend else f' ({backend})'}. Model `{base.model}`"
     f"{' ' + str(dict(base.model_overrides)) if base.model_overrides else ''}, "
     f"{base.steps} steps, batch {base.batch_size}×{base.grad_accum}, seq_len "
     f"{base.seq_len or base.model_config().block_size}, peak lr {base.lr}, warmup "
@@ -261,7 +284,8 @@ def report(
   lines += [
     "",
     "Explosion: a non-finite loss, or after warmup a 10-step mean loss above 2× its "
-    f"running minimum. Runaway: {runaway_rule(rows)}. Warning: `train.EarlyWarning` "
+    f"running minimum. Runaway: {runaway_rule(rows)}. Warning: "
+    "`train.EarlyWarning` "
     f"({EarlyWarning(base.warmup_steps).describe()}); dQ warning: `train.DQErrorWarning` "
     f"({DQErrorWarning(base.warmup_steps).describe()}).",
     "",
@@ -272,14 +296,11 @@ def report(
 
 
 def runaway_rule(rows) -> str:
-  """The runaway rule as the report states it (n/a: not judged)."""
-  threshold = rows[0].get("runaway_threshold") if rows else None
+  """The runaway rule as the report states it (`runaway_basis`; n/a: not judged)."""
+  threshold, basis = runaway_basis(rows)
   if threshold is None:
-    return "not judged (n/a: no FP32 reference at this recipe)"
-  return (
-    f"layer 1's max logit above {threshold:,.1f}, {instability.RUNAWAY_FACTOR:g}× the FP32 "
-    f"reference's largest ({rows[0]['runaway_basis']})"
-  )
+    return f"not judged (n/a: {basis})"
+  return f"layer 1's max logit above {threshold:,.1f} ({basis})"
 
 
 def plot(out, rows):
