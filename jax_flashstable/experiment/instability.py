@@ -322,7 +322,7 @@ def _dq_rule_fields(diags, warmup_steps: int, layer: int) -> dict:
   return fields
 
 
-def is_reference(variant: str) -> bool:
+def _is_reference(variant: str) -> bool:
   """Whether a variant (a run folder's name) is the FP32 reference, in any spelling."""
   import warnings
 
@@ -351,7 +351,7 @@ def check_reference_max_logit(value) -> float | None:
 
 def _reference_logits(rows) -> list[float]:
   return [
-    r["max_logit"] for r in rows if is_reference(r["variant"]) and math.isfinite(r["max_logit"])
+    r["max_logit"] for r in rows if _is_reference(r["variant"]) and math.isfinite(r["max_logit"])
   ]
 
 
