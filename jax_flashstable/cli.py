@@ -192,11 +192,19 @@ def _train_config(args, **defaults):
 
 
 # what the help adds to a TrainConfig option's default
+COMPARE_HELP = (
+  "the main job: attentions from the same weights on the same batches (on a GPU the paper "
+  "layout without and with the compensation at anchor-b128; on a CPU fa2, fa2+comp and the FP32 "
+  "reference); report (explosion, runaway, warnings) + PNG"
+)
 OPTION_NOTES = {
   "warning_action": "; off, log, checkpoint or stop (these two need --diag-interval)",
   "warning_rule": "; logit (any layer's max logit), dq_error (--warning-layer's dQ error) or "
   "dq_common (its part along the keys' mean); the dQ rules need --diag-interval",
   "warning_layer": "; 0-based, watched by --warning-rule dq_error and dq_common only",
+  "max_seconds": "; seconds of training, then a checkpoint and stop (0: no limit)",
+  "data": "; a folder of train.bin and val.bin (GPT-2 BPE tokens, uint16, nanoGPT's format) "
+  "or their .xz; none: the embedded sample",
 }
 
 
@@ -704,15 +712,15 @@ def build_parser():
   p.set_defaults(func=_train)
   p = sub.add_parser(
     "compare",
-    help="the main job: attentions from the same weights on the same batches (on a GPU the "
-    "paper layout without and with the compensation at anchor-b128; on a CPU fa2, fa2+comp and "
-    "the FP32 reference); report (explosion, runaway, warnings) + PNG",
+    help=COMPARE_HELP,
+    description=COMPARE_HELP + ". Writes OUT_DIR/report.md, curves.png and summary.json.",
   )
   _add_train_options(
     p,
     skip=("attention",),
-    defaults="default: the setting's (compare.SETTINGS: "
-    "on a GPU the anchor-b128 key pair, on a CPU the tiny model)",
+    defaults="default: the setting's where it sets the field, else TrainConfig's "
+    "(compare.SETTINGS: on a GPU anchor-b128, seed 25; on a CPU the tiny model, 250 steps, "
+    "batch 4; docs/experiments.md)",
   )
   p.set_defaults(func=_compare)
   p = sub.add_parser(

@@ -371,6 +371,7 @@ def test_validate_names_the_setting(tmp_path):
     (dict(attention_overrides=((5, "xla"),)), "layer 5, but n_layer=2"),
     (dict(model_overrides=(("n_head", 0),)), r"model_overrides=.*n_head=0 must be an integer ≥ 1"),
     (dict(data=str(tmp_path / "missing")), r"data='.*missing': folder not found"),
+    (dict(data=str(tmp_path / "file")), r"data='.*file' is a file, not a folder"),
     (dict(out_dir=str(tmp_path / "file")), r"out_dir='.*file' is a file, not a folder"),
     (dict(out_dir=str(tmp_path / "file" / "run")), r"out_dir='.*run' cannot be created"),
     (dict(out_dir="/proc/no/such/run"), r"out_dir='/proc/no/such/run' cannot be created"),

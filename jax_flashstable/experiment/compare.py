@@ -8,8 +8,8 @@ Two settings (`SETTINGS`), picked by the default device:
   on one H200, 2026-12-04), its runaways judged against the FP32 reference measured at that
   recipe. Pass the study's corpus with `--data` (the embedded sample is 616k tokens, under 5 of
   the recipe's 3,000 steps' worth).
-- CPU: fa2, fa2 + compensation and FP32 reference attention on the tiny model (7 minutes on 2
-  cores): a model this size trained this briefly does not explode; the report gives the noise
+- CPU: fa2, fa2 + compensation and FP32 reference attention on the tiny model (163–195 s on
+  2 cores, 2026-12-04): a model this size trained this briefly does not explode; the report gives the noise
   band that the final losses must be read against.
 """
 
@@ -183,7 +183,7 @@ def findings(rows, on_cpu=False) -> list[str]:
       f"{verdict} the batch-to-batch noise (std up to {noise:.3f}): this run shows that "
       "the pipeline trains with every attention, not a difference between them. The "
       "explosion and the compensation's effect need the GPU setting (`flashstable "
-      "compare` on a GPU) or the study's recipes."
+      "compare --data DIR` on a GPU, with the study's corpus) or the study's recipes."
     )
     if on_cpu:
       out[-1] += (

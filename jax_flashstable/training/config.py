@@ -185,8 +185,10 @@ class TrainConfig:
       )
     _check_device(self, mcfg)
     if self.data is not None and not pathlib.Path(self.data).is_dir():
-      what = "is not a folder" if pathlib.Path(self.data).exists() else "not found"
-      raise ConfigError(f"data={self.data!r}: folder {what}")
+      what = (
+        " is a file, not a folder" if pathlib.Path(self.data).exists() else ": folder not found"
+      )
+      raise ConfigError(f"data={self.data!r}{what}")
     check_output_dir(self.out_dir, "out_dir")
     return self
 
