@@ -386,7 +386,7 @@ def test_runaway_survival_fisher_and_pack(tmp_path):
   # no run logged dQ's error: its warning columns say n/a, its table says why (and none
   # for the rule along the keys' mean); rows made before the report gave the dQ rule (an
   # old report.json) say so
-  assert "| 20 | 20 | – | n/a | n/a | 3.000 |" in text and "no run here logged dQ's error." in text
+  assert "| 20 | 20 | – | n/a | n/a | 3.000 |" in text and "no run here logged the dQ error." in text
   assert 'reads="dq_common"' not in text
   old = [{k: v for k, v in r.items() if not k.startswith(("dq_", "dqc_"))} for r in rows]
   text = experiment.format_report(old, dict(warmup_steps=cfg.warmup_steps), 1)
@@ -544,7 +544,7 @@ def test_dq_error_warning_on_the_measured_runs(tmp_path):
   assert (min(leads), max(leads)) == (100, 800)
   assert {name(r) for r in rows if r["dq_false_alarm"]} == {"paper+comp/seed30"}
   text = experiment.format_report(every, dict(warmup_steps=base.warmup_steps), 1)
-  assert "on the 21 of 44 runs that logged dQ's error." in text
+  assert "on the 21 of 44 runs that logged the dQ error." in text
   assert "| cudnn | 1 / 1 | 949–949 (median 949) | 2 / 2 | 300–600 (median 450) | 0 |" in text
   assert "| cudnn | 24 | 3000 | – | – | – | n/a |" in text  # logged no dQ error
   assert "| cudnn+center | 25 | 3000 | – | – | – | – |" in text  # logged it, not warned
@@ -878,7 +878,7 @@ def test_dq_error_warning_out_of_sample(pack, tmp_path):
   assert sorted(map(name, rows)) == sorted([*warned, *calm])
   assert all(r["dq_logged"] and r["dqc_logged"] == bool(dqc) for r in rows)  # dq_common: 12-04c on
   text = experiment.format_report(rows, dict(warmup_steps=base.warmup_steps), 1)
-  assert ("no run here logged dQ's error along the keys' mean." in text) != bool(dqc)
+  assert ("no run here logged the dQ error along each row's keys' mean." in text) != bool(dqc)
   if dqc:  # the dq_common rule: its warning steps (None: not warned), its leads to the runaways
     (steps,) = dqc  # a warned calm run is a false alarm
     assert {name(r): r["dqc_warning_step"] for r in rows} == steps

@@ -694,7 +694,7 @@ def format_report(rows, recipe: dict, layer: int) -> str:
   }
   for rule, monitor in rules.items():
     logged = [r for r in rows if not rule or r.get(f"{rule}logged")]
-    what = "dQ's error" if rule == "dq_" else "dQ's error along the keys' mean"
+    what = f"the {DQErrorWarning.DQ_FIELDS[monitor.reads]}" if rule else ""  # what it reads
     if not logged:  # no run logged the rule's field, or rows made before the report read it
       if rule == "dqc_" and not any(r.get("dq_logged") for r in rows):
         continue  # nothing of dQ at all: the dq_ rule's line says so
