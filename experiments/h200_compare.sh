@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job on one H200 (device tool; carry .data): `flashstable compare --data .data`, whose
-# GPU setting trains the key pair at anchor-b128 (paper and paper+comp, seed 25; 702 s
-# on 2026-12-04, experiments/results/h200-2026-12-04d-b128), in a process session of its own (setsid) so that it outlives the 10-minute call.
+# GPU setting trains the key pair at anchor-b128 (paper and paper+comp, seed 25; 702 s on
+# 2026-12-04, experiments/results/h200-2026-12-04d-b128), in a process session of its own
+# (setsid) so that it outlives the 10-minute call.
 # `wait` follows it for up to S seconds; once it has finished it brings back the report, the
 # PNG, the log and the runs (packed, no checkpoints: `experiment instability --runs` reads
 # them). Call `wait` again at once (the machine goes back 30 s after a call) until "done".

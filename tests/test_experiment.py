@@ -386,7 +386,9 @@ def test_runaway_survival_fisher_and_pack(tmp_path):
   # no run logged dQ's error: its warning columns say n/a, its table says why (and none
   # for the rule along the keys' mean); rows made before the report gave the dQ rule (an
   # old report.json) say so
-  assert "| 20 | 20 | – | n/a | n/a | 3.000 |" in text and "no run here logged the dQ error." in text
+  assert (
+    "| 20 | 20 | – | n/a | n/a | 3.000 |" in text and "no run here logged the dQ error." in text
+  )
   assert 'reads="dq_common"' not in text
   old = [{k: v for k, v in r.items() if not k.startswith(("dq_", "dqc_"))} for r in rows]
   text = experiment.format_report(old, dict(warmup_steps=cfg.warmup_steps), 1)
@@ -1048,7 +1050,7 @@ def test_compare_gets_its_settings_reference_only_at_its_recipe(tmp_path, monkey
   got = {}
 
   def fake_run_compare(cfg, out, variants, seed, **kw):
-    got.update(kw, batch_size=cfg.batch_size)
+    got.update(kw)
     pathlib.Path(out).mkdir(parents=True, exist_ok=True)
     (pathlib.Path(out) / "report.md").write_text("# flashstable compare\n")
 

@@ -9,8 +9,8 @@ Two settings (`SETTINGS`), picked by the default device:
   recipe. Pass the study's corpus with `--data` (the embedded sample is 616k tokens, under 5 of
   the recipe's 3,000 steps' worth).
 - CPU: fa2, fa2 + compensation and FP32 reference attention on the tiny model (163–195 s on
-  2 cores, 2026-12-04): a model this size trained this briefly does not explode; the report gives the noise
-  band that the final losses must be read against.
+  2 cores, 2026-12-04): a model this size trained this briefly does not explode; the report
+  gives the noise band that the final losses must be read against.
 """
 
 from __future__ import annotations
@@ -199,8 +199,8 @@ def findings(rows, on_cpu=False) -> list[str]:
       "of each tile's sum at ≥ 1e−10 scales a tied row's output toward 0 once its max passes "
       "≈ 23.7. With the shift capped instead (`paper+comp+guard`, at 20 or 6, at 6 also with "
       "`+rsum`: the tie bias removed on every tied row, no row switched off) it exploded in 8 "
-      "of 8 runs at anchor-b128, so what keeps its loss from exploding is most likely that switch-off of "
-      "rows with large tied logits, not the bias removed; "
+      "of 8 runs at anchor-b128, so what keeps its loss from exploding is most likely that "
+      "switch-off of rows with large tied logits, not the bias removed; "
       "`+center` (dQ from the keys less their mean) holds without it (docs/numerics.md, "
       "docs/studies/instability-anchor-b128.md)."
     )
