@@ -164,6 +164,7 @@ def run(a, shape, variants, fm):
         mgpu_options=opts,
       )
     )
+    print(f"# compiling {spec}", flush=True)  # stdout only: names ptxas's next report
     try:
       out = np.asarray(f(q, k, v).astype(jnp.float32))
     except Exception as e:  # a variant that does not compile: say so, go on with the next

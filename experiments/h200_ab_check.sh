@@ -43,8 +43,11 @@ timeout 150 $AB --causal bk=64 bk=64,overlap=1 bk=128 bk=128,overlap=1 bk=128,lo
   >> $OUT/compile.log 2>&1
 echo "causal: exit $?"
 # each kernel's "Compiling entry" line followed by its register and spill lines, in order (the
-# variants compile in the order ab.txt lists them)
-grep -iE "spill|registers|Function properties|Compiling entry|serialized|C75[0-9][0-9]" $OUT/compile.log \
+# variants compile in the order ab.txt lists them), each variant's "# compiling SPEC" before
+# its kernel's lines (ptxas prints a C7513 serialisation warning before the "Compiling entry"
+# line of its kernel: 2026-12-04, where the lines were not named, the three warnings fell
+# before the three overlap kernels that ran 19–23% slower: docs/studies/speed.md)
+grep -iE "^# compiling|spill|registers|Function properties|Compiling entry|serialized|C75[0-9][0-9]" $OUT/compile.log \
   > $OUT/ptxas.txt
 grep -vE "^ptxas|^    0 bytes|^$" $OUT/compile.log | head -c 20000 > $OUT/compile_head.log
 rm $OUT/compile.log

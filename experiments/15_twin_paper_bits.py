@@ -1,0 +1,155 @@
+"""Issue 18: is the PyTorch twin's paper layout, as its training runs it (torch.compile, on the
+GPU), still JAX's paper layout bit for bit? On the CPU and eager the two agree on 100% of the
+bits of O, dQ, dK and dV (tests/test_torch_twin.py::test_attention_matches_jax_layouts), and
+torch.compile keeps that on the CPU only with `emulate_precision_casts` (2026-12-04: without it
+31–37% of the bits agree, since fused kernels drop the x.to(bf16).float() rounding points). This
+runs the twin's `attend` eager and compiled (`gpt_twin.setup_precision(compiled=True)`, as
+`gpt_twin train` does) and JAX's `attend` with the twin's JAX spec, at the training's shape and
+tiles (anchor-b128: seq 1024, 6 heads, head_dim 64, tiles 512, causal) on inputs with many tied
+scores (entries on a grid of 1/8, keys in equal pairs: the compensation fires), and on the
+mechanism's common-keys input (tests/test_mechanism.py: dQ's channel 0 is 0 in FP64; its error
+is the bias term). Prints, per attention, the share of equal bits against JAX and dQ's error on
+the common-keys input (on the CPU, 2026-12-04, --seq 128 --tiles 64: 1.0000 of every tensor,
+eager and compiled, paper and paper+comp; dQ's channel-0 error 2.41 in all).
+
+    PYTHONPATH=. python3 experiments/15_twin_paper_bits.py [--kinds paper,paper+comp] [--seq 1024]
+
+On a CPU the compiled run takes ~30 s an attention at --seq 128 (use it there); on the GPU the
+twin's interpreter is this one (the image has torch beside JAX).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+from test_mechanism import common_keys  # noqa: E402
+
+from jax_flashstable.attention.config import AttentionConfig  # noqa: E402
+from jax_flashstable.attention.flax_adapter import attend  # noqa: E402
+from jax_flashstable.experiment import twin  # noqa: E402
+
+# the torch side: argv = folder, torch_crosscheck, kinds (JSON), tiles; in.npz holds CASE/q, k, v,
+# d (bf16 bits, [b, s, h, d]) and CASE/causal; out.npz gets "CASE/KIND/MODE/i" (out, dQ, dK, dV)
+TORCH_SIDE = """
+import json, sys
+import numpy as np, torch
+sys.path.insert(0, sys.argv[2])
+import gpt_twin as T
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+T.setup_precision(device, compiled=True)  # as `gpt_twin train` on CUDA
+d = np.load(sys.argv[1] + "/in.npz")
+to = lambda a: torch.from_numpy(a.astype(np.int16)).view(torch.bfloat16).to(device)
+tiles, result = int(sys.argv[4]), {}
+for case in sorted({n.split("/")[0] for n in d.files}):
+  for kind in json.loads(sys.argv[3]):
+    choice = T.AttentionChoice(kind, tiles, tiles)
+    for mode in ("eager", "compiled"):
+      f = lambda q, k, v: T.attend(q, k, v, choice, causal=bool(d[case + "/causal"]))
+      f = torch.compile(f) if mode == "compiled" else f
+      x = [to(d[f"{case}/{n}"]).requires_grad_() for n in "qkv"]
+      out = f(*x)
+      out.backward(to(d[case + "/d"]))
+      for i, t in enumerate((out, *(a.grad for a in x))):
+        result[f"{case}/{kind}/{mode}/{i}"] = t.detach().cpu().view(torch.int16).numpy()
+np.savez(sys.argv[1] + "/out.npz", **result)
+print(json.dumps(dict(torch=torch.__version__, device=str(device))))
+"""
+
+NAMES = ("O", "dQ", "dK", "dV")
+
+
+def tied(seq, heads, head_dim):
+  """Entries on a grid of 1/8, keys in equal pairs (a tied row max is common), causal: the
+  input of tests/test_torch_twin.py::test_attention_matches_jax_layouts at another shape."""
+  rng = np.random.default_rng(5)
+  shape = (1, seq, heads, head_dim)
+  q, k, v = (np.round(rng.standard_normal(shape) * 8) / 8 for _ in range(3))
+  k[:, 1::2] = k[:, 0::2]
+  do = rng.standard_normal(shape)
+  return tuple(jnp.asarray(a, jnp.bfloat16) for a in (q, k, v, do)), True
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap.add_argument("--kinds", default="paper,paper+comp", help="twin attentions, comma-separated")
+  ap.add_argument("--seq", type=int, default=1024)
+  ap.add_argument("--heads", type=int, default=6)
+  ap.add_argument("--head-dim", type=int, default=64)
+  ap.add_argument("--tiles", type=int, default=512, help="block_q = block_k of both sides")
+  a = ap.parse_args(argv)
+  kinds = a.kinds.split(",")
+  for kind in kinds:
+    if kind not in twin.EXACT:
+      sys.exit(
+        f"15_twin_paper_bits: --kinds: {kind!r} is not a twin attention with JAX's numerics "
+        f"({', '.join(twin.EXACT)})"
+      )
+  for name in ("seq", "heads", "head_dim", "tiles"):
+    if getattr(a, name) < 1:
+      sys.exit(f"15_twin_paper_bits: --{name.replace('_', '-')} {getattr(a, name)} (at least 1)")
+  twin.check_torch_python(twin.default_torch_python())
+  cases = {"tied": tied(a.seq, a.heads, a.head_dim), "common_keys": common_keys()}
+  bits = lambda x: np.asarray(x).view(np.uint16)
+  with tempfile.TemporaryDirectory() as tmp:
+    arrays = {}
+    for case, ((q, k, v, do), causal) in cases.items():
+      arrays.update({f"{case}/{n}": bits(x) for n, x in zip("qkvd", (q, k, v, do))})
+      arrays[f"{case}/causal"] = causal
+    np.savez(f"{tmp}/in.npz", **arrays)
+    proc = subprocess.run(
+      [
+        twin.default_torch_python(),
+        "-c",
+        TORCH_SIDE,
+        tmp,
+        str(ROOT / "torch_crosscheck"),
+        json.dumps(kinds),
+        str(a.tiles),
+      ],
+      capture_output=True,
+      text=True,
+    )
+    if proc.returncode:
+      sys.exit(proc.stderr.strip()[-3000:])
+    t = dict(np.load(f"{tmp}/out.npz"))
+  versions = json.loads(proc.stdout.strip().splitlines()[-1])
+  print(
+    f"# {jax.devices()[0].device_kind}, jax {jax.__version__}, torch {versions['torch']} on "
+    f"{versions['device']}; tied: 1 × {a.seq} × {a.heads} × {a.head_dim}, tiles {a.tiles}"
+  )
+  print(
+    "| input | twin attention | mode | same bits as JAX: O / dQ / dK / dV | dQ channel 0, max (FP64: 0) |"
+  )
+  print("|---|---|---|---|---:|")
+  for case, ((q, k, v, do), causal) in cases.items():
+    for kind in kinds:
+      cfg = AttentionConfig.parse(twin.twin_jax_spec(kind, a.tiles))
+      out, vjp = jax.vjp(lambda q, k, v: attend(q, k, v, cfg, causal=causal), q, k, v)
+      ref = [bits(x) for x in (out, *vjp(do))]
+      rows = {"JAX": ref}
+      rows.update(
+        {
+          m: [t[f"{case}/{kind}/{m}/{i}"].view(np.uint16) for i in range(4)]
+          for m in ("eager", "compiled")
+        }
+      )
+      for mode, got in rows.items():
+        same = " / ".join(f"{np.mean(g == r):.4f}" for g, r in zip(got, ref))
+        dq0 = np.abs(got[1].view(jnp.bfloat16).astype(np.float64)[..., 0]).max()
+        dq0 = f"{dq0:.3g}" if case == "common_keys" else "–"
+        print(f"| {case} | {kind} | {mode} | {same} | {dq0} |")
+
+
+if __name__ == "__main__":
+  main()
