@@ -1206,24 +1206,30 @@ def test_crosscheck_train_rejects_bad_input_in_one_line(tmp_path, args, message)
 
 def test_report_of_packed_twin_runs_covers_the_pairs_they_hold(tmp_path, capsys):
   """`crosscheck-train --runs PACK` without --pairs reports every pair the pack holds (here the
-  H200 runs of 2026-12-03: torch's SDPA cuDNN at 26 calm to 3,000, at 27 ran away at 2,500
-  and at 28 exploded at 2,528; JAX's cuDNN exploded at 2,942 and 2,896 and at 28 ran away at
-  2,600; torch's SDPA cuDNN + center and JAX's cuDNN + center at 27 both calm; runaway
-  threshold 465, from JAX's reference-fp32 run): 1 of 4 outcomes the same, 3 of 4 calm or
-  failed on both sides alike. It records
+  H200 runs of 2026-12-03 and 12-04: torch's SDPA cuDNN at 26 calm to 3,000, at 27 ran away at
+  2,500 and at 28 exploded at 2,528; JAX's cuDNN exploded at 2,942 and 2,896 and at 28 ran away
+  at 2,600; torch's SDPA cuDNN + center and JAX's cuDNN + center at 27 both calm; SDPA flash
+  and JAX's fa2 calm at 21 and 24, at 26 torch ran away at 2,200 where JAX's stayed below the
+  threshold; the paper layout at 29, JAX exploded at 1,452, the twin cut at 2,127 by the
+  session's end: open; runaway threshold 465, from JAX's reference-fp32 run): 3 of 7 decided
+  outcomes the same, 5 of 7 calm or failed on both sides alike. It records
   the pairs and seeds it covers; it refuses, in one line, options that would judge the runs by
   another recipe than theirs and a named pair the runs lack; pairs_under names the twin
   attentions it cannot pair by default, and an --out without twin runs."""
-  pack = ROOT / "experiments/results/h200-2026-12-03f-b128/twin-anchor-b128-s3000.jsonl.xz"
+  pack = ROOT / "experiments/results/h200-2026-12-04e-b128/twin-anchor-b128-s3000.jsonl.xz"
   args = ["crosscheck-train", "--recipe", "anchor-b128", "--runs", str(pack)]
   reference = ["--reference-max-logit", "46.529408"]
   assert cli.main([*args, *reference, "--out", str(tmp_path / "r")]) == 0
   report = json.loads((tmp_path / "r" / "report.json").read_text())
   # the pairs covered, in the header
-  assert report["meta"]["args"]["pairs"] == "sdpa-cudnn,sdpa-cudnn+center"
+  assert report["meta"]["args"]["pairs"] == "paper,sdpa-flash,sdpa-cudnn,sdpa-cudnn+center"
   rows = report["rows"]
   got = {(r["pair"], r["seed"]): (r["jax_outcome"], r["torch_outcome"]) for r in rows}
   assert got == {
+    ("paper ↔ paper", 29): ("exploded", "unfinished"),
+    ("sdpa-flash ↔ fa2", 21): ("calm", "calm"),
+    ("sdpa-flash ↔ fa2", 24): ("calm", "calm"),
+    ("sdpa-flash ↔ fa2", 26): ("calm", "runaway"),
     ("sdpa-cudnn ↔ cudnn", 26): ("exploded", "calm"),
     ("sdpa-cudnn ↔ cudnn", 27): ("exploded", "runaway"),
     ("sdpa-cudnn ↔ cudnn", 28): ("runaway", "exploded"),
@@ -1232,15 +1238,17 @@ def test_report_of_packed_twin_runs_covers_the_pairs_they_hold(tmp_path, capsys)
   text = capsys.readouterr().out
   assert "JAX exploded at 2942, torch calm to 3000: outcomes differ." in text
   assert "JAX exploded at 2896, torch ran away at 2500: both failed." in text
-  assert "Outcomes the same on both sides: 1 of 4 decided (pair, seed); calm on both " in text
-  assert "failed on both (a runaway or an explosion): 3 of 4." in text
-  assert report["meta"]["args"]["seeds"] == "26,27,28"  # the seeds covered, not --seeds' default
+  assert "JAX calm to 3000, torch ran away at 2200: outcomes differ." in text
+  assert "JAX exploded at 1452, torch unfinished at 2127: outcome open." in text
+  assert "Outcomes the same on both sides: 3 of 7 decided (pair, seed); calm on both " in text
+  assert "failed on both (a runaway or an explosion): 5 of 7." in text
+  assert report["meta"]["args"]["seeds"] == "21,24,26,27,28,29"  # covered, not --seeds' default
   for extra, message in (
     (
       ["--warmup-steps", "2999"],
       "cudnn seed26 under .* was trained with warmup_steps=200, not 2999",
     ),
-    (["--pairs", "sdpa-flash"], r"no runs of sdpa-flash ↔ fa2 under .*"),
+    (["--pairs", "paper+comp"], r"no runs of paper\+comp ↔ paper\+comp under .*"),
   ):
     with pytest.raises(SystemExit, match=message):
       cli.main([*args, *extra, "--out", str(tmp_path / "x")])
