@@ -1,21 +1,23 @@
-"""Issue 18: is the PyTorch twin's paper layout, as its training runs it (torch.compile, on the
-GPU), still JAX's paper layout bit for bit? On the CPU and eager the two agree on 100% of the
-bits of O, dQ, dK and dV (tests/test_torch_twin.py::test_attention_matches_jax_layouts), and
-torch.compile keeps that on the CPU only with `emulate_precision_casts` (2026-12-04: without it
-31–37% of the bits agree, since fused kernels drop the x.to(bf16).float() rounding points). This
-runs the twin's `attend` eager and compiled (`gpt_twin.setup_precision(compiled=True)`, as
-`gpt_twin train` does) and JAX's `attend` with the twin's JAX spec, at the training's shape and
-tiles (anchor-b128: seq 1024, 6 heads, head_dim 64, tiles 512, causal) on inputs with many tied
-scores (entries on a grid of 1/8, keys in equal pairs: the compensation fires), and on the
-mechanism's common-keys input (tests/test_mechanism.py: dQ's channel 0 is 0 in FP64; its error
-is the bias term). Prints, per attention, the share of equal bits against JAX and dQ's error on
-the common-keys input (on the CPU, 2026-12-04, --seq 128 --tiles 64: 1.0000 of every tensor,
-eager and compiled, paper and paper+comp; dQ's channel-0 error 2.41 in all).
+"""Issue 18: is the PyTorch twin's paper layout, compiled as its training compiles it
+(torch.compile with `gpt_twin.setup_precision(compiled=True)`, on the GPU), still JAX's paper
+layout bit for bit? Eager on the CPU the two agree on 100% of the bits of O, dQ, dK and dV
+(tests/test_torch_twin.py::test_attention_matches_jax_layouts). Inductor's fused kernels drop
+x.to(bf16).float() rounding points unless `emulate_precision_casts` is set, which the twin sets.
+This runs the twin's `attend` eager, compiled (a fresh static graph per input), and compiled
+without the setting (the control: the check must be able to fail), and JAX's `attend` with the
+twin's JAX spec, at the training's shape and tiles (anchor-b128: seq 1024, 6 heads, head_dim 64,
+tiles 512, causal) on inputs with many tied scores (entries on a grid of 1/8, keys in equal
+pairs: the compensation fires), and on the mechanism's common-keys input
+(tests/test_mechanism.py: dQ's channel 0 is 0 in FP64; its error is the bias term). Prints,
+per attention and mode, the share of equal bits against JAX and dQ's error on the common-keys
+input. It compiles the attention alone: training compiles the whole step, whose fusions
+across the attention's edges this does not see.
 
     PYTHONPATH=. python3 experiments/15_twin_paper_bits.py [--kinds paper,paper+comp] [--seq 1024]
 
-On a CPU the compiled run takes ~30 s an attention at --seq 128 (use it there); on the GPU the
-twin's interpreter is this one (the image has torch beside JAX).
+On a CPU, 2026-12-04 (torch 2.13, `--seq 128 --tiles 64`, ~2 min):
+experiments/results/cpu-2026-12-04-twin-paper-bits/. On the GPU the twin's interpreter is this
+one (the image has torch beside JAX).
 """
 
 from __future__ import annotations
@@ -44,22 +46,28 @@ from jax_flashstable.experiment import twin  # noqa: E402
 TORCH_SIDE = """
 import json, sys
 import numpy as np, torch
+import torch._inductor.config as inductor_config
 sys.path.insert(0, sys.argv[2])
 import gpt_twin as T
 device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-T.setup_precision(device, compiled=True)  # as `gpt_twin train` on CUDA
+T.setup_precision(device, compiled=True)  # as `gpt_twin train` on CUDA (emulate_precision_casts)
 d = np.load(sys.argv[1] + "/in.npz")
 to = lambda a: torch.from_numpy(a.astype(np.int16)).view(torch.bfloat16).to(device)
 tiles, result = int(sys.argv[4]), {}
 for case in sorted({n.split("/")[0] for n in d.files}):
+  causal = bool(d[case + "/causal"])
   for kind in json.loads(sys.argv[3]):
     choice = T.AttentionChoice(kind, tiles, tiles)
-    for mode in ("eager", "compiled"):
-      f = lambda q, k, v: T.attend(q, k, v, choice, causal=bool(d[case + "/causal"]))
-      f = torch.compile(f) if mode == "compiled" else f
+    for mode in ("eager", "compiled", "compiled-raw"):
+      f = lambda q, k, v: T.attend(q, k, v, choice, causal=causal)
+      if mode != "eager":  # a fresh static graph per input and kind, as training's one shape
+        torch._dynamo.reset()
+        f = torch.compile(f, dynamic=False)
       x = [to(d[f"{case}/{n}"]).requires_grad_() for n in "qkv"]
-      out = f(*x)
-      out.backward(to(d[case + "/d"]))
+      # compiled-raw: the control, without the rounding points' emulation
+      with inductor_config.patch(emulate_precision_casts=mode != "compiled-raw"):
+        out = f(*x)
+        out.backward(to(d[case + "/d"]))
       for i, t in enumerate((out, *(a.grad for a in x))):
         result[f"{case}/{kind}/{mode}/{i}"] = t.detach().cpu().view(torch.int16).numpy()
 np.savez(sys.argv[1] + "/out.npz", **result)
@@ -95,10 +103,15 @@ def main(argv=None):
         f"15_twin_paper_bits: --kinds: {kind!r} is not a twin attention with JAX's numerics "
         f"({', '.join(twin.EXACT)})"
       )
-  for name in ("seq", "heads", "head_dim", "tiles"):
+  for name in ("seq", "heads", "head_dim"):
     if getattr(a, name) < 1:
       sys.exit(f"15_twin_paper_bits: --{name.replace('_', '-')} {getattr(a, name)} (at least 1)")
-  twin.check_torch_python(twin.default_torch_python())
+  if a.tiles < 16 or a.tiles & (a.tiles - 1):
+    sys.exit(f"15_twin_paper_bits: --tiles {a.tiles} is not a power of two >= 16")
+  try:
+    twin.check_torch_python(twin.default_torch_python())
+  except ValueError as e:
+    sys.exit(f"15_twin_paper_bits: {e}")
   cases = {"tied": tied(a.seq, a.heads, a.head_dim), "common_keys": common_keys()}
   bits = lambda x: np.asarray(x).view(np.uint16)
   with tempfile.TemporaryDirectory() as tmp:
@@ -120,8 +133,8 @@ def main(argv=None):
       capture_output=True,
       text=True,
     )
-    if proc.returncode:
-      sys.exit(proc.stderr.strip()[-3000:])
+    if proc.returncode:  # the torch side's last line (its error)
+      sys.exit(f"15_twin_paper_bits: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
     t = dict(np.load(f"{tmp}/out.npz"))
   versions = json.loads(proc.stdout.strip().splitlines()[-1])
   print(
@@ -141,7 +154,7 @@ def main(argv=None):
       rows.update(
         {
           m: [t[f"{case}/{kind}/{m}/{i}"].view(np.uint16) for i in range(4)]
-          for m in ("eager", "compiled")
+          for m in ("eager", "compiled", "compiled-raw")
         }
       )
       for mode, got in rows.items():

@@ -44,9 +44,9 @@ timeout 150 $AB --causal bk=64 bk=64,overlap=1 bk=128 bk=128,overlap=1 bk=128,lo
 echo "causal: exit $?"
 # each kernel's "Compiling entry" line followed by its register and spill lines, in order (the
 # variants compile in the order ab.txt lists them), each variant's "# compiling SPEC" before
-# its kernel's lines (ptxas prints a C7513 serialisation warning before the "Compiling entry"
-# line of its kernel: 2026-12-04, where the lines were not named, the three warnings fell
-# before the three overlap kernels that ran 19–23% slower: docs/studies/speed.md)
+# its kernel's lines (2026-12-04, where the lines were not named, the three C7513 warnings fell
+# just before the "Compiling entry" lines of the three overlap kernels whose ratio to cuDNN
+# was 19–23% lower: apparently ptxas warns before that line; docs/studies/speed.md)
 grep -iE "^# compiling|spill|registers|Function properties|Compiling entry|serialized|C75[0-9][0-9]" $OUT/compile.log \
   > $OUT/ptxas.txt
 grep -vE "^ptxas|^    0 bytes|^$" $OUT/compile.log | head -c 20000 > $OUT/compile_head.log
