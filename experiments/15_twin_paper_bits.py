@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -35,7 +36,7 @@ import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-from test_mechanism import common_keys  # noqa: E402
+from test_mechanism import common_keys, tied_keys  # noqa: E402
 
 from jax_flashstable.attention.config import AttentionConfig  # noqa: E402
 from jax_flashstable.attention.flax_adapter import attend  # noqa: E402
@@ -74,18 +75,51 @@ np.savez(sys.argv[1] + "/out.npz", **result)
 print(json.dumps(dict(torch=torch.__version__, device=str(device))))
 """
 
-NAMES = ("O", "dQ", "dK", "dV")
+MODES = ("eager", "compiled", "compiled-raw")  # TORCH_SIDE's, in its order
 
 
-def tied(seq, heads, head_dim):
-  """Entries on a grid of 1/8, keys in equal pairs (a tied row max is common), causal: the
-  input of tests/test_torch_twin.py::test_attention_matches_jax_layouts at another shape."""
-  rng = np.random.default_rng(5)
-  shape = (1, seq, heads, head_dim)
-  q, k, v = (np.round(rng.standard_normal(shape) * 8) / 8 for _ in range(3))
-  k[:, 1::2] = k[:, 0::2]
-  do = rng.standard_normal(shape)
-  return tuple(jnp.asarray(a, jnp.bfloat16) for a in (q, k, v, do)), True
+def bits(x):
+  return np.asarray(x).view(np.uint16)
+
+
+def torch_bits(cases, kinds, tiles, env=None):
+  """({case: {kind: {mode: [O, dQ, dK, dV] bits}}}, versions) of the twin's `attend` in each of
+  MODES, run in the twin's interpreter (`env`: added to its environment, e.g.
+  TORCHINDUCTOR_COMPILE_THREADS); cases {name: ((q, k, v, dO), causal)}. ValueError with the
+  torch side's last line when it fails."""
+  with tempfile.TemporaryDirectory() as tmp:
+    arrays = {}
+    for case, ((q, k, v, do), causal) in cases.items():
+      arrays.update({f"{case}/{n}": bits(x) for n, x in zip("qkvd", (q, k, v, do))})
+      arrays[f"{case}/causal"] = causal
+    np.savez(f"{tmp}/in.npz", **arrays)
+    command = [twin.default_torch_python(), "-c", TORCH_SIDE, tmp, str(ROOT / "torch_crosscheck")]
+    proc = subprocess.run(
+      [*command, json.dumps(kinds), str(tiles)],
+      capture_output=True,
+      text=True,
+      env={**os.environ, **(env or {})},
+    )
+    if proc.returncode:  # the torch side's last line (its error)
+      raise ValueError((proc.stderr.strip().splitlines() or ["?"])[-1])
+    t = np.load(f"{tmp}/out.npz")
+    got = {
+      case: {
+        kind: {m: [t[f"{case}/{kind}/{m}/{i}"].view(np.uint16) for i in range(4)] for m in MODES}
+        for kind in kinds
+      }
+      for case in cases
+    }
+  return got, json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def jax_bits(case, kind, tiles):
+  """[O, dQ, dK, dV] bits of JAX's `attend` with the twin attention's JAX spec on case
+  ((q, k, v, dO), causal)."""
+  (q, k, v, do), causal = case
+  cfg = AttentionConfig.parse(twin.twin_jax_spec(kind, tiles))
+  out, vjp = jax.vjp(lambda q, k, v: attend(q, k, v, cfg, causal=causal), q, k, v)
+  return [bits(x) for x in (out, *vjp(do))]
 
 
 def main(argv=None):
@@ -112,31 +146,11 @@ def main(argv=None):
     twin.check_torch_python(twin.default_torch_python())
   except ValueError as e:
     sys.exit(f"15_twin_paper_bits: {e}")
-  cases = {"tied": tied(a.seq, a.heads, a.head_dim), "common_keys": common_keys()}
-  bits = lambda x: np.asarray(x).view(np.uint16)
-  with tempfile.TemporaryDirectory() as tmp:
-    arrays = {}
-    for case, ((q, k, v, do), causal) in cases.items():
-      arrays.update({f"{case}/{n}": bits(x) for n, x in zip("qkvd", (q, k, v, do))})
-      arrays[f"{case}/causal"] = causal
-    np.savez(f"{tmp}/in.npz", **arrays)
-    proc = subprocess.run(
-      [
-        twin.default_torch_python(),
-        "-c",
-        TORCH_SIDE,
-        tmp,
-        str(ROOT / "torch_crosscheck"),
-        json.dumps(kinds),
-        str(a.tiles),
-      ],
-      capture_output=True,
-      text=True,
-    )
-    if proc.returncode:  # the torch side's last line (its error)
-      sys.exit(f"15_twin_paper_bits: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
-    t = dict(np.load(f"{tmp}/out.npz"))
-  versions = json.loads(proc.stdout.strip().splitlines()[-1])
+  cases = {"tied": tied_keys((1, a.seq, a.heads, a.head_dim)), "common_keys": common_keys()}
+  try:
+    got, versions = torch_bits(cases, kinds, a.tiles)
+  except ValueError as e:
+    sys.exit(f"15_twin_paper_bits: {e}")
   print(
     f"# {jax.devices()[0].device_kind}, jax {jax.__version__}, torch {versions['torch']} on "
     f"{versions['device']}; tied: 1 × {a.seq} × {a.heads} × {a.head_dim}, tiles {a.tiles}"
@@ -145,21 +159,12 @@ def main(argv=None):
     "| input | twin attention | mode | same bits as JAX: O / dQ / dK / dV | dQ channel 0, max (FP64: 0) |"
   )
   print("|---|---|---|---|---:|")
-  for case, ((q, k, v, do), causal) in cases.items():
+  for case in cases:
     for kind in kinds:
-      cfg = AttentionConfig.parse(twin.twin_jax_spec(kind, a.tiles))
-      out, vjp = jax.vjp(lambda q, k, v: attend(q, k, v, cfg, causal=causal), q, k, v)
-      ref = [bits(x) for x in (out, *vjp(do))]
-      rows = {"JAX": ref}
-      rows.update(
-        {
-          m: [t[f"{case}/{kind}/{m}/{i}"].view(np.uint16) for i in range(4)]
-          for m in ("eager", "compiled", "compiled-raw")
-        }
-      )
-      for mode, got in rows.items():
-        same = " / ".join(f"{np.mean(g == r):.4f}" for g, r in zip(got, ref))
-        dq0 = np.abs(got[1].view(jnp.bfloat16).astype(np.float64)[..., 0]).max()
+      ref = jax_bits(cases[case], kind, a.tiles)
+      for mode, row in {"JAX": ref, **got[case][kind]}.items():
+        same = " / ".join(f"{np.mean(g == r):.4f}" for g, r in zip(row, ref))
+        dq0 = np.abs(row[1].view(jnp.bfloat16).astype(np.float64)[..., 0]).max()
         dq0 = f"{dq0:.3g}" if case == "common_keys" else "–"
         print(f"| {case} | {kind} | {mode} | {same} | {dq0} |")
 

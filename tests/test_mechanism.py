@@ -43,6 +43,18 @@ def common_keys():
   return tuple(jnp.asarray(a, jnp.bfloat16) for a in (q, k, v, do)), True
 
 
+def tied_keys(shape=(1, 128, 2, 32)):
+  """q, k, v on a grid of 1/8 with the keys in equal pairs (a tied row max is common, so the
+  compensation fires), dO standard normal, all bf16 ([batch, seq, heads, head_dim]), causal:
+  the twin's bit-for-bit input (tests/test_torch_twin.py, tests/test_torch_compile.py,
+  experiments/15_twin_paper_bits.py)."""
+  rng = np.random.default_rng(5)
+  q, k, v = (np.round(rng.standard_normal(shape) * 8) / 8 for _ in range(3))
+  k[:, 1::2] = k[:, 0::2]
+  do = rng.standard_normal(shape)
+  return tuple(jnp.asarray(a, jnp.bfloat16) for a in (q, k, v, do)), True
+
+
 # which options keep dQ within the rule on each input, per layout. In the paper layout the
 # "float32 O" of delta_float32 is acc / l of bf16 buffers rounded every tile, and dP is rounded
 # to bf16 too (`Numerics.dp`): the option fixes neither input; the keys' centring still takes

@@ -31,6 +31,7 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
+from test_mechanism import tied_keys
 
 from jax_flashstable import cli
 from jax_flashstable.attention.config import AttentionConfig
@@ -545,13 +546,9 @@ def test_attention_matches_jax_layouts(tmp_path):
   without the compensation, agrees on 31–43%. (At these logits, |m| < 16, the two backwards
   give the same bits: `test_paper_backwards_part_at_large_logits` tells them apart.)
   """
-  rng = np.random.default_rng(5)
-  shape = (1, 128, 2, 32)
-  q, k, v = (np.round(rng.standard_normal(shape) * 8) / 8 for _ in range(3))
-  k[:, 1::2] = k[:, 0::2]  # keys in equal pairs: a tied row max is common
-  q, k, v = (a.astype(BF16) for a in (q, k, v))
-  d_out = rng.standard_normal(shape).astype(BF16)
-  t, results = _twin_and_jax(tmp_path, q, k, v, d_out, list(twin.EXACT), causal=True)
+  (q, k, v, d_out), causal = tied_keys((1, 128, 2, 32))
+  q, k, v, d_out = (np.asarray(a) for a in (q, k, v, d_out))
+  t, results = _twin_and_jax(tmp_path, q, k, v, d_out, list(twin.EXACT), causal=causal)
   for kind, _ in ATTENTION_PAIRS:
     for name in ("out", "dq", "dk", "dv"):
       same = np.mean(t[kind][name] == results[kind][name])
