@@ -3,8 +3,10 @@
 layout bit for bit? Eager on the CPU the two agree on 100% of the bits of O, dQ, dK and dV
 (tests/test_torch_twin.py::test_attention_matches_jax_layouts). Inductor's fused kernels drop
 x.to(bf16).float() rounding points unless `emulate_precision_casts` is set, which the twin sets.
-This runs the twin's `attend` eager, compiled (a fresh static graph per input), and compiled
-without the setting (the control: the check must be able to fail), and JAX's `attend` with the
+This runs the twin's `attend` eager, compiled (a fresh static graph per input), each with both
+of the twin's GEMMs (torch's bf16 GEMM, what CUDA training takes, and float32 GEMMs of the
+bf16 operands, CPU training's), and compiled without the setting (the control: the check must
+be able to fail), and JAX's `attend` with the
 twin's JAX spec, at the training's shape and tiles (anchor-b128: seq 1024, 6 heads, head_dim 64,
 tiles 512, causal) on inputs with many tied scores (entries on a grid of 1/8, keys in equal
 pairs: the compensation fires), and on the mechanism's common-keys input
@@ -43,7 +45,8 @@ from jax_flashstable.attention.flax_adapter import attend  # noqa: E402
 from jax_flashstable.experiment import twin  # noqa: E402
 
 # the torch side: argv = folder, torch_crosscheck, kinds (JSON), tiles; in.npz holds CASE/q, k, v,
-# d (bf16 bits, [b, s, h, d]) and CASE/causal; out.npz gets "CASE/KIND/MODE/i" (out, dQ, dK, dV)
+# d (bf16 bits, [b, s, h, d]) and CASE/causal; out.npz gets "CASE/KIND/MODE/i" (out, dQ, dK, dV),
+# MODE "HOW/MATMUL" (HOW: eager, compiled, compiled-raw; the control at the matmul training takes on this device only)
 TORCH_SIDE = """
 import json, sys
 import numpy as np, torch
@@ -52,30 +55,31 @@ sys.path.insert(0, sys.argv[2])
 import gpt_twin as T
 device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 T.setup_precision(device, compiled=True)  # as `gpt_twin train` on CUDA (emulate_precision_casts)
+training = "bf16" if device.type == "cuda" else "emulated"  # `gpt_twin train`'s --matmul auto
 d = np.load(sys.argv[1] + "/in.npz")
 to = lambda a: torch.from_numpy(a.astype(np.int16)).view(torch.bfloat16).to(device)
 tiles, result = int(sys.argv[4]), {}
+modes = [(h, m) for m in T.MATMULS for h in ("eager", "compiled")] + [("compiled-raw", training)]
 for case in sorted({n.split("/")[0] for n in d.files}):
   causal = bool(d[case + "/causal"])
   for kind in json.loads(sys.argv[3]):
     choice = T.AttentionChoice(kind, tiles, tiles)
-    for mode in ("eager", "compiled", "compiled-raw"):
-      f = lambda q, k, v: T.attend(q, k, v, choice, causal=causal)
-      if mode != "eager":  # a fresh static graph per input and kind, as training's one shape
+    for how, matmul in modes:
+      f = lambda q, k, v: T.attend(q, k, v, choice, causal=causal, matmul=matmul)
+      if how != "eager":  # a fresh static graph per input and kind, as training's one shape
         torch._dynamo.reset()
         f = torch.compile(f, dynamic=False)
       x = [to(d[f"{case}/{n}"]).requires_grad_() for n in "qkv"]
       # compiled-raw: the control, without the rounding points' emulation
-      with inductor_config.patch(emulate_precision_casts=mode != "compiled-raw"):
+      with inductor_config.patch(emulate_precision_casts=how != "compiled-raw"):
         out = f(*x)
         out.backward(to(d[case + "/d"]))
       for i, t in enumerate((out, *(a.grad for a in x))):
-        result[f"{case}/{kind}/{mode}/{i}"] = t.detach().cpu().view(torch.int16).numpy()
+        result[f"{case}/{kind}/{how}/{matmul}/{i}"] = t.detach().cpu().view(torch.int16).numpy()
 np.savez(sys.argv[1] + "/out.npz", **result)
-print(json.dumps(dict(torch=torch.__version__, device=str(device))))
+print(json.dumps(dict(torch=torch.__version__, device=str(device), training=training,
+                      modes=[f"{h}/{m}" for h, m in modes])))
 """
-
-MODES = ("eager", "compiled", "compiled-raw")  # TORCH_SIDE's, in its order
 
 
 def bits(x):
@@ -83,10 +87,14 @@ def bits(x):
 
 
 def torch_bits(cases, kinds, tiles, env=None):
-  """({case: {kind: {mode: [O, dQ, dK, dV] bits}}}, versions) of the twin's `attend` in each of
-  MODES, run in the twin's interpreter (`env`: added to its environment, e.g.
-  TORCHINDUCTOR_COMPILE_THREADS); cases {name: ((q, k, v, dO), causal)}. ValueError with the
-  torch side's last line when it fails."""
+  """({case: {kind: {mode: [O, dQ, dK, dV] bits}}}, info) of the twin's `attend`, run in the
+  twin's interpreter (`env`: added to its environment, e.g. TORCHINDUCTOR_COMPILE_THREADS);
+  cases {name: ((q, k, v, dO), causal)}. A mode is "HOW/MATMUL": eager or compiled (as
+  training compiles) with each of the twin's GEMMs (`gpt_twin.MATMULS`: "bf16", torch's bf16
+  GEMM, CUDA training's; "emulated", float32 GEMMs of the bf16 operands, CPU training's), and
+  the control "compiled-raw/MATMUL" (compiled without `emulate_precision_casts`) at the GEMM
+  training takes on that device. info: the torch version, device, "training" (that GEMM) and
+  "modes". ValueError with the torch side's last line when it fails."""
   with tempfile.TemporaryDirectory() as tmp:
     arrays = {}
     for case, ((q, k, v, do), causal) in cases.items():
@@ -102,15 +110,18 @@ def torch_bits(cases, kinds, tiles, env=None):
     )
     if proc.returncode:  # the torch side's last line (its error)
       raise ValueError((proc.stderr.strip().splitlines() or ["?"])[-1])
+    info = json.loads(proc.stdout.strip().splitlines()[-1])
     t = np.load(f"{tmp}/out.npz")
     got = {
       case: {
-        kind: {m: [t[f"{case}/{kind}/{m}/{i}"].view(np.uint16) for i in range(4)] for m in MODES}
+        kind: {
+          m: [t[f"{case}/{kind}/{m}/{i}"].view(np.uint16) for i in range(4)] for m in info["modes"]
+        }
         for kind in kinds
       }
       for case in cases
     }
-  return got, json.loads(proc.stdout.strip().splitlines()[-1])
+  return got, info
 
 
 def jax_bits(case, kind, tiles):
@@ -156,17 +167,44 @@ def main(argv=None):
     f"{versions['device']}; tied: 1 × {a.seq} × {a.heads} × {a.head_dim}, tiles {a.tiles}"
   )
   print(
+    f"\nmode: eager or compiled (as training compiles) / the GEMMs (bf16: torch's bf16 GEMM; "
+    f"emulated: float32 GEMMs of the bf16 operands); training on {versions['device']}: "
+    f"compiled/{versions['training']}; compiled-raw: the control, without "
+    "emulate_precision_casts\n"
+  )
+  print(
     "| input | twin attention | mode | same bits as JAX: O / dQ / dK / dV | dQ channel 0, max (FP64: 0) |"
   )
   print("|---|---|---|---|---:|")
+  shares = {}  # (case, kind, mode) → [share of equal bits] of O, dQ, dK, dV
   for case in cases:
     for kind in kinds:
       ref = jax_bits(cases[case], kind, a.tiles)
       for mode, row in {"JAX": ref, **got[case][kind]}.items():
-        same = " / ".join(f"{np.mean(g == r):.4f}" for g, r in zip(row, ref))
+        shares[case, kind, mode] = [np.mean(g == r) for g, r in zip(row, ref)]
+        same = " / ".join(f"{x:.4f}" for x in shares[case, kind, mode])
         dq0 = np.abs(row[1].view(jnp.bfloat16).astype(np.float64)[..., 0]).max()
         dq0 = f"{dq0:.3g}" if case == "common_keys" else "–"
         print(f"| {case} | {kind} | {mode} | {same} | {dq0} |")
+  print("\n" + verdict(shares, versions["training"]))
+
+
+def verdict(shares, training, slack=1e-3) -> str:
+  """One line, "verdict: …": whether compiling keeps the twin's bits at the GEMM its training
+  takes — compiled/TRAINING within `slack` of eager/TRAINING's share of JAX's bits in every
+  tensor of every input and attention — and so whether the twin trains compiled or with
+  `--compile off` (experiments/h200_twin.sh, TORCH_ARGS=check, reads it). shares: {(input,
+  attention, mode): [share of O, dQ, dK, dV]}."""
+  lost = [
+    f"{case} {kind} {name}"
+    for (case, kind, mode), row in shares.items()
+    if mode == f"compiled/{training}"
+    for name, x, e in zip(("O", "dQ", "dK", "dV"), row, shares[case, kind, f"eager/{training}"])
+    if x < e - slack
+  ]
+  if lost:
+    return f"verdict: compiled/{training} loses bits eager keeps ({', '.join(lost)}): --compile off"
+  return f"verdict: compiled/{training} keeps eager's bits everywhere (within {slack:g}): compiled"
 
 
 if __name__ == "__main__":

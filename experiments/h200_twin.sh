@@ -22,7 +22,10 @@
 # side only, on GPU 0: each item's JAX runs are taken from the packs (`crosscheck-train
 # --jax-runs`; an item whose runs are not there, unfinished or made with other settings fails in
 # one line and the queue goes on), and its default QUEUE is the pairs those packs hold at
-# anchor-b128 (below). TORCH_ARGS go to every twin run (e.g. "--compile off"). What
+# anchor-b128 (below). TORCH_ARGS go to every twin run (e.g. "--compile off"); TORCH_ARGS=check
+first runs experiments/15_twin_paper_bits.py on the queue's paper layouts (a few minutes, from
+the budget; paper-bits.md comes back) and trains with --compile off if its verdict finds that
+compiling loses bits eager keeps, compiled otherwise (as when it fails). What
 # comes back under $OUT (at most 8 files): per folder its runs packed (twin-NAME.jsonl.xz, no
 # checkpoints; `crosscheck-train --runs FILE` reports them), report-NAME.md, twin-NAME.png,
 # and the queue logs (queues.log).
@@ -91,9 +94,22 @@ run_side() {  # side gpu items...: the items' runs of that side, in order
   done
 }
 
+check_compile() {  # TORCH_ARGS=check: compiled or --compile off, by 15_twin_paper_bits' verdict
+  local kinds
+  kinds=$(tr , '\n' <<< "$ALLPAIRS" | grep -E '^paper(\+comp)?(\+lse)?$' | paste -sd, || true)
+  TORCH_ARGS=""
+  [[ -z $kinds ]] && return 0
+  timeout 480 python3 experiments/15_twin_paper_bits.py --kinds "$kinds" > $R/paper-bits.md
+  local rc=$?
+  if grep -q '^verdict:.*--compile off$' $R/paper-bits.md; then TORCH_ARGS="--compile off"; fi
+  echo "paper bits (exit status $rc): $(grep '^verdict:' $R/paper-bits.md || echo 'no verdict')"
+  echo "TORCH_ARGS=\"$TORCH_ARGS\""
+}
+
 queues() {
-  rm -f $R/queue-*.log  # this run's logs only (an earlier run's on a warm machine: its own)
+  rm -f $R/queue-*.log $R/paper-bits.md  # this run's only (an earlier run's on a warm machine)
   nvidia-smi -L
+  [[ ${TORCH_ARGS:-} == check ]] && check_compile
   for f in ${PREVIOUS:-}; do    # twin-NAME.jsonl.xz → $R/NAME
     name=$(basename $f .jsonl.xz); name=${name#twin-}; name=${name#partial-}
     unpack $f $R/$name && echo "unpacked $f into $R/$name"
@@ -118,6 +134,7 @@ queues() {
     cp $dir/report.md "$OUT/report-$name.md"; cp $dir/twin.png "$OUT/twin-$name.png"
   done
   cat $R/queue-*.log > "$OUT/queues.log"
+  cp $R/paper-bits.md "$OUT"/ 2>/dev/null || true
 }
 
 case $cmd in
@@ -137,6 +154,7 @@ wait)
   if kill -0 "$(cat $H/pid)" 2>/dev/null; then
     tail -n 12 $R/queue-*.log
     cat $R/queue-*.log > "$OUT/queues.log"
+    cp $R/paper-bits.md "$OUT"/ 2>/dev/null || true
     for dir in $R/*-s*/; do
       pack $dir "$OUT/partial-$(basename $dir).jsonl.xz"
     done

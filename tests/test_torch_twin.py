@@ -510,7 +510,8 @@ bf = lambda a: torch.from_numpy(a.astype(np.int16)).view(torch.bfloat16)
 out = {}
 for kind in json.loads(sys.argv[2]):
   q, k, v = (bf(d[n]).requires_grad_() for n in "qkv")
-  o = T.attend(q, k, v, T.AttentionChoice(kind, 64, 64), causal=sys.argv[3] == "causal")
+  choice = T.AttentionChoice(kind, 64, 64)
+  o = T.attend(q, k, v, choice, causal=sys.argv[3] == "causal", matmul=sys.argv[4])
   o.backward(bf(d["d_out"]))
   for n, x in (("out", o), ("dq", q.grad), ("dk", k.grad), ("dv", v.grad)):
     out[f"{kind}/{n}"] = x.detach().contiguous().view(torch.int16).numpy().view(np.uint16)
@@ -518,11 +519,11 @@ np.savez(sys.argv[1] + "/out.npz", **out)
 """
 
 
-def _twin_and_jax(tmp_path, q, k, v, d_out, kinds, causal):
-  """({kind: {out, dq, dk, dv}} of the twin, the same of JAX's `attend` with the kind's JAX
-  twin), as bf16 bit patterns."""
+def _twin_and_jax(tmp_path, q, k, v, d_out, kinds, causal, matmul="emulated"):
+  """({kind: {out, dq, dk, dv}} of the twin (its GEMMs: `matmul`), the same of JAX's `attend`
+  with the kind's JAX twin), as bf16 bit patterns."""
   np.savez(tmp_path / "in.npz", q=bits(q), k=bits(k), v=bits(v), d_out=bits(d_out))
-  run_torch(TWIN_ATTEND, tmp_path, json.dumps(kinds), "causal" if causal else "full")
+  run_torch(TWIN_ATTEND, tmp_path, json.dumps(kinds), "causal" if causal else "full", matmul)
   t = np.load(tmp_path / "out.npz")
   torch_side, jax_side = {}, {}
   for kind in kinds:
@@ -534,7 +535,8 @@ def _twin_and_jax(tmp_path, q, k, v, d_out, kinds, causal):
   return torch_side, jax_side
 
 
-def test_attention_matches_jax_layouts(tmp_path):
+@pytest.mark.parametrize("matmul", ["emulated", "bf16"])
+def test_attention_matches_jax_layouts(tmp_path, matmul):
   """The twin's attention ([batch, seq, heads, head_dim], causal, bf16) forward and backward
   against JAX's `attend` with the matching config, on inputs with many tied scores (entries
   from a grid of 1/8, keys in equal pairs) so that the compensation fires. Only float32
@@ -544,11 +546,16 @@ def test_attention_matches_jax_layouts(tmp_path):
   (out, dQ, dK, dV), reference-fp32 out 99.988%, dQ and dK 99.976%, dV 100%. Thresholds 99.9%
   (paper, and every out) and 99% (reference gradients). The control, the twin's paper+comp against JAX's paper
   without the compensation, agrees on 31–43%. (At these logits, |m| < 16, the two backwards
-  give the same bits: `test_paper_backwards_part_at_large_logits` tells them apart.)
+  give the same bits: `test_paper_backwards_part_at_large_logits` tells them apart.) The
+  paper layout's GEMMs either way: float32 GEMMs of the bf16 operands (CPU training's) or
+  torch's bf16 GEMM (CUDA training's); 2 × 2 tiles, so the backward skips one fully masked
+  pair, as JAX's.
   """
   (q, k, v, d_out), causal = tied_keys((1, 128, 2, 32))
   q, k, v, d_out = (np.asarray(a) for a in (q, k, v, d_out))
-  t, results = _twin_and_jax(tmp_path, q, k, v, d_out, list(twin.EXACT), causal=causal)
+  t, results = _twin_and_jax(
+    tmp_path, q, k, v, d_out, list(twin.EXACT), causal=causal, matmul=matmul
+  )
   for kind, _ in ATTENTION_PAIRS:
     for name in ("out", "dq", "dk", "dv"):
       same = np.mean(t[kind][name] == results[kind][name])

@@ -90,6 +90,9 @@ XLA puts them on every device. With `--matmul emulated` (the default on CPU) a b
 computed as a float32 matmul of the bf16-rounded operands (exact products, float32 sums), with
 `--matmul bf16` (the default on CUDA) by torch's bf16 GEMM with float32 accumulation (cuBLAS,
 reduced-precision reductions switched off): the same rounding points, another summation order.
+The paper layout's GEMMs follow the same mode (`paper_fa2.mm`; runs whose config.json has
+"attention_matmul", from the evening of 2026-12-04); before, they were float32 GEMMs on every
+device (non-tensor-core on CUDA, no TF32).
 LayerNorm is flax's: var = max(0, E[x²] − E[x]²), y = (x − mean)·(rsqrt(var + 1e−5)·scale)
 + bias. GELU is `jax.nn.gelu(approximate=False)` on bf16 as XLA compiles it (jax 0.11.2, CPU
 HLO): forward bf16(bf16(0.5x) · bf16(erfc(−x · bf16(√½)))), the product −x·0.70703125 kept in
@@ -194,7 +197,7 @@ CUDA_ONLY = tuple(
   a for a in ATTENTIONS if a.removesuffix("+center") in ("sdpa-efficient", "sdpa-cudnn")
 )
 CPU_ATTENTIONS = tuple(a for a in ATTENTIONS if a not in CUDA_ONLY)
-MATMULS = ("bf16", "emulated")
+MATMULS = paper_fa2.MATMULS  # `bf16_matmul`, the paper layout's `paper_fa2.mm`
 EXIT_NON_FINITE = 3
 CHECKPOINT = "checkpoint.pt"
 # TwinConfig fields a resumed run may change: where things are and how the run is reported or
@@ -355,25 +358,12 @@ class _PaperAttention(torch.autograd.Function):
   lse as the paper's kernel. Tensors [batch, heads, seq, head_dim] bf16."""
 
   @staticmethod
-  def forward(
-    ctx,
-    query,
-    key,
-    value,
-    softmax_scale,
-    causal,
-    block_q,
-    block_k,
-    stabilize,
-    beta,
-    tie_tolerance,
-    single_lse,
-  ):
-    out, m, log_l = paper_fa2.forward(
-      query, key, value, softmax_scale, causal, block_q, block_k, stabilize, beta, tie_tolerance
-    )
+  def forward(ctx, query, key, value, tiling, compensation, single_lse, matmul):
+    """tiling (softmax_scale, causal, block_q, block_k), compensation (stabilize, beta,
+    tie_tolerance): `paper_fa2.forward`'s arguments; matmul: `paper_fa2.mm`'s."""
+    out, m, log_l = paper_fa2.forward(query, key, value, *tiling, *compensation, matmul)
     ctx.save_for_backward(query, key, value, out, m, log_l)
-    ctx.settings = (softmax_scale, causal, block_q, block_k, single_lse)
+    ctx.settings = (*tiling, single_lse, matmul)
     return out
 
   @staticmethod
@@ -382,7 +372,7 @@ class _PaperAttention(torch.autograd.Function):
     d_query, d_key, d_value = paper_fa2.backward(
       query, key, value, out, m, log_l, d_out.to(BF), *ctx.settings
     )
-    return (d_query, d_key, d_value) + (None,) * 8
+    return (d_query, d_key, d_value) + (None,) * 4
 
 
 def centered_keys(key):
@@ -443,13 +433,25 @@ def backend_context(choice: AttentionChoice):
   return sdpa_kernel([_sdpa_backend(choice.kind)])
 
 
-def attend(query, key, value, choice: AttentionChoice, *, causal=True, softmax_scale=None):
+def attend(
+  query,
+  key,
+  value,
+  choice: AttentionChoice,
+  *,
+  causal=True,
+  softmax_scale=None,
+  matmul="emulated",
+):
   """softmax(softmax_scale·QKᵀ)V by `choice.kind` (see the module docstring).
 
   Args:
     query, key, value: [batch, seq, heads, head_dim] bfloat16 (equal lengths for causal).
     causal: key j visible to query i iff j ≤ i.
     softmax_scale: defaults to 1/√head_dim (Python float, as the JAX side).
+    matmul: the paper layout's GEMMs, one of MATMULS ("emulated": float32 GEMMs of the bf16
+      operands; "bf16": torch's bf16 GEMM, float32 accumulation; `paper_fa2.mm`), as the
+      model's Linear layers (`bf16_matmul`). The other choices ignore it.
   Returns:
     [batch, seq, heads, head_dim] bfloat16, differentiable in query, key and value.
   Raises:
@@ -465,14 +467,10 @@ def attend(query, key, value, choice: AttentionChoice, *, causal=True, softmax_s
       q,
       k,
       v,
-      softmax_scale,
-      causal,
-      bq,
-      bk,
-      choice.stabilize,
-      choice.beta,
-      choice.tie_tolerance,
+      (softmax_scale, causal, bq, bk),
+      (choice.stabilize, choice.beta, choice.tie_tolerance),
       choice.single_lse,
+      matmul,
     )
   elif kind == "reference-fp32":
     if RECOMPUTE_REFERENCE and torch.is_grad_enabled():
@@ -522,10 +520,7 @@ def bf16_matmul(x, w, mode="emulated"):
   torch's bf16 GEMM (float32 accumulation). Autograd gives the JAX backward's rounding points:
   dx = bf16(dy @ bf16(w)ᵀ), dw = bf16(bf16(x)ᵀ @ dy), each cast to float32.
   """
-  xb, wb = x.to(BF), w.to(BF)
-  if mode == "emulated":
-    return (xb.float() @ wb.float()).to(BF)
-  return xb @ wb
+  return paper_fa2.mm(x.to(BF), w.to(BF), mode).to(BF)
 
 
 class Linear(nn.Module):
@@ -605,7 +600,7 @@ class CausalSelfAttention(nn.Module):
     self.c_attn = Linear(cfg.n_embd, 3 * cfg.n_embd, cfg.bias, 0.02, generator, matmul)
     self.c_proj = Linear(cfg.n_embd, cfg.n_embd, cfg.bias, proj_std, generator, matmul)
     self.n_head = cfg.n_head
-    self.attention = attention
+    self.attention, self.matmul = attention, matmul
 
   def forward(self, x, record=None):  # x [b, t, c] float32
     b, t, c = x.shape
@@ -613,7 +608,7 @@ class CausalSelfAttention(nn.Module):
     q, k, v = (y.reshape(b, t, self.n_head, c // self.n_head) for y in (q, k, v))
     if record is not None:  # diagnostics: the inputs
       record.append((q, k))  # of the attention
-    y = attend(q, k, v, self.attention, causal=True)  # [b, t, h, d] bf16
+    y = attend(q, k, v, self.attention, causal=True, matmul=self.matmul)  # [b, t, h, d] bf16
     return self.c_proj(y.reshape(b, t, c))
 
 
@@ -1293,13 +1288,16 @@ def _keep_rows(path: pathlib.Path, last_step: int) -> list[dict]:
 
 def _resolved(device, use_compile, matmul, data_folder, init_sha256) -> dict:
   """What a resumed run must match beside its trajectory fields: the initial parameters by
-  content, the data folder as found, and the device, compilation and matmul as resolved."""
+  content, the data folder as found, and the device, compilation and matmul as resolved (the
+  paper layout's too: an older checkpoint, whose attention GEMMs were float32, lacks
+  "attention_matmul" and is refused)."""
   return dict(
     init=init_sha256,
     data=str(data_folder),
     device=device.type,
     compile=bool(use_compile),
     matmul=matmul,
+    attention_matmul=matmul,
   )
 
 
@@ -1372,6 +1370,7 @@ def train(cfg: TwinConfig, started: float | None = None) -> dict:
         device_count=1,
         framework=f"torch {torch.__version__}",
         matmul=matmul,
+        attention_matmul=matmul if choice.paper else None,  # the paper layout's GEMMs
         compiled=use_compile,
         jax_attention=choice.jax_spec(),
         init_sha256=init_sha256,

@@ -15,7 +15,8 @@ ways, the two of JAX's `Numerics.probs`:
 
 Runs in its own environment (torch only, no JAX); talks to JAX through dump files:
   python torch_crosscheck/paper_fa2.py OUT.npz --len 256 --heads 2 --head-dim 64 \\
-      --block-q 64 --block-k 64 --causal --stabilize [--single-lse] [--device cuda]
+      --block-q 64 --block-k 64 --causal --stabilize [--single-lse] [--device cuda] \\
+      [--matmul bf16]
 then, in the JAX environment:  flashstable crosscheck OUT.npz --numerics paper
 (the dump's attrs say which backward made it; crosscheck runs the JAX backward that matches:
 paper, or paper+lse with --single-lse)
@@ -37,15 +38,26 @@ def rb(x):
   return x.to(BF).float()
 
 
-def mm(a, b):
-  """bf16 matmul with float32 accumulation (products of bf16 values are exact in float32)."""
+MATMULS = ("bf16", "emulated")  # `mm`'s modes
+
+
+def mm(a, b, matmul="emulated"):
+  """The product of bf16-valued a and b with float32 accumulation, as float32; every caller
+  rounds it to bf16 at once, as a bf16 dot with a float32 accumulator does. "emulated": a
+  float32 matmul (the products of bf16 values are exact in float32; on CUDA without TF32, a
+  non-tensor-core GEMM); "bf16": torch's bf16 GEMM (float32 accumulation, its result rounded
+  once to bf16; tensor cores on CUDA): the same rounding points, another summation order."""
+  if matmul == "bf16":
+    return (a.to(BF) @ b.to(BF)).float()
   return a.float() @ b.float()
 
 
-def forward(q, k, v, scale, causal, bq, bk, stabilize, beta, tol):
+def forward(q, k, v, scale, causal, bq, bk, stabilize, beta, tol, matmul="emulated"):
   """q [B,H,Lq,D], k/v [B,H,Lk,D] bf16 → (O bf16, m, log l), m and log l float32 [B,H,Lq]: the
   row max (bf16 values) and the natural log of the bf16 row sum, kept apart for `backward`
-  (the paper's lse is log l + m, `lse`)."""
+  (the paper's lse is log l + m, `lse`). Every key tile is visited, fully masked ones too (the
+  paper's kernel does: the compensation sees such a tile as tied at −BF16_MAX and shifts its
+  max to 0, as JAX's paper layout). `matmul`: one of MATMULS (`mm`)."""
   B, H, Lq, D = q.shape
   Lk = k.shape[2]
   neg = -torch.finfo(BF).max
@@ -60,7 +72,7 @@ def forward(q, k, v, scale, causal, bq, bk, stabilize, beta, tol):
     o = torch.zeros(qi.shape, device=q.device)
     for j in range(0, Lk, bk):
       kj, vj = k[:, :, j : j + bk], v[:, :, j : j + bk]
-      s = rb(rb(mm(qi, kj.transpose(-1, -2))) * scale)  # S = bf16(bf16(QKᵀ)·scale)
+      s = rb(rb(mm(qi, kj.transpose(-1, -2), matmul)) * scale)  # S = bf16(bf16(QKᵀ)·scale)
       if causal:
         cols = torch.arange(j, j + kj.shape[2], device=q.device)
         s = torch.where(cols[None, :] > rows[:, None], torch.tensor(neg, device=q.device), s)
@@ -72,7 +84,7 @@ def forward(q, k, v, scale, causal, bq, bk, stabilize, beta, tol):
       m_new = torch.maximum(mt, m)
       p = torch.exp(rb(s - m_new[..., None]))  # P̄, float32
       rs = p.sum(-1).clamp_min(1e-10)
-      pv = rb(mm(p.to(BF), vj))  # bf16(P̄V)
+      pv = rb(mm(p.to(BF), vj, matmul))  # bf16(P̄V)
       alpha = torch.exp(rb(m - m_new))
       l = rb(alpha * l + rs)
       o = rb(rb(o * alpha[..., None]) + pv)
@@ -99,10 +111,14 @@ def probs(s, m, log_l, single_lse=False):
   return torch.exp(torch.where(s == m, torch.zeros_like(s), s - m) - log_l)
 
 
-def backward(q, k, v, out, m, log_l, d_out, scale, causal, bq, bk, single_lse=False):
+def backward(
+  q, k, v, out, m, log_l, d_out, scale, causal, bq, bk, single_lse=False, matmul="emulated"
+):
   """→ (dQ, dK, dV) bf16, accumulated tile by tile in bf16 buffers. P from `forward`'s m and
   log l (`probs`): kept apart (default; JAX "paper") or through one float32 lse (single_lse:
-  the paper's own kernel; JAX "paper+lse")."""
+  the paper's own kernel; JAX "paper+lse"). Causal: a (query tile, key tile) pair with every
+  key after every query is skipped, as JAX's backward skips it (`pallas_kernels/backward.py`):
+  its P is 0, so it would add exact zeros to dQ, dK and dV. `matmul`: one of MATMULS (`mm`)."""
   Lq, Lk = q.shape[2], k.shape[2]
   delta = rb(d_out.float() * out.float()).sum(-1)  # fp32 sum of bf16(dO∘O)
   dq = torch.zeros(q.shape, device=q.device)
@@ -112,17 +128,23 @@ def backward(q, k, v, out, m, log_l, d_out, scale, causal, bq, bk, single_lse=Fa
     kj, vj = k[:, :, j : j + bk], v[:, :, j : j + bk]
     cols = torch.arange(j, j + kj.shape[2], device=q.device)
     for i in range(0, Lq, bq):
+      if causal and j > i + bq - 1:  # every key of tile j after every query of tile i
+        continue
       qi, doi = q[:, :, i : i + bq], d_out[:, :, i : i + bq]
       rows = torch.arange(i, i + qi.shape[2], device=q.device)
-      s = rb(rb(mm(qi, kj.transpose(-1, -2))) * scale)
+      s = rb(rb(mm(qi, kj.transpose(-1, -2), matmul)) * scale)
       if causal:
         s = s.masked_fill(cols[None, :] > rows[:, None], -float("inf"))
       p = probs(s, m[:, :, i : i + bq], log_l[:, :, i : i + bq], single_lse)
-      dv[:, :, j : j + bk] = rb(dv[:, :, j : j + bk] + rb(mm(p.to(BF).transpose(-1, -2), doi)))
-      dp = rb(mm(doi, vj.transpose(-1, -2)))
+      dv[:, :, j : j + bk] = rb(
+        dv[:, :, j : j + bk] + rb(mm(p.to(BF).transpose(-1, -2), doi, matmul))
+      )
+      dp = rb(mm(doi, vj.transpose(-1, -2), matmul))
       ds = (p * scale) * (dp - delta[:, :, i : i + bq, None])
-      dq[:, :, i : i + bq] = rb(dq[:, :, i : i + bq] + rb(mm(ds.to(BF), kj)))
-      dk[:, :, j : j + bk] = rb(dk[:, :, j : j + bk] + rb(mm(ds.to(BF).transpose(-1, -2), qi)))
+      dq[:, :, i : i + bq] = rb(dq[:, :, i : i + bq] + rb(mm(ds.to(BF), kj, matmul)))
+      dk[:, :, j : j + bk] = rb(
+        dk[:, :, j : j + bk] + rb(mm(ds.to(BF).transpose(-1, -2), qi, matmul))
+      )
   return dq.to(BF), dk.to(BF), dv.to(BF)
 
 
@@ -134,6 +156,12 @@ def main(argv=None):
   ap.add_argument("--beta", type=float, default=2.0)
   ap.add_argument("--tie-tolerance", type=float, default=1e-3)
   ap.add_argument(
+    "--matmul",
+    choices=MATMULS,
+    default="emulated",
+    help="float32 GEMMs of the bf16 operands (emulated, default) or torch's bf16 GEMM",
+  )
+  ap.add_argument(
     "--single-lse",
     action="store_true",
     help="the paper's own backward, P = exp(S − lse) (default: m and log l apart, JAX's paper)",
@@ -142,10 +170,20 @@ def main(argv=None):
   q, k, v, do = make_inputs(a)
   scale = a.head_dim**-0.5
   out, m, log_l = forward(
-    q, k, v, scale, a.causal, a.block_q, a.block_k, a.stabilize, a.beta, a.tie_tolerance
+    q,
+    k,
+    v,
+    scale,
+    a.causal,
+    a.block_q,
+    a.block_k,
+    a.stabilize,
+    a.beta,
+    a.tie_tolerance,
+    a.matmul,
   )
   dq, dk, dv = backward(
-    q, k, v, out, m, log_l, do, scale, a.causal, a.block_q, a.block_k, a.single_lse
+    q, k, v, out, m, log_l, do, scale, a.causal, a.block_q, a.block_k, a.single_lse, a.matmul
   )
   write_dump(
     a.out,
@@ -160,6 +198,7 @@ def main(argv=None):
     tie_tolerance=a.tie_tolerance,
     block_q=a.block_q,
     block_k=a.block_k,
+    matmul=a.matmul,
   )
 
 
