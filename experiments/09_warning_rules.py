@@ -22,7 +22,7 @@ import sys
 import tempfile
 
 from jax_flashstable.experiment import instability
-from jax_flashstable.training.train import TrainConfig
+from jax_flashstable.training.train import DQErrorWarning, TrainConfig
 
 REFERENCE_MAX = float(sys.argv[1]) if len(sys.argv) > 1 else None
 PACKS = sorted(str(p) for p in pathlib.Path("experiments/results").glob("*b128/runs*.jsonl.xz"))
@@ -147,16 +147,14 @@ def rank1_of_largest(d):
 
 
 def rows_running(value, threshold, rows):
-  """The first step after warmup ending `rows` diagnostics rows running with value ≥ threshold."""
+  """`train.DQErrorWarning`'s count (the first step after warmup ending `rows` diagnostics rows
+  running with value ≥ threshold; a NaN row leaves the count as it was) on value(row)."""
 
   def warned_at(r):
-    run = 0
+    monitor = DQErrorWarning(WARMUP, threshold, rows, layer=0)
     for d in diag[r["variant"], r["seed"]]:
-      if d["step"] > WARMUP:
-        run = run + 1 if value(d) >= threshold else 0
-        if run >= rows:
-          return d["step"]
-    return None
+      monitor.update(d["step"], [[value(d)]])  # one layer, one head: the value
+    return monitor.step
 
   return warned_at
 
