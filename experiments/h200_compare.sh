@@ -16,8 +16,7 @@ set -u
 cmd=${1:-}; OUT=${2:-runs/h200}
 source "$(dirname "$0")/h200_env.sh"  # and COMPARE_RUNS
 H=/tmp/compare-hold; R=$COMPARE_RUNS
-finish() {  # $1: compare's exit status → its log, report, PNG and runs under $OUT
-  cp $H/log "$OUT/compare.log"
+finish() {  # $1: compare's exit status → its report, PNG and runs under $OUT (the log: the caller)
   tail -n 40 $H/log
   if [[ $1 != 0 ]]; then
     pack_runs $R "$OUT/partial-compare.jsonl.xz"
@@ -62,6 +61,7 @@ wait)
     pack_runs $R "$OUT/partial-compare.jsonl.xz"
     echo "running; call wait again"
   else
+    cp $H/log "$OUT/compare.log"
     finish "$(cat $H/rc 2>/dev/null || echo unknown)" || exit 1
   fi
   ;;
