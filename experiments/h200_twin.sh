@@ -22,10 +22,13 @@
 # side only, on GPU 0: each item's JAX runs are taken from the packs (`crosscheck-train
 # --jax-runs`; an item whose runs are not there, unfinished or made with other settings fails in
 # one line and the queue goes on), and its default QUEUE is the pairs those packs hold at
-# anchor-b128 (below). TORCH_ARGS go to every twin run (e.g. "--compile off"); TORCH_ARGS=check
-first runs experiments/15_twin_paper_bits.py on the queue's paper layouts (a few minutes, from
-the budget; paper-bits.md comes back) and trains with --compile off if its verdict finds that
-compiling loses bits eager keeps, compiled otherwise (as when it fails). What
+# anchor-b128 (below). TORCH_ARGS go to every twin run (e.g. "--compile off"). TORCH_ARGS=check
+# first runs experiments/15_twin_paper_bits.py (anchor-b128's shape) on the queue's paper
+# layouts (a few minutes, from the budget; once per machine: a later start reuses its
+# paper-bits.md, which comes back) and trains the items of paper layouts with --compile off if
+# its verdict finds that compiling loses bits eager keeps, compiled otherwise (also when the
+# check fails or times out: every twin run before it was compiled); the other items get no
+# TORCH_ARGS, and the verdict goes to queues.log. What
 # comes back under $OUT (at most 8 files): per folder its runs packed (twin-NAME.jsonl.xz, no
 # checkpoints; `crosscheck-train --runs FILE` reports them), report-NAME.md, twin-NAME.png,
 # and the queue logs (queues.log).
@@ -86,30 +89,37 @@ run_side() {  # side gpu items...: the items' runs of that side, in order
     local left=$(( BUDGET - ($(date +%s) - T0) ))
     if (( left < 60 )); then echo "[$side] $item not started, $left s left"; continue; fi
     IFS=: read -r pairs seeds steps null <<< "$item"
+    local targs=${TORCH_ARGS:-}  # after a check: PAPER_ARGS for an item of paper layouts only
+    if [[ -n ${PAPER_ARGS+x} ]] && ! tr , '\n' <<< "$pairs" | grep -vqE "$PAPER_KINDS"; then
+      targs=$PAPER_ARGS
+    fi
     echo "[$side] $item with $left s left ($(date +%T))"
     CUDA_VISIBLE_DEVICES=$gpu cli --side $side --pairs "$pairs" --seeds "$seeds" --steps "$steps" \
       --null-steps "${null:-0}" --time-budget "$left" --torch-python python3 --no-progress \
-      --torch-args "${TORCH_ARGS:-}" ${JAX_PREVIOUS:+--jax-runs "$JAX_PREVIOUS"} \
+      --torch-args "$targs" ${JAX_PREVIOUS:+--jax-runs "$JAX_PREVIOUS"} \
       --out $R/$RECIPE-s$steps 2>&1 | sed -u "s/^/[$side] /"
   done
 }
 
-check_compile() {  # TORCH_ARGS=check: compiled or --compile off, by 15_twin_paper_bits' verdict
-  local kinds
-  kinds=$(tr , '\n' <<< "$ALLPAIRS" | grep -E '^paper(\+comp)?(\+lse)?$' | paste -sd, || true)
-  TORCH_ARGS=""
+PAPER_KINDS='^paper(\+comp)?(\+lse)?$'  # the twin's paper layouts (15_twin_paper_bits' kinds)
+check_compile() {  # TORCH_ARGS=check → PAPER_ARGS, "" or "--compile off" by 15_twin_paper_bits
+  local kinds rc=0
+  TORCH_ARGS="" PAPER_ARGS=""
+  kinds=$(tr , '\n' <<< "$ALLPAIRS" | grep -E "$PAPER_KINDS" | paste -sd, || true)
   [[ -z $kinds ]] && return 0
-  timeout 480 python3 experiments/15_twin_paper_bits.py --kinds "$kinds" > $R/paper-bits.md
-  local rc=$?
-  if grep -q '^verdict:.*--compile off$' $R/paper-bits.md; then TORCH_ARGS="--compile off"; fi
+  if ! grep -q '^verdict:' $R/paper-bits.md 2>/dev/null; then  # once per machine
+    timeout 480 python3 experiments/15_twin_paper_bits.py --kinds "$kinds" > $R/paper-bits.md
+    rc=$?
+  fi
+  if grep -q '^verdict:.*--compile off$' $R/paper-bits.md; then PAPER_ARGS="--compile off"; fi
   echo "paper bits (exit status $rc): $(grep '^verdict:' $R/paper-bits.md || echo 'no verdict')"
-  echo "TORCH_ARGS=\"$TORCH_ARGS\""
+  echo "the paper layouts' TORCH_ARGS: \"$PAPER_ARGS\""
 }
 
 queues() {
-  rm -f $R/queue-*.log $R/paper-bits.md  # this run's only (an earlier run's on a warm machine)
+  rm -f $R/queue-*.log  # this run's logs only (an earlier run's on a warm machine: its own)
   nvidia-smi -L
-  [[ ${TORCH_ARGS:-} == check ]] && check_compile
+  if [[ ${TORCH_ARGS:-} == check ]]; then check_compile > $R/queue-check.log 2>&1; fi
   for f in ${PREVIOUS:-}; do    # twin-NAME.jsonl.xz → $R/NAME
     name=$(basename $f .jsonl.xz); name=${name#twin-}; name=${name#partial-}
     unpack $f $R/$name && echo "unpacked $f into $R/$name"
@@ -133,7 +143,7 @@ queues() {
       --pack "$OUT/twin-$name.jsonl.xz" | grep -v "^{" | tail -30
     cp $dir/report.md "$OUT/report-$name.md"; cp $dir/twin.png "$OUT/twin-$name.png"
   done
-  cat $R/queue-*.log > "$OUT/queues.log"
+  cat $R/queue-*.log < /dev/null > "$OUT/queues.log"
   cp $R/paper-bits.md "$OUT"/ 2>/dev/null || true
 }
 
@@ -146,14 +156,14 @@ start)
     < /dev/null &
   echo $! > $H/pid
   sleep 60
-  tail -n 5 $R/queue-*.log
+  tail -n 5 $R/queue-*.log < /dev/null  # (none yet: nothing, not stdin)
   ;;
 wait)
   t0=$(date +%s)
   while kill -0 "$(cat $H/pid)" 2>/dev/null && (( $(date +%s) - t0 < ${3:-570} )); do sleep 5; done
   if kill -0 "$(cat $H/pid)" 2>/dev/null; then
-    tail -n 12 $R/queue-*.log
-    cat $R/queue-*.log > "$OUT/queues.log"
+    tail -n 12 $R/queue-*.log < /dev/null
+    cat $R/queue-*.log < /dev/null > "$OUT/queues.log"
     cp $R/paper-bits.md "$OUT"/ 2>/dev/null || true
     for dir in $R/*-s*/; do
       pack $dir "$OUT/partial-$(basename $dir).jsonl.xz"

@@ -39,24 +39,37 @@ def test_compiled_twin_attention_keeps_the_paper_layouts_rounding_points():
   for mode in exact:
     for name, g, w in zip(("out", "dq", "dk", "dv"), got[mode], want):
       np.testing.assert_array_equal(g, w, err_msg=f"{mode} {name}")
-  assert min(np.mean(g == w) for g, w in zip(got["compiled-raw/emulated"], want)) < 0.9
+  control = got[f"compiled-raw/{info['training']}"]
+  assert min(np.mean(g == w) for g, w in zip(control, want)) < 0.9
 
 
 def test_the_verdict_sends_the_twin_eager_when_compiling_loses_bits():
-  """experiments/h200_twin.sh (TORCH_ARGS=check) trains the twin with --compile off when the
-  verdict says so: compiled at the training's GEMM below eager's share of JAX's bits by more
-  than 0.001 in any tensor; the other GEMM and the control do not count."""
+  """experiments/h200_twin.sh (TORCH_ARGS=check) trains the paper twins with --compile off when
+  the verdict says so: compiled at the training's GEMM below eager's share of JAX's bits (not
+  JAX's own, 1) by more than 0.001 in any tensor of any input and attention; the other GEMM
+  does not count, and a control that kept the bits makes the check unable to tell."""
   keeps = {
-    ("tied", "paper", "eager/bf16"): [1.0, 0.9999, 1.0, 1.0],
-    ("tied", "paper", "compiled/bf16"): [1.0, 0.9991, 1.0, 1.0],
+    ("tied", "paper", "eager/bf16"): [1.0, 0.95, 1.0, 1.0],
+    ("tied", "paper", "compiled/bf16"): [1.0, 0.9495, 1.0, 1.0],
     ("tied", "paper", "eager/emulated"): [1.0, 1.0, 1.0, 1.0],
     ("tied", "paper", "compiled/emulated"): [0.5, 0.5, 0.5, 0.5],
     ("tied", "paper", "compiled-raw/bf16"): [0.4, 0.4, 0.4, 0.4],
+    ("common_keys", "paper+comp", "eager/bf16"): [1.0, 1.0, 1.0, 1.0],
+    ("common_keys", "paper+comp", "compiled/bf16"): [1.0, 1.0, 1.0, 1.0],
+    ("common_keys", "paper+comp", "compiled-raw/bf16"): [1.0, 0.2, 0.3, 1.0],
   }
   line = paper_bits.verdict(keeps, "bf16")
-  assert line.startswith("verdict:") and line.endswith(": compiled"), line
+  assert line.startswith("verdict: compiled/bf16 keeps") and line.endswith(": compiled"), line
   loses = dict(keeps)
-  loses["tied", "paper", "compiled/bf16"] = [1.0, 0.9999, 0.998, 1.0]
+  loses["common_keys", "paper+comp", "compiled/bf16"] = [1.0, 1.0, 0.998, 1.0]
   line = paper_bits.verdict(loses, "bf16")
-  assert line.endswith(": --compile off") and "tied paper dK" in line, line
-  assert paper_bits.verdict(keeps, "emulated").endswith("--compile off")
+  assert line.endswith(": --compile off") and "common_keys paper+comp dK" in line, line
+  assert "tied" not in line, line
+  blind = {k: v for k, v in loses.items() if "compiled-raw" not in k[2]}
+  blind["tied", "paper", "compiled-raw/bf16"] = [1.0, 0.95, 1.0, 1.0]
+  blind["common_keys", "paper+comp", "compiled-raw/bf16"] = [1.0, 1.0, 1.0, 1.0]
+  assert paper_bits.verdict(blind, "bf16").endswith("cannot tell: compiled")
+  emulated = keeps | {("tied", "paper", "compiled-raw/emulated"): [0.4, 0.4, 0.4, 0.4]}
+  assert paper_bits.verdict(emulated, "emulated").endswith(
+    "(tied paper O, tied paper dQ, tied paper dK, tied paper dV): --compile off"
+  )

@@ -1325,8 +1325,9 @@ def test_a_twin_stopped_by_its_time_limit_resumes_bit_for_bit(training_runs, tmp
   every step), writes no summary.json, and the same command resumes it: two stops and a
   last call (steps 3–4) give the uncut run's losses, norms, learning rates and diagnostics bit for bit
   (CPU), and remove the checkpoint; a last metrics line cut by a kill is dropped. A
-  checkpoint of a run with another trajectory field, or one that cannot be read, is refused
-  in one line naming it."""
+  checkpoint of a run with another trajectory field, one that cannot be read, or a paper
+  layout's from before its GEMMs followed --matmul (no "attention_matmul") is refused in one
+  line naming it."""
   out = tmp_path / "twin"
   shutil.copytree(training_runs, out)
   run = out / "torch" / "paper" / "seed0"
@@ -1354,6 +1355,14 @@ def test_a_twin_stopped_by_its_time_limit_resumes_bit_for_bit(training_runs, tmp
         done = subprocess.run([TORCH_PYTHON, *bad], capture_output=True, text=True)
         assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
         assert message in done.stderr, done.stderr
+      # a paper checkpoint from before the layout's GEMMs followed --matmul: no such field
+      strip = "import sys, torch; p = sys.argv[1]; ck = torch.load(p, weights_only=True); "
+      strip += "del ck['resolved']['attention_matmul']; torch.save(ck, p)"
+      (run / "checkpoint.pt").write_bytes(good)
+      subprocess.run([TORCH_PYTHON, "-c", strip, str(run / "checkpoint.pt")], check=True)
+      done = subprocess.run([TORCH_PYTHON, *cmd], capture_output=True, text=True)
+      assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+      assert "with attention_matmul (resolved)=None, not 'emulated': resume" in done.stderr
       (run / "checkpoint.pt").write_bytes(good)
       with pytest.raises(SystemExit, match=r"twin.*seed0 was run with another configuration"):
         cli.main([*base, "--lr", "0.004", "--torch-args", own])  # refused before any run

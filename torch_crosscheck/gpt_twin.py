@@ -198,11 +198,21 @@ CUDA_ONLY = tuple(
 )
 CPU_ATTENTIONS = tuple(a for a in ATTENTIONS if a not in CUDA_ONLY)
 MATMULS = paper_fa2.MATMULS  # `bf16_matmul`, the paper layout's `paper_fa2.mm`
+
+
+def resolve_matmul(matmul: str, device: torch.device) -> str:
+  """--matmul as a run takes it: "auto" is torch's bf16 GEMM on CUDA, float32 GEMMs elsewhere."""
+  if matmul != "auto":
+    return matmul
+  return "bf16" if device.type == "cuda" else "emulated"
+
+
 EXIT_NON_FINITE = 3
 CHECKPOINT = "checkpoint.pt"
 # TwinConfig fields a resumed run may change: where things are and how the run is reported or
 # driven, not its numbers (`steps` too when decay_steps is fixed). init, data, device,
-# compile and matmul are compared as what they resolve to (`_resolved`).
+# compile and matmul are compared as what they resolve to (`_resolved`, with the paper
+# layout's GEMMs).
 RESUME_FREE = frozenset(
   (
     "init",
@@ -1202,7 +1212,8 @@ def read_checkpoint(out: pathlib.Path, cfg: TwinConfig, resolved: dict) -> dict 
   """OUT/checkpoint.pt, checked against this run before any model is built (None: no
   checkpoint); `restore` then loads it. Raises ValueError, naming the file, for a checkpoint
   that cannot be read, one of a run with another trajectory field (`RESUME_FREE` aside) or
-  another resolved init, data, device, compile or matmul (`_resolved`), and one not before
+  another resolved init, data, device, compile, matmul or paper-layout GEMM (`_resolved`), and
+  one not before
   `steps` (nothing left to run)."""
   path = out / CHECKPOINT
   if not path.exists():
@@ -1286,18 +1297,18 @@ def _keep_rows(path: pathlib.Path, last_step: int) -> list[dict]:
   return kept
 
 
-def _resolved(device, use_compile, matmul, data_folder, init_sha256) -> dict:
+def _resolved(device, use_compile, matmul, choice, data_folder, init_sha256) -> dict:
   """What a resumed run must match beside its trajectory fields: the initial parameters by
-  content, the data folder as found, and the device, compilation and matmul as resolved (the
-  paper layout's too: an older checkpoint, whose attention GEMMs were float32, lacks
-  "attention_matmul" and is refused)."""
+  content, the data folder as found, and the device, compilation and matmul as resolved, and
+  for the paper layout its GEMMs (`attention_matmul`; None for the other attentions: a paper
+  checkpoint from before its GEMMs followed --matmul lacks the field and is refused)."""
   return dict(
     init=init_sha256,
     data=str(data_folder),
     device=device.type,
     compile=bool(use_compile),
     matmul=matmul,
-    attention_matmul=matmul,
+    attention_matmul=matmul if choice.paper else None,
   )
 
 
@@ -1324,7 +1335,7 @@ def train(cfg: TwinConfig, started: float | None = None) -> dict:
   t_start = time.perf_counter() if started is None else started
   cfg.validate()
   device = cfg.torch_device()
-  matmul = cfg.matmul if cfg.matmul != "auto" else ("bf16" if device.type == "cuda" else "emulated")
+  matmul = resolve_matmul(cfg.matmul, device)
   use_compile = cfg.compile == "on" or (cfg.compile == "auto" and device.type == "cuda")
   setup_precision(device, use_compile, cfg.deterministic)
   if cfg.threads:
@@ -1334,7 +1345,7 @@ def train(cfg: TwinConfig, started: float | None = None) -> dict:
   data = import_data_module().Dataset(cfg.data, mcfg.vocab_size)
   out = pathlib.Path(cfg.out_dir)
   init_sha256 = _sha256(cfg.init)
-  resolved = _resolved(device, use_compile, matmul, data.folder, init_sha256)
+  resolved = _resolved(device, use_compile, matmul, choice, data.folder, init_sha256)
   checkpoint = read_checkpoint(out, cfg, resolved)  # refused before the model is built
   model = GPT(mcfg, choice, matmul=matmul)
   load_npz(model, cfg.init)

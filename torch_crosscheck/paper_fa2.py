@@ -1,7 +1,8 @@
 """The paper layout in PyTorch: Qiu & Yao's (arXiv 2510.04212, Alg. 1, §3) pure-PyTorch
 blockwise FlashAttention-2 whose O, m and l live in BF16 buffers, written in this repo from the
 paper's description, with the rounding points of BF16 autocast spelled out as explicit casts so
-that it runs the same on CPU and GPU. Query tiles outer, key tiles inner (forward); key tiles
+that it has the same rounding points on CPU and GPU (and, with float32 GEMMs, `mm`, the same
+bits up to float32 summation order). Query tiles outer, key tiles inner (forward); key tiles
 outer, query tiles inner (backward).
 
 The forward keeps the row max m (bf16 values) and log l (float32, natural log of the bf16 l),
@@ -49,6 +50,8 @@ def mm(a, b, matmul="emulated"):
   once to bf16; tensor cores on CUDA): the same rounding points, another summation order."""
   if matmul == "bf16":
     return (a.to(BF) @ b.to(BF)).float()
+  if matmul != "emulated":
+    raise ValueError(f"matmul={matmul!r} is not one of {MATMULS}")
   return a.float() @ b.float()
 
 
