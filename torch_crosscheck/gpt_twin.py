@@ -43,7 +43,13 @@ reference-fp32, 3.86 and 4.20 for the paper layout; given JAX's rows the twin's 
 equal JAX's, tests/test_torch_twin.py). The runaway rule is unaffected in practice: it compares
 a run with 10× the largest max logit of the reference runs of the same side (same sampling),
 and a runaway moves the max logit by orders of magnitude (anchor-b128 in JAX: 10⁵–10⁶ in the
-exploding paper runs, 10²–10³ in the compensated ones).
+exploding paper runs, 10²–10³ in the compensated ones). Since the evening of 2026-12-04 the row
+also has JAX's "dq_err", "dq_rank1" and "dq_common" [layer][head] (`dq_diagnostics`): each
+layer's dQ, as the training's attention forms it (compiled when training compiles), against
+FP32 attention's on --diag-rows rows of the batch's first DQ_SEQUENCES sequences, each
+layer's dO from the step's loss — the size of Qiu & Yao's bias term (§4) in the twin, to set
+beside JAX's (layer 1 of JAX's paper 29 and 31 at steps 300, 600, 900: 0.036–0.081,
+2026-12-03).
 
 Initial parameters: the .npz layout (what the JAX side must write)
 -------------------------------------------------------------------
@@ -616,9 +622,9 @@ class CausalSelfAttention(nn.Module):
     b, t, c = x.shape
     q, k, v = self.c_attn(x).split(c, dim=-1)  # 3 × [b, t, c] bf16
     q, k, v = (y.reshape(b, t, self.n_head, c // self.n_head) for y in (q, k, v))
-    if record is not None:  # diagnostics: the inputs
-      record.append((q, k))  # of the attention
     y = attend(q, k, v, self.attention, causal=True, matmul=self.matmul)  # [b, t, h, d] bf16
+    if record is not None:  # diagnostics: the attention's inputs and output
+      record.append((q, k, v, y))
     return self.c_proj(y.reshape(b, t, c))
 
 
@@ -673,8 +679,8 @@ class GPT(nn.Module):
 
   def forward(self, tokens, record=None):
     """tokens [batch, t] integer (t ≤ block_size) → logits [batch, t, vocab_size] float32.
-    `record`: a list to which each layer appends its attention's (query, key), [batch, t,
-    heads, head_dim] bf16 (diagnostics).
+    `record`: a list to which each layer appends its attention's (query, key, value, output),
+    [batch, t, heads, head_dim] bf16 (diagnostics).
 
     Raises:
       ValueError: t > block_size.
@@ -694,9 +700,10 @@ class GPT(nn.Module):
     return x
 
 
-def loss_fn(model: GPT, tokens, targets):
-  """Mean next-token cross-entropy in float32 (nats): optax's logsumexp − target logit."""
-  logits = model(tokens)
+def loss_fn(model: GPT, tokens, targets, record=None):
+  """Mean next-token cross-entropy in float32 (nats): optax's logsumexp − target logit.
+  `record`: as `GPT.forward`'s."""
+  logits = model(tokens, record)
   label = logits.gather(-1, targets[..., None]).squeeze(-1)
   return (torch.logsumexp(logits, dim=-1) - label).mean()
 
@@ -721,22 +728,26 @@ def flops_per_token(cfg: ModelConfig, n_params, seq_len) -> float:
 # --- diagnostics -----------------------------------------------------------------------------
 
 
-def diagnostic_rows(seed: int, step: int, batch: int, seq_len: int, n_rows: int):
+DQ_SEQUENCES = 8  # `diagnostics.DQ_SEQUENCES`: the batch's first sequences, where dQ is sampled
+
+
+def diagnostic_rows(seed: int, step: int, batch: int, seq_len: int, n_rows: int, stream=2):
   """The (sequence, position) rows a diagnostics call reads, as two int64 arrays [R].
 
-  n_rows > 0: n_rows pairs drawn uniformly from the step's batch by NumPy's generator seeded
-  with (seed, step, 2) — the distribution of `diagnostics.diagnose`'s 64 rows in JAX, not its
-  draws (those come from jax.random, which NumPy cannot reproduce). n_rows = 0: every position
-  of the batch's first sequence (R = seq_len).
+  n_rows > 0: n_rows pairs drawn uniformly from `batch` sequences by NumPy's generator seeded
+  with (seed, step, stream) — the distribution of `diagnostics.diagnose`'s 64 rows in JAX
+  (stream 2: the max logits' rows over the step's batch; 3: dQ's over its first DQ_SEQUENCES),
+  not its draws (those come from jax.random, which NumPy cannot reproduce). n_rows = 0: every
+  position of the first sequence (R = seq_len).
   """
   if n_rows == 0:
     return np.zeros(seq_len, np.int64), np.arange(seq_len, dtype=np.int64)
-  rng = np.random.default_rng([seed, step, 2])
+  rng = np.random.default_rng([seed, step, stream])
   return rng.integers(0, batch, n_rows), rng.integers(0, seq_len, n_rows)
 
 
 @torch.no_grad()
-def diagnose(model: "GPT", tokens, rows) -> dict:
+def diagnose(model: "GPT", tokens, rows, dq=None) -> dict:
   """The twin's diagnostics row (without step), as `diagnostics.diagnose` names them:
 
     max_logit [layer][head]   the largest scaled score q·k/√head_dim over the `rows`
@@ -746,6 +757,9 @@ def diagnose(model: "GPT", tokens, rows) -> dict:
     sn_q_full [layer]         σ_max of the layer's whole W_Q ([n_embd, n_embd] float32), exact
                               (float64 singular values; JAX: power iteration, one step a call)
     tie_rate [layer][head]    NaN: not computed by the twin (JAX reads it from its kernel)
+    dq_err, dq_rank1, dq_common [layer][head]
+                              with `dq` (`dq_diagnostics`'s arguments after the model): the
+                              dQ error of the layer's attention against FP32 attention's
 
   tokens: the step's batch [batch, t] int64 on the model's device; only the sequences that
   `rows` name are run (no logits). Changes nothing in the model (no_grad, no state).
@@ -757,7 +771,7 @@ def diagnose(model: "GPT", tokens, rows) -> dict:
   n_layer, n_head, n_embd = model.config.n_layer, model.config.n_head, model.config.n_embd
   scale = 1.0 / math.sqrt(n_embd // n_head)
   max_logit = []
-  for query, key in record:  # [s, t, h, d] bf16
+  for query, key, *_ in record:  # [s, t, h, d] bf16
     best = torch.full((n_head,), -math.inf, device=query.device)
     for j in range(len(seqs)):
       pos = torch.from_numpy(t_idx[where == j]).to(query.device)  # this sequence's rows
@@ -770,7 +784,132 @@ def diagnose(model: "GPT", tokens, rows) -> dict:
     torch.linalg.svdvals(blk.attn.c_attn.kernel[:, :n_embd].detach().double().cpu())[0].item()
     for blk in model.h
   ]
-  return dict(max_logit=max_logit, sn_q_full=sn_q, tie_rate=[[math.nan] * n_head] * n_layer)
+  row = dict(max_logit=max_logit, sn_q_full=sn_q, tie_rate=[[math.nan] * n_head] * n_layer)
+  return row | (dq_diagnostics(model, *dq) if dq is not None else {})
+
+
+def attention_dq(choice: AttentionChoice, matmul="emulated", compiled=False):
+  """f(query, key, value, d_out) → dQ of `attend` (its own backward, as training runs it),
+  tensors [batch, seq, heads, head_dim] bf16, causal; compiled: `attend` under torch.compile
+  (static shapes) with `emulate_precision_casts` (`setup_precision`), as the training step
+  compiles it. The dQ `dq_diagnostics` measures (JAX: `diagnostics.dq_rows`' vjp of
+  `attend`)."""
+  forward = functools.partial(attend, choice=choice, causal=True, matmul=matmul)
+  casts = contextlib.nullcontext
+  if compiled:
+    import torch._inductor.config as inductor_config
+
+    forward = torch.compile(forward, dynamic=False)
+    casts = functools.partial(inductor_config.patch, emulate_precision_casts=True)
+
+  def dq(query, key, value, d_out):
+    with torch.enable_grad(), casts():
+      query = query.detach().requires_grad_()
+      forward(query, key.detach(), value.detach()).backward(d_out)
+    return query.grad
+
+  return dq
+
+
+def dq_diagnostics(model: "GPT", tokens, targets, rows, loss_scale, dq_of) -> dict:
+  """dQ's error in every layer, as `diagnostics.diagnose` (Qiu & Yao 2025, §4):
+
+    dq_err [layer][head]      rms of dQ − exact dQ over the rows, relative to the exact dQ's
+                              rms row norm (`dq_error`)
+    dq_rank1 [layer][head]    the share of that error's squared norm along its leading
+                              direction in head_dim space (the bias mechanism's is near 1)
+    dq_common [layer][head]   the error's rms part along each row's keys' mean, less its part
+                              along the exact dQ, relative as dq_err (`dq_error_along`)
+
+  tokens, targets: [n, t] int64 on the model's device, the step's first n sequences (n ≤
+  DQ_SEQUENCES); rows: (sequence < n, position) int64 arrays [R] (`diagnostic_rows`, stream
+  3); loss_scale: n / batch, so that the loss's gradient, and so each layer's dO, is the
+  step's (JAX takes dO from the whole batch's loss); dq_of: `attention_dq`, dQ from
+  (q, k, v, dO). The forward runs eager; its gradients touch no parameter's .grad.
+  """
+  record = []
+  with torch.enable_grad():
+    loss = loss_fn(model, tokens, targets, record) * loss_scale
+    d_outs = torch.autograd.grad(loss, [y for *_, y in record])  # each layer's dO, bf16
+  scale = 1.0 / math.sqrt(record[0][0].shape[-1])
+  b, t = (torch.from_numpy(np.asarray(r)).to(tokens.device) for r in rows)
+  out = {"dq_err": [], "dq_rank1": [], "dq_common": []}
+  for (q, k, v, _), d_o in zip(record, d_outs):
+    q, k, v = (x.detach() for x in (q, k, v))
+    formed = dq_of(q, k, v, d_o)[b, t].double()
+    exact = exact_dq_rows(q, k, v, d_o, (b, t), scale)
+    err, rank1 = dq_error(formed, exact)
+    out["dq_err"].append(err.tolist())
+    out["dq_rank1"].append(rank1.tolist())
+    out["dq_common"].append(dq_error_along(formed, exact, row_key_mean(k, (b, t))).tolist())
+  return out
+
+
+def exact_dq_rows(q, k, v, d_out, rows, softmax_scale):
+  """FP32 attention's dQ of sampled rows, here in float64: P from the exact scores, dP = dO·Vᵀ,
+  delta = rowsum(dO∘O) from the exact O, dQ = scale·Σ_j dS_j (k_j − Σ_j P_j k_j) with dS =
+  P∘(dP − delta) (Σ_j dS_j = 0, so the same as Σ_j dS_j k_j without the cancellation of a large
+  common key component) — `diagnostics.dq_rows`' exact dQ. q, k, v, d_out [batch, seq, heads,
+  head_dim] (any float dtype), causal; rows: (batch index, position) int64 tensors [R].
+  Returns float64 [R, heads, head_dim]."""
+  b, t = rows
+  qr, do_r = q[b, t].double(), d_out[b, t].double()  # [R, h, d]
+  kr, vr = k[b].double(), v[b].double()  # [R, T, h, d]
+  s = torch.einsum("rhd,rkhd->rhk", qr, kr) * softmax_scale
+  hidden = torch.arange(k.shape[1], device=q.device)[None, None, :] > t[:, None, None]
+  p = torch.softmax(s.masked_fill(hidden, -math.inf), dim=-1)
+  o = torch.einsum("rhk,rkhd->rhd", p, vr)
+  dp = torch.einsum("rhd,rkhd->rhk", do_r, vr)
+  ds = p * (dp - (do_r * o).sum(-1, keepdim=True))
+  k_mean = torch.einsum("rhk,rkhd->rhd", p, kr)
+  return softmax_scale * torch.einsum("rhk,rkhd->rhd", ds, kr - k_mean[:, None])
+
+
+def dq_error(formed, exact):
+  """`diagnostics.dq_error`: per head, from dQ rows [R, heads, head_dim], (the error's rms row
+  norm relative to the exact dQ's, the share of its squared norm along its leading direction);
+  NaN where a head's exact dQ or error is 0, and the share NaN where the error is not finite."""
+  err = (formed - exact).transpose(0, 1)  # [h, R, d]
+  size = exact.pow(2).sum(-1).mean(0).sqrt()  # [h]
+  energy = err.pow(2).sum((1, 2))
+  finite = torch.isfinite(err).flatten(1).all(1)
+  top = torch.linalg.svdvals(torch.where(finite[:, None, None], err, 0.0).cpu())[:, 0] ** 2
+  rms = (energy / err.shape[1]).sqrt()
+  nan = torch.full_like(size, math.nan)
+  share = torch.where(finite & (energy > 0), top.to(energy.device) / energy, nan)
+  return torch.where(size > 0, rms / size, nan), share
+
+
+def row_key_mean(k, rows):
+  """`diagnostics.row_key_mean`: for each sampled causal row (b, t), the mean of keys 0..t of
+  sequence b, float64 [R, heads, head_dim]; k [batch, seq, heads, head_dim]."""
+  b, t = rows
+  return k.double().cumsum(1)[b, t] / (t.double() + 1.0)[:, None, None]
+
+
+def dq_error_along(formed, exact, direction):
+  """`diagnostics.dq_error_along`: per head, the rms over rows of the error's component along
+  each row's direction less its part along the row's exact dQ, relative to the exact dQ's rms
+  row norm; a row whose direction is within 1e-4 of its exact dQ's contributes 0, a row whose
+  error is not finite makes the head's value inf, NaN where a head's exact dQ is 0."""
+
+  def norm(x):
+    return x.pow(2).sum(-1, keepdim=True).sqrt()
+
+  def unit(x):
+    n = norm(x)
+    return torch.where(n > 0, x / torch.where(n > 0, n, 1.0), 0.0)
+
+  e = unit(exact)
+  across = direction - (direction * e).sum(-1, keepdim=True) * e
+  across = across - (across * e).sum(-1, keepdim=True) * e
+  u = torch.where(norm(across) > 1e-4 * norm(direction), unit(across), 0.0)
+  err = formed - exact
+  along = (err * u).sum(-1)
+  along = torch.where(torch.isfinite(err).all(-1), along, math.inf)  # [R, h]
+  size = exact.pow(2).sum(-1).mean(0).sqrt()
+  rms = along.pow(2).mean(0).sqrt()
+  return torch.where(size > 0, rms / size, math.nan)
 
 
 class ExplosionMonitor:
@@ -1395,6 +1534,7 @@ def train(cfg: TwinConfig, started: float | None = None) -> dict:
     return loss_fn(model, x, y)
 
   compiled = torch.compile(loss_of) if use_compile else loss_of
+  dq_of = attention_dq(choice, matmul, compiled=use_compile)  # diagnostics: dQ as training's
 
   def to_device(a):
     return torch.from_numpy(np.asarray(a, np.int64)).to(device, non_blocking=True)
@@ -1466,10 +1606,25 @@ def train(cfg: TwinConfig, started: float | None = None) -> dict:
       log.flush()
       if finite and cfg.diag_interval and step % cfg.diag_interval == 0:
         t_diag = time.perf_counter()
-        x0 = xy[0][0]
+        (x0, y0), n = xy[0], min(len(xy[0][0]), DQ_SEQUENCES)  # the first micro-batch
         rows = diagnostic_rows(cfg.seed, step, x0.shape[0], x0.shape[1], cfg.diag_rows)
+        dq_at = diagnostic_rows(cfg.seed, step, n, x0.shape[1], cfg.diag_rows, stream=3)
+        dq = (to_device(x0[:n]), to_device(y0[:n]), dq_at, n / x0.shape[0], dq_of)
         with backend_context(choice):
-          drow = dict(step=step, **diagnose(model, to_device(x0), rows))
+          try:
+            drow = dict(step=step, **diagnose(model, to_device(x0), rows, dq if dq_of else None))
+          except Exception as e:  # the dQ part (a compile, memory): the run goes on without it
+            if dq_of is None:
+              raise
+            first = (str(e).splitlines() or [""])[0][:200]
+            print(
+              f"dQ diagnostics failed at step {step} ({type(e).__name__}: {first}); the run "
+              "goes on without them",
+              file=sys.stderr,
+              flush=True,
+            )
+            dq_of = None
+            drow = dict(step=step, **diagnose(model, to_device(x0), rows))
         drow["diag_time_s"] = time.perf_counter() - t_diag
         with open(diag_path, "a") as f:
           f.write(json.dumps(drow) + "\n")

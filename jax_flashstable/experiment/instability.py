@@ -277,6 +277,11 @@ def _run_row(run_dir: pathlib.Path, warmup_steps: int, layer: int, diag_interval
   times = [r["step_time_s"] for r in metrics[10:]] or [r["step_time_s"] for r in metrics]
   sigma = [d["sn_q_full"][layer] for d in diags]
   logits = [(d["step"], max(d["max_logit"][layer])) for d in diags if "max_logit" in d]
+  dq_errs = [  # the watched layer's dQ error, largest head (NaN heads skipped; logged since 12-02)
+    (d["step"], max(heads))
+    for d in diags
+    if (heads := [x for x in (d.get("dq_err") or [[]] * (layer + 1))[layer] if x == x])
+  ]
   ties = [
     statistics.fmean(d["tie_rate"][layer])
     for d in diags
@@ -304,6 +309,7 @@ def _run_row(run_dir: pathlib.Path, warmup_steps: int, layer: int, diag_interval
     last_sigma_wq=sigma[-1] if sigma else math.nan,
     max_logit=max((x for _, x in logits), default=math.nan),
     logits=logits,
+    dq_errs=dq_errs,
     mean_tie_rate=statistics.fmean(ties) if ties else math.nan,
     steps_per_s=1.0 / statistics.median(times) if times else math.nan,
     diag_cost=diag_cost,

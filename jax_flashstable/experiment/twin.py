@@ -115,6 +115,9 @@ EXACT = ("reference-fp32", "paper", "paper+comp", "paper+lse", "paper+comp+lse")
 TOLERANCE = 2.0**-8
 WINDOW = 100  # the agreement window: the first WINDOW steps
 PROFILE = ((1, 10), (11, 30), (31, 100), (101, 300), (301, 1000), (1001, 3000), (3001, 10**9))
+# the report's windows of the watched layer's dQ error (after warmup, before and after the
+# runaways of the paper layout's JAX runs, 800–1,900 at anchor-b128)
+DQ_WINDOWS = ((201, 500), (501, 1000), (1001, 3000))
 SIDES = ("both", "jax", "torch")
 SIDE_DIRS = ("jax", "torch", "null")
 EXIT_NON_FINITE = 3  # gpt_twin's exit status for a non-finite loss
@@ -1124,6 +1127,7 @@ def _brief(r: dict | None) -> dict | None:
     "min_loss",
     "final_loss",
     "max_logit",
+    "dq_errs",
     "max_sigma_wq",
     "max_grad_norm",
     "steps_per_s",
@@ -1285,10 +1289,42 @@ def format_report(result: dict, recipe: dict, layer=1) -> str:
         + " | ".join(_g(med.get(lo)) for lo, _ in PROFILE)
         + f" | {_g(c['param_rel_end'])} |"
       )
+  lines += _dq_table(rows, layer)
   lines += ["", "Per (pair, seed):", ""] + [
     f"- {r['pair']}, seed {r['seed']}: {r['statement']}" for r in rows
   ]
   return "\n".join(lines)
+
+
+def _dq_table(rows, layer) -> list[str]:
+  """The mechanism's size on both sides: the watched layer's dQ error (`diagnostics.dq_error`,
+  largest head; the twin's since 2026-12-04, `gpt_twin.dq_diagnostics`), median per window of
+  DQ_WINDOWS, for the (pair, seed) where either side logged it; no lines where none did."""
+
+  def median(run, lo, hi):
+    xs = [x for step, x in (run or {}).get("dq_errs") or [] if lo <= step <= hi]
+    return statistics.median(xs) if xs else None
+
+  logged = [r for r in rows if any((r[s] or {}).get("dq_errs") for s in ("jax_run", "torch_run"))]
+  if not logged:
+    return []
+  heads = [f"{lo:,}–{hi:,}" for lo, hi in DQ_WINDOWS]
+  lines = [
+    "",
+    f"Layer {layer}'s dQ error (rms of dQ − FP32 attention's dQ, relative to its size, largest "
+    "head; the bias term of Qiu & Yao 2025, §4, grows it), median per window of steps, "
+    "JAX / torch:",
+    "",
+    "| pair | seed | " + " | ".join(heads) + " |",
+    "|---|---:|" + "---:|" * len(heads),
+  ]
+  for r in logged:
+    j, t = r["jax_run"], r["torch_run"]
+    cells = [
+      f"{_g(median(j, lo, hi), '.3f')} / {_g(median(t, lo, hi), '.3f')}" for lo, hi in DQ_WINDOWS
+    ]
+    lines.append(f"| {r['pair']} | {r['seed']} | " + " | ".join(cells) + " |")
+  return lines
 
 
 def plot(out_dir, result: dict, layer=1) -> pathlib.Path:
