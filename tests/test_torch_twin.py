@@ -648,7 +648,8 @@ def test_dq_diagnostics_of_a_model_match_jaxs(tmp_path):
   whose dO passes the last layer's backward (float32 summation order in both frameworks, a few
   of dO's bf16 bits apart), within 25% (measured: 8%, 16%, 12%), as the statistics of an error
   of rounding size (0.003–0.004) on dO a few bits apart. Here, at init, the paper layout's dQ
-  error is rounding, not yet a bias."""
+  error is rounding, not yet a bias. dQ from the attention compiled as training compiles it
+  (the twin's dq_err when it trains compiled) and eager (its dq_err_eager then): the same."""
   from jax_flashstable.training import diagnostics
   from jax_flashstable.training.train import init_state
 
@@ -675,14 +676,15 @@ def test_dq_diagnostics_of_a_model_match_jaxs(tmp_path):
     b = np.load(folder + "/batch.npz")
     x, y = (torch.from_numpy(b[k].astype(np.int64)) for k in "xy")
     rows = (torch.from_numpy(b["b"]), torch.from_numpy(b["t"]))
-    dq = (x[:n], y[:n], rows, n / len(x), T.attention_dq(choice))
-    row = T.diagnose(run, x, rows, dq)
-    print(json.dumps({k: row[k] for k in ("dq_err", "dq_rank1", "dq_common")}))
+    dq_of, eager_of = T.attention_dq(choice, compiled=True), T.attention_dq(choice)
+    row = T.diagnose(run, x, rows, (x[:n], y[:n], rows, n / len(x), dq_of, eager_of))
+    print(json.dumps({k: row[k] for k in ("dq_err", "dq_rank1", "dq_common", "dq_err_eager")}))
     """,
     tmp_path,
     n,
   )
   got = json.loads(stdout)
+  assert got["dq_err_eager"] == got["dq_err"]  # compiled as training: the same dQ bits
   for name in ("dq_err", "dq_rank1", "dq_common"):
     g, w = np.array(got[name]), np.array(want[name])
     np.testing.assert_allclose(g[-1], w[-1], rtol=1e-4, err_msg=name)  # the last layer

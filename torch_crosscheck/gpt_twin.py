@@ -47,8 +47,8 @@ exploding paper runs, 10²–10³ in the compensated ones). Since the evening of
 also has JAX's "dq_err", "dq_rank1" and "dq_common" [layer][head] (`dq_diagnostics`): each
 layer's dQ, as the training's attention forms it (compiled when training compiles), against
 FP32 attention's on --diag-rows rows of the batch's first DQ_SEQUENCES sequences, each
-layer's dO from the step's loss — the size of Qiu & Yao's bias term (§4) in the twin, to set
-beside JAX's (layer 1 of JAX's paper 29 and 31 at steps 300, 600, 900: 0.036–0.081,
+layer's dO from the step's loss (and, training compiled, "dq_err_eager": the attention eager)
+— the size of Qiu & Yao's bias term (§4) in the twin, to set beside JAX's (layer 1 of JAX's paper 29 and 31 at steps 300, 600, 900: 0.036–0.081,
 2026-12-03).
 
 Initial parameters: the .npz layout (what the JAX side must write)
@@ -811,7 +811,7 @@ def attention_dq(choice: AttentionChoice, matmul="emulated", compiled=False):
   return dq
 
 
-def dq_diagnostics(model: "GPT", tokens, targets, rows, loss_scale, dq_of) -> dict:
+def dq_diagnostics(model: "GPT", tokens, targets, rows, loss_scale, dq_of, eager_of=None) -> dict:
   """dQ's error in every layer, as `diagnostics.diagnose` (Qiu & Yao 2025, §4):
 
     dq_err [layer][head]      rms of dQ − exact dQ over the rows, relative to the exact dQ's
@@ -820,12 +820,16 @@ def dq_diagnostics(model: "GPT", tokens, targets, rows, loss_scale, dq_of) -> di
                               direction in head_dim space (the bias mechanism's is near 1)
     dq_common [layer][head]   the error's rms part along each row's keys' mean, less its part
                               along the exact dQ, relative as dq_err (`dq_error_along`)
+    dq_err_eager [layer][head]
+                              with eager_of: dq_err of eager_of's dQ (the twin's own field: the
+                              attention eager beside dq_of compiled, on the training's states)
 
   tokens, targets: [n, t] int64 on the model's device, the step's first n sequences (n ≤
   DQ_SEQUENCES); rows: (sequence < n, position) int64 arrays [R] (`diagnostic_rows`, stream
   3); loss_scale: n / batch, so that the loss's gradient, and so each layer's dO, is the
   step's (JAX takes dO from the whole batch's loss); dq_of: `attention_dq`, dQ from
-  (q, k, v, dO). The forward runs eager; its gradients touch no parameter's .grad.
+  (q, k, v, dO); eager_of: the same, eager (or None). The forward runs eager; its gradients
+  touch no parameter's .grad.
   """
   record = []
   with torch.enable_grad():
@@ -833,7 +837,7 @@ def dq_diagnostics(model: "GPT", tokens, targets, rows, loss_scale, dq_of) -> di
     d_outs = torch.autograd.grad(loss, [y for *_, y in record])  # each layer's dO, bf16
   scale = 1.0 / math.sqrt(record[0][0].shape[-1])
   b, t = (torch.from_numpy(np.asarray(r)).to(tokens.device) for r in rows)
-  out = {"dq_err": [], "dq_rank1": [], "dq_common": []}
+  out = {"dq_err": [], "dq_rank1": [], "dq_common": []} | ({"dq_err_eager": []} if eager_of else {})
   for (q, k, v, _), d_o in zip(record, d_outs):
     q, k, v = (x.detach() for x in (q, k, v))
     formed = dq_of(q, k, v, d_o)[b, t].double()
@@ -842,6 +846,8 @@ def dq_diagnostics(model: "GPT", tokens, targets, rows, loss_scale, dq_of) -> di
     out["dq_err"].append(err.tolist())
     out["dq_rank1"].append(rank1.tolist())
     out["dq_common"].append(dq_error_along(formed, exact, row_key_mean(k, (b, t))).tolist())
+    if eager_of:
+      out["dq_err_eager"].append(dq_error(eager_of(q, k, v, d_o)[b, t].double(), exact)[0].tolist())
   return out
 
 
@@ -1535,6 +1541,7 @@ def train(cfg: TwinConfig, started: float | None = None) -> dict:
 
   compiled = torch.compile(loss_of) if use_compile else loss_of
   dq_of = attention_dq(choice, matmul, compiled=use_compile)  # diagnostics: dQ as training's
+  eager_of = attention_dq(choice, matmul) if use_compile else None  # and eager, beside it
 
   def to_device(a):
     return torch.from_numpy(np.asarray(a, np.int64)).to(device, non_blocking=True)
@@ -1609,7 +1616,7 @@ def train(cfg: TwinConfig, started: float | None = None) -> dict:
         (x0, y0), n = xy[0], min(len(xy[0][0]), DQ_SEQUENCES)  # the first micro-batch
         rows = diagnostic_rows(cfg.seed, step, x0.shape[0], x0.shape[1], cfg.diag_rows)
         dq_at = diagnostic_rows(cfg.seed, step, n, x0.shape[1], cfg.diag_rows, stream=3)
-        dq = (to_device(x0[:n]), to_device(y0[:n]), dq_at, n / x0.shape[0], dq_of)
+        dq = (to_device(x0[:n]), to_device(y0[:n]), dq_at, n / x0.shape[0], dq_of, eager_of)
         with backend_context(choice):
           try:
             drow = dict(step=step, **diagnose(model, to_device(x0), rows, dq if dq_of else None))
