@@ -46,10 +46,11 @@ and a runaway moves the max logit by orders of magnitude (anchor-b128 in JAX: 10
 exploding paper runs, 10²–10³ in the compensated ones). Since the evening of 2026-12-04 the row
 also has JAX's "dq_err", "dq_rank1" and "dq_common" [layer][head] (`dq_diagnostics`): each
 layer's dQ, as the training's attention forms it (compiled when training compiles), against
-FP32 attention's on --diag-rows rows of the batch's first DQ_SEQUENCES sequences, each
-layer's dO from the step's loss (and, training compiled, "dq_err_eager": the attention eager)
-— the size of Qiu & Yao's bias term (§4) in the twin, to set beside JAX's (layer 1 of JAX's paper 29 and 31 at steps 300, 600, 900: 0.036–0.081,
-2026-12-03).
+FP32 attention's on --diag-rows rows of the first micro-batch's first DQ_SEQUENCES
+sequences, each layer's dO from that micro-batch's mean loss, as JAX (and, training compiled,
+"dq_err_eager": the attention eager) — the size of Qiu & Yao's bias term (§4) in the twin, to
+set beside JAX's (layer 1 of JAX's paper 29 and 31 rerun on 2026-12-03 at steps 300, 600,
+900: 0.036–0.081).
 
 Initial parameters: the .npz layout (what the JAX side must write)
 -------------------------------------------------------------------
@@ -700,12 +701,14 @@ class GPT(nn.Module):
     return x
 
 
-def loss_fn(model: GPT, tokens, targets, record=None):
+def loss_fn(model: GPT, tokens, targets, record=None, count=None):
   """Mean next-token cross-entropy in float32 (nats): optax's logsumexp − target logit.
-  `record`: as `GPT.forward`'s."""
+  `record`: as `GPT.forward`'s. count: the denominator instead of the number of tokens (the
+  sum over these tokens / count; each token's gradient 1/count, as the mean's over count)."""
   logits = model(tokens, record)
   label = logits.gather(-1, targets[..., None]).squeeze(-1)
-  return (torch.logsumexp(logits, dim=-1) - label).mean()
+  per_token = torch.logsumexp(logits, dim=-1) - label
+  return per_token.mean() if count is None else per_token.sum() / count
 
 
 def jax_order(names):
@@ -792,7 +795,9 @@ def attention_dq(choice: AttentionChoice, matmul="emulated", compiled=False):
   """f(query, key, value, d_out) → dQ of `attend` (its own backward, as training runs it),
   tensors [batch, seq, heads, head_dim] bf16, causal; compiled: `attend` under torch.compile
   (static shapes) with `emulate_precision_casts` (`setup_precision`), as the training step
-  compiles it. The dQ `dq_diagnostics` measures (JAX: `diagnostics.dq_rows`' vjp of
+  compiles it — if nothing compiled `attend` at the same shapes and choice before in the
+  process: dynamo reuses compiled code whatever that setting (training sets it first, for the
+  whole process). The dQ `dq_diagnostics` measures (JAX: `diagnostics.dq_rows`' vjp of
   `attend`)."""
   forward = functools.partial(attend, choice=choice, causal=True, matmul=matmul)
   casts = contextlib.nullcontext
@@ -811,7 +816,7 @@ def attention_dq(choice: AttentionChoice, matmul="emulated", compiled=False):
   return dq
 
 
-def dq_diagnostics(model: "GPT", tokens, targets, rows, loss_scale, dq_of, eager_of=None) -> dict:
+def dq_diagnostics(model: "GPT", tokens, targets, rows, batch, dq_of, eager_of=None) -> dict:
   """dQ's error in every layer, as `diagnostics.diagnose` (Qiu & Yao 2025, §4):
 
     dq_err [layer][head]      rms of dQ − exact dQ over the rows, relative to the exact dQ's
@@ -826,14 +831,17 @@ def dq_diagnostics(model: "GPT", tokens, targets, rows, loss_scale, dq_of, eager
 
   tokens, targets: [n, t] int64 on the model's device, the step's first n sequences (n ≤
   DQ_SEQUENCES); rows: (sequence < n, position) int64 arrays [R] (`diagnostic_rows`, stream
-  3); loss_scale: n / batch, so that the loss's gradient, and so each layer's dO, is the
-  step's (JAX takes dO from the whole batch's loss); dq_of: `attention_dq`, dQ from
+  3; --diag-rows 0, every position of sequence 0, which JAX refuses, holds float64 tensors
+  [seq, seq, heads, head_dim] here: 3 GiB each at anchor-b128); batch: the micro-batch's
+  sequences, the loss's count (`loss_fn`'s), so that each token's gradient, and so each
+  layer's dO, is the micro-batch's mean loss's bit for bit, as JAX takes it; dq_of:
+  `attention_dq`, dQ from
   (q, k, v, dO); eager_of: the same, eager (or None). The forward runs eager; its gradients
   touch no parameter's .grad.
   """
   record = []
   with torch.enable_grad():
-    loss = loss_fn(model, tokens, targets, record) * loss_scale
+    loss = loss_fn(model, tokens, targets, record, count=batch * tokens.shape[1])
     d_outs = torch.autograd.grad(loss, [y for *_, y in record])  # each layer's dO, bf16
   scale = 1.0 / math.sqrt(record[0][0].shape[-1])
   b, t = (torch.from_numpy(np.asarray(r)).to(tokens.device) for r in rows)
@@ -1616,22 +1624,22 @@ def train(cfg: TwinConfig, started: float | None = None) -> dict:
         (x0, y0), n = xy[0], min(len(xy[0][0]), DQ_SEQUENCES)  # the first micro-batch
         rows = diagnostic_rows(cfg.seed, step, x0.shape[0], x0.shape[1], cfg.diag_rows)
         dq_at = diagnostic_rows(cfg.seed, step, n, x0.shape[1], cfg.diag_rows, stream=3)
-        dq = (to_device(x0[:n]), to_device(y0[:n]), dq_at, n / x0.shape[0], dq_of, eager_of)
         with backend_context(choice):
-          try:
-            drow = dict(step=step, **diagnose(model, to_device(x0), rows, dq if dq_of else None))
-          except Exception as e:  # the dQ part (a compile, memory): the run goes on without it
-            if dq_of is None:
-              raise
-            first = (str(e).splitlines() or [""])[0][:200]
-            print(
-              f"dQ diagnostics failed at step {step} ({type(e).__name__}: {first}); the run "
-              "goes on without them",
-              file=sys.stderr,
-              flush=True,
-            )
-            dq_of = None
-            drow = dict(step=step, **diagnose(model, to_device(x0), rows))
+          drow = dict(step=step, **diagnose(model, to_device(x0), rows))
+          failed = None
+          if dq_of is not None:
+            dq = (to_device(x0[:n]), to_device(y0[:n]), dq_at, x0.shape[0], dq_of, eager_of)
+            try:
+              drow |= dq_diagnostics(model, *dq)
+            except Exception as e:  # a compile, memory: the run goes on without them
+              failed = f"{type(e).__name__}: " + " ".join(str(e).split())[:300]
+        if failed:
+          print(
+            f"dQ diagnostics failed at step {step} ({failed}); the run goes on without them",
+            file=sys.stderr,
+            flush=True,
+          )
+          dq_of = None
         drow["diag_time_s"] = time.perf_counter() - t_diag
         with open(diag_path, "a") as f:
           f.write(json.dumps(drow) + "\n")
