@@ -10,7 +10,8 @@
 # docs/studies/instability-anchor-b128.md), and the
 # references' steps would not fit its memory together (the twin's reference alone: about 116
 # GiB at anchor-b128, docs/studies/training-twin.md).
-# An item is PAIRS:SEEDS:STEPS[:NULL] (PAIRS: crosscheck-train's default pairs, comma-separated;
+# An item is PAIRS:SEEDS:STEPS[:NULL] (PAIRS: crosscheck-train's pairs, comma-separated, A or
+# A=SPEC, e.g. paper=paper+triton for the JAX runs of that spelling;
 # NULL: --null-steps, the JAX run again with each batch as two halves). Items with the same
 # STEPS share the folder $R/RECIPE-sSTEPS, so their report reads every pair of that cap (and
 # its reference-fp32 runs give the runaway thresholds). Runs resume while the machine stays
@@ -90,7 +91,7 @@ run_side() {  # side gpu items...: the items' runs of that side, in order
     if (( left < 60 )); then echo "[$side] $item not started, $left s left"; continue; fi
     IFS=: read -r pairs seeds steps null <<< "$item"
     local targs=${TORCH_ARGS:-}  # after a check: PAPER_ARGS for an item of paper layouts only
-    if [[ -n ${PAPER_ARGS+x} ]] && ! tr , '\n' <<< "$pairs" | grep -vqE "$PAPER_KINDS"; then
+    if [[ -n ${PAPER_ARGS+x} ]] && ! tr , '\n' <<< "$pairs" | cut -d= -f1 | grep -vqE "$PAPER_KINDS"; then
       targs=$PAPER_ARGS
     fi
     echo "[$side] $item with $left s left ($(date +%T))"
@@ -105,7 +106,7 @@ PAPER_KINDS='^paper(\+comp)?(\+lse)?$'  # the twin's paper layouts (15_twin_pape
 check_compile() {  # TORCH_ARGS=check → PAPER_ARGS, "" or "--compile off" by 15_twin_paper_bits
   local kinds rc=0
   TORCH_ARGS="" PAPER_ARGS=""
-  kinds=$(tr , '\n' <<< "$ALLPAIRS" | grep -E "$PAPER_KINDS" | paste -sd, || true)
+  kinds=$(tr , '\n' <<< "$ALLPAIRS" | cut -d= -f1 | grep -E "$PAPER_KINDS" | sort -u | paste -sd, || true)
   [[ -z $kinds ]] && return 0
   if ! grep -q '^verdict:' $R/paper-bits.md 2>/dev/null; then  # once per machine
     timeout 480 python3 experiments/15_twin_paper_bits.py --kinds "$kinds" > $R/paper-bits.md

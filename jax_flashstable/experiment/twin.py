@@ -1320,9 +1320,8 @@ def _dq_table(rows, layer) -> list[str]:
   ]
   for r in logged:
     j, t = r["jax_run"], r["torch_run"]
-    cells = [
-      f"{_g(median(j, lo, hi), '.3f')} / {_g(median(t, lo, hi), '.3f')}" for lo, hi in DQ_WINDOWS
-    ]
+    size = lambda x: _g(x, ".3f") if x is None or x < 10 else _num(x)  # noqa: E731
+    cells = [f"{size(median(j, lo, hi))} / {size(median(t, lo, hi))}" for lo, hi in DQ_WINDOWS]
     lines.append(f"| {r['pair']} | {r['seed']} | " + " | ".join(cells) + " |")
   return lines
 
