@@ -43,6 +43,7 @@ from test_mechanism import common_keys, tied_keys  # noqa: E402
 from jax_flashstable.attention.config import AttentionConfig  # noqa: E402
 from jax_flashstable.attention.flax_adapter import attend  # noqa: E402
 from jax_flashstable.experiment import twin  # noqa: E402
+from pallas_kernels.policy import check_tile  # noqa: E402
 
 # the torch side: argv = folder, torch_crosscheck, kinds (JSON), tiles; in.npz holds CASE/q, k, v,
 # d (bf16 bits, [b, s, h, d]) and CASE/causal; out.npz gets "CASE/KIND/MODE/i" (out, dQ, dK, dV),
@@ -152,9 +153,8 @@ def main(argv=None):
   for name in ("seq", "heads", "head_dim"):
     if getattr(a, name) < 1:
       sys.exit(f"15_twin_paper_bits: --{name.replace('_', '-')} {getattr(a, name)} (at least 1)")
-  if a.tiles < 16 or a.tiles & (a.tiles - 1):
-    sys.exit(f"15_twin_paper_bits: --tiles {a.tiles} is not a power of two >= 16")
   try:
+    check_tile("--tiles", a.tiles)
     twin.check_torch_python(twin.default_torch_python())
   except ValueError as e:
     sys.exit(f"15_twin_paper_bits: {e}")

@@ -650,7 +650,7 @@ def test_dq_diagnostics_match_jaxs(tmp_path):
 
 @pytest.mark.parametrize("batch, last, first", [(4, 1e-4, 0.25), (12, 1e-2, None)])
 def test_dq_diagnostics_of_a_model_match_jaxs(tmp_path, batch, last, first):
-  """`gpt_twin.diagnose` with dQ (`dq_diagnostics`) on a tiny model with the paper layout (2 × 2
+  """`gpt_twin.dq_diagnostics` on a tiny model with the paper layout (2 × 2
   tiles of 64 at length 128), from JAX's initial parameters on JAX's first batch and JAX's
   own dQ rows: each layer's dO taken from the batch's mean loss (the twin runs its first 8
   sequences, each token's gradient 1/(batch·length)), dQ from the layer's attention, its
@@ -691,7 +691,7 @@ def test_dq_diagnostics_of_a_model_match_jaxs(tmp_path, batch, last, first):
     x, y = (torch.from_numpy(b[k].astype(np.int64)) for k in "xy")
     rows = (torch.from_numpy(b["b"]), torch.from_numpy(b["t"]))
     dq_of, eager_of = T.attention_dq(choice, compiled=True), T.attention_dq(choice)
-    row = T.diagnose(run, x, rows, (x[:n], y[:n], rows, len(x), dq_of, eager_of))
+    row = T.dq_diagnostics(run, x[:n], y[:n], rows, len(x), dq_of, eager_of)
     print(json.dumps({k: row[k] for k in ("dq_err", "dq_rank1", "dq_common", "dq_err_eager")}))
     """,
     tmp_path,

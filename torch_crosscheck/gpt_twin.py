@@ -750,7 +750,7 @@ def diagnostic_rows(seed: int, step: int, batch: int, seq_len: int, n_rows: int,
 
 
 @torch.no_grad()
-def diagnose(model: "GPT", tokens, rows, dq=None) -> dict:
+def diagnose(model: "GPT", tokens, rows) -> dict:
   """The twin's diagnostics row (without step), as `diagnostics.diagnose` names them:
 
     max_logit [layer][head]   the largest scaled score q·k/√head_dim over the `rows`
@@ -760,9 +760,8 @@ def diagnose(model: "GPT", tokens, rows, dq=None) -> dict:
     sn_q_full [layer]         σ_max of the layer's whole W_Q ([n_embd, n_embd] float32), exact
                               (float64 singular values; JAX: power iteration, one step a call)
     tie_rate [layer][head]    NaN: not computed by the twin (JAX reads it from its kernel)
-    dq_err, dq_rank1, dq_common [layer][head]
-                              with `dq` (`dq_diagnostics`'s arguments after the model): the
-                              dQ error of the layer's attention against FP32 attention's
+
+  (and the dQ error's fields: `dq_diagnostics`, which the training adds to the row).
 
   tokens: the step's batch [batch, t] int64 on the model's device; only the sequences that
   `rows` name are run (no logits). Changes nothing in the model (no_grad, no state).
@@ -787,8 +786,7 @@ def diagnose(model: "GPT", tokens, rows, dq=None) -> dict:
     torch.linalg.svdvals(blk.attn.c_attn.kernel[:, :n_embd].detach().double().cpu())[0].item()
     for blk in model.h
   ]
-  row = dict(max_logit=max_logit, sn_q_full=sn_q, tie_rate=[[math.nan] * n_head] * n_layer)
-  return row | (dq_diagnostics(model, *dq) if dq is not None else {})
+  return dict(max_logit=max_logit, sn_q_full=sn_q, tie_rate=[[math.nan] * n_head] * n_layer)
 
 
 def attention_dq(choice: AttentionChoice, matmul="emulated", compiled=False):
@@ -835,9 +833,8 @@ def dq_diagnostics(model: "GPT", tokens, targets, rows, batch, dq_of, eager_of=N
   [seq, seq, heads, head_dim] here: 3 GiB each at anchor-b128); batch: the micro-batch's
   sequences, the loss's count (`loss_fn`'s), so that each token's gradient, and so each
   layer's dO, is the micro-batch's mean loss's bit for bit, as JAX takes it; dq_of:
-  `attention_dq`, dQ from
-  (q, k, v, dO); eager_of: the same, eager (or None). The forward runs eager; its gradients
-  touch no parameter's .grad.
+  `attention_dq`, dQ from (q, k, v, dO); eager_of: the same, eager (or None). The forward runs
+  eager; its gradients touch no parameter's .grad.
   """
   record = []
   with torch.enable_grad():
@@ -1534,7 +1531,7 @@ def train(cfg: TwinConfig, started: float | None = None) -> dict:
         device_count=1,
         framework=f"torch {torch.__version__}",
         matmul=matmul,
-        attention_matmul=matmul if choice.paper else None,  # the paper layout's GEMMs
+        attention_matmul=resolved["attention_matmul"],  # the paper layout's GEMMs
         compiled=use_compile,
         jax_attention=choice.jax_spec(),
         init_sha256=init_sha256,
@@ -1621,13 +1618,14 @@ def train(cfg: TwinConfig, started: float | None = None) -> dict:
       log.flush()
       if finite and cfg.diag_interval and step % cfg.diag_interval == 0:
         t_diag = time.perf_counter()
-        (x0, y0), n = xy[0], min(len(xy[0][0]), DQ_SEQUENCES)  # the first micro-batch
+        x0, y0 = xy[0]  # the first micro-batch
         rows = diagnostic_rows(cfg.seed, step, x0.shape[0], x0.shape[1], cfg.diag_rows)
-        dq_at = diagnostic_rows(cfg.seed, step, n, x0.shape[1], cfg.diag_rows, stream=3)
         with backend_context(choice):
           drow = dict(step=step, **diagnose(model, to_device(x0), rows))
           failed = None
           if dq_of is not None:
+            n = min(len(x0), DQ_SEQUENCES)
+            dq_at = diagnostic_rows(cfg.seed, step, n, x0.shape[1], cfg.diag_rows, stream=3)
             dq = (to_device(x0[:n]), to_device(y0[:n]), dq_at, x0.shape[0], dq_of, eager_of)
             try:
               drow |= dq_diagnostics(model, *dq)

@@ -1309,6 +1309,7 @@ def _dq_table(rows, layer) -> list[str]:
   if not logged:
     return []
   heads = [f"{lo:,}–{hi:,}" for lo, hi in DQ_WINDOWS]
+  size = lambda x: _g(x, ".3f") if x is None or x < 10 else _num(x)  # noqa: E731
   lines = [
     "",
     f"Layer {layer}'s dQ error (rms of dQ − FP32 attention's dQ, relative to its size, largest "
@@ -1320,7 +1321,6 @@ def _dq_table(rows, layer) -> list[str]:
   ]
   for r in logged:
     j, t = r["jax_run"], r["torch_run"]
-    size = lambda x: _g(x, ".3f") if x is None or x < 10 else _num(x)  # noqa: E731
     cells = [f"{size(median(j, lo, hi))} / {size(median(t, lo, hi))}" for lo, hi in DQ_WINDOWS]
     lines.append(f"| {r['pair']} | {r['seed']} | " + " | ".join(cells) + " |")
   return lines
