@@ -23,13 +23,16 @@
 # side only, on GPU 0: each item's JAX runs are taken from the packs (`crosscheck-train
 # --jax-runs`; an item whose runs are not there, unfinished or made with other settings fails in
 # one line and the queue goes on), and its default QUEUE is the pairs those packs hold at
-# anchor-b128 (below). TORCH_ARGS go to every twin run (e.g. "--compile off"). TORCH_ARGS=check
-# first runs experiments/15_twin_paper_bits.py (anchor-b128's shape) on the queue's paper
-# layouts (a few minutes, from the budget; once per machine: a later start reuses its
-# paper-bits.md, which comes back) and trains the items of paper layouts with --compile off if
-# its verdict finds that compiling loses bits eager keeps, compiled otherwise (also when the
-# check fails or times out: every twin run before it was compiled); the other items get no
-# TORCH_ARGS, and the verdict goes to queues.log. What
+# anchor-b128 (below); on a machine of several GPUs the items are dealt out to them in turn
+# (item i to GPU i mod n), one twin run per GPU at a time. TORCH_ARGS go to every twin run
+# (e.g. "--compile off"). TORCH_ARGS=check runs experiments/15_twin_paper_bits.py
+# (anchor-b128's shape) on the queue's paper layouts beside the first runs (on the last GPU;
+# a few minutes, at most 480 s; once per machine: a later start reuses its paper-bits.md, which
+# comes back) and trains the items of paper layouts that start after its verdict with
+# --compile off if it finds that compiling loses bits eager keeps, compiled otherwise (also
+# when the check fails or times out); an item that starts before the verdict trains compiled
+# (and, cut, does not resume under --compile off: its checkpoint is of a compiled run). The
+# other items get no TORCH_ARGS; the verdict goes to queues.log. What
 # comes back under $OUT (at most 8 files): per folder its runs packed (twin-NAME.jsonl.xz, no
 # checkpoints; `crosscheck-train --runs FILE` reports them), report-NAME.md, twin-NAME.png,
 # and the queue logs (queues.log).
@@ -50,7 +53,7 @@
 # pair on the JAX side, two or three more finish the queue (PREVIOUS=the packs of the last).
 # The twin's speed (torch.compile, bf16 cuBLAS) is unmeasured: each run prints its steps/s, and
 # a slower twin only makes the torch queue lag (the report pairs whatever both sides finished).
-# With JAX_PREVIOUS (one H200 is enough: two runs at a time gain nothing) the default QUEUE is
+# With JAX_PREVIOUS (one H200 is enough; on nvidia-h200-x2 two twin runs go at once) the default QUEUE is
 # the anchor-b128 runs the packs hold with today's settings: paper 29, 30, 31 (JAX exploded at
 # steps 1,452, 2,935, 1,306), paper+comp 27, 28, fa2 21, 24 (sdpa-flash) and cudnn 24
 # (sdpa-cudnn); paper 24–28 and paper+comp 24–26 of 2026-11-30 are refused (stored before the
@@ -84,60 +87,79 @@ pack() { python3 -c "import sys; import jax_flashstable.experiment.twin as t
 t.pack(*sys.argv[1:])" "$@"; }
 
 T0=$(date +%s)  # the budget counts from here
-run_side() {  # side gpu items...: the items' runs of that side, in order
-  local side=$1 gpu=$2; shift 2
+run_side() {  # side[N] gpu items...: the items' runs of that side, in order (sideN: a label)
+  local label=$1 side=${1%%[0-9]*} gpu=$2; shift 2
   for item in "$@"; do
     local left=$(( BUDGET - ($(date +%s) - T0) ))
-    if (( left < 60 )); then echo "[$side] $item not started, $left s left"; continue; fi
+    if (( left < 60 )); then echo "[$label] $item not started, $left s left"; continue; fi
     IFS=: read -r pairs seeds steps null <<< "$item"
-    local targs=${TORCH_ARGS:-}  # after a check: PAPER_ARGS for an item of paper layouts only
-    if [[ -n ${PAPER_ARGS+x} ]] && ! tr , '\n' <<< "$pairs" | cut -d= -f1 | grep -vqE "$PAPER_KINDS"; then
-      targs=$PAPER_ARGS
+    local targs=${TORCH_ARGS:-}
+    if [[ $targs == check ]]; then  # the check's verdict, for an item of paper layouts only
+      targs=""
+      if ! tr , '\n' <<< "$pairs" | cut -d= -f1 | grep -vqE "$PAPER_KINDS"; then
+        if [[ -f $R/paper-args ]]; then targs=$(cat $R/paper-args)
+        else echo "[$label] $item: the paper check has no verdict yet, trained compiled"; fi
+      fi
     fi
-    echo "[$side] $item with $left s left ($(date +%T))"
+    echo "[$label] $item with $left s left ($(date +%T))"
     CUDA_VISIBLE_DEVICES=$gpu cli --side $side --pairs "$pairs" --seeds "$seeds" --steps "$steps" \
       --null-steps "${null:-0}" --time-budget "$left" --torch-python python3 --no-progress \
       --torch-args "$targs" ${JAX_PREVIOUS:+--jax-runs "$JAX_PREVIOUS"} \
-      --out $R/$RECIPE-s$steps 2>&1 | sed -u "s/^/[$side] /"
+      --out $R/$RECIPE-s$steps 2>&1 | sed -u "s/^/[$label] /"
   done
 }
 
 PAPER_KINDS='^paper(\+comp)?(\+lse)?$'  # the twin's paper layouts (15_twin_paper_bits' kinds)
-check_compile() {  # TORCH_ARGS=check → PAPER_ARGS, "" or "--compile off" by 15_twin_paper_bits
-  local kinds rc=0
-  TORCH_ARGS="" PAPER_ARGS=""
+check_compile() {  # TORCH_ARGS=check → $R/paper-args, "" or "--compile off" by 15_twin_paper_bits
+  local kinds rc=0 args=""
   kinds=$(tr , '\n' <<< "$ALLPAIRS" | cut -d= -f1 | grep -E "$PAPER_KINDS" | sort -u | paste -sd, || true)
-  [[ -z $kinds ]] && return 0
+  if [[ -z $kinds ]]; then echo "no paper layouts in the queue: no check"; echo -n > $R/paper-args; return 0; fi
   if ! grep -q '^verdict:' $R/paper-bits.md 2>/dev/null; then  # once per machine
     timeout 480 python3 experiments/15_twin_paper_bits.py --kinds "$kinds" > $R/paper-bits.md
     rc=$?
   fi
-  if grep -q '^verdict:.*--compile off$' $R/paper-bits.md; then PAPER_ARGS="--compile off"; fi
+  if grep -q '^verdict:.*--compile off$' $R/paper-bits.md; then args="--compile off"; fi
   echo "paper bits (exit status $rc): $(grep '^verdict:' $R/paper-bits.md || echo 'no verdict')"
-  echo "the paper layouts' TORCH_ARGS: \"$PAPER_ARGS\""
+  echo "the paper layouts' TORCH_ARGS from now on: \"$args\""
+  echo -n "$args" > $R/paper-args
 }
 
 queues() {
-  rm -f $R/queue-*.log  # this run's logs only (an earlier run's on a warm machine: its own)
+  rm -f $R/queue-*.log $R/paper-args  # this run's only (an earlier run's on a warm machine)
   nvidia-smi -L
-  if [[ ${TORCH_ARGS:-} == check ]]; then check_compile > $R/queue-check.log 2>&1; fi
+  local ngpu; ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+  local check_pid=""
+  if [[ ${TORCH_ARGS:-} == check ]]; then  # beside the first runs, on the last GPU
+    CUDA_VISIBLE_DEVICES=$(( ngpu > 1 ? ngpu - 1 : 0 )) check_compile > $R/queue-check.log 2>&1 &
+    check_pid=$!
+  fi
   for f in ${PREVIOUS:-}; do    # twin-NAME.jsonl.xz → $R/NAME
     name=$(basename $f .jsonl.xz); name=${name#twin-}; name=${name#partial-}
     unpack $f $R/$name && echo "unpacked $f into $R/$name"
   done
-  local ngpu; ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
-  if [[ -n $JAX_PREVIOUS ]]; then   # the JAX side from the packs: the twin alone, on GPU 0
+  if [[ -n $JAX_PREVIOUS ]] && (( ngpu > 1 )); then  # the twin alone, the items dealt out
+    local g i pids=()
+    for (( g = 0; g < ngpu && g < ${#ITEMS[@]}; g++ )); do
+      local mine=()
+      for (( i = g; i < ${#ITEMS[@]}; i += ngpu )); do mine+=("${ITEMS[i]}"); done
+      run_side torch$g $g "${mine[@]}" > $R/queue-torch$g.log 2>&1 &
+      pids+=($!)
+    done
+    wait "${pids[@]}"
+  elif [[ -n $JAX_PREVIOUS ]]; then   # the JAX side from the packs: the twin alone, on GPU 0
     run_side torch 0 "${ITEMS[@]}" > $R/queue-torch.log 2>&1
   elif (( ngpu > 1 )); then         # a GPU each, in parallel
     run_side jax 0 "${ITEMS[@]}" > $R/queue-jax.log 2>&1 &
+    local jax_pid=$!
     run_side torch 1 "${ITEMS[@]}" > $R/queue-torch.log 2>&1 &
-    wait
+    wait $jax_pid $!
   else                              # one GPU: the sides take turns, item by item, the twin first
     for item in "${ITEMS[@]}"; do
       run_side torch 0 "$item" >> $R/queue-torch.log 2>&1
       run_side jax 0 "$item" >> $R/queue-jax.log 2>&1
     done
   fi
+  if [[ -n $check_pid ]]; then wait $check_pid; fi  # (its timeout: 480 s)
   for dir in $R/$RECIPE-s*/; do
     name=$(basename $dir)
     cli --report-only --pairs "$ALLPAIRS" --steps ${name##*-s} --out $dir \

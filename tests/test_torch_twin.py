@@ -325,6 +325,57 @@ def test_export_round_trip_first_loss_diagnostics_and_errors(tmp_path):
   assert tuple(out["attentions"]) == twin.TWIN_ATTENTIONS
 
 
+def test_attention_compiled_apart_trains_as_eager(tmp_path):
+  """--compile attention (each layer's attention compiled alone, `GPT.compile_attention`, the
+  rest eager) trains the paper layout as eager does, bit for bit on the CPU (its compiled
+  attention keeps the bf16 roundings, `test_dq_diagnostics_match_jaxs`): the same loss, grad
+  norm and param norm at every step, the same diagnostics (max logit, tie rate, dQ error,
+  whose dQ there comes from the training's compiled attention and equals the eager one's);
+  config.json names the mode; a checkpoint of one mode does not resume in another."""
+  cfg = TrainConfig(model="tiny", attention=PAPER64, seed=3, batch_size=2)
+  twin.export_init(cfg, tmp_path / "init.npz")
+  stdout = run_torch(
+    """
+    folder = sys.argv[1]
+    rows = {}
+    for mode in ("off", "attention"):
+      cfg = T.TwinConfig(init=folder + "/init.npz", attention="paper", block_q=64, block_k=64,
+                         n_layer=2, n_head=2, n_embd=64, block_size=128, steps=2, batch_size=2,
+                         seed=3, warmup_steps=1, eval_interval=0, eval_batches=1,
+                         diag_interval=1, diag_rows=8, device="cpu", print_interval=0,
+                         compile=mode, out_dir=f"{folder}/{mode}")
+      T.train(cfg)
+      read = lambda name: [json.loads(l) for l in open(f"{folder}/{mode}/{name}")]
+      rows[mode] = dict(metrics=read("metrics.jsonl"), diag=read("diagnostics.jsonl"),
+                        compile=json.load(open(f"{folder}/{mode}/config.json"))["compile"])
+    cut = dict(init=folder + "/init.npz", attention="paper", block_q=64, block_k=64, n_layer=2,
+               n_head=2, n_embd=64, block_size=128, steps=3, batch_size=2, seed=3,
+               eval_interval=0, eval_batches=1, device="cpu", print_interval=0,
+               out_dir=folder + "/cut")
+    T.train(T.TwinConfig(**cut, compile="attention", max_seconds=1e-9))  # a checkpoint at 1
+    try:
+      T.train(T.TwinConfig(**cut, compile="off"))
+    except ValueError as e:
+      rows["refused"] = str(e)
+    print(json.dumps(rows))
+    """,
+    tmp_path,
+  )
+  got = json.loads(stdout)
+  off, apart = got["off"], got["attention"]
+  assert (off["compile"], apart["compile"]) == ("off", "attention")
+  keys = ("loss", "grad_norm", "param_norm")
+  assert [[r[k] for k in keys] for r in apart["metrics"]] == [
+    [r[k] for k in keys] for r in off["metrics"]
+  ]
+  for a, o in zip(apart["diag"], off["diag"]):
+    for k in ("max_logit", "tie_rate", "dq_err", "dq_rank1", "dq_common"):
+      assert a[k] == o[k], k
+    assert a["dq_err_eager"] == a["dq_err"] and "dq_err_eager" not in o
+  assert len(apart["diag"]) == 2 and np.all(np.array(apart["diag"][0]["tie_rate"]) > 0.5)
+  assert "compile (resolved)='attention', not 'off'" in got["refused"], got["refused"]
+
+
 CLI_ERRORS = [
   (["--attention", "flash"], "attention='flash' is not one of"),
   (["--attention", "sdpa-cudnn", "--device", "cpu"], "attention='sdpa-cudnn' needs CUDA"),
@@ -339,6 +390,7 @@ CLI_ERRORS = [
   (["--lr", "nan"], "lr must be a finite number >= 0, got lr=nan"),
   (["--init", "/nonexistent/init.npz"], "init='/nonexistent/init.npz': no such file"),
   (["--init", "/tmp"], "init='/tmp' is a folder, not an .npz"),
+  (["--compile", "sometimes"], "compile='sometimes' is not one of auto, on, off, attention"),
 ]
 
 
@@ -576,6 +628,66 @@ def test_attention_matches_jax_layouts(tmp_path, matmul):
       assert control < 0.6, (comp, name, control)
 
 
+def test_tied_tiles_match_jaxs_kernel_stats(tmp_path):
+  """`paper_fa2.tied_tiles` (the twin's paper-layout tie rate, `gpt_twin.diagnose`) against
+  the `tied_tiles` statistic of JAX's paper kernel with the compensation on, per row, causal:
+  keys in equal pairs on a grid of 1/8 (`tied_keys`, many exact ties) at 2 × 2 tiles of 64
+  and 4 × 4 of 32, and random normal scores (ties only within tie_tolerance), with both of the
+  twin's GEMMs: the same counts in every row. A fully masked tile counts as tied (every score
+  −BF16_MAX), so a row of query tile i has at least (tiles − 1 − i); beyond those, nearly
+  every row of the tied input has real ties (measured 96.5%) and 8 of the 256 rows of the normal
+  one, so a rule that counted otherwise would show."""
+  from jax_flashstable import flash_attention
+
+  (q, k, v, _), causal = tied_keys((1, 128, 2, 32))
+  rng = np.random.default_rng(11)
+  normal = tuple(jnp.asarray(rng.standard_normal((1, 128, 2, 32)), jnp.bfloat16) for _ in "qk")
+  cases = {"tied/64": (q, k, 64), "tied/32": (q, k, 32), "normal/32": (*normal, 32)}
+  want = {}
+  for name, (a, b, tile) in cases.items():
+    _, st = flash_attention(
+      a,
+      b,
+      b,
+      causal=causal,
+      stabilize=True,
+      numerics="paper",
+      block_q=tile,
+      block_k=tile,
+      return_stats=True,
+    )
+    want[name] = np.asarray(st.tied_tiles).transpose(0, 2, 1)  # [batch, heads, seq]
+  np.savez(
+    tmp_path / "in.npz",
+    **{f"{n}/{x}": bits(a) for n, (qq, kk, _) in cases.items() for x, a in (("q", qq), ("k", kk))},
+  )
+  stdout = run_torch(
+    """
+    import paper_fa2
+    d = np.load(sys.argv[1] + "/in.npz")
+    bf = lambda a: torch.from_numpy(a.astype(np.int16)).view(torch.bfloat16).transpose(1, 2)
+    out = {}
+    for name, tile in json.loads(sys.argv[2]).items():
+      q, k = bf(d[name + "/q"]), bf(d[name + "/k"])
+      for mm in paper_fa2.MATMULS:
+        n = paper_fa2.tied_tiles(q, k, 32**-0.5, True, tile, tile, 1e-3, mm)
+        out[f"{name}/{mm}"] = n.tolist()
+    print(json.dumps(out))
+    """,
+    tmp_path,
+    json.dumps({n: t for n, (_, _, t) in cases.items()}),
+  )
+  got = json.loads(stdout)
+  for name in cases:
+    for mm in ("emulated", "bf16"):
+      np.testing.assert_array_equal(np.array(got[f"{name}/{mm}"]), want[name], err_msg=name + mm)
+  masked = 3 - np.arange(128) // 32  # fully masked key tiles of each row at 32
+  real = {n: want[n] - masked for n in ("tied/32", "normal/32")}  # tiles with real ties
+  assert all(np.all(r >= 0) for r in real.values())
+  assert np.mean(real["tied/32"] > 0) > 0.9, np.mean(real["tied/32"] > 0)  # measured 0.965
+  assert 0 < np.sum(real["normal/32"] > 0) < 32, np.sum(real["normal/32"] > 0)  # measured 8
+
+
 def test_dq_diagnostics_match_jaxs(tmp_path):
   """The twin's dQ diagnostics (`gpt_twin.dq_diagnostics`' parts) against JAX's
   (`diagnostics.dq_rows`, `dq_error`, `dq_error_along`, `row_key_mean`) on the same input: the
@@ -663,7 +775,8 @@ def test_dq_diagnostics_of_a_model_match_jaxs(tmp_path, batch, last, first):
   at batch 12 up to 56%, not checked): the statistics of an error of rounding size
   (0.003–0.004) over 16 rows on inputs a few bits apart. Here, at init, the paper layout's dQ
   error is rounding, not yet a bias. dQ from the attention compiled as training compiles it
-  (the twin's dq_err when it trains compiled) and eager (its dq_err_eager then): the same."""
+  (the twin's dq_err when it trains compiled) and eager (its dq_err_eager then): the same.
+  The twin's tie rate (`gpt_twin.diagnose`, the paper layout's) equals JAX's."""
   from jax_flashstable.training import diagnostics
   from jax_flashstable.training.train import init_state
 
@@ -692,12 +805,18 @@ def test_dq_diagnostics_of_a_model_match_jaxs(tmp_path, batch, last, first):
     rows = (torch.from_numpy(b["b"]), torch.from_numpy(b["t"]))
     dq_of, eager_of = T.attention_dq(choice, compiled=True), T.attention_dq(choice)
     row = T.dq_diagnostics(run, x[:n], y[:n], rows, len(x), dq_of, eager_of)
-    print(json.dumps({k: row[k] for k in ("dq_err", "dq_rank1", "dq_common", "dq_err_eager")}))
+    row |= T.diagnose(run, x, rows)
+    keys = ("dq_err", "dq_rank1", "dq_common", "dq_err_eager", "tie_rate")
+    print(json.dumps({k: row[k] for k in keys}))
     """,
     tmp_path,
     n,
   )
   got = json.loads(stdout)
+  # the tie rate (every row of the batch, `diagnose`): the same rows tied as in JAX's kernel
+  # (its mean up to float32 rounding; measured 0.578–0.602, half of it the fully masked tile)
+  np.testing.assert_allclose(got["tie_rate"], want["tie_rate"], rtol=1e-6)
+  assert np.all(np.array(got["tie_rate"]) > 0.5), got["tie_rate"]
   assert got["dq_err_eager"] == got["dq_err"]  # compiled as training: the same dQ bits
   for name in ("dq_err", "dq_rank1", "dq_common"):
     g, w = np.array(got[name]), np.array(want[name])
@@ -1541,22 +1660,29 @@ def test_a_twin_killed_from_outside_is_a_failure_not_a_budget_cut(tmp_path, caps
   assert "cut by the time budget" not in text
 
 
-def test_the_report_sets_the_dq_errors_side_by_side():
-  """The report's mechanism table: layer 1's dQ error (largest head, `_run_row`'s dq_errs),
-  median per window of steps after warmup (DQ_WINDOWS), JAX / torch, for the pairs where either
-  side logged it (none: no table); a window a side has no row in is "–"."""
+def test_the_report_sets_the_mechanism_side_by_side():
+  """The report's mechanism tables: layer 1's tie rate (`_run_row`'s tie_rates) and dQ error
+  (its dq_errs), each the median per window of steps after warmup (DQ_WINDOWS), JAX / torch,
+  for the pairs where either side logged it (none: no table); a window a side has no row in is
+  "–"."""
   logged = dict(
     pair="paper ↔ paper",
     seed=29,
-    jax_run=dict(dq_errs=[(200, 9.0), (300, 0.04), (400, 0.06), (600, 0.08), (1200, 5.0)]),
-    torch_run=dict(dq_errs=[(300, 0.01), (700, 0.012)]),
+    jax_run=dict(
+      dq_errs=[(200, 9.0), (300, 0.04), (400, 0.06), (600, 0.08), (1200, 5.0)],
+      tie_rates=[(300, 0.53), (400, 0.55), (500, 0.60), (900, 0.7)],
+    ),
+    torch_run=dict(dq_errs=[(300, 0.01), (700, 0.012)], tie_rates=[(300, 0.5), (2000, 0.52)]),
   )
   silent = dict(pair="sdpa-flash ↔ fa2", seed=21, jax_run=dict(dq_errs=[]), torch_run=None)
-  lines = twin._dq_table([logged, silent], 1)
+  lines = twin._mechanism_tables([logged, silent], 1)
   assert lines[-1] == "| paper ↔ paper | 29 | 0.050 / 0.010 | 0.080 / 0.012 | 5.000 / – |"
   assert "| 201–500 | 501–1,000 | 1,001–3,000 |" in lines[-3]
+  assert "dQ error" in lines[-5]
+  ties = lines.index("| paper ↔ paper | 29 | 0.550 / 0.500 | 0.700 / – | – / 0.520 |")
+  assert "tie rate" in lines[ties - 4] and ties < len(lines) - 5
   assert not any("sdpa-flash" in line for line in lines)
-  assert twin._dq_table([silent], 1) == []
+  assert twin._mechanism_tables([silent], 1) == []
 
 
 def test_a_run_that_ends_within_warmup_is_undecided_not_calm():

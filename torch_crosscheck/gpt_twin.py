@@ -32,8 +32,8 @@ stopped after an explosion, non-finite) removes its checkpoint.
 
 Diagnostics (`diagnose`, for the instability experiment's runaway rule): a row every
 --diag-interval steps with "step", "max_logit" [layer][head], "sn_q_full" [layer] and
-"tie_rate" [layer][head] (NaN: the twin does not compute it), the keys `instability.collect`
-reads. The max logit is taken over --diag-rows (sequence, position) rows of the step's batch
+"tie_rate" [layer][head] (the paper layout's, as JAX's; NaN for the other attentions), the
+keys `instability.collect` reads. The max logit is taken over --diag-rows (sequence, position) rows of the step's batch
 drawn with NumPy (seeded by seed and step), or over every position of its first sequence
 (--diag-rows 0). JAX draws its 64 rows with jax.random, which NumPy cannot reproduce, so the
 two sides read the same statistic (the max over 64 uniformly drawn rows) on different rows: a
@@ -100,6 +100,11 @@ reduced-precision reductions switched off): the same rounding points, another su
 The paper layout's GEMMs follow the same mode (`paper_fa2.mm`; runs whose config.json has
 "attention_matmul", from the evening of 2026-12-04); before, they were float32 GEMMs on every
 device (non-tensor-core on CUDA, no TF32).
+Compilation (`--compile`, `resolve_compile`; config.json "compile"): on (the default on CUDA)
+compiles the step, loss and backward, as one torch.compile graph per micro-batch shape;
+attention compiles each layer's attention alone (`GPT.compile_attention`: nothing around it
+fuses into it) and runs the rest eager; off (the default on CPU) is eager. Compiled, Inductor
+keeps every bf16 rounding the casts spell (`setup_precision`).
 LayerNorm is flax's: var = max(0, E[x²] − E[x]²), y = (x − mean)·(rsqrt(var + 1e−5)·scale)
 + bias. GELU is `jax.nn.gelu(approximate=False)` on bf16 as XLA compiles it (jax 0.11.2, CPU
 HLO): forward bf16(bf16(0.5x) · bf16(erfc(−x · bf16(√½)))), the product −x·0.70703125 kept in
@@ -205,6 +210,18 @@ CUDA_ONLY = tuple(
 )
 CPU_ATTENTIONS = tuple(a for a in ATTENTIONS if a not in CUDA_ONLY)
 MATMULS = paper_fa2.MATMULS  # `bf16_matmul`, the paper layout's `paper_fa2.mm`
+
+
+COMPILES = ("on", "off", "attention")  # --compile as resolved (`resolve_compile`)
+
+
+def resolve_compile(compile: str, device: torch.device) -> str:
+  """--compile as a run takes it, one of COMPILES: "auto" is "on" on CUDA, "off" elsewhere.
+  on: the step (loss and its backward) under torch.compile; attention: only each layer's
+  attention, as a graph of its own (`GPT.compile_attention`), the rest eager; off: eager."""
+  if compile != "auto":
+    return compile
+  return "on" if device.type == "cuda" else "off"
 
 
 def resolve_matmul(matmul: str, device: torch.device) -> str:
@@ -618,12 +635,13 @@ class CausalSelfAttention(nn.Module):
     self.c_proj = Linear(cfg.n_embd, cfg.n_embd, cfg.bias, proj_std, generator, matmul)
     self.n_head = cfg.n_head
     self.attention, self.matmul = attention, matmul
+    self.attend = attend  # `GPT.compile_attention` replaces it
 
   def forward(self, x, record=None):  # x [b, t, c] float32
     b, t, c = x.shape
     q, k, v = self.c_attn(x).split(c, dim=-1)  # 3 × [b, t, c] bf16
     q, k, v = (y.reshape(b, t, self.n_head, c // self.n_head) for y in (q, k, v))
-    y = attend(q, k, v, self.attention, causal=True, matmul=self.matmul)  # [b, t, h, d] bf16
+    y = self.attend(q, k, v, self.attention, causal=True, matmul=self.matmul)  # [b, t, h, d] bf16
     if record is not None:  # diagnostics: the attention's inputs and output
       record.append((q, k, v, y))
     return self.c_proj(y.reshape(b, t, c))
@@ -688,6 +706,14 @@ class GPT(nn.Module):
     """
     x = self.ln_f(self.hidden(tokens, record))
     return bf16_matmul(x, self.wte.t(), self.matmul).float()  # tied output embedding
+
+  def compile_attention(self):
+    """Each layer's attention (`attend`) under torch.compile (static shapes), a graph of its own
+    that the same layer's neighbours cannot fuse into, as `attention_dq(compiled=True)`
+    compiles it; the rest of the model stays as it is (--compile attention: eager)."""
+    compiled = torch.compile(attend, dynamic=False)
+    for block in self.h:
+      block.attn.attend = compiled
 
   def hidden(self, tokens, record=None):
     """The residual stream after the last block, [batch, t, n_embd] float32 (`forward`
@@ -759,19 +785,38 @@ def diagnose(model: "GPT", tokens, rows) -> dict:
                               JAX's `_attention_rows`
     sn_q_full [layer]         σ_max of the layer's whole W_Q ([n_embd, n_embd] float32), exact
                               (float64 singular values; JAX: power iteration, one step a call)
-    tie_rate [layer][head]    NaN: not computed by the twin (JAX reads it from its kernel)
+    tie_rate [layer][head]    the paper layout: the share of the batch's rows (every sequence
+                              and position) with at least one key tile on which the
+                              compensation's tie rule fires (`paper_fa2.tied_tiles` on the
+                              layer's query and key, its tiles and tie_tolerance, whether the
+                              compensation is on or not), as JAX reads it from its kernel's
+                              `tied_tiles`; NaN for the other attentions (JAX: NaN for the
+                              reference and cuDNN; its fa2's rate has no SDPA counterpart)
 
   (and the dQ error's fields: `dq_diagnostics`, which the training adds to the row).
 
   tokens: the step's batch [batch, t] int64 on the model's device; only the sequences that
-  `rows` name are run (no logits). Changes nothing in the model (no_grad, no state).
+  `rows` name are run (no logits), the whole batch for the paper layout's tie rate. Changes
+  nothing in the model (no_grad, no state).
   """
   b_idx, t_idx = (np.asarray(r) for r in rows)
   seqs, where = np.unique(b_idx, return_inverse=True)
-  record = []
-  model.hidden(tokens[torch.from_numpy(seqs).to(tokens.device)], record)
   n_layer, n_head, n_embd = model.config.n_layer, model.config.n_head, model.config.n_embd
   scale = 1.0 / math.sqrt(n_embd // n_head)
+  choice, record = model.attention, []
+  if choice.paper:  # the whole batch: the tie rate is over every row
+    model.hidden(tokens, record)
+    picked = torch.from_numpy(seqs).to(tokens.device)
+    tie_rate = []
+    for query, key, *_ in record:
+      q, k = (x.transpose(1, 2) for x in (query, key))  # [b, h, t, d]
+      bq, bk = fit_tile(choice.block_q, q.shape[2]), fit_tile(choice.block_k, k.shape[2])
+      n = paper_fa2.tied_tiles(q, k, scale, True, bq, bk, choice.tie_tolerance, model.matmul)
+      tie_rate.append((n > 0).float().mean(dim=(0, 2)).tolist())
+    record = [(query[picked], key[picked]) for query, key, *_ in record]
+  else:
+    model.hidden(tokens[torch.from_numpy(seqs).to(tokens.device)], record)
+    tie_rate = [[math.nan] * n_head] * n_layer
   max_logit = []
   for query, key, *_ in record:  # [s, t, h, d] bf16
     best = torch.full((n_head,), -math.inf, device=query.device)
@@ -786,7 +831,7 @@ def diagnose(model: "GPT", tokens, rows) -> dict:
     torch.linalg.svdvals(blk.attn.c_attn.kernel[:, :n_embd].detach().double().cpu())[0].item()
     for blk in model.h
   ]
-  return dict(max_logit=max_logit, sn_q_full=sn_q, tie_rate=[[math.nan] * n_head] * n_layer)
+  return dict(max_logit=max_logit, sn_q_full=sn_q, tie_rate=tie_rate)
 
 
 def attention_dq(choice: AttentionChoice, matmul="emulated", compiled=False):
@@ -1254,7 +1299,7 @@ class TwinConfig:
     if device.type == "cuda" and not torch.cuda.is_available():
       raise ValueError(f"device={self.device!r}, but torch {torch.__version__} sees no CUDA device")
     check_attention_device(self.attention_choice(), device)
-    for f, allowed in (("compile", ("auto", "on", "off")), ("matmul", ("auto",) + MATMULS)):
+    for f, allowed in (("compile", ("auto",) + COMPILES), ("matmul", ("auto",) + MATMULS)):
       if getattr(self, f) not in allowed:
         raise ValueError(f"{f}={getattr(self, f)!r} is not one of {', '.join(allowed)}")
     if not self.init:
@@ -1447,7 +1492,7 @@ def _keep_rows(path: pathlib.Path, last_step: int) -> list[dict]:
   return kept
 
 
-def _resolved(device, use_compile, matmul, choice, data_folder, init_sha256) -> dict:
+def _resolved(device, compile, matmul, choice, data_folder, init_sha256) -> dict:
   """What a resumed run must match beside its trajectory fields: the initial parameters by
   content, the data folder as found, and the device, compilation and matmul as resolved, and
   for the paper layout its GEMMs (`attention_matmul`; None for the other attentions: a paper
@@ -1456,7 +1501,7 @@ def _resolved(device, use_compile, matmul, choice, data_folder, init_sha256) -> 
     init=init_sha256,
     data=str(data_folder),
     device=device.type,
-    compile=bool(use_compile),
+    compile=compile,
     matmul=matmul,
     attention_matmul=matmul if choice.paper else None,
   )
@@ -1486,8 +1531,8 @@ def train(cfg: TwinConfig, started: float | None = None) -> dict:
   cfg.validate()
   device = cfg.torch_device()
   matmul = resolve_matmul(cfg.matmul, device)
-  use_compile = cfg.compile == "on" or (cfg.compile == "auto" and device.type == "cuda")
-  setup_precision(device, use_compile, cfg.deterministic)
+  mode = resolve_compile(cfg.compile, device)
+  setup_precision(device, mode != "off", cfg.deterministic)
   if cfg.threads:
     torch.set_num_threads(cfg.threads)
   mcfg, choice = cfg.model_config(), cfg.attention_choice()
@@ -1495,7 +1540,7 @@ def train(cfg: TwinConfig, started: float | None = None) -> dict:
   data = import_data_module().Dataset(cfg.data, mcfg.vocab_size)
   out = pathlib.Path(cfg.out_dir)
   init_sha256 = _sha256(cfg.init)
-  resolved = _resolved(device, use_compile, matmul, choice, data.folder, init_sha256)
+  resolved = _resolved(device, mode, matmul, choice, data.folder, init_sha256)
   checkpoint = read_checkpoint(out, cfg, resolved)  # refused before the model is built
   model = GPT(mcfg, choice, matmul=matmul)
   load_npz(model, cfg.init)
@@ -1532,7 +1577,7 @@ def train(cfg: TwinConfig, started: float | None = None) -> dict:
         framework=f"torch {torch.__version__}",
         matmul=matmul,
         attention_matmul=resolved["attention_matmul"],  # the paper layout's GEMMs
-        compiled=use_compile,
+        compile=mode,
         jax_attention=choice.jax_spec(),
         init_sha256=init_sha256,
       ),
@@ -1544,9 +1589,11 @@ def train(cfg: TwinConfig, started: float | None = None) -> dict:
   def loss_of(x, y):
     return loss_fn(model, x, y)
 
-  compiled = torch.compile(loss_of) if use_compile else loss_of
-  dq_of = attention_dq(choice, matmul, compiled=use_compile)  # diagnostics: dQ as training's
-  eager_of = attention_dq(choice, matmul) if use_compile else None  # and eager, beside it
+  if mode == "attention":
+    model.compile_attention()
+  compiled = torch.compile(loss_of) if mode == "on" else loss_of
+  dq_of = attention_dq(choice, matmul, compiled=mode != "off")  # diagnostics: dQ as training's
+  eager_of = attention_dq(choice, matmul) if mode != "off" else None  # and eager, beside it
 
   def to_device(a):
     return torch.from_numpy(np.asarray(a, np.int64)).to(device, non_blocking=True)
@@ -1711,7 +1758,7 @@ def build_parser():
     seq_len="default: block_size",
     decay_steps="cosine length incl. warmup (0 or none: steps)",
     device="auto, cpu or cuda[:N]",
-    compile="auto (on for CUDA), on, off",
+    compile="auto (on for CUDA), on (the step), off, attention (each layer's attention alone)",
     matmul="auto (bf16 on CUDA, emulated on CPU), bf16, emulated",
     threads="torch CPU threads (0: torch's default; 1 is fastest for tiny models on a small CPU)",
   )

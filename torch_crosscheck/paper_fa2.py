@@ -55,6 +55,39 @@ def mm(a, b, matmul="emulated"):
   return a.float() @ b.float()
 
 
+def scores(qi, kj, scale, causal, rows, j, matmul="emulated"):
+  """S = bf16(bf16(Q_i K_jᵀ)·scale) of query tile qi [..., bq, D] (its rows' positions `rows`)
+  and the key tile kj [..., bk, D] that starts at key j, as float32; causally masked entries
+  −BF16_MAX, as the paper's kernel masks them."""
+  s = rb(rb(mm(qi, kj.transpose(-1, -2), matmul)) * scale)
+  if causal:
+    cols = torch.arange(j, j + kj.shape[-2], device=qi.device)
+    s = s.masked_fill(cols[None, :] > rows[:, None], -torch.finfo(BF).max)
+  return s
+
+
+def tied(s, tile_max, tol):
+  """The compensation's rule per row of a score tile s [..., bq, bk] (Qiu & Yao 2025, Alg. 1):
+  more than one score ≥ bf16(tile max − tol), masked entries (−BF16_MAX) counted, as the paper's
+  kernel counts them (JAX: `policy.tie_count`, paper). bool [..., bq]."""
+  return (s >= rb(tile_max - tol)[..., None]).sum(-1) > 1
+
+
+def tied_tiles(q, k, scale, causal, bq, bk, tol, matmul="emulated"):
+  """Per row, the number of key tiles on which the compensation's rule fires (`tied`), every
+  tile visited as `forward` visits them (a fully masked one is tied at −BF16_MAX): JAX's
+  `AttentionStats.tied_tiles` of the paper layout with the compensation on. q [B,H,Lq,D],
+  k [B,H,Lk,D] bf16 → float32 [B,H,Lq]."""
+  count = torch.zeros(q.shape[:3], device=q.device)
+  for i in range(0, q.shape[2], bq):
+    qi = q[:, :, i : i + bq]
+    rows = torch.arange(i, i + qi.shape[2], device=q.device)
+    for j in range(0, k.shape[2], bk):
+      s = scores(qi, k[:, :, j : j + bk], scale, causal, rows, j, matmul)
+      count[:, :, i : i + bq] += tied(s, s.amax(-1), tol)
+  return count
+
+
 def forward(q, k, v, scale, causal, bq, bk, stabilize, beta, tol, matmul="emulated"):
   """q [B,H,Lq,D], k/v [B,H,Lk,D] bf16 → (O bf16, m, log l), m and log l float32 [B,H,Lq]: the
   row max (bf16 values) and the natural log of the bf16 row sum, kept apart for `backward`
@@ -63,7 +96,6 @@ def forward(q, k, v, scale, causal, bq, bk, stabilize, beta, tol, matmul="emulat
   max to 0, as JAX's paper layout). `matmul`: one of MATMULS (`mm`)."""
   B, H, Lq, D = q.shape
   Lk = k.shape[2]
-  neg = -torch.finfo(BF).max
   out = torch.empty(B, H, Lq, D, dtype=BF, device=q.device)
   m_out = torch.empty(B, H, Lq, dtype=torch.float32, device=q.device)
   log_l = torch.empty(B, H, Lq, dtype=torch.float32, device=q.device)
@@ -75,15 +107,11 @@ def forward(q, k, v, scale, causal, bq, bk, stabilize, beta, tol, matmul="emulat
     o = torch.zeros(qi.shape, device=q.device)
     for j in range(0, Lk, bk):
       kj, vj = k[:, :, j : j + bk], v[:, :, j : j + bk]
-      s = rb(rb(mm(qi, kj.transpose(-1, -2), matmul)) * scale)  # S = bf16(bf16(QKᵀ)·scale)
-      if causal:
-        cols = torch.arange(j, j + kj.shape[2], device=q.device)
-        s = torch.where(cols[None, :] > rows[:, None], torch.tensor(neg, device=q.device), s)
+      s = scores(qi, kj, scale, causal, rows, j, matmul)
       mt = s.amax(-1)  # tile max (bf16 value)
       if stabilize:
-        ties = (s >= rb(mt - tol)[..., None]).sum(-1) > 1
         shifted = torch.where(mt > 0, rb(beta * mt), torch.where(mt < 0, torch.zeros_like(mt), mt))
-        mt = torch.where(ties, shifted, mt)
+        mt = torch.where(tied(s, mt, tol), shifted, mt)
       m_new = torch.maximum(mt, m)
       p = torch.exp(rb(s - m_new[..., None]))  # P̄, float32
       rs = p.sum(-1).clamp_min(1e-10)
@@ -135,8 +163,8 @@ def backward(
         continue
       qi, doi = q[:, :, i : i + bq], d_out[:, :, i : i + bq]
       rows = torch.arange(i, i + qi.shape[2], device=q.device)
-      s = rb(rb(mm(qi, kj.transpose(-1, -2), matmul)) * scale)
-      if causal:
+      s = scores(qi, kj, scale, False, rows, j, matmul)
+      if causal:  # the backward masks with −inf (P = 0 there)
         s = s.masked_fill(cols[None, :] > rows[:, None], -float("inf"))
       p = probs(s, m[:, :, i : i + bq], log_l[:, :, i : i + bq], single_lse)
       dv[:, :, j : j + bk] = rb(

@@ -282,8 +282,8 @@ def _run_row(run_dir: pathlib.Path, warmup_steps: int, layer: int, diag_interval
     for d in diags
     if (heads := [x for x in (d.get("dq_err") or [[]] * (layer + 1))[layer] if x == x])
   ]
-  ties = [
-    statistics.fmean(d["tie_rate"][layer])
+  tie_rates = [  # the watched layer's tie rate, mean over heads (NaN: not counted)
+    (d["step"], statistics.fmean(d["tie_rate"][layer]))
     for d in diags
     if all(math.isfinite(x) for x in d["tie_rate"][layer])
   ]
@@ -310,7 +310,8 @@ def _run_row(run_dir: pathlib.Path, warmup_steps: int, layer: int, diag_interval
     max_logit=max((x for _, x in logits), default=math.nan),
     logits=logits,
     dq_errs=dq_errs,
-    mean_tie_rate=statistics.fmean(ties) if ties else math.nan,
+    tie_rates=tie_rates,
+    mean_tie_rate=statistics.fmean(x for _, x in tie_rates) if tie_rates else math.nan,
     steps_per_s=1.0 / statistics.median(times) if times else math.nan,
     diag_cost=diag_cost,
   )

@@ -1128,6 +1128,7 @@ def _brief(r: dict | None) -> dict | None:
     "final_loss",
     "max_logit",
     "dq_errs",
+    "tie_rates",
     "max_sigma_wq",
     "max_grad_norm",
     "steps_per_s",
@@ -1289,36 +1290,48 @@ def format_report(result: dict, recipe: dict, layer=1) -> str:
         + " | ".join(_g(med.get(lo)) for lo, _ in PROFILE)
         + f" | {_g(c['param_rel_end'])} |"
       )
-  lines += _dq_table(rows, layer)
+  lines += _mechanism_tables(rows, layer)
   lines += ["", "Per (pair, seed):", ""] + [
     f"- {r['pair']}, seed {r['seed']}: {r['statement']}" for r in rows
   ]
   return "\n".join(lines)
 
 
-def _dq_table(rows, layer) -> list[str]:
-  """The mechanism's size on both sides: the watched layer's dQ error (`diagnostics.dq_error`,
-  largest head; the twin's since 2026-12-04, `gpt_twin.dq_diagnostics`), median per window of
-  DQ_WINDOWS, for the (pair, seed) where either side logged it; no lines where none did."""
+def _mechanism_tables(rows, layer) -> list[str]:
+  """The mechanism's size on both sides, median per window of DQ_WINDOWS, JAX / torch, for
+  the (pair, seed) where either side logged it (no lines where none did): the watched layer's
+  tie rate (`_run_row`'s tie_rates, mean over heads: the paper layout's, the twin's since
+  2026-12-05, `gpt_twin.diagnose`) and its dQ error (`diagnostics.dq_error`, largest head; the
+  twin's since 2026-12-04, `gpt_twin.dq_diagnostics`)."""
+  tie = (
+    "tie_rates",
+    f"Layer {layer}'s tie rate (share of rows with a key tile on which the compensation's rule "
+    "fires, mean over heads; the paper layout), median per window of steps, JAX / torch:",
+  )
+  dq = (
+    "dq_errs",
+    f"Layer {layer}'s dQ error (rms of dQ − FP32 attention's dQ, relative to its size, largest "
+    "head; the bias term of Qiu & Yao 2025, §4, grows it), median per window of steps, "
+    "JAX / torch:",
+  )
+  return [line for field, caption in (tie, dq) for line in _window_table(rows, field, caption)]
+
+
+def _window_table(rows, field, caption) -> list[str]:
+  """One statistic of both sides' runs (`_run_row`'s (step, value) list `field`), median per
+  window of DQ_WINDOWS, "JAX / torch" per cell; [] when no run logged it."""
 
   def median(run, lo, hi):
-    xs = [x for step, x in (run or {}).get("dq_errs") or [] if lo <= step <= hi]
+    xs = [x for step, x in (run or {}).get(field) or [] if lo <= step <= hi]
     return statistics.median(xs) if xs else None
 
-  logged = [r for r in rows if any((r[s] or {}).get("dq_errs") for s in ("jax_run", "torch_run"))]
+  logged = [r for r in rows if any((r[s] or {}).get(field) for s in ("jax_run", "torch_run"))]
   if not logged:
     return []
   heads = [f"{lo:,}–{hi:,}" for lo, hi in DQ_WINDOWS]
   size = lambda x: _g(x, ".3f") if x is None or x < 10 else _num(x)  # noqa: E731
-  lines = [
-    "",
-    f"Layer {layer}'s dQ error (rms of dQ − FP32 attention's dQ, relative to its size, largest "
-    "head; the bias term of Qiu & Yao 2025, §4, grows it), median per window of steps, "
-    "JAX / torch:",
-    "",
-    "| pair | seed | " + " | ".join(heads) + " |",
-    "|---|---:|" + "---:|" * len(heads),
-  ]
+  lines = ["", caption, "", "| pair | seed | " + " | ".join(heads) + " |"]
+  lines.append("|---|---:|" + "---:|" * len(heads))
   for r in logged:
     j, t = r["jax_run"], r["torch_run"]
     cells = [f"{size(median(j, lo, hi))} / {size(median(t, lo, hi))}" for lo, hi in DQ_WINDOWS]
