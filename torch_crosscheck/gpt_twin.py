@@ -775,6 +775,9 @@ def diagnostic_rows(seed: int, step: int, batch: int, seq_len: int, n_rows: int,
   return rng.integers(0, batch, n_rows), rng.integers(0, seq_len, n_rows)
 
 
+DIAG_CHUNK = 16  # sequences per forward of the tie rate in `diagnose`
+
+
 @torch.no_grad()
 def diagnose(model: "GPT", tokens, rows) -> dict:
   """The twin's diagnostics row (without step), as `diagnostics.diagnose` names them:
@@ -796,24 +799,30 @@ def diagnose(model: "GPT", tokens, rows) -> dict:
   (and the dQ error's fields: `dq_diagnostics`, which the training adds to the row).
 
   tokens: the step's batch [batch, t] int64 on the model's device; only the sequences that
-  `rows` name are run (no logits), the whole batch for the paper layout's tie rate. Changes
-  nothing in the model (no_grad, no state).
+  `rows` name are run (no logits), the whole batch for the paper layout's tie rate, DIAG_CHUNK
+  sequences at a time (its eager forward's float32 score tiles at anchor-b128: 0.8 GiB each
+  for 128 sequences). Changes nothing in the model (no_grad, no state).
   """
   b_idx, t_idx = (np.asarray(r) for r in rows)
   seqs, where = np.unique(b_idx, return_inverse=True)
   n_layer, n_head, n_embd = model.config.n_layer, model.config.n_head, model.config.n_embd
   scale = 1.0 / math.sqrt(n_embd // n_head)
   choice, record = model.attention, []
-  if choice.paper:  # the whole batch: the tie rate is over every row
-    model.hidden(tokens, record)
-    picked = torch.from_numpy(seqs).to(tokens.device)
-    tie_rate = []
-    for query, key, *_ in record:
-      q, k = (x.transpose(1, 2) for x in (query, key))  # [b, h, t, d]
-      bq, bk = fit_tile(choice.block_q, q.shape[2]), fit_tile(choice.block_k, k.shape[2])
-      n = paper_fa2.tied_tiles(q, k, scale, True, bq, bk, choice.tie_tolerance, model.matmul)
-      tie_rate.append((n > 0).float().mean(dim=(0, 2)).tolist())
-    record = [(query[picked], key[picked]) for query, key, *_ in record]
+  if choice.paper:  # the whole batch, DIAG_CHUNK sequences at a time: the tie rate's rows
+    tied = torch.zeros(n_layer, n_head, device=tokens.device)
+    kept = [[] for _ in range(n_layer)]  # the query and key of the rows' sequences
+    for c in range(0, len(tokens), DIAG_CHUNK):
+      chunk = []
+      model.hidden(tokens[c : c + DIAG_CHUNK], chunk)
+      mine = torch.from_numpy(seqs[(seqs >= c) & (seqs < c + DIAG_CHUNK)] - c).to(tokens.device)
+      for layer, (query, key, *_) in enumerate(chunk):
+        q, k = (x.transpose(1, 2) for x in (query, key))  # [b, h, t, d]
+        bq, bk = fit_tile(choice.block_q, q.shape[2]), fit_tile(choice.block_k, k.shape[2])
+        n = paper_fa2.tied_tiles(q, k, scale, True, bq, bk, choice.tie_tolerance, model.matmul)
+        tied[layer] += (n > 0).float().sum(dim=(0, 2))
+        kept[layer].append((query[mine], key[mine]))
+    tie_rate = (tied / (tokens.shape[0] * tokens.shape[1])).tolist()
+    record = [tuple(torch.cat(x) for x in zip(*pairs)) for pairs in kept]
   else:
     model.hidden(tokens[torch.from_numpy(seqs).to(tokens.device)], record)
     tie_rate = [[math.nan] * n_head] * n_layer
