@@ -20,7 +20,7 @@
 # RUNS folder: a JAX run's out_dir is part of its configuration) are unpacked first, so their
 # finished runs are skipped. JAX_PREVIOUS=PACKS (the instability experiment's packs,
 # experiments/results/h200-*-b128/runs*.jsonl.xz, spaces or commas between them) runs the torch
-# side only, on GPU 0: each item's JAX runs are taken from the packs (`crosscheck-train
+# side only (one GPU: on GPU 0; several: dealt out, below): each item's JAX runs are taken from the packs (`crosscheck-train
 # --jax-runs`; an item whose runs are not there, unfinished or made with other settings fails in
 # one line and the queue goes on), and its default QUEUE is the pairs those packs hold at
 # anchor-b128 (below); on a machine of several GPUs the items are dealt out to them in turn
@@ -28,7 +28,7 @@
 # (e.g. "--compile off"). TORCH_ARGS=check runs experiments/15_twin_paper_bits.py
 # (anchor-b128's shape) on the queue's paper layouts beside the first runs (on the last GPU;
 # a few minutes, at most 480 s; once per machine: a later start reuses its paper-bits.md, which
-# comes back) and trains the items of paper layouts that start after its verdict with
+# comes back, and applies its verdict from the first item on) and trains the items of paper layouts that start after its verdict with
 # --compile off if it finds that compiling loses bits eager keeps, compiled otherwise (also
 # when the check fails or times out); an item that starts before the verdict trains compiled
 # (and, cut, does not resume under --compile off: its checkpoint is of a compiled run). The
@@ -121,7 +121,7 @@ check_compile() {  # TORCH_ARGS=check → $R/paper-args, "" or "--compile off" b
   if grep -q '^verdict:.*--compile off$' $R/paper-bits.md; then args="--compile off"; fi
   echo "paper bits (exit status $rc): $(grep '^verdict:' $R/paper-bits.md || echo 'no verdict')"
   echo "the paper layouts' TORCH_ARGS from now on: \"$args\""
-  echo -n "$args" > $R/paper-args
+  echo -n "$args" > $R/paper-args.tmp && mv $R/paper-args.tmp $R/paper-args
 }
 
 queues() {
@@ -129,7 +129,9 @@ queues() {
   nvidia-smi -L
   local ngpu; ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
   local check_pid=""
-  if [[ ${TORCH_ARGS:-} == check ]]; then  # beside the first runs, on the last GPU
+  if [[ ${TORCH_ARGS:-} == check ]] && grep -q '^verdict:' $R/paper-bits.md 2>/dev/null; then
+    check_compile > $R/queue-check.log 2>&1  # this machine's verdict, before any item
+  elif [[ ${TORCH_ARGS:-} == check ]]; then  # beside the first runs, on the last GPU
     CUDA_VISIBLE_DEVICES=$(( ngpu > 1 ? ngpu - 1 : 0 )) check_compile > $R/queue-check.log 2>&1 &
     check_pid=$!
   fi

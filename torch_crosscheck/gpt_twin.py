@@ -33,8 +33,10 @@ stopped after an explosion, non-finite) removes its checkpoint.
 Diagnostics (`diagnose`, for the instability experiment's runaway rule): a row every
 --diag-interval steps with "step", "max_logit" [layer][head], "sn_q_full" [layer] and
 "tie_rate" [layer][head] (the paper layout's, as JAX's; NaN for the other attentions), the
-keys `instability.collect` reads. The max logit is taken over --diag-rows (sequence, position) rows of the step's batch
-drawn with NumPy (seeded by seed and step), or over every position of its first sequence
+keys `instability.collect` reads. The diagnostics run the model eager whatever --compile says
+(only the dQ of `dq_diagnostics` comes from the training's attention as it compiles it). The
+max logit is taken over --diag-rows (sequence, position) rows of the step's batch drawn with
+NumPy (seeded by seed and step), or over every position of its first sequence
 (--diag-rows 0). JAX draws its 64 rows with jax.random, which NumPy cannot reproduce, so the
 two sides read the same statistic (the max over 64 uniformly drawn rows) on different rows: a
 max logit differs between them by the spread of that max over draws (tiny model, 16 rows, a
@@ -801,8 +803,14 @@ def diagnose(model: "GPT", tokens, rows) -> dict:
   tokens: the step's batch [batch, t] int64 on the model's device; only the sequences that
   `rows` name are run (no logits), the whole batch for the paper layout's tie rate, DIAG_CHUNK
   sequences at a time (its eager forward's float32 score tiles at anchor-b128: 0.8 GiB each
-  for 128 sequences). Changes nothing in the model (no_grad, no state).
+  for 128 sequences). Runs the model eager whatever --compile says. Changes nothing in the
+  model (no_grad, no state).
   """
+  with torch.compiler.set_stance("force_eager"):  # eager in every --compile mode
+    return _diagnose(model, tokens, rows)
+
+
+def _diagnose(model: "GPT", tokens, rows) -> dict:
   b_idx, t_idx = (np.asarray(r) for r in rows)
   seqs, where = np.unique(b_idx, return_inverse=True)
   n_layer, n_head, n_embd = model.config.n_layer, model.config.n_head, model.config.n_embd
@@ -887,11 +895,12 @@ def dq_diagnostics(model: "GPT", tokens, targets, rows, batch, dq_of, eager_of=N
   [seq, seq, heads, head_dim] here: 3 GiB each at anchor-b128); batch: the micro-batch's
   sequences, the loss's count (`loss_fn`'s), so that each token's gradient, and so each
   layer's dO, is the micro-batch's mean loss's bit for bit, as JAX takes it; dq_of:
-  `attention_dq`, dQ from (q, k, v, dO); eager_of: the same, eager (or None). The forward runs
-  eager; its gradients touch no parameter's .grad.
+  `attention_dq`, dQ from (q, k, v, dO); eager_of: the same, eager (or None). The model's
+  forward and backward run eager (`torch.compiler.set_stance("force_eager")`: also under
+  --compile attention); its gradients touch no parameter's .grad.
   """
   record = []
-  with torch.enable_grad():
+  with torch.enable_grad(), torch.compiler.set_stance("force_eager"):
     loss = loss_fn(model, tokens, targets, record, count=batch * tokens.shape[1])
     d_outs = torch.autograd.grad(loss, [y for *_, y in record])  # each layer's dO, bf16
   scale = 1.0 / math.sqrt(record[0][0].shape[-1])
@@ -1442,6 +1451,8 @@ def read_checkpoint(out: pathlib.Path, cfg: TwinConfig, resolved: dict) -> dict 
   free = set(RESUME_FREE)
   if old.get("decay_steps") is not None and new["decay_steps"] is not None:
     free.add("steps")  # a longer or shorter run of the same schedule
+  if isinstance(done.get("compile"), bool):  # a checkpoint from before --compile attention
+    done = dict(done, compile="on" if done["compile"] else "off")
   for key, was, now in (
     *((k, old.get(k), v) for k, v in new.items() if k not in free),
     *((f"{k} (resolved)", done.get(k), v) for k, v in resolved.items()),

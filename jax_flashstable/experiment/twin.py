@@ -1306,7 +1306,8 @@ def _mechanism_tables(rows, layer) -> list[str]:
   tie = (
     "tie_rates",
     f"Layer {layer}'s tie rate (share of rows with a key tile on which the compensation's rule "
-    "fires, mean over heads; the paper layout), median per window of steps, JAX / torch:",
+    "fires, mean over heads; the twin counts it for the paper layouts only, JAX for fa2 too), "
+    "median per window of steps, JAX / torch:",
   )
   dq = (
     "dq_errs",
