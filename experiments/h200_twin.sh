@@ -20,19 +20,20 @@
 # RUNS folder: a JAX run's out_dir is part of its configuration) are unpacked first, so their
 # finished runs are skipped. JAX_PREVIOUS=PACKS (the instability experiment's packs,
 # experiments/results/h200-*-b128/runs*.jsonl.xz, spaces or commas between them) runs the torch
-# side only (one GPU: on GPU 0; several: dealt out, below): each item's JAX runs are taken from the packs (`crosscheck-train
-# --jax-runs`; an item whose runs are not there, unfinished or made with other settings fails in
-# one line and the queue goes on), and its default QUEUE is the pairs those packs hold at
-# anchor-b128 (below); on a machine of several GPUs the items are dealt out to them in turn
-# (item i to GPU i mod n), one twin run per GPU at a time. TORCH_ARGS go to every twin run
-# (e.g. "--compile off"). TORCH_ARGS=check runs experiments/15_twin_paper_bits.py
-# (anchor-b128's shape) on the queue's paper layouts beside the first runs (on the last GPU;
-# a few minutes, at most 480 s; once per machine: a later start reuses its paper-bits.md, which
-# comes back, and applies its verdict from the first item on) and trains the items of paper layouts that start after its verdict with
-# --compile off if it finds that compiling loses bits eager keeps, compiled otherwise (also
-# when the check fails or times out); an item that starts before the verdict trains compiled
-# (and, cut, does not resume under --compile off: its checkpoint is of a compiled run). The
-# other items get no TORCH_ARGS; the verdict goes to queues.log. What
+# side only (one GPU: on GPU 0; several: dealt out, below): each item's JAX runs are taken
+# from the packs (`crosscheck-train --jax-runs`; an item whose runs are not there, unfinished
+# or made with other settings fails in one line and the queue goes on), and its default QUEUE
+# is the pairs those packs hold at anchor-b128 (below); on a machine of several GPUs the items
+# are dealt out to them in turn (item i to GPU i mod n), one twin run per GPU at a time.
+# TORCH_ARGS go to every twin run (e.g. "--compile off"). TORCH_ARGS=check runs
+# experiments/15_twin_paper_bits.py (anchor-b128's shape) on the queue's paper layouts beside
+# the first runs (on the last GPU; a few minutes, at most 480 s; once per machine: a later
+# start reuses its paper-bits.md, which comes back, and applies its verdict from the first item
+# on) and trains the items of paper layouts that start after its verdict with --compile off if
+# it finds that compiling loses bits eager keeps, compiled otherwise (also when the check fails
+# or times out); an item that starts before the verdict trains compiled (and, cut, does not
+# resume under --compile off: its checkpoint is of a compiled run). The other items get no
+# TORCH_ARGS; the verdict goes to queues.log. What
 # comes back under $OUT (at most 8 files): per folder its runs packed (twin-NAME.jsonl.xz, no
 # checkpoints; `crosscheck-train --runs FILE` reports them), report-NAME.md, twin-NAME.png,
 # and the queue logs (queues.log).
@@ -53,10 +54,10 @@
 # pair on the JAX side, two or three more finish the queue (PREVIOUS=the packs of the last).
 # The twin's speed (torch.compile, bf16 cuBLAS) is unmeasured: each run prints its steps/s, and
 # a slower twin only makes the torch queue lag (the report pairs whatever both sides finished).
-# With JAX_PREVIOUS (one H200 is enough; on nvidia-h200-x2 two twin runs go at once) the default QUEUE is
-# the anchor-b128 runs the packs hold with today's settings: paper 29, 30, 31 (JAX exploded at
-# steps 1,452, 2,935, 1,306), paper+comp 27, 28, fa2 21, 24 (sdpa-flash) and cudnn 24
-# (sdpa-cudnn); paper 24–28 and paper+comp 24–26 of 2026-11-30 are refused (stored before the
+# With JAX_PREVIOUS (one H200 is enough; on nvidia-h200-x2 two twin runs go at once) the
+# default QUEUE is the anchor-b128 runs the packs hold with today's settings: paper 29, 30,
+# 31 (JAX exploded at steps 1,452, 2,935, 1,306), paper+comp 27, 28, fa2 21, 24 (sdpa-flash)
+# and cudnn 24 (sdpa-cudnn); paper 24–28 and paper+comp 24–26 of 2026-11-30 are refused (stored before the
 # experiment named its backend, with the backward of before 2026-12-01;
 # docs/studies/training-twin.md):
 #   JAX_PREVIOUS="experiments/results/h200-2026-11-30-b128/runs.jsonl.xz

@@ -781,6 +781,7 @@ DIAG_CHUNK = 16  # sequences per forward of the tie rate in `diagnose`
 
 
 @torch.no_grad()
+@torch.compiler.set_stance("force_eager")  # eager in every --compile mode
 def diagnose(model: "GPT", tokens, rows) -> dict:
   """The twin's diagnostics row (without step), as `diagnostics.diagnose` names them:
 
@@ -806,11 +807,6 @@ def diagnose(model: "GPT", tokens, rows) -> dict:
   for 128 sequences). Runs the model eager whatever --compile says. Changes nothing in the
   model (no_grad, no state).
   """
-  with torch.compiler.set_stance("force_eager"):  # eager in every --compile mode
-    return _diagnose(model, tokens, rows)
-
-
-def _diagnose(model: "GPT", tokens, rows) -> dict:
   b_idx, t_idx = (np.asarray(r) for r in rows)
   seqs, where = np.unique(b_idx, return_inverse=True)
   n_layer, n_head, n_embd = model.config.n_layer, model.config.n_head, model.config.n_embd

@@ -55,14 +55,14 @@ def mm(a, b, matmul="emulated"):
   return a.float() @ b.float()
 
 
-def scores(qi, kj, scale, causal, rows, j, matmul="emulated"):
+def scores(qi, kj, scale, causal, rows, j, matmul="emulated", masked=-torch.finfo(BF).max):
   """S = bf16(bf16(Q_i K_jᵀ)·scale) of query tile qi [..., bq, D] (its rows' positions `rows`)
   and the key tile kj [..., bk, D] that starts at key j, as float32; causally masked entries
-  −BF16_MAX, as the paper's kernel masks them."""
+  `masked`: −BF16_MAX as the paper's forward masks them, −inf in the backward (P = 0 there)."""
   s = rb(rb(mm(qi, kj.transpose(-1, -2), matmul)) * scale)
   if causal:
     cols = torch.arange(j, j + kj.shape[-2], device=qi.device)
-    s = s.masked_fill(cols[None, :] > rows[:, None], -torch.finfo(BF).max)
+    s = s.masked_fill(cols[None, :] > rows[:, None], masked)
   return s
 
 
@@ -157,15 +157,12 @@ def backward(
   dv = torch.zeros(v.shape, device=q.device)
   for j in range(0, Lk, bk):
     kj, vj = k[:, :, j : j + bk], v[:, :, j : j + bk]
-    cols = torch.arange(j, j + kj.shape[2], device=q.device)
     for i in range(0, Lq, bq):
       if causal and j > i + bq - 1:  # every key of tile j after every query of tile i
         continue
       qi, doi = q[:, :, i : i + bq], d_out[:, :, i : i + bq]
       rows = torch.arange(i, i + qi.shape[2], device=q.device)
-      s = scores(qi, kj, scale, False, rows, j, matmul)
-      if causal:  # the backward masks with −inf (P = 0 there)
-        s = s.masked_fill(cols[None, :] > rows[:, None], -float("inf"))
+      s = scores(qi, kj, scale, causal, rows, j, matmul, masked=-float("inf"))
       p = probs(s, m[:, :, i : i + bq], log_l[:, :, i : i + bq], single_lse)
       dv[:, :, j : j + bk] = rb(
         dv[:, :, j : j + bk] + rb(mm(p.to(BF).transpose(-1, -2), doi, matmul))
