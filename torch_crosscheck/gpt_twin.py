@@ -534,6 +534,14 @@ def attend(
   return out.transpose(1, 2)
 
 
+@functools.cache
+def compiled_attend():
+  """`attend` under torch.compile (static shapes): one compiled function, so one cache of
+  graphs, for training's --compile attention (`GPT.compile_attention`) and the dQ diagnostics'
+  `attention_dq(compiled=True)`."""
+  return torch.compile(attend, dynamic=False)
+
+
 # The reference's backward recomputes S and P from q, k, v (torch.utils.checkpoint) instead of
 # keeping P (module docstring); False keeps them (the same gradients bit for bit, a test checks).
 RECOMPUTE_REFERENCE = True
@@ -713,9 +721,8 @@ class GPT(nn.Module):
     """Each layer's attention (`attend`) under torch.compile (static shapes), a graph of its own
     that the same layer's neighbours cannot fuse into, as `attention_dq(compiled=True)`
     compiles it; the rest of the model stays as it is (--compile attention: eager)."""
-    compiled = torch.compile(attend, dynamic=False)
     for block in self.h:
-      block.attn.attend = compiled
+      block.attn.attend = compiled_attend()
 
   def hidden(self, tokens, record=None):
     """The residual stream after the last block, [batch, t, n_embd] float32 (`forward`
@@ -802,34 +809,35 @@ def diagnose(model: "GPT", tokens, rows) -> dict:
   (and the dQ error's fields: `dq_diagnostics`, which the training adds to the row).
 
   tokens: the step's batch [batch, t] int64 on the model's device; only the sequences that
-  `rows` name are run (no logits), the whole batch for the paper layout's tie rate, DIAG_CHUNK
-  sequences at a time (its eager forward's float32 score tiles at anchor-b128: 0.8 GiB each
-  for 128 sequences). Runs the model eager whatever --compile says. Changes nothing in the
+  `rows` name are run (no logits), the whole batch for the paper layout's tie rate; DIAG_CHUNK
+  sequences at a time (the paper's eager forward's float32 score tiles at anchor-b128: 0.8 GiB
+  each for 128 sequences). Runs the model eager whatever --compile says. Changes nothing in the
   model (no_grad, no state).
   """
   b_idx, t_idx = (np.asarray(r) for r in rows)
   seqs, where = np.unique(b_idx, return_inverse=True)
   n_layer, n_head, n_embd = model.config.n_layer, model.config.n_head, model.config.n_embd
   scale = 1.0 / math.sqrt(n_embd // n_head)
-  choice, record = model.attention, []
-  if choice.paper:  # the whole batch, DIAG_CHUNK sequences at a time: the tie rate's rows
-    tied = torch.zeros(n_layer, n_head, device=tokens.device)
-    kept = [[] for _ in range(n_layer)]  # the query and key of the rows' sequences
-    for c in range(0, len(tokens), DIAG_CHUNK):
-      chunk = []
-      model.hidden(tokens[c : c + DIAG_CHUNK], chunk)
-      mine = torch.from_numpy(seqs[(seqs >= c) & (seqs < c + DIAG_CHUNK)] - c).to(tokens.device)
-      for layer, (query, key, *_) in enumerate(chunk):
+  choice = model.attention
+  # the sequences run: the whole batch for the tie rate's rows (paper), else the rows' own;
+  # DIAG_CHUNK at a time, each layer's query and key kept for the rows' sequences
+  run = np.arange(len(tokens)) if choice.paper else seqs
+  tied = torch.zeros(n_layer, n_head, device=tokens.device)
+  kept = [[] for _ in range(n_layer)]
+  for c in range(0, len(run), DIAG_CHUNK):
+    chunk, part = [], run[c : c + DIAG_CHUNK]
+    model.hidden(tokens[torch.from_numpy(part).to(tokens.device)], chunk)
+    mine = torch.from_numpy(np.flatnonzero(np.isin(part, seqs))).to(tokens.device)
+    for layer, (query, key, *_) in enumerate(chunk):
+      kept[layer].append((query[mine], key[mine]))
+      if choice.paper:
         q, k = (x.transpose(1, 2) for x in (query, key))  # [b, h, t, d]
         bq, bk = fit_tile(choice.block_q, q.shape[2]), fit_tile(choice.block_k, k.shape[2])
         n = paper_fa2.tied_tiles(q, k, scale, True, bq, bk, choice.tie_tolerance, model.matmul)
         tied[layer] += (n > 0).float().sum(dim=(0, 2))
-        kept[layer].append((query[mine], key[mine]))
-    tie_rate = (tied / (tokens.shape[0] * tokens.shape[1])).tolist()
-    record = [tuple(torch.cat(x) for x in zip(*pairs)) for pairs in kept]
-  else:
-    model.hidden(tokens[torch.from_numpy(seqs).to(tokens.device)], record)
-    tie_rate = [[math.nan] * n_head] * n_layer
+  record = [tuple(torch.cat(x) for x in zip(*pairs)) for pairs in kept]  # in the order of seqs
+  nan = [[math.nan] * n_head] * n_layer
+  tie_rate = (tied / (tokens.shape[0] * tokens.shape[1])).tolist() if choice.paper else nan
   max_logit = []
   for query, key, *_ in record:  # [s, t, h, d] bf16
     best = torch.full((n_head,), -math.inf, device=query.device)
@@ -849,18 +857,19 @@ def diagnose(model: "GPT", tokens, rows) -> dict:
 
 def attention_dq(choice: AttentionChoice, matmul="emulated", compiled=False):
   """f(query, key, value, d_out) → dQ of `attend` (its own backward, as training runs it),
-  tensors [batch, seq, heads, head_dim] bf16, causal; compiled: `attend` under torch.compile
-  (static shapes) with `emulate_precision_casts` (`setup_precision`), as the training step
-  compiles it — if nothing compiled `attend` at the same shapes and choice before in the
-  process: dynamo reuses compiled code whatever that setting (training sets it first, for the
-  whole process). The dQ `dq_diagnostics` measures (JAX: `diagnostics.dq_rows`' vjp of
+  tensors [batch, seq, heads, head_dim] bf16, causal; compiled: `compiled_attend` (the graphs
+  of --compile attention's training, at their shapes) with `emulate_precision_casts`
+  (`setup_precision`), as the training step compiles it — if no graph of the same shapes and
+  choice was compiled before in the process without it: dynamo reuses compiled code whatever
+  that setting (training sets it first, for the whole process). The dQ `dq_diagnostics` measures (JAX: `diagnostics.dq_rows`' vjp of
   `attend`)."""
-  forward = functools.partial(attend, choice=choice, causal=True, matmul=matmul)
+  forward = functools.partial(
+    compiled_attend() if compiled else attend, choice=choice, causal=True, matmul=matmul
+  )
   casts = contextlib.nullcontext
   if compiled:
     import torch._inductor.config as inductor_config
 
-    forward = torch.compile(forward, dynamic=False)
     casts = functools.partial(inductor_config.patch, emulate_precision_casts=True)
 
   def dq(query, key, value, d_out):
@@ -935,12 +944,18 @@ def exact_dq_rows(q, k, v, d_out, rows, softmax_scale):
   return softmax_scale * torch.einsum("rhk,rkhd->rhd", ds, kr - k_mean[:, None])
 
 
+def rms_row_norm(x):
+  """The root mean square over rows of x [R, heads, head_dim]'s row norms, per head [h]: the
+  exact dQ's size, which `dq_error` and `dq_error_along` divide by (`diagnostics.rms_row_norm`)."""
+  return x.pow(2).sum(-1).mean(0).sqrt()
+
+
 def dq_error(formed, exact):
   """`diagnostics.dq_error`: per head, from dQ rows [R, heads, head_dim], (the error's rms row
   norm relative to the exact dQ's, the share of its squared norm along its leading direction);
   NaN where a head's exact dQ or error is 0, and the share NaN where the error is not finite."""
   err = (formed - exact).transpose(0, 1)  # [h, R, d]
-  size = exact.pow(2).sum(-1).mean(0).sqrt()  # [h]
+  size = rms_row_norm(exact)  # [h]
   energy = err.pow(2).sum((1, 2))
   finite = torch.isfinite(err).flatten(1).all(1)
   top = torch.linalg.svdvals(torch.where(finite[:, None, None], err, 0.0).cpu())[:, 0] ** 2
@@ -977,7 +992,7 @@ def dq_error_along(formed, exact, direction):
   err = formed - exact
   along = (err * u).sum(-1)
   along = torch.where(torch.isfinite(err).all(-1), along, math.inf)  # [R, h]
-  size = exact.pow(2).sum(-1).mean(0).sqrt()
+  size = rms_row_norm(exact)
   rms = along.pow(2).mean(0).sqrt()
   return torch.where(size > 0, rms / size, math.nan)
 

@@ -98,6 +98,12 @@ def dq_rows(config, q, k, v, d_o, rows, softmax_scale, rng_key=None):
   return dq, exact
 
 
+def rms_row_norm(x):
+  """The root mean square over rows of x [R, heads, head_dim]'s row norms, per head [h]: the
+  exact dQ's size, which `dq_error` and `dq_error_along` divide by."""
+  return jnp.sqrt(jnp.mean(jnp.sum(x**2, -1), axis=0))
+
+
 def dq_error(formed, exact):
   """Per head, from dQ rows [R, heads, head_dim]: (the error's root mean square row norm
   relative to the exact dQ's, the share of the error's squared norm along its one leading
@@ -107,7 +113,7 @@ def dq_error(formed, exact):
   over the head_dim directions (a share near 1/head_dim for many rows). NaN where a head's
   exact dQ or error is 0."""
   err = jnp.swapaxes(formed - exact, 0, 1)  # [h, R, d]
-  size = jnp.sqrt(jnp.mean(jnp.sum(exact**2, -1), axis=0))  # [h]
+  size = rms_row_norm(exact)  # [h]
   energy = jnp.sum(err**2, axis=(1, 2))
   top = jnp.linalg.svd(err, compute_uv=False)[:, 0] ** 2
   rms = jnp.sqrt(energy / err.shape[1])
@@ -163,7 +169,7 @@ def dq_error_along(formed, exact, direction):
   unit = jnp.where(_norm(across) > 1e-4 * _norm(direction), _unit(across), 0.0)
   err = formed - exact
   along = jnp.where(jnp.all(jnp.isfinite(err), -1), jnp.sum(err * unit, -1), jnp.inf)  # [R, h]
-  size = jnp.sqrt(jnp.mean(jnp.sum(exact**2, -1), axis=0))  # [h]
+  size = rms_row_norm(exact)  # [h]
   rms = jnp.sqrt(jnp.mean(along**2, axis=0))
   return jnp.where(size > 0, rms / size, jnp.nan)
 
