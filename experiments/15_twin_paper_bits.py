@@ -1,12 +1,16 @@
 """Issue 18: is the PyTorch twin's paper layout, compiled as its training compiles it
 (torch.compile with `gpt_twin.setup_precision(compiled=True)`, on the GPU), still JAX's paper
 layout bit for bit? Eager on the CPU the two agree on 100% of the bits of O, dQ, dK and dV
-(tests/test_torch_twin.py::test_attention_matches_jax_layouts). Inductor's fused kernels drop
-x.to(bf16).float() rounding points unless `emulate_precision_casts` is set, which the twin sets.
-This runs the twin's `attend` eager, compiled (a fresh static graph per input), each with both
-of the twin's GEMMs (torch's bf16 GEMM, what CUDA training takes, and float32 GEMMs of the
-bf16 operands, CPU training's), and compiled without the setting (the control: the check must
-be able to fail), and JAX's `attend` with the
+(tests/test_torch_twin.py::test_attention_matches_jax_layouts). A compiler may drop a
+rounding spelled as a convert pair x.to(bf16).float(): Inductor's fused kernels unless
+`emulate_precision_casts` is set, and torch 2.11's joint-graph pass `pointless_convert`
+whatever that setting (the GPU image's torch; 2.13 keeps them), so since 2026-12-05 the twin
+rounds on the bits (`common.round_bf16`). This runs the twin's `attend` eager and compiled (a
+fresh static graph per input), each with both of the twin's GEMMs (torch's bf16 GEMM, what
+CUDA training takes, and float32 GEMMs of the bf16 operands, CPU training's), compiled under a
+pass that drops every convert pair (`common.drop_convert_pairs`, torch 2.11's rewrite on any
+version), and the control: the same with the roundings spelled as convert pairs (the check
+must be able to fail), and JAX's `attend` with the
 twin's JAX spec, at the training's shape and tiles (anchor-b128: seq 1024, 6 heads, head_dim 64,
 tiles 512, causal) on inputs with many tied scores (entries on a grid of 1/8, keys in equal
 pairs: the compensation fires), and on the mechanism's common-keys input
@@ -18,8 +22,9 @@ across the attention's edges this does not see.
     PYTHONPATH=. python3 experiments/15_twin_paper_bits.py [--kinds paper,paper+comp] [--seq 1024]
 
 On a CPU, 2026-12-04 (torch 2.13, `--seq 128 --tiles 64`, ~2 min):
-experiments/results/cpu-2026-12-04-twin-paper-bits/. On the GPU the twin's interpreter is this
-one (the image has torch beside JAX).
+experiments/results/cpu-2026-12-04-twin-paper-bits/; 2026-12-05 with torch 2.11 (the GPU
+image's; FLASHSTABLE_TORCH_PYTHON names its interpreter): cpu-2026-12-05-twin-torch211/. On
+the GPU the twin's interpreter is this one (the image has torch beside JAX).
 """
 
 from __future__ import annotations
@@ -47,21 +52,25 @@ from pallas_kernels.policy import check_tile  # noqa: E402
 
 # the torch side: argv = folder, torch_crosscheck, kinds (JSON), tiles; in.npz holds CASE/q, k, v,
 # d (bf16 bits, [b, s, h, d]) and CASE/causal; out.npz gets "CASE/KIND/MODE/i" (out, dQ, dK, dV),
-# MODE "HOW/MATMUL" (HOW: eager, compiled, compiled-raw; the control only at the GEMM training
-# takes on this device)
+# MODE "HOW/MATMUL" (HOW: eager, compiled, compiled-dropping, compiled-pairs; the last two only at
+# the GEMM training takes on this device)
 TORCH_SIDE = """
 import json, sys
 import numpy as np, torch
 import torch._inductor.config as inductor_config
 sys.path.insert(0, sys.argv[2])
 import gpt_twin as T
+import common, paper_fa2
 device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 T.setup_precision(device, compiled=True)  # as `gpt_twin train` on CUDA (emulate_precision_casts)
 training = T.resolve_matmul("auto", device)  # the GEMM `gpt_twin train` takes here
 d = np.load(sys.argv[1] + "/in.npz")
 to = lambda a: torch.from_numpy(a.astype(np.int16)).view(torch.bfloat16).to(device)
 tiles, result = int(sys.argv[4]), {}
-modes = [(h, m) for m in T.MATMULS for h in ("eager", "compiled")] + [("compiled-raw", training)]
+modes = [(h, m) for m in T.MATMULS for h in ("eager", "compiled")]
+modes += [("compiled-dropping", training), ("compiled-pairs", training)]
+bits = paper_fa2.rb, paper_fa2.to_bf16
+pairs = lambda x: x.to(torch.bfloat16).float(), lambda x: x.to(torch.bfloat16)
 for case in sorted({n.split("/")[0] for n in d.files}):
   causal = bool(d[case + "/causal"])
   for kind in json.loads(sys.argv[3]):
@@ -72,10 +81,15 @@ for case in sorted({n.split("/")[0] for n in d.files}):
         torch._dynamo.reset()
         f = torch.compile(f, dynamic=False)
       x = [to(d[f"{case}/{n}"]).requires_grad_() for n in "qkv"]
-      # compiled-raw: the control, without the rounding points' emulation
-      with inductor_config.patch(emulate_precision_casts=how != "compiled-raw"):
+      # compiled-dropping: under a pass that drops every convert pair, as torch 2.11's
+      # pointless_convert; compiled-pairs (the control): the same, the paper layout's roundings
+      # spelled as convert pairs (x.to(bf16).float(), as before 2026-12-05)
+      paper_fa2.rb, paper_fa2.to_bf16 = pairs if how == "compiled-pairs" else bits
+      drop = common.drop_convert_pairs if how in ("compiled-dropping", "compiled-pairs") else None
+      with inductor_config.patch(joint_custom_post_pass=drop):
         out = f(*x)
         out.backward(to(d[case + "/d"]))
+      paper_fa2.rb, paper_fa2.to_bf16 = bits
       for i, t in enumerate((out, *(a.grad for a in x))):
         result[f"{case}/{kind}/{how}/{matmul}/{i}"] = t.detach().cpu().view(torch.int16).numpy()
 np.savez(sys.argv[1] + "/out.npz", **result)
@@ -94,8 +108,11 @@ def torch_bits(cases, kinds, tiles, env=None):
   cases {name: ((q, k, v, dO), causal)}. A mode is "HOW/MATMUL": eager or compiled (as
   training compiles) with each of the twin's GEMMs (`gpt_twin.MATMULS`: "bf16", torch's bf16
   GEMM, CUDA training's; "emulated", float32 GEMMs of the bf16 operands, CPU training's), and
-  the control "compiled-raw/MATMUL" (compiled without `emulate_precision_casts`) at the GEMM
-  training takes on that device. info: the torch version, device, "training" (that GEMM) and
+  at the GEMM training takes on that device "compiled-dropping" (compiled under
+  `common.drop_convert_pairs`, which drops every float convert pair as torch 2.11's
+  `pointless_convert` does, on any torch version) and the control "compiled-pairs" (the same,
+  with the paper layout's roundings spelled as convert pairs, as the twin had them before
+  2026-12-05: it must lose bits). info: the torch version, device, "training" (that GEMM) and
   "modes". ValueError with the torch side's last line when it fails."""
   with tempfile.TemporaryDirectory() as tmp:
     arrays = {}
@@ -170,8 +187,9 @@ def main(argv=None):
   print(
     f"\nmode: eager or compiled (as training compiles) / the GEMMs (bf16: torch's bf16 GEMM; "
     f"emulated: float32 GEMMs of the bf16 operands); training on {versions['device']}: "
-    f"compiled/{versions['training']}; compiled-raw: the control, without "
-    "emulate_precision_casts\n"
+    f"compiled/{versions['training']}; compiled-dropping: compiled under a pass that drops "
+    "every convert pair (as torch 2.11's pointless_convert); compiled-pairs: the control, the "
+    "same with the roundings spelled as convert pairs\n"
   )
   print(
     "| input | twin attention | mode | same bits as JAX: O / dQ / dK / dV | dQ channel 0, max (FP64: 0) |"
@@ -195,7 +213,7 @@ def verdict(shares, training, slack=1e-3) -> str:
   takes — compiled/TRAINING within `slack` of eager/TRAINING's share of JAX's bits in every
   tensor of every input and attention — and so whether the twin trains compiled or with
   `--compile off` (experiments/h200_twin.sh, TORCH_ARGS=check, reads it). A check whose
-  control (compiled-raw/TRAINING) kept the bits too cannot tell: compiled, as every twin run
+  control (compiled-pairs/TRAINING) kept the bits too cannot tell: compiled, as every twin run
   before the check. shares: {(input, attention, mode): [share of O, dQ, dK, dV]}."""
 
   def below_eager(how):  # tensors where mode how/TRAINING falls below eager's share
@@ -207,7 +225,7 @@ def verdict(shares, training, slack=1e-3) -> str:
       if x < e - slack
     ]
 
-  if not below_eager("compiled-raw"):
+  if not below_eager("compiled-pairs"):
     return "verdict: the control kept eager's bits too, the check cannot tell: compiled"
   if lost := below_eager("compiled"):
     return f"verdict: compiled/{training} loses bits eager keeps ({', '.join(lost)}): --compile off"

@@ -399,6 +399,68 @@ CLI_ERRORS = [
 ]
 
 
+def test_bf16_rounding_survives_a_compiler_that_drops_convert_pairs(tmp_path):
+  """torch 2.11 (the GPU image's) drops every float32 → bf16 → float32 convert pair under
+  torch.compile, whatever `emulate_precision_casts` says: the twin trained on the H200 before
+  2026-12-05 lost the paper layout's rounding points (experiments/results/
+  cpu-2026-12-05-twin-torch211). `common.round_bf16` rounds on the bits: x.to(bf16).float()'s
+  value bit for bit (ties to even both ways, subnormals, overflow to ±inf, ±0, ±inf, NaN) with
+  its gradient (the identity); and the twin's paper model trains its first steps under a
+  compiler that drops every convert pair (`common.drop_convert_pairs`, torch 2.11's rewrite
+  on this torch; the pairs of a value `round_bf16` made left alone, whose rewrite would only
+  move Inductor's fusions) bit for bit as without it, the step compiled whole (the attention
+  alone under the full pass: tests/test_torch_compile.py). The twin before 2026-12-05 fails it
+  (checked by hand, `paper_fa2.rb` spelled as a pair)."""
+  cfg = TrainConfig(model="tiny", attention=PAPER64, seed=3, batch_size=2)
+  twin.export_init(cfg, tmp_path / "init.npz")
+  stdout = run_torch(
+    """
+    import common
+    import torch._inductor.config as inductor_config
+    f32 = lambda bits: torch.tensor(np.array(bits, np.uint32).view(np.float32))
+    halfway = [0x3F808000, 0x3F818000, 0x3F807FFF, 0x3F808001, 0xBF808000, 0xBF818000]
+    special = [0, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0x7F7FFFFF, 0xFF7FFFFF,
+               0x7F7F8000, 0x00000001, 0x00008000, 0x00018000, 0x007FFFFF, 0x80018000]
+    rng = np.random.default_rng(0)
+    normal = rng.standard_normal(4096) * 10.0 ** rng.integers(-40, 38, 4096)
+    x = torch.cat([f32(halfway + special), torch.tensor(normal, dtype=torch.float32)])
+    want = x.to(torch.bfloat16).float()
+    got = common.round_bf16(x)
+    same = bool(torch.equal(got.view(torch.int32)[~x.isnan()], want.view(torch.int32)[~x.isnan()]))
+    xg = x[x.abs() < 1e37].clone().requires_grad_()
+    common.round_bf16(xg * 2.0).backward(torch.arange(len(xg), dtype=torch.float32))
+    grad = bool(torch.equal(xg.grad, 2.0 * torch.arange(len(xg), dtype=torch.float32)))
+    def dropping(graph):
+      common.drop_convert_pairs(graph, keep_rounded=True)
+    folder, rows = sys.argv[1], {}
+    for drop in (False, True):
+      torch._dynamo.reset()
+      name = "on-drop" if drop else "on"
+      cfg = T.TwinConfig(init=folder + "/init.npz", attention="paper", block_q=64, block_k=64,
+                         n_layer=2, n_head=2, n_embd=64, block_size=128, steps=2, batch_size=2,
+                         seed=3, warmup_steps=1, eval_interval=0, eval_batches=1,
+                         diag_interval=2, diag_rows=8, device="cpu", print_interval=0,
+                         compile="on", out_dir=f"{folder}/{name}")
+      with inductor_config.patch(joint_custom_post_pass=dropping if drop else None):
+        T.train(cfg)
+      read = lambda f: [json.loads(l) for l in open(f"{folder}/{name}/{f}")]
+      rows[name] = dict(metrics=read("metrics.jsonl"), diag=read("diagnostics.jsonl"))
+    print(json.dumps(dict(same=same, nan=bool(got[x.isnan()].isnan().all()), grad=grad,
+                          rows=rows)))
+    """,
+    tmp_path,
+  )
+  got = json.loads(stdout)
+  assert got["same"] and got["nan"] and got["grad"]
+  rows = got["rows"]
+  keys = ("loss", "grad_norm", "param_norm")
+  metrics = {k: [[r[m] for m in keys] for r in v["metrics"]] for k, v in rows.items()}
+  assert len(metrics["on"]) == 2 and metrics["on-drop"] == metrics["on"], metrics
+  for a, o in zip(rows["on-drop"]["diag"], rows["on"]["diag"], strict=True):
+    for k in ("max_logit", "tie_rate", "dq_err", "dq_common"):
+      assert a[k] == o[k], k
+
+
 def test_cli_rejects_bad_input_in_one_line(tmp_path):
   """Each bad option: exit status 2 and one line naming the value, before any output is made
   (argparse's error, as the rest of the repo's command lines)."""
@@ -1522,6 +1584,11 @@ def test_report_of_packed_twin_runs_covers_the_pairs_they_hold(tmp_path, capsys)
   assert "JAX exploded at 2896, torch ran away at 2500: both failed." in text
   assert "JAX calm to 3000, torch ran away at 2200: outcomes differ." in text
   assert "JAX exploded at 1452, torch unfinished at 2127: outcome open." in text
+  # every twin run in these packs was compiled with torch 2.11 and its roundings as convert
+  # pairs (before 2026-12-05): the report says so, and of the paper twin what it lost
+  assert {r["torch_rounding"] for r in report["rows"]} == {"convert pairs, compiled"}
+  assert "torch unfinished at 2127: outcome open. The twin rounded by convert pairs" in text
+  assert text.count("(its paper layout lost most of them).") == 1
   assert "Outcomes the same on both sides: 3 of 7 decided (pair, seed); calm on both " in text
   assert "failed on both (a runaway or an explosion): 5 of 7." in text
   assert report["meta"]["args"]["seeds"] == "21,24,26,27,28,29"  # covered, not --seeds' default

@@ -93,9 +93,11 @@ Precision split (as `gpt2.py`, i.e. BF16 autocast with float32 master weights)
 Parameters, LayerNorm, the residual stream, logits → loss and the optimizer in float32. Every
 Linear is `nnx.Linear(dtype=bfloat16, param_dtype=float32)`: input and kernel rounded to bf16,
 products accumulated in float32, the result rounded once to bf16, a bias added in bf16. The
-logits are bf16(bf16(x) @ bf16(wte)ᵀ) cast to float32. The roundings are written out as casts
-(as `paper_fa2.py` does for autocast), not left to torch.autocast, so that they sit where
-XLA puts them on every device. With `--matmul emulated` (the default on CPU) a bf16 matmul is
+logits are bf16(bf16(x) @ bf16(wte)ᵀ) cast to float32. The roundings are written out (as
+`paper_fa2.py` does for autocast), not left to torch.autocast, so that they sit where XLA puts
+them on every device, and on the bits (`common.round_bf16`, `to_bf16`), not as convert pairs
+x.to(bf16).float(), which torch.compile may drop (torch 2.11, the GPU image's, drops every one:
+experiments/results/cpu-2026-12-05-twin-torch211). With `--matmul emulated` (the default on CPU) a bf16 matmul is
 computed as a float32 matmul of the bf16-rounded operands (exact products, float32 sums), with
 `--matmul bf16` (the default on CUDA) by torch's bf16 GEMM with float32 accumulation (cuBLAS,
 reduced-precision reductions switched off): the same rounding points, another summation order.
@@ -105,8 +107,9 @@ device (non-tensor-core on CUDA, no TF32).
 Compilation (`--compile`, `resolve_compile`; config.json "compile"): on (the default on CUDA)
 compiles the step, loss and backward, as one torch.compile graph per micro-batch shape;
 attention compiles each layer's attention alone (`GPT.compile_attention`: nothing around it
-fuses into it) and runs the rest eager; off (the default on CPU) is eager. Compiled, Inductor
-keeps every bf16 rounding the casts spell (`setup_precision`).
+fuses into it) and runs the rest eager; off (the default on CPU) is eager. Compiled, the
+roundings on the bits stay whatever the compiler does to convert pairs (twin runs before
+2026-12-05 spelled them as convert pairs: compiled with torch 2.11 they lost them).
 LayerNorm is flax's: var = max(0, E[x²] − E[x]²), y = (x − mean)·(rsqrt(var + 1e−5)·scale)
 + bias. GELU is `jax.nn.gelu(approximate=False)` on bf16 as XLA compiles it (jax 0.11.2, CPU
 HLO): forward bf16(bf16(0.5x) · bf16(erfc(−x · bf16(√½)))), the product −x·0.70703125 kept in
@@ -190,6 +193,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 import paper_fa2  # noqa: E402  (the paper layout's forward and backward, torch only)
+from common import round_bf16, to_bf16  # noqa: E402  (bf16 rounding on the bits)
 
 BF = torch.bfloat16
 F32 = np.float32
@@ -417,7 +421,8 @@ def centered_keys(key):
   (the same bits: tests/test_torch_twin.py). For a backward only: c takes every key, later
   ones too."""
   wide = key.float()
-  return (wide - wide.mean(dim=2, keepdim=True)).to(key.dtype)
+  centred = wide - wide.mean(dim=2, keepdim=True)
+  return to_bf16(centred) if key.dtype == BF else centred.to(key.dtype)
 
 
 class _StraightThrough(torch.autograd.Function):
@@ -553,7 +558,7 @@ def reference_attention(q, k, v, softmax_scale, causal):
   if causal:
     keep = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
     s = s.masked_fill(~keep, -math.inf)
-  return (torch.softmax(s, dim=-1) @ v.float()).to(BF)
+  return to_bf16(torch.softmax(s, dim=-1) @ v.float())
 
 
 def bf16_matmul(x, w, mode="emulated"):
@@ -561,10 +566,32 @@ def bf16_matmul(x, w, mode="emulated"):
 
   x [..., n] (any float dtype), w [n, m] float32 → [..., m] bfloat16. mode "emulated": a
   float32 matmul of the rounded operands (their products are exact in float32); "bf16":
-  torch's bf16 GEMM (float32 accumulation). Autograd gives the JAX backward's rounding points:
-  dx = bf16(dy @ bf16(w)ᵀ), dw = bf16(bf16(x)ᵀ @ dy), each cast to float32.
+  torch's bf16 GEMM (float32 accumulation). The JAX backward's rounding points, written out
+  (`_BF16Matmul`): dx = bf16(dy @ bf16(w)ᵀ), dw = bf16(bf16(x)ᵀ @ dy), in x's and w's dtypes.
   """
-  return paper_fa2.mm(x.to(BF), w.to(BF), mode).to(BF)
+  return _BF16Matmul.apply(x, w, mode)
+
+
+class _BF16Matmul(torch.autograd.Function):
+  """`bf16_matmul` with its backward written out, every rounding by `to_bf16` (autograd's own
+  casts would make convert pairs, which torch.compile may drop: `common.round_bf16`)."""
+
+  @staticmethod
+  def forward(ctx, x, w, mode):
+    xb, wb = to_bf16(x), to_bf16(w)
+    ctx.save_for_backward(xb, wb)
+    ctx.mode, ctx.dtypes = mode, (x.dtype, w.dtype)
+    return to_bf16(paper_fa2.mm(xb, wb, mode))
+
+  @staticmethod
+  def backward(ctx, dy):
+    xb, wb = ctx.saved_tensors
+    dy = to_bf16(dy)
+    dx = to_bf16(paper_fa2.mm(dy, wb.t(), ctx.mode))
+    dw = to_bf16(
+      paper_fa2.mm(xb.reshape(-1, xb.shape[-1]).t(), dy.reshape(-1, dy.shape[-1]), ctx.mode)
+    )
+    return dx.to(ctx.dtypes[0]), dw.to(ctx.dtypes[1]), None
 
 
 class Linear(nn.Module):
@@ -578,7 +605,9 @@ class Linear(nn.Module):
 
   def forward(self, x):  # → bf16
     y = bf16_matmul(x, self.kernel, self.matmul)
-    return y + self.bias.to(BF) if self.bias is not None else y  # bf16 add, as nnx
+    if self.bias is None:
+      return y
+    return to_bf16(y.float() + to_bf16(self.bias).float())  # a bf16 add, as nnx's, on the bits
 
 
 class LayerNorm(nn.Module):
@@ -597,11 +626,6 @@ class LayerNorm(nn.Module):
     return y + self.bias if self.bias is not None else y
 
 
-def _rb(x):
-  """Round float32 to bf16 and go on in float32."""
-  return x.to(BF).float()
-
-
 class _Gelu(torch.autograd.Function):
   """`jax.nn.gelu(h, approximate=False)` on bf16 h, 0.5·h·erfc(−h·bf16(√½)), with the rounding
   points XLA gives its forward and its autodiff backward (jax 0.11.2 CPU, read from the
@@ -610,9 +634,9 @@ class _Gelu(torch.autograd.Function):
   @staticmethod
   def forward(ctx, h):
     x = h.float()
-    e = torch.erfc(-x * SQRT_HALF_BF16).to(BF)  # the argument stays float32
+    e = to_bf16(torch.erfc(-x * SQRT_HALF_BF16))  # the argument stays float32
     ctx.save_for_backward(h, e)
-    return (_rb(0.5 * x) * e.float()).to(BF)
+    return to_bf16(round_bf16(0.5 * x) * e.float())
 
   @staticmethod
   def backward(ctx, d_out):
@@ -620,12 +644,13 @@ class _Gelu(torch.autograd.Function):
     x, g = h.float(), d_out.float()
     # JAX's jvp of erfc, d/da erfc(a) = −2/√π·exp(−a²), in bf16 ops: every product rounded,
     # −2/√π rounded to bf16 (−1.125), a = bf16(−h·bf16(√½)).
-    d_e = _rb(_rb(0.5 * x) * g)
-    a = _rb(-x * SQRT_HALF_BF16)
-    d_a = _rb(_rb(d_e * NEG_TWO_OVER_SQRT_PI_BF16) * _rb(torch.exp(-_rb(a * a))))
-    from_e = -_rb(d_a * SQRT_HALF_BF16)
-    from_h = _rb(_rb(g * e.float()) * 0.5)
-    return (from_e + from_h).to(BF)
+    rb = round_bf16
+    d_e = rb(rb(0.5 * x) * g)
+    a = rb(-x * SQRT_HALF_BF16)
+    d_a = rb(rb(d_e * NEG_TWO_OVER_SQRT_PI_BF16) * rb(torch.exp(-rb(a * a))))
+    from_e = -rb(d_a * SQRT_HALF_BF16)
+    from_h = rb(rb(g * e.float()) * 0.5)
+    return to_bf16(from_e + from_h)
 
 
 def gelu(h):
@@ -1357,9 +1382,9 @@ def eval_batches(data, cfg: TwinConfig, seq_len: int):
 
 def setup_precision(device: torch.device, compiled: bool, deterministic=False):
   """float32 matmuls in full float32 (no TF32, as JAX's HIGHEST), bf16 GEMMs without
-  reduced-precision reductions, and, when compiling, Inductor keeping every explicit bf16
-  rounding (`emulate_precision_casts`: without it a fused kernel may drop an x.to(bf16).float()
-  pair, as XLA's excess precision does)."""
+  reduced-precision reductions, and, when compiling, `emulate_precision_casts` (a fused kernel
+  keeps the rounding of torch's own bf16 ops; the twin's explicit roundings are on the bits,
+  `common.round_bf16`, which no compiler setting touches)."""
   torch.set_float32_matmul_precision("highest")
   if device.type == "cuda":
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -1523,11 +1548,17 @@ def _keep_rows(path: pathlib.Path, last_step: int) -> list[dict]:
   return kept
 
 
+# config.json's "rounding": bf16 roundings on the bits (`common.round_bf16`); runs before
+# 2026-12-05 lack the field: convert pairs, which torch 2.11 drops when it compiles
+ROUNDING = "bits"
+
+
 def _resolved(device, compile, matmul, choice, data_folder, init_sha256) -> dict:
   """What a resumed run must match beside its trajectory fields: the initial parameters by
   content, the data folder as found, and the device, compilation and matmul as resolved, and
   for the paper layout its GEMMs (`attention_matmul`; None for the other attentions: a paper
-  checkpoint from before its GEMMs followed --matmul lacks the field and is refused)."""
+  checkpoint from before its GEMMs followed --matmul lacks the field and is refused), and the
+  rounding (`ROUNDING`: a checkpoint of the convert-pair code lacks it and is refused)."""
   return dict(
     init=init_sha256,
     data=str(data_folder),
@@ -1535,6 +1566,7 @@ def _resolved(device, compile, matmul, choice, data_folder, init_sha256) -> dict
     compile=compile,
     matmul=matmul,
     attention_matmul=matmul if choice.paper else None,
+    rounding=ROUNDING,
   )
 
 
@@ -1608,6 +1640,7 @@ def train(cfg: TwinConfig, started: float | None = None) -> dict:
         framework=f"torch {torch.__version__}",
         matmul=matmul,
         attention_matmul=resolved["attention_matmul"],  # the paper layout's GEMMs
+        rounding=ROUNDING,  # how bf16 roundings are made (absent: convert pairs, before 2026-12-05)
         compile=mode,
         jax_attention=choice.jax_spec(),
         init_sha256=init_sha256,

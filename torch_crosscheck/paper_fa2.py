@@ -31,12 +31,10 @@ import sys
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from common import BF, NAMES, make_inputs, shape_parser, write_dump  # noqa: E402
+from common import BF, NAMES, make_inputs, round_bf16, shape_parser, to_bf16, write_dump  # noqa: E402
 
 
-def rb(x):
-  """Round to bf16 and compute on in float32 (what autocast's bf16 buffers do)."""
-  return x.to(BF).float()
+rb = round_bf16  # round to bf16 and compute on in float32 (what autocast's bf16 buffers do)
 
 
 MATMULS = ("bf16", "emulated")  # `mm`'s modes
@@ -115,12 +113,12 @@ def forward(q, k, v, scale, causal, bq, bk, stabilize, beta, tol, matmul="emulat
       m_new = torch.maximum(mt, m)
       p = torch.exp(rb(s - m_new[..., None]))  # P̄, float32
       rs = p.sum(-1).clamp_min(1e-10)
-      pv = rb(mm(p.to(BF), vj, matmul))  # bf16(P̄V)
+      pv = rb(mm(to_bf16(p), vj, matmul))  # bf16(P̄V)
       alpha = torch.exp(rb(m - m_new))
       l = rb(alpha * l + rs)
       o = rb(rb(o * alpha[..., None]) + pv)
       m = m_new
-    out[:, :, i : i + bq] = (o / l[..., None]).to(BF)
+    out[:, :, i : i + bq] = to_bf16(o / l[..., None])
     m_out[:, :, i : i + bq] = m
     log_l[:, :, i : i + bq] = torch.log(l)
   return out, m_out, log_l
@@ -165,13 +163,13 @@ def backward(
       s = scores(qi, kj, scale, causal, rows, j, matmul, masked=-float("inf"))
       p = probs(s, m[:, :, i : i + bq], log_l[:, :, i : i + bq], single_lse)
       dv[:, :, j : j + bk] = rb(
-        dv[:, :, j : j + bk] + rb(mm(p.to(BF).transpose(-1, -2), doi, matmul))
+        dv[:, :, j : j + bk] + rb(mm(to_bf16(p).transpose(-1, -2), doi, matmul))
       )
       dp = rb(mm(doi, vj.transpose(-1, -2), matmul))
       ds = (p * scale) * (dp - delta[:, :, i : i + bq, None])
-      dq[:, :, i : i + bq] = rb(dq[:, :, i : i + bq] + rb(mm(ds.to(BF), kj, matmul)))
+      dq[:, :, i : i + bq] = rb(dq[:, :, i : i + bq] + rb(mm(to_bf16(ds), kj, matmul)))
       dk[:, :, j : j + bk] = rb(
-        dk[:, :, j : j + bk] + rb(mm(ds.to(BF).transpose(-1, -2), qi, matmul))
+        dk[:, :, j : j + bk] + rb(mm(to_bf16(ds).transpose(-1, -2), qi, matmul))
       )
   return dq.to(BF), dk.to(BF), dv.to(BF)
 

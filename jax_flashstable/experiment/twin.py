@@ -1051,6 +1051,22 @@ def outcome(row: dict | None) -> str:
   return "missing" if row is None else instability.outcome(row)
 
 
+def twin_rounding(run_dir) -> str | None:
+  """How a twin run made its bf16 roundings (its config.json): "bits" (`common.round_bf16`,
+  since 2026-12-05), "convert pairs, compiled" (before, under torch.compile: torch 2.11, the
+  GPU image's, drops every float32 → bf16 → float32 pair, so its paper layout lost most of its
+  rounding points: experiments/results/cpu-2026-12-05-twin-torch211), "convert pairs, eager",
+  or None without a config.json."""
+  path = pathlib.Path(run_dir) / "config.json"
+  if not path.exists():
+    return None
+  cfg = json.loads(path.read_text())
+  if cfg.get("rounding") == "bits":
+    return "bits"
+  compiled = cfg.get("compile", "on" if cfg.get("compiled") else "off") != "off"
+  return f"convert pairs, {'compiled' if compiled else 'eager'}"
+
+
 def _side_rows(out: pathlib.Path, side: str, base: TrainConfig, layer: int, reference_max_logit):
   if not (out / side).is_dir():
     return {}, None
@@ -1105,6 +1121,7 @@ def collect(
         torch_outcome=outcome(t),
         twin=compare_losses(jm, tm, tolerance, window) if jm and tm else None,
         null=compare_losses(jm, nm, tolerance, window) if jm and nm else None,
+        torch_rounding=twin_rounding(out / "torch" / pair.torch / f"seed{seed}"),
       )
       row["agreement"] = agreement(row)
       row["envelope"] = within_null_envelope(row["twin"], row["null"])
@@ -1175,7 +1192,14 @@ def statement(row: dict, tolerance=TOLERANCE, window=WINDOW) -> str:
       text += f"; {'within' if inside else 'outside'} the null's envelope to step {last}"
   j = _event(row["jax_run"], row["jax_outcome"])
   t = _event(row["torch_run"], row["torch_outcome"])
-  return f"{text}. JAX {j}, torch {t}: {agreement(row)}."
+  text = f"{text}. JAX {j}, torch {t}: {agreement(row)}."
+  if row.get("torch_rounding") == "convert pairs, compiled":
+    text += (
+      " The twin rounded by convert pairs under torch.compile (before 2026-12-05), which "
+      "torch 2.11 drops: its bf16 rounding points are not all JAX's"
+      + (" (its paper layout lost most of them)." if row["torch"].startswith("paper") else ".")
+    )
+  return text
 
 
 # --- the report ----------------------------------------------------------------------------
