@@ -8,7 +8,7 @@ whatever that setting (the GPU image's torch; 2.13 keeps them), so since 2026-12
 rounds on the bits (`common.round_bf16`). This runs the twin's `attend` eager and compiled (a
 fresh static graph per input), each with both of the twin's GEMMs (torch's bf16 GEMM, what
 CUDA training takes, and float32 GEMMs of the bf16 operands, CPU training's), compiled under a
-pass that drops every convert pair (`common.drop_convert_pairs`, torch 2.11's rewrite on any
+pass that drops convert pairs (`common.drop_convert_pairs`, torch 2.11's rewrite on any
 version), and the control: the same with the roundings spelled as convert pairs (the check
 must be able to fail), and JAX's `attend` with the
 twin's JAX spec, at the training's shape and tiles (anchor-b128: seq 1024, 6 heads, head_dim 64,
@@ -81,7 +81,7 @@ for case in sorted({n.split("/")[0] for n in d.files}):
         torch._dynamo.reset()
         f = torch.compile(f, dynamic=False)
       x = [to(d[f"{case}/{n}"]).requires_grad_() for n in "qkv"]
-      # compiled-dropping: under a pass that drops every convert pair, as torch 2.11's
+      # compiled-dropping: under a pass that drops convert pairs, as torch 2.11's
       # pointless_convert; compiled-pairs (the control): the same, the paper layout's roundings
       # spelled as convert pairs (x.to(bf16).float(), as before 2026-12-05)
       paper_fa2.rb, paper_fa2.to_bf16 = pairs if how == "compiled-pairs" else bits
@@ -109,7 +109,7 @@ def torch_bits(cases, kinds, tiles, env=None):
   training compiles) with each of the twin's GEMMs (`gpt_twin.MATMULS`: "bf16", torch's bf16
   GEMM, CUDA training's; "emulated", float32 GEMMs of the bf16 operands, CPU training's), and
   at the GEMM training takes on that device "compiled-dropping" (compiled under
-  `common.drop_convert_pairs`, which drops every float convert pair as torch 2.11's
+  `common.drop_convert_pairs`, which drops float convert pairs as torch 2.11's
   `pointless_convert` does, on any torch version) and the control "compiled-pairs" (the same,
   with the paper layout's roundings spelled as convert pairs, as the twin had them before
   2026-12-05: it must lose bits). info: the torch version, device, "training" (that GEMM) and
@@ -188,7 +188,7 @@ def main(argv=None):
     f"\nmode: eager or compiled (as training compiles) / the GEMMs (bf16: torch's bf16 GEMM; "
     f"emulated: float32 GEMMs of the bf16 operands); training on {versions['device']}: "
     f"compiled/{versions['training']}; compiled-dropping: compiled under a pass that drops "
-    "every convert pair (as torch 2.11's pointless_convert); compiled-pairs: the control, the "
+    "convert pairs (as torch 2.11's pointless_convert); compiled-pairs: the control, the "
     "same with the roundings spelled as convert pairs\n"
   )
   print(

@@ -3,10 +3,10 @@ kernels' do? Layer 1's max logit (the largest scaled score q·k/√head_dim over
 rows, the largest head; `training.diagnostics`, every 100 steps) of every anchor-b128 run kept
 in git, by family: JAX's paper layout (every `paper*` variant: with and without the
 compensation, centring, delta32, the guards), JAX's kernels with float32 scores (fa2, cudnn,
-xla, reference-fp32, fp32_out, stochastic and their fixes), PyTorch's SDPA twins, and each
-PyTorch paper-layout twin on its own, with how many of JAX's paper-layout runs sit below it at
-each step. Issue 18: the twin's paper 29 of 2026-12-04 stayed calm where every JAX paper run
-climbed.
+xla, reference-fp32, fp32_out, stochastic and their fixes), PyTorch's twins of the other
+attentions (SDPA, reference-fp32), and each PyTorch paper-layout twin on its own, with how
+many of JAX's paper-layout runs sit below it at each step. Issue 18: the twin's paper 29 of
+2026-12-04 stayed calm where every JAX paper run climbed.
 
     PYTHONPATH=. python3 experiments/16_layer1_logit_by_family.py [STEP ...]   # CPU, ~10 s
 
@@ -34,7 +34,7 @@ def layer1_logit(records):
 
 def family(side, variant):
   if side == "torch":
-    return "PyTorch paper layout (twin)" if variant.startswith("paper") else "PyTorch SDPA"
+    return "PyTorch paper layout (twin)" if variant.startswith("paper") else "PyTorch other twins"
   return "JAX paper layout" if variant.startswith("paper") else "JAX float32 scores"
 
 
@@ -56,7 +56,7 @@ def main():
   )
   print("| family | runs | " + " | ".join(f"step {s}" for s in STEPS) + " |")
   print("|---|---:|" + "---|" * len(STEPS))
-  names = ["JAX paper layout", "JAX float32 scores", "PyTorch SDPA"]
+  names = ["JAX paper layout", "JAX float32 scores", "PyTorch other twins"]
   for name in names:
     logits = [d for (side, v, _), d in runs.items() if family(side, v) == name]
     cells = []

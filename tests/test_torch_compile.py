@@ -23,7 +23,7 @@ def test_compiled_twin_attention_keeps_the_paper_layouts_rounding_points():
   `emulate_precision_casts` says — so the twin rounds on the bits (`common.round_bf16`). The
   paper layout eager and compiled, with either of the twin's GEMMs (torch's bf16 GEMM, CUDA
   training's; float32 GEMMs of the bf16 operands, CPU training's), and compiled under a pass
-  that drops every convert pair (`common.drop_convert_pairs`, torch 2.11's rewrite on this
+  that drops convert pairs (`common.drop_convert_pairs`, torch 2.11's rewrite on this
   torch) gives JAX's bits (O, dQ, dK, dV: 100%); the control, the same pass with the roundings
   spelled as convert pairs (the twin before 2026-12-05), does not. One tile (1 × 16 × 1 × 16,
   causal) keeps the compiles short; experiments/15_twin_paper_bits.py runs the same at 1 × 128

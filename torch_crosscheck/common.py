@@ -20,19 +20,33 @@ def round_bf16(x):
   """x rounded to the nearest bfloat16 (ties to even), as float32: x.to(bf16).float()'s value,
   computed on the bits (add 0x7FFF + the lsb, clear the low 16 bits) as JAX's
   `policy.round_bf16`, so that no compiler can drop it. torch.compile drops the convert pair:
-  torch 2.11's joint-graph pass `pointless_convert` rewrites every float32 → bf16 → float32
-  chain to the float32 value, whatever `emulate_precision_casts` says (torch 2.13 keeps it;
-  2026-12-05, experiments/results/cpu-2026-12-05-twin-torch211). Exact for finite values,
-  ±inf and overflow to ±inf; NaN comes back as it went in. Its gradient is the identity, as
-  the convert pair's (x + (r − x), r − x held constant: exactly r, by Sterbenz's lemma)."""
+  torch 2.11's joint-graph pass `pointless_convert` rewrites a float32 → bf16 → float32 chain
+  whose bf16 value has no other use to the float32 value, whatever `emulate_precision_casts`
+  says (torch 2.13 keeps it; 2026-12-05, experiments/results/cpu-2026-12-05-twin-torch211).
+  Exact for finite values, ±0, ±inf and overflow to ±inf; NaN comes back as it went in. Its
+  gradient is the identity (`to_bf16`'s then is x.to(bf16)'s: the bf16 gradient widened)."""
   x = x.float()
+  return _RoundBF16.apply(x) if x.requires_grad and torch.is_grad_enabled() else _round_bits(x)
+
+
+def _round_bits(x):
+  """`round_bf16` of float32 x, no gradient."""
   nan = torch.isnan(x)
-  bits = torch.where(nan, 0, x.detach().view(torch.int32))  # (NaN's bits could overflow)
+  bits = torch.where(nan, 0, x.view(torch.int32))  # (NaN's bits could overflow the add)
   bits = bits + (0x7FFF + ((bits >> 16) & 1))
-  r = torch.where(nan, x.detach(), (bits & -0x10000).view(torch.float32))
-  if not x.requires_grad:
-    return r
-  return torch.where(torch.isinf(x), r, x + (r - x.detach()))
+  return torch.where(nan, x, (bits & -0x10000).view(torch.float32))
+
+
+class _RoundBF16(torch.autograd.Function):
+  """`_round_bits` forward, the identity backward."""
+
+  @staticmethod
+  def forward(ctx, x):
+    return _round_bits(x)
+
+  @staticmethod
+  def backward(ctx, grad):
+    return grad
 
 
 def to_bf16(x):
@@ -42,30 +56,65 @@ def to_bf16(x):
   return round_bf16(x).to(BF)
 
 
-def drop_convert_pairs(graph, keep_rounded=False):
-  """What torch 2.11's `pointless_convert` does to a graph, for a check on any torch version
-  (as `torch._inductor.config.joint_custom_post_pass`): convert(convert(x, d1), d2) → convert(x,
-  d2) for floating d1, d2, the rounding to d1 dropped. keep_rounded: not where x is a `where`
-  (`round_bf16`'s last op: x is a bf16 value, so dropping the pair would change nothing but
-  the graph, and with it Inductor's fusions and float32 summation orders). Returns how many
-  pairs it rewrote."""
+def drop_convert_pairs(graph):
+  """torch 2.11's `pointless_convert` (its joint-graph pass, read from the 2.11.0 wheel), for a
+  check on any torch version (as `torch._inductor.config.joint_custom_post_pass`):
+  convert(convert(x, d1), d2) → convert(x, d2) for d1, d2 among float16, bfloat16, float32 and
+  float64, where the inner convert has no other user (the pattern matcher's default), the
+  rounding to d1 dropped. Returns how many pairs it rewrote."""
   convert = torch.ops.prims.convert_element_type.default
+  floats = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
   n = 0
   for node in list(graph.nodes):
     inner = node.args[0] if node.target is convert else None
-    if getattr(inner, "target", None) is convert and node.args[1].is_floating_point:
-      source = inner.args[0]
-      if keep_rounded and getattr(source, "target", None) is torch.ops.aten.where.self:
-        continue
-      if inner.args[1].is_floating_point:
-        with graph.inserting_before(node):
-          repl = graph.call_function(convert, (source, node.args[1]))
-        repl.meta.update(node.meta)
-        node.replace_all_uses_with(repl)
-        graph.erase_node(node)
-        n += 1
+    if (
+      getattr(inner, "target", None) is convert
+      and len(inner.users) == 1
+      and inner.args[1] in floats
+      and node.args[1] in floats
+    ):
+      with graph.inserting_before(node):
+        repl = graph.call_function(convert, (inner.args[0], node.args[1]))
+      repl.meta.update(node.meta)
+      node.replace_all_uses_with(repl)
+      graph.erase_node(node)
+      n += 1
   graph.eliminate_dead_code()
   return n
+
+
+def lossy_convert_pairs(graph) -> tuple[int, list]:
+  """Of the pairs `drop_convert_pairs` (torch 2.11) would rewrite in a graph, those whose
+  rounding matters: (how many pairs it would rewrite, [the lossy ones' nodes]). A pair is
+  harmless when its value x is already a bf16 value (`round_bf16`'s last op: a `where` whose
+  other branch is a bitcast view) or when it feeds only `round_bf16` (isnan, the bitcast view,
+  where), which rounds x the same; and when its first convert widens."""
+  convert = torch.ops.prims.convert_element_type.default
+  floats = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+  aten = torch.ops.aten
+  rounding = {aten.isnan.default, aten.view.dtype, aten.where.self}
+  n, lossy = 0, []
+  for node in graph.nodes:
+    inner = node.args[0] if node.target is convert else None
+    if not (
+      getattr(inner, "target", None) is convert
+      and len(inner.users) == 1
+      and inner.args[1] in floats
+      and node.args[1] in floats
+    ):
+      continue
+    n += 1
+    source = inner.args[0]
+    val = getattr(source, "meta", {}).get("val")
+    widens = val is not None and inner.args[1].itemsize >= val.dtype.itemsize
+    rounded = (
+      source.target is aten.where.self
+      and getattr(source.args[2], "target", None) is aten.view.dtype
+    )
+    feeds_rounding = all(u.target in rounding for u in node.users)
+    if not (widens or rounded or feeds_rounding):
+      lossy.append(node)
+  return n, lossy
 
 
 def shape_parser(description):

@@ -96,9 +96,9 @@ products accumulated in float32, the result rounded once to bf16, a bias added i
 logits are bf16(bf16(x) @ bf16(wte)ᵀ) cast to float32. The roundings are written out (as
 `paper_fa2.py` does for autocast), not left to torch.autocast, so that they sit where XLA puts
 them on every device, and on the bits (`common.round_bf16`, `to_bf16`), not as convert pairs
-x.to(bf16).float(), which torch.compile may drop (torch 2.11, the GPU image's, drops every one:
-experiments/results/cpu-2026-12-05-twin-torch211). With `--matmul emulated` (the default on CPU) a bf16 matmul is
-computed as a float32 matmul of the bf16-rounded operands (exact products, float32 sums), with
+x.to(bf16).float(), which torch.compile may drop (torch 2.11, the GPU image's, drops them:
+experiments/results/cpu-2026-12-05-twin-torch211). With `--matmul emulated` (the default on
+CPU) a bf16 matmul is computed as a float32 matmul of the bf16-rounded operands (exact products, float32 sums), with
 `--matmul bf16` (the default on CUDA) by torch's bf16 GEMM with float32 accumulation (cuBLAS,
 reduced-precision reductions switched off): the same rounding points, another summation order.
 The paper layout's GEMMs follow the same mode (`paper_fa2.mm`; runs whose config.json has
@@ -561,15 +561,17 @@ def reference_attention(q, k, v, softmax_scale, causal):
   return to_bf16(torch.softmax(s, dim=-1) @ v.float())
 
 
-def bf16_matmul(x, w, mode="emulated"):
-  """bf16(bf16(x) @ bf16(w)) with float32 accumulation, as XLA's bf16 dot.
+def bf16_matmul(x, w, mode="emulated", bias=None):
+  """bf16(bf16(x) @ bf16(w)) with float32 accumulation, as XLA's bf16 dot, and with `bias` a
+  bf16 add of bf16(bias) (nnx's Linear).
 
-  x [..., n] (any float dtype), w [n, m] float32 → [..., m] bfloat16. mode "emulated": a
-  float32 matmul of the rounded operands (their products are exact in float32); "bf16":
-  torch's bf16 GEMM (float32 accumulation). The JAX backward's rounding points, written out
-  (`_BF16Matmul`): dx = bf16(dy @ bf16(w)ᵀ), dw = bf16(bf16(x)ᵀ @ dy), in x's and w's dtypes.
+  x [..., n] (any float dtype), w [n, m] float32, bias [m] float32 or None → [..., m] bfloat16.
+  mode "emulated": a float32 matmul of the rounded operands (their products are exact in
+  float32); "bf16": torch's bf16 GEMM (float32 accumulation). The JAX backward's rounding
+  points, written out (`_BF16Matmul`): dx = bf16(dy @ bf16(w)ᵀ), dw = bf16(bf16(x)ᵀ @ dy),
+  dbias = bf16(Σ dy), in x's, w's and bias's dtypes.
   """
-  return _BF16Matmul.apply(x, w, mode)
+  return _BF16Matmul.apply(x, w, bias, mode)
 
 
 class _BF16Matmul(torch.autograd.Function):
@@ -577,21 +579,24 @@ class _BF16Matmul(torch.autograd.Function):
   casts would make convert pairs, which torch.compile may drop: `common.round_bf16`)."""
 
   @staticmethod
-  def forward(ctx, x, w, mode):
+  def forward(ctx, x, w, bias, mode):
     xb, wb = to_bf16(x), to_bf16(w)
     ctx.save_for_backward(xb, wb)
-    ctx.mode, ctx.dtypes = mode, (x.dtype, w.dtype)
-    return to_bf16(paper_fa2.mm(xb, wb, mode))
+    ctx.mode, ctx.dtypes = mode, (x.dtype, w.dtype, None if bias is None else bias.dtype)
+    y = to_bf16(paper_fa2.mm(xb, wb, mode))
+    if bias is None:
+      return y
+    return to_bf16(y.float() + round_bf16(bias))  # a bf16 add, as torch's: a float32 sum, rounded
 
   @staticmethod
   def backward(ctx, dy):
     xb, wb = ctx.saved_tensors
     dy = to_bf16(dy)
+    rows = dy.reshape(-1, dy.shape[-1])
     dx = to_bf16(paper_fa2.mm(dy, wb.t(), ctx.mode))
-    dw = to_bf16(
-      paper_fa2.mm(xb.reshape(-1, xb.shape[-1]).t(), dy.reshape(-1, dy.shape[-1]), ctx.mode)
-    )
-    return dx.to(ctx.dtypes[0]), dw.to(ctx.dtypes[1]), None
+    dw = to_bf16(paper_fa2.mm(xb.reshape(-1, xb.shape[-1]).t(), rows, ctx.mode))
+    db = None if ctx.dtypes[2] is None else to_bf16(rows.float().sum(0)).to(ctx.dtypes[2])
+    return dx.to(ctx.dtypes[0]), dw.to(ctx.dtypes[1]), db, None
 
 
 class Linear(nn.Module):
@@ -604,10 +609,7 @@ class Linear(nn.Module):
     self.matmul = matmul
 
   def forward(self, x):  # → bf16
-    y = bf16_matmul(x, self.kernel, self.matmul)
-    if self.bias is None:
-      return y
-    return to_bf16(y.float() + to_bf16(self.bias).float())  # a bf16 add, as nnx's, on the bits
+    return bf16_matmul(x, self.kernel, self.matmul, self.bias)
 
 
 class LayerNorm(nn.Module):
@@ -886,8 +888,8 @@ def attention_dq(choice: AttentionChoice, matmul="emulated", compiled=False):
   of --compile attention's training, at their shapes) with `emulate_precision_casts`
   (`setup_precision`), as the training step compiles it — if no graph of the same shapes and
   choice was compiled before in the process without it: dynamo reuses compiled code whatever
-  that setting (training sets it first, for the whole process). The dQ `dq_diagnostics` measures (JAX: `diagnostics.dq_rows`' vjp of
-  `attend`)."""
+  that setting (training sets it first, for the whole process). The dQ `dq_diagnostics`
+  measures (JAX: `diagnostics.dq_rows`' vjp of `attend`)."""
   forward = functools.partial(
     compiled_attend() if compiled else attend, choice=choice, causal=True, matmul=matmul
   )

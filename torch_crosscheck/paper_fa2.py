@@ -31,7 +31,15 @@ import sys
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from common import BF, NAMES, make_inputs, round_bf16, shape_parser, to_bf16, write_dump  # noqa: E402
+from common import (  # noqa: E402
+  BF,
+  NAMES,
+  make_inputs,
+  round_bf16,
+  shape_parser,
+  to_bf16,
+  write_dump,
+)
 
 
 rb = round_bf16  # round to bf16 and compute on in float32 (what autocast's bf16 buffers do)

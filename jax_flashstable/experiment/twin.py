@@ -62,6 +62,7 @@ import lzma
 import math
 import os
 import pathlib
+import re
 import signal
 import statistics
 import subprocess
@@ -1053,18 +1054,22 @@ def outcome(row: dict | None) -> str:
 
 def twin_rounding(run_dir) -> str | None:
   """How a twin run made its bf16 roundings (its config.json): "bits" (`common.round_bf16`,
-  since 2026-12-05), "convert pairs, compiled" (before, under torch.compile: torch 2.11, the
-  GPU image's, drops every float32 → bf16 → float32 pair, so its paper layout lost most of its
-  rounding points: experiments/results/cpu-2026-12-05-twin-torch211), "convert pairs, eager",
-  or None without a config.json."""
+  since 2026-12-05); before, convert pairs: "convert pairs, compiled" under torch.compile with
+  a torch before 2.13 (2.11, the GPU image's, drops them: its paper layout lost most of its
+  rounding points; experiments/results/cpu-2026-12-05-twin-torch211), "convert pairs,
+  compiled, kept" with torch 2.13 or later, "convert pairs, eager"; None without a
+  config.json."""
   path = pathlib.Path(run_dir) / "config.json"
   if not path.exists():
     return None
   cfg = json.loads(path.read_text())
   if cfg.get("rounding") == "bits":
     return "bits"
-  compiled = cfg.get("compile", "on" if cfg.get("compiled") else "off") != "off"
-  return f"convert pairs, {'compiled' if compiled else 'eager'}"
+  if cfg.get("compile", "on" if cfg.get("compiled") else "off") == "off":
+    return "convert pairs, eager"
+  version = re.match(r"torch (\d+)\.(\d+)", cfg.get("framework", ""))
+  kept = version is not None and tuple(map(int, version.groups())) >= (2, 13)
+  return "convert pairs, compiled" + (", kept" if kept else "")
 
 
 def _side_rows(out: pathlib.Path, side: str, base: TrainConfig, layer: int, reference_max_logit):
