@@ -86,11 +86,14 @@ def drop_convert_pairs(graph):
 def lossy_convert_pairs(graph) -> tuple[int, list]:
   """Of the pairs `drop_convert_pairs` (torch 2.11) would rewrite in a graph, those whose
   rounding matters: (how many pairs it would rewrite, [the lossy ones' nodes]). A pair is
-  harmless when its value x is already a bf16 value (`round_bf16`'s last op: a `where` whose
-  other branch is a bitcast view) or when it feeds only `round_bf16` (isnan, the bitcast view,
-  where), which rounds x the same; and when its first convert widens."""
+  harmless when its first convert is lossless (x's dtype itself, or a widening: bf16 or f16 to
+  f32 or f64, f32 to f64), or, rounding to bf16, when x is already a bf16 value
+  (`round_bf16`'s last op: a `where` whose other branch is a bitcast view) or the pair feeds
+  `round_bf16` alone (its three ops: isnan, the bitcast view, and the where that passes it on
+  for NaN), which rounds x the same."""
   convert = torch.ops.prims.convert_element_type.default
-  floats = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+  f16, bf16, f32, f64 = torch.float16, torch.bfloat16, torch.float32, torch.float64
+  widening = {(bf16, f32), (bf16, f64), (f16, f32), (f16, f64), (f32, f64)}
   aten = torch.ops.aten
   rounding = {aten.isnan.default, aten.view.dtype, aten.where.self}
   n, lossy = 0, []
@@ -99,20 +102,27 @@ def lossy_convert_pairs(graph) -> tuple[int, list]:
     if not (
       getattr(inner, "target", None) is convert
       and len(inner.users) == 1
-      and inner.args[1] in floats
-      and node.args[1] in floats
+      and inner.args[1] in (f16, bf16, f32, f64)
+      and node.args[1] in (f16, bf16, f32, f64)
     ):
       continue
     n += 1
-    source = inner.args[0]
+    source, d1 = inner.args[0], inner.args[1]
     val = getattr(source, "meta", {}).get("val")
-    widens = val is not None and inner.args[1].itemsize >= val.dtype.itemsize
+    lossless = val is not None and (val.dtype == d1 or (val.dtype, d1) in widening)
     rounded = (
-      source.target is aten.where.self
+      d1 == bf16
+      and getattr(source, "target", None) is aten.where.self
       and getattr(source.args[2], "target", None) is aten.view.dtype
     )
-    feeds_rounding = all(u.target in rounding for u in node.users)
-    if not (widens or rounded or feeds_rounding):
+    users = list(node.users)
+    feeds_rounding = (
+      d1 == bf16
+      and len(users) == 3
+      and {u.target for u in users} == rounding
+      and all(u.args[1] is node for u in users if u.target is aten.where.self)
+    )
+    if not (lossless or rounded or feeds_rounding):
       lossy.append(node)
   return n, lossy
 
