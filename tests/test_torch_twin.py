@@ -1814,3 +1814,24 @@ def test_a_run_that_ends_within_warmup_is_undecided_not_calm():
     pair = base | dict(jax_outcome=j_out, torch_outcome=t_out)
     assert twin.statement(pair).endswith(f": {said}."), (j_out, t_out)
     assert twin.decided(pair) == (said != "outcome open")
+
+
+@pytest.mark.parametrize(
+  "config, said",
+  [
+    (dict(rounding="bits", compile="on", framework="torch 2.11.0+cu130"), "bits"),
+    (dict(compiled=True, framework="torch 2.11.0+cu130"), "convert pairs, compiled"),
+    (dict(compile="attention", framework="torch 2.9.1"), "convert pairs, compiled"),
+    (dict(compile="on"), "convert pairs, compiled"),  # no framework: assume the worst
+    (dict(compile="on", framework="torch 2.13.0+cpu"), "convert pairs, compiled, kept"),
+    (dict(compile="on", framework="torch 3.0.0"), "convert pairs, compiled, kept"),
+    (dict(compile="off", framework="torch 2.11.0+cu130"), "convert pairs, eager"),
+    (dict(compiled=False), "convert pairs, eager"),
+  ],
+)
+def test_twin_rounding_reads_how_a_run_rounded(tmp_path, config, said):
+  """`twin.twin_rounding` from a twin run's config.json: bits since 2026-12-05; before, convert
+  pairs, lost only when compiled with a torch before 2.13 (2.11's pointless_convert)."""
+  (tmp_path / "config.json").write_text(json.dumps(config))
+  assert twin.twin_rounding(tmp_path) == said
+  assert twin.twin_rounding(tmp_path / "missing") is None
