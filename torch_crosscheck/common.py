@@ -56,29 +56,39 @@ def to_bf16(x):
   return round_bf16(x).to(BF)
 
 
-def drop_convert_pairs(graph):
-  """torch 2.11's `pointless_convert` (its joint-graph pass, read from the 2.11.0 wheel), for a
-  check on any torch version (as `torch._inductor.config.joint_custom_post_pass`):
-  convert(convert(x, d1), d2) → convert(x, d2) for d1, d2 among float16, bfloat16, float32 and
-  float64, where the inner convert has no other user (the pattern matcher's default), the
-  rounding to d1 dropped. Returns how many pairs it rewrote."""
+FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _convert_pairs(graph):
+  """(outer, inner) for each convert(convert(x, d1), d2) in graph that torch 2.11's
+  `pointless_convert` matches: d1, d2 among FLOATS and the inner convert with no other user
+  (the pattern matcher's default)."""
   convert = torch.ops.prims.convert_element_type.default
-  floats = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-  n = 0
   for node in list(graph.nodes):
     inner = node.args[0] if node.target is convert else None
     if (
       getattr(inner, "target", None) is convert
       and len(inner.users) == 1
-      and inner.args[1] in floats
-      and node.args[1] in floats
+      and inner.args[1] in FLOATS
+      and node.args[1] in FLOATS
     ):
-      with graph.inserting_before(node):
-        repl = graph.call_function(convert, (inner.args[0], node.args[1]))
-      repl.meta.update(node.meta)
-      node.replace_all_uses_with(repl)
-      graph.erase_node(node)
-      n += 1
+      yield node, inner
+
+
+def drop_convert_pairs(graph):
+  """torch 2.11's `pointless_convert` (its joint-graph pass, read from the 2.11.0 wheel), for a
+  check on any torch version (as `torch._inductor.config.joint_custom_post_pass`):
+  convert(convert(x, d1), d2) → convert(x, d2) for each pair `_convert_pairs` finds, the
+  rounding to d1 dropped. Returns how many pairs it rewrote."""
+  convert = torch.ops.prims.convert_element_type.default
+  n = 0
+  for node, inner in _convert_pairs(graph):
+    with graph.inserting_before(node):
+      repl = graph.call_function(convert, (inner.args[0], node.args[1]))
+    repl.meta.update(node.meta)
+    node.replace_all_uses_with(repl)
+    graph.erase_node(node)
+    n += 1
   graph.eliminate_dead_code()
   return n
 
@@ -91,22 +101,13 @@ def lossy_convert_pairs(graph) -> tuple[int, list]:
   (`round_bf16`'s last op: a `where` whose other branch is a bitcast view) or the pair feeds
   `round_bf16` alone (its three ops: isnan, the bitcast view, and the where that passes it on
   for NaN), which rounds x the same."""
-  convert = torch.ops.prims.convert_element_type.default
-  f16, bf16, f32, f64 = torch.float16, torch.bfloat16, torch.float32, torch.float64
+  f16, bf16, f32, f64 = FLOATS
   widening = {(bf16, f32), (bf16, f64), (f16, f32), (f16, f64), (f32, f64)}
   aten = torch.ops.aten
   rounding = {aten.isnan.default, aten.view.dtype, aten.where.self}
-  n, lossy = 0, []
-  for node in graph.nodes:
-    inner = node.args[0] if node.target is convert else None
-    if not (
-      getattr(inner, "target", None) is convert
-      and len(inner.users) == 1
-      and inner.args[1] in (f16, bf16, f32, f64)
-      and node.args[1] in (f16, bf16, f32, f64)
-    ):
-      continue
-    n += 1
+  pairs = list(_convert_pairs(graph))
+  lossy = []
+  for node, inner in pairs:
     source, d1 = inner.args[0], inner.args[1]
     val = getattr(source, "meta", {}).get("val")
     lossless = val is not None and (val.dtype == d1 or (val.dtype, d1) in widening)
@@ -124,7 +125,7 @@ def lossy_convert_pairs(graph) -> tuple[int, list]:
     )
     if not (lossless or rounded or feeds_rounding):
       lossy.append(node)
-  return n, lossy
+  return len(pairs), lossy
 
 
 def shape_parser(description):
