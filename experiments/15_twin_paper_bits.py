@@ -55,7 +55,7 @@ from pallas_kernels.policy import check_tile  # noqa: E402
 # MODE "HOW/MATMUL" (HOW: eager, compiled, compiled-dropping, compiled-pairs; the last two only at
 # the GEMM training takes on this device)
 TORCH_SIDE = """
-import json, sys
+import contextlib, json, sys
 import numpy as np, torch
 import torch._inductor.config as inductor_config
 sys.path.insert(0, sys.argv[2])
@@ -69,8 +69,6 @@ to = lambda a: torch.from_numpy(a.astype(np.int16)).view(torch.bfloat16).to(devi
 tiles, result = int(sys.argv[4]), {}
 modes = [(h, m) for m in T.MATMULS for h in ("eager", "compiled")]
 modes += [("compiled-dropping", training), ("compiled-pairs", training)]
-bits = paper_fa2.rb, paper_fa2.to_bf16
-pairs = lambda x: x.to(torch.bfloat16).float(), lambda x: x.to(torch.bfloat16)
 for case in sorted({n.split("/")[0] for n in d.files}):
   causal = bool(d[case + "/causal"])
   for kind in json.loads(sys.argv[3]):
@@ -84,12 +82,11 @@ for case in sorted({n.split("/")[0] for n in d.files}):
       # compiled-dropping: under a pass that drops convert pairs, as torch 2.11's
       # pointless_convert; compiled-pairs (the control): the same, the paper layout's roundings
       # spelled as convert pairs (x.to(bf16).float(), as before 2026-12-05)
-      paper_fa2.rb, paper_fa2.to_bf16 = pairs if how == "compiled-pairs" else bits
+      spelling = paper_fa2.convert_pair_spelling() if how == "compiled-pairs" else contextlib.nullcontext()
       drop = common.drop_convert_pairs if how in ("compiled-dropping", "compiled-pairs") else None
-      with inductor_config.patch(joint_custom_post_pass=drop):
+      with spelling, inductor_config.patch(joint_custom_post_pass=drop):
         out = f(*x)
         out.backward(to(d[case + "/d"]))
-      paper_fa2.rb, paper_fa2.to_bf16 = bits
       for i, t in enumerate((out, *(a.grad for a in x))):
         result[f"{case}/{kind}/{how}/{matmul}/{i}"] = t.detach().cpu().view(torch.int16).numpy()
 np.savez(sys.argv[1] + "/out.npz", **result)

@@ -411,11 +411,12 @@ def test_bf16_rounding_survives_a_compiler_that_drops_convert_pairs(tmp_path):
   backward. And in the joint graph of a compiled step of the twin's paper model with biases
   every pair that rewrite would drop is harmless (`common.lossy_convert_pairs`: of a value
   already rounded on the bits, or feeding a rounding on the bits), where the old spelling
-  (`paper_fa2.rb` as a pair) leaves lossy ones. (The steps themselves do not compare bit for
+  (`paper_fa2.convert_pair_spelling`) leaves lossy ones. (The steps themselves do not compare bit for
   bit with and without the rewrite: dropping even a harmless pair moves Inductor's fusions
   and float32 summation order, a few ulps of the loss on the tiny model.)"""
   stdout = run_torch(
     """
+    import contextlib
     import common
     import torch._inductor.config as inductor_config
     f32 = lambda bits: torch.tensor(np.array(bits, np.uint32).view(np.float32))
@@ -448,10 +449,9 @@ def test_bf16_rounding_survives_a_compiler_that_drops_convert_pairs(tmp_path):
     linear_same = all(linear[m, True] == linear[m, False] for m in T.MATMULS)
     import paper_fa2
     census = {}
-    try:
-      for spelling in ("bits", "pairs"):  # pairs: paper_fa2.rb as before 2026-12-05 (the control)
-        torch._dynamo.reset()
-        paper_fa2.rb = (lambda x: x.to(torch.bfloat16).float()) if spelling == "pairs" else common.round_bf16
+    for spelling in ("bits", "pairs"):  # pairs: paper_fa2's roundings as before 2026-12-05
+      torch._dynamo.reset()
+      with paper_fa2.convert_pair_spelling() if spelling == "pairs" else contextlib.nullcontext():
         cfg = T.ModelConfig(n_layer=1, n_head=2, n_embd=32, block_size=32, vocab_size=64, bias=True)
         model = T.GPT(cfg, T.AttentionChoice("paper", block_q=16, block_k=16), matmul="emulated")
         tokens = torch.randint(0, 64, (2, 33), generator=torch.Generator().manual_seed(0))
@@ -459,9 +459,7 @@ def test_bf16_rounding_survives_a_compiler_that_drops_convert_pairs(tmp_path):
         census_pass = lambda g: found.append(common.lossy_convert_pairs(g))
         with inductor_config.patch(joint_custom_post_pass=census_pass, emulate_precision_casts=True):
           torch.compile(lambda t: T.loss_fn(model, t[:, :-1], t[:, 1:]))(tokens).backward()
-        census[spelling] = [sum(f[0] for f in found), sum(len(f[1]) for f in found)]
-    finally:
-      paper_fa2.rb = common.round_bf16
+      census[spelling] = [sum(f[0] for f in found), sum(len(f[1]) for f in found)]
     print(json.dumps(dict(same=same, nan=bool(got[x.isnan()].isnan().all()), grad=grad,
                           linear=linear_same, census=census)))
     """,

@@ -25,6 +25,7 @@ paper, or paper+lse with --single-lse)
 
 from __future__ import annotations
 
+import contextlib
 import pathlib
 import sys
 
@@ -43,6 +44,22 @@ from common import (  # noqa: E402
 
 
 rb = round_bf16  # round to bf16 and compute on in float32 (what autocast's bf16 buffers do)
+
+
+@contextlib.contextmanager
+def convert_pair_spelling():
+  """Within it, this file's roundings (`rb`, `to_bf16`) are spelled as they were before
+  2026-12-05: convert pairs, x.to(bf16).float() and x.to(bf16), which torch 2.11's joint-graph
+  pass `pointless_convert` drops under torch.compile (`common.drop_convert_pairs` does the same
+  on any torch). The control of the checks that the bit rounding survives such a compiler
+  (experiments/15_twin_paper_bits.py, tests/test_torch_twin.py); not for training."""
+  global rb, to_bf16
+  kept = rb, to_bf16
+  rb, to_bf16 = (lambda x: x.to(torch.bfloat16).float()), (lambda x: x.to(torch.bfloat16))
+  try:
+    yield
+  finally:
+    rb, to_bf16 = kept
 
 
 MATMULS = ("bf16", "emulated")  # `mm`'s modes
