@@ -22,7 +22,8 @@ def round_bf16(x):
   `policy.round_bf16`, so that no compiler can drop it. torch.compile drops the convert pair:
   torch 2.11's joint-graph pass `pointless_convert` rewrites a float32 → bf16 → float32 chain
   whose bf16 value has no other use to the float32 value, whatever `emulate_precision_casts`
-  says (torch 2.13 keeps it; 2026-12-05, experiments/results/cpu-2026-12-05-twin-torch211).
+  says; torch 2.12.0's pass is the same, 2.13 keeps the pair (each read from its wheel;
+  2026-12-05, experiments/results/cpu-2026-12-05-twin-torch211).
   Exact for finite values, ±0, ±inf and overflow to ±inf; NaN comes back as it went in. Its
   gradient is the identity (`to_bf16`'s then is x.to(bf16)'s: the bf16 gradient widened)."""
   x = x.float()

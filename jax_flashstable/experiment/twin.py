@@ -1056,7 +1056,8 @@ def twin_rounding(run_dir) -> str | None:
   """How a twin run made its bf16 roundings (its config.json): "bits" (`common.round_bf16`,
   since 2026-12-05); before, convert pairs: "convert pairs, compiled" under torch.compile with
   a torch before 2.13 (2.11, the GPU image's, drops them: its paper layout lost most of its
-  rounding points; experiments/results/cpu-2026-12-05-twin-torch211), "convert pairs,
+  rounding points; 2.12.0's pass is the same, read from its wheel;
+  experiments/results/cpu-2026-12-05-twin-torch211), "convert pairs,
   compiled, kept" with torch 2.13 or later, "convert pairs, eager"; None without a
   config.json."""
   path = pathlib.Path(run_dir) / "config.json"
