@@ -82,7 +82,8 @@ for case in sorted({n.split("/")[0] for n in d.files}):
       # compiled-dropping: under a pass that drops convert pairs, as torch 2.11's
       # pointless_convert; compiled-pairs (the control): the same, the paper layout's roundings
       # spelled as convert pairs (x.to(bf16).float(), as before 2026-12-05)
-      spelling = paper_fa2.convert_pair_spelling() if how == "compiled-pairs" else contextlib.nullcontext()
+      pairs = how == "compiled-pairs"
+      spelling = paper_fa2.convert_pair_spelling() if pairs else contextlib.nullcontext()
       drop = common.drop_convert_pairs if how in ("compiled-dropping", "compiled-pairs") else None
       with spelling, inductor_config.patch(joint_custom_post_pass=drop):
         out = f(*x)

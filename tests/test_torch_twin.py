@@ -411,9 +411,9 @@ def test_bf16_rounding_survives_a_compiler_that_drops_convert_pairs(tmp_path):
   backward. And in the joint graph of a compiled step of the twin's paper model with biases
   every pair that rewrite would drop is harmless (`common.lossy_convert_pairs`: of a value
   already rounded on the bits, or feeding a rounding on the bits), where the old spelling
-  (`paper_fa2.convert_pair_spelling`) leaves lossy ones. (The steps themselves do not compare bit for
-  bit with and without the rewrite: dropping even a harmless pair moves Inductor's fusions
-  and float32 summation order, a few ulps of the loss on the tiny model.)"""
+  (`paper_fa2.convert_pair_spelling`) leaves lossy ones. (The steps themselves do not compare
+  bit for bit with and without the rewrite: dropping even a harmless pair moves Inductor's
+  fusions and float32 summation order, a few ulps of the loss on the tiny model.)"""
   stdout = run_torch(
     """
     import contextlib
