@@ -542,6 +542,7 @@ def _crosscheck_train(args):
   report = args.side == "both" or args.report_only or args.runs or args.jax_runs
   try:
     twin.check_tolerance(args.tolerance)
+    twin.check_torch_args(shlex.split(args.torch_args))
     reporting = (args.report_only or args.runs) and not args.jax_runs
     # a report of runs already made covers every pair they hold unless --pairs names some
     if args.pairs is None and not reporting:
@@ -929,7 +930,9 @@ def build_parser():
   p.add_argument(
     "--torch-args",
     default="",
-    help="extra gpt_twin.py train options, e.g. '--threads 1' or '--compile off'",
+    help="how the twin runs: gpt_twin.py train's --device, --compile, --matmul, --threads, "
+    "--deterministic, --print-interval, --max-seconds, --checkpoint-interval (e.g. "
+    "'--threads 1' or '--compile off'); the others are this command's",
   )
   p.add_argument(
     "--time-budget",

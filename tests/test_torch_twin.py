@@ -396,6 +396,13 @@ CLI_ERRORS = [
   (["--init", "/nonexistent/init.npz"], "init='/nonexistent/init.npz': no such file"),
   (["--init", "/tmp"], "init='/tmp' is a folder, not an .npz"),
   (["--compile", "sometimes"], "compile='sometimes' is not one of auto, on, off, attention"),
+  (["--data", "/nonexistent"], "data='/nonexistent': no such folder"),
+  (
+    ["--data", str(ROOT / "pallas_kernels")],
+    "pallas_kernels holds neither train.bin[.xz] nor text files",
+  ),
+  (["--threads=-1"], "threads must be >= 0, got threads=-1"),
+  (["--bogus", "3"], "unrecognized arguments: --bogus 3"),
 ]
 
 
@@ -499,7 +506,10 @@ def test_cli_rejects_bad_input_in_one_line(tmp_path):
   for (code, err), (args, message) in zip(json.loads(stdout), CLI_ERRORS):
     lines = err.strip().splitlines()
     assert code == 2, (args, code, err)
-    assert lines[-1].startswith("gpt_twin.py: error: ") and message in lines[-1], (args, lines)
+    assert len(lines) == 1 and lines[0].startswith("gpt_twin.py") and message in lines[0], (
+      args,
+      lines,
+    )
   assert not (tmp_path / "out").exists()
 
 
@@ -1545,6 +1555,15 @@ CROSSCHECK_ERRORS = [
   (["--pack", "/tmp"], "--pack '/tmp' is a folder, not a file"),
   (["--out", str(ROOT / "README.md")], "README.md' is a file, not a folder"),
   (["--data", "/nonexistent"], "data folder not found: /nonexistent"),
+  # --torch-args: how the twin runs only; a training option there would make the twin another
+  # run than the report says (it was appended after crosscheck-train's own, so it won)
+  (["--torch-args", "--steps 5"], "'--steps' is not one of the options crosscheck-train passes"),
+  (["--torch-args=--lr=1"], "'--lr=1' is not one of the options crosscheck-train passes"),
+  (["--torch-args", "--bogus 3"], "'--bogus' is not one of the options"),
+  (["--torch-args", "--threads abc"], "--threads 'abc' is not a value it takes"),
+  (["--torch-args=--device=gpu"], "--device 'gpu' is not a value it takes"),
+  (["--torch-args=--compile"], "--compile '' is not a value it takes"),
+  (["--torch-args", "--max-seconds nan"], "--max-seconds 'nan' is not a value it takes"),
 ]
 
 

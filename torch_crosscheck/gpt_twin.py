@@ -1589,7 +1589,8 @@ def train(cfg: TwinConfig, started: float | None = None) -> dict:
   explosion step of `ExplosionMonitor` (as JAX).
 
   Raises:
-    ValueError: a bad field (`TwinConfig.validate`) or an .npz that does not fit the model.
+    ValueError: a bad field (`TwinConfig.validate`), a data folder without data, or an .npz
+      that does not fit the model.
     NonFiniteError: a non-finite loss or gradient (after writing that step's row).
   """
   t_start = time.perf_counter() if started is None else started
@@ -1602,7 +1603,10 @@ def train(cfg: TwinConfig, started: float | None = None) -> dict:
     torch.set_num_threads(cfg.threads)
   mcfg, choice = cfg.model_config(), cfg.attention_choice()
   seq_len = cfg.seq_len or mcfg.block_size
-  data = import_data_module().Dataset(cfg.data, mcfg.vocab_size)
+  try:
+    data = import_data_module().Dataset(cfg.data, mcfg.vocab_size)
+  except FileNotFoundError as e:  # no such folder, or nothing to read in it: bad input
+    raise ValueError(f"data={cfg.data!r}: {e}") from None
   out = pathlib.Path(cfg.out_dir)
   init_sha256 = _sha256(cfg.init)
   resolved = _resolved(device, mode, matmul, choice, data.folder, init_sha256)
@@ -1797,8 +1801,16 @@ def _bool(text):
   raise argparse.ArgumentTypeError(f"{text!r} is not a bool (true/false)")
 
 
+class _Parser(argparse.ArgumentParser):
+  """argparse with its errors in one line (no usage block first), as the repo's other
+  command lines; its subcommands' parsers are of this class too."""
+
+  def error(self, message):
+    self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser():
-  ap = argparse.ArgumentParser(
+  ap = _Parser(
     prog="gpt_twin.py", description=" ".join(__doc__.split("\n\n")[0].split())
   )  # the docstring's first paragraph
   sub = ap.add_subparsers(dest="command", required=True)

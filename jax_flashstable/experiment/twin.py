@@ -63,6 +63,7 @@ import math
 import os
 import pathlib
 import re
+import shlex
 import signal
 import statistics
 import subprocess
@@ -442,6 +443,53 @@ CUDA_ONLY = tuple(
 )
 
 
+def _positive(v: str) -> bool:
+  try:
+    return math.isfinite(float(v)) and float(v) > 0
+  except ValueError:
+    return False
+
+
+# --torch-args: how the twin runs, not what it trains (every other gpt_twin.py train option is
+# crosscheck-train's, from the recipe and --pairs, and the report would call a changed run
+# exact); each with a check of its value as gpt_twin.py's parser would make it
+TORCH_ARGS = {
+  "device": lambda v: v in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", v) is not None,
+  "compile": lambda v: v in ("auto", "on", "off", "attention"),
+  "matmul": lambda v: v in ("auto", "bf16", "emulated"),
+  "threads": lambda v: v.isdigit(),
+  "deterministic": lambda v: v in ("true", "false"),
+  "print-interval": lambda v: v.isdigit(),
+  "max-seconds": _positive,  # a stop that the same command resumes, bit for bit
+  "checkpoint-interval": lambda v: v.isdigit(),
+}
+
+
+def check_torch_args(torch_args) -> None:
+  """ValueError in one line unless `torch_args` (a split --torch-args) are options of
+  `TORCH_ARGS` with values gpt_twin.py takes (--name value or --name=value; --deterministic
+  alone is true), so that a bad one fails before anything trains, not after the JAX side."""
+  args, i = list(torch_args), 0
+  while i < len(args):
+    name, eq, value = args[i].partition("=")
+    key = name[2:] if name.startswith("--") else None
+    if key not in TORCH_ARGS:
+      raise ValueError(
+        f"--torch-args {shlex.join(args)!r}: {args[i]!r} is not one of the options crosscheck-"
+        f"train passes on ({', '.join('--' + k for k in TORCH_ARGS)}); the rest are its own"
+      )
+    if not eq:
+      if i + 1 < len(args) and not args[i + 1].startswith("--"):
+        i, value = i + 1, args[i + 1]
+      elif key == "deterministic":
+        value = "true"
+    if not TORCH_ARGS[key](value):
+      raise ValueError(
+        f"--torch-args {shlex.join(args)!r}: --{key} {value!r} is not a value it takes"
+      )
+    i += 1
+
+
 def check_twin_device(attentions, python, cuda: bool, torch_args=(), visible=None):
   """ValueError naming the twin attentions that need CUDA when the twin will run without it
   (torch in `python` sees no CUDA device, under CUDA_VISIBLE_DEVICES=`visible` if given, or
@@ -728,13 +776,15 @@ def run(
   another, and the twin runs one after another in subprocesses at the same time (side
   "both"), or only one side ("jax", "torch": e.g. two processes, one per GPU). torch_gpu:
   CUDA_VISIBLE_DEVICES of the twin's processes (None: inherited). torch_args: extra
-  `gpt_twin.py train` options (e.g. ["--threads", "1"], ["--compile", "off"]).
+  `gpt_twin.py train` options, those of `TORCH_ARGS` only (e.g. ["--threads", "1"],
+  ["--compile", "off"]).
 
   Returns {"failed": [messages]} (a twin that exited with an error; a run cut by the budget is
-  not a failure: it is left unfinished). Raises ValueError (`plan`, `check_torch_python`,
-  `check_twin_device`) before any run starts.
+  not a failure: it is left unfinished). Raises ValueError (`check_torch_args`, `plan`,
+  `check_torch_python`, `check_twin_device`) before any run starts.
   """
   t0 = time.perf_counter()
+  check_torch_args(torch_args)
   if not (
     isinstance(time_budget, (int, float)) and math.isfinite(time_budget) and time_budget >= 0
   ):
