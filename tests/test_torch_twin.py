@@ -1564,6 +1564,9 @@ CROSSCHECK_ERRORS = [
   (["--torch-args=--device=gpu"], "--device 'gpu' is not a value it takes"),
   (["--torch-args=--compile"], "--compile '' is not a value it takes"),
   (["--torch-args", "--max-seconds nan"], "--max-seconds 'nan' is not a value it takes"),
+  (["--pairs", "paper,,reference-fp32"], "'paper,,reference-fp32': an empty item"),
+  (["--pairs", "paper,"], "pairs 'paper,': an empty item"),
+  (["--steps", "2", "--null-steps", "5"], "null_steps=5 is more than the runs' steps=2"),
 ]
 
 

@@ -184,6 +184,8 @@ def parse_pairs(text: str) -> list[Pair]:
   "sdpa-math=paper:block_q=64,block_k=64"). Raises ValueError naming the item."""
   pairs: list[list[str]] = []
   for item in (text or "").split(","):
+    if not item and text:
+      raise ValueError(f"pairs {text!r}: an empty item (two commas, or one at an end)")
     head, eq, rest = item.partition("=")
     if head in TWIN_ATTENTIONS:
       if not eq and head not in PAIRS:
@@ -587,6 +589,8 @@ def plan(
     raise ValueError(f"side={side!r} is not one of {', '.join(SIDES)}")
   if not isinstance(null_steps, int) or null_steps < 0:
     raise ValueError(f"null_steps must be an int >= 0, got null_steps={null_steps!r}")
+  if null_steps > base.steps:  # the null is the JAX run again: no longer than it
+    raise ValueError(f"null_steps={null_steps} is more than the runs' steps={base.steps}")
   if not seeds:
     raise ValueError("no seeds")
   for s in seeds:
