@@ -56,6 +56,7 @@ with the divergence per window of steps.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import lzma
@@ -467,42 +468,45 @@ TORCH_ARGS = {
 }
 
 
-def check_torch_args(torch_args) -> None:
-  """ValueError in one line unless `torch_args` (a split --torch-args) are options of
-  `TORCH_ARGS` with values gpt_twin.py takes (--name value or --name=value; --deterministic
-  alone is true), so that a bad one fails before anything trains, not after the JAX side."""
-  args, i = list(torch_args), 0
-  while i < len(args):
-    name, eq, value = args[i].partition("=")
-    key = name[2:] if name.startswith("--") else None
-    if key not in TORCH_ARGS:
-      raise ValueError(
-        f"--torch-args {shlex.join(args)!r}: {args[i]!r} is not one of the options crosscheck-"
-        f"train passes on ({', '.join('--' + k for k in TORCH_ARGS)}); the rest are its own"
-      )
-    if not eq:
-      if i + 1 < len(args) and not args[i + 1].startswith("--"):
-        i, value = i + 1, args[i + 1]
-      elif key == "deterministic":
-        value = "true"
-    if not TORCH_ARGS[key](value):
-      raise ValueError(
-        f"--torch-args {shlex.join(args)!r}: --{key} {value!r} is not a value it takes"
-      )
-    i += 1
+class _TorchArgsParser(argparse.ArgumentParser):
+  def error(self, message):  # e.g. an ambiguous abbreviation: one line, no exit
+    raise ValueError(message)
+
+
+def check_torch_args(torch_args) -> dict[str, str]:
+  """`torch_args` (a split --torch-args) read as gpt_twin.py's parser reads them (--name value,
+  --name=value, an unambiguous abbreviation, the last one winning; --deterministic alone is
+  true): {option: value} of the `TORCH_ARGS` options given. ValueError in one line for any
+  other option or a value gpt_twin.py would refuse, so that a bad one fails before anything
+  trains, not after the JAX side."""
+  args = list(torch_args)
+  said = f"--torch-args {shlex.join(args)!r}"
+  parser = _TorchArgsParser(add_help=False)
+  for key in TORCH_ARGS:  # every value kept, so that each is checked
+    const = "true" if key == "deterministic" else ""
+    parser.add_argument("--" + key, dest=key, action="append", nargs="?", const=const)
+  try:
+    given, unknown = parser.parse_known_args(args)
+  except ValueError as e:
+    raise ValueError(f"{said}: {e}") from None
+  if unknown:
+    raise ValueError(
+      f"{said}: {unknown[0]!r} is not one of the options crosscheck-train passes on "
+      f"({', '.join('--' + k for k in TORCH_ARGS)}); the rest are its own"
+    )
+  for key, values in vars(given).items():
+    for value in values or ():
+      if not TORCH_ARGS[key](value):
+        raise ValueError(f"{said}: --{key} {value!r} is not a value it takes")
+  return {key: values[-1] for key, values in vars(given).items() if values}
 
 
 def check_twin_device(attentions, python, cuda: bool, torch_args=(), visible=None):
   """ValueError naming the twin attentions that need CUDA when the twin will run without it
   (torch in `python` sees no CUDA device, under CUDA_VISIBLE_DEVICES=`visible` if given, or
-  torch_args ask for `--device cpu`, read as gpt_twin's parser reads it: `--device=cpu`,
-  abbreviations, the last one winning), so that a command fails before it trains anything
-  rather than after the JAX side's runs."""
-  import argparse
-
-  parser = argparse.ArgumentParser(add_help=False)
-  parser.add_argument("--device", default="auto")
-  forced = parser.parse_known_args(list(torch_args))[0].device
+  torch_args ask for `--device cpu`, read as gpt_twin's parser reads it: `check_torch_args`),
+  so that a command fails before it trains anything rather than after the JAX side's runs."""
+  forced = check_torch_args(torch_args).get("device", "auto")
   if cuda and forced != "cpu":
     return
   need = [a for a in dict.fromkeys(attentions) if a in CUDA_ONLY]
