@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-
+import inspect
 from typing import NamedTuple
 
 import jax
@@ -238,7 +238,9 @@ def resolved_backend(query, key, value, **kwargs) -> Kernels:
   record. query/key/value may be arrays or `jax.ShapeDtypeStruct`s; kwargs are
   `flash_attention`'s and are checked the same way (same errors).
   """
-  cfg, _ = _kernel_config(query, key, value, **kwargs)
+  call = inspect.signature(flash_attention).bind(query, key, value, **kwargs)  # its TypeErrors
+  call.apply_defaults()
+  cfg, _ = _kernel_config(**call.arguments)
   return Kernels(cfg.backend, cfg.backend_bwd)
 
 
@@ -247,30 +249,31 @@ def _kernel_config(
   key,
   value,
   *,
-  causal=False,
-  softmax_scale=None,
-  stabilize=False,
-  beta=2.0,
-  tie_tolerance=1e-3,
-  numerics="fa2",
-  delta_float32=False,
-  center_keys=False,
-  single_lse=False,
-  sum_rounded_p=False,
-  guard_shift=False,
-  max_shift=None,
-  shift_above=0.0,
-  block_q=None,
-  block_k=None,
-  interpret=None,
-  return_stats=False,
-  rng_key=None,
-  num_warps=None,
-  num_stages=None,
-  backend="auto",
-  mgpu_options=None,
+  causal,
+  softmax_scale,
+  stabilize,
+  beta,
+  tie_tolerance,
+  numerics,
+  delta_float32,
+  center_keys,
+  single_lse,
+  sum_rounded_p,
+  guard_shift,
+  max_shift,
+  shift_above,
+  block_q,
+  block_k,
+  interpret,
+  return_stats,
+  rng_key,
+  num_warps,
+  num_stages,
+  backend,
+  mgpu_options,
 ):
-  """`flash_attention`'s checks and its (KernelConfig, seeds or None)."""
+  """`flash_attention`'s checks and its (KernelConfig, seeds or None). Every argument is
+  given (no defaults here: `flash_attention`'s signature holds the one set of them)."""
   softmax_scale = check_inputs(query, key, value, softmax_scale)
   max_shift = check_shift_options(
     numerics, stabilize, guard_shift, max_shift, query.dtype, shift_above
