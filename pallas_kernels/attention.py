@@ -208,7 +208,7 @@ def kernel_config(
   - backend="auto" resolved by `choose_backend` (`KernelConfig.backend` is the kernel that runs);
   - the backward (`KernelConfig.backend_bwd`): the Mosaic GPU one after the Mosaic GPU forward
     where `supported(..., backward=True)` allows (group = num_heads // num_kv_heads), else the
-    Triton one; 2 tiles in flight.
+    Triton one; 2 tiles in flight (the Mosaic GPU one: `backward_mgpu.default_stages`).
   Raises ValueError when `supported` says the backend cannot run the call (the forward; a
   backward it cannot run falls back to Triton).
   """
@@ -252,7 +252,8 @@ def kernel_config(
       f" (query.shape[3] = {head_dim})" if padded_head_dim != head_dim and "head_dim" in why else ""
     )
     raise ValueError(f"backend={backend!r} does not support {why}{given}")
-  backend_bwd = "triton"
+  backend_bwd, stages_bwd = "triton", 2
+  stages_mgpu = backward_mgpu.default_stages(padded_head_dim, group, numerics.center_keys)
   if (
     backend == "mosaic_gpu"
     and supported(
@@ -261,14 +262,14 @@ def kernel_config(
       numerics=numerics,
       head_dim=padded_head_dim,
       dtype=dtype,
-      num_stages=2,
+      num_stages=stages_mgpu,
       group=group,
       center_keys=numerics.center_keys,
       sum_rounded_p=numerics.sum_rounded_p,
     )
     is None
   ):
-    backend_bwd = "mosaic_gpu"
+    backend_bwd, stages_bwd = "mosaic_gpu", stages_mgpu
   return KernelConfig(
     softmax_scale=softmax_scale,
     causal=bool(causal),
@@ -282,7 +283,7 @@ def kernel_config(
     num_warps=num_warps if num_warps is not None else (4 if head_dim <= 64 else 8),
     num_stages=stages,
     num_warps_bwd=4,
-    num_stages_bwd=2,
+    num_stages_bwd=stages_bwd,
     backend=backend,
     mgpu=mgpu_options if mgpu_options is not None else MosaicGPUOptions(),
     backend_bwd=backend_bwd,

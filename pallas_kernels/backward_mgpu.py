@@ -14,10 +14,14 @@ FlashAttention-3 (Shah et al. 2024, §3; warp specialisation as in `forward_mgpu
 - dK/dV works on the transposed problem, as JAX's `attention_mgpu` does: Sᵀ = K Qᵀ and
   dPᵀ = V dOᵀ are wgmma's with the keys as rows, so Pᵀ and dSᵀ are register operands of
   dV += Pᵀ dO and dK += dSᵀ Q with no transpose; the rows' m, log l and delta arrive per query
-  tile as [3, block_q] float32 (one TMA) and broadcast along the columns;
+  tile as [3, block_q] float32 (one TMA) and broadcast along the columns; at head_dim 256 dK
+  and dV do not fit a warpgroup's registers, so the CTA's two compute warpgroups share one tile
+  of 64 keys and each accumulates 128 of their columns (`parts`: the tiles are kept as parts
+  of 128 columns, Sᵀ and dPᵀ summed over them), and after the loop they meet on a "done"
+  barrier before writing over K and V;
 - dQ: S = Q Kᵀ, dP = dO Vᵀ, dQ += dS K (or the centred keys, `dq_keys`) with dS in registers.
 - On the GPU each step issues the S and dP wgmma's back to back and reads S while dP runs
-  (`wgmma_accumulator_load(wait_n=1)`); the dK, dV and dQ products accumulate in the wgmma
+  (`wgmma_accumulator_load(wait_n=parts)`); the dK, dV and dQ products accumulate in the wgmma
   accumulators (FlashAttention-3's order; float32 summation order only).
 
 Rounding points, as the Triton backward: S = `numerics.scores`; P = `numerics.probs(s, m,
@@ -51,28 +55,52 @@ ROWS = 64  # wgmma's M: rows per compute warpgroup
 COMPUTE_WGS = 2
 DKV_BLOCK_Q = 64  # dK/dV: query rows per step
 DQ_BLOCK_K = 64  # dQ: keys per step
-MAX_HEAD_DIM = 128  # dK and dV accumulators: 2 × 64 × head_dim float32 per warpgroup
+MAX_HEAD_DIM = 256  # padded; the forward's widest (`forward_mgpu.HEAD_DIMS`)
+PART = 128  # the widest dK and dV a warpgroup accumulates: 2 × 64 × 128 float32 in registers
 # Registers per thread (setmaxnreg), FlashAttention-3's split: 2 × 128 × 240 + 128 × 24 ≤ 64 Ki.
 # At head_dim 128 a dK/dV thread holds dK and dV (128), the Sᵀ or Pᵀ and dPᵀ tiles (2 × 32),
-# Pᵀ and dSᵀ in 16 bits (2 × 16) and its 16 query columns of m, log l and delta.
+# Pᵀ and dSᵀ in 16 bits (2 × 16) and its 16 query columns of m, log l and delta; above 128
+# (`parts`) the same, for its part of dK's and dV's columns; a dQ thread at head_dim 256 holds
+# dQ (128), S and dP (2 × 32), dS in 16 bits (16) and its rows' m, log l and delta.
 COMPUTE_REGISTERS, PRODUCER_REGISTERS = 240, 24
 SMEM_BYTES = 227 * 1024 - 3 * 1024  # as `forward_mgpu.SMEM_BYTES`
 
 
+def parts(head_dim: int) -> tuple[int, int]:
+  """(parts, width): the dK/dV kernel keeps head_dim's columns as `parts` tiles of `width`
+  (≤ `PART`) in shared memory. Above 128 (head_dim 256: two parts) its two compute warpgroups
+  share one tile of 64 keys, each accumulating one part of dK's and dV's columns (both compute
+  the whole Sᵀ and dPᵀ, summed over the parts: 1.5× the dK/dV kernel's products), instead of a
+  tile of 64 keys each."""
+  width = min(head_dim, PART)
+  return head_dim // width, width
+
+
 def smem_bytes(head_dim: int, stages: int, group: int = 1, center_keys: bool = False) -> int:
-  """The larger of the two kernels' shared memory: dK/dV holds each warpgroup's K and V, a ring
-  of Q, dO and the rows' statistics, and (grouped heads: float32 partials) a float32 output
-  tile per warpgroup; dQ holds each warpgroup's Q and dO and a ring of K, V (and the centred
-  keys)."""
+  """The larger of the two kernels' shared memory: dK/dV holds the compute warpgroups' K and V
+  (64 keys each, or 64 for both above head_dim 128: `parts`), a ring of Q, dO and the rows'
+  statistics, and (grouped heads: float32 partials) a float32 output tile per warpgroup; dQ
+  holds each warpgroup's Q and dO and a ring of K, V (and the centred keys)."""
+  n_parts, width = parts(head_dim)
+  keys = ROWS if n_parts > 1 else COMPUTE_WGS * ROWS
   dkv = (
-    COMPUTE_WGS * ROWS * head_dim * 2 * 2
+    keys * head_dim * 2 * 2
     + stages * DKV_BLOCK_Q * (head_dim * 2 * 2 + 3 * 4)
-    + (COMPUTE_WGS * ROWS * head_dim * 4 if group > 1 else 0)
+    + (COMPUTE_WGS * ROWS * width * 4 if group > 1 else 0)
   )
   dq = COMPUTE_WGS * ROWS * (head_dim * 2 * 2 + 3 * 4) + stages * DQ_BLOCK_K * head_dim * 2 * (
     3 if center_keys else 2
   )
   return max(dkv, dq)
+
+
+STAGES = 2  # query tiles (dK/dV) and key tiles (dQ) in flight
+
+
+def default_stages(head_dim: int, group: int = 1, center_keys: bool = False) -> int:
+  """The tiles in flight the backward runs with: `STAGES`, or 1 where they do not fit in
+  shared memory (head_dim 256)."""
+  return STAGES if smem_bytes(head_dim, STAGES, group, center_keys) <= SMEM_BYTES else 1
 
 
 def supported(
@@ -88,9 +116,9 @@ def supported(
   """Why the Mosaic GPU backward cannot run a call (None when it can, or when the arguments
   left None could still make it); head_dim is the padded one, group = num_heads //
   num_kv_heads. It runs after the Mosaic GPU forward (`attention.kernel_config`; else the
-  Triton backward does). Limits: the layouts of the Mosaic GPU forward, bfloat16/float16, the
-  registers of the dK and dV float32 accumulators (2 × 64 × head_dim per warpgroup: head_dim
-  ≤ 128), shared memory (`smem_bytes`)."""
+  Triton backward does). Limits: the layouts of the Mosaic GPU forward, bfloat16/float16, its
+  head_dims (32–256; above 128 in `parts`), shared memory (`smem_bytes`: at head_dim 256 one
+  tile in flight, no `center_keys`)."""
   if numerics not in NUMERICS:
     return f"numerics={numerics!r} (the Mosaic GPU backward has {', '.join(NUMERICS)})"
   if sum_rounded_p:  # its P is the float32 P̄'s (`Numerics.probs` without the input dtype)
@@ -99,8 +127,7 @@ def supported(
     return f"dtype={jnp.dtype(dtype)} (the Mosaic GPU backward needs bfloat16 or float16)"
   if head_dim is not None and not (32 <= head_dim <= MAX_HEAD_DIM):
     return (
-      f"head_dim={head_dim} after padding (the Mosaic GPU backward keeps dK and dV, "
-      f"2 × 64 × head_dim float32, in registers: head_dim 32–{MAX_HEAD_DIM})"
+      f"head_dim={head_dim} after padding (the Mosaic GPU backward has head_dim 32–{MAX_HEAD_DIM})"
     )
   if None not in (head_dim, num_stages):
     need = smem_bytes(head_dim, num_stages, group or 1, center_keys)
@@ -120,6 +147,15 @@ def _acc_dot(a, b, shape):
     return acc_ref[...]
 
   return pl.run_scoped(run, plgpu.ACC(shape, jnp.float32))
+
+
+def _dot_parts(a, b, shape):
+  """Σ over the parts of a[p] @ b[p]ᵀ into fresh float32 accumulators, added in part order
+  (interpret mode)."""
+  out = _acc_dot(a.at[0], b.at[0].transpose((1, 0)), shape)
+  for p in range(1, a.shape[0]):
+    out = out + _acc_dot(a.at[p], b.at[p].transpose((1, 0)), shape)
+  return out
 
 
 def _interpret_params(cfg):
@@ -192,15 +228,24 @@ def _producer(n_steps, stages, free, load):
 # --- dK, dV ---------------------------------------------------------------------------------
 
 
+def _columns(index, part, n_parts, width):
+  """A ref's index tuple with (several parts) the last axis cut to columns `part` · width on."""
+  return index if n_parts == 1 else (*index, pl.ds(part * width, width))
+
+
 def _dkv_kernel(
   q_ref, k_ref, v_ref, do_ref, rows_ref, dk_ref, dv_ref, scoped, *, cfg, n_q, group, stages
 ):
   numerics, dtype, scale, bq = cfg.numerics, q_ref.dtype, cfg.softmax_scale, DKV_BLOCK_Q
   smem, barriers = scoped
   k_smem2, v_smem2, q_smem, do_smem, rows_smem, out_smem2, p_smem2, ds_smem2 = smem
-  k_ready, v_ready, q_ready, do_ready, rows_ready, free = barriers
+  k_ready, v_ready, q_ready, do_ready, rows_ready, free, done = barriers
   batch, head, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
-  cta_key0 = lax.axis_index("kv_tiles") * (COMPUTE_WGS * ROWS)
+  # the shared-memory tiles are [parts, rows, width]: one part up to head_dim 128, each
+  # warpgroup with keys of its own; above it (`parts`) one tile of keys, a part each
+  n_parts, width = q_smem.shape[1], q_smem.shape[-1]
+  shared = n_parts > 1
+  cta_key0 = lax.axis_index("kv_tiles") * (ROWS if shared else COMPUTE_WGS * ROWS)
   # causal: query tiles that end before this CTA's first key see none of its keys
   first = lax.div(cta_key0, jnp.int32(bq)) if cfg.causal else jnp.int32(0)
   n_steps = jnp.maximum(jnp.int32(n_q) - first, 0)
@@ -209,15 +254,26 @@ def _dkv_kernel(
   @pl.when(wg < COMPUTE_WGS)
   def _compute():
     plgpu.set_max_registers(COMPUTE_REGISTERS, action="increase")
-    k_smem, v_smem = k_smem2.at[wg], v_smem2.at[wg]
-    key0 = cta_key0 + wg * ROWS
+    mine = 0 if shared else wg  # this warpgroup's K and V: [parts, ROWS, width]
+    part = wg if shared else 0  # the part of dK's and dV's columns it accumulates
+    # (not .at[0] when shared: run_state cannot carry a Python index of a ref it closes over)
+    k_smem, v_smem = (k_smem2, v_smem2) if shared else (k_smem2.at[wg], v_smem2.at[wg])
+    key0 = cta_key0 + (0 if shared else wg * ROWS)
     kv_head = lax.div(head, jnp.int32(group))
     keys = (batch, pl.ds(key0, ROWS), kv_head)
-    plgpu.copy_gmem_to_smem(k_ref.at[keys], k_smem, k_ready.at[wg])
-    plgpu.copy_gmem_to_smem(v_ref.at[keys], v_smem, v_ready.at[wg])
-    plgpu.barrier_wait(k_ready.at[wg])
-    plgpu.barrier_wait(v_ready.at[wg])
-    d = k_smem.shape[-1]
+
+    def load_kv():
+      for p in range(n_parts):
+        at = _columns(keys, p, n_parts, width)
+        plgpu.copy_gmem_to_smem(k_ref.at[at], k_smem.at[p], k_ready.at[mine])
+        plgpu.copy_gmem_to_smem(v_ref.at[at], v_smem.at[p], v_ready.at[mine])
+
+    if shared:  # one copy of the tile, by the first warpgroup
+      pl.when(wg == 0)(load_kv)
+    else:
+      load_kv()
+    plgpu.barrier_wait(k_ready.at[mine])
+    plgpu.barrier_wait(v_ready.at[mine])
     tile = (ROWS, bq)
     col = plgpu.Layout.WGMMA.reduce(0)  # a per-query vector along the columns
 
@@ -242,15 +298,17 @@ def _dkv_kernel(
 
           def scoped_step(s_acc, dp_acc):
             plgpu.barrier_wait(q_ready.at[slot])
-            plgpu.wgmma(s_acc, k_smem, q_slot.transpose((1, 0)))  # Sᵀ = K Qᵀ
+            for p in range(n_parts):  # Sᵀ = K Qᵀ
+              plgpu.wgmma(s_acc, k_smem.at[p], q_slot.at[p].transpose((1, 0)))
             plgpu.barrier_wait(do_ready.at[slot])
-            plgpu.wgmma(dp_acc, v_smem, do_slot.transpose((1, 0)))  # dPᵀ = V dOᵀ
+            for p in range(n_parts):  # dPᵀ = V dOᵀ
+              plgpu.wgmma(dp_acc, v_smem.at[p], do_slot.at[p].transpose((1, 0)))
             plgpu.barrier_wait(rows_ready.at[slot])
-            s = plgpu.wgmma_accumulator_load(s_acc, wait_n=1)  # while dPᵀ runs
+            s = plgpu.wgmma_accumulator_load(s_acc, wait_n=n_parts)  # while dPᵀ runs
             dp = dp_acc[...]
             p_in, ds_in = elementwise(s, dp, slot, i, masked)
-            plgpu.wgmma(dv_acc, p_in, do_slot)  # dV += Pᵀ dO
-            plgpu.wgmma(dk_acc, ds_in, q_slot)  # dK += dSᵀ Q
+            plgpu.wgmma(dv_acc, p_in, do_slot.at[part])  # dV += Pᵀ dO
+            plgpu.wgmma(dk_acc, ds_in, q_slot.at[part])  # dK += dSᵀ Q
 
           pl.run_scoped(scoped_step, plgpu.ACC(tile, jnp.float32), plgpu.ACC(tile, jnp.float32))
 
@@ -259,15 +317,14 @@ def _dkv_kernel(
         plgpu.barrier_wait(q_ready.at[slot])
         plgpu.barrier_wait(do_ready.at[slot])
         plgpu.barrier_wait(rows_ready.at[slot])
-        s = _acc_dot(k_smem, q_slot.transpose((1, 0)), tile)
-        dp = _acc_dot(v_smem, do_slot.transpose((1, 0)), tile)
+        s, dp = (_dot_parts(a, b, tile) for a, b in ((k_smem, q_slot), (v_smem, do_slot)))
         p_in, ds_in = elementwise(s, dp, slot, i, masked)
         p_smem, ds_smem = p_smem2.at[wg], ds_smem2.at[wg]
         p_smem[...] = p_in
         ds_smem[...] = ds_in
         plgpu.commit_smem()
-        dv = numerics.accumulate(dv, _acc_dot(p_smem, do_slot, (ROWS, d)))
-        dk = numerics.accumulate(dk, _acc_dot(ds_smem, q_slot, (ROWS, d)))
+        dv = numerics.accumulate(dv, _acc_dot(p_smem, do_slot.at[part], (ROWS, width)))
+        dk = numerics.accumulate(dk, _acc_dot(ds_smem, q_slot.at[part], (ROWS, width)))
       plgpu.barrier_arrive(free.at[slot])
       return dk, dv
 
@@ -277,7 +334,7 @@ def _dkv_kernel(
     a = jnp.clip(diagonal_end - first, 0, n_steps)
     b = jnp.clip(jnp.int32(cfg.q_len // bq) - first, a, n_steps)
     b = jnp.where(key0 + ROWS > cfg.kv_len, a, b)
-    zeros = plgpu.layout_cast(jnp.zeros((ROWS, d), jnp.float32), plgpu.Layout.WGMMA)
+    zeros = plgpu.layout_cast(jnp.zeros((ROWS, width), jnp.float32), plgpu.Layout.WGMMA)
     carry = lax.fori_loop(0, a, lambda t, c: step(t, c, True), (zeros, zeros))
     carry = lax.fori_loop(a, b, lambda t, c: step(t, c, False), carry)
     dk, dv = lax.fori_loop(b, n_steps, lambda t, c: step(t, c, True), carry)
@@ -285,10 +342,13 @@ def _dkv_kernel(
     out_dtype = dk_ref.dtype
     dk = numerics.round_grad(dk, scale, out_dtype)
     dv = numerics.round_grad(dv, scale, out_dtype, scaled=False)
-    rows_out = (batch, pl.ds(key0, ROWS), head)
+    rows_out = _columns((batch, pl.ds(key0, ROWS), head), part, n_parts, width)
     if out_smem2 is None:  # a 2-byte dK, dV: K's and V's buffers are free now
-      _store(k_smem, dk, dk_ref.at[rows_out])
-      _store(v_smem, dv, dv_ref.at[rows_out])
+      if shared:  # once the other warpgroup's products are done with them
+        plgpu.barrier_arrive(done)
+        plgpu.barrier_wait(done)
+      _store(k_smem.at[part], dk, dk_ref.at[rows_out])
+      _store(v_smem.at[part], dv, dv_ref.at[rows_out])
     else:  # float32 partials (grouped heads): one buffer in turn
       _store(out_smem2.at[wg], dk, dk_ref.at[rows_out])
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)
@@ -299,8 +359,10 @@ def _dkv_kernel(
   def _memory():
     def load(t, slot):
       rows = pl.ds((first + t) * bq, bq)
-      plgpu.copy_gmem_to_smem(q_ref.at[batch, rows, head], q_smem.at[slot], q_ready.at[slot])
-      plgpu.copy_gmem_to_smem(do_ref.at[batch, rows, head], do_smem.at[slot], do_ready.at[slot])
+      for p in range(n_parts):
+        at = _columns((batch, rows, head), p, n_parts, width)
+        plgpu.copy_gmem_to_smem(q_ref.at[at], q_smem.at[slot, p], q_ready.at[slot])
+        plgpu.copy_gmem_to_smem(do_ref.at[at], do_smem.at[slot, p], do_ready.at[slot])
       plgpu.copy_gmem_to_smem(
         rows_ref.at[batch, head, :, rows], rows_smem.at[slot], rows_ready.at[slot]
       )
@@ -315,18 +377,23 @@ def _dkv(q, k, v, do, rows, cfg, stages):
   out_dtype = jnp.dtype(q.dtype if group == 1 else jnp.float32)
   n_q = -(-cfg.q_len // DKV_BLOCK_Q)
   stages = int(max(1, min(stages, n_q)))
-  sw = smem_transforms(d, 2)
+  n_parts, width = parts(d)
+  kv_tiles = 1 if n_parts > 1 else COMPUTE_WGS  # K and V tiles of 64 keys (`_dkv_kernel`)
+  kv_shape = (n_parts, ROWS, width) if n_parts > 1 else (COMPUTE_WGS, 1, ROWS, width)
+  sw = smem_transforms(width, 2)
 
   def entry(q_ref, k_ref, v_ref, do_ref, rows_ref, dk_ref, dv_ref):
     smem = (
-      plgpu.SMEM((COMPUTE_WGS, ROWS, d), k.dtype, transforms=sw),
-      plgpu.SMEM((COMPUTE_WGS, ROWS, d), v.dtype, transforms=sw),
-      plgpu.SMEM((stages, DKV_BLOCK_Q, d), q.dtype, transforms=sw),
-      plgpu.SMEM((stages, DKV_BLOCK_Q, d), do.dtype, transforms=sw),
+      plgpu.SMEM(kv_shape, k.dtype, transforms=sw),
+      plgpu.SMEM(kv_shape, v.dtype, transforms=sw),
+      plgpu.SMEM((stages, n_parts, DKV_BLOCK_Q, width), q.dtype, transforms=sw),
+      plgpu.SMEM((stages, n_parts, DKV_BLOCK_Q, width), do.dtype, transforms=sw),
       plgpu.SMEM((stages, 3, DKV_BLOCK_Q), jnp.float32),
       None
       if out_dtype.itemsize == 2
-      else plgpu.SMEM((COMPUTE_WGS, ROWS, d), jnp.float32, transforms=smem_transforms(d, 4)),
+      else plgpu.SMEM(
+        (COMPUTE_WGS, ROWS, width), jnp.float32, transforms=smem_transforms(width, 4)
+      ),
       *(
         (
           plgpu.SMEM(
@@ -338,8 +405,8 @@ def _dkv(q, k, v, do, rows, cfg, stages):
         else (None, None)
       ),
     )
-    per_wg = plgpu.Barrier(num_barriers=COMPUTE_WGS)
-    ready = plgpu.Barrier(num_barriers=stages)
+    kv_ready = plgpu.Barrier(num_arrivals=n_parts, num_barriers=kv_tiles)  # a copy per part
+    ready = plgpu.Barrier(num_arrivals=n_parts, num_barriers=stages)
     free = plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=stages)
     pl.run_scoped(
       lambda *scoped: _dkv_kernel(
@@ -357,16 +424,17 @@ def _dkv(q, k, v, do, rows, cfg, stages):
         stages=stages,
       ),
       smem,
-      per_wg,
-      per_wg,
+      kv_ready,
+      kv_ready,
       ready,
       ready,
-      ready,
+      plgpu.Barrier(num_barriers=stages),  # the rows' statistics: one copy
       free,
+      plgpu.Barrier(num_arrivals=COMPUTE_WGS) if n_parts > 1 else None,  # `done`
       collective_axes="wg",
     )
 
-  grid = dict(batch=batch, heads=num_heads, kv_tiles=kv_len_p // (COMPUTE_WGS * ROWS))
+  grid = dict(batch=batch, heads=num_heads, kv_tiles=kv_len_p // (kv_tiles * ROWS))
   names = ("batch", "heads", "kv_tiles")  # key tiles innermost: a head's Q, dO shared in L2
   out = jax.ShapeDtypeStruct((batch, kv_len_p, num_heads, d), out_dtype)
   return plgpu.kernel(

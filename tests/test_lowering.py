@@ -165,8 +165,9 @@ def test_overlap_refuses_the_options_it_replaces():
 
 @pytest.mark.parametrize(
   "head_dim,causal,group,center_keys",
-  [(128, True, 1, False), (64, False, 2, True), (32, True, 4, False)],
-  ids=["d128-causal", "d64-gqa-center_keys", "d32-causal-gqa4"],
+  [(128, True, 1, False), (64, False, 2, True), (32, True, 4, False), (256, True, 1, False)]
+  + [(256, False, 2, False)],
+  ids=["d128-causal", "d64-gqa-center_keys", "d32-causal-gqa4", "d256-causal", "d256-gqa"],
 )
 def test_mosaic_gpu_backward_lowers(head_dim, causal, group, center_keys):
   """The GPU path of the Mosaic GPU backward (register operands of wgmma, accumulation in the
