@@ -6,7 +6,8 @@ FlashAttention-3 (Shah et al. 2024, §3; warp specialisation as in `forward_mgpu
 
 - two kernels, no atomics (the library promises bitwise repeatable gradients; FlashAttention-3
   accumulates dQ across CTAs with float atomics, which are not), like the Triton backward:
-  dK/dV — one CTA per (128 keys, batch, query head) looping over query tiles — and dQ — one
+  dK/dV — one CTA per (128 keys, batch, query head; 64 at head_dim 256, below) looping over
+  query tiles — and dQ — one
   CTA per (128 query rows, batch, head) looping over key tiles;
 - each CTA has two compute warpgroups of 64 rows (the M of one wgmma) and a producer warpgroup
   that streams the other side's tiles by TMA into a ring of `stages` shared-memory slots,
@@ -129,6 +130,14 @@ def supported(
     return (
       f"head_dim={head_dim} after padding (the Mosaic GPU backward has head_dim 32–{MAX_HEAD_DIM})"
     )
+  if head_dim is not None:  # no num_stages would do: name the cause
+    least = smem_bytes(head_dim, 1, group or 1, center_keys)
+    if least > SMEM_BYTES:
+      cause = "center_keys=True" if center_keys else f"group={group or 1}"
+      return (
+        f"{cause} at head_dim={head_dim} (the Mosaic GPU backward needs {least / 1024:.1f} KiB "
+        f"of shared memory with one tile in flight, more than {SMEM_BYTES / 1024:.0f} KiB)"
+      )
   if None not in (head_dim, num_stages):
     need = smem_bytes(head_dim, num_stages, group or 1, center_keys)
     if need > SMEM_BYTES:
@@ -653,7 +662,9 @@ def flash_backward_mgpu(q, k, v, o, m, log_l, do, cfg, d_lse=None):
   qp, dop, rows = _pad_to(q, 1, cta), _pad_to(do, 1, cta), _pad_to(rows, 3, cta)
   kp, vp = _pad_to(k, 1, cta), _pad_to(v, 1, cta)
   kd = _pad_to(cfg.numerics.dq_keys(k, cfg.kv_len), 1, cta) if cfg.numerics.center_keys else None
-  stages = cfg.num_stages_bwd if cfg.num_stages_bwd is not None else 2
+  stages = cfg.num_stages_bwd
+  if stages is None:
+    stages = default_stages(d, group, cfg.numerics.center_keys)
   dk, dv = _dkv(qp, kp, vp, dop, rows, cfg, stages)
   dk, dv = dk[:, :kv_len_p], dv[:, :kv_len_p]
   if group > 1:

@@ -205,8 +205,15 @@ def supported(
     and 1 <= num_stages <= 8
   ):
     return f"num_stages={num_stages!r} (key/value tiles in flight: an int from 1 to 8)"
+  out_dtype = jnp.float32 if numerics == "fp32_out" else dtype
+  if None not in (head_dim, block_k, dtype):  # no num_stages would do: name the cause
+    least = smem_bytes(head_dim, block_k, 1, out_dtype)
+    if least > SMEM_BYTES:
+      return (
+        f"numerics={numerics!r} at head_dim={head_dim} (its float32 O and one key/value tile "
+        f"need {least / 1024:.1f} KiB of shared memory, more than {SMEM_BYTES / 1024:.0f} KiB)"
+      )
   if None not in (head_dim, block_k, num_stages, dtype):
-    out_dtype = jnp.float32 if numerics == "fp32_out" else dtype
     need = smem_bytes(head_dim, block_k, num_stages, out_dtype)
     if need > SMEM_BYTES:
       return (

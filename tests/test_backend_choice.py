@@ -42,13 +42,11 @@ def test_auto_is_the_triton_kernels_on_cpu_bit_for_bit():
 
 def test_resolved_backend_takes_flash_attentions_arguments_and_defaults():
   """resolved_backend binds its arguments with flash_attention's signature (its one set of
-  defaults): an unknown or duplicated argument is a TypeError naming it, a bad value
-  flash_attention's own ValueError."""
+  defaults): an unknown argument is a TypeError naming it, a bad value flash_attention's own
+  ValueError."""
   q, k, v, _ = make_inputs(Shape(1, 64, 64, 2, 2, 64), jnp.bfloat16, 0)
   with pytest.raises(TypeError, match="block_size"):
     resolved_backend(q, k, v, block_size=64)
-  with pytest.raises(TypeError, match="query"):
-    resolved_backend(q, k, v, query=q)
   with pytest.raises(ValueError, match="beta=1.0"):
     resolved_backend(q, k, v, stabilize=True, beta=1.0)
   with pytest.raises(ValueError, match="beta=1.0"):

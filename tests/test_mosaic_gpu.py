@@ -151,8 +151,9 @@ def test_mosaic_gpu_refuses_small_head_dim_and_float32():
   q, k, v, _ = make_inputs(Shape(1, 256, 256, 1, 1, 192), jnp.bfloat16, 0)
   with pytest.raises(ValueError, match=r"block_k=128 at head_dim=256 \(registers"):
     flash_attention(q, k, v, backend="mosaic_gpu", block_k=128)
-  with pytest.raises(ValueError, match=r"fp32_out.*|KiB of shared memory"):
-    flash_attention(q, k, v, backend="mosaic_gpu", numerics="fp32_out")
+  for stages in (None, 1):  # no num_stages fits fp32_out's float32 O at 256: named the cause
+    with pytest.raises(ValueError, match=r"^[^\n]*numerics='fp32_out' at head_dim=256 .*KiB"):
+      flash_attention(q, k, v, backend="mosaic_gpu", numerics="fp32_out", num_stages=stages)
   q, k, v, _ = make_inputs(Shape(1, 64, 64, 1, 1, 64), jnp.float32, 0)
   with pytest.raises(ValueError, match="dtype=float32"):
     flash_attention(q, k, v, backend="mosaic_gpu")
@@ -316,21 +317,23 @@ def test_mosaic_gpu_backward_matches_triton_backward(shape, dtype, numerics, cen
   0.016 ulp of the input dtype at the tensor's scale: XLA's CPU code generation contracts
   float32 multiply-adds differently in the two interpreted programs, which moves an entry
   across a rounding boundary), so the CPU assertion is ≥ 99% identical and every entry within
-  1/16 ulp at scale: an indexing or masking fault moves whole ulps at scale. At head_dim 256
-  the float32 sums of S over 256 columns are not in the same order in the two programs (the
-  dK/dV kernel adds its two parts' products; XLA's CPU dots differ too: dQ, whose kernel has
-  no parts, is 99.4% identical on this CPU), and a flipped rounding of P or dS moves an entry by
-  up to half an ulp at scale (measured 2026-12-05: 0.5 in dQ, 0.125 in dK and dV, float16):
-  there the bound is one ulp at scale and the ≥ 99% identical entries tell an indexing fault.
-  On the GPU within 2 ulps of the input dtype at each tensor's scale (wgmma accumulation
-  order, Mosaic's approximate exp). An lse cotangent enters both the same way."""
+  1/16 ulp at scale: an indexing or masking fault moves whole ulps at scale (dropping one
+  query–key product moved dK by 1.7–113 ulps in a reviewer's trial). The Triton backward runs
+  with the Mosaic GPU one's tiles of 64 (its default above head_dim 128 is 32, another
+  summation order). At head_dim 256 the dK/dV kernel sums Sᵀ and dPᵀ over its two parts of 128
+  columns, a float32 order of its own: a flipped rounding of P or dS there moves a dK or dV
+  entry by up to a quarter ulp at scale (measured 2026-12-05, float16), so there they are held
+  to half an ulp and ≥ 98% identical. On the GPU within 2 ulps of the input dtype at each
+  tensor's scale (wgmma accumulation order, Mosaic's approximate exp). An lse cotangent enters
+  both the same way."""
   _skip_if_causal_refused(shape.causal)
   from pallas_kernels.backward import flash_backward
   from pallas_kernels.backward_mgpu import flash_backward_mgpu
 
   args, cfg = _residuals(shape, dtype, numerics, center_keys)
   d_lse = jnp.asarray(np.random.default_rng(1).standard_normal(args[4].shape), jnp.float32) / 8
-  triton = dataclasses.replace(cfg, backend="triton", backend_bwd="triton")
+  tiles = dataclasses.replace(cfg.blocks, block_q_bwd=64, block_k_bwd=64)  # the Mosaic GPU's
+  triton = dataclasses.replace(cfg, backend="triton", backend_bwd="triton", blocks=tiles)
   for lse_cotangent in (None, d_lse) if lse else (None,):
     ours = flash_backward_mgpu(*args, cfg, lse_cotangent)
     theirs = flash_backward(*args, triton, lse_cotangent)
@@ -342,8 +345,9 @@ def test_mosaic_gpu_backward_matches_triton_backward(shape, dtype, numerics, cen
       a, b = np.asarray(a[:, :n], np.float64), np.asarray(b[:, :n], np.float64)
       assert np.isfinite(a).all() and np.abs(b).max() > 0, name
       if jax.default_backend() == "cpu":  # bit for bit but for XLA's CPU code generation
-        assert np.mean(a == b) >= 0.99, (name, np.mean(a == b))
-        bound = ulp_at_scale(b, dtype=dtype) / (16 if shape.head_dim <= 128 else 1)
+        parts = shape.head_dim > 128 and name != "dq"  # dK, dV: Sᵀ summed over two parts
+        assert np.mean(a == b) >= (0.98 if parts else 0.99), (name, np.mean(a == b))
+        bound = ulp_at_scale(b, dtype=dtype) / (2 if parts else 16)
         assert np.abs(a - b).max() <= bound, (name, np.abs(a - b).max(), bound)
       else:
         bound = 2 * ulp_at_scale(b, dtype=dtype)
@@ -363,7 +367,7 @@ def test_mosaic_gpu_backward_falls_back_to_triton_where_it_cannot_run():
   assert [default_stages(d) for d in (32, 64, 128, 256)] == [2, 2, 2, 1]
   assert bwd(head_dim=256, num_stages=1, group=4) is None
   assert "KiB of shared memory" in bwd(head_dim=256, num_stages=2)
-  assert "KiB of shared memory" in bwd(head_dim=256, num_stages=1, center_keys=True)
+  assert "center_keys=True at head_dim=256" in bwd(head_dim=256, center_keys=True)
   cfg = lambda **kw: kernel_config(
     **{
       **dict(q_len=256, kv_len=256, head_dim=256, dtype=jnp.bfloat16, softmax_scale=0.1),

@@ -159,7 +159,8 @@ def flash_attention(
       defaults 4 warps (8 when head_dim > 64) and 2 stages. The Triton backward kernels use 4
       warps and 2 stages (the faster choice in the H200 tile sweep; docs/studies/speed.md).
       With backend="mosaic_gpu", num_stages is the number of key/value tiles in flight
-      (default 2; the Mosaic GPU backward keeps 2) and num_warps is not used.
+      (default 2; the Mosaic GPU backward keeps 2, 1 at a padded head_dim of 256:
+      `pallas_kernels.backward_mgpu.default_stages`) and num_warps is not used.
     mgpu_options: speed options of the Mosaic GPU forward (`MosaicGPUOptions`; the defaults
       and their measurements: docs/studies/speed.md).
     backend: the kernels. "auto" (default): the Mosaic GPU kernels on a Hopper GPU wherever
@@ -173,12 +174,13 @@ def flash_attention(
       FlashAttention-3, Shah et al. 2024, §3; `pallas_kernels.forward_mgpu`, `backward_mgpu`)
       with the same rounding points (outputs may differ by an ulp or two of the input dtype;
       float32 intermediates differ more), for numerics "fa2" and "fp32_out",
-      bfloat16/float16 inputs, head_dim 17–256 (padded to 32, 64, 128 or 256), block_k 64
-      or 128 (64 at head_dim > 128), num_stages 1–8 within shared memory, no return_stats;
-      it needs a Hopper GPU or interpret mode, and raises ValueError for a call its forward
-      does not support. Its backward (two kernels, deterministic) runs head_dim up to 128
-      (padded); above, the Triton backward follows the Mosaic GPU forward. On CPU it runs in
-      Pallas' GPU interpret mode.
+      bfloat16/float16 inputs, head_dim 17–256 (padded to 32, 64, 128 or 256; fp32_out up to
+      128), block_k 64 or 128 (64 at head_dim > 128), num_stages 1–8 within shared memory, no
+      return_stats; it needs a Hopper GPU or interpret mode, and raises ValueError for a call
+      its forward does not support. Its backward (two kernels, deterministic) runs the same
+      head_dims (at 256 the dK/dV kernel in two parts of 128 columns; docs/api.md), but for
+      center_keys at 256, where the Triton backward follows the Mosaic GPU forward. On CPU it
+      runs in Pallas' GPU interpret mode.
   Returns:
     [batch, q_len, num_heads, head_dim] in query's dtype (float32 for "fp32_out"), or
     (out, AttentionStats).
