@@ -497,6 +497,11 @@ def _experiment(args):
     if args.report_only or args.runs:
       experiment.check_recipe(args.out, base)
       rows = experiment.collect(args.out, base, args.layer, args.reference_max_logit)
+      if not rows:
+        raise SystemExit(
+          f"flashstable experiment: --out {args.out!r} holds no runs to report (folders "
+          "VARIANT/seedN with a metrics.jsonl); train them, or give their packs with --runs"
+        )
       # the header records what the report covers, not the options' defaults
       args.variants = ",".join(sorted({r["variant"] for r in rows}))
       args.seeds = ",".join(str(s) for s in sorted({r["seed"] for r in rows}))
@@ -793,8 +798,9 @@ def build_parser():
   p.add_argument(
     "--recipe",
     default="anchor",
-    help="anchor (GPT 6×384, the issue's H200 anchor) "
-    "or tiny (CPU); any training option below overrides it",
+    help="one of experiment.RECIPES (anchor: GPT 6×384, batch 32; anchor-b128: batch 128, "
+    "where the paper layout explodes on an H200; tiny: CPU; the others: anchor's variations); "
+    "any training option below overrides it",
   )
   _renamed(
     p,
@@ -851,7 +857,11 @@ def build_parser():
     type=_file,
     help="after the report, write every run folder (no checkpoints) into this one .jsonl.xz file",
   )
-  p.add_argument("--out", default="runs/instability")
+  p.add_argument(
+    "--out",
+    default="runs/instability",
+    help="the runs' folder (VARIANT/seedN each), report.md and curves.png (default: %(default)s)",
+  )
   _add_train_options(
     p,
     skip=("attention", "seed", "out_dir", "max_seconds"),

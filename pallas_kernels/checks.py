@@ -34,7 +34,10 @@ def check_inputs(query, key, value, softmax_scale, *, allow_float64=False):
   dtype = dtypes.pop()
   allowed = SUPPORTED_DTYPES + ((jnp.dtype(jnp.float64),) if allow_float64 else ())
   if dtype not in allowed:
-    raise TypeError(f"unsupported dtype {dtype}; supported: {[str(d) for d in allowed]}")
+    raise TypeError(
+      f"query.dtype={dtype} (also key's and value's) is not supported; supported: "
+      f"{', '.join(str(d) for d in allowed)}"
+    )
   (b, _, num_heads, head_dim), (bk, _, num_kv_heads, dk) = query.shape, key.shape
   if key.shape != value.shape:
     raise ValueError(

@@ -112,7 +112,7 @@ BAD = [
       value=_x((2, 8, 2, 32), jnp.int32),
     ),
     TypeError,
-    "int32",
+    "query.dtype=int32",
   ),
   (
     dict(query=_x((2, 8, 4, 512)), key=_x((2, 8, 2, 512)), value=_x((2, 8, 2, 512))),

@@ -181,7 +181,18 @@ def test_cli_experiment_tiny(tmp_path):
   assert cli.main(only) == 0
   assert "runaway: layer 1 not defined" in (tmp_path / "report.md").read_text()
   assert cli.main(only + ["--reference-max-logit", "60"]) == 0  # reaches the report's rule
-  assert "runaway: layer 1 max logit > 600 (10 × 60 given)" in (tmp_path / "report.md").read_text()
+  text = (tmp_path / "report.md").read_text()
+  assert "runaway: layer 1 max logit > 600 (10 × 60 given)" in text
+  # every table's header, separator and rows have as many cells (4 steps: no survival marks)
+  lines = text.splitlines() + [""]
+  heads = [i for i, x in enumerate(lines) if x.startswith("|") and lines[i + 1].startswith("|---")]
+  assert len(heads) >= 3
+  for i in heads:
+    table = lines[i : next(j for j in range(i, len(lines)) if not lines[j].startswith("|"))]
+    assert len({x.count("|") for x in table}) == 1, table[:2]
+  empty = ["experiment", "instability", "--recipe", "tiny", "--report-only"]
+  with pytest.raises(SystemExit, match=r"^flashstable experiment: --out .*empty. holds no runs"):
+    cli.main([*empty, "--out", str(tmp_path / "empty")])
   with pytest.raises(SystemExit, match="variant .bogus.: unknown attention .bogus."):
     cli.main(
       [

@@ -240,7 +240,10 @@ def resolved_backend(query, key, value, **kwargs) -> Kernels:
   record. query/key/value may be arrays or `jax.ShapeDtypeStruct`s; kwargs are
   `flash_attention`'s and are checked the same way (same errors).
   """
-  call = inspect.signature(flash_attention).bind(query, key, value, **kwargs)  # its TypeErrors
+  try:
+    call = inspect.signature(flash_attention).bind(query, key, value, **kwargs)
+  except TypeError as e:  # e.g. "got an unexpected keyword argument 'foo'"
+    raise TypeError(f"resolved_backend takes flash_attention's arguments: {e}") from None
   call.apply_defaults()
   cfg, _ = _kernel_config(**call.arguments)
   return Kernels(cfg.backend, cfg.backend_bwd)

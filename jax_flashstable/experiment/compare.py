@@ -146,14 +146,14 @@ def findings(rows, on_cpu=False) -> list[str]:
   for r in exploded:
     out.append(
       f"**{r['variant']} exploded at step {r['explosion_step']:,}** (loss {r['min_loss']:.2f} "
-      f"→ {r['final_loss']:.2f}; layer-1 max logit {r['max_logit']:,.0f}, σ(W_Q) "
+      f"→ {r['final_loss']:.2f}; layer-1 max logit {instability.magnitude(r['max_logit'])}, σ(W_Q) "
       f"{r['max_sigma_wq']:.0f})."
     )
   for r in ran_away:
     out.append(
       f"**{r['variant']} did not explode by step {r['steps']:,}, but its layer 1 ran away**: "
-      f"its max logit passed {threshold:,.0f} ({basis}) at step {r['runaway_step']:,} and "
-      f"reached {r['max_logit']:,.0f} (σ(W_Q) {r['max_sigma_wq']:.0f}): it held the loss, "
+      f"its max logit passed {instability.magnitude(threshold)} ({basis}) at step {r['runaway_step']:,} and "
+      f"reached {instability.magnitude(r['max_logit'])} (σ(W_Q) {r['max_sigma_wq']:.0f}): it held the loss, "
       "not the logits."
     )
   if exploded and calm and threshold is not None:
@@ -279,7 +279,7 @@ def report(
       f"{'n/a' if r.get('runaway_threshold') is None else r['runaway_step'] or '–'} | "
       f"{r['warning_step'] or '–'} | "
       f"{r.get('dq_warning_step') or ('–' if r.get('dq_logged') else 'n/a')} | "
-      f"{r['max_logit']:,.0f} | {r['max_sigma_wq']:.1f} |"
+      f"{instability.magnitude(r['max_logit'])} | {r['max_sigma_wq']:.1f} |"
     )
   lines += [
     "",

@@ -637,6 +637,17 @@ def _count(rs, event):
   return f"{n_hit} / {len(rs) - len(open_)}" + (f" ({', '.join(kinds)})" if kinds else "")
 
 
+def cell(x, fmt=".2g") -> str:
+  """A report's cell: x formatted, "–" for None or NaN (not measured, or a run with no step)."""
+  return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
+
+
+def magnitude(x) -> str:
+  """A magnitude for a report (a max logit, a threshold): thousands separated at ≥ 100, else 3
+  significant digits (a CPU run's max logits are a few units); "–" for None or NaN."""
+  return cell(x, ",.0f" if x is not None and abs(x) >= 100 else ".3g")
+
+
 def format_report(rows, recipe: dict, layer: int) -> str:
   """The report's markdown: `collect`'s rows, the recipe's TrainConfig fields as a dict (its
   "warmup_steps" states the early warning's rule; KeyError without it), the watched layer."""
@@ -644,7 +655,7 @@ def format_report(rows, recipe: dict, layer: int) -> str:
   # (rows of a report.json from before the basis was kept: the reference runs were the only one)
   basis = rows[0].get("runaway_basis", "the fp32-reference runs' largest") if rows else ""
   rule = (
-    f"max logit > {threshold:,.0f} ({RUNAWAY_FACTOR:g} × {basis})"
+    f"max logit > {magnitude(threshold)} ({RUNAWAY_FACTOR:g} × {basis})"
     if threshold is not None
     else "not defined: the matrix has no fp32-reference run and no --reference-max-logit"
   )
@@ -669,32 +680,29 @@ def format_report(rows, recipe: dict, layer: int) -> str:
     )
     lines.append(
       f"| {r['variant']} | {r['seed']} | {r['steps']} | {r['explosion_step'] or '–'} | "
-      f"{runaway} | {warned} | {dq_warned} | {r['min_loss']:.3f} | {r['final_loss']:.3f} | {r['final_val_loss']:.3f} | "
-      f"{r['max_grad_norm']:.2f} | {r['max_sigma_wq']:.1f} / {r['last_sigma_wq']:.1f} | "
-      f"{r['max_logit']:,.0f} | "
-      f"{r['mean_tie_rate']:.3f} | {r['steps_per_s']:.1f} | {100 * r['diag_cost']:.1f}% | "
-      f"{r['outcome']} |"
+      f"{runaway} | {warned} | {dq_warned} | {cell(r['min_loss'], '.3f')} | "
+      f"{cell(r['final_loss'], '.3f')} | {cell(r['final_val_loss'], '.3f')} | "
+      f"{cell(r['max_grad_norm'], '.2f')} | "
+      f"{cell(r['max_sigma_wq'], '.1f')} / {cell(r['last_sigma_wq'], '.1f')} | "
+      f"{magnitude(r['max_logit'])} | {cell(r['mean_tie_rate'], '.3f')} | "
+      f"{cell(r['steps_per_s'], '.1f')} | {cell(r['diag_cost'], '.1%')} | {r['outcome']} |"
     )
   variants = list(dict.fromkeys(r["variant"] for r in rows))
   horizon = max((r["steps"] for r in rows), default=0)
   marks = [s for s in range(500, horizon + 1, 500)]
+  head = ["variant", "exploded / runs (finished or exploded)", "ran away / runs"]
   lines += [
     "",
-    "| variant | exploded / runs (finished or exploded) | ran away / runs | "
-    + " | ".join(f"not exploded at {s:,}" for s in marks)
-    + " |",
+    "| " + " | ".join(head + [f"not exploded at {s:,}" for s in marks]) + " |",
     "|---|---|---|" + "---:|" * len(marks),
   ]
   for v in variants:
     rs = [r for r in rows if r["variant"] == v]
     steps, frac = survival(rs)
     at = lambda t: next((f for s, f in reversed(list(zip(steps, frac))) if s <= t), 1.0)
-    lines.append(
-      f"| {v} | {_count(rs, 'explosion')} | "
-      f"{_count(rs, 'runaway') if threshold is not None else 'n/a'} | "
-      + " | ".join(f"{at(s):.2f}" for s in marks)
-      + " |"
-    )
+    ran = _count(rs, "runaway") if threshold is not None else "n/a"
+    cells = [v, _count(rs, "explosion"), ran] + [f"{at(s):.2f}" for s in marks]
+    lines.append("| " + " | ".join(cells) + " |")
   rules = {"": EarlyWarning(recipe["warmup_steps"])} | {
     prefix: DQErrorWarning(recipe["warmup_steps"], layer=layer, reads=field)
     for prefix, field in DQ_REPORT_FIELDS.items()

@@ -1269,22 +1269,14 @@ def statement(row: dict, tolerance=TOLERANCE, window=WINDOW) -> str:
 # --- the report ----------------------------------------------------------------------------
 
 
-def _g(x, fmt=".2g"):
-  return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
-
-
-def _num(x) -> str:
-  """A magnitude: thousands separated at ≥ 100, else 3 significant digits."""
-  if x is None or (isinstance(x, float) and math.isnan(x)):
-    return "–"
-  return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+_g = instability.cell
 
 
 def format_report(result: dict, recipe: dict, layer=1) -> str:
   tol, window = result["tolerance"], result["window"]
   th = result["thresholds"]
   rule = lambda t: (
-    f"max logit > {_num(t)}"
+    f"max logit > {instability.magnitude(t)}"
     if t is not None
     else "not defined (no reference-fp32 run with diagnostics)"
   )
@@ -1356,7 +1348,7 @@ def format_report(result: dict, recipe: dict, layer=1) -> str:
       f"{_g(c and c['max_rel'])} | {(c['first_apart'] or '–') if c else 'n/a'} | "
       f"{(n['first_apart'] or '–') if n else 'n/a'} | "
       f"{_event(j, r['jax_outcome'])} | {_event(t, r['torch_outcome'])} | "
-      f"{_num(j and j['max_logit'])} / {_num(t and t['max_logit'])} | "
+      f"{instability.magnitude(j and j['max_logit'])} / {instability.magnitude(t and t['max_logit'])} | "
       f"{_g(j and j['steps_per_s'], '.1f')} / {_g(t and t['steps_per_s'], '.1f')} |"
     )
   heads = [f"{lo}–{hi if hi < 10**9 else '…'}" for lo, hi in PROFILE]
@@ -1418,7 +1410,7 @@ def _window_table(rows, field, caption) -> list[str]:
   if not logged:
     return []
   heads = [f"{lo:,}–{hi:,}" for lo, hi in DQ_WINDOWS]
-  size = lambda x: _g(x, ".3f") if x is None or x < 10 else _num(x)  # noqa: E731
+  size = lambda x: _g(x, ".3f") if x is None or x < 10 else instability.magnitude(x)  # noqa: E731
   lines = ["", caption, "", "| pair | seed | " + " | ".join(heads) + " |"]
   lines.append("|---|---:|" + "---:|" * len(heads))
   for r in logged:

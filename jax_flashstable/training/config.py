@@ -82,7 +82,7 @@ class TrainConfig:
   max_seconds: float = 0.0  # stop (and checkpoint) this long after the start
   # (0: no limit)
   out_dir: str = "runs/train"
-  progress: bool = True  # tqdm progress bar
+  progress: bool = True  # tqdm progress bar (where stderr is a terminal)
 
   def __post_init__(self):
     """Raises ConfigError for a value out of its range or of the wrong type (no imports, no

@@ -668,7 +668,8 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None, log=pri
     if cfg.progress:
       from tqdm.auto import tqdm
 
-      bar = tqdm(total=cfg.steps, initial=start, desc=f"{cfg.attention}", leave=False)
+      # disable=None: no bar where stderr is not a terminal (a log file, a device's output)
+      bar = tqdm(total=cfg.steps, initial=start, desc=f"{cfg.attention}", leave=False, disable=None)
     power = None
     if not cfg.diag_interval and not start and log_dir:
       (log_dir / "diagnostics.jsonl").unlink(missing_ok=True)  # no stale rows from an older run
