@@ -107,15 +107,16 @@ def _pack_out(command, pack):
     raise SystemExit(f"flashstable {command}: --pack {pack!r} is a folder, not a file")
 
 
-def _choices(command, option, text, allowed):
-  """The comma-separated items of `text`, each one of `allowed`; else the one-line error."""
+def _choices(command, option, text, allowed, single=False):
+  """The comma-separated items of `text` (single: one item), each one of `allowed`; else the
+  one-line error."""
   items = [x.strip() for x in text.split(",")]
   bad = [x for x in items if x not in allowed]
-  if bad or not text.strip():
+  if bad or not text.strip() or (single and len(items) > 1):
+    why = "unknown " + ", ".join(map(repr, bad)) if bad else "empty" if items == [""] else "a list"
     raise SystemExit(
-      f"flashstable {command}: {option} {text!r}: "
-      f"{'unknown ' + ', '.join(map(repr, bad)) if bad else 'empty'}; choose from "
-      f"{', '.join(allowed)}"
+      f"flashstable {command}: {option} {text!r}: {why}; choose "
+      f"{'one ' if single else ''}from {', '.join(allowed)}"
     )
   return items
 
@@ -420,37 +421,40 @@ def _bias(args):
 
 def _crosscheck(args):
   if not pathlib.Path(args.dump).is_file():
-    raise SystemExit(f"flashstable crosscheck: dump file not found: {args.dump}")
+    what = "a folder, not a dump file" if pathlib.Path(args.dump).is_dir() else "not found"
+    raise SystemExit(f"flashstable crosscheck: dump {args.dump!r} is {what}")
   from jax_flashstable.lab.dumpfile import load_dump
   from pallas_kernels.policy import NUMERICS, check_tile
 
   try:
     _, attrs = load_dump(args.dump, as_bits=True)
-  except Exception as e:  # not a zip, not .npz, not our format: one line either way
-    raise SystemExit(
-      f"flashstable crosscheck: {args.dump} is not a readable dump ({type(e).__name__}: {e})"
-    ) from None
+  except ValueError as e:  # not a zip, not .npz, not our format: one line naming the file
+    raise SystemExit(f"flashstable crosscheck: {e}") from None
   for name in ("block_q", "block_k"):
     if getattr(args, name) is not None:
       try:
         check_tile(f"--{name.replace('_', '-')}", getattr(args, name))
       except ValueError as e:
         raise SystemExit(f"flashstable crosscheck: {e}") from None
-  _choices("crosscheck", "--numerics", args.numerics, sorted(NUMERICS))
+  _choices("crosscheck", "--numerics", args.numerics, sorted(NUMERICS), single=True)
   _out("crosscheck", args.out)
   if args.single_lse is None:  # the dump's backward, named in the report's meta
-    args.single_lse = bool(attrs.get("single_lse", False))
-  from jax_flashstable.lab.crosscheck import crosscheck, format_report
+    args.single_lse = attrs.get("single_lse", False)
+  from jax_flashstable.lab.crosscheck import crosscheck, dump_call, format_report
   from jax_flashstable.results import write_results
 
-  report = crosscheck(
-    args.dump,
+  call = dict(
     numerics=args.numerics,
     stabilize=args.stabilize,
     single_lse=args.single_lse,
     block_q=args.block_q,
     block_k=args.block_k,
   )
+  try:
+    dump_call(args.dump, **call)  # the dump and the call checked before any computation
+  except (ValueError, TypeError) as e:
+    raise SystemExit(f"flashstable crosscheck: {e}") from None
+  report = crosscheck(args.dump, **call)
   rows = [dict(tensor=name, **r) for name, r in report.items()]
   write_results(args.out, "crosscheck", rows, format_report(report), _meta(args))
   return 0

@@ -33,6 +33,85 @@ def test_dump_round_trip_keeps_bits_and_axis_orders(tmp_path):
     load_dump(tmp_path / "bad.npz")
 
 
+def test_a_bad_dump_is_refused_in_one_line_before_any_computation(tmp_path):
+  """Every kind of fault in a dump — its file, its __meta__, its tensors, its attrs, a compared
+  tensor that is not what our kernels return — is a one-line ValueError/TypeError naming the
+  file and the offending tensor or attr, from `dump_call`, before anything is computed (the
+  CLI prints it: test_cli). Built from a good dump of a real call."""
+  import json
+
+  import jax
+  import jax.numpy as jnp
+
+  from jax_flashstable import flash_attention
+  from jax_flashstable.lab.crosscheck import dump_call
+  from jax_flashstable.lab.dumpfile import FORMAT
+
+  x = jax.random.normal(jax.random.key(0), (1, 32, 2, 16), jnp.bfloat16)
+  out, vjp = jax.vjp(lambda q, k, v: flash_attention(q, k, v), x, x, x)
+  dq, dk, dv = vjp(x)
+  good = dict(query=x, key=x, value=x, d_out=x, out=out, d_query=dq, d_key=dk, d_value=dv)
+  good = {n: np.asarray(a) for n, a in good.items()}
+  save_dump(tmp_path / "good.npz", good)
+  assert crosscheck(tmp_path / "good.npz")["out"]["pct_bit_identical"] == 100.0
+
+  def bad(name, tensors=good, **kw):
+    save_dump(tmp_path / name, tensors, **kw)
+    return tmp_path / name
+
+  meta = lambda **m: np.asarray(json.dumps(dict(format=FORMAT, layout="bshd", **m)))
+  np.savez(
+    tmp_path / "lying.npz",
+    __meta__=meta(tensors={"query": dict(dtype="bfloat16", shape=[1])}, attrs={}),
+    query=np.zeros(3, np.float32),
+  )
+  (tmp_path / "text.npz").write_text("not a dump")
+  cases = [
+    (tmp_path / "text.npz", ValueError, r"text.npz is not a readable dump \(not an .npz"),
+    (tmp_path / "lying.npz", ValueError, r"tensor 'query' is stored as float32\[3\], __meta__"),
+    (
+      bad("noq.npz", {n: a for n, a in good.items() if n != "query"}),
+      ValueError,
+      "no tensor 'query'",
+    ),
+    (bad("nothing.npz", dict(query=x, key=x, value=x)), ValueError, "nothing to compare"),
+    (
+      bad("nodo.npz", {n: a for n, a in good.items() if n != "d_out"}),
+      ValueError,
+      "'d_query' without 'd_out'",
+    ),
+    (bad("causal.npz", attrs=dict(causal="no")), TypeError, "attrs causal='no' is not a bool"),
+    (bad("bq.npz", attrs=dict(block_q=17)), ValueError, "block_q=17"),
+    (
+      bad("scale.npz", attrs=dict(softmax_scale="abc")),
+      (TypeError, ValueError),
+      "softmax_scale='abc'",
+    ),
+    (bad("rank.npz", {n: a[0] for n, a in good.items()}), ValueError, r"query.shape=\(32, 2, 16\)"),
+    (
+      bad("short.npz", dict(good, out=good["out"][:, :16])),
+      ValueError,
+      r"out is bfloat16\[1, 16, 2, 16\], ours would be bfloat16\[1, 32, 2, 16\]",
+    ),
+    (
+      bad("f32.npz", dict(good, d_key=good["d_key"].astype(np.float32))),
+      ValueError,
+      r"d_key is float32",
+    ),
+    (bad("do.npz", dict(good, d_out=good["d_out"][:, :8])), ValueError, "d_out has shape"),
+  ]
+  for path, exc, match in cases:
+    with pytest.raises(exc, match=match) as e:
+      dump_call(path)
+    assert "\n" not in str(e.value) and str(path) in str(e.value), (path, e.value)
+  with pytest.raises(ValueError, match=r"layout='xyz' is not one of"):
+    np.savez(
+      tmp_path / "lay.npz",
+      __meta__=np.asarray(json.dumps(dict(format=FORMAT, layout="xyz", tensors={}))),
+    )
+    load_dump(tmp_path / "lay.npz")
+
+
 def test_report_on_known_differences():
   rng = np.random.default_rng(1)
   theirs = np.abs(rng.standard_normal(1000)).astype(ml_dtypes.bfloat16) + ml_dtypes.bfloat16(0.5)

@@ -51,20 +51,30 @@ def compare_tensors(ours, theirs) -> dict:
   )
 
 
-def crosscheck(
+INPUTS = ("query", "key", "value")
+
+
+def dump_call(
   dump_path, *, numerics="fa2", stabilize=None, single_lse=None, block_q=None, block_k=None
 ):
-  """Recomputes `out` (and the gradients, when the dump has d_out) from the dump's query, key
-  and value with our kernels; returns {tensor: compare_tensors(...)}.
-
-  causal, softmax_scale, stabilize, beta, tie_tolerance, single_lse, block_q and block_k
-  default to the dump's attrs (single_lse: False where the dump does not say; a dump of
-  `torch_crosscheck/paper_fa2.py --single-lse`, the paper's own backward, says True, so it is
-  compared with our single_lse backward, "paper+lse").
-  """
+  """(tensors, kwargs): the dump's tensors ([batch, seq, heads, dim]) and the `flash_attention`
+  arguments that recompute them, checked before any computation: ValueError/TypeError in one
+  line naming the dump's tensor or attr (a missing input, nothing to compare, gradients
+  without d_out, an attr of the wrong type, a compared tensor of another shape or dtype than
+  ours, and every `flash_attention` check). Arguments as `crosscheck`'s."""
   t, attrs = load_dump(dump_path, layout="bshd")
+  said = f"{dump_path}:"
+  if missing := [n for n in INPUTS if n not in t]:
+    raise ValueError(f"{said} no tensor {missing[0]!r} (a dump needs {', '.join(INPUTS)})")
+  if not any(n in t for n in COMPARED):
+    raise ValueError(f"{said} nothing to compare (none of {', '.join(COMPARED)})")
+  if (grads := [n for n in COMPARED[1:] if n in t]) and "d_out" not in t:
+    raise ValueError(f"{said} {grads[0]!r} without 'd_out' to recompute it from")
+  for name in ("causal", "stabilize", "single_lse"):
+    if not isinstance(attrs.get(name, False), bool):
+      raise TypeError(f"{said} attrs {name}={attrs[name]!r} is not a bool")
   kw = dict(
-    causal=bool(attrs.get("causal", False)),
+    causal=attrs.get("causal", False),
     softmax_scale=attrs.get("softmax_scale"),
     stabilize=bool(attrs.get("stabilize", False) if stabilize is None else stabilize),
     single_lse=bool(attrs.get("single_lse", False) if single_lse is None else single_lse),
@@ -74,7 +84,46 @@ def crosscheck(
     block_k=block_k or attrs.get("block_k"),
     numerics=numerics,
   )
-  q, k, v = (jnp.asarray(t[n]) for n in ("query", "key", "value"))
+  spec = {n: jax.ShapeDtypeStruct(x.shape, x.dtype) for n, x in t.items()}
+  try:  # flash_attention's checks, and the shape and dtype of its out
+    out = jax.eval_shape(lambda *a: flash_attention(*a, **kw), *map(spec.get, INPUTS))
+  except (ValueError, TypeError) as e:
+    raise type(e)(f"{said} {e}") from None
+  ours = {"out": out}
+  if "d_out" in t:
+    ours |= dict(zip(COMPARED[1:], (spec[n] for n in INPUTS)))  # a gradient is its input's
+    if t["d_out"].shape != out.shape:
+      raise ValueError(f"{said} d_out has shape {list(t['d_out'].shape)}, out {list(out.shape)}")
+  for name in COMPARED:
+    if name in t and (t[name].shape, t[name].dtype) != (ours[name].shape, ours[name].dtype):
+      raise ValueError(
+        f"{said} {name} is {t[name].dtype}{list(t[name].shape)}, ours would be "
+        f"{ours[name].dtype}{list(ours[name].shape)} (numerics={numerics!r})"
+      )
+  return t, kw
+
+
+def crosscheck(
+  dump_path, *, numerics="fa2", stabilize=None, single_lse=None, block_q=None, block_k=None
+):
+  """Recomputes `out` (and the gradients, when the dump has d_out) from the dump's query, key
+  and value with our kernels; returns {tensor: compare_tensors(...)}. The dump is checked
+  first (`dump_call`: ValueError/TypeError in one line).
+
+  causal, softmax_scale, stabilize, beta, tie_tolerance, single_lse, block_q and block_k
+  default to the dump's attrs (single_lse: False where the dump does not say; a dump of
+  `torch_crosscheck/paper_fa2.py --single-lse`, the paper's own backward, says True, so it is
+  compared with our single_lse backward, "paper+lse").
+  """
+  t, kw = dump_call(
+    dump_path,
+    numerics=numerics,
+    stabilize=stabilize,
+    single_lse=single_lse,
+    block_q=block_q,
+    block_k=block_k,
+  )
+  q, k, v = (jnp.asarray(t[n]) for n in INPUTS)
   f = lambda q, k, v: flash_attention(q, k, v, **kw)
   ours = {}
   if "d_out" in t:

@@ -14,6 +14,7 @@ Names used by the tools: query, key, value, d_out (inputs), out, lse, d_query, d
 from __future__ import annotations
 
 import json
+import zipfile
 
 import numpy as np
 
@@ -47,22 +48,61 @@ def save_dump(path, tensors, *, layout="bshd", attrs=None, dtypes=None):
   np.savez(path, __meta__=np.asarray(json.dumps(meta)), **arrays)
 
 
+STORED = {"bfloat16": np.uint16, "float16": np.float16, "float32": np.float32}  # as in the file
+
+
+def _meta_problem(meta, arrays) -> str | None:
+  """What is wrong with a dump's __meta__ against its arrays ({name: stored array}), or None."""
+  if not isinstance(meta, dict):
+    return "__meta__ is not a JSON object"
+  if meta.get("format") != FORMAT:
+    return f"unknown dump format {meta.get('format')!r} (expected {FORMAT!r})"
+  if meta.get("layout") not in LAYOUTS:
+    return f"layout={meta.get('layout')!r} is not one of {LAYOUTS}"
+  if not isinstance(meta.get("attrs", {}), dict):
+    return f"attrs={meta['attrs']!r} is not a JSON object"
+  tensors = meta.get("tensors")
+  if not isinstance(tensors, dict):
+    return "__meta__ has no tensors object"
+  for name, info in tensors.items():
+    if name not in arrays:
+      return f"tensor {name!r} is in __meta__ but not in the file"
+    dtype, shape = (info.get("dtype"), info.get("shape")) if isinstance(info, dict) else (None,) * 2
+    if dtype not in STORED:
+      return f"tensor {name!r} has dtype {dtype!r} (one of {', '.join(STORED)})"
+    x = arrays[name]
+    if x.dtype != STORED[dtype] or list(x.shape) != shape:
+      bits = " (bfloat16 is stored as uint16 bits)" if dtype == "bfloat16" else ""
+      return (
+        f"tensor {name!r} is stored as {x.dtype}{list(x.shape)}, __meta__ says {dtype}{shape}{bits}"
+      )
+  return None
+
+
 def load_dump(path, *, layout="bshd", as_bits=False):
   """(tensors, attrs): 4-D tensors in `layout`. bfloat16 comes back as ml_dtypes.bfloat16, or
-  as uint16 bits with `as_bits=True` (no ml_dtypes needed). Raises ValueError for a file that
-  is not a dump."""
-  with np.load(path) as f:
-    if "__meta__" not in f:
-      raise ValueError(f"{path} is not a flashstable dump (no __meta__)")
-    meta = json.loads(str(f["__meta__"]))
-    if meta.get("format") != FORMAT:
-      raise ValueError(f"{path}: unknown dump format {meta.get('format')!r}")
-    out = {}
-    for name, info in meta["tensors"].items():
-      x = f[name]
-      if info["dtype"] == "bfloat16" and not as_bits:
-        import ml_dtypes
+  as uint16 bits with `as_bits=True` (no ml_dtypes needed). Raises ValueError in one line for
+  a file that is not a dump or whose __meta__ does not describe its arrays."""
+  if not zipfile.is_zipfile(path):  # (numpy would try it as a pickle)
+    raise ValueError(f"{path} is not a readable dump (not an .npz: no zip archive)")
+  try:
+    with np.load(path) as f:
+      if "__meta__" not in f:
+        raise ValueError(f"{path} is not a flashstable dump (no __meta__)")
+      meta = json.loads(str(f["__meta__"]))
+      arrays = {name: f[name] for name in f.files if name != "__meta__"}
+  except (OSError, EOFError, ValueError, zipfile.BadZipFile) as e:  # not .npz, JSON, pickled
+    if str(e).startswith(f"{path} is not"):
+      raise
+    raise ValueError(f"{path} is not a readable dump ({type(e).__name__}: {e})") from None
+  if problem := _meta_problem(meta, arrays):
+    raise ValueError(f"{path}: {problem}")
+  out = {}
+  for name, info in meta["tensors"].items():
+    x = arrays[name]
+    if info["dtype"] == "bfloat16" and not as_bits:
+      import ml_dtypes
 
-        x = x.view(ml_dtypes.bfloat16)
-      out[name] = _to_layout(x, meta["layout"], layout)
-  return out, meta["attrs"]
+      x = x.view(ml_dtypes.bfloat16)
+    out[name] = _to_layout(x, meta["layout"], layout)
+  return out, meta.get("attrs", {})
