@@ -248,7 +248,22 @@ def _add_train_options(p, skip=(), layer_attention=True, defaults=None):
 
 def _train(args):
   cfg = _train_config(args).validate()  # ConfigError: one line (main), before any work
-  from jax_flashstable.training.train import CheckpointError, NonFiniteError, train_and_evaluate
+  from jax_flashstable.training.train import (
+    CheckpointError,
+    NonFiniteError,
+    has_checkpoints,
+    read_metrics,
+    train_and_evaluate,
+  )
+
+  out = pathlib.Path(cfg.out_dir)
+  if not has_checkpoints(out) and (logged := read_metrics(out)):
+    # train_and_evaluate would start afresh there and write over the run's logs
+    raise SystemExit(
+      f"flashstable train: --out-dir {cfg.out_dir!r} holds a run (metrics.jsonl to step "
+      f"{logged[-1]['step']}) with no checkpoint to resume from; use another --out-dir, or "
+      "remove it to train afresh"
+    )
 
   try:
     s = train_and_evaluate(cfg)
@@ -366,6 +381,19 @@ def _deviation(args):
   layouts = _choices("deviation", "--numerics", args.numerics, sorted(NUMERICS))
   _out("deviation", args.out)
   rows = []
+  try:  # every combination checked before the first is computed
+    for layout in layouts:
+      deviation_benchmark(
+        seq_lens,
+        head_dims,
+        tuple(dtypes),
+        block_ks,
+        num_heads=args.heads,
+        layout=layout,
+        check_only=True,
+      )
+  except (ValueError, TypeError) as e:
+    raise SystemExit(f"flashstable deviation: {e}") from None
   for layout in layouts:
     rows += deviation_benchmark(
       seq_lens,
@@ -1112,6 +1140,15 @@ def main(argv=None):
     return args.func(args)
   except ConfigError as e:  # a TrainConfig value, name or path (TrainConfig.validate)
     raise SystemExit(f"flashstable {args.command}: {e}") from None
+  except Exception as e:  # a request larger than the device's memory: a user's size, not a bug
+    if type(e).__name__ not in ("JaxRuntimeError", "XlaRuntimeError"):
+      raise
+    if "RESOURCE_EXHAUSTED" not in str(e):
+      raise
+    first = str(e).strip().splitlines()[0][:300]
+    raise SystemExit(
+      f"flashstable {args.command}: out of memory ({first}); ask for smaller sizes"
+    ) from None
 
 
 def console_main(argv=None):

@@ -76,6 +76,14 @@ def test_train_with_a_layer_override(tmp_path):
   cfg = json.loads((out / "config.json").read_text())["train"]
   assert cfg["attention"] == "fa2+comp" and cfg["attention_overrides"] == [[1, "reference-fp32"]]
   assert cfg["model_overrides"] == [["block_size", 32]]
+  # no checkpoint (2 steps < checkpoint_interval): a second train there would start afresh and
+  # write over the run's logs: refused, the logs kept
+  logged = (out / "metrics.jsonl").read_text()
+  with pytest.raises(
+    SystemExit, match=r"holds a run \(metrics.jsonl to step 2\) with no checkpoint"
+  ):
+    main(["train", "--steps", "3", "--out-dir", str(out)] + FAST)
+  assert (out / "metrics.jsonl").read_text() == logged
 
 
 def test_bad_arguments(tmp_path):
@@ -170,6 +178,7 @@ def _bad_inputs(tmp):
     (["deviation", "--dtypes", "bfloat17"], r"--dtypes 'bfloat17': unknown 'bfloat17'"),
     (["deviation", "--numerics", "fa3"], r"--numerics 'fa3': unknown 'fa3'"),
     (["deviation", "--block-ks", "24"], r"--block-ks=24"),
+    (["deviation", "--head-dims", "300"], r"flashstable deviation: head_dim=300 is not supported"),
     (["bias", "--rows", "0"], r"flashstable bias: argument --rows: must be ≥ 1, got 0"),
     (["accuracy", "--dtypes", "int8"], r"flashstable accuracy: --dtypes 'int8': unknown 'int8'"),
     (["accuracy", "--seed", "-1"], r"argument --seed: must be ≥ 0, got -1"),
@@ -229,6 +238,25 @@ def _run_cli(*argv, timeout=120):
     text=True,
     timeout=timeout,
   )
+
+
+def test_a_request_beyond_the_devices_memory_is_one_line(monkeypatch):
+  """XLA's RESOURCE_EXHAUSTED (e.g. bench --shapes with a length of 10⁶ on a CPU) is a user's
+  size, not a bug: one line naming the command; any other runtime error stays a traceback."""
+  import jax.numpy as jnp
+
+  from jax_flashstable import cli
+
+  monkeypatch.setattr(
+    cli, "_accuracy", lambda args: jnp.zeros(2**43, jnp.uint8).block_until_ready()
+  )
+  with pytest.raises(
+    SystemExit, match=r"^flashstable accuracy: out of memory \(RESOURCE_EXHAUSTED"
+  ):
+    main(["accuracy"])
+  monkeypatch.setattr(cli, "_accuracy", lambda args: 1 / 0)
+  with pytest.raises(ZeroDivisionError):
+    main(["accuracy"])
 
 
 def test_console_prints_one_line_and_exits_2(tmp_path):
@@ -332,6 +360,8 @@ def test_prepare(tmp_path):
   (tmp_path / "t" / "b.md").write_text("second file " * 20)
   assert main(["prepare", str(tmp_path / "t"), str(tmp_path / "bin")]) == 0
   assert pathlib.Path(tmp_path / "bin" / "train.bin").stat().st_size > 0
+  with pytest.raises(SystemExit, match=r"^flashstable prepare: .*bin holds train.bin and val.bin"):
+    main(["prepare", str(tmp_path / "t"), str(tmp_path / "bin")])
 
 
 def test_every_help_page_renders(capsys):

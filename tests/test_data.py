@@ -109,3 +109,21 @@ def test_prepare_names_a_missing_folder(tmp_path):
     prepare_text_folder(tmp_path / "a.txt", tmp_path / "out")
   with pytest.raises(ValueError, match="val_every=0"):
     prepare_text_folder(tmp_path, tmp_path / "out", val_every=0)
+  with pytest.raises(ValueError, match="the text folder is an empty string"):
+    prepare_text_folder("", tmp_path / "out")  # (not the working directory)
+  # one file: no val split (file 0 goes to val only when there are others); val_every=1: no
+  # train split. Both refused, not written empty
+  (tmp_path / "one").mkdir()
+  (tmp_path / "one" / "a.txt").write_text("a document")
+  with pytest.raises(ValueError, match=r"^1 text file under .*one .* leave val.bin empty"):
+    prepare_text_folder(tmp_path / "one", tmp_path / "out")
+  (tmp_path / "one" / "b.txt").write_text("another")
+  with pytest.raises(ValueError, match=r"^2 text files .* val_every=1 leave train.bin empty"):
+    prepare_text_folder(tmp_path / "one", tmp_path / "out", val_every=1)
+  assert not (tmp_path / "out").exists()
+  counts = prepare_text_folder(tmp_path / "one", tmp_path / "out")
+  assert counts["train"] > 0 and counts["val"] > 0
+  before = (tmp_path / "out" / "train.bin").read_bytes()
+  with pytest.raises(ValueError, match=r"out holds train.bin and val.bin already"):
+    prepare_text_folder(tmp_path / "texts-elsewhere", tmp_path / "out")
+  assert (tmp_path / "out" / "train.bin").read_bytes() == before  # not overwritten

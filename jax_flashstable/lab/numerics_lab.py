@@ -7,6 +7,7 @@ Shared by `flashstable deviation`, `flashstable bias`, `experiments/` and the te
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 
 import jax
@@ -14,7 +15,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-from jax_flashstable.attention.api import flash_attention, reference_attention
+from jax_flashstable.attention.api import flash_attention, reference_attention, resolved_backend
 from jax_flashstable.attention.flax_adapter import attend
 from jax_flashstable.lab.accuracy import bf16_ulp
 from jax_flashstable.lab.shapes import Shape, make_inputs
@@ -80,10 +81,18 @@ def deviation_benchmark(
   causal=False,
   seed=0,
   layout="fa2",
+  check_only=False,
 ):
   """max and mean |O − O_FP64| of flash and of standard attention (`reference_attention` in
-  the same dtype), random normal inputs. Rows of dicts."""
+  the same dtype), random normal inputs. Rows of dicts. Every combination is checked with
+  `flash_attention`'s checks before any is computed (its ValueError/TypeError, one line);
+  check_only: only that, no rows."""
+  for dtype, d, n, bk in itertools.product(dtypes, head_dims, seq_lens, block_ks):
+    spec = jax.ShapeDtypeStruct((batch, n, num_heads, d), jnp.dtype(dtype))
+    resolved_backend(spec, spec, spec, causal=causal, block_k=bk, **_layout_kwargs(layout))
   rows = []
+  if check_only:
+    return rows
   for dtype in dtypes:
     for d in head_dims:
       for n in seq_lens:

@@ -118,9 +118,17 @@ def prepare_text_folder(src, out_dir, val_every=100) -> dict:
 
   Raises:
     FileNotFoundError: `src` does not exist.
-    ValueError: `src` is not a folder or holds no text files; val_every < 1.
+    ValueError: `src` is not a folder or holds no text files, or files that leave a split
+      empty; val_every < 1; `out_dir` holds a train.bin or val.bin already (not overwritten).
   """
+  if not str(src).strip():
+    raise ValueError("the text folder is an empty string")
   src, out_dir = pathlib.Path(src), pathlib.Path(out_dir)
+  if held := [f"{x}.bin" for x in ("train", "val") if (out_dir / f"{x}.bin").exists()]:
+    raise ValueError(
+      f"{out_dir} holds {' and '.join(held)} already; to prepare another corpus, use another "
+      "folder or remove them"
+    )
   if not src.exists():
     raise FileNotFoundError(f"text folder not found: {src}")
   if not src.is_dir():
@@ -136,6 +144,12 @@ def prepare_text_folder(src, out_dir, val_every=100) -> dict:
     ids = enc.encode_ordinary(p.read_text(encoding="utf-8", errors="replace")) + [EOT]
     splits["val" if i % val_every == 0 and len(files) > 1 else "train"].append(
       np.asarray(ids, np.uint16)
+    )
+  if empty := [x for x, parts in splits.items() if not parts]:
+    raise ValueError(
+      f"{len(files)} text file{'s' * (len(files) > 1)} under {src} with val_every={val_every} "
+      f"leave {empty[0]}.bin empty (file i goes to val when i % val_every == 0; at least two "
+      "files)"
     )
   out_dir.mkdir(parents=True, exist_ok=True)
   counts = {}

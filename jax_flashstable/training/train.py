@@ -520,7 +520,8 @@ def load_dataset(cfg: TrainConfig, dataset: Dataset | None = None) -> Dataset:
   return dataset
 
 
-def _has_checkpoints(out: pathlib.Path) -> bool:
+def has_checkpoints(out: pathlib.Path) -> bool:
+  """Whether out/checkpoints holds a step's checkpoint (readable or not)."""
   folder = out / "checkpoints"
   return folder.is_dir() and any(p.name.isdigit() for p in folder.iterdir())
 
@@ -556,7 +557,7 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None, log=pri
   t_start = time.perf_counter()  # max_seconds counts setup and compilation too
   cfg.validate()
   out = pathlib.Path(cfg.out_dir)
-  resuming = _has_checkpoints(out)
+  resuming = has_checkpoints(out)
   if resuming and (changes := config_changes(out, cfg)):
     raise ConfigError(
       f"{out} holds a checkpoint of another configuration "
