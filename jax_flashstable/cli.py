@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import pathlib
+import re
 import shlex
 import sys
 
@@ -300,7 +301,7 @@ def _compare(args):
       reference_max_logit=compare.reference_max_logit(setting, cfg),
     )
   except (ValueError, FileNotFoundError, CheckpointError) as e:
-    raise SystemExit(f"flashstable compare: {e}") from None
+    raise SystemExit(f"flashstable compare: {_message(e)}") from None
   print(pathlib.Path(out, "report.md").read_text())
   print(f"report: {out}/report.md, curves: {out}/curves.png")
   return 0
@@ -434,7 +435,10 @@ def _bias(args):
   if args.tie_values is not None:
     ties = dict(tie_values=_floats(args.tie_values, "--tie-values", "bias"))
   _out("bias", args.out)
-  inputs = tied_rows(num_rows=args.rows, seed=args.seed, **ties)
+  try:
+    inputs = tied_rows(num_rows=args.rows, seed=args.seed, **ties)
+  except ValueError as e:
+    raise SystemExit(f"flashstable bias: --tie-values: {e}") from None
   rows = bias_benchmark(inputs, configs, seed=args.seed)
   write_results(args.out, "bias", rows, format_bias(rows), _meta(args))
   print(f"plot: {plot_bias(rows, os.path.join(args.out, 'bias.png'))}")
@@ -454,6 +458,7 @@ def _crosscheck(args):
   from jax_flashstable.lab.dumpfile import load_dump
   from pallas_kernels.policy import NUMERICS, check_tile
 
+  _choices("crosscheck", "--numerics", args.numerics, sorted(NUMERICS), single=True)
   try:
     _, attrs = load_dump(args.dump, as_bits=True)
   except ValueError as e:  # not a zip, not .npz, not our format: one line naming the file
@@ -464,7 +469,6 @@ def _crosscheck(args):
         check_tile(f"--{name.replace('_', '-')}", getattr(args, name))
       except ValueError as e:
         raise SystemExit(f"flashstable crosscheck: {e}") from None
-  _choices("crosscheck", "--numerics", args.numerics, sorted(NUMERICS), single=True)
   _out("crosscheck", args.out)
   if args.single_lse is None:  # the dump's backward, named in the report's meta
     args.single_lse = attrs.get("single_lse", False)
@@ -510,13 +514,14 @@ def _experiment(args):
   from jax_flashstable.attention.config import split_specs
   from jax_flashstable.training.train import CheckpointError
 
-  variants = split_specs(args.variants)
+  try:
+    variants = split_specs(args.variants)
+  except ValueError as e:
+    raise SystemExit(f"flashstable experiment: {_message(e)}") from None
   seeds = _ints(args.seeds, "--seeds", 0, "experiment")
   _out("experiment", args.out)
   if args.pack:
     _pack_out("experiment", args.pack)
-  if not variants:
-    raise SystemExit(f"flashstable experiment: --attention {args.variants!r}: no variant")
   try:
     if args.report_only or args.runs:
       # the report covers every run under --out: --attention and --seeds choose nothing, but a
@@ -549,7 +554,7 @@ def _experiment(args):
         reference_max_logit=args.reference_max_logit,
       )
   except (ValueError, FileNotFoundError, CheckpointError) as e:
-    raise SystemExit(f"flashstable experiment: {e}") from None
+    raise SystemExit(f"flashstable experiment: {_message(e)}") from None
   meta = _meta(args) | dict(recipe_name=args.recipe)
   if args.report_only or args.runs:  # the runs' devices, not this machine's
     meta |= dict(report_made_on=meta.pop("device"), device=experiment.trained_on(args.out))
@@ -643,7 +648,7 @@ def _crosscheck_train(args):
         )
       args.seeds = ",".join(str(s) for s in sorted({r["seed"] for r in result["rows"]}))
   except ValueError as e:
-    raise SystemExit(f"flashstable crosscheck-train: {e}") from None
+    raise SystemExit(f"flashstable crosscheck-train: {_message(e)}") from None
   if result is not None:
     meta = _meta(args) | dict(recipe_name=args.recipe)
     if args.jax_runs:
@@ -675,7 +680,11 @@ def _bench(args):
 
     _choices("bench", "--step-model", args.step_model, sorted(MODEL_PRESETS))
   try:
+    if args.shapes is not None and not args.shapes.strip():
+      raise ValueError(f"--shapes {args.shapes!r}: empty")
     shapes = [Shape.parse(t) for t in args.shapes.split(";")] if args.shapes else None
+    if (args.step_model or args.step_batch) and args.targets is None:
+      raise ValueError("--step-model and --step-batch set the training step of --targets")
     step = None
     if args.step_model or args.step_batch:
       step = targets.StepSetting.default(jax.default_backend() == "gpu")
@@ -685,12 +694,12 @@ def _bench(args):
     return suite.run(
       args.out,
       shapes=shapes,
-      names=split_specs(args.names or ""),
+      names=split_specs(args.names) if args.names is not None else None,
       warmup=args.warmup,
       reps=args.reps,
       pairs=args.overhead_pairs,
-      overhead=split_specs(args.overhead),
-      paired=split_specs(args.paired),
+      overhead=split_specs(args.overhead, "--overhead"),
+      paired=split_specs(args.paired, "--paired") if args.paired else [],
       paired_reference=args.paired_reference,
       hashes=args.hashes,
       meta=_meta(args),
@@ -1139,7 +1148,7 @@ def main(argv=None):
   try:
     return args.func(args)
   except ConfigError as e:  # a TrainConfig value, name or path (TrainConfig.validate)
-    raise SystemExit(f"flashstable {args.command}: {e}") from None
+    raise SystemExit(f"flashstable {args.command}: {_message(e)}") from None
   except Exception as e:  # a request larger than the device's memory: a user's size, not a bug
     if type(e).__name__ not in ("JaxRuntimeError", "XlaRuntimeError"):
       raise
@@ -1149,6 +1158,26 @@ def main(argv=None):
     raise SystemExit(
       f"flashstable {args.command}: out of memory ({first}); ask for smaller sizes"
     ) from None
+
+
+def _message(e: Exception) -> str:
+  """An error's one line; a TrainConfig's (ConfigError) in the command line's words."""
+  from jax_flashstable.training.config import ConfigError
+
+  return _as_options(str(e)) if isinstance(e, ConfigError) else str(e)
+
+
+def _as_options(text: str) -> str:
+  """A TrainConfig error in the words of the command line: FIELD=VALUE → --field-name=VALUE
+  (attention_overrides: --layer-attention; model_overrides: --model-set)."""
+  import dataclasses
+
+  from jax_flashstable.training.config import TrainConfig
+
+  names = {f.name: "--" + f.name.replace("_", "-") for f in dataclasses.fields(TrainConfig)}
+  names |= {"attention_overrides": "--layer-attention", "model_overrides": "--model-set"}
+  fields = "|".join(sorted(names, key=len, reverse=True))
+  return re.sub(rf"\b({fields})(?=[=:])", lambda m: names[m.group(1)], text)
 
 
 def console_main(argv=None):

@@ -92,10 +92,39 @@ def test_bench_cli_on_cpu(tmp_path, capsys):
     cli.main(["bench", "--attention", "fa3", "--out", str(tmp_path)])
   with pytest.raises(SystemExit, match="'paper\\+mgpu'.*numerics='paper'"):
     cli.main(["bench", "--attention", "paper+mgpu", "--out", str(tmp_path)])
-  with pytest.raises(SystemExit, match=r"heads \(4\) a multiple of kv_heads \(3\)"):
+  with pytest.raises(SystemExit, match=r"heads=4 is not a multiple of kv_heads=3"):
     cli.main(["bench", "--shapes", "1,64,4,3,64,0", "--out", str(tmp_path)])
-  with pytest.raises(SystemExit, match=r"--overhead 'xla'"):
-    cli.main(["bench", "--overhead", "xla", "--out", str(tmp_path)])
+  with pytest.raises(SystemExit, match=r"shape '1,64,2,2,0,1': head_dim=0 \(sizes are ≥ 1\)"):
+    cli.main(["bench", "--shapes", "1,64,2,2,0,1", "--out", str(tmp_path)])
+  for option in ("--overhead xla", "--overhead fa2+comp"):  # its +comp twin is timed against it
+    with pytest.raises(SystemExit, match=rf"{re.escape(option.replace(' ', " '"))}'"):
+      cli.main(["bench", *option.split(), "--out", str(tmp_path)])
+  # given but empty, an empty item, options of another mode, nothing measurable: refused
+  refused = [
+    (["--attention", ""], r"--attention '': empty"),
+    (["--attention", "fa2,,paper"], r"--attention 'fa2,,paper': an empty item"),
+    (["--shapes", ""], r"--shapes '': empty"),
+    (["--step-batch", "2"], r"--step-model and --step-batch set the training step of --targets"),
+    (["--paired", "fa2", "--overhead-pairs", "0"], r"--paired 'fa2' needs --overhead-pairs ≥ 1"),
+    (["--targets", "bogus"], r"^flashstable bench: --targets 'bogus': unknown attention"),
+  ]
+  for extra, message in refused:
+    with pytest.raises(SystemExit, match=message):
+      cli.main(["bench", *extra, "--out", str(tmp_path)])
+  with pytest.raises(SystemExit, match=r"nothing was measured: every implementation was skipped"):
+    cli.main(
+      [
+        "bench",
+        "--attention",
+        "cudnn",
+        "--shapes",
+        "1,64,2,2,32,1",
+        "--overhead-pairs",
+        "0",
+        "--out",
+        str(tmp_path / "none"),
+      ]
+    )
   rc = cli.main(
     [
       "bench",
@@ -134,9 +163,9 @@ def test_bench_cli_on_cpu(tmp_path, capsys):
   r = res["meta"]["paired_ratios"][0]  # time(xla) / time(ours), same moment
   assert r["impl"] == "fa2" and r["reference"] == "xla" and r["pairs"] == 2
   assert 0 < r["fwd_ratio"] < 1e4 and 0 < r["fwdbwd_ratio"] < 1e4
-  with pytest.raises(SystemExit, match=r"--paired/--paired-reference: unknown 'nope'"):
+  with pytest.raises(SystemExit, match=r"--paired-reference 'nope': unknown attention 'nope'"):
     cli.main(["bench", "--paired", "fa2", "--paired-reference", "nope", "--out", str(tmp_path)])
-  with pytest.raises(SystemExit, match=r"unknown 'nope'"):  # checked without --paired too
+  with pytest.raises(SystemExit, match=r"'nope': unknown attention"):  # without --paired too
     cli.main(["bench", "--paired-reference", "nope", "--out", str(tmp_path)])
   o = res["meta"]["compensation_overhead"][0]
   assert o["attention"] == "fa2" and o["pairs"] == 2 and abs(o["fwd_overhead"]) < 5

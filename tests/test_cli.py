@@ -87,11 +87,11 @@ def test_train_with_a_layer_override(tmp_path):
 
 
 def test_bad_arguments(tmp_path):
-  with pytest.raises(SystemExit, match="flashstable train: model='nope': unknown model preset"):
+  with pytest.raises(SystemExit, match="flashstable train: --model='nope': unknown model preset"):
     main(["train", "--model", "nope", "--out-dir", str(tmp_path)])
   with pytest.raises(SystemExit, match="n_layers"):
     main(["train", "--model-set", "n_layers=3", "--out-dir", str(tmp_path)])
-  with pytest.raises(SystemExit, match="flashstable train: data='.*missing': folder not found"):
+  with pytest.raises(SystemExit, match="flashstable train: --data='.*missing': folder not found"):
     main(["train", "--data", str(tmp_path / "missing"), "--out-dir", str(tmp_path)])
 
 
@@ -99,29 +99,29 @@ def _bad_inputs(tmp):
   (tmp / "file").write_text("not a folder")
   (tmp / "texts").mkdir()
   return [
-    (["train", "--steps", "-5"], r"flashstable train: steps=-5 must be an integer ≥ 1"),
+    (["train", "--steps", "-5"], r"flashstable train: --steps=-5 must be an integer ≥ 1"),
     (["train", "--steps", "0"], r"steps=0 must be"),
     (["train", "--lr", "-1"], r"lr=-1.0 must be a finite number > 0"),
-    (["train", "--grad-clip", "-1"], r"grad_clip=-1.0 must be a finite number ≥ 0"),
-    (["train", "--batch-size", "0"], r"batch_size=0 must be"),
+    (["train", "--grad-clip", "-1"], r"--grad-clip=-1.0 must be a finite number ≥ 0"),
+    (["train", "--batch-size", "0"], r"--batch-size=0 must be"),
     (
       ["train", "--seq-len", "5000"],
-      r"seq_len=5000 exceeds the context of model 'tiny' "
+      r"--seq-len=5000 exceeds the context of model 'tiny' "
       r"\(block_size=128\)",
     ),
     (["train", "--steps", "ten"], r"train: argument --steps: invalid int value: 'ten'"),
-    (["train", "--out-dir", str(tmp / "file")], r"out_dir='.*file' is a file, not a folder"),
-    (["train", "--out-dir", str(tmp / "file" / "run")], r"out_dir='.*run' cannot be created"),
+    (["train", "--out-dir", str(tmp / "file")], r"--out-dir='.*file' is a file, not a folder"),
+    (["train", "--out-dir", str(tmp / "file" / "run")], r"--out-dir='.*run' cannot be created"),
     (["train", "--attention", "nope"], r"attention='nope': unknown attention 'nope'"),
     (["train", "--layer-attention", "7=xla"], r"layer 7, but n_layer=2"),
-    (["compare", "--steps", "0"], r"flashstable compare: steps=0"),
+    (["compare", "--steps", "0"], r"flashstable compare: --steps=0"),
     (
       ["experiment", "instability", "--recipe", "tiny", "--seeds", "1,-2", "--out", str(tmp)],
       r"flashstable experiment: --seeds '1,-2': every value must be ≥ 0, got -2",
     ),
     (
       ["experiment", "instability", "--recipe", "tiny", "--eval-batches", "0", "--out", str(tmp)],
-      r"eval_batches=0",
+      r"--eval-batches=0",
     ),
     (
       ["experiment", "instability", "--recipe", "tiny", "--time-budget", "-1"],
@@ -180,6 +180,17 @@ def _bad_inputs(tmp):
     (["deviation", "--block-ks", "24"], r"--block-ks=24"),
     (["deviation", "--head-dims", "300"], r"flashstable deviation: head_dim=300 is not supported"),
     (["bias", "--rows", "0"], r"flashstable bias: argument --rows: must be ≥ 1, got 0"),
+    (["train", "--min-lr", "0.5", "--lr", "0.01"], r"train: --min-lr=0.5 is above --lr=0.01"),
+    (["train", "--min-lr", "nan"], r"^flashstable train: --min-lr=nan must be a finite number"),
+    (
+      ["train", "--layer-attention", "1=fa2", "--layer-attention", "1=paper"],
+      r"train: --layer-attention: 1 given twice",
+    ),
+    (["compare", "--model", "bogus"], r"compare: --model='bogus': unknown model preset"),
+    (["bias", "--tie-values", "2,1e39"], r"--tie-values: tie value 1e\+39 is beyond bfloat16"),
+    (["bias", "--attention", "fa2,,paper"], r"bias: --attention 'fa2,,paper': an empty item"),
+    (["experiment", "instability", "--attention", ""], r"experiment: --attention '': empty"),
+    (["crosscheck", str(tmp / "file"), "--numerics", "fa2,paper"], r"'fa2,paper': a list"),
     (["accuracy", "--dtypes", "int8"], r"flashstable accuracy: --dtypes 'int8': unknown 'int8'"),
     (["accuracy", "--seed", "-1"], r"argument --seed: must be ≥ 0, got -1"),
     (["crosscheck", str(tmp / "no.npz")], r"crosscheck: dump '.*no.npz' is not found"),
@@ -264,7 +275,7 @@ def test_console_prints_one_line_and_exits_2(tmp_path):
   assert (out.returncode, out.stdout, out.stderr) == (
     2,
     "",
-    "flashstable train: steps=-5 must be an integer ≥ 1\n",
+    "flashstable train: --steps=-5 must be an integer ≥ 1\n",
   )
   out = _run_cli("prepare", str(tmp_path / "nonexistent"), str(tmp_path / "bin"))
   assert out.returncode == 2 and out.stderr.splitlines() == [

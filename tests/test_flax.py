@@ -224,7 +224,23 @@ def test_spec_lists_split_at_specs_not_fields():
     "xla",
     "paper+comp",
   ]
-  assert split_specs("") == []
+  for text, why in (("", "empty"), ("fa2,,xla", "an empty item"), ("fa2,", "an empty item")):
+    with pytest.raises(ValueError, match=rf"^--attention '{text}': {why}$"):
+      split_specs(text)
+
+
+def test_a_spec_sets_each_field_once():
+  """A field set twice in one spec (two values, two modifiers, a modifier and a FIELD=VALUE,
+  a modifier repeated) is refused, naming both: nothing is silently overridden."""
+  for spec, message in (
+    ("fa2:block_k=64,block_k=32", "block_k=64 and block_k=32 both set block_k"),
+    ("fa2+mgpu+triton", r"\+mgpu and \+triton both set backend"),
+    ("fa2+comp:stabilize=False", r"\+comp and stabilize=False both set stabilize"),
+    ("fa2+comp+comp", r"modifier '\+comp' twice"),
+  ):
+    with pytest.raises(ValueError, match=message):
+      AttentionConfig.parse(spec)
+  assert AttentionConfig.parse("fa2+comp+mgpu:block_k=128").block_k == 128
 
 
 def test_top_level_export_is_the_adapter():

@@ -192,23 +192,32 @@ class AttentionConfig:
       name, mods = new.split("+")[0], new.split("+")[1:] + mods
     if name not in PRESETS:
       raise ValueError(f"unknown attention {name!r} in {spec!r}; presets: {', '.join(PRESETS)}")
-    kw = {}
+    kw, set_by = {}, {}  # each field set once: by one modifier or one FIELD=VALUE
+
+    def setting(key, value, by):
+      if key in set_by:
+        raise ValueError(f"{set_by[key]} and {by} both set {key} in {spec!r}")
+      kw[key], set_by[key] = value, by
+
     for mod in mods:
       if mod not in MODIFIERS:
         raise ValueError(
           f"unknown modifier '+{mod}' in {spec!r}; modifiers: "
           f"{', '.join('+' + m for m in MODIFIERS)}"
         )
-      kw.update(MODIFIERS[mod])
+      if f"+{mod}" in set_by.values():
+        raise ValueError(f"modifier '+{mod}' twice in {spec!r}")
+      for key, value in MODIFIERS[mod].items():
+        setting(key, value, f"+{mod}")
     types = {f.name: f.type for f in dataclasses.fields(cls)}
-    for item in filter(None, overrides.split(",")):
+    for item in overrides.split(",") if overrides else ():
       key, eq, value = item.partition("=")
       if key not in types or not eq:
         raise ValueError(
           f"{item!r} in {spec!r} is not FIELD=VALUE with a field of "
           f"AttentionConfig ({', '.join(types)})"
         )
-      kw[key] = parse_field_value(key, value, types[key])
+      setting(key, parse_field_value(key, value, types[key]), f"{key}={value}")
     config = dataclasses.replace(PRESETS[name], **kw)
     if spec != given or head.split("+")[0] in ALIASES:  # an older spelling
       warnings.warn(
@@ -262,14 +271,17 @@ def parse_field_value(key, text, type_name):
   return text
 
 
-def split_specs(text: str) -> list[str]:
+def split_specs(text: str, option: str = "--attention") -> list[str]:
   """A comma-separated list of specs → the specs. A FIELD=VALUE item continues the spec before
-  it ("fa2:block_q=64,block_k=64,xla" → ["fa2:block_q=64,block_k=64", "xla"])."""
+  it ("fa2:block_q=64,block_k=64,xla" → ["fa2:block_q=64,block_k=64", "xla"]). Raises
+  ValueError, naming `option`, for an empty list or an empty item ("fa2,,paper")."""
   specs = []
   for item in text.split(","):
+    if not item.strip():
+      raise ValueError(f"{option} {text!r}: {'empty' if not text.strip() else 'an empty item'}")
     if specs and "=" in item and ":" not in item:
       specs[-1] += "," + item
-    elif item:
+    else:
       specs.append(item)
   return specs
 

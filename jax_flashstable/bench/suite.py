@@ -24,25 +24,25 @@ from jax_flashstable.lab.shapes import Shape
 from jax_flashstable.results import write_results
 
 
-def check(names, paired, paired_reference, overhead) -> None:
-  """Raises ValueError, in one line naming the offending names and the valid forms, before
-  anything is timed."""
+def check(names, paired, paired_reference, overhead, names_option="--attention") -> None:
+  """Raises ValueError, in one line naming the option, the offending name and why, with the
+  valid forms, before anything is timed."""
   for what, items in (
-    ("--attention", names),
-    ("--paired/--paired-reference", paired + [paired_reference]),
+    (names_option, names),
+    ("--paired", paired),
+    ("--paired-reference", [paired_reference]),
   ):
-    bad = [n for n in items if name_error(n)]
-    if bad:
+    if bad := [n for n in items if name_error(n)]:
       raise ValueError(
-        f"{what}: unknown {', '.join(map(repr, bad))} "
-        f"({name_error(bad[0]).split(': ', 1)[-1]}). Use {'; '.join(NAME_FORMS)}"
+        f"{what} {bad[0]!r}: {name_error(bad[0]).split(': ', 1)[-1]}. Use {'; '.join(NAME_FORMS)}"
       )
   for spec in overhead:
     config = None if name_error(spec) else attention_config(spec)
-    if config is None or config.implementation != "flash":
+    if config is None or config.implementation != "flash" or config.stabilize:
       raise ValueError(
-        f"--overhead {spec!r}: needs an attention spec of our flash kernels "
-        f"(e.g. fa2, paper, fa2+mgpu:block_k=128); its +comp twin is timed against it"
+        f"--overhead {spec!r}: needs an attention spec of our flash kernels without the "
+        f"compensation (e.g. fa2, paper, fa2+mgpu:block_k=128); its +comp twin is timed "
+        f"against it"
       )
 
 
@@ -77,13 +77,15 @@ def run(
   if targets is not None:
     from jax_flashstable.bench import targets as target_lib
 
-    check([targets], [], paired_reference, [])
+    check([targets], [], paired_reference, [], names_option="--targets")
     target_lib.check(targets)
     names = list(names) if names else [targets, "pallas-mgpu", paired_reference]
     shapes = list(shapes or (target_lib.HEADLINE if gpu else default_shapes(gpu)[:1]))
     overhead, paired = (), ()
   names = list(names) if names else default_impls(gpu)
   check(names, list(paired), paired_reference, list(overhead) if pairs else [])
+  if paired and not pairs:
+    raise ValueError(f"--paired {','.join(paired)!r} needs --overhead-pairs ≥ 1 (its pairs)")
   given, shapes = bool(shapes), list(shapes) if shapes else default_shapes(gpu)
   meta = dict(meta or {})
   rows = []
@@ -128,6 +130,13 @@ def run(
     table += "\n\n" + target_lib.format_targets(meta["targets"]["rows"], results)
   meta["golden_hashes"] = golden_hashes() if hashes else None
   write_results(out, "bench", rows, table, meta)
+  pair_measured = any("error" not in o for o in meta.get("compensation_overhead", []))
+  if all("skipped" in r for r in rows) and targets is None and not pair_measured:
+    os.remove(partial)
+    raise ValueError(
+      f"nothing was measured: every implementation was skipped on this device (first: "
+      f"{rows[0]['impl']}: {rows[0]['skipped'][:120]}); the table is in {out}/bench.md"
+    )
   plot_bench(rows, os.path.join(out, "bench.png"))
   os.remove(partial)
   for o in meta.get("compensation_overhead", []):

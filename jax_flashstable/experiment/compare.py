@@ -90,7 +90,13 @@ def run_compare(
   layer-1 max logit measured elsewhere; with neither, runaways are not judged)."""
   out = pathlib.Path(out_dir)
   rows = instability.run_matrix(
-    base, list(variants), [seed], out, log=log, reference_max_logit=reference_max_logit
+    base,
+    list(variants),
+    [seed],
+    out,
+    log=log,
+    reference_max_logit=reference_max_logit,
+    out_option="--out-dir",
   )
   rows = [
     dict(r, **noise_band(out / r["variant"] / f"seed{seed}"))

@@ -50,6 +50,7 @@ from jax_flashstable.training.train import (
   warning_step,
 )
 from jax_flashstable.attention.config import MODIFIERS, AttentionConfig
+from jax_flashstable.training.config import ConfigError, named_error
 from pallas_kernels.policy import check_tile, real_number
 
 # A variant is an attention spec of `AttentionConfig`'s grammar ("paper", "paper+comp", "fa2",
@@ -159,7 +160,10 @@ def variant_config(
   """The TrainConfig of one run. Raises ValueError for a variant that does not parse or a
   watched layer the model does not have."""
   check_tile("tiles", tiles)  # the paper layout's logical tile
-  n_layer = base.model_config().n_layer
+  try:
+    n_layer = base.model_config().n_layer
+  except ValueError as e:  # the field it came from named first, as TrainConfig.validate does
+    raise ConfigError(named_error(base, e)) from None
   if not 0 <= layer < n_layer:
     raise ValueError(f"layer={layer} is not a layer of {base.model!r} (n_layer={n_layer})")
   try:
@@ -182,10 +186,12 @@ def run_matrix(
   time_budget=0.0,
   reference_max_logit=None,
   log=print,
+  out_option="--out",
 ) -> list[dict]:
   """Runs every (variant, seed) not yet done, in order, within `time_budget` seconds of wall
   time (0: none; a run cut by it is left unfinished and resumes next time). Returns the report
-  rows (`collect`, with `reference_max_logit`).
+  rows (`collect`, with `reference_max_logit`). `out_option`: the command's option for
+  out_dir, as its errors name it.
 
   Raises:
     ValueError (`train.ConfigError`), before any training: a variant, seed, setting
@@ -212,7 +218,7 @@ def run_matrix(
       raise ValueError(
         f"{variant} seed {seed}: {run_dir} was run with another configuration "
         f"({describe_changes(changes)}); to keep it and train this one, use "
-        f"another --out; to continue it, use its settings "
+        f"another {out_option}; to continue it, use its settings "
         f"({stored_values(changes)})"
       )
   dataset = load_dataset(base) if configs else None  # checked once, shared

@@ -156,8 +156,12 @@ def tied_rows(
   elsewhere, so P̄V is "two (or more) large, many small" terms of one sign,
   via q = [t, 1, 0…], tied keys [1, 0, …], others [1, −δ, …]; V ≈ value_mean·(1 ± 0.25),
   one sign. Returns bf16 query [1, num_rows, 1, d], key/value [num_rows, kv_len, 1, d] as a
-  batch of single-query problems: query reshaped to [num_rows, 1, 1, d].
+  batch of single-query problems: query reshaped to [num_rows, 1, 1, d]. ValueError for a tie
+  value beyond bfloat16's range (it would be inf, and the scores NaN).
   """
+  big = float(ml_dtypes.finfo(ml_dtypes.bfloat16).max)
+  if bad := [x for x in tie_values if not abs(x) <= big]:
+    raise ValueError(f"tie value {bad[0]!r} is beyond bfloat16's range (±{big:.4g})")
   rng = np.random.default_rng(seed)
   t = rng.choice(tie_values, num_rows)
   n = rng.choice(n_ties, num_rows)

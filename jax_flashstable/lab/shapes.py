@@ -34,13 +34,19 @@ class Shape:
       )
     except ValueError:
       raise ValueError(f"shape {text!r} is not batch,len,heads,kv_heads,head_dim,causal") from None
-    if (
-      min(shape.batch, shape.q_len, shape.num_heads, shape.num_kv_heads, shape.head_dim) < 1
-      or shape.num_heads % shape.num_kv_heads
-    ):
+    sizes = dict(
+      batch=shape.batch,
+      len=shape.q_len,
+      heads=shape.num_heads,
+      kv_heads=shape.num_kv_heads,
+      head_dim=shape.head_dim,
+    )
+    if small := [f"{k}={v}" for k, v in sizes.items() if v < 1]:
+      raise ValueError(f"shape {text!r}: {small[0]} (sizes are ≥ 1)")
+    if shape.num_heads % shape.num_kv_heads:
       raise ValueError(
-        f"shape {text!r}: sizes must be ≥ 1 and heads ({shape.num_heads}) a "
-        f"multiple of kv_heads ({shape.num_kv_heads})"
+        f"shape {text!r}: heads={shape.num_heads} is not a multiple of "
+        f"kv_heads={shape.num_kv_heads}"
       )
     return shape
 

@@ -131,6 +131,10 @@ class TrainConfig:
         )
         hint = " (0: no clipping)" if name == "grad_clip" else ""
         raise ConfigError(f"{name}={value!r} must be a finite number {bounds}{hint}")
+    if self.min_lr > self.lr:
+      raise ConfigError(
+        f"min_lr={self.min_lr!r} is above lr={self.lr!r} (the cosine decays from lr to min_lr)"
+      )
     if self.warning_action not in WARNING_ACTIONS:
       raise ConfigError(f"warning_action={self.warning_action!r} is not one of {WARNING_ACTIONS}")
     if self.warning_rule not in WARNING_RULES:
@@ -159,6 +163,9 @@ class TrainConfig:
         isinstance(p, (tuple, list)) and len(p) == 2 for p in pairs
       ):
         raise ConfigError(f"{name}={pairs!r} must be a tuple of (key, value) pairs")
+      keys = [k for k, _ in pairs]
+      if twice := [k for k in dict.fromkeys(keys) if keys.count(k) > 1]:
+        raise ConfigError(f"{name}: {twice[0]!r} given twice in {pairs!r}")
 
   def validate(self) -> "TrainConfig":
     """Checks what construction cannot without imports or files: the model preset and its
@@ -172,7 +179,7 @@ class TrainConfig:
     try:
       mcfg = self.model_config()
     except ValueError as e:
-      raise ConfigError(_named_error(self, e)) from None
+      raise ConfigError(named_error(self, e)) from None
     if self.seq_len is not None and self.seq_len > mcfg.block_size:
       raise ConfigError(
         f"seq_len={self.seq_len} exceeds the context of model {self.model!r} "
@@ -224,7 +231,7 @@ def _is_number(x) -> bool:
   return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
-def _named_error(cfg: TrainConfig, e: ValueError) -> str:
+def named_error(cfg: TrainConfig, e: ValueError) -> str:
   """The model_config() error with the field it came from named first."""
   from jax_flashstable.attention.config import AttentionConfig
 
