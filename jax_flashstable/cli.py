@@ -177,7 +177,10 @@ def _train_config(args, **defaults):
     from jax_flashstable.models.gpt2 import GPTConfig
 
     gtypes = {f.name: f.type for f in dataclasses.fields(GPTConfig)}
-    model_overrides = list(kw.get("model_overrides", ()))
+    model_overrides = dict(
+      kw.get("model_overrides", ())
+    )  # the recipe's, which --model-set overrides
+    given = set()
     for item in args.model_set:
       key, _, value = item.partition("=")
       if key not in gtypes or key.startswith("attention"):
@@ -185,11 +188,14 @@ def _train_config(args, **defaults):
           f"{command}: --model-set {key!r} is not a GPTConfig field "
           f"({sorted(k for k in gtypes if not k.startswith('attention'))})"
         )
+      if key in given:
+        raise SystemExit(f"{command}: --model-set {key!r} given twice")
+      given.add(key)
       try:
-        model_overrides.append((key, parse_field_value(key, value, gtypes[key])))
+        model_overrides[key] = parse_field_value(key, value, gtypes[key])
       except ValueError as e:
         raise SystemExit(f"{command}: --model-set {item!r}: {e}") from None
-    kw["model_overrides"] = tuple(model_overrides)
+    kw["model_overrides"] = tuple(model_overrides.items())
   return TrainConfig(**kw)
 
 
@@ -698,7 +704,7 @@ def _bench(args):
       warmup=args.warmup,
       reps=args.reps,
       pairs=args.overhead_pairs,
-      overhead=split_specs(args.overhead, "--overhead"),
+      overhead=split_specs(args.overhead, "--overhead") if args.overhead else [],
       paired=split_specs(args.paired, "--paired") if args.paired else [],
       paired_reference=args.paired_reference,
       hashes=args.hashes,
@@ -1074,7 +1080,7 @@ def build_parser():
     default="fa2",
     help="comma-separated attention "
     "specs of our kernels whose compensation overhead (against SPEC+comp) is measured, "
-    "e.g. fa2,fa2+mgpu:block_k=128",
+    "e.g. fa2,fa2+mgpu:block_k=128 ('': none, e.g. for --paired alone)",
   )
   p.add_argument(
     "--hashes",
@@ -1177,7 +1183,8 @@ def _as_options(text: str) -> str:
   names = {f.name: "--" + f.name.replace("_", "-") for f in dataclasses.fields(TrainConfig)}
   names |= {"attention_overrides": "--layer-attention", "model_overrides": "--model-set"}
   fields = "|".join(sorted(names, key=len, reverse=True))
-  return re.sub(rf"\b({fields})(?=[=:])", lambda m: names[m.group(1)], text)
+  # at the start or after a space, "(", "," or ";": not inside a path or a quoted value
+  return re.sub(rf"(?<![^\s(,;])({fields})(?=[=:])", lambda m: names[m.group(1)], text)
 
 
 def console_main(argv=None):

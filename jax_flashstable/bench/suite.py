@@ -130,9 +130,13 @@ def run(
     table += "\n\n" + target_lib.format_targets(meta["targets"]["rows"], results)
   meta["golden_hashes"] = golden_hashes() if hashes else None
   write_results(out, "bench", rows, table, meta)
-  pair_measured = any("error" not in o for o in meta.get("compensation_overhead", []))
+  pair_measured = any(
+    "error" not in o for o in meta.get("compensation_overhead", []) + meta.get("paired_ratios", [])
+  )
   if all("skipped" in r for r in rows) and targets is None and not pair_measured:
     os.remove(partial)
+    if os.path.exists(png := os.path.join(out, "bench.png")):
+      os.remove(png)  # an earlier run's, beside this table
     raise ValueError(
       f"nothing was measured: every implementation was skipped on this device (first: "
       f"{rows[0]['impl']}: {rows[0]['skipped'][:120]}); the table is in {out}/bench.md"

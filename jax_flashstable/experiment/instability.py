@@ -645,7 +645,8 @@ def _count(rs, event):
 
 def cell(x, fmt=".2g") -> str:
   """A report's cell: x formatted, "–" for None or NaN (not measured, or a run with no step)."""
-  return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
+  nan = isinstance(x, (float, np.floating)) and math.isnan(x)
+  return "–" if x is None or nan else format(x, fmt)
 
 
 def magnitude(x) -> str:

@@ -69,7 +69,7 @@ def _meta_problem(meta, arrays) -> str | None:
       return f"tensor {name!r} is in __meta__ but not in the file"
     dtype, shape = (info.get("dtype"), info.get("shape")) if isinstance(info, dict) else (None,) * 2
     if dtype not in STORED:
-      return f"tensor {name!r} has dtype {dtype!r} (one of {', '.join(STORED)})"
+      return f"tensor {name!r} has dtype {dtype!r}, not one of {', '.join(STORED)}"
     x = arrays[name]
     if x.dtype != STORED[dtype] or list(x.shape) != shape:
       bits = " (bfloat16 is stored as uint16 bits)" if dtype == "bfloat16" else ""

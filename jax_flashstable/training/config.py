@@ -133,7 +133,8 @@ class TrainConfig:
         raise ConfigError(f"{name}={value!r} must be a finite number {bounds}{hint}")
     if self.min_lr > self.lr:
       raise ConfigError(
-        f"min_lr={self.min_lr!r} is above lr={self.lr!r} (the cosine decays from lr to min_lr)"
+        f"min_lr={self.min_lr!r} is above lr={self.lr!r} (the cosine decays from lr to "
+        "min_lr: set min_lr at most lr)"
       )
     if self.warning_action not in WARNING_ACTIONS:
       raise ConfigError(f"warning_action={self.warning_action!r} is not one of {WARNING_ACTIONS}")

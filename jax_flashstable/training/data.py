@@ -153,9 +153,11 @@ def prepare_text_folder(src, out_dir, val_every=100) -> dict:
     )
   out_dir.mkdir(parents=True, exist_ok=True)
   counts = {}
-  for split, parts in splits.items():
+  for split in ("val", "train"):  # each file whole or not at all; train.bin last (`_find`)
+    parts = splits[split]
     arr = np.concatenate(parts) if parts else np.zeros(0, np.uint16)
-    arr.astype("<u2").tofile(out_dir / f"{split}.bin")
+    arr.astype("<u2").tofile(out_dir / f"{split}.bin.tmp")
+    os.replace(out_dir / f"{split}.bin.tmp", out_dir / f"{split}.bin")
     counts[split] = int(arr.size)
   return counts
 
@@ -179,6 +181,7 @@ def resolve_data_dir(data) -> pathlib.Path:
     key = hashlib.sha256(f"{folder.resolve()}|{stamp}".encode()).hexdigest()[:16]
     out = cache_dir() / f"text-{key}"
     if _find(out, "train") is None:
+      shutil.rmtree(out, ignore_errors=True)  # our cache, cut short: made again
       prepare_text_folder(folder, out)
     return out
   raise FileNotFoundError(f"{folder} holds neither train.bin[.xz] nor text files")
