@@ -368,6 +368,7 @@ def _floats(text, option="value", command=""):
 
 def _deviation(args):
   from jax_flashstable.lab.numerics_lab import (
+    check_deviation,
     deviation_benchmark,
     deviation_headline,
     format_deviation,
@@ -388,17 +389,9 @@ def _deviation(args):
   layouts = _choices("deviation", "--numerics", args.numerics, sorted(NUMERICS))
   _out("deviation", args.out)
   rows = []
-  try:  # every combination checked before the first is computed
+  try:  # every layout's combinations checked before the first is computed
     for layout in layouts:
-      deviation_benchmark(
-        seq_lens,
-        head_dims,
-        tuple(dtypes),
-        block_ks,
-        num_heads=args.heads,
-        layout=layout,
-        check_only=True,
-      )
+      check_deviation(seq_lens, head_dims, dtypes, block_ks, num_heads=args.heads, layout=layout)
   except (ValueError, TypeError) as e:
     raise SystemExit(f"flashstable deviation: {e}") from None
   for layout in layouts:
@@ -461,14 +454,9 @@ def _crosscheck(args):
   if not pathlib.Path(args.dump).is_file():
     what = "a folder, not a dump file" if pathlib.Path(args.dump).is_dir() else "not found"
     raise SystemExit(f"flashstable crosscheck: dump {args.dump!r} is {what}")
-  from jax_flashstable.lab.dumpfile import load_dump
   from pallas_kernels.policy import NUMERICS, check_tile
 
   _choices("crosscheck", "--numerics", args.numerics, sorted(NUMERICS), single=True)
-  try:
-    _, attrs = load_dump(args.dump, as_bits=True)
-  except ValueError as e:  # not a zip, not .npz, not our format: one line naming the file
-    raise SystemExit(f"flashstable crosscheck: {e}") from None
   for name in ("block_q", "block_k"):
     if getattr(args, name) is not None:
       try:
@@ -476,23 +464,22 @@ def _crosscheck(args):
       except ValueError as e:
         raise SystemExit(f"flashstable crosscheck: {e}") from None
   _out("crosscheck", args.out)
-  if args.single_lse is None:  # the dump's backward, named in the report's meta
-    args.single_lse = attrs.get("single_lse", False)
-  from jax_flashstable.lab.crosscheck import crosscheck, dump_call, format_report
+  from jax_flashstable.lab.crosscheck import dump_call, format_report, recompute
   from jax_flashstable.results import write_results
 
-  call = dict(
-    numerics=args.numerics,
-    stabilize=args.stabilize,
-    single_lse=args.single_lse,
-    block_q=args.block_q,
-    block_k=args.block_k,
-  )
-  try:
-    dump_call(args.dump, **call)  # the dump and the call checked before any computation
+  try:  # the file, its tensors and attrs, and the call, checked before any computation
+    tensors, call = dump_call(
+      args.dump,
+      numerics=args.numerics,
+      stabilize=args.stabilize,
+      single_lse=args.single_lse,
+      block_q=args.block_q,
+      block_k=args.block_k,
+    )
   except (ValueError, TypeError) as e:
     raise SystemExit(f"flashstable crosscheck: {e}") from None
-  report = crosscheck(args.dump, **call)
+  args.single_lse = call["single_lse"]  # the dump's backward unless given: in the report's meta
+  report = recompute(tensors, call)
   rows = [dict(tensor=name, **r) for name, r in report.items()]
   write_results(args.out, "crosscheck", rows, format_report(report), _meta(args))
   return 0

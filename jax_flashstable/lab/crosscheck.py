@@ -115,14 +115,20 @@ def crosscheck(
   `torch_crosscheck/paper_fa2.py --single-lse`, the paper's own backward, says True, so it is
   compared with our single_lse backward, "paper+lse").
   """
-  t, kw = dump_call(
-    dump_path,
-    numerics=numerics,
-    stabilize=stabilize,
-    single_lse=single_lse,
-    block_q=block_q,
-    block_k=block_k,
+  return recompute(
+    *dump_call(
+      dump_path,
+      numerics=numerics,
+      stabilize=stabilize,
+      single_lse=single_lse,
+      block_q=block_q,
+      block_k=block_k,
+    )
   )
+
+
+def recompute(t, kw) -> dict:
+  """{tensor: compare_tensors(ours, the dump's)} for `dump_call`'s (tensors, kwargs)."""
   q, k, v = (jnp.asarray(t[n]) for n in INPUTS)
   f = lambda q, k, v: flash_attention(q, k, v, **kw)
   ours = {}

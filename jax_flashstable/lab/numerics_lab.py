@@ -71,6 +71,16 @@ def bit_example(layouts=LAYOUTS):
 # Deviation from the FP64 golden value (Golden et al. 2024, arXiv 2405.02803, §4).
 
 
+def check_deviation(
+  seq_lens, head_dims, dtypes, block_ks, batch=1, num_heads=2, causal=False, layout="fa2"
+):
+  """`flash_attention`'s checks of every call `deviation_benchmark` would make with these
+  arguments, without computing any (its ValueError/TypeError, one line)."""
+  for dtype, d, n, bk in itertools.product(dtypes, head_dims, seq_lens, block_ks):
+    spec = jax.ShapeDtypeStruct((batch, n, num_heads, d), jnp.dtype(dtype))
+    resolved_backend(spec, spec, spec, causal=causal, block_k=bk, **_layout_kwargs(layout))
+
+
 def deviation_benchmark(
   seq_lens=(128, 256, 512),
   head_dims=(64,),
@@ -81,18 +91,12 @@ def deviation_benchmark(
   causal=False,
   seed=0,
   layout="fa2",
-  check_only=False,
 ):
   """max and mean |O − O_FP64| of flash and of standard attention (`reference_attention` in
-  the same dtype), random normal inputs. Rows of dicts. Every combination is checked with
-  `flash_attention`'s checks before any is computed (its ValueError/TypeError, one line);
-  check_only: only that, no rows."""
-  for dtype, d, n, bk in itertools.product(dtypes, head_dims, seq_lens, block_ks):
-    spec = jax.ShapeDtypeStruct((batch, n, num_heads, d), jnp.dtype(dtype))
-    resolved_backend(spec, spec, spec, causal=causal, block_k=bk, **_layout_kwargs(layout))
+  the same dtype), random normal inputs. Rows of dicts. Every combination is checked first
+  (`check_deviation`)."""
+  check_deviation(seq_lens, head_dims, dtypes, block_ks, batch, num_heads, causal, layout)
   rows = []
-  if check_only:
-    return rows
   for dtype in dtypes:
     for d in head_dims:
       for n in seq_lens:
