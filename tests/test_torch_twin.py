@@ -1137,6 +1137,53 @@ def test_reference_recomputes_its_probabilities_with_the_same_gradients():
   assert r["square"] == [0, 6], r  # a layer: P (for softmax and P·V) and the mask; 0 recomputed
 
 
+def test_chunked_loss_is_autograds_cross_entropy_bit_for_bit():
+  """The twin's loss (`lm_head_loss`: the logits and their gradient LOSS_CHUNK tokens at a
+  time) against autograd through the whole batch's float32 logits (`GPT.forward`, logsumexp −
+  target logit, as before 2026-12-05): on a two-layer GPT, chunks of 7 tokens of 256 (the last
+  one short) and one chunk, the mean and a sum / count, the loss and every parameter gradient
+  are bit for bit the same, and autograd keeps no tensor of the batch's tokens × vocab (the
+  plain spelling keeps its logits)."""
+  reply = run_torch(
+    """
+    cfg = T.ModelConfig(2, 2, 64, 128, 512, False)
+    g = torch.Generator().manual_seed(1)
+    x, y = (torch.randint(0, 512, (2, 128), generator=g) for _ in range(2))
+    y[0, :5] = torch.tensor([0, 511, 511, 0, 7])          # targets at the vocabulary's ends
+
+    def plain(model, count):
+      logits = model(x)
+      per_token = torch.logsumexp(logits, -1) - logits.gather(-1, y[..., None]).squeeze(-1)
+      return per_token.mean() if count is None else per_token.sum() / count
+
+    def run(loss_of, count):
+      model = T.GPT(cfg, T.AttentionChoice("paper", block_q=64, block_k=64), seed=3)
+      shapes = []
+      keep = lambda t: (shapes.append(tuple(t.shape)), t)[1]
+      with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        loss = loss_of(model, count)
+      loss.backward()
+      wide = sum(len(s) >= 2 and s[-1] == 512 and s[:-1] in ((2, 128), (256,)) for s in shapes)
+      return loss, {n: p.grad for n, p in model.named_parameters()}, wide
+
+    out = []
+    for count in (None, 1000):
+      l0, g0, w0 = run(plain, count)
+      for chunk in (7, T.LOSS_CHUNK):
+        l1, g1, w1 = run(lambda m, c: T.loss_fn(m, x, y, count=c, chunk=chunk), count)
+        out.append(dict(loss=bool(torch.equal(l0, l1)), mean=l0.item() * (count or 256) / 256,
+                        wide=[w0, w1],
+                        differ=sum(int((g0[n] != g1[n]).sum()) for n in g0),
+                        nonzero=sum(int((g0[n] != 0).sum()) for n in g0), n=len(g0)))
+    print(json.dumps(out))
+  """
+  )
+  for r in json.loads(reply):
+    assert r["loss"] and r["differ"] == 0 and r["n"] == 3 + 6 * 2, r
+    assert r["nonzero"] > 100_000 and abs(r["mean"] / math.log(512) - 1) < 0.05, r  # at init
+    assert r["wide"][0] >= 1 and r["wide"][1] == 0, r  # the plain spelling keeps its logits
+
+
 # --- optimizer and schedule ---------------------------------------------------------------
 
 

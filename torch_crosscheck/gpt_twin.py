@@ -115,7 +115,8 @@ LayerNorm is flax's: var = max(0, E[x²] − E[x]²), y = (x − mean)·(rsqrt(v
 HLO): forward bf16(bf16(0.5x) · bf16(erfc(−x · bf16(√½)))), the product −x·0.70703125 kept in
 float32; backward JAX's autodiff chain with every bf16 op rounded (`_Gelu`; autograd through
 the forward's casts would round elsewhere). Loss: logsumexp(logits) − logit[target], mean,
-float32 (optax's formula).
+float32 (optax's formula), forward and backward LOSS_CHUNK tokens at a time (`lm_head_loss`:
+at anchor-b128 the whole batch's float32 logits alone are 24.6 GiB).
 
 Attention choices (`--attention`; layout [batch, seq, heads, head_dim], bf16 in and out)
 -----------------------------------------------------------------------------------------
@@ -763,14 +764,72 @@ class GPT(nn.Module):
     return x
 
 
-def loss_fn(model: GPT, tokens, targets, record=None, count=None):
-  """Mean next-token cross-entropy in float32 (nats): optax's logsumexp − target logit.
-  `record`: as `GPT.forward`'s. count: the denominator instead of the number of tokens (the
-  sum over these tokens / count; each token's gradient 1/count, as the mean's over count)."""
-  logits = model(tokens, record)
-  label = logits.gather(-1, targets[..., None]).squeeze(-1)
-  per_token = torch.logsumexp(logits, dim=-1) - label
-  return per_token.mean() if count is None else per_token.sum() / count
+LOSS_CHUNK = 16384  # tokens per chunk of `lm_head_loss` (float32 logits: 3.3 GB at vocab 50304)
+
+
+def loss_fn(model: GPT, tokens, targets, record=None, count=None, chunk=LOSS_CHUNK):
+  """Mean next-token cross-entropy in float32 (nats): optax's logsumexp − target logit of
+  `GPT.forward`'s logits, computed `chunk` tokens at a time (`lm_head_loss`). `record`: as
+  `GPT.forward`'s. count: the denominator instead of the number of tokens (the sum over these
+  tokens / count; each token's gradient 1/count, as the mean's over count)."""
+  x = model.ln_f(model.hidden(tokens, record))
+  return lm_head_loss(x, model.wte.t(), targets, count, model.matmul, chunk)
+
+
+def lm_head_loss(x, w, targets, count=None, matmul="emulated", chunk=LOSS_CHUNK):
+  """The cross-entropy of the logits bf16(bf16(x) @ bf16(w)) taken as float32 (`bf16_matmul`'s,
+  as `GPT.forward`'s): per token logsumexp(logits) − logits[target], their mean (or their sum /
+  count), with autograd's backward of that spelling — dlogits = g/N · exp(logits − lse), the
+  target's − g/N added, rounded to bf16, then `bf16_matmul`'s dx and dw — but `chunk` tokens at a
+  time: the float32 logits and their gradient of the whole batch never exist (at anchor-b128,
+  128 × 1024 × 50304 float32 logits are 24.6 GiB, and autograd held them and their gradient
+  at once: the twin's paper runs ran out of an H100's 80 GB, 2026-12-05). The backward
+  computes each chunk's logits again from the saved bf16 x and w (one more GEMM of the head).
+
+  x [..., n] float32 (the final LayerNorm's output), w [n, vocab] float32, targets [...] int64
+  (x's leading shape) → a float32 scalar (nats). The same values, bit for bit, as the
+  unchunked spelling where each chunk's GEMM sums as the whole batch's does (tests).
+  """
+  return _ChunkedCrossEntropy.apply(x, w, targets, count, matmul, chunk)
+
+
+class _ChunkedCrossEntropy(torch.autograd.Function):
+  """`lm_head_loss`; every rounding by `to_bf16`, as `_BF16Matmul`."""
+
+  @staticmethod
+  def logits(xb, wb, matmul, rows):
+    return to_bf16(paper_fa2.mm(xb[rows], wb, matmul)).float()
+
+  @staticmethod
+  def forward(ctx, x, w, targets, count, matmul, chunk):
+    xb, wb, t = to_bf16(x.reshape(-1, x.shape[-1])), to_bf16(w), targets.reshape(-1)
+    lse, label = [], []
+    for r in range(0, len(t), chunk):
+      logits = _ChunkedCrossEntropy.logits(xb, wb, matmul, slice(r, r + chunk))
+      lse.append(torch.logsumexp(logits, dim=-1))
+      label.append(logits.gather(-1, t[r : r + chunk, None]).squeeze(-1))
+    lse = torch.cat(lse)
+    ctx.save_for_backward(xb, wb, t, lse)
+    ctx.count, ctx.matmul, ctx.chunk = count, matmul, chunk
+    ctx.x_shape, ctx.dtypes = x.shape, (x.dtype, w.dtype)
+    per_token = (lse - torch.cat(label)).reshape(targets.shape)
+    return per_token.mean() if count is None else per_token.sum() / count
+
+  @staticmethod
+  def backward(ctx, g):
+    xb, wb, t, lse = ctx.saved_tensors
+    d_token = g / (len(t) if ctx.count is None else ctx.count)  # the mean's (the division's)
+    dy = []
+    for r in range(0, len(t), ctx.chunk):
+      rows = slice(r, r + ctx.chunk)
+      logits = _ChunkedCrossEntropy.logits(xb, wb, ctx.matmul, rows)
+      d = d_token * torch.exp(logits - lse[rows, None])  # logsumexp's backward
+      d = d.scatter_add(-1, t[rows, None], (-d_token).expand(len(logits), 1))  # − the target's
+      dy.append(to_bf16(d))  # the .float()'s backward
+    dy = torch.cat(dy)
+    dx = to_bf16(paper_fa2.mm(dy, wb.t(), ctx.matmul)).to(ctx.dtypes[0]).reshape(ctx.x_shape)
+    dw = to_bf16(paper_fa2.mm(xb.t(), dy, ctx.matmul)).to(ctx.dtypes[1])
+    return dx, dw, None, None, None, None
 
 
 def jax_order(names):
@@ -1761,7 +1820,12 @@ def train(cfg: TwinConfig, started: float | None = None) -> dict:
       if cfg.print_interval and (step % cfg.print_interval == 0 or step in (1, cfg.steps)):
         print(
           f"step {step}: loss {m['loss']:.4f}, grad_norm {m['grad_norm']:.3f}, "
-          f"{row['tokens_per_s']:.0f} tokens/s ({1 / dt:.2f} steps/s)",
+          f"{row['tokens_per_s']:.0f} tokens/s ({1 / dt:.2f} steps/s)"
+          + (
+            f", peak memory {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB"
+            if device.type == "cuda"
+            else ""
+          ),
           flush=True,
         )
       if not finite:
