@@ -106,7 +106,11 @@ run_side() {  # side[N] gpu items...: the items' runs of that side, in order (si
     CUDA_VISIBLE_DEVICES=$gpu cli --side $side --pairs "$pairs" --seeds "$seeds" --steps "$steps" \
       --null-steps "${null:-0}" --time-budget "$left" --torch-python python3 --no-progress \
       --torch-args "$targs" ${JAX_PREVIOUS:+--jax-runs "$JAX_PREVIOUS"} \
-      --out $R/$RECIPE-s$steps 2>&1 | sed -u "s/^/[$label] /"
+      --out $R/$RECIPE-s$steps 2>&1 | sed -u "s/^/[$label] /" | tee $R/item-$label.log
+    if [[ $side == torch ]] && grep -q "ran out of GPU memory" $R/item-$label.log; then
+      echo "[$label] a twin ran out of GPU memory (the next would too): the rest not started"
+      break
+    fi
   done
 }
 

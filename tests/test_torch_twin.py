@@ -1809,23 +1809,42 @@ def test_a_twin_stopped_by_its_time_limit_resumes_bit_for_bit(training_runs, tmp
   assert diag(run) == diag(uncut) and len(diag(run)) == STEPS // 2
 
 
+def _with_a_failing_twin(tmp_path, capsys, action, pairs, seeds):
+  """`crosscheck-train --side torch` on the tiny recipe (2 steps) with a python whose twin
+  training runs `action` (shell) instead; returns the command's output, having checked that it
+  exited 1."""
+  wrapper = tmp_path / "python"
+  wrapper.write_text(
+    f'#!/bin/sh\ncase "$*" in *gpt_twin.py*train*) {action} ;; esac\nexec {TORCH_PYTHON} "$@"\n'
+  )
+  wrapper.chmod(0o755)
+  args = ["crosscheck-train", "--recipe", "tiny", "--steps", "2", "--pairs", pairs]
+  args += ["--seeds", seeds, "--tiles", "64", "--side", "torch", "--torch-python", str(wrapper)]
+  assert cli.main([*args, "--out", str(tmp_path / "out"), "--no-progress"]) == 1
+  out = capsys.readouterr()
+  return out.out + out.err
+
+
 def test_a_twin_killed_from_outside_is_a_failure_not_a_budget_cut(tmp_path, capsys):
   """A twin process killed by a signal that is not the time budget's (here SIGKILL, as the
   kernel's out-of-memory killer sends) is reported as killed, with the signal, and the command
   exits 1; before, any negative status of an unfinished run read as "cut by the time budget"
   and the command exited 0."""
-  wrapper = tmp_path / "python"
-  wrapper.write_text(
-    f'#!/bin/sh\ncase "$*" in *gpt_twin.py*) kill -9 $$ ;; esac\nexec {TORCH_PYTHON} "$@"\n'
-  )
-  wrapper.chmod(0o755)
-  args = ["crosscheck-train", "--recipe", "tiny", "--steps", "2", "--pairs", "paper"]
-  args += ["--seeds", "0", "--tiles", "64", "--side", "torch", "--torch-python", str(wrapper)]
-  assert cli.main([*args, "--out", str(tmp_path / "out"), "--no-progress"]) == 1
-  out = capsys.readouterr()
-  text = out.out + out.err
+  text = _with_a_failing_twin(tmp_path, capsys, "kill -9 $$", "paper", "0")
   assert "torch paper seed 0: gpt_twin.py was killed by SIGKILL at step 0 (out of memory?" in text
   assert "cut by the time budget" not in text
+
+
+def test_a_twin_out_of_gpu_memory_stops_the_twins_after_it(tmp_path, capsys):
+  """A twin that dies of torch's CUDA out-of-memory error (as every paper twin at anchor-b128
+  on an H100, 2026-12-05, each ~2 minutes of device time) is reported in one line, and the
+  twins after it in the command, of the same shape, are not started; the command exits 1."""
+  oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 24.56 GiB."
+  text = _with_a_failing_twin(tmp_path, capsys, f'echo "{oom}"; exit 1', "paper,paper+comp", "0,1")
+  assert text.count("training (") == 1, text  # one twin started
+  assert f"torch paper seed 0: gpt_twin.py ran out of GPU memory at step 0:\n{oom}" in text
+  for later in ("paper seed 1", "paper+comp seed 0", "paper+comp seed 1"):
+    assert f"torch {later}: not started, torch paper seed 0 ran out of GPU memory" in text
 
 
 def test_the_report_sets_the_mechanism_side_by_side():

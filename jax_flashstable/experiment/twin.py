@@ -832,12 +832,18 @@ def run(
       export_init(it.cfg, out / "init" / f"seed{seed}.npz")
 
     def torch_side():
+      short = None  # a twin out of GPU memory: the next, of the same shape, would be too
       for (attention, seed), (it, run_dir) in torch_jobs.items():
+        if short:
+          log(f"torch {attention} seed {seed}: not started, {short} ran out of GPU memory")
+          continue
         msg = _run_twin(
           python, it, run_dir, out / "init" / f"seed{seed}.npz", torch_args, env, left(), log
         )
         if msg:
           failed.append(msg)
+          if OUT_OF_GPU_MEMORY in msg:
+            short = f"torch {attention} seed {seed}"
 
     if side == "both":
       thread = threading.Thread(target=torch_side, name="torch-side", daemon=True)
@@ -883,6 +889,9 @@ def _jax_side(base, items, out, tiles, layer, null_steps, left, log):
 
 
 SAVE_MARGIN = 30  # s: a twin's --max-seconds ends this long before the budget's kill
+# what `_run_twin`'s message says of a twin that died of torch's CUDA out-of-memory error (the
+# queue, experiments/h200_twin.sh, stops its twin side on it: the next twin has the same shape)
+OUT_OF_GPU_MEMORY = "ran out of GPU memory"
 
 
 def twin_checkpoint_step(run_dir) -> int:
@@ -957,6 +966,8 @@ def _run_twin(python, it: _Item, run_dir, init, torch_args, env, left, log) -> s
     if -rc == signal.SIGKILL:
       how += " (out of memory? see the kernel log)"
     return f"{name}: gpt_twin.py {how}:\n" + "\n".join(tail[-8:])
+  if any("OutOfMemoryError" in line for line in tail):  # torch.OutOfMemoryError (CUDA)
+    return f"{name}: gpt_twin.py {OUT_OF_GPU_MEMORY} at step {last}:\n" + tail[-1]
   return f"{name}: gpt_twin.py exited with status {rc}:\n" + "\n".join(tail[-8:])
 
 
