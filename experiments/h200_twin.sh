@@ -25,6 +25,8 @@
 # or made with other settings fails in one line and the queue goes on), and its default QUEUE
 # is the pairs those packs hold at anchor-b128 (below); on a machine of several GPUs the items
 # are dealt out to them in turn (item i to GPU i mod n), one twin run per GPU at a time.
+# A twin out of GPU memory: no later item whose twins' attentions all ran out is started
+# ($R/twin-oom; crosscheck-train itself starts no later twin of that attention).
 # TORCH_ARGS go to every twin run (e.g. "--compile off"). TORCH_ARGS=check runs
 # experiments/15_twin_paper_bits.py (anchor-b128's shape) on the queue's paper layouts beside
 # the first runs (on the last GPU; a few minutes, at most 480 s; once per machine: a later
@@ -94,6 +96,11 @@ run_side() {  # side[N] gpu items...: the items' runs of that side, in order (si
     local left=$(( BUDGET - ($(date +%s) - T0) ))
     if (( left < 60 )); then echo "[$label] $item not started, $left s left"; continue; fi
     IFS=: read -r pairs seeds steps null <<< "$item"
+    if [[ $side == torch && -s $R/twin-oom ]] && ! tr , '\n' <<< "$pairs" | cut -d= -f1 \
+        | grep -vqxFf $R/twin-oom; then  # every twin of the item ran out of GPU memory before
+      echo "[$label] $item not started: its twins ran out of GPU memory ($(sort -u $R/twin-oom | paste -sd,))"
+      continue
+    fi
     local targs=${TORCH_ARGS:-}
     if [[ $targs == check ]]; then  # the check's verdict, for an item of paper layouts only
       targs=""
@@ -107,9 +114,9 @@ run_side() {  # side[N] gpu items...: the items' runs of that side, in order (si
       --null-steps "${null:-0}" --time-budget "$left" --torch-python python3 --no-progress \
       --torch-args "$targs" ${JAX_PREVIOUS:+--jax-runs "$JAX_PREVIOUS"} \
       --out $R/$RECIPE-s$steps 2>&1 | sed -u "s/^/[$label] /" | tee $R/item-$label.log
-    if [[ $side == torch ]] && grep -q "ran out of GPU memory" $R/item-$label.log; then
-      echo "[$label] a twin ran out of GPU memory (the next would too): the rest not started"
-      break
+    if [[ $side == torch ]]; then  # "torch KIND seed N: gpt_twin.py ran out of GPU memory …"
+      sed -n 's/^\[[^]]*\] torch \([^ ]*\) seed [0-9]*: gpt_twin.py ran out of GPU memory.*/\1/p' \
+        $R/item-$label.log >> $R/twin-oom
     fi
   done
 }
@@ -130,7 +137,7 @@ check_compile() {  # TORCH_ARGS=check → $R/paper-args, "" or "--compile off" b
 }
 
 queues() {
-  rm -f $R/queue-*.log $R/paper-args  # this run's only (an earlier run's on a warm machine)
+  rm -f $R/queue-*.log $R/paper-args $R/twin-oom  # this run's only (an earlier run's on a warm machine)
   nvidia-smi -L
   local ngpu; ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
   local check_pid=""

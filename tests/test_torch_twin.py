@@ -1809,13 +1809,14 @@ def test_a_twin_stopped_by_its_time_limit_resumes_bit_for_bit(training_runs, tmp
   assert diag(run) == diag(uncut) and len(diag(run)) == STEPS // 2
 
 
-def _with_a_failing_twin(tmp_path, capsys, action, pairs, seeds):
+def _with_a_failing_twin(tmp_path, capsys, cases, pairs, seeds):
   """`crosscheck-train --side torch` on the tiny recipe (2 steps) with a python whose twin
-  training runs `action` (shell) instead; returns the command's output, having checked that it
-  exited 1."""
+  training runs instead the shell `cases` (case patterns over its arguments, the last `*)`);
+  returns the command's output, having checked that it exited 1."""
   wrapper = tmp_path / "python"
   wrapper.write_text(
-    f'#!/bin/sh\ncase "$*" in *gpt_twin.py*train*) {action} ;; esac\nexec {TORCH_PYTHON} "$@"\n'
+    f'#!/bin/sh\ncase "$*" in *gpt_twin.py*train*)\n  case "$*" in\n{cases}\n  esac ;;\n'
+    f'esac\nexec {TORCH_PYTHON} "$@"\n'
   )
   wrapper.chmod(0o755)
   args = ["crosscheck-train", "--recipe", "tiny", "--steps", "2", "--pairs", pairs]
@@ -1830,21 +1831,29 @@ def test_a_twin_killed_from_outside_is_a_failure_not_a_budget_cut(tmp_path, caps
   kernel's out-of-memory killer sends) is reported as killed, with the signal, and the command
   exits 1; before, any negative status of an unfinished run read as "cut by the time budget"
   and the command exited 0."""
-  text = _with_a_failing_twin(tmp_path, capsys, "kill -9 $$", "paper", "0")
+  text = _with_a_failing_twin(tmp_path, capsys, "*) kill -9 $$ ;;", "paper", "0")
   assert "torch paper seed 0: gpt_twin.py was killed by SIGKILL at step 0 (out of memory?" in text
   assert "cut by the time budget" not in text
 
 
-def test_a_twin_out_of_gpu_memory_stops_the_twins_after_it(tmp_path, capsys):
+def test_a_twin_out_of_gpu_memory_stops_the_later_twins_of_its_attention(tmp_path, capsys):
   """A twin that dies of torch's CUDA out-of-memory error (as every paper twin at anchor-b128
-  on an H100, 2026-12-05, each ~2 minutes of device time) is reported in one line, and the
-  twins after it in the command, of the same shape, are not started; the command exits 1."""
+  on an H100, 2026-12-05, each ~2 minutes of device time) is reported in one line, its
+  traceback's last line (not what the process printed after it), and the command's later twins
+  of that attention (the same shape) are not started; those of another attention are. A run
+  that failed otherwise, having logged a caught out-of-memory error on the way (the dQ
+  diagnostics' line), is not taken for one. The command exits 1."""
   oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 24.56 GiB."
-  text = _with_a_failing_twin(tmp_path, capsys, f'echo "{oom}"; exit 1', "paper,paper+comp", "0,1")
-  assert text.count("training (") == 1, text  # one twin started
-  assert f"torch paper seed 0: gpt_twin.py ran out of GPU memory at step 0:\n{oom}" in text
-  for later in ("paper seed 1", "paper+comp seed 0", "paper+comp seed 1"):
-    assert f"torch {later}: not started, torch paper seed 0 ran out of GPU memory" in text
+  cases = (
+    f'*"--attention paper "*) echo "{oom}"; echo "W1205 a warning at exit"; exit 1 ;;\n'
+    '*) echo "dQ diagnostics failed at step 1 (OutOfMemoryError: CUDA out of memory)"; exit 1 ;;'
+  )
+  text = _with_a_failing_twin(tmp_path, capsys, cases, "paper,sdpa-math=reference-fp32", "0,1")
+  assert text.count("training (") == 3, text  # paper 0, sdpa-math 0 and 1
+  assert f"torch paper seed 0: gpt_twin.py ran out of GPU memory at step 0:\n{oom}\n" in text
+  assert "torch paper seed 1: not started, torch paper seed 0 ran out of GPU memory" in text
+  for seed in (0, 1):
+    assert f"torch sdpa-math seed {seed}: gpt_twin.py exited with status 1:" in text
 
 
 def test_the_report_sets_the_mechanism_side_by_side():

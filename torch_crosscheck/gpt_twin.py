@@ -783,8 +783,13 @@ def lm_head_loss(x, w, targets, count=None, matmul="emulated", chunk=LOSS_CHUNK)
   target's − g/N added, rounded to bf16, then `bf16_matmul`'s dx and dw — but `chunk` tokens at a
   time: the float32 logits and their gradient of the whole batch never exist (at anchor-b128,
   128 × 1024 × 50304 float32 logits are 24.6 GiB, and autograd held them and their gradient
-  at once: the twin's paper runs ran out of an H100's 80 GB, 2026-12-05). The backward
-  computes each chunk's logits again from the saved bf16 x and w (one more GEMM of the head).
+  at once: the twin's paper runs ran out of an H100's 80 GB, 2026-12-05). Eager, the backward
+  computes each chunk's logits again from the saved bf16 x and w (one more GEMM of the head);
+  compiled, AOTAutograd's CSE merges that with the forward's and keeps each chunk's bf16 logits
+  instead (the same peak: each is freed as its gradient is made). What stays is the bf16
+  gradient of the whole batch's logits (12.3 GiB at anchor-b128; with matmul="emulated" its
+  float32 copy too, for the float32 GEMMs). The chunk count fixes the token count in a
+  compiled graph: each batch shape compiles once (the twin has one).
 
   x [..., n] float32 (the final LayerNorm's output), w [n, vocab] float32, targets [...] int64
   (x's leading shape) → a float32 scalar (nats). The same values, bit for bit, as the

@@ -832,10 +832,12 @@ def run(
       export_init(it.cfg, out / "init" / f"seed{seed}.npz")
 
     def torch_side():
-      short = None  # a twin out of GPU memory: the next, of the same shape, would be too
+      short = {}  # attention → the twin of it that ran out of GPU memory (the next would too)
       for (attention, seed), (it, run_dir) in torch_jobs.items():
-        if short:
-          log(f"torch {attention} seed {seed}: not started, {short} ran out of GPU memory")
+        if attention in short:
+          log(
+            f"torch {attention} seed {seed}: not started, {short[attention]} ran out of GPU memory"
+          )
           continue
         msg = _run_twin(
           python, it, run_dir, out / "init" / f"seed{seed}.npz", torch_args, env, left(), log
@@ -843,7 +845,7 @@ def run(
         if msg:
           failed.append(msg)
           if OUT_OF_GPU_MEMORY in msg:
-            short = f"torch {attention} seed {seed}"
+            short[attention] = f"torch {attention} seed {seed}"
 
     if side == "both":
       thread = threading.Thread(target=torch_side, name="torch-side", daemon=True)
@@ -889,9 +891,11 @@ def _jax_side(base, items, out, tiles, layer, null_steps, left, log):
 
 
 SAVE_MARGIN = 30  # s: a twin's --max-seconds ends this long before the budget's kill
-# what `_run_twin`'s message says of a twin that died of torch's CUDA out-of-memory error (the
-# queue, experiments/h200_twin.sh, stops its twin side on it: the next twin has the same shape)
+# what `_run_twin`'s message says of a twin that died of a CUDA out-of-memory error (the last
+# line of its traceback one of OOM_LINES): `crosscheck_train`, and the queue of
+# experiments/h200_twin.sh, start no later twin of that attention (the same shape: it would too)
 OUT_OF_GPU_MEMORY = "ran out of GPU memory"
+OOM_LINES = re.compile(r"torch\.(OutOfMemoryError|AcceleratorError: CUDA error: out of memory)")
 
 
 def twin_checkpoint_step(run_dir) -> int:
@@ -966,8 +970,9 @@ def _run_twin(python, it: _Item, run_dir, init, torch_args, env, left, log) -> s
     if -rc == signal.SIGKILL:
       how += " (out of memory? see the kernel log)"
     return f"{name}: gpt_twin.py {how}:\n" + "\n".join(tail[-8:])
-  if any("OutOfMemoryError" in line for line in tail):  # torch.OutOfMemoryError (CUDA)
-    return f"{name}: gpt_twin.py {OUT_OF_GPU_MEMORY} at step {last}:\n" + tail[-1]
+  oom = [line for line in tail if OOM_LINES.match(line)]  # a traceback's last line
+  if oom:
+    return f"{name}: gpt_twin.py {OUT_OF_GPU_MEMORY} at step {last}:\n" + oom[-1]
   return f"{name}: gpt_twin.py exited with status {rc}:\n" + "\n".join(tail[-8:])
 
 
