@@ -47,7 +47,7 @@ class KernelConfig:
   num_warps: int | None = None  # forward kernel
   num_stages: int | None = None  # Triton pipeline stages; mosaic_gpu: K/V tiles in flight
   num_warps_bwd: int | None = None  # the two backward kernels
-  num_stages_bwd: int | None = None
+  num_stages_bwd: int | tuple[int, int] | None = None  # mosaic_gpu: (dK/dV's, dQ's)
   backend: str = "triton"  # forward kernel: "triton" or "mosaic_gpu" (Hopper);
   # never "auto" here (`choose_backend` resolved it)
   mgpu: MosaicGPUOptions = MosaicGPUOptions()  # the Mosaic GPU forward's speed options
@@ -208,7 +208,8 @@ def kernel_config(
   - backend="auto" resolved by `choose_backend` (`KernelConfig.backend` is the kernel that runs);
   - the backward (`KernelConfig.backend_bwd`): the Mosaic GPU one after the Mosaic GPU forward
     where `supported(..., backward=True)` allows (group = num_heads // num_kv_heads), else the
-    Triton one; 2 tiles in flight (the Mosaic GPU one: `backward_mgpu.default_stages`).
+    Triton one; 2 tiles in flight (the Mosaic GPU one: `backward_mgpu.default_stages`, per
+    kernel: at head_dim 256 dK/dV 2, dQ 1).
   Raises ValueError when `supported` says the backend cannot run the call (the forward; a
   backward it cannot run falls back to Triton).
   """

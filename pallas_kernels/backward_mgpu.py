@@ -11,7 +11,8 @@ FlashAttention-3 (Shah et al. 2024, §3; warp specialisation as in `forward_mgpu
   CTA per (128 query rows, batch, head) looping over key tiles;
 - each CTA has two compute warpgroups of 64 rows (the M of one wgmma) and a producer warpgroup
   that streams the other side's tiles by TMA into a ring of `stages` shared-memory slots,
-  refilled once both compute warpgroups have arrived on the slot's "free" barrier;
+  refilled once both compute warpgroups have arrived on the slot's "free" barrier (2 tiles in
+  flight, or as many as fit each kernel's shared memory: `default_stages`);
 - dK/dV works on the transposed problem, as JAX's `attention_mgpu` does: Sᵀ = K Qᵀ and
   dPᵀ = V dOᵀ are wgmma's with the keys as rows, so Pᵀ and dSᵀ are register operands of
   dV += Pᵀ dO and dK += dSᵀ Q with no transpose; the rows' m, log l and delta arrive per query
@@ -77,31 +78,50 @@ def parts(head_dim: int) -> tuple[int, int]:
   return head_dim // width, width
 
 
-def smem_bytes(head_dim: int, stages: int, group: int = 1, center_keys: bool = False) -> int:
-  """The larger of the two kernels' shared memory: dK/dV holds the compute warpgroups' K and V
-  (64 keys each, or 64 for both above head_dim 128: `parts`), a ring of Q, dO and the rows'
-  statistics, and (grouped heads: float32 partials) a float32 output tile per warpgroup; dQ
-  holds each warpgroup's Q and dO and a ring of K, V (and the centred keys)."""
+def _dkv_bytes(head_dim: int, stages: int, group: int) -> int:
+  """dK/dV's shared memory: the compute warpgroups' K and V (64 keys each, or 64 for both above
+  head_dim 128: `parts`), a ring of `stages` tiles of Q, dO and the rows' statistics, and
+  (grouped heads: float32 partials) a float32 output tile per warpgroup."""
   n_parts, width = parts(head_dim)
   keys = ROWS if n_parts > 1 else COMPUTE_WGS * ROWS
-  dkv = (
+  return (
     keys * head_dim * 2 * 2
     + stages * DKV_BLOCK_Q * (head_dim * 2 * 2 + 3 * 4)
     + (COMPUTE_WGS * ROWS * width * 4 if group > 1 else 0)
   )
-  dq = COMPUTE_WGS * ROWS * (head_dim * 2 * 2 + 3 * 4) + stages * DQ_BLOCK_K * head_dim * 2 * (
-    3 if center_keys else 2
-  )
-  return max(dkv, dq)
+
+
+def _dq_bytes(head_dim: int, stages: int, center_keys: bool) -> int:
+  """dQ's shared memory: each warpgroup's Q, dO and rows' statistics and a ring of `stages`
+  tiles of K and V (and the centred keys)."""
+  ring = DQ_BLOCK_K * head_dim * 2 * (3 if center_keys else 2)
+  return COMPUTE_WGS * ROWS * (head_dim * 2 * 2 + 3 * 4) + stages * ring
+
+
+def _per_kernel(stages) -> tuple[int, int]:
+  """Tiles in flight as (dK/dV's, dQ's): one count for both, or the pair."""
+  return (stages, stages) if isinstance(stages, int) else tuple(stages)
+
+
+def smem_bytes(head_dim: int, stages, group: int = 1, center_keys: bool = False) -> int:
+  """The larger of the two kernels' shared memory (bytes) with `stages` tiles in flight: one
+  count for both kernels or (dK/dV's, dQ's)."""
+  dkv, dq = _per_kernel(stages)
+  return max(_dkv_bytes(head_dim, dkv, group), _dq_bytes(head_dim, dq, center_keys))
 
 
 STAGES = 2  # query tiles (dK/dV) and key tiles (dQ) in flight
 
 
-def default_stages(head_dim: int, group: int = 1, center_keys: bool = False) -> int:
-  """The tiles in flight the backward runs with: `STAGES`, or 1 where they do not fit in
-  shared memory (head_dim 256)."""
-  return STAGES if smem_bytes(head_dim, STAGES, group, center_keys) <= SMEM_BYTES else 1
+def default_stages(head_dim: int, group: int = 1, center_keys: bool = False) -> tuple[int, int]:
+  """The tiles in flight the backward runs with, (dK/dV's, dQ's): `STAGES` each, or fewer where
+  they do not fit that kernel's shared memory (head_dim 256: dK/dV 2, dQ 1; with grouped heads,
+  whose float32 partials take dK/dV's room, 1 and 1)."""
+  fit = lambda need: next((n for n in range(STAGES, 0, -1) if need(n) <= SMEM_BYTES), 1)  # noqa: E731
+  return (
+    fit(lambda n: _dkv_bytes(head_dim, n, group)),
+    fit(lambda n: _dq_bytes(head_dim, n, center_keys)),
+  )
 
 
 def supported(
@@ -118,8 +138,8 @@ def supported(
   left None could still make it); head_dim is the padded one, group = num_heads //
   num_kv_heads. It runs after the Mosaic GPU forward (`attention.kernel_config`; else the
   Triton backward does). Limits: the layouts of the Mosaic GPU forward, bfloat16/float16, its
-  head_dims (32–256; above 128 in `parts`), shared memory (`smem_bytes`: at head_dim 256 one
-  tile in flight, no `center_keys`)."""
+  head_dims (32–256; above 128 in `parts`), shared memory (`smem_bytes`; num_stages: one count for
+  both kernels or (dK/dV's, dQ's); at head_dim 256 no `center_keys`)."""
   if numerics not in NUMERICS:
     return f"numerics={numerics!r} (the Mosaic GPU backward has {', '.join(NUMERICS)})"
   if sum_rounded_p:  # its P is the float32 P̄'s (`Numerics.probs` without the input dtype)
@@ -665,12 +685,13 @@ def flash_backward_mgpu(q, k, v, o, m, log_l, do, cfg, d_lse=None):
   stages = cfg.num_stages_bwd
   if stages is None:
     stages = default_stages(d, group, cfg.numerics.center_keys)
-  dk, dv = _dkv(qp, kp, vp, dop, rows, cfg, stages)
+  stages_dkv, stages_dq = _per_kernel(stages)
+  dk, dv = _dkv(qp, kp, vp, dop, rows, cfg, stages_dkv)
   dk, dv = dk[:, :kv_len_p], dv[:, :kv_len_p]
   if group > 1:
     dk = cfg.numerics.sum_group(dk.reshape(batch, kv_len_p, num_kv_heads, group, d), q.dtype)
     dv = cfg.numerics.sum_group(dv.reshape(batch, kv_len_p, num_kv_heads, group, d), q.dtype)
   if cfg.interpret:  # dQ after dK/dV: XLA could otherwise run the two interpreted kernels
     qp, dk, dv = lax.optimization_barrier((qp, dk, dv))  # at once, six blocking warpgroups
-  dq = _dq(qp, kp, vp, dop, rows, kd, cfg, stages)[:, :q_len_p]
+  dq = _dq(qp, kp, vp, dop, rows, kd, cfg, stages_dq)[:, :q_len_p]
   return dq, dk, dv

@@ -364,9 +364,12 @@ def test_mosaic_gpu_backward_falls_back_to_triton_where_it_cannot_run():
 
   bwd = lambda **kw: supported("mosaic_gpu", backward=True, **{"numerics": "fa2", **kw})
   assert "head_dim=16" in bwd(head_dim=16)
-  assert [default_stages(d) for d in (32, 64, 128, 256)] == [2, 2, 2, 1]
+  assert [default_stages(d) for d in (32, 64, 128, 256)] == [(2, 2)] * 3 + [(2, 1)]
+  assert default_stages(256, group=2) == (1, 1)  # dK/dV's float32 partials
   assert bwd(head_dim=256, num_stages=1, group=4) is None
+  assert bwd(head_dim=256, num_stages=(2, 1)) is None
   assert "KiB of shared memory" in bwd(head_dim=256, num_stages=2)
+  assert "KiB of shared memory" in bwd(head_dim=256, num_stages=(2, 1), group=2)
   assert "center_keys=True at head_dim=256" in bwd(head_dim=256, center_keys=True)
   cfg = lambda **kw: kernel_config(
     **{
@@ -376,7 +379,7 @@ def test_mosaic_gpu_backward_falls_back_to_triton_where_it_cannot_run():
     }
   )
   plain = cfg(numerics=get_numerics("fa2"), group=2)
-  assert (plain.backend_bwd, plain.num_stages_bwd) == ("mosaic_gpu", 1)
+  assert (plain.backend_bwd, plain.num_stages_bwd) == ("mosaic_gpu", (1, 1))
   centred = cfg(numerics=get_numerics("fa2").with_options(center_keys=True))
   assert (centred.backend, centred.backend_bwd, centred.num_stages_bwd) == (
     "mosaic_gpu",
