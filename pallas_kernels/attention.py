@@ -47,7 +47,9 @@ class KernelConfig:
   num_warps: int | None = None  # forward kernel
   num_stages: int | None = None  # Triton pipeline stages; mosaic_gpu: K/V tiles in flight
   num_warps_bwd: int | None = None  # the two backward kernels
-  num_stages_bwd: int | tuple[int, int] | None = None  # mosaic_gpu: (dK/dV's, dQ's)
+  num_stages_bwd: int | None = None  # the Triton backward's pipeline stages
+  # the Mosaic GPU backward's tiles in flight, (dK/dV's, dQ's); None: its `default_stages`
+  stages_bwd_mgpu: tuple[int, int] | None = None
   backend: str = "triton"  # forward kernel: "triton" or "mosaic_gpu" (Hopper);
   # never "auto" here (`choose_backend` resolved it)
   mgpu: MosaicGPUOptions = MosaicGPUOptions()  # the Mosaic GPU forward's speed options
@@ -253,7 +255,7 @@ def kernel_config(
       f" (query.shape[3] = {head_dim})" if padded_head_dim != head_dim and "head_dim" in why else ""
     )
     raise ValueError(f"backend={backend!r} does not support {why}{given}")
-  backend_bwd, stages_bwd = "triton", 2
+  backend_bwd, stages_mgpu_bwd = "triton", None
   stages_mgpu = backward_mgpu.default_stages(padded_head_dim, group, numerics.center_keys)
   if (
     backend == "mosaic_gpu"
@@ -270,7 +272,7 @@ def kernel_config(
     )
     is None
   ):
-    backend_bwd, stages_bwd = "mosaic_gpu", stages_mgpu
+    backend_bwd, stages_mgpu_bwd = "mosaic_gpu", stages_mgpu
   return KernelConfig(
     softmax_scale=softmax_scale,
     causal=bool(causal),
@@ -284,7 +286,8 @@ def kernel_config(
     num_warps=num_warps if num_warps is not None else (4 if head_dim <= 64 else 8),
     num_stages=stages,
     num_warps_bwd=4,
-    num_stages_bwd=stages_bwd,
+    num_stages_bwd=2,
+    stages_bwd_mgpu=stages_mgpu_bwd,
     backend=backend,
     mgpu=mgpu_options if mgpu_options is not None else MosaicGPUOptions(),
     backend_bwd=backend_bwd,

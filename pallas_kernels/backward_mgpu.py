@@ -44,6 +44,8 @@ Tiles: 64 rows per warpgroup; dK/dV takes query tiles of `DKV_BLOCK_Q`, dQ key t
 
 from __future__ import annotations
 
+import numbers
+
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -99,8 +101,21 @@ def _dq_bytes(head_dim: int, stages: int, center_keys: bool) -> int:
 
 
 def _per_kernel(stages) -> tuple[int, int]:
-  """Tiles in flight as (dK/dV's, dQ's): one count for both, or the pair."""
-  return (stages, stages) if isinstance(stages, int) else tuple(stages)
+  """Tiles in flight as (dK/dV's, dQ's), from one count for both or the pair, each an integer
+  1–8. Raises ValueError naming anything else."""
+  pair = (stages, stages) if isinstance(stages, numbers.Integral) else stages
+  if not (
+    isinstance(pair, (tuple, list))
+    and len(pair) == 2
+    and all(
+      isinstance(n, numbers.Integral) and not isinstance(n, bool) and 1 <= n <= 8 for n in pair
+    )
+  ):
+    raise ValueError(
+      f"stages={stages!r}: the Mosaic GPU backward's tiles in flight are one integer 1–8 or a "
+      "pair of them (dK/dV's, dQ's)"
+    )
+  return int(pair[0]), int(pair[1])
 
 
 def smem_bytes(head_dim: int, stages, group: int = 1, center_keys: bool = False) -> int:
@@ -158,6 +173,11 @@ def supported(
         f"{cause} at head_dim={head_dim} (the Mosaic GPU backward needs {least / 1024:.1f} KiB "
         f"of shared memory with one tile in flight, more than {SMEM_BYTES / 1024:.0f} KiB)"
       )
+  if num_stages is not None:
+    try:
+      _per_kernel(num_stages)
+    except ValueError as e:
+      return f"num_stages={num_stages!r} ({str(e).split(': ', 1)[1]})"
   if None not in (head_dim, num_stages):
     need = smem_bytes(head_dim, num_stages, group or 1, center_keys)
     if need > SMEM_BYTES:
@@ -682,7 +702,7 @@ def flash_backward_mgpu(q, k, v, o, m, log_l, do, cfg, d_lse=None):
   qp, dop, rows = _pad_to(q, 1, cta), _pad_to(do, 1, cta), _pad_to(rows, 3, cta)
   kp, vp = _pad_to(k, 1, cta), _pad_to(v, 1, cta)
   kd = _pad_to(cfg.numerics.dq_keys(k, cfg.kv_len), 1, cta) if cfg.numerics.center_keys else None
-  stages = cfg.num_stages_bwd
+  stages = cfg.stages_bwd_mgpu
   if stages is None:
     stages = default_stages(d, group, cfg.numerics.center_keys)
   stages_dkv, stages_dq = _per_kernel(stages)

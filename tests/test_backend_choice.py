@@ -92,7 +92,7 @@ def test_auto_takes_the_mosaic_gpu_kernels_on_hopper_where_supported(hopper):
   # head_dim 17–256: the Mosaic GPU forward and backward (above a padded 128: one tile in
   # flight in each kernel with grouped heads, and the Triton backward for centred keys)
   wide = [kernel_config(**dict(BASE, head_dim=d, group=2)) for d in (20, 192)]
-  assert [(c.backend, c.backend_bwd, c.num_stages_bwd) for c in wide] == [
+  assert [(c.backend, c.backend_bwd, c.stages_bwd_mgpu) for c in wide] == [
     ("mosaic_gpu", "mosaic_gpu", (2, 2)),
     ("mosaic_gpu", "mosaic_gpu", (1, 1)),  # group 2 at 256: dK/dV's float32 partials
   ]

@@ -159,8 +159,9 @@ def flash_attention(
       defaults 4 warps (8 when head_dim > 64) and 2 stages. The Triton backward kernels use 4
       warps and 2 stages (the faster choice in the H200 tile sweep; docs/studies/speed.md).
       With backend="mosaic_gpu", num_stages is the number of key/value tiles in flight
-      (default 2; the Mosaic GPU backward keeps 2, 1 at a padded head_dim of 256:
-      `pallas_kernels.backward_mgpu.default_stages`) and num_warps is not used.
+      (default 2) and num_warps is not used; the Mosaic GPU backward's two kernels keep 2
+      tiles each (at a padded head_dim of 256 dK/dV 2 and dQ 1, with grouped heads 1 and 1;
+      `pallas_kernels.backward_mgpu.default_stages`).
     mgpu_options: speed options of the Mosaic GPU forward (`MosaicGPUOptions`; the defaults
       and their measurements: docs/studies/speed.md).
     backend: the kernels. "auto" (default): the Mosaic GPU kernels on a Hopper GPU wherever
