@@ -20,11 +20,13 @@
 # RUNS folder: a JAX run's out_dir is part of its configuration) are unpacked first, so their
 # finished runs are skipped. JAX_PREVIOUS=PACKS (the instability experiment's packs,
 # experiments/results/h200-*-b128/runs*.jsonl.xz, spaces or commas between them) runs the torch
-# side only (one GPU: on GPU 0; several: dealt out, below): each item's JAX runs are taken
+# side only (workers taking the items in order, below): each item's JAX runs are taken
 # from the packs (`crosscheck-train --jax-runs`; an item whose runs are not there, unfinished
 # or made with other settings fails in one line and the queue goes on), and its default QUEUE
-# is the pairs those packs hold at anchor-b128 (below); on a machine of several GPUs the items
-# are dealt out to them in turn (item i to GPU i mod n), one twin run per GPU at a time.
+# is the pairs those packs hold at anchor-b128 (below); a worker per GPU takes the queue's
+# items in order, one twin run at a time, and with TWINS_PER_GPU=2 a second worker joins on a
+# GPU once its first twin's step line shows room for two (peak memory × 2 + 8 GiB below the
+# GPU's; a second twin that runs out of memory all the same puts its item back and stops).
 # A twin out of GPU memory: no later item whose twins' attentions all ran out is started
 # ($R/twin-oom; crosscheck-train itself starts no later twin of that attention).
 # TORCH_ARGS go to every twin run (e.g. "--compile off"). TORCH_ARGS=check runs
@@ -114,11 +116,49 @@ run_side() {  # side[N] gpu items...: the items' runs of that side, in order (si
       --null-steps "${null:-0}" --time-budget "$left" --torch-python python3 --no-progress \
       --torch-args "$targs" ${JAX_PREVIOUS:+--jax-runs "$JAX_PREVIOUS"} \
       --out $R/$RECIPE-s$steps 2>&1 | sed -u "s/^/[$label] /" | tee $R/item-$label.log
-    if [[ $side == torch ]]; then  # "torch KIND seed N: gpt_twin.py ran out of GPU memory …"
+    if [[ $side == torch ]] && grep -q "gpt_twin.py ran out of GPU memory" $R/item-$label.log; then
+      if [[ -n ${SECOND:-} ]]; then  # beside another twin: the item goes back to the queue
+        echo "[$label] out of GPU memory beside the first twin: $item back to the queue, no second twin"
+        ( flock 9; { echo "$item"; cat $R/items; } > $R/items.tmp && mv $R/items.tmp $R/items ) 9> $R/items.lock
+        return 75
+      fi  # "torch KIND seed N: gpt_twin.py ran out of GPU memory …" → KIND
       sed -n 's/^\[[^]]*\] torch \([^ ]*\) seed [0-9]*: gpt_twin.py ran out of GPU memory.*/\1/p' \
         $R/item-$label.log >> $R/twin-oom
     fi
   done
+}
+
+# With JAX_PREVIOUS the twin side's workers take the items in order from one queue ($R/items):
+# one per GPU, and a second on a GPU (TWINS_PER_GPU=2) once its first twin's step line says
+# there is room for two (its peak memory × 2 + 8 GiB below the GPU's).
+next_item() {  # the queue's next item, taken from it (empty: none left)
+  ( flock 9; head -n 1 $R/items; sed -i 1d $R/items ) 9> $R/items.lock
+}
+worker() {  # label gpu: the queue's items, one at a time, until none is left
+  local item
+  while item=$(next_item) && [[ -n $item ]]; do
+    run_side $1 $2 "$item" || [[ $? != 75 ]] || return 0
+  done
+}
+second_worker() {  # label gpu: a second worker on the GPU of worker `label`, if there is room
+  local t0 peak total
+  t0=$(date +%s)
+  total=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i $2)  # MiB
+  while (( $(date +%s) - t0 < 900 )); do
+    peak=$(grep -o 'peak memory [0-9.]* GiB' $R/queue-$1.log 2>/dev/null | tail -n 1 | cut -d' ' -f3)
+    if [[ -n $peak ]]; then
+      if awk -v p=$peak -v t=$total 'BEGIN { exit !(2 * p * 1024 + 8192 < t) }'; then
+        echo "[$1b] room for a second twin: the first's peak $peak GiB of $(( total / 1024 )) GiB"
+        SECOND=1 worker $1b $2
+      else
+        echo "[$1b] no room for a second twin: the first's peak $peak GiB of $(( total / 1024 )) GiB"
+      fi
+      return 0
+    fi
+    if [[ ! -s $R/items ]]; then echo "[$1b] no item left for a second twin"; return 0; fi
+    sleep 10
+  done
+  echo "[$1b] no step line with a peak memory in 900 s: no second twin"
 }
 
 PAPER_KINDS='^paper(\+comp)?(\+lse)?$'  # the twin's paper layouts (15_twin_paper_bits' kinds)
@@ -151,17 +191,18 @@ queues() {
     name=$(basename $f .jsonl.xz); name=${name#twin-}; name=${name#partial-}
     unpack $f $R/$name && echo "unpacked $f into $R/$name"
   done
-  if [[ -n $JAX_PREVIOUS ]] && (( ngpu > 1 )); then  # the twin alone, the items dealt out
-    local g i pids=()
-    for (( g = 0; g < ngpu && g < ${#ITEMS[@]}; g++ )); do
-      local mine=()
-      for (( i = g; i < ${#ITEMS[@]}; i += ngpu )); do mine+=("${ITEMS[i]}"); done
-      run_side torch$g $g "${mine[@]}" > $R/queue-torch$g.log 2>&1 &
+  if [[ -n $JAX_PREVIOUS ]]; then  # the JAX side from the packs: the twin alone, a queue
+    printf "%s\n" "${ITEMS[@]}" > $R/items
+    local g pids=()
+    for (( g = 0; g < ngpu; g++ )); do
+      worker torch$g $g > $R/queue-torch$g.log 2>&1 &
       pids+=($!)
+      if (( ${TWINS_PER_GPU:-1} > 1 )); then
+        second_worker torch$g $g > $R/queue-torch${g}b.log 2>&1 &
+        pids+=($!)
+      fi
     done
     wait "${pids[@]}"
-  elif [[ -n $JAX_PREVIOUS ]]; then   # the JAX side from the packs: the twin alone, on GPU 0
-    run_side torch 0 "${ITEMS[@]}" > $R/queue-torch.log 2>&1
   elif (( ngpu > 1 )); then         # a GPU each, in parallel
     run_side jax 0 "${ITEMS[@]}" > $R/queue-jax.log 2>&1 &
     local jax_pid=$!
@@ -189,7 +230,8 @@ run) queues ;;
 start)
   mkdir -p $H/out
   setsid nohup env QUEUE="$QUEUE" BUDGET="$BUDGET" RECIPE=$RECIPE RUNS=$R PREVIOUS="${PREVIOUS:-}" \
-    JAX_PREVIOUS="$JAX_PREVIOUS" TORCH_ARGS="${TORCH_ARGS:-}" bash "$0" run $H/out > $H/log 2>&1 \
+    JAX_PREVIOUS="$JAX_PREVIOUS" TORCH_ARGS="${TORCH_ARGS:-}" TWINS_PER_GPU="${TWINS_PER_GPU:-1}" \
+    bash "$0" run $H/out > $H/log 2>&1 \
     < /dev/null &
   echo $! > $H/pid
   sleep 60
