@@ -26,7 +26,8 @@
 # is the pairs those packs hold at anchor-b128 (below); a worker per GPU takes the queue's
 # items in order, one twin run at a time, and with TWINS_PER_GPU=2 a second worker joins on a
 # GPU once its first twin's step line shows room for two (peak memory × 2 + 8 GiB below the
-# GPU's; a second twin that runs out of memory all the same puts its item back and stops).
+# GPU's; while two share a GPU, a twin that runs out of memory puts its item back and the GPU
+# is down to one twin: the second stops, after its item when the first ran out).
 # A twin out of GPU memory: no later item whose twins' attentions all ran out is started
 # ($R/twin-oom; crosscheck-train itself starts no later twin of that attention).
 # TORCH_ARGS go to every twin run (e.g. "--compile off"). TORCH_ARGS=check runs
@@ -117,10 +118,13 @@ run_side() {  # side[N] gpu items...: the items' runs of that side, in order (si
       --torch-args "$targs" ${JAX_PREVIOUS:+--jax-runs "$JAX_PREVIOUS"} \
       --out $R/$RECIPE-s$steps 2>&1 | sed -u "s/^/[$label] /" | tee $R/item-$label.log
     if [[ $side == torch ]] && grep -q "gpt_twin.py ran out of GPU memory" $R/item-$label.log; then
-      if [[ -n ${SECOND:-} ]]; then  # beside another twin: the item goes back to the queue
-        echo "[$label] out of GPU memory beside the first twin: $item back to the queue, no second twin"
+      if [[ -f $R/pair-$gpu ]]; then  # two twins on the GPU: the item goes back, one stays
+        echo "[$label] out of GPU memory beside another twin: $item back to the queue, one twin on GPU $gpu from now on"
         ( flock 9; { echo "$item"; cat $R/items; } > $R/items.tmp && mv $R/items.tmp $R/items ) 9> $R/items.lock
-        return 75
+        touch $R/single-$gpu
+        if [[ -n ${SECOND:-} ]]; then return 75; fi
+        while [[ -f $R/pair-$gpu ]]; do sleep 10; done  # until the second has stopped
+        continue
       fi  # "torch KIND seed N: gpt_twin.py ran out of GPU memory …" → KIND
       sed -n 's/^\[[^]]*\] torch \([^ ]*\) seed [0-9]*: gpt_twin.py ran out of GPU memory.*/\1/p' \
         $R/item-$label.log >> $R/twin-oom
@@ -134,9 +138,9 @@ run_side() {  # side[N] gpu items...: the items' runs of that side, in order (si
 next_item() {  # the queue's next item, taken from it (empty: none left)
   ( flock 9; head -n 1 $R/items; sed -i 1d $R/items ) 9> $R/items.lock
 }
-worker() {  # label gpu: the queue's items, one at a time, until none is left
-  local item
-  while item=$(next_item) && [[ -n $item ]]; do
+worker() {  # label gpu: the queue's items, one at a time, until none is left (a second: or
+  local item  # until its GPU is down to one twin, $R/single-GPU)
+  while [[ -z ${SECOND:-} || ! -f $R/single-$2 ]] && item=$(next_item) && [[ -n $item ]]; do
     run_side $1 $2 "$item" || [[ $? != 75 ]] || return 0
   done
 }
@@ -149,7 +153,10 @@ second_worker() {  # label gpu: a second worker on the GPU of worker `label`, if
     if [[ -n $peak ]]; then
       if awk -v p=$peak -v t=$total 'BEGIN { exit !(2 * p * 1024 + 8192 < t) }'; then
         echo "[$1b] room for a second twin: the first's peak $peak GiB of $(( total / 1024 )) GiB"
+        touch $R/pair-$2
         SECOND=1 worker $1b $2
+        rm -f $R/pair-$2
+        echo "[$1b] the second twin's worker stopped"
       else
         echo "[$1b] no room for a second twin: the first's peak $peak GiB of $(( total / 1024 )) GiB"
       fi
@@ -177,7 +184,7 @@ check_compile() {  # TORCH_ARGS=check → $R/paper-args, "" or "--compile off" b
 }
 
 queues() {
-  rm -f $R/queue-*.log $R/paper-args $R/twin-oom  # this run's only (an earlier run's on a warm machine)
+  rm -f $R/queue-*.log $R/paper-args $R/twin-oom $R/pair-* $R/single-*  # this run's only (an earlier run's on a warm machine)
   nvidia-smi -L
   local ngpu; ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
   local check_pid=""
