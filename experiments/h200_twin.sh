@@ -123,7 +123,7 @@ run_side() {  # side[N] gpu items...: the items' runs of that side, in order (si
         ( flock 9; { echo "$item"; cat $R/items; } > $R/items.tmp && mv $R/items.tmp $R/items ) 9> $R/items.lock
         touch $R/single-$gpu
         if [[ -n ${SECOND:-} ]]; then return 75; fi
-        while [[ -f $R/pair-$gpu ]]; do sleep 10; done  # until the second has stopped
+        while [[ -f $R/pair-$gpu ]]; do sleep ${POLL_S:-10}; done  # until the second has stopped
         continue
       fi  # "torch KIND seed N: gpt_twin.py ran out of GPU memory …" → KIND
       sed -n 's/^\[[^]]*\] torch \([^ ]*\) seed [0-9]*: gpt_twin.py ran out of GPU memory.*/\1/p' \
@@ -163,7 +163,7 @@ second_worker() {  # label gpu: a second worker on the GPU of worker `label`, if
       return 0
     fi
     if [[ ! -s $R/items ]]; then echo "[$1b] no item left for a second twin"; return 0; fi
-    sleep 10
+    sleep ${POLL_S:-10}
   done
   echo "[$1b] no step line with a peak memory in 900 s: no second twin"
 }
