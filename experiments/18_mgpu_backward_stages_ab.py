@@ -1,0 +1,158 @@
+"""Issue 19: the Mosaic GPU backward's tiles in flight (`pallas_kernels/backward_mgpu.py`,
+`KernelConfig.stages_bwd_mgpu`: dK/dV's and dQ's) against each other: each variant's backward
+(dK/dV and dQ, given the same forward residuals) against the first variant's in interleaved
+pairs (the median of `--pairs` ratios, each side 10 back-to-back calls, as `flashstable bench
+--paired`), its time alone, and whether its dQ, dK and dV equal the first's bit for bit (the
+ring's depth moves no float32 sum: it must say "same bits"). Default shape b4 × 4096 × 16 ×
+d256 bf16, where the default became dK/dV 2, dQ 1 (2026-12-05; 1 and 1 before).
+
+    python3 experiments/18_mgpu_backward_stages_ab.py [--causal] [--pairs 15] [--shape B,N,H,HK,D] \
+      [--out FILE] DKV,DQ ...          # e.g. 1,1 2,1 (the first is the reference)
+
+Every variant is checked (`backward_mgpu.supported`: shared memory) before any work, one line
+naming a bad one. GPU only (a Hopper GPU); ~10 s a variant at the default shape on one H100.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+
+def parse_stages(spec: str) -> tuple[int, int]:
+  """ "DKV,DQ" → (dkv, dq), each an integer 1–8; ValueError naming the spec."""
+  parts = spec.split(",")
+  if len(parts) != 2 or not all(p.isdecimal() and 1 <= int(p) <= 8 for p in parts):
+    raise ValueError(f"variant {spec!r} is not DKV,DQ (tiles in flight, integers 1–8)")
+  return int(parts[0]), int(parts[1])
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap.add_argument("variants", nargs="+")
+  ap.add_argument("--causal", action="store_true")
+  ap.add_argument("--pairs", type=int, default=15)
+  ap.add_argument("--shape", default="4,4096,16,16,256", help="batch,len,heads,kv_heads,head_dim")
+  ap.add_argument("--out", default=None, help="also append every line to this file")
+  a = ap.parse_args(argv)
+  import jax.numpy as jnp
+
+  from pallas_kernels import backward_mgpu
+  from pallas_kernels.attention import next_power_of_2
+
+  name = "18_mgpu_backward_stages_ab"
+  try:
+    shape = tuple(map(int, a.shape.split(",")))
+    if len(shape) != 5 or min(shape) < 1 or shape[2] % shape[3]:
+      raise ValueError
+  except ValueError:
+    sys.exit(f"{name}: --shape {a.shape!r} is not five positive ints with heads % kv_heads = 0")
+  if a.pairs < 1:
+    sys.exit(f"{name}: --pairs {a.pairs} (at least 1)")
+  head_dim, group = max(16, next_power_of_2(shape[4])), shape[2] // shape[3]
+  variants = []
+  for spec in a.variants:
+    try:
+      stages = parse_stages(spec)
+    except ValueError as e:
+      sys.exit(f"{name}: {e}")
+    why = backward_mgpu.supported(
+      numerics="fa2", head_dim=head_dim, dtype=jnp.bfloat16, num_stages=stages, group=group
+    )
+    if why:
+      sys.exit(f"{name}: variant {spec!r}: {why}")
+    variants.append((spec, stages))
+  import jax
+
+  from pallas_kernels.forward_mgpu import on_hopper
+
+  if not on_hopper():
+    sys.exit(f"{name}: needs a Hopper GPU; this is {jax.devices()[0].device_kind}")
+  run(a, shape, variants)
+
+
+def run(a, shape, variants):
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  from jax_flashstable.bench.timing import (
+    attention_flops,
+    paired_overhead,
+    seconds_per_call,
+    waiting,
+  )
+  from jax_flashstable.lab.shapes import Shape, make_inputs
+  from pallas_kernels import attention
+  from pallas_kernels.backward_mgpu import flash_backward_mgpu
+  from pallas_kernels.forward import flash_forward
+  from pallas_kernels.policy import get_numerics
+
+  log = open(a.out, "a") if a.out else None
+
+  def say(line):
+    print(line, flush=True)
+    if log:
+      log.write(line + "\n")
+      log.flush()
+
+  b, n, h, hk, d = shape
+  q, k, v, _ = make_inputs(Shape(b, n, n, h, hk, d), jnp.bfloat16, 0)
+  do = jax.random.normal(jax.random.key(1), q.shape, jnp.float32).astype(jnp.bfloat16)
+  cfg = attention.kernel_config(
+    q_len=n,
+    kv_len=n,
+    head_dim=d,
+    dtype=jnp.bfloat16,
+    softmax_scale=d**-0.5,
+    causal=a.causal,
+    numerics=get_numerics("fa2"),
+    compensation=None,
+    interpret=False,
+    backend="mosaic_gpu",
+    group=h // hk,
+  )
+  if cfg.backend_bwd != "mosaic_gpu" or n % 128 or d not in (32, 64, 128, 256):
+    sys.exit(
+      f"18_mgpu_backward_stages_ab: --shape {a.shape}: the Mosaic GPU backward runs it padded "
+      "(length a multiple of 128 and head_dim 32, 64, 128 or 256 run unpadded)"
+    )
+  triton = dataclasses.replace(cfg, backend="triton")  # the residuals, as the tests take them
+  out, m, log_l, _, _ = jax.jit(lambda q, k, v: flash_forward(q, k, v, triton))(q, k, v)
+  flops = 2.5 * attention_flops(b, n, n, h, d, causal=a.causal)  # the backward's 5 products
+  say(
+    f"# {jax.devices()[0].device_kind}, jax {jax.__version__}, shape {shape}, causal={a.causal}, "
+    f"default stages {cfg.stages_bwd_mgpu}"
+  )
+  first, run_first = None, None
+  for spec, stages in variants:
+    vcfg = dataclasses.replace(cfg, stages_bwd_mgpu=stages)
+    f = jax.jit(
+      lambda q, k, v, o, m, l, do, vcfg=vcfg: flash_backward_mgpu(q, k, v, o, m, l, do, vcfg)
+    )
+    args = (q, k, v, out, m, log_l, do)
+    try:
+      grads = [np.asarray(g.astype(jnp.float32)) for g in f(*args)]
+    except Exception as e:  # a variant that does not compile: say so, go on with the next
+      say(f"{spec}: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}")
+      continue
+    run_v = waiting(f, *args)
+    t = seconds_per_call(run_v)
+    if first is None:
+      first, run_first, same, ratio = (spec, grads), run_v, "the reference", 1.0
+    else:
+      same = (
+        f"same bits as {first[0]}"
+        if all(np.array_equal(g, r) for g, r in zip(grads, first[1]))
+        else f"DIFFERS from {first[0]}"
+      )
+      ratio = 1 + paired_overhead(run_first, run_v, pairs=a.pairs)  # time(variant) / time(first)
+    say(
+      f"dK/dV, dQ stages {spec:6s} {t * 1e3:.3f} ms, {flops / t / 1e12:.0f} TFLOP/s, "
+      f"{ratio:.3f}× the first's time (paired); {same}"
+    )
+
+
+if __name__ == "__main__":
+  main()
