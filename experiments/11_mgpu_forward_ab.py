@@ -122,19 +122,14 @@ def run(a, shape, variants, fm):
   from jax_flashstable import flash_attention
   from jax_flashstable.bench.timing import (
     attention_flops,
+    line_printer,
     paired_overhead,
     seconds_per_call,
     waiting,
   )
   from jax_flashstable.lab.shapes import Shape, make_inputs
 
-  log = open(a.out, "a") if a.out else None
-
-  def say(line):
-    print(line, flush=True)
-    if log:
-      log.write(line + "\n")
-      log.flush()
+  say = line_printer(a.out)
 
   b, n, h, hk, d = shape
   q, k, v, _ = make_inputs(Shape(b, n, n, h, hk, d), jnp.bfloat16, 0)

@@ -79,6 +79,7 @@ def run(a, shape, variants):
 
   from jax_flashstable.bench.timing import (
     attention_flops,
+    line_printer,
     paired_overhead,
     seconds_per_call,
     waiting,
@@ -89,13 +90,7 @@ def run(a, shape, variants):
   from pallas_kernels.forward import flash_forward
   from pallas_kernels.policy import get_numerics
 
-  log = open(a.out, "a") if a.out else None
-
-  def say(line):
-    print(line, flush=True)
-    if log:
-      log.write(line + "\n")
-      log.flush()
+  say = line_printer(a.out)
 
   b, n, h, hk, d = shape
   q, k, v, _ = make_inputs(Shape(b, n, n, h, hk, d), jnp.bfloat16, 0)

@@ -71,3 +71,17 @@ def waiting(f, *args):
     return jax.block_until_ready(out)
 
   return run
+
+
+def line_printer(path=None):
+  """say(line): prints the line and, with `path`, appends it to that file at once (flushed),
+  so that a run cut short keeps what it measured (the experiments' A/B logs)."""
+  log = open(path, "a") if path else None
+
+  def say(line):
+    print(line, flush=True)
+    if log:
+      log.write(line + "\n")
+      log.flush()
+
+  return say
