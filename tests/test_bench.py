@@ -305,3 +305,17 @@ def test_the_mosaic_gpu_ab_script_reads_variants_and_refuses_bad_ones():
     with pytest.raises(ValueError) as e:
       ab.parse_variant(bad, MosaicGPUOptions)
     assert str(e.value).startswith(message) and "\n" not in str(e.value), str(e.value)
+
+
+def test_line_printer_prints_and_keeps_each_line_at_once(tmp_path, capsys):
+  """`timing.line_printer`: each line printed and appended to the file before the next call
+  (a run cut short keeps what it measured); an existing file is appended to; no path, no file."""
+  path = tmp_path / "ab.txt"
+  path.write_text("# before\n")
+  say = timing.line_printer(path)
+  say("first")
+  assert path.read_text() == "# before\nfirst\n"  # flushed at once
+  say("second")
+  timing.line_printer(None)("third")
+  assert path.read_text() == "# before\nfirst\nsecond\n"
+  assert capsys.readouterr().out == "first\nsecond\nthird\n"
