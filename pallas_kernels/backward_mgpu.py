@@ -100,9 +100,14 @@ def _dq_bytes(head_dim: int, stages: int, center_keys: bool) -> int:
   return COMPUTE_WGS * ROWS * (head_dim * 2 * 2 + 3 * 4) + stages * ring
 
 
+STAGES_RULE = (
+  "the Mosaic GPU backward's tiles in flight are one integer 1–8 or a pair of them (dK/dV's, dQ's)"
+)
+
+
 def _per_kernel(stages) -> tuple[int, int]:
-  """Tiles in flight as (dK/dV's, dQ's), from one count for both or the pair, each an integer
-  1–8. Raises ValueError naming anything else."""
+  """Tiles in flight as (dK/dV's, dQ's), from one count for both or the pair (`STAGES_RULE`).
+  Raises ValueError naming anything else."""
   pair = (stages, stages) if isinstance(stages, numbers.Integral) else stages
   if not (
     isinstance(pair, (tuple, list))
@@ -111,10 +116,7 @@ def _per_kernel(stages) -> tuple[int, int]:
       isinstance(n, numbers.Integral) and not isinstance(n, bool) and 1 <= n <= 8 for n in pair
     )
   ):
-    raise ValueError(
-      f"stages={stages!r}: the Mosaic GPU backward's tiles in flight are one integer 1–8 or a "
-      "pair of them (dK/dV's, dQ's)"
-    )
+    raise ValueError(f"stages={stages!r}: {STAGES_RULE}")
   return int(pair[0]), int(pair[1])
 
 
@@ -176,8 +178,8 @@ def supported(
   if num_stages is not None:
     try:
       _per_kernel(num_stages)
-    except ValueError as e:
-      return f"num_stages={num_stages!r} ({str(e).split(': ', 1)[1]})"
+    except ValueError:
+      return f"num_stages={num_stages!r} ({STAGES_RULE})"
   if None not in (head_dim, num_stages):
     need = smem_bytes(head_dim, num_stages, group or 1, center_keys)
     if need > SMEM_BYTES:

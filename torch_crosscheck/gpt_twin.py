@@ -593,11 +593,19 @@ class _BF16Matmul(torch.autograd.Function):
   def backward(ctx, dy):
     xb, wb = ctx.saved_tensors
     dy = to_bf16(dy)
+    dx, dw = matmul_grads(dy, xb, wb, ctx.mode)
     rows = dy.reshape(-1, dy.shape[-1])
-    dx = to_bf16(paper_fa2.mm(dy, wb.t(), ctx.mode))
-    dw = to_bf16(paper_fa2.mm(xb.reshape(-1, xb.shape[-1]).t(), rows, ctx.mode))
     db = None if ctx.dtypes[2] is None else to_bf16(rows.float().sum(0)).to(ctx.dtypes[2])
     return dx.to(ctx.dtypes[0]), dw.to(ctx.dtypes[1]), db, None
+
+
+def matmul_grads(dy, xb, wb, mode):
+  """The backward of y = bf16(xb @ wb) as JAX's bf16 dot's: dx = bf16(dy @ wbᵀ), dw =
+  bf16(xbᵀ @ dy) summed over every leading axis, both bf16. dy, xb [..., m] / [..., n] bf16, wb
+  [n, m] bf16 (`_BF16Matmul`, `lm_head_loss`)."""
+  dx = to_bf16(paper_fa2.mm(dy, wb.t(), mode))
+  dw = to_bf16(paper_fa2.mm(xb.reshape(-1, xb.shape[-1]).t(), dy.reshape(-1, dy.shape[-1]), mode))
+  return dx, dw
 
 
 class Linear(nn.Module):
@@ -831,10 +839,8 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
       d = d_token * torch.exp(logits - lse[rows, None])  # logsumexp's backward
       d = d.scatter_add(-1, t[rows, None], (-d_token).expand(len(logits), 1))  # − the target's
       dy.append(to_bf16(d))  # the .float()'s backward
-    dy = torch.cat(dy)
-    dx = to_bf16(paper_fa2.mm(dy, wb.t(), ctx.matmul)).to(ctx.dtypes[0]).reshape(ctx.x_shape)
-    dw = to_bf16(paper_fa2.mm(xb.t(), dy, ctx.matmul)).to(ctx.dtypes[1])
-    return dx, dw, None, None, None, None
+    dx, dw = matmul_grads(torch.cat(dy), xb, wb, ctx.matmul)
+    return dx.to(ctx.dtypes[0]).reshape(ctx.x_shape), dw.to(ctx.dtypes[1]), None, None, None, None
 
 
 def jax_order(names):
