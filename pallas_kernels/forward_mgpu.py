@@ -45,7 +45,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.policy import MOSAIC_GPU_BLOCK_K, MOSAIC_GPU_NUMERICS as NUMERICS
 from pallas_kernels.policy import compensated_tile_max
-from pallas_kernels.top2 import column_top2
+from pallas_kernels.top2 import column_top2, lane_top2, row_top2
 
 ROWS_PER_WG = 64  # wgmma's M for one warpgroup
 COMPUTE_WGS = 2
@@ -96,6 +96,11 @@ class MosaicGPUOptions:
     128, about 220 at block_k 128: not yet checked by ptxas). It takes the turn and waits for
     the next key tile its own way: early_turn and k_wait_in_pv must be off (ValueError). Off
     by default until measured on the GPU.
+  tie_lanes: with the compensation, the top-2 summary finished across the row's 4 lanes
+    (`top2.row_top2`'s Mosaic GPU rule: two rounds of two shuffles carrying both values), so
+    the tie test is one compare; off: `top2.column_top2`'s 8-column groups, the max's
+    shuffles and then a count over the groups with shuffles of its own. The same decisions
+    and the same max (`policy.tied_by_top2`). Off by default until measured on the GPU.
   The defaults are the ones that were faster on the H200, or no slower; what each option
   measured, with command and date: docs/studies/speed.md ("The Mosaic GPU route").
   """
@@ -109,6 +114,7 @@ class MosaicGPUOptions:
   k_wait_in_pv: bool = False
   longest_first: bool = False
   overlap: bool = False
+  tie_lanes: bool = False
 
   def __post_init__(self):
     if self.overlap and (self.early_turn or self.k_wait_in_pv):
@@ -348,7 +354,9 @@ def _forward_kernel(
         s = jnp.where(keep, s, numerics.mask_value)  # −inf; key 0 is visible to every row
       # the tie rule from top-2 summaries of 8-column groups (register slices, `top2`) or by
       # counting (a second reduction over the tile): the same decisions
-      m_tile, _ = compensated_tile_max(s, comp, top2=column_top2 if top2_ties else None)
+      lanes = row_top2 if cfg.interpret else lane_top2  # the same values
+      top2 = (lanes if opts.tie_lanes else column_top2) if top2_ties else None
+      m_tile, _ = compensated_tile_max(s, comp, top2=top2)
       m_new = jnp.maximum(m_i, m_tile)
       alpha = numerics.rescale(m_i, m_new, opts.exp2)  # 1 while the max stays, 0 first
       p = numerics.exp_scores(s, lax.broadcast_in_dim(m_new, s.shape, [0]), opts.exp2)  # P̄, f32

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.extend import core as jex_core
 from jax.interpreters import mlir
@@ -109,6 +110,60 @@ def _register_triton():
 
 
 _register_triton()
+
+
+def lane_top2(s):
+  """`row_top2` inside a Mosaic GPU kernel (s: [rows, n] float32 in the WGMMA layout, rows a
+  multiple of 64, n ≥ 8): `column_top2`'s halvings in registers down to 8 columns, then, per
+  row, the thread's two columns merged and the row's 4 lanes by butterfly shuffles carrying
+  both values (lane strides 1 and 2: two rounds of two independent shuffles, each followed by
+  a `merge`). first is `jnp.max(s, axis=-1)` bit for bit (the same max.NaN.f32 instructions;
+  max is exact, only the order of the pairs differs) and second the runner-up, so the tie test
+  is one compare (`policy.tied_by_top2`): no chain of shuffles after the max's, and no compare,
+  convert and add over 8 column groups. GPU only (`plgpu.inline_mgpu`); interpret mode takes
+  `row_top2`, the same values."""
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+
+  first, second = column_top2(s)
+  row = plgpu.ShapeDtypeStruct((s.shape[0],), jnp.float32, layout=plgpu.Layout.WGMMA.reduce(1))
+  merge_lanes = plgpu.inline_mgpu(arg_types=(plgpu.Layout.WGMMA,) * 2, return_type=(row, row))
+  return merge_lanes(_merge_lanes)(first, second)
+
+
+def _merge_lanes(_, first, second):
+  """(first, second) [rows, 8] → [rows] each, on Mosaic GPU FragmentedArrays (`lane_top2`)."""
+  from jax._src.lib.mlir import ir
+  from jax._src.lib.mlir.dialects import vector
+  from jax.experimental.mosaic.gpu import fragmented_array as fa, utils
+
+  fmax = fa.FragmentedArray._lift_fast_instr("max.NaN.f32")  # FragmentedArray.max/min's
+  fmin = fa.FragmentedArray._lift_fast_instr("min.NaN.f32")
+
+  def pair_merge(a, b):  # `merge` on scalars
+    return fmax(a[0], b[0]), fmax(fmin(a[0], b[0]), fmax(a[1], b[1]))
+
+  def element(v, i):
+    return vector.extract(v, dynamic_position=[], static_position=ir.DenseI64ArrayAttr.get([i]))
+
+  one = ir.VectorType.get((1,), ir.F32Type.get())
+  out = ([], [])
+  # a thread holds one vector<2xf32> (two adjacent columns) of the [rows, 8] summary per row
+  # it owns, in the order of the row layout's registers (a single column tile)
+  for f, g in zip(first.registers.flat, second.registers.flat, strict=True):
+    pair = pair_merge((element(f, 0), element(g, 0)), (element(f, 1), element(g, 1)))
+    for stride in (1, 2):  # the row's 4 lanes: WGMMA_LAYOUT's minor lane dimension
+      pair = pair_merge(pair, tuple(utils.shfl_bfly(x, stride) for x in pair))
+    for values, x in zip(out, pair):
+      values.append(vector.broadcast(one, x))
+  shape = fa.WGMMA_ROW_LAYOUT.registers_shape((first.shape[0],))
+  return tuple(
+    fa.FragmentedArray(
+      _registers=np.array(values, dtype=object).reshape(shape),
+      _layout=fa.WGMMA_ROW_LAYOUT,
+      _is_signed=None,
+    )
+    for values in out
+  )
 
 
 def column_top2(s, width=8):

@@ -153,6 +153,27 @@ def test_mosaic_gpu_forward_lowers_with_overlap(block_k, causal, opt_barrier):
   assert "wgmma.wait_group.sync.aligned 1;" in text
 
 
+@pytest.mark.parametrize("block_k, causal", [(64, False), (128, True)])
+def test_mosaic_gpu_forward_lowers_with_tie_lanes(block_k, causal):
+  """`MosaicGPUOptions.tie_lanes`: the compensation's top-2 finished by shuffles across a row's
+  lanes (`top2.lane_top2`, an `inline_mgpu` block that interpret mode does not run) lowers for
+  CUDA; without the compensation there is no tie test and no such block."""
+  from pallas_kernels.forward_mgpu import MosaicGPUOptions
+
+  q = _qkv(128)
+  for stabilize in (True, False):
+    cfg = _cfg(
+      backend="mosaic_gpu",
+      causal=causal,
+      block_k=block_k,
+      stabilize=stabilize,
+      mgpu_options=MosaicGPUOptions(pingpong=True, tie_lanes=True),
+    )
+    forward = lambda q, k, v: flash_forward_mgpu(q, k, v, cfg)[:3]  # noqa: B023
+    assert ("inline_mgpu" in str(jax.make_jaxpr(forward)(*q))) == stabilize
+    assert "wgmma" in _lower_for_cuda(forward, *q)
+
+
 def test_overlap_refuses_the_options_it_replaces():
   """overlap takes the turn and waits for the next key tile its own way: with early_turn or
   k_wait_in_pv it is refused in one line naming them."""

@@ -191,6 +191,8 @@ def test_mosaic_gpu_without_interpret_needs_a_hopper_gpu():
     (dict(overlap=(False, True)), False),
     (dict(overlap=(False, True), opt_barrier=(False, True)), True),
     (dict(overlap=(False, True), num_stages=(2, 1)), True),
+    (dict(tie_lanes=(False, True)), False),
+    (dict(tie_lanes=(False, True)), True),
   ],
   ids=[
     "pingpong-full",
@@ -201,6 +203,8 @@ def test_mosaic_gpu_without_interpret_needs_a_hopper_gpu():
     "overlap-full",
     "overlap+opt_barrier-causal",
     "overlap-one-stage-causal",
+    "tie_lanes-full",
+    "tie_lanes-causal",
   ],
 )
 def test_mosaic_gpu_schedules_are_the_same_function(change, causal):
@@ -216,7 +220,9 @@ def test_mosaic_gpu_schedules_are_the_same_function(change, causal):
   unfused order here (the interpreter cannot run a wgmma into an initialised accumulator):
   its fused path, and any arrival that comes too early (a race the interpreter's synchronous
   wgmmas cannot show), only the GPU checks; that the overlapped loop ran at all, its read of
-  the scores with one wgmma left in flight says."""
+  the scores with one wgmma left in flight says. `tie_lanes` (the compensation's top-2 finished
+  across lanes) decides the same ties as the 8-column groups: the inputs tie in most tiles; on
+  the GPU its shuffles run (`top2.lane_top2`), in interpret mode `row_top2`."""
   _skip_if_causal_refused(causal)
   q, k, v, _ = _tied(Shape(1, 150, 200, 2, 1, 64, causal=causal), jnp.bfloat16, 5)
 
@@ -238,6 +244,9 @@ def test_mosaic_gpu_schedules_are_the_same_function(change, causal):
   assert np.array_equal(np.asarray(attend(0)(q)), np.asarray(attend(1)(q)))
   if "overlap" in change:  # the overlapped loop: S read with the P̄V wgmma in flight
     traced = [str(jax.make_jaxpr(attend(which))(q)).count("wait_n=1") for which in (0, 1)]
+    assert traced[0] == 0 and traced[1] > 0, traced
+  if "tie_lanes" in change and jax.default_backend() == "gpu":  # the shuffles, not row_top2
+    traced = [str(jax.make_jaxpr(attend(which))(q)).count("inline_mgpu") for which in (0, 1)]
     assert traced[0] == 0 and traced[1] > 0, traced
 
 
