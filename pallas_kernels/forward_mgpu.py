@@ -100,7 +100,8 @@ class MosaicGPUOptions:
     (`top2.row_top2`'s Mosaic GPU rule: two rounds of two shuffles carrying both values), so
     the tie test is one compare; off: `top2.column_top2`'s 8-column groups, the max's
     shuffles and then a count over the groups with shuffles of its own. The same decisions
-    and the same max (`policy.tied_by_top2`). Off by default until measured on the GPU.
+    and the same max (`policy.tied_by_top2`). On: the same bits on the GPU and no slower
+    (H100, 2026-12-05: +0.4–2.2% paired, the compensation's forward cost +5.2% → +4.0%).
   The defaults are the ones that were faster on the H200, or no slower; what each option
   measured, with command and date: docs/studies/speed.md ("The Mosaic GPU route").
   """
@@ -114,7 +115,7 @@ class MosaicGPUOptions:
   k_wait_in_pv: bool = False
   longest_first: bool = False
   overlap: bool = False
-  tie_lanes: bool = False
+  tie_lanes: bool = True
 
   def __post_init__(self):
     if self.overlap and (self.early_turn or self.k_wait_in_pv):

@@ -178,6 +178,7 @@ import hashlib
 import importlib.util
 import json
 import math
+import os
 import pathlib
 import pickle
 import sys
@@ -185,6 +186,11 @@ import zipfile
 import time
 
 STARTED = time.perf_counter()  # --max-seconds counts from here, torch's import included
+# CUDA's caching allocator with growable segments (read at torch's first CUDA allocation; a
+# value already set is kept): at anchor-b128 a twin's peak is 68.4 GiB of an H100's 79 GiB,
+# and with fixed segments a paper twin's second step could not find 12.3 GiB in one piece
+# while 9.4 GiB sat reserved and unused (2026-12-05, docs/studies/training-twin.md).
+os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
