@@ -778,7 +778,11 @@ class GPT(nn.Module):
     return x
 
 
-LOSS_CHUNK = 16384  # tokens per chunk of `lm_head_loss` (float32 logits: 3.3 GB at vocab 50304)
+# tokens per chunk of `lm_head_loss`: a chunk's float32 logits are 1.6 GB at vocab 50304, and
+# the loss's backward, where every activation is still held, keeps a few such temporaries at
+# once (16,384 until 2026-12-05, when a twin's step peaked at 68.4 GiB on an H100: a half-size
+# chunk is meant to bring two twins within an H200's 139 GiB, peak × 2 + 8 GiB; not yet measured)
+LOSS_CHUNK = 8192
 
 
 def loss_fn(model: GPT, tokens, targets, record=None, count=None, chunk=LOSS_CHUNK):
