@@ -353,8 +353,9 @@ def _forward_kernel(
         if cfg.causal:
           keep = jnp.logical_and(keep, q_pos >= k_pos)
         s = jnp.where(keep, s, numerics.mask_value)  # −inf; key 0 is visible to every row
-      # the tie rule from top-2 summaries of 8-column groups (register slices, `top2`) or by
-      # counting (a second reduction over the tile): the same decisions
+      # the tie rule from the row's top-2 (`lane_top2`: register slices, then shuffles carrying
+      # both values), from 8-column groups' (tie_lanes off) or by counting (tie_method "count",
+      # a second reduction over the tile): the same decisions
       lanes = row_top2 if cfg.interpret else lane_top2  # the same values
       top2 = (lanes if opts.tie_lanes else column_top2) if top2_ties else None
       m_tile, _ = compensated_tile_max(s, comp, top2=top2)

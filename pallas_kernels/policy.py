@@ -556,8 +556,8 @@ def tile_top2_merge(a, b):
 def tied_by_top2(tile_max, first, second, n_real, comp: Compensation, paper: bool = False):
   """`tie_count(...) > 1`, decided from a `tile_top2` summary (bool [rows]): identical for every
   tile without NaN scores — exact ties, ties at tol ± an ulp, masked entries, fully masked
-  rows, ±inf, any tol — and with NaN scores on the CPU (XLA's max propagates NaN: both say
-  untied) and for fa2 on the GPU (`top2.row_top2`); the paper rule on a GPU could differ only
+  rows, ±inf, any tol — and with NaN scores on the CPU where XLA's max propagates NaN (both say
+  untied; a jitted max over a wide tile may drop it, `top2.row_top2`) and for fa2 on the GPU (`top2.row_top2`); the paper rule on a GPU could differ only
   on a row with a NaN score where also bf16(max − tol) = −inf, whose outputs are NaN anyway.
 
   "two scores ≥ t" ⇔ second ≥ t (one summary per row), or Σ_c [first_c ≥ t] + [second_c ≥ t]
@@ -614,7 +614,7 @@ def compensated_tile_max(
     in_range: [block_k] bool, True for real (not padded) keys; used by the paper rule.
     top2: None: the max, then the tie count (a second pass over the tile, `tie_count`);
       else a map scores → top-2 summary (`pallas_kernels.top2.row_top2` in the Triton kernel,
-      `column_top2` in the Mosaic GPU one) and the rule decided from it (`tied_by_top2`):
+      `lane_top2` or `column_top2` in the Mosaic GPU one) and the rule decided from it (`tied_by_top2`):
       the same decisions and the same max, one pass.
   Returns:
     (m_tile [rows] float32, tied [rows] float32 with 1.0 where the rule fired).

@@ -22,8 +22,11 @@ What each Pallas lowering offers for a two-value reduction (jax 0.11.2):
   column slices aligned to the WGMMA layout's 8-column tiles are free (they select registers).
   `column_top2` halves the tile in registers — (max, min) of the two halves, then `merge` of
   halves — down to 8 columns: per score ≈ 2.5–2.75 max/min (block_k 64 / 128) instead of
-  1 (max) + 3 (compare, convert, add), and the tie count that remains runs over 8 columns of
-  (first, second) pairs, not over block_k scores.
+  1 (max) + 3 (compare, convert, add). `lane_top2` (the forward's default,
+  `MosaicGPUOptions.tie_lanes`) then merges the 8 columns' (first, second) pairs inside the
+  thread and across a row's 4 lanes with shuffles carrying both values (an `inline_mgpu`
+  block), so the tie test is one compare; without it, the count that remains runs over the 8
+  columns' pairs.
 On CPU (interpret mode) both are plain XLA: `row_top2` lowers to `jnp.max` and a variadic
 `lax.reduce`.
 """
@@ -48,8 +51,10 @@ def row_top2(s):
   the largest of the rest, a second copy of the max counted. `first` is the kernel's
   `jnp.max(s, axis=-1)` bit for bit. One reduction in the Triton lowering (module docstring).
   NaN follows each platform's max, as the count rule's max and compares do: XLA (interpret
-  mode) propagates it (first NaN, and `policy.tied_by_top2` says untied, as the count does);
-  the Triton lowering's max ignores NaN and second is the runner-up of the non-NaN scores (NaN
+  mode) propagates it (first NaN, and `policy.tied_by_top2` says untied, as the count does),
+  except that a jitted XLA CPU max over a wide tile may drop it (jax 0.11.2, a 64 × 64 tile:
+  max 1.0 where a NaN sat beside two 1.0s, so the count says tied and top-2 untied; that row's
+  outputs are NaN either way); the Triton lowering's max ignores NaN and second is the runner-up of the non-NaN scores (NaN
   when there are fewer than two), so the fa2 decision is the count's there too."""
   return tuple(top2_p.bind(s))
 
@@ -114,7 +119,7 @@ _register_triton()
 
 def lane_top2(s):
   """`row_top2` inside a Mosaic GPU kernel (s: [rows, n] float32 in the WGMMA layout, rows a
-  multiple of 64, n ≥ 8): `column_top2`'s halvings in registers down to 8 columns, then, per
+  multiple of 64, n ≥ 16): `column_top2`'s halvings in registers down to 8 columns, then, per
   row, the thread's two columns merged and the row's 4 lanes by butterfly shuffles carrying
   both values (lane strides 1 and 2: two rounds of two independent shuffles, each followed by
   a `merge`). first is `jnp.max(s, axis=-1)` bit for bit (the same max.NaN.f32 instructions;

@@ -284,3 +284,111 @@ def test_tie_method_is_checked():
   )
   with pytest.raises(ValueError, match="tie_method='sort'"):
     dataclasses.replace(cfg, tie_method="sort")
+
+
+def _thread_elements(layout, shape):
+  """[128 threads, *registers, vector]: the flat (C-order) index into `shape` of each register
+  element of a warpgroup's threads, from Mosaic GPU's own layout definition (its tiling,
+  warp and lane dimensions)."""
+  from jax.experimental.mosaic.gpu import fragmented_array as fa, utils
+
+  strides = layout.tiling.tile_strides(tuple(utils.get_contiguous_strides(shape)))
+  tiled = layout.tiled_tiling_shape
+  tail = strides[-len(tiled) :]
+
+  def offset(index, dims):  # a warp or lane index split over its dimensions
+    sizes = [d.times if isinstance(d, fa.Replicated) else tiled[d] for d in dims]
+    parts = np.unravel_index(index, sizes)
+    return sum(int(i) * tail[d] for i, d in zip(parts, dims) if not isinstance(d, fa.Replicated))
+
+  registers, vec = layout.registers_shape(shape), tiled[layout.vector_dim]
+  out = np.zeros((128, *registers, vec), np.int64)
+  for t in range(128):
+    base = offset(t // 32, layout.warp_dims) + offset(t % 32, layout.lane_dims)
+    for r in np.ndindex(registers):
+      first = base + sum(i * s for i, s in zip(r, strides))
+      out[(t, *r)] = first + np.arange(vec) * tail[layout.vector_dim]
+  return out
+
+
+def _merge_lanes_on_numpy(monkeypatch, first, second):
+  """`top2._merge_lanes` (the Mosaic GPU block of `lane_top2`, which only a GPU runs) with its
+  MLIR ops replaced by NumPy over a warpgroup's 128 threads: a butterfly shuffle reads lane
+  (lane ^ d) of the thread's warp, max/min propagate NaN as max.NaN.f32 / min.NaN.f32 do;
+  registers placed and read back by the WGMMA layouts. → (first, second) per row, [rows],
+  after checking that the 4 threads holding a row hold the same bits."""
+  from jax._src.lib.mlir import ir
+  from jax._src.lib.mlir.dialects import vector
+  from jax.experimental.mosaic.gpu import fragmented_array as fa, utils
+
+  from pallas_kernels import top2
+
+  class Lanes:  # one register's value in each of the 128 threads
+    def __init__(self, a):
+      self.a = a
+
+  class Array:  # a FragmentedArray's registers and layout
+    def __init__(self, _registers, _layout, _is_signed=None, shape=None):
+      self.registers, self.layout, self.shape = _registers, _layout, shape
+
+  def nan_op(op):
+    return lambda x, y: Lanes(np.where(np.isnan(x.a) | np.isnan(y.a), F32(np.nan), op(x.a, y.a)))
+
+  class FragmentedArray:
+    _lift_fast_instr = staticmethod(
+      lambda instr: nan_op(np.maximum if instr.startswith("max") else np.minimum)
+    )
+
+    def __new__(cls, **fields):
+      return Array(**fields)
+
+  lanes = np.arange(128)
+  stub = lambda get: type("Stub", (), {"get": staticmethod(get)})  # noqa: E731
+  monkeypatch.setattr(fa, "FragmentedArray", FragmentedArray)
+  monkeypatch.setattr(
+    utils, "shfl_bfly", lambda x, d: Lanes(x.a[(lanes & ~31) | ((lanes % 32) ^ d)])
+  )
+  monkeypatch.setattr(
+    vector, "extract", lambda v, dynamic_position, static_position: Lanes(v.a[:, static_position])
+  )
+  monkeypatch.setattr(vector, "broadcast", lambda _, x: x)
+  monkeypatch.setattr(ir, "VectorType", stub(lambda *a: None))
+  monkeypatch.setattr(ir, "F32Type", stub(lambda: None))
+  monkeypatch.setattr(ir, "DenseI64ArrayAttr", stub(lambda i: i[0]))
+
+  rows = first.shape[0]
+  where_in = _thread_elements(fa.WGMMA_LAYOUT, (rows, 8))
+
+  def placed(a):
+    registers = np.empty(where_in.shape[1:-1], dtype=object)
+    for r in np.ndindex(registers.shape):
+      registers[r] = Lanes(a.ravel()[where_in[(slice(None), *r)]])  # [thread, vector]
+    return Array(registers, fa.WGMMA_LAYOUT, shape=a.shape)
+
+  outs = top2._merge_lanes(None, placed(first), placed(second))
+  where_out = _thread_elements(fa.WGMMA_ROW_LAYOUT, (rows,))
+  values = []
+  for out in outs:
+    held = [[] for _ in range(rows)]  # the bits each thread holding a row has for it
+    for r in np.ndindex(out.registers.shape):
+      for t, row in enumerate(where_out[(slice(None), *r, 0)]):
+        held[row].append(F32(out.registers[r].a[t]).view(np.int32))
+    assert all(len(h) == 4 and len(set(h)) == 1 for h in held), "a row's 4 lanes differ"
+    values.append(np.array([h[0] for h in held], np.int32).view(F32))
+  return values
+
+
+@pytest.mark.parametrize("rows,n", [(64, 64), (128, 128), (64, 256)])
+def test_lane_top2_merges_a_rows_lanes_to_its_two_largest(monkeypatch, rows, n):
+  """`lane_top2`'s Mosaic GPU part on a CPU (`_merge_lanes_on_numpy`): from `column_top2`'s
+  8-column summary it gives each row's max and runner-up (a duplicate of the max counted)
+  exactly, for 64–128 rows and 64–256 keys, with ties, −inf entries and fully masked rows;
+  the GPU test compares the kernel with it against the 8-column groups."""
+  rng = np.random.default_rng(rows + n)
+  s = rng.integers(-4, 5, size=(rows, n)).astype(F32)  # many ties
+  s[rng.random(s.shape) < 0.3] = -np.inf
+  s[:3] = -np.inf  # fully masked rows
+  f8, s8 = (np.asarray(x) for x in column_top2(jnp.asarray(s)))
+  first, second = _merge_lanes_on_numpy(monkeypatch, f8, s8)
+  top = np.sort(s, axis=1)[:, ::-1]
+  assert np.array_equal(first, top[:, 0]) and np.array_equal(second, top[:, 1])

@@ -187,10 +187,12 @@ import time
 
 STARTED = time.perf_counter()  # --max-seconds counts from here, torch's import included
 # CUDA's caching allocator with growable segments (read at torch's first CUDA allocation; a
-# value already set is kept): at anchor-b128 a twin's peak is 68.4 GiB of an H100's 79 GiB,
+# setting already made under either name is kept; torch ≥ 2.9 reads PYTORCH_ALLOC_CONF and
+# warns on the old PYTORCH_CUDA_ALLOC_CONF): at anchor-b128 a twin's peak is 68.4 GiB of an H100's 79 GiB,
 # and with fixed segments a paper twin's second step could not find 12.3 GiB in one piece
 # while 9.4 GiB sat reserved and unused (2026-12-05, docs/studies/training-twin.md).
-os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+if not {"PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"} & set(os.environ):
+  os.environ["PYTORCH_ALLOC_CONF"] = "expandable_segments:True"
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -849,7 +851,8 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
       d = d_token * torch.exp(logits - lse[rows, None])  # logsumexp's backward
       d = d.scatter_add(-1, t[rows, None], (-d_token).expand(len(logits), 1))  # − the target's
       dy.append(to_bf16(d))  # the .float()'s backward
-    dx, dw = matmul_grads(torch.cat(dy), xb, wb, ctx.matmul)
+    dy = torch.cat(dy)  # (eager: the chunks' list goes before the GEMMs)
+    dx, dw = matmul_grads(dy, xb, wb, ctx.matmul)
     return dx.to(ctx.dtypes[0]).reshape(ctx.x_shape), dw.to(ctx.dtypes[1]), None, None, None, None
 
 
