@@ -1858,9 +1858,9 @@ def test_a_twin_out_of_gpu_memory_stops_the_later_twins_of_its_attention(tmp_pat
 
 def test_the_report_sets_the_mechanism_side_by_side():
   """The report's mechanism tables: layer 1's tie rate (`_run_row`'s tie_rates) and dQ error
-  (its dq_errs), each the median per window of steps after warmup (DQ_WINDOWS), JAX / torch,
-  for the pairs where either side logged it (none: no table); a window a side has no row in is
-  "–"."""
+  (its dq_errs), and the largest of any layer (dq_errs_any), each the median per window of
+  steps after warmup (DQ_WINDOWS), JAX / torch, for the pairs where either side logged it
+  (none: no table); a window a side has no row in is "–"."""
   logged = dict(
     pair="paper ↔ paper",
     seed=29,
@@ -1871,12 +1871,15 @@ def test_the_report_sets_the_mechanism_side_by_side():
     torch_run=dict(dq_errs=[(300, 0.01), (700, 0.012)], tie_rates=[(300, 0.5), (2000, 0.52)]),
   )
   silent = dict(pair="sdpa-flash ↔ fa2", seed=21, jax_run=dict(dq_errs=[]), torch_run=None)
+  logged["torch_run"]["dq_errs_any"] = [(300, 0.5), (400, 0.7)]
   lines = twin._mechanism_tables([logged, silent], 1)
-  assert lines[-1] == "| paper ↔ paper | 29 | 0.050 / 0.010 | 0.080 / 0.012 | 5.000 / – |"
-  assert "| 201–500 | 501–1,000 | 1,001–3,000 |" in lines[-3]
-  assert "dQ error" in lines[-5]
+  assert lines[-1] == "| paper ↔ paper | 29 | – / 0.600 | – / – | – / – |"
+  assert "any layer" in lines[-5]
+  layer1 = lines.index("| paper ↔ paper | 29 | 0.050 / 0.010 | 0.080 / 0.012 | 5.000 / – |")
+  assert "| 201–500 | 501–1,000 | 1,001–3,000 |" in lines[layer1 - 2]
+  assert "Layer 1's dQ error" in lines[layer1 - 4]
   ties = lines.index("| paper ↔ paper | 29 | 0.550 / 0.500 | 0.700 / – | – / 0.520 |")
-  assert "tie rate" in lines[ties - 4] and ties < len(lines) - 5
+  assert "tie rate" in lines[ties - 4] and ties < layer1
   assert not any("sdpa-flash" in line for line in lines)
   assert twin._mechanism_tables([silent], 1) == []
 

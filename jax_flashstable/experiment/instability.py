@@ -288,6 +288,12 @@ def _run_row(run_dir: pathlib.Path, warmup_steps: int, layer: int, diag_interval
     for d in diags
     if (heads := [x for x in (d.get("dq_err") or [[]] * (layer + 1))[layer] if x == x])
   ]
+  dq_errs_any = [  # the largest dQ error of any layer and head (after two runs part, the bias
+    # term need not grow first in the watched layer)
+    (d["step"], max(heads))
+    for d in diags
+    if (heads := [x for row in d.get("dq_err") or [] for x in row if x == x])
+  ]
   tie_rates = [  # the watched layer's tie rate, mean over heads (NaN: not counted)
     (d["step"], statistics.fmean(d["tie_rate"][layer]))
     for d in diags
@@ -316,6 +322,7 @@ def _run_row(run_dir: pathlib.Path, warmup_steps: int, layer: int, diag_interval
     max_logit=max((x for _, x in logits), default=math.nan),
     logits=logits,
     dq_errs=dq_errs,
+    dq_errs_any=dq_errs_any,
     tie_rates=tie_rates,
     mean_tie_rate=statistics.fmean(x for _, x in tie_rates) if tie_rates else math.nan,
     steps_per_s=1.0 / statistics.median(times) if times else math.nan,
