@@ -123,10 +123,12 @@ def lane_top2(s):
   row, the thread's two columns merged and the row's 4 lanes by butterfly shuffles carrying
   both values (lane strides 1 and 2: two rounds of two independent shuffles, each followed by
   a `merge`). first is `jnp.max(s, axis=-1)` bit for bit (the same max.NaN.f32 instructions;
-  max is exact, only the order of the pairs differs) and second the runner-up, so the tie test
-  is one compare (`policy.tied_by_top2`): no chain of shuffles after the max's, and no compare,
-  convert and add over 8 column groups. GPU only (`plgpu.inline_mgpu`); interpret mode takes
-  `row_top2`, the same values."""
+  max is exact, only the order of the pairs differs, which could at most flip the sign of a
+  zero max: the same exp and α) and second the runner-up, so the tie test is one compare
+  (`policy.tied_by_top2`): no chain of shuffles after the max's, and no compare, convert and
+  add over 8 column groups. GPU only (`plgpu.inline_mgpu`); interpret mode takes `row_top2`,
+  the same values; `_merge_lanes` runs on the CPU with its ops on NumPy in
+  tests/test_top2.py."""
   from jax.experimental.pallas import mosaic_gpu as plgpu
 
   first, second = column_top2(s)
