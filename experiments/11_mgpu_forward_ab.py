@@ -74,17 +74,13 @@ def main(argv=None):
   import pallas_kernels.forward_mgpu as fm
   from pallas_kernels.attention import next_power_of_2
 
+  from jax_flashstable.lab.shapes import Shape
+
   try:
-    shape = tuple(map(int, a.shape.split(",")))
-    if len(shape) != 5 or min(shape) < 1:
-      raise ValueError
-  except ValueError:
-    sys.exit(f"11_mgpu_forward_ab: --shape {a.shape!r} is not five positive ints")
-  if shape[2] % shape[3]:
-    sys.exit(
-      f"11_mgpu_forward_ab: --shape {a.shape!r}: heads {shape[2]} is not a multiple of "
-      f"kv_heads {shape[3]}"
-    )
+    s = Shape.parse(f"{a.shape},0")  # the bench's shape grammar and checks; causal: --causal
+  except ValueError as e:
+    sys.exit(f"11_mgpu_forward_ab: --shape {a.shape!r} (batch,len,heads,kv_heads,head_dim): {e}")
+  shape = (s.batch, s.q_len, s.num_heads, s.num_kv_heads, s.head_dim)
   head_dim = max(16, next_power_of_2(shape[4]))  # flash_attention pads it so
   variants = []
   for spec in a.variants:

@@ -38,16 +38,16 @@ def main(argv=None):
   a = ap.parse_args(argv)
   import jax.numpy as jnp
 
+  from jax_flashstable.lab.shapes import Shape
   from pallas_kernels import backward_mgpu
   from pallas_kernels.attention import next_power_of_2
 
   name = "18_mgpu_backward_stages_ab"
   try:
-    shape = tuple(map(int, a.shape.split(",")))
-    if len(shape) != 5 or min(shape) < 1 or shape[2] % shape[3]:
-      raise ValueError
-  except ValueError:
-    sys.exit(f"{name}: --shape {a.shape!r} is not five positive ints with heads % kv_heads = 0")
+    s = Shape.parse(f"{a.shape},0")  # the bench's shape grammar and checks; causal: --causal
+  except ValueError as e:
+    sys.exit(f"{name}: --shape {a.shape!r} (batch,len,heads,kv_heads,head_dim): {e}")
+  shape = (s.batch, s.q_len, s.num_heads, s.num_kv_heads, s.head_dim)
   if a.pairs < 1:
     sys.exit(f"{name}: --pairs {a.pairs} (at least 1)")
   head_dim, group = max(16, next_power_of_2(shape[4])), shape[2] // shape[3]
