@@ -54,8 +54,9 @@ def row_top2(s):
   mode) propagates it (first NaN, and `policy.tied_by_top2` says untied, as the count does),
   except that a jitted XLA CPU max over a wide tile may drop it (jax 0.11.2, a 64 × 64 tile:
   max 1.0 where a NaN sat beside two 1.0s, so the count says tied and top-2 untied; that row's
-  outputs are NaN either way); the Triton lowering's max ignores NaN and second is the runner-up of the non-NaN scores (NaN
-  when there are fewer than two), so the fa2 decision is the count's there too."""
+  outputs are NaN either way); the Triton lowering's max ignores NaN and second is the
+  runner-up of the non-NaN scores (NaN when there are fewer than two), so the fa2 decision is
+  the count's there too."""
   return tuple(top2_p.bind(s))
 
 

@@ -188,9 +188,9 @@ import time
 STARTED = time.perf_counter()  # --max-seconds counts from here, torch's import included
 # CUDA's caching allocator with growable segments (read at torch's first CUDA allocation; a
 # setting already made under either name is kept; torch ≥ 2.9 reads PYTORCH_ALLOC_CONF and
-# warns on the old PYTORCH_CUDA_ALLOC_CONF): at anchor-b128 a twin's peak is 68.4 GiB of an H100's 79 GiB,
-# and with fixed segments a paper twin's second step could not find 12.3 GiB in one piece
-# while 9.4 GiB sat reserved and unused (2026-12-05, docs/studies/training-twin.md).
+# warns on the old PYTORCH_CUDA_ALLOC_CONF): at anchor-b128 a twin's peak is 68.4 GiB of an
+# H100's 79 GiB, and with fixed segments a paper twin's second step could not find 12.3 GiB in
+# one piece while 9.4 GiB sat reserved and unused (2026-12-05, docs/studies/training-twin.md).
 if not {"PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"} & set(os.environ):
   os.environ["PYTORCH_ALLOC_CONF"] = "expandable_segments:True"
 
