@@ -12,7 +12,8 @@ FlashAttention-3 (Shah et al. 2024, §3; warp specialisation as in `forward_mgpu
 - each CTA has two compute warpgroups of 64 rows (the M of one wgmma) and a producer warpgroup
   that streams the other side's tiles by TMA into a ring of `stages` shared-memory slots,
   refilled once both compute warpgroups have arrived on the slot's "free" barrier (2 tiles in
-  flight, or as many as fit each kernel's shared memory: `default_stages`);
+  flight, 3 for dK/dV at head_dim 128, or as many as fit each kernel's shared memory:
+  `default_stages`);
 - dK/dV works on the transposed problem, as JAX's `attention_mgpu` does: Sᵀ = K Qᵀ and
   dPᵀ = V dOᵀ are wgmma's with the keys as rows, so Pᵀ and dSᵀ are register operands of
   dV += Pᵀ dO and dK += dSᵀ Q with no transpose; the rows' m, log l and delta arrive per query
@@ -127,17 +128,30 @@ def smem_bytes(head_dim: int, stages, group: int = 1, center_keys: bool = False)
   return max(_dkv_bytes(head_dim, dkv, group), _dq_bytes(head_dim, dq, center_keys))
 
 
-STAGES = 2  # query tiles (dK/dV) and key tiles (dQ) in flight
+STAGES = (
+  2,
+  2,
+)  # (dK/dV's query tiles, dQ's key tiles) in flight where `STAGES_BY_HEAD_DIM` has no row
+# Measured rows (paired A/B, the backward alone, same bits: `experiments/18_mgpu_backward_stages_ab.py`).
+# head_dim 128: (3, 2) takes 0.975x the time of (2, 2) full and 0.993x causal; (3, 3) the same,
+# (4, 4) 1.010x, (2, 3) 1.001x (one H200, 2026-12-05, b4 x 4096 x 16). At 64 (gpt2-small's
+# attention, causal) 3 and 4 were no faster (1.005x, 1.011x): the default stays.
+STAGES_BY_HEAD_DIM = {128: (3, 2)}
 
 
 def default_stages(head_dim: int, group: int = 1, center_keys: bool = False) -> tuple[int, int]:
-  """The tiles in flight the backward runs with, (dK/dV's, dQ's): `STAGES` each, or fewer where
-  they do not fit that kernel's shared memory (head_dim 256: dK/dV 2, dQ 1; with grouped heads,
-  whose float32 partials take dK/dV's room, 1 and 1)."""
-  fit = lambda need: next((n for n in range(STAGES, 0, -1) if need(n) <= SMEM_BYTES), 1)  # noqa: E731
+  """The tiles in flight the backward runs with, (dK/dV's, dQ's): `STAGES_BY_HEAD_DIM`'s row
+  for the (padded) head_dim or `STAGES`, each lowered to what fits that kernel's shared memory
+  (head_dim 256: dK/dV 2, dQ 1; head_dim 128 with grouped heads, whose float32 partials take
+  dK/dV's room: 2 and 2; 256 with grouped heads: 1 and 1)."""
+  want_dkv, want_dq = STAGES_BY_HEAD_DIM.get(head_dim, STAGES)
+
+  def fit(want, need):
+    return next((n for n in range(want, 0, -1) if need(n) <= SMEM_BYTES), 1)
+
   return (
-    fit(lambda n: _dkv_bytes(head_dim, n, group)),
-    fit(lambda n: _dq_bytes(head_dim, n, center_keys)),
+    fit(want_dkv, lambda n: _dkv_bytes(head_dim, n, group)),
+    fit(want_dq, lambda n: _dq_bytes(head_dim, n, center_keys)),
   )
 
 

@@ -96,6 +96,8 @@ def test_auto_takes_the_mosaic_gpu_kernels_on_hopper_where_supported(hopper):
     ("mosaic_gpu", "mosaic_gpu", (2, 2)),
     ("mosaic_gpu", "mosaic_gpu", (1, 1)),  # group 2 at 256: dK/dV's float32 partials
   ]
+  # head_dim 96 pads to 128 and takes 128's measured row: three query tiles in flight for dK/dV
+  assert kernel_config(**dict(BASE, head_dim=96)).stages_bwd_mgpu == (3, 2)
   centred = get_numerics("fa2").with_options(center_keys=True)
   wide = kernel_config(**dict(BASE, head_dim=192, numerics=centred))
   assert (wide.backend, wide.backend_bwd) == ("mosaic_gpu", "triton")

@@ -377,8 +377,10 @@ def test_mosaic_gpu_backward_falls_back_to_triton_where_it_cannot_run():
 
   bwd = lambda **kw: supported("mosaic_gpu", backward=True, **{"numerics": "fa2", **kw})
   assert "head_dim=16" in bwd(head_dim=16)
-  assert [default_stages(d) for d in (32, 64, 128, 256)] == [(2, 2)] * 3 + [(2, 1)]
-  assert default_stages(256, group=2) == (1, 1)  # dK/dV's float32 partials
+  assert [default_stages(d) for d in (32, 64, 128, 256)] == [(2, 2), (2, 2), (3, 2), (2, 1)]
+  assert default_stages(128, group=2) == (2, 2)  # dK/dV's float32 partials take the third tile
+  assert default_stages(256, group=2) == (1, 1)
+  assert default_stages(128, center_keys=True) == (3, 2)  # the centred keys: dQ's ring, 2 fit
   assert bwd(head_dim=256, num_stages=1, group=4) is None
   assert bwd(head_dim=256, num_stages=(2, 1)) is None
   assert "KiB of shared memory" in bwd(head_dim=256, num_stages=2)
