@@ -1416,9 +1416,8 @@ def _mechanism_tables(rows, layer) -> list[str]:
   any_layer = (
     "dq_errs_any",
     "The largest dQ error of any layer (and head), median per window of steps, JAX / torch: "
-    "after the two sides part, the bias term need not grow first in the same layer (the twin's "
-    "paper+comp 29 on an H100, 2026-12-05: layer 1 0.025 against JAX's 0.119 over 201–500, its "
-    "layers 2–4 up to 0.76):",
+    "after the two sides part, the bias term need not grow first in the same layer (the "
+    "examples: docs/studies/training-twin.md):",
   )
   tables = (tie, dq, any_layer)
   return [line for field, caption in tables for line in _window_table(rows, field, caption)]
