@@ -4,6 +4,27 @@
 # multicast off for NCCL (the device's KINDS.md: keep it off on multi-GPU kinds).
 export PYTHONPATH=$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 export JAX_COMPILATION_CACHE_DIR=/tmp/jaxcache FLASHSTABLE_CACHE=/tmp/fscache
+# torch.compile's caches (Inductor's FX graph and AOTAutograd caches, its Triton kernels) at a
+# fixed path, so that one session's can seed the next fresh machine: h200_twin.sh brings them
+# back as $OUT/torchinductor.tar.xz; copied to .devcache/ here and carried (`carry:
+# [".data", ".devcache"]`), they are unpacked once per machine. A cache hit is keyed by the
+# graph, torch's version and the GPU, so a stale entry is a miss, never a wrong kernel.
+export TORCHINDUCTOR_CACHE_DIR=/tmp/torchinductor
+if [[ -f .devcache/torchinductor.tar.xz && ! -d $TORCHINDUCTOR_CACHE_DIR ]]; then
+  mkdir -p $TORCHINDUCTOR_CACHE_DIR
+  tar -xJf .devcache/torchinductor.tar.xz -C $TORCHINDUCTOR_CACHE_DIR \
+    || echo "h200_env.sh: .devcache/torchinductor.tar.xz did not unpack; compiling afresh" >&2
+fi
+# pack_inductor_cache FILE: the cache as FILE (xz), unless it is over 15 MiB (the device's limit
+# on a file brought back is 16 MiB): then no file and one line saying so
+pack_inductor_cache() {
+  [[ -d $TORCHINDUCTOR_CACHE_DIR ]] || return 0
+  tar -cJf "$1" -C $TORCHINDUCTOR_CACHE_DIR . 2>/dev/null
+  local size; size=$(stat -c %s "$1" 2>/dev/null || echo 0)
+  if (( size > 15 * 1024 * 1024 )); then
+    rm -f "$1"; echo "torch.compile's cache: $(( size / 1048576 )) MiB packed, too large to bring back"
+  fi
+}
 # the runs folder of the main job's device runs (h200_compare.sh; h200_hold.sh snapshots it)
 COMPARE_RUNS=/tmp/compare
 # pack_runs DIR FILE: every run under DIR packed into FILE (`instability.pack_runs`, no checkpoints)
