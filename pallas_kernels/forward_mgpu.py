@@ -102,6 +102,12 @@ class MosaicGPUOptions:
     shuffles and then a count over the groups with shuffles of its own. The same decisions
     and the same max (`policy.tied_by_top2`). On: the same bits on the GPU and no slower
     (H100, 2026-12-05: +0.4–2.2% paired, the compensation's forward cost +5.2% → +4.0%).
+  max_before_scale: the row max (and, with the compensation's top-2 rule, its top-2 summary)
+    taken over the unscaled QKᵀ and the softmax scale applied to those values, so the
+    reduction does not wait for the scale's multiply of every score, which then runs beside
+    it (`policy.compensated_tile_max`'s `scale`: the same max, runner-up and decisions, a
+    positive scale's rounded product being monotone). No arithmetic changes. Off by default
+    until measured on the GPU.
   The defaults are the ones that were faster on the H200, or no slower; what each option
   measured, with command and date: docs/studies/speed.md ("The Mosaic GPU route").
   """
@@ -116,6 +122,7 @@ class MosaicGPUOptions:
   longest_first: bool = False
   overlap: bool = False
   tie_lanes: bool = True
+  max_before_scale: bool = False
 
   def __post_init__(self):
     if self.overlap and (self.early_turn or self.k_wait_in_pv):
@@ -286,6 +293,8 @@ def _forward_kernel(
   # (the interpreter cannot run a wgmma into an initialised accumulator: fused_pv is GPU-only)
   early_turn, fused_pv = pingpong and opts.early_turn, opts.fused_pv and not cfg.interpret
   top2_ties = cfg.tie_method == "top2"
+  # the max from the unscaled QKᵀ (`MosaicGPUOptions.max_before_scale`), not for the count rule
+  max_before_scale = opts.max_before_scale and (comp is None or top2_ties)
 
   def rendezvous():  # both compute warpgroups arrive, then go on
     plgpu.barrier_arrive(turn)
@@ -328,13 +337,16 @@ def _forward_kernel(
 
       return wait
 
-    def scores(s_tile):  # the QKᵀ accumulator, scaled (`Numerics.scores`)
+    def scale(s_tile):  # the QKᵀ accumulator, scaled (`Numerics.scores`)
       return numerics.scores(s_tile, cfg.softmax_scale)
+
+    def scores(s_tile):  # as the softmax takes it: scaled, or unscaled (max_before_scale)
+      return s_tile if max_before_scale else scale(s_tile)
 
     def issue_qk(s_ref, slot):  # the QKᵀ wgmma of the key tile in `slot`
       plgpu.wgmma(s_ref, q_smem, k_smem.at[slot].transpose((1, 0)))
 
-    def read_scores(slot, turn_at_issue=False):  # QKᵀ alone, waited for and scaled
+    def read_scores(slot, turn_at_issue=False):  # QKᵀ alone, waited for (`scores`)
       def qk(s_ref):
         issue_qk(s_ref, slot)
         if turn_at_issue:
@@ -344,7 +356,8 @@ def _forward_kernel(
       return scores(pl.run_scoped(qk, plgpu.ACC((ROWS_PER_WG, block_k), jnp.float32)))
 
     def softmax(j, s, m_i, l_i, masked):
-      """Step j's online softmax from its scores: (m, l, α, P̄ as the P̄V wgmma takes it)."""
+      """Step j's online softmax from its scores (unscaled with max_before_scale): (m, l, α,
+      P̄ as the P̄V wgmma takes it)."""
       if masked:
         shape = (ROWS_PER_WG, block_k)
         q_pos = row0 + plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA)
@@ -358,7 +371,11 @@ def _forward_kernel(
       # a second reduction over the tile): the same decisions
       lanes = row_top2 if cfg.interpret else lane_top2  # the same values
       top2 = (lanes if opts.tie_lanes else column_top2) if top2_ties else None
-      m_tile, _ = compensated_tile_max(s, comp, top2=top2)
+      m_tile, _ = compensated_tile_max(
+        s, comp, top2=top2, scale=scale if max_before_scale else None
+      )
+      if max_before_scale:  # every score scaled, beside the reduction (−inf stays −inf)
+        s = scale(s)
       m_new = jnp.maximum(m_i, m_tile)
       alpha = numerics.rescale(m_i, m_new, opts.exp2)  # 1 while the max stays, 0 first
       p = numerics.exp_scores(s, lax.broadcast_in_dim(m_new, s.shape, [0]), opts.exp2)  # P̄, f32

@@ -174,6 +174,35 @@ def test_mosaic_gpu_forward_lowers_with_tie_lanes(block_k, causal):
     assert "wgmma" in _lower_for_cuda(forward, *q)
 
 
+@pytest.mark.parametrize(
+  "block_k, causal, extra",
+  [
+    (64, False, {}),
+    (128, True, {}),
+    (64, True, {"tie_lanes": False}),
+    (64, False, {"overlap": True}),
+  ],
+  ids=["bk64-full", "bk128-causal", "bk64-causal-column-groups", "bk64-full-overlap"],
+)
+def test_mosaic_gpu_forward_lowers_with_max_before_scale(block_k, causal, extra):
+  """`MosaicGPUOptions.max_before_scale` (the max and top-2 summary of the unscaled QKᵀ,
+  scaled after) lowers for CUDA with and without the compensation, in the lane merge, the
+  column groups and the overlapped loop (which reads its scores its own way)."""
+  from pallas_kernels.forward_mgpu import MosaicGPUOptions
+
+  q = _qkv(128)
+  for stabilize in (True, False):
+    cfg = _cfg(
+      backend="mosaic_gpu",
+      causal=causal,
+      block_k=block_k,
+      stabilize=stabilize,
+      mgpu_options=MosaicGPUOptions(pingpong=True, max_before_scale=True, **extra),
+    )
+    text = _lower_for_cuda(lambda q, k, v: flash_forward_mgpu(q, k, v, cfg)[:3], *q)  # noqa: B023
+    assert "wgmma" in text and "cp.async.bulk.tensor" in text
+
+
 def test_overlap_refuses_the_options_it_replaces():
   """overlap takes the turn and waits for the next key tile its own way: with early_turn or
   k_wait_in_pv it is refused in one line naming them."""

@@ -118,6 +118,56 @@ def test_fa2_tie_decisions_equal_the_count(n, tol):
   assert 0 < fired < 6 * 64  # both decisions occur
 
 
+def _unscaled(s, c):
+  """Raw QKᵀ tiles x with float32(x · c) == s where s has a preimage within 3 ulps of s / c
+  (a product by c whose mantissa is not 1 skips about every other float32: there the nearest
+  raw value, whose scaled score is then within an ulp or two of s); ±inf stay. Returns (x,
+  the share of scores hit exactly)."""
+  s = np.asarray(s, F32)
+  x0 = (s.astype(np.float64) / np.float64(c)).astype(F32)
+  out, hit_any = x0.copy(), ~np.isfinite(s)
+  for k in (0, 1, -1, 2, -2, 3, -3):
+    cand = x0
+    for _ in range(abs(k)):
+      cand = np.nextafter(cand, F32(np.inf) if k > 0 else F32(-np.inf))
+    hit = ~hit_any & (cand * F32(c) == s)
+    out, hit_any = np.where(hit, cand, out), hit_any | hit
+  return out, float(hit_any.mean())
+
+
+@pytest.mark.parametrize("tol", [1e-3, 0.0, 0.5], ids=["tol1e-3", "tol0", "tol0.5"])
+def test_the_max_before_the_scale_is_the_max_after_it(tol):
+  """`compensated_tile_max(raw, ..., scale=)` (the Mosaic GPU forward's max_before_scale: the
+  max and top-2 of the unscaled QKᵀ, scaled after) equals the rule on the scaled tile, bit for
+  bit, for the fa2 rule and plain FA2: on tiles whose *scaled* scores sit on the rule's edges
+  (the runner-up at max − tol and an ulp either side, duplicates, −inf, +inf; `_unscaled`),
+  with a scale that is not a power of two (1/√128), so raw values collide after rounding too."""
+  c = float(1 / np.sqrt(128.0))
+  comp = Compensation(tie_tolerance=tol)
+  scale = lambda x: get_numerics("fa2").scores(x, c)  # noqa: E731
+  rng = np.random.default_rng(int(tol * 1000) + 7)
+  fired = 0
+  for n in (16, 64, 128):
+    raw, exact = _unscaled(_fa2_tiles(rng, 64, n, tol), c)
+    assert exact > 0.4  # the edges mostly where they were built, the rest an ulp or two off
+    raw = jnp.asarray(raw)
+    s = scale(raw)
+    for top2 in (row_top2, column_top2, None):
+      for rule in (comp, None):
+        if top2 is None and rule is not None:
+          continue
+        want = compensated_tile_max(s, rule, top2=top2)
+        got = compensated_tile_max(raw, rule, top2=top2, scale=scale)
+        for a, b in zip(got, want):
+          assert np.array_equal(np.asarray(a), np.asarray(b)), (n, tol, top2, rule)
+    fired += int(np.asarray(compensated_tile_max(s, comp, top2=row_top2)[1]).sum())
+  assert fired > 0
+  with pytest.raises(ValueError, match="scale needs the fa2 rule from a top-2 summary"):
+    compensated_tile_max(raw, comp, scale=scale)  # the count rule needs every scaled score
+  with pytest.raises(ValueError, match="scale needs the fa2 rule from a top-2 summary"):
+    compensated_tile_max(raw, comp, paper=True, top2=row_top2, scale=scale)
+
+
 @pytest.mark.parametrize("n", [16, 64])
 @pytest.mark.parametrize(
   "tol", [1e-3, 0.0, 0.25, 1e36], ids=["tol1e-3", "tol0", "tol0.25", "tol1e36"]
