@@ -153,53 +153,48 @@ def test_mosaic_gpu_forward_lowers_with_overlap(block_k, causal, opt_barrier):
   assert "wgmma.wait_group.sync.aligned 1;" in text
 
 
-@pytest.mark.parametrize("block_k, causal", [(64, False), (128, True)])
-def test_mosaic_gpu_forward_lowers_with_tie_lanes(block_k, causal):
-  """`MosaicGPUOptions.tie_lanes`: the compensation's top-2 finished by shuffles across a row's
-  lanes (`top2.lane_top2`, an `inline_mgpu` block that interpret mode does not run) lowers for
-  CUDA; without the compensation there is no tie test and no such block."""
+@pytest.mark.parametrize(
+  "block_k, causal, options",
+  [
+    (64, False, {"tie_lanes": True}),
+    (128, True, {"tie_lanes": True}),
+    (64, False, {"max_before_scale": True}),
+    (128, True, {"max_before_scale": True}),
+    (64, True, {"max_before_scale": True, "tie_lanes": False}),
+    (64, False, {"max_before_scale": True, "overlap": True}),
+  ],
+  ids=[
+    "tie_lanes-bk64-full",
+    "tie_lanes-bk128-causal",
+    "max_before_scale-bk64-full",
+    "max_before_scale-bk128-causal",
+    "max_before_scale-bk64-causal-column-groups",
+    "max_before_scale-bk64-full-overlap",
+  ],
+)
+def test_mosaic_gpu_forward_lowers_with_the_top2_options(block_k, causal, options):
+  """The options of the row max and the compensation's top-2 lower for CUDA with and without
+  the compensation: `tie_lanes` (the summary finished by shuffles across a row's lanes,
+  `top2.lane_top2`, an `inline_mgpu` block that interpret mode does not run; without the
+  compensation there is no tie test and no such block) and `max_before_scale` (the max and
+  summary of the unscaled QKᵀ, scaled after; in the lane merge, the column groups and the
+  overlapped loop, which reads its scores its own way)."""
   from pallas_kernels.forward_mgpu import MosaicGPUOptions
 
   q = _qkv(128)
+  mgpu_options = MosaicGPUOptions(pingpong=True, **options)
   for stabilize in (True, False):
     cfg = _cfg(
       backend="mosaic_gpu",
       causal=causal,
       block_k=block_k,
       stabilize=stabilize,
-      mgpu_options=MosaicGPUOptions(pingpong=True, tie_lanes=True),
+      mgpu_options=mgpu_options,
     )
     forward = lambda q, k, v: flash_forward_mgpu(q, k, v, cfg)[:3]  # noqa: B023
-    assert ("inline_mgpu" in str(jax.make_jaxpr(forward)(*q))) == stabilize
-    assert "wgmma" in _lower_for_cuda(forward, *q)
-
-
-@pytest.mark.parametrize(
-  "block_k, causal, extra",
-  [
-    (64, False, {}),
-    (128, True, {}),
-    (64, True, {"tie_lanes": False}),
-    (64, False, {"overlap": True}),
-  ],
-  ids=["bk64-full", "bk128-causal", "bk64-causal-column-groups", "bk64-full-overlap"],
-)
-def test_mosaic_gpu_forward_lowers_with_max_before_scale(block_k, causal, extra):
-  """`MosaicGPUOptions.max_before_scale` (the max and top-2 summary of the unscaled QKᵀ,
-  scaled after) lowers for CUDA with and without the compensation, in the lane merge, the
-  column groups and the overlapped loop (which reads its scores its own way)."""
-  from pallas_kernels.forward_mgpu import MosaicGPUOptions
-
-  q = _qkv(128)
-  for stabilize in (True, False):
-    cfg = _cfg(
-      backend="mosaic_gpu",
-      causal=causal,
-      block_k=block_k,
-      stabilize=stabilize,
-      mgpu_options=MosaicGPUOptions(pingpong=True, max_before_scale=True, **extra),
-    )
-    text = _lower_for_cuda(lambda q, k, v: flash_forward_mgpu(q, k, v, cfg)[:3], *q)  # noqa: B023
+    lanes = stabilize and mgpu_options.tie_lanes
+    assert ("inline_mgpu" in str(jax.make_jaxpr(forward)(*q))) == lanes
+    text = _lower_for_cuda(forward, *q)
     assert "wgmma" in text and "cp.async.bulk.tensor" in text
 
 
