@@ -128,14 +128,12 @@ def smem_bytes(head_dim: int, stages, group: int = 1, center_keys: bool = False)
   return max(_dkv_bytes(head_dim, dkv, group), _dq_bytes(head_dim, dq, center_keys))
 
 
-STAGES = (
-  2,
-  2,
-)  # (dK/dV's query tiles, dQ's key tiles) in flight where `STAGES_BY_HEAD_DIM` has no row
+# (dK/dV's query tiles, dQ's key tiles) in flight where `STAGES_BY_HEAD_DIM` has no row
+STAGES = (2, 2)
 # Measured rows (paired A/B, the backward alone, same bits: `experiments/18_mgpu_backward_stages_ab.py`).
-# head_dim 128: (3, 2) takes 0.975x the time of (2, 2) full and 0.993x causal; (3, 3) the same,
-# (4, 4) 1.010x, (2, 3) 1.001x (one H200, 2026-12-05, b4 x 4096 x 16). At 64 (gpt2-small's
-# attention, causal) 3 and 4 were no faster (1.005x, 1.011x): the default stays.
+# head_dim 128: (3, 2) takes 0.975x the time of (2, 2) full (causal: 0.993x paired, within
+# noise); (3, 3) the same, (4, 4) 1.010x, (2, 3) 1.001x (one H200, 2026-12-05, b4 x 4096 x 16).
+# At 64 (gpt2-small's attention, causal) 3 and 4 were no faster (1.005x, 1.011x): (2, 2) stays.
 STAGES_BY_HEAD_DIM = {128: (3, 2)}
 
 

@@ -45,7 +45,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.policy import MOSAIC_GPU_BLOCK_K, MOSAIC_GPU_NUMERICS as NUMERICS
 from pallas_kernels.policy import compensated_tile_max
-from pallas_kernels.top2 import column_top2, lane_top2, row_top2
+from pallas_kernels.top2 import column_top2, lane_top2, row_top2, scale_summary
 
 ROWS_PER_WG = 64  # wgmma's M for one warpgroup
 COMPUTE_WGS = 2
@@ -106,8 +106,11 @@ class MosaicGPUOptions:
     taken over the unscaled QKᵀ and the softmax scale applied to those values, so the
     reduction does not wait for the scale's multiply of every score, which then runs beside
     it (`policy.compensated_tile_max`'s `scale`: the same max, runner-up and decisions, a
-    positive scale's rounded product being monotone). No arithmetic changes. Off by default
-    until measured on the GPU.
+    positive scale's rounded product being monotone). Each of those products is rounded on
+    its own (`top2.scale_summary`: PTX mul.rn.f32, which no compiler contracts into an FMA
+    with the tie threshold's subtraction or the shift's add). No arithmetic changes. Not
+    with tie_method "count" (its second pass needs every scaled score: the option is then
+    ignored). Off by default until measured on the GPU.
   The defaults are the ones that were faster on the H200, or no slower; what each option
   measured, with command and date: docs/studies/speed.md ("The Mosaic GPU route").
   """
@@ -343,6 +346,9 @@ def _forward_kernel(
     def scores(s_tile):  # as the softmax takes it: scaled, or unscaled (max_before_scale)
       return s_tile if max_before_scale else scale(s_tile)
 
+    def scale_stats(x):  # max_before_scale: the row max / top-2 summary scaled, each product
+      return scale_summary(x, cfg.softmax_scale, cfg.interpret)  # rounded on its own
+
     def issue_qk(s_ref, slot):  # the QKᵀ wgmma of the key tile in `slot`
       plgpu.wgmma(s_ref, q_smem, k_smem.at[slot].transpose((1, 0)))
 
@@ -372,7 +378,7 @@ def _forward_kernel(
       lanes = row_top2 if cfg.interpret else lane_top2  # the same values
       top2 = (lanes if opts.tie_lanes else column_top2) if top2_ties else None
       m_tile, _ = compensated_tile_max(
-        s, comp, top2=top2, scale=scale if max_before_scale else None
+        s, comp, top2=top2, scale=scale_stats if max_before_scale else None
       )
       if max_before_scale:  # every score scaled, beside the reduction (−inf stays −inf)
         s = scale(s)

@@ -622,8 +622,11 @@ def compensated_tile_max(
       them (the Mosaic GPU forward's `max_before_scale`). The same values: a rounded product
       by a positive constant is monotone non-decreasing, so the max and the runner-up (a
       second copy of the max counted) of the scaled tile are the scaled max and runner-up,
-      and −inf maps to −inf. Outside the paper layout, with `top2` or comp None (the count
-      rule needs every scaled score).
+      and −inf maps to −inf (a normal float32 scale: `checks.check_inputs`). Each product
+      must be rounded on its own: a compiler that contracts it with the add after it (first −
+      tol, first + shift) into an FMA moves the threshold and the shift
+      (`top2.scale_summary` keeps it apart). Outside the paper layout, with `top2` or comp
+      None (the count rule needs every scaled score).
   Returns:
     (m_tile [rows] float32, tied [rows] float32 with 1.0 where the rule fired).
   """

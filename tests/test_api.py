@@ -123,6 +123,8 @@ BAD = [
   (dict(softmax_scale=0.0), ValueError, "softmax_scale=0.0"),
   (dict(softmax_scale=-1.0), ValueError, "softmax_scale=-1.0"),
   (dict(softmax_scale=float("inf")), ValueError, "softmax_scale=inf"),
+  (dict(softmax_scale=1e-40), ValueError, "normal float32 number.*softmax_scale=1e-40"),
+  (dict(softmax_scale=1e39), ValueError, "normal float32 number.*softmax_scale=1e\\+39"),
   (dict(beta=1.0), ValueError, "beta=1.0"),
   (dict(tie_tolerance=-0.1), ValueError, "tie_tolerance=-0.1"),
   (dict(block_q=48), ValueError, "block_q=48"),

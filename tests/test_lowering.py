@@ -177,8 +177,9 @@ def test_mosaic_gpu_forward_lowers_with_the_top2_options(block_k, causal, option
   the compensation: `tie_lanes` (the summary finished by shuffles across a row's lanes,
   `top2.lane_top2`, an `inline_mgpu` block that interpret mode does not run; without the
   compensation there is no tie test and no such block) and `max_before_scale` (the max and
-  summary of the unscaled QKᵀ, scaled after; in the lane merge, the column groups and the
-  overlapped loop, which reads its scores its own way)."""
+  summary of the unscaled QKᵀ, scaled after by `top2.scale_summary`'s PTX mul.rn.f32 in an
+  `inline_mgpu` block; in the lane merge, the column groups and the overlapped loop, which
+  reads its scores its own way)."""
   from pallas_kernels.forward_mgpu import MosaicGPUOptions
 
   q = _qkv(128)
@@ -192,10 +193,12 @@ def test_mosaic_gpu_forward_lowers_with_the_top2_options(block_k, causal, option
       mgpu_options=mgpu_options,
     )
     forward = lambda q, k, v: flash_forward_mgpu(q, k, v, cfg)[:3]  # noqa: B023
-    lanes = stabilize and mgpu_options.tie_lanes
-    assert ("inline_mgpu" in str(jax.make_jaxpr(forward)(*q))) == lanes
+    # inline_mgpu blocks: the lane merge (compensation on) and the scaled max's mul.rn.f32
+    blocks = (stabilize and mgpu_options.tie_lanes) or mgpu_options.max_before_scale
+    assert ("inline_mgpu" in str(jax.make_jaxpr(forward)(*q))) == blocks
     text = _lower_for_cuda(forward, *q)
     assert "wgmma" in text and "cp.async.bulk.tensor" in text
+    assert ("mul.rn.f32" in text) == mgpu_options.max_before_scale
 
 
 def test_overlap_refuses_the_options_it_replaces():

@@ -258,6 +258,10 @@ def test_mosaic_gpu_schedules_are_the_same_function(change, causal):
   if "overlap" in change:  # the overlapped loop: S read with the P̄V wgmma in flight
     traced = [str(jax.make_jaxpr(attend(which))(q)).count("wait_n=1") for which in (0, 1)]
     assert traced[0] == 0 and traced[1] > 0, traced
+  if "max_before_scale" in change:  # it ran: the scaled max's own rounding (top2.scale_summary)
+    marker = "inline_mgpu" if jax.default_backend() == "gpu" else "optimization_barrier"
+    traced = [str(jax.make_jaxpr(attend(which))(q)).count(marker) for which in (0, 1)]
+    assert traced[1] > traced[0], traced
   if "tie_lanes" in change and jax.default_backend() == "gpu":  # the shuffles, not row_top2
     traced = [str(jax.make_jaxpr(attend(which))(q)).count("inline_mgpu") for which in (0, 1)]
     assert traced[0] == 0 and traced[1] > 0, traced
@@ -380,6 +384,21 @@ def test_mosaic_gpu_backward_matches_triton_backward(shape, dtype, numerics, cen
         assert np.abs(a - b).max() <= bound, (name, np.abs(a - b).max())
 
 
+def test_mosaic_gpu_backward_stages_are_lowered_to_what_fits(monkeypatch):
+  """A measured row asking more tiles than fit is lowered per kernel to the most that fit:
+  4 of each at head_dim 128 → dK/dV 4 (199,680 bytes), dQ with the centred keys 3 (4 would
+  take 263,680 of the 229,376 bytes), dK/dV with grouped heads 2 (their float32 partials)."""
+  from pallas_kernels import backward_mgpu
+
+  monkeypatch.setattr(backward_mgpu, "STAGES_BY_HEAD_DIM", {128: (4, 4)})
+  assert backward_mgpu.default_stages(128) == (4, 4)
+  assert backward_mgpu.default_stages(128, center_keys=True) == (4, 3)
+  assert backward_mgpu.default_stages(128, group=2) == (2, 4)
+  smem, dq, dkv = backward_mgpu.SMEM_BYTES, backward_mgpu._dq_bytes, backward_mgpu._dkv_bytes
+  assert dq(128, 3, True) <= smem < dq(128, 4, True)  # the boundaries themselves
+  assert dkv(128, 2, 2) <= smem < dkv(128, 3, 2)
+
+
 def test_mosaic_gpu_backward_falls_back_to_triton_where_it_cannot_run():
   """Where the Mosaic GPU backward cannot run the call (e.g. centred keys at head_dim 256: the
   dQ kernel's shared memory) the Triton backward runs after the Mosaic GPU forward;
@@ -393,7 +412,7 @@ def test_mosaic_gpu_backward_falls_back_to_triton_where_it_cannot_run():
   assert [default_stages(d) for d in (32, 64, 128, 256)] == [(2, 2), (2, 2), (3, 2), (2, 1)]
   assert default_stages(128, group=2) == (2, 2)  # dK/dV's float32 partials take the third tile
   assert default_stages(256, group=2) == (1, 1)
-  assert default_stages(128, center_keys=True) == (3, 2)  # the centred keys: dQ's ring, 2 fit
+  assert default_stages(128, center_keys=True) == (3, 2)  # dQ asks 2 (3 would fit)
   assert bwd(head_dim=256, num_stages=1, group=4) is None
   assert bwd(head_dim=256, num_stages=(2, 1)) is None
   assert "KiB of shared memory" in bwd(head_dim=256, num_stages=2)

@@ -24,7 +24,7 @@ from pallas_kernels.policy import (
   tile_top2,
   tile_top2_merge,
 )
-from pallas_kernels.top2 import column_top2, row_top2
+from pallas_kernels.top2 import column_top2, row_top2, scale_summary
 
 F32 = np.float32
 
@@ -135,13 +135,36 @@ def _unscaled(s, c):
   return out, float(hit_any.mean())
 
 
+def _collide(raw, c, rng):
+  """In place, on half the rows with a finite max x: the max becomes a (≤ x, within 8 ulps)
+  and every other score ≥ b becomes b, where b < a is the next float32 below a and a · c, b · c
+  round to the same float32 (distinct raw maxima, tied scores); returns how many rows."""
+  done = 0
+  for r in rng.choice(raw.shape[0], raw.shape[0] // 2, replace=False):
+    j = int(np.argmax(raw[r]))
+    a = raw[r, j]
+    for _ in range(8):
+      if not np.isfinite(a):
+        break
+      b = np.nextafter(a, F32(-np.inf))
+      if a * F32(c) == b * F32(c):
+        raw[r] = np.where(raw[r] >= b, b, raw[r])
+        raw[r, j] = a
+        done += 1
+        break
+      a = b
+  return done
+
+
 @pytest.mark.parametrize("tol", [1e-3, 0.0, 0.5], ids=["tol1e-3", "tol0", "tol0.5"])
 def test_the_max_before_the_scale_is_the_max_after_it(tol):
   """`compensated_tile_max(raw, ..., scale=)` (the Mosaic GPU forward's max_before_scale: the
   max and top-2 of the unscaled QKᵀ, scaled after) equals the rule on the scaled tile, bit for
   bit, for the fa2 rule and plain FA2: on tiles whose *scaled* scores sit on the rule's edges
   (the runner-up at max − tol and an ulp either side, duplicates, −inf, +inf; `_unscaled`),
-  with a scale that is not a power of two (1/√128), so raw values collide after rounding too."""
+  with a scale that is not a power of two (1/√128), where distinct raw maxima collide after
+  rounding (`_collide`: tied only once scaled); eager, and jitted with the kernel's rounding
+  of the scaled values (`top2.scale_summary`)."""
   c = float(1 / np.sqrt(128.0))
   comp = Compensation(tie_tolerance=tol)
   scale = lambda x: get_numerics("fa2").scores(x, c)  # noqa: E731
@@ -150,6 +173,8 @@ def test_the_max_before_the_scale_is_the_max_after_it(tol):
   for n in (16, 64, 128):
     raw, exact = _unscaled(_fa2_tiles(rng, 64, n, tol), c)
     assert exact > 0.4  # the edges mostly where they were built, the rest an ulp or two off
+    collided = _collide(raw, c, rng)  # distinct raw maxima equal once scaled: a tie only then
+    assert collided >= 4
     raw = jnp.asarray(raw)
     s = scale(raw)
     for top2 in (row_top2, column_top2, None):
@@ -158,8 +183,16 @@ def test_the_max_before_the_scale_is_the_max_after_it(tol):
           continue
         want = compensated_tile_max(s, rule, top2=top2)
         got = compensated_tile_max(raw, rule, top2=top2, scale=scale)
-        for a, b in zip(got, want):
+        # jitted, the scaled values pass a barrier as in the kernel (`top2.scale_summary`):
+        # XLA may otherwise contract first · c − tol into an FMA and move the threshold
+        jitted = jax.jit(
+          lambda x, rule=rule, top2=top2: compensated_tile_max(
+            x, rule, top2=top2, scale=lambda v: scale_summary(v, c, interpret=True)
+          )
+        )(raw)
+        for a, b, j in zip(got, want, jitted):
           assert np.array_equal(np.asarray(a), np.asarray(b)), (n, tol, top2, rule)
+          assert np.array_equal(np.asarray(j), np.asarray(b)), (n, tol, top2, rule, "jit")
     fired += int(np.asarray(compensated_tile_max(s, comp, top2=row_top2)[1]).sum())
   assert fired > 0
   with pytest.raises(ValueError, match="scale needs the fa2 rule from a top-2 summary"):

@@ -188,8 +188,8 @@ def flash_attention(
     Differentiable in query, key and value.
   Raises:
     ValueError: rank ≠ 4, mismatched batch/head_dim, num_heads % num_kv_heads ≠ 0,
-      head_dim > 256 (others up to 256 are zero-padded to a power of two), non-positive
-      softmax_scale, beta ≤ 1, negative tie_tolerance, block sizes that are not powers of
+      head_dim > 256 (others up to 256 are zero-padded to a power of two), a softmax_scale
+      that is not a normal float32 > 0, beta ≤ 1, negative tie_tolerance, block sizes that are not powers of
       two ≥ 16, unknown numerics, unknown backend or a call backend="mosaic_gpu" does not
       support.
     TypeError: unsupported or mixed dtypes.
