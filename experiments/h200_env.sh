@@ -15,13 +15,19 @@ if [[ -f .devcache/torchinductor.tar.xz && ! -d $TORCHINDUCTOR_CACHE_DIR ]]; the
   tar -xJf .devcache/torchinductor.tar.xz -C $TORCHINDUCTOR_CACHE_DIR \
     || echo "h200_env.sh: .devcache/torchinductor.tar.xz did not unpack; compiling afresh" >&2
 fi
-# pack_inductor_cache FILE: the cache as FILE (xz), unless it is over 15 MiB (the device's limit
-# on a file brought back is 16 MiB): then no file and one line saying so
+# pack_inductor_cache FILE: the cache as FILE (xz, all cores, at most 60 s), unless $OUT would
+# then hold more than the device's 8 files or it is over 12 MiB (files back: 16 MiB each; the
+# carried tree: 64 MiB with .data's 11): then no file and one line saying why
 pack_inductor_cache() {
   [[ -d $TORCHINDUCTOR_CACHE_DIR ]] || return 0
-  tar -cJf "$1" -C $TORCHINDUCTOR_CACHE_DIR . 2>/dev/null
-  local size; size=$(stat -c %s "$1" 2>/dev/null || echo 0)
-  if (( size > 15 * 1024 * 1024 )); then
+  if (( $(find "$(dirname "$1")" -maxdepth 1 -type f | wc -l) >= 8 )); then
+    echo "torch.compile's cache not packed: \$OUT already holds 8 files"; return 0
+  fi
+  if ! XZ_OPT="-T0 -3" timeout 60 tar -cJf "$1" -C $TORCHINDUCTOR_CACHE_DIR .; then
+    rm -f "$1"; echo "torch.compile's cache not packed: tar failed or took over 60 s"; return 0
+  fi
+  local size; size=$(stat -c %s "$1")
+  if (( size > 12 * 1024 * 1024 )); then
     rm -f "$1"; echo "torch.compile's cache: $(( size / 1048576 )) MiB packed, too large to bring back"
   fi
 }

@@ -41,8 +41,9 @@
 # TORCH_ARGS; the verdict goes to queues.log. What
 # comes back under $OUT (at most 8 files): per folder its runs packed (twin-NAME.jsonl.xz, no
 # checkpoints; `crosscheck-train --runs FILE` reports them), report-NAME.md, twin-NAME.png,
-# the queue logs (queues.log) and torch.compile's cache (torchinductor.tar.xz: copied to
-# .devcache/ and carried, the next machine compiles the same twins from it; h200_env.sh).
+# the queue logs (queues.log) and, where that leaves room, torch.compile's cache
+# (torchinductor.tar.xz: copied to .devcache/ and carried, the next machine compiles the same
+# twins from it; h200_env.sh).
 #   run    the queues in the foreground, then the reports (one call: BUDGET ≤ 540)
 #   start  the same in a session of its own (setsid), so it outlives the call
 #   wait   follows it for up to S seconds, then brings back what exists so far (logs, packs);
