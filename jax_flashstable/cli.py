@@ -597,7 +597,7 @@ def _crosscheck_train(args):
       )
     if args.runs:
       _check_packs(args.runs)
-      instability.unpack_runs(args.runs, args.out)
+      instability.unpack_runs(args.runs, args.out, rank=twin.rounding_rank)
     elif not args.report_only:
       done = twin.run(
         base,
@@ -993,7 +993,8 @@ def build_parser():
     default=None,
     type=_files,
     help="report the runs of --pack files (comma-separated, e.g. several sessions' packs; "
-    "unpacked into --out; a run in several: the one trained furthest), training nothing",
+    "unpacked into --out; a run in several: a twin rounding on the bits before one made with "
+    "convert pairs, then the one trained furthest), training nothing",
   )
   p.add_argument(
     "--jax-runs",

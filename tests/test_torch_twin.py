@@ -1691,6 +1691,29 @@ def test_report_of_packed_twin_runs_covers_the_pairs_they_hold(tmp_path, capsys)
     )
 
 
+def test_packs_of_several_sessions_take_the_twin_that_rounds_on_the_bits(tmp_path, capsys):
+  """The paper twin at seed 29 is in two packs: compiled with convert pairs on 2026-12-04
+  (2,127 steps, calm: the layout without most of its roundings) and rounding on the bits on
+  2026-12-05 (1,765 steps, ran away at 1,200, exploded at 1,465). `--runs` with both, in
+  either order, reports the second (`twin.rounding_rank` before the steps); the packs alone,
+  without the rank, keep the run trained furthest. JAX's paper 29 exploded at 1,452 in both."""
+  old = ROOT / "experiments/results/h200-2026-12-04e-b128/twin-anchor-b128-s3000.jsonl.xz"
+  new = ROOT / "experiments/results/h200-2026-12-05-b128/twin-anchor-b128-s3000.jsonl.xz"
+  run = "torch/paper/seed29"
+  assert instability.read_packs([old, new])[run]["steps"] == 2127  # furthest, by default
+  for n, packs in enumerate(([old, new], [new, old])):
+    found = instability.read_packs(packs, rank=twin.rounding_rank)
+    assert (found[run]["steps"], found[run]["pack"]) == (1765, str(new))
+    out = tmp_path / f"r{n}"
+    args = ["crosscheck-train", "--recipe", "anchor-b128", "--pairs", "paper"]
+    assert cli.main([*args, "--runs", ",".join(map(str, packs)), "--out", str(out)]) == 0
+    assert twin.twin_rounding(out / run) == "bits"
+    rows = json.loads((out / "report.json").read_text())["rows"]
+    (row,) = [r for r in rows if r["seed"] == 29]
+    assert (row["jax_run"]["explosion_step"], row["torch_run"]["explosion_step"]) == (1452, 1465)
+  assert "JAX exploded at 1452, torch exploded at 1465: same outcome." in capsys.readouterr().out
+
+
 def test_the_h200_agreement_check_parts_where_jaxs_own_null_does(tmp_path):
   """The agreement check on the H200 (2026-12-03, anchor-b128, seed 24, 300 steps): with FP32
   reference attention and with the paper layout, the twin's loss stays within 1e-5 of JAX's

@@ -925,11 +925,13 @@ def pack_problem(path) -> str | None:
     return f"cannot be read ({e.strerror or e})"
 
 
-def read_packs(paths) -> dict[str, dict]:
+def read_packs(paths, rank=None) -> dict[str, dict]:
   """The runs of one `pack_runs` file or of several (`pack_paths`): {run: {"steps", "records",
-  "pack"}}, a run in several packs taken whole from the pack where it trained the most steps
+  "pack", "key"}}, a run in several packs taken whole from the pack where it trained the most steps
   (the later pack on a tie): a run that failed to start on one device leaves an empty folder in
-  its pack, and a run cut short and run again has more steps in the later pack.
+  its pack, and a run cut short and run again has more steps in the later pack. `rank` (a map
+  of a run's records to a comparable key, e.g. the twin's `rounding_rank`) comes before the
+  steps: a run of a superseded kind loses to a current one however far it trained.
 
   Raises FileNotFoundError naming a pack that does not exist, ValueError naming the pack when
   it is not a regular file (`pack_problem`), cannot be read as a pack (not xz, not JSON lines
@@ -965,8 +967,9 @@ def read_packs(paths) -> dict[str, dict]:
       ) from None
     for run, recs in records.items():
       steps = sum(len(r["rows"]) for r in recs if r["file"] == "metrics.jsonl")
-      if run not in found or steps >= found[run]["steps"]:
-        found[run] = dict(steps=steps, records=recs, pack=str(path))
+      key = (rank(recs) if rank else (), steps)
+      if run not in found or key >= found[run]["key"]:
+        found[run] = dict(steps=steps, records=recs, pack=str(path), key=key)
   return found
 
 
@@ -984,15 +987,16 @@ def write_run(records, folder) -> pathlib.Path:
   return folder
 
 
-def unpack_runs(paths, out_dir) -> list[str]:
+def unpack_runs(paths, out_dir, rank=None) -> list[str]:
   """Recreates the run folders of one `pack_runs` file, or of several (a list, or one string of
   comma-separated paths: packs of several sessions), under out_dir; returns the runs. A run in
-  several packs is taken whole from the pack where it trained the most steps (`read_packs`).
+  several packs is taken whole from the pack where it trained the most steps, after `rank`
+  (`read_packs`).
 
   Raises ValueError naming the pack (and the entry) when a pack cannot be read, holds a path
   outside out_dir or a file that is not a run file, FileNotFoundError naming a pack that does
   not exist; both before anything is written."""
-  found = read_packs(paths)
+  found = read_packs(paths, rank)
   for run, r in found.items():
     write_run(r["records"], pathlib.Path(out_dir) / run)
   return list(found)

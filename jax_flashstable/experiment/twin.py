@@ -1147,6 +1147,17 @@ def twin_rounding(run_dir) -> str | None:
   return "convert pairs, compiled" + (", kept" if kept else "")
 
 
+def rounding_rank(records) -> tuple[int]:
+  """`instability.read_packs`' rank for the packs of `--runs`: a run (its records) whose
+  config.json says it rounded on the bits (`rounding`, the twin since 2026-12-05) before one
+  made with convert pairs, however far that one trained (under torch 2.11 its paper layout
+  lost most of its rounding points: `twin_rounding`); JAX runs all rank alike."""
+  for rec in records:
+    if rec["file"] == "config.json":
+      return (int(rec["rows"][0].get("rounding") == "bits"),)
+  return (0,)
+
+
 def _side_rows(out: pathlib.Path, side: str, base: TrainConfig, layer: int, reference_max_logit):
   if not (out / side).is_dir():
     return {}, None
