@@ -12,7 +12,10 @@ many of JAX's paper-layout runs sit below it at each step. Issue 18: the twin's 
 
 Packs: experiments/results/*b128/runs*.jsonl.xz (JAX) and twin-*.jsonl.xz (their `torch/`
 runs; their `jax/` runs are copies of the former). A run in several packs counts once
-(`instability.read_packs`: the copy that trained the most steps).
+(`instability.read_packs` with `twin.rounding_rank`, as `crosscheck-train --runs`: a twin
+whose compiler kept its roundings before one whose compiler dropped them, then the copy that
+trained the most steps; so since 2026-12-05 the paper 29 here is the twin that rounds on the
+bits, which exploded at 1,465, not the calm one of 2026-12-04).
 """
 
 import json
@@ -20,7 +23,7 @@ import pathlib
 import statistics
 import sys
 
-from jax_flashstable.experiment import instability
+from jax_flashstable.experiment import instability, twin
 
 STEPS = [int(a) for a in sys.argv[1:]] or [300, 600, 900, 1200, 1500, 1800, 2100]
 RESULTS = pathlib.Path("experiments/results")
@@ -43,7 +46,7 @@ def main():
   jax_packs = sorted(RESULTS.glob("*b128/runs*.jsonl.xz"))
   twin_packs = sorted(RESULTS.glob("*b128/twin-*.jsonl.xz"))
   for side, packs in (("jax", jax_packs), ("torch", twin_packs)):
-    for name, run in instability.read_packs(packs).items():
+    for name, run in instability.read_packs(packs, rank=twin.rounding_rank).items():
       if side == "torch" and not name.startswith("torch/"):
         continue  # a twin pack's copy of a JAX run
       variant, seed = name.removeprefix("torch/").rsplit("/seed", 1)

@@ -20,6 +20,7 @@ fi
 # carried tree: 64 MiB with .data's 11): then no file and one line saying why
 pack_inductor_cache() {
   [[ -d $TORCHINDUCTOR_CACHE_DIR ]] || return 0
+  rm -f "$1"  # an earlier call's, on a warm machine
   if (( $(find "$(dirname "$1")" -maxdepth 1 -type f | wc -l) >= 8 )); then
     echo "torch.compile's cache not packed: \$OUT already holds 8 files"; return 0
   fi

@@ -16,8 +16,9 @@ def check_inputs(query, key, value, softmax_scale, *, allow_float64=False):
 
   Raises:
     ValueError: rank ≠ 4, mismatched batch, length or head_dim, num_heads % num_kv_heads ≠ 0,
-      empty axes, head_dim > 256, a softmax_scale that is not a normal float32 number > 0
-      (non-positive, non-finite, or zero, subnormal or infinite once in float32).
+      empty axes, head_dim > 256, a non-positive or non-finite softmax_scale, and for the
+      kernels (not allow_float64, the references' FP64) one that is 0, subnormal or infinite
+      once in float32.
     TypeError: unsupported or mixed dtypes.
   """
   for name, x in (("query", query), ("key", key), ("value", value)):
@@ -60,7 +61,7 @@ def check_inputs(query, key, value, softmax_scale, *, allow_float64=False):
   if not (math.isfinite(scale) and scale > 0):
     raise ValueError(f"softmax_scale must be finite and > 0, got softmax_scale={softmax_scale!r}")
   f32 = np.finfo(np.float32)
-  if not f32.tiny <= scale <= f32.max:  # the kernels scale in float32: 0, a subnormal or inf
+  if not allow_float64 and not f32.tiny <= scale <= f32.max:  # the kernels scale in float32
     raise ValueError(
       f"softmax_scale must be a normal float32 number ({f32.tiny:.3g} to {f32.max:.3g}: the "
       f"scores are formed in float32), got softmax_scale={softmax_scale!r}"

@@ -108,9 +108,11 @@ class MosaicGPUOptions:
     it (`policy.compensated_tile_max`'s `scale`: the same max, runner-up and decisions, a
     positive scale's rounded product being monotone). Each of those products is rounded on
     its own (`top2.scale_summary`: PTX mul.rn.f32, which no compiler contracts into an FMA
-    with the tie threshold's subtraction or the shift's add). No arithmetic changes. Not
-    with tie_method "count" (its second pass needs every scaled score: the option is then
-    ignored). Off by default until measured on the GPU.
+    with the tie threshold's subtraction or the shift's add); every score is scaled, then
+    masked, as without it. No arithmetic changes. Needs exp2 (ValueError: with exp(S − m) the
+    lone product S would meet the subtraction first). Not with tie_method "count" (its second
+    pass needs every scaled score: the option is then ignored). Off by default until measured
+    on the GPU.
   The defaults are the ones that were faster on the H200, or no slower; what each option
   measured, with command and date: docs/studies/speed.md ("The Mosaic GPU route").
   """
@@ -128,6 +130,11 @@ class MosaicGPUOptions:
   max_before_scale: bool = False
 
   def __post_init__(self):
+    if self.max_before_scale and not self.exp2:
+      raise ValueError(
+        "MosaicGPUOptions(max_before_scale=True) needs exp2=True: with exp(S − m) the product "
+        "S = QKᵀ·scale, then used by the exponent's subtraction alone, may be contracted into it"
+      )
     if self.overlap and (self.early_turn or self.k_wait_in_pv):
       raise ValueError(
         "MosaicGPUOptions(overlap=True) takes the turn and waits for the next key tile its own "
@@ -364,6 +371,7 @@ def _forward_kernel(
     def softmax(j, s, m_i, l_i, masked):
       """Step j's online softmax from its scores (unscaled with max_before_scale): (m, l, α,
       P̄ as the P̄V wgmma takes it)."""
+      keep = None
       if masked:
         shape = (ROWS_PER_WG, block_k)
         q_pos = row0 + plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA)
@@ -371,7 +379,9 @@ def _forward_kernel(
         keep = k_pos < cfg.kv_len
         if cfg.causal:
           keep = jnp.logical_and(keep, q_pos >= k_pos)
-        s = jnp.where(keep, s, numerics.mask_value)  # −inf; key 0 is visible to every row
+      mask = lambda x: x if keep is None else jnp.where(keep, x, numerics.mask_value)  # noqa: E731
+      s_unscaled = s  # (max_before_scale: QKᵀ, to be scaled below)
+      s = mask(s)  # −inf; key 0 is visible to every row
       # the tie rule from the row's top-2 (`lane_top2`: register slices, then shuffles carrying
       # both values), from 8-column groups' (tie_lanes off) or by counting (tie_method "count",
       # a second reduction over the tile): the same decisions
@@ -380,8 +390,8 @@ def _forward_kernel(
       m_tile, _ = compensated_tile_max(
         s, comp, top2=top2, scale=scale_stats if max_before_scale else None
       )
-      if max_before_scale:  # every score scaled, beside the reduction (−inf stays −inf)
-        s = scale(s)
+      if max_before_scale:  # every score scaled beside the reduction, then masked, as without
+        s = mask(scale(s_unscaled))  # the option (the product never meets a subtraction first)
       m_new = jnp.maximum(m_i, m_tile)
       alpha = numerics.rescale(m_i, m_new, opts.exp2)  # 1 while the max stays, 0 first
       p = numerics.exp_scores(s, lax.broadcast_in_dim(m_new, s.shape, [0]), opts.exp2)  # P̄, f32

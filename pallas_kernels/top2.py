@@ -197,7 +197,7 @@ def scale_summary(x, c: float, interpret: bool):
 
     mul_rn = fa.FragmentedArray._lift_fast_instr("mul.rn.f32")
 
-    def product(r):  # one register: f32 or vector<2xf32>
+    def product(r):  # one register: vector<1xf32> (row layout) or vector<2xf32> (WGMMA)
       f32 = ir.F32Type.get()
       k = arith.constant(f32, float(np.float32(c)))
       return mul_rn(r, k if r.type == f32 else vector.broadcast(r.type, k))

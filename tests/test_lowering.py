@@ -203,12 +203,14 @@ def test_mosaic_gpu_forward_lowers_with_the_top2_options(block_k, causal, option
 
 def test_overlap_refuses_the_options_it_replaces():
   """overlap takes the turn and waits for the next key tile its own way: with early_turn or
-  k_wait_in_pv it is refused in one line naming them."""
+  k_wait_in_pv it is refused in one line naming them; max_before_scale needs exp2."""
   from pallas_kernels.forward_mgpu import MosaicGPUOptions
 
   for other in ("early_turn", "k_wait_in_pv"):
     with pytest.raises(ValueError, match=rf"^MosaicGPUOptions\(overlap=True\).*{other}=True"):
       MosaicGPUOptions(overlap=True, **{other: True})
+  with pytest.raises(ValueError, match=r"^MosaicGPUOptions\(max_before_scale=True\) needs exp2"):
+    MosaicGPUOptions(max_before_scale=True, exp2=False)
 
 
 @pytest.mark.parametrize(

@@ -1712,6 +1712,16 @@ def test_packs_of_several_sessions_take_the_twin_that_rounds_on_the_bits(tmp_pat
     (row,) = [r for r in rows if r["seed"] == 29]
     assert (row["jax_run"]["explosion_step"], row["torch_run"]["explosion_step"]) == (1452, 1465)
   assert "JAX exploded at 1452, torch exploded at 1465: same outcome." in capsys.readouterr().out
+  # a twin rounding on the bits that never took a step (its config.json alone: a failed start)
+  # does not displace the older run that has a result
+  config = next(
+    r for r in instability.read_packs([new])[run]["records"] if r["file"] == "config.json"
+  )
+  failed = instability.write_run([config], tmp_path / "failed" / run)
+  assert twin.twin_rounding(failed) == "bits"
+  pack = twin.pack(tmp_path / "failed", tmp_path / "failed.jsonl.xz")
+  for packs in ([old, pack], [pack, old]):
+    assert instability.read_packs(packs, rank=twin.rounding_rank)[run]["steps"] == 2127
 
 
 def test_the_h200_agreement_check_parts_where_jaxs_own_null_does(tmp_path):

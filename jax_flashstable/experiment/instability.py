@@ -931,7 +931,8 @@ def read_packs(paths, rank=None) -> dict[str, dict]:
   (the later pack on a tie): a run that failed to start on one device leaves an empty folder in
   its pack, and a run cut short and run again has more steps in the later pack. `rank` (a map
   of a run's records to a comparable key, e.g. the twin's `rounding_rank`) comes before the
-  steps: a run of a superseded kind loses to a current one however far it trained.
+  steps, after whether the run has a result (a step or a summary): a run of a superseded kind
+  loses to a current one however far it trained, unless the current one never took a step.
 
   Raises FileNotFoundError naming a pack that does not exist, ValueError naming the pack when
   it is not a regular file (`pack_problem`), cannot be read as a pack (not xz, not JSON lines
@@ -967,7 +968,8 @@ def read_packs(paths, rank=None) -> dict[str, dict]:
       ) from None
     for run, recs in records.items():
       steps = sum(len(r["rows"]) for r in recs if r["file"] == "metrics.jsonl")
-      key = (rank(recs) if rank else (), steps)
+      result = steps > 0 or any(r["file"] == "summary.json" for r in recs)  # not a failed start
+      key = (result, rank(recs) if rank else (), steps)
       if run not in found or key >= found[run]["key"]:
         found[run] = dict(steps=steps, records=recs, pack=str(path), key=key)
   return found

@@ -1135,9 +1135,11 @@ def twin_rounding(run_dir) -> str | None:
   compiled, kept" with torch 2.13 or later, "convert pairs, eager"; None without a
   config.json."""
   path = pathlib.Path(run_dir) / "config.json"
-  if not path.exists():
-    return None
-  cfg = json.loads(path.read_text())
+  return _rounding(json.loads(path.read_text())) if path.exists() else None
+
+
+def _rounding(cfg: dict) -> str:
+  """`twin_rounding` of a run's config.json."""
   if cfg.get("rounding") == "bits":
     return "bits"
   if cfg.get("compile", "on" if cfg.get("compiled") else "off") == "off":
@@ -1148,14 +1150,19 @@ def twin_rounding(run_dir) -> str | None:
 
 
 def rounding_rank(records) -> tuple[int]:
-  """`instability.read_packs`' rank for the packs of `--runs`: a run (its records) whose
-  config.json says it rounded on the bits (`rounding`, the twin since 2026-12-05) before one
-  made with convert pairs, however far that one trained (under torch 2.11 its paper layout
-  lost most of its rounding points: `twin_rounding`); JAX runs all rank alike."""
+  """`instability.read_packs`' rank for the packs of `--runs` (after whether a run has a
+  result at all): a twin run whose bf16 roundings a compiler dropped ("convert pairs,
+  compiled", `twin_rounding`: under torch 2.11 its paper layout lost most of its rounding
+  points) after any other, however far it trained; the rest (bits, eager, kept; JAX runs, whose
+  config.json names no framework of torch's) rank alike."""
   for rec in records:
     if rec["file"] == "config.json":
-      return (int(rec["rows"][0].get("rounding") == "bits"),)
-  return (0,)
+      cfg = rec["rows"][0]
+      lost = cfg.get("framework", "").startswith("torch") and (
+        _rounding(cfg) == "convert pairs, compiled"
+      )
+      return (int(not lost),)
+  return (1,)
 
 
 def _side_rows(out: pathlib.Path, side: str, base: TrainConfig, layer: int, reference_max_logit):
