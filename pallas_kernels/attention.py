@@ -214,8 +214,11 @@ def kernel_config(
     kernel: (3, 2) at head_dim 128, (2, 1) at 256, else (2, 2); fewer where shared memory
     is short, as with grouped heads).
   Raises ValueError when `supported` says the backend cannot run the call (the forward; a
-  backward it cannot run falls back to Triton).
+  backward it cannot run falls back to Triton), TypeError for mgpu_options that are not a
+  `MosaicGPUOptions` (used where the Mosaic GPU forward runs, unused by the Triton kernels).
   """
+  if mgpu_options is not None and not isinstance(mgpu_options, MosaicGPUOptions):
+    raise TypeError(f"mgpu_options must be a MosaicGPUOptions or None, got {mgpu_options!r}")
   blocks = BlockSizes.default(head_dim, block_q, block_k).for_numerics(numerics)
   fitted = blocks.fit(q_len, kv_len)
   # the Mosaic GPU forward keeps a key tile of 64 or more (the same numerics: padding adds no

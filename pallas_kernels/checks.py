@@ -11,14 +11,16 @@ import jax.numpy as jnp
 from pallas_kernels.policy import MAX_HEAD_DIM, SUPPORTED_DTYPES, real_number
 
 
-def check_inputs(query, key, value, softmax_scale, *, allow_float64=False):
+def check_inputs(query, key, value, softmax_scale, *, allow_float64=False, scale_dtype=np.float32):
   """Checks shapes and dtypes of query/key/value; returns the softmax scale to use.
+
+  scale_dtype: the dtype the scores are scaled in (float32 in the kernels and the low-precision
+  references, float64 in the FP64 ones); softmax_scale must be a normal number of it.
 
   Raises:
     ValueError: rank ≠ 4, mismatched batch, length or head_dim, num_heads % num_kv_heads ≠ 0,
-      empty axes, head_dim > 256, a non-positive or non-finite softmax_scale, and for the
-      kernels (not allow_float64, the references' FP64) one that is 0, subnormal or infinite
-      once in float32.
+      empty axes, head_dim > 256, a non-positive or non-finite softmax_scale, or one that is
+      0, subnormal or infinite once in scale_dtype.
     TypeError: unsupported or mixed dtypes.
   """
   for name, x in (("query", query), ("key", key), ("value", value)):
@@ -57,13 +59,28 @@ def check_inputs(query, key, value, softmax_scale, *, allow_float64=False):
     raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
   if softmax_scale is None:
     return 1.0 / math.sqrt(head_dim)
+  return check_softmax_scale(softmax_scale, scale_dtype)
+
+
+def check_softmax_scale(softmax_scale, scale_dtype=np.float32) -> float:
+  """softmax_scale as a Python float: a concrete real number > 0 that is a normal number of
+  scale_dtype (the dtype the scores are scaled in). Raises TypeError for a non-number (or a
+  traced value), ValueError naming the value otherwise."""
   scale = real_number("softmax_scale", softmax_scale)  # static: a concrete number
   if not (math.isfinite(scale) and scale > 0):
     raise ValueError(f"softmax_scale must be finite and > 0, got softmax_scale={softmax_scale!r}")
-  f32 = np.finfo(np.float32)
-  if not allow_float64 and not f32.tiny <= scale <= f32.max:  # the kernels scale in float32
+  info = np.finfo(scale_dtype)
+  if not info.tiny <= scale <= info.max:  # 0, a subnormal or inf once in scale_dtype
+    name = np.dtype(scale_dtype).name
     raise ValueError(
-      f"softmax_scale must be a normal float32 number ({f32.tiny:.3g} to {f32.max:.3g}: the "
-      f"scores are formed in float32), got softmax_scale={softmax_scale!r}"
+      f"softmax_scale must be a normal {name} number ({info.tiny:.3g} to {info.max:.3g}: the "
+      f"scores are scaled in {name}), got softmax_scale={softmax_scale!r}"
     )
   return scale
+
+
+def check_causal(causal, name: str = "causal") -> bool:
+  """causal as a bool; TypeError naming the value for anything but a Python or NumPy bool."""
+  if not isinstance(causal, (bool, np.bool_)):
+    raise TypeError(f"{name} must be a bool, got {name}={causal!r}")
+  return bool(causal)

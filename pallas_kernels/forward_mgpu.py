@@ -130,6 +130,11 @@ class MosaicGPUOptions:
   max_before_scale: bool = False
 
   def __post_init__(self):
+    for field in dataclasses.fields(self):
+      value = getattr(self, field.name)
+      if not (isinstance(value, bool) or (field.name == "pingpong" and value is None)):
+        allowed = "a bool or None" if field.name == "pingpong" else "a bool"
+        raise TypeError(f"MosaicGPUOptions.{field.name} must be {allowed}, got {value!r}")
     if self.max_before_scale and not self.exp2:
       raise ValueError(
         "MosaicGPUOptions(max_before_scale=True) needs exp2=True: with exp(S − m) the product "

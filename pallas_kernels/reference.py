@@ -22,7 +22,7 @@ import numpy as np
 from jax import lax
 from jax.extend import core as jex_core
 
-from pallas_kernels.checks import check_inputs
+from pallas_kernels.checks import check_causal, check_inputs
 
 HIGHEST = lax.Precision.HIGHEST
 
@@ -41,6 +41,12 @@ def _attention(query, key, value, causal, softmax_scale, dtype):
   if causal:
     q_len, kv_len = query.shape[1], key.shape[1]
     s = jnp.where(jnp.tril(jnp.ones((q_len, kv_len), bool)), s, -jnp.inf)
+  if dtype == jnp.float64:
+    # one S for the row max and the subtraction: in the jitted FP64 program XLA CPU fused the
+    # QKᵀ dot into both and computed it twice in different orders, so a score could exceed
+    # its "max" by an ulp, e^(ulp) overflowed once ulps passed ~700 (softmax_scale ≥ 1e18 on
+    # unit scores: NaN; jax 0.11.2). The value is S's, as eager.
+    s = lax.optimization_barrier(s)
   p = jax.nn.softmax(s.astype(acc), axis=-1)
   if low:
     p = p.astype(dtype)  # rounding point 2
@@ -130,6 +136,12 @@ def _check_dtype(dtype, *args):
   return dtype
 
 
+def _scale_dtype(dtype):
+  """The dtype a reference scales its scores in (`check_inputs`' scale_dtype): float64 in the
+  FP64 reference, float32 in the others."""
+  return np.float64 if dtype == jnp.float64 else np.float32
+
+
 def reference_attention(query, key, value, *, causal=False, softmax_scale=None, dtype=jnp.float32):
   """Materialized softmax(scale·QKᵀ)·V computed in `dtype` (see the module docstring).
 
@@ -147,7 +159,10 @@ def reference_attention(query, key, value, *, causal=False, softmax_scale=None, 
     TypeError for dtype float64 inside jit, grad or vmap (traced inputs).
   """
   dtype = _check_dtype(dtype, query, key, value)
-  softmax_scale = check_inputs(query, key, value, softmax_scale, allow_float64=True)
+  softmax_scale = check_inputs(
+    query, key, value, softmax_scale, allow_float64=True, scale_dtype=_scale_dtype(dtype)
+  )
+  causal = check_causal(causal)
   if dtype == jnp.float64:
     with jax.enable_x64(True):
       args = [jnp.asarray(np.asarray(x, np.float64)) for x in (query, key, value)]
@@ -167,7 +182,10 @@ def reference_attention_vjp(
   on its own (op by op, `_apart`).
   """
   dtype = _check_dtype(dtype, query, key, value, d_out)
-  softmax_scale = check_inputs(query, key, value, softmax_scale, allow_float64=True)
+  softmax_scale = check_inputs(
+    query, key, value, softmax_scale, allow_float64=True, scale_dtype=_scale_dtype(dtype)
+  )
+  causal = check_causal(causal)
 
   if dtype == jnp.float64:
     with jax.enable_x64(True):

@@ -84,6 +84,25 @@ def test_unsupported_options_raise():
   with pytest.raises(NotImplementedError, match="bias"):
     fn(q, q, q, bias=jnp.zeros((1, 2, 8, 8)))
   assert fn(q, q, q, dropout_rate=0.1, deterministic=True).shape == q.shape
+  # causal and is_causal are bools, not truthy values; every implementation checks the scale
+  for bad in ("no", 1, None):
+    with pytest.raises(TypeError, match=f"^causal must be a bool, got causal={bad!r}$"):
+      make_attention_fn("fa2", causal=bad)
+    with pytest.raises(TypeError, match=f"^is_causal must be a bool, got is_causal={bad!r}$"):
+      fn(q, q, q, is_causal=bad)
+  for spec in ("xla", "reference-fp32", "fa2"):
+    config = AttentionConfig.parse(spec)
+    with pytest.raises(TypeError, match="^causal must be a bool, got causal='no'$"):
+      attend(q, q, q, config, causal="no")
+    for scale, message in (
+      (-1.0, "finite and > 0"),
+      (0.0, "finite and > 0"),
+      (1e39, "a normal float32"),
+    ):
+      with pytest.raises(ValueError, match=f"softmax_scale must be {message}"):
+        attend(q, q, q, config, causal=False, softmax_scale=scale)
+    with pytest.raises(TypeError, match="softmax_scale"):
+      attend(q, q, q, config, causal=False, softmax_scale="0.25")
 
 
 @pytest.mark.parametrize("impl", ["fa2", "reference-fp32", "reference-bf16", "xla"])

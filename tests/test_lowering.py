@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from jax_flashstable import flash_attention
 from pallas_kernels.attention import kernel_config
 from pallas_kernels.backward import flash_backward
 from pallas_kernels.forward import flash_forward
@@ -203,7 +204,8 @@ def test_mosaic_gpu_forward_lowers_with_the_top2_options(block_k, causal, option
 
 def test_overlap_refuses_the_options_it_replaces():
   """overlap takes the turn and waits for the next key tile its own way: with early_turn or
-  k_wait_in_pv it is refused in one line naming them; max_before_scale needs exp2."""
+  k_wait_in_pv it is refused in one line naming them; max_before_scale needs exp2; the fields
+  are bools and mgpu_options the dataclass, each refused in one line otherwise."""
   from pallas_kernels.forward_mgpu import MosaicGPUOptions
 
   for other in ("early_turn", "k_wait_in_pv"):
@@ -211,6 +213,15 @@ def test_overlap_refuses_the_options_it_replaces():
       MosaicGPUOptions(overlap=True, **{other: True})
   with pytest.raises(ValueError, match=r"^MosaicGPUOptions\(max_before_scale=True\) needs exp2"):
     MosaicGPUOptions(max_before_scale=True, exp2=False)
+  # every field a bool (pingpong: or None), not a truthy value; flash_attention takes the
+  # dataclass or None
+  for field, bad in (("pingpong", "no"), ("exp2", 1), ("tie_lanes", None), ("overlap", "x")):
+    with pytest.raises(TypeError, match=rf"^MosaicGPUOptions\.{field} must be a bool"):
+      MosaicGPUOptions(**{field: bad})
+  q = jnp.zeros((1, 16, 2, 16), jnp.bfloat16)
+  for bad in ({"pingpong": False}, "fast"):
+    with pytest.raises(TypeError, match="^mgpu_options must be a MosaicGPUOptions or None, got"):
+      flash_attention(q, q, q, mgpu_options=bad)
 
 
 @pytest.mark.parametrize(

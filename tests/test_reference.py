@@ -1,5 +1,7 @@
 """The references themselves, against an independent NumPy float64 computation."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -40,6 +42,47 @@ def test_fp64_reference_matches_numpy(causal):
     *(x.astype(np.float32).astype(np.float64) for x in (q, k, v)), causal, 8**-0.5
   )
   np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fp64_reference_at_huge_scales_is_the_hard_max(causal):
+  """At softmax_scale 1e18–1e300 (a float64 scale; unit scores) softmax is the hard max: each
+  row's output is the value of its top key, wherever that key leads the runner-up by more
+  than the dot's float64 rounding. Until the reference kept one S for the row max and the
+  subtraction (XLA CPU computed the fused dot twice, in different orders, so a score could
+  pass its max by an ulp: e^ulp overflowed) it gave NaN: 96 of 1,024 outputs at 1e18, all
+  from 1e20 (jax 0.11.2)."""
+  rng = np.random.default_rng(1)
+  q, k, v = (rng.standard_normal((1, 32, 2, 16)).astype(np.float32) for _ in range(3))
+  s = np.einsum("bqhd,bkhd->bhqk", q.astype(np.float64), k.astype(np.float64))
+  if causal:
+    s = np.where(np.tril(np.ones((32, 32), bool)), s, -np.inf)
+  top2 = np.sort(s, axis=-1)[..., -2:]
+  clear = top2[..., 1] - top2[..., 0] > 1e-9 * np.abs(top2[..., 1])  # [b, h, q]
+  hard = np.take_along_axis(v.transpose(0, 2, 1, 3), s.argmax(-1)[..., None], axis=2)
+  hard = hard.transpose(0, 2, 1, 3)  # [b, q, h, d]: the top key's value
+  for scale in (1e18, 1e20, 1e300):
+    out = reference_attention(q, k, v, causal=causal, softmax_scale=scale, dtype=jnp.float64)
+    assert not np.isnan(out).any(), scale
+    rows = clear.transpose(0, 2, 1)  # [b, q, h]
+    assert rows.sum() > 40
+    np.testing.assert_array_equal(out[rows], hard[rows].astype(np.float64))
+
+
+def test_references_refuse_what_they_cannot_compute():
+  """The low-precision references scale in float32: a softmax_scale outside its normal numbers
+  is refused, as the kernels refuse it; the float64 one takes it. A causal that is not a bool
+  is refused, not read as truthy."""
+  q = np.ones((1, 8, 2, 16), np.float32)
+  for dtype in (jnp.float32, jnp.bfloat16):
+    for scale in (1e-40, 1e39):
+      match = f"normal float32 number.*softmax_scale={re.escape(repr(scale))}$"
+      with pytest.raises(ValueError, match=match):
+        reference_attention(q, q, q, softmax_scale=scale, dtype=dtype)
+  assert np.isfinite(reference_attention(q, q, q, softmax_scale=1e39, dtype=jnp.float64)).all()
+  for causal in ("no", 1, None):
+    with pytest.raises(TypeError, match=f"^causal must be a bool, got causal={causal!r}$"):
+      reference_attention(q, q, q, causal=causal)
 
 
 def test_bf16_reference_rounds_three_times():

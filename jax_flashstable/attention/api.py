@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_kernels.attention import flash_attention_padded, kernel_config
-from pallas_kernels.checks import check_inputs
+from pallas_kernels.checks import check_causal, check_inputs
 from pallas_kernels.forward_mgpu import MosaicGPUOptions
 from pallas_kernels.policy import BACKENDS, Compensation, check_shift_options, get_numerics
 from pallas_kernels.reference import reference_attention, reference_attention_vjp
@@ -163,7 +163,8 @@ def flash_attention(
       tiles each (at a padded head_dim of 128 dK/dV 3, at 256 dK/dV 2 and dQ 1, fewer with
       grouped heads; `pallas_kernels.backward_mgpu.default_stages`).
     mgpu_options: speed options of the Mosaic GPU forward (`MosaicGPUOptions`; the defaults
-      and their measurements: docs/studies/speed.md).
+      and their measurements: docs/studies/speed.md); used where that forward runs
+      (`resolved_backend`), unused by the Triton kernels. TypeError for anything else.
     backend: the kernels. "auto" (default): the Mosaic GPU kernels on a Hopper GPU wherever
       they support the call (the limits below; causal also needs a CUDA runtime outside
       12.8.0–12.9.0), the Triton kernels elsewhere — on a CPU, on other GPUs, in interpret
@@ -292,8 +293,7 @@ def _kernel_config(
     max_shift=max_shift,
     shift_above=shift_above,
   )
-  if not isinstance(causal, (bool, np.bool_)):
-    raise TypeError(f"causal must be a bool, got causal={causal!r}")
+  check_causal(causal)
   if backend not in BACKENDS:
     raise ValueError(f"backend must be one of {BACKENDS}, got backend={backend!r}")
   if not isinstance(sum_rounded_p, (bool, np.bool_)):

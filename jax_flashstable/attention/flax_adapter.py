@@ -12,6 +12,7 @@ import jax.numpy as jnp
 
 from jax_flashstable.attention import api as _attention
 from jax_flashstable.attention.config import AttentionConfig
+from pallas_kernels.checks import check_causal, check_softmax_scale
 from pallas_kernels.policy import centered_keys
 
 
@@ -51,10 +52,14 @@ def attend(
   rounding level, through the mean.
 
   Raises:
-    ValueError: numerics="stochastic" without an rng_key.
+    ValueError: numerics="stochastic" without an rng_key; a softmax_scale that is not finite,
+      > 0 and a normal float32 number (every implementation: `checks.check_softmax_scale`).
+    TypeError: a causal that is not a bool, a softmax_scale that is not a concrete number.
   """
+  check_causal(causal)
   if softmax_scale is None:
     softmax_scale = 1.0 / math.sqrt(query.shape[-1])
+  softmax_scale = check_softmax_scale(softmax_scale)
   impl = config.implementation
   if impl == "flash":
     stochastic = config.numerics == "stochastic"
@@ -162,7 +167,8 @@ def attention_fn(
     )
   if dtype is not None:
     query, key, value = (x.astype(dtype) for x in (query, key, value))
-  return attend(query, key, value, config, causal=bool(causal or is_causal))
+  causal = check_causal(causal) | check_causal(is_causal, "is_causal")
+  return attend(query, key, value, config, causal=causal)
 
 
 def _mask_message(query, key, mask, module) -> str:
@@ -187,5 +193,7 @@ def _mask_message(query, key, mask, module) -> str:
 
 def make_attention_fn(config: AttentionConfig | str = "fa2", causal: bool = False):
   """`attention_fn` bound to a config (a spec of `AttentionConfig`'s grammar, e.g. "fa2+comp",
-  or an AttentionConfig)."""
-  return functools.partial(attention_fn, config=AttentionConfig.parse(config), causal=causal)
+  or an AttentionConfig). Raises ValueError for a bad spec, TypeError for a causal that is not
+  a bool, here rather than at the first call."""
+  config = AttentionConfig.parse(config)
+  return functools.partial(attention_fn, config=config, causal=check_causal(causal))
