@@ -570,12 +570,16 @@ def _crosscheck_train(args):
       f"{sorted(instability.RECIPES)}"
     )
   base = _train_config(args, **instability.RECIPES[args.recipe])
+  named_seeds = args.seeds is not None
+  if not named_seeds:
+    args.seeds = "24"  # training's default; a report of runs covers what they hold (below)
   seeds = _ints(args.seeds, "--seeds")
   _out("crosscheck-train", args.out)
   if args.pack:
     _pack_out("crosscheck-train", args.pack)
   report = args.side == "both" or args.report_only or args.runs or args.jax_runs
   try:
+    instability.check_layer(base, args.layer)
     twin.check_tolerance(args.tolerance)
     twin.check_torch_args(shlex.split(args.torch_args))
     reporting = (args.report_only or args.runs) and not args.jax_runs
@@ -631,6 +635,15 @@ def _crosscheck_train(args):
       if report
       else None
     )
+    if reporting and named_seeds:  # the seeds named: those rows, and each must be there
+      missing = sorted(set(seeds) - {r["seed"] for r in result["rows"]})
+      if missing:
+        held = ", ".join(str(s) for s in sorted({r["seed"] for r in result["rows"]})) or "none"
+        raise ValueError(
+          f"--seeds: no runs of seed {', '.join(map(str, missing))} under {args.out} "
+          f"(seeds held: {held})"
+        )
+      result["rows"] = [r for r in result["rows"] if r["seed"] in seeds]
     if reporting:  # the header records what the report covers; a named pair must be there
       empty = [p.name for p in pairs if not any(r["pair"] == p.name for r in result["rows"])]
       if empty:
@@ -925,12 +938,17 @@ def build_parser():
     "reference-fp32, sdpa-flash|efficient|cudnn|math[+center]; efficient and cudnn need CUDA)",
   )
   p.add_argument(
-    "--seeds", default="24", help="comma-separated seeds (initialisation and data order)"
+    "--seeds",
+    default=None,
+    help="comma-separated seeds (initialisation and data order; default 24; with --runs or "
+    "--report-only: those the runs hold, or the ones named, which they must hold)",
   )
   p.add_argument(
-    "--tiles", type=int, default=512, help="the paper layout's block_q = block_k, both sides"
+    "--tiles", type=_count(16), default=512, help="the paper layout's block_q = block_k, both sides"
   )
-  p.add_argument("--layer", type=int, default=1, help="the watched layer (runaway rule)")
+  p.add_argument(
+    "--layer", type=_count(0), default=1, help="the watched layer (0-based; runaway rule)"
+  )
   p.add_argument(
     "--reference-max-logit",
     type=_positive,

@@ -20,6 +20,7 @@ import lzma
 import math
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import textwrap
@@ -1722,6 +1723,55 @@ def test_packs_of_several_sessions_take_the_twin_that_rounds_on_the_bits(tmp_pat
   pack = twin.pack(tmp_path / "failed", tmp_path / "failed.jsonl.xz")
   for packs in ([old, pack], [pack, old]):
     assert instability.read_packs(packs, rank=twin.rounding_rank)[run]["steps"] == 2127
+
+
+def test_packed_runs_are_checked_row_by_row_and_the_report_by_its_options(tmp_path, capsys):
+  """`--runs` refuses, in one line naming the pack, the run and the file, rows a report would
+  misread: steps out of order or repeated, a loss or a logit that is not a number, a summary
+  that is not an object. --layer must be a layer of the model, --seeds (when named) seeds the
+  runs hold, and the report then covers those seeds only."""
+  good = ROOT / "experiments/results/h200-2026-12-05-b128/twin-anchor-b128-s3000.jsonl.xz"
+  lines = [json.loads(x) for x in lzma.decompress(good.read_bytes()).decode().splitlines()]
+
+  def corrupt(name, change):
+    edited = []
+    for rec in lines:
+      rec = json.loads(json.dumps(rec))
+      if rec["run"] == "torch/paper/seed29" and rec["file"] == name:
+        change(rec)
+      edited.append(rec)
+    path = tmp_path / f"bad-{len(list(tmp_path.glob('bad-*')))}.jsonl.xz"
+    path.write_bytes(lzma.compress("".join(json.dumps(r) + "\n" for r in edited).encode()))
+    return path
+
+  cases = [
+    ("metrics.jsonl", lambda r: r["rows"].reverse(), "steps not rising"),
+    ("metrics.jsonl", lambda r: r["rows"].extend(r["rows"][:5]), "steps not rising: 1 after"),
+    ("metrics.jsonl", lambda r: r["rows"][3].update(loss="abc"), "loss 'abc' is not a number"),
+    ("metrics.jsonl", lambda r: r["rows"][3].pop("loss"), "loss None is not a number"),
+    ("diagnostics.jsonl", lambda r: r["rows"][0].update(max_logit="big"), "max_logit='big'"),
+    ("summary.json", lambda r: r.update(rows=[[1, 2]]), "not one JSON object"),
+  ]
+  args = ["crosscheck-train", "--recipe", "anchor-b128"]
+  for name, change, message in cases:
+    path = corrupt(name, change)
+    with pytest.raises(SystemExit, match=f"is not a pack of runs.*torch/paper/seed29/{name}: "):
+      cli.main([*args, "--runs", str(path), "--out", str(tmp_path / "x")])
+    with pytest.raises(ValueError, match=re.escape(message)):
+      instability.read_packs([path])
+  run = [*args, "--runs", str(good), "--pairs", "paper"]
+  with pytest.raises(SystemExit, match=r"layer=6 is not a layer of 'gpt-6l' \(n_layer=6\)"):
+    cli.main([*run, "--layer", "6", "--out", str(tmp_path / "l")])
+  with pytest.raises(SystemExit):  # argparse: not an int >= 0
+    cli.main([*run, "--layer", "-1", "--out", str(tmp_path / "l")])
+  with pytest.raises(
+    SystemExit, match=r"--seeds: no runs of seed 1 under .* \(seeds held: 29, 31\)"
+  ):
+    cli.main([*run, "--seeds", "1,29", "--out", str(tmp_path / "s")])
+  assert cli.main([*run, "--seeds", "31", "--out", str(tmp_path / "s31")]) == 0
+  rows = json.loads((tmp_path / "s31" / "report.json").read_text())["rows"]
+  assert [(r["pair"], r["seed"]) for r in rows] == [("paper ↔ paper", 31)]
+  capsys.readouterr()
 
 
 def test_the_h200_agreement_check_parts_where_jaxs_own_null_does(tmp_path):

@@ -154,18 +154,24 @@ def variant_attention(variant: str, *, tiles=512, layer=1) -> tuple[str, tuple]:
   return cfg.name, ()
 
 
+def check_layer(base: TrainConfig, layer) -> None:
+  """Raises ValueError unless `layer` (the watched layer, 0-based) is a layer of base's model
+  (ConfigError for a model that does not build)."""
+  try:
+    n_layer = base.model_config().n_layer
+  except ValueError as e:  # the field it came from named first, as TrainConfig.validate does
+    raise ConfigError(named_error(base, e)) from None
+  if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < n_layer:
+    raise ValueError(f"layer={layer!r} is not a layer of {base.model!r} (n_layer={n_layer})")
+
+
 def variant_config(
   base: TrainConfig, variant: str, seed: int, out_dir, *, tiles=512, layer=1
 ) -> TrainConfig:
   """The TrainConfig of one run. Raises ValueError for a variant that does not parse or a
   watched layer the model does not have."""
   check_tile("tiles", tiles)  # the paper layout's logical tile
-  try:
-    n_layer = base.model_config().n_layer
-  except ValueError as e:  # the field it came from named first, as TrainConfig.validate does
-    raise ConfigError(named_error(base, e)) from None
-  if not 0 <= layer < n_layer:
-    raise ValueError(f"layer={layer} is not a layer of {base.model!r} (n_layer={n_layer})")
+  check_layer(base, layer)
   try:
     attention, overrides = variant_attention(variant, tiles=tiles, layer=layer)
   except ValueError as e:
@@ -925,6 +931,28 @@ def pack_problem(path) -> str | None:
     return f"cannot be read ({e.strerror or e})"
 
 
+def _rows_problem(name: str, rows: list) -> str | None:
+  """What is wrong with one run file's rows in a pack, or None: a .json file is one object;
+  a .jsonl file's rows are objects whose "step" is an int, rising from row to row, and whose
+  numbers (loss, logits, …) are numbers or lists of them, not strings."""
+  if name.endswith(".json"):
+    return None if len(rows) == 1 and isinstance(rows[0], dict) else "not one JSON object"
+  last = None
+  for row in rows:
+    step = row.get("step") if isinstance(row, dict) else None
+    if isinstance(step, bool) or not isinstance(step, int):
+      return f"a row without an int step: {str(row)[:60]}"
+    if last is not None and step <= last:
+      return f"steps not rising: {step} after {last}"
+    last = step
+    if name == "metrics.jsonl" and not isinstance(row.get("loss"), (int, float)):
+      return f"step {step}: loss {row.get('loss')!r} is not a number"
+    bad = [k for k, v in row.items() if isinstance(v, str)]
+    if bad:
+      return f"step {step}: {bad[0]}={row[bad[0]]!r} is not a number"
+  return None
+
+
 def read_packs(paths, rank=None) -> dict[str, dict]:
   """The runs of one `pack_runs` file or of several (`pack_paths`): {run: {"steps", "records",
   "pack", "key"}}, a run in several packs taken whole from the pack where it trained the most steps
@@ -953,6 +981,8 @@ def read_packs(paths, rank=None) -> dict[str, dict]:
         where = pathlib.PurePosixPath(run)
         if where.is_absolute() or ".." in where.parts or name not in RUN_FILES:
           raise ValueError(f"{path}: unexpected entry {run}/{name}")
+        if problem := _rows_problem(name, rows):
+          raise TypeError(f"{run}/{name}: {problem}")
         records.setdefault(run, []).append(rec)
     except (
       OSError,
