@@ -25,6 +25,7 @@ import dataclasses
 import json
 import lzma
 import math
+import numbers
 import pathlib
 import re
 import statistics
@@ -161,7 +162,7 @@ def check_layer(base: TrainConfig, layer) -> None:
     n_layer = base.model_config().n_layer
   except ValueError as e:  # the field it came from named first, as TrainConfig.validate does
     raise ConfigError(named_error(base, e)) from None
-  if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < n_layer:
+  if isinstance(layer, bool) or not isinstance(layer, numbers.Integral) or not 0 <= layer < n_layer:
     raise ValueError(f"layer={layer!r} is not a layer of {base.model!r} (n_layer={n_layer})")
 
 
