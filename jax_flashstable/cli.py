@@ -619,6 +619,7 @@ def _crosscheck_train(args):
       )
     if reporting:  # runs made elsewhere, judged by this command's recipe
       instability.check_recipe(pathlib.Path(args.out) / "jax", base)
+    named_pairs = pairs is not None
     if pairs is None:  # recorded in the report's header as the pairs it covers
       pairs = twin.pairs_under(args.out)
       args.pairs = ",".join(p.torch for p in pairs)
@@ -646,12 +647,16 @@ def _crosscheck_train(args):
       result["rows"] = [r for r in result["rows"] if r["seed"] in seeds]
     if reporting:  # the header records what the report covers; a named pair must be there
       empty = [p.name for p in pairs if not any(r["pair"] == p.name for r in result["rows"])]
-      if empty:
+      if empty and named_pairs:
         runs = (pathlib.Path(args.out) / "torch").glob("*/seed*")
         held = ", ".join(sorted({r.parent.name for r in runs})) or "none"
+        of_seeds = f" at seed {args.seeds}" if named_seeds else ""
         raise ValueError(
-          f"--pairs: no runs of {', '.join(empty)} under {args.out} (twin runs: {held})"
+          f"--pairs: no runs of {', '.join(empty)}{of_seeds} under {args.out} (twin runs: {held})"
         )
+      if empty:  # pairs found under --out, none at the seeds named: not covered
+        pairs = [p for p in pairs if p.name not in empty]
+        args.pairs = ",".join(p.torch for p in pairs)
       args.seeds = ",".join(str(s) for s in sorted({r["seed"] for r in result["rows"]}))
   except ValueError as e:
     raise SystemExit(f"flashstable crosscheck-train: {_message(e)}") from None

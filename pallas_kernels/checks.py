@@ -70,7 +70,7 @@ def check_softmax_scale(softmax_scale, scale_dtype=np.float32) -> float:
   if not (math.isfinite(scale) and scale > 0):
     raise ValueError(f"softmax_scale must be finite and > 0, got softmax_scale={softmax_scale!r}")
   info = np.finfo(scale_dtype)
-  if not info.tiny <= scale <= info.max:  # 0, a subnormal or inf once in scale_dtype
+  if not float(info.tiny) <= scale <= float(info.max):  # 0, a subnormal or inf in scale_dtype
     name = np.dtype(scale_dtype).name
     raise ValueError(
       f"softmax_scale must be a normal {name} number ({info.tiny:.3g} to {info.max:.3g}: the "

@@ -132,7 +132,7 @@ class MosaicGPUOptions:
   def __post_init__(self):
     for field in dataclasses.fields(self):
       value = getattr(self, field.name)
-      if not (isinstance(value, bool) or (field.name == "pingpong" and value is None)):
+      if not (isinstance(value, (bool, np.bool_)) or (field.name == "pingpong" and value is None)):
         allowed = "a bool or None" if field.name == "pingpong" else "a bool"
         raise TypeError(f"MosaicGPUOptions.{field.name} must be {allowed}, got {value!r}")
     if self.max_before_scale and not self.exp2:

@@ -1771,6 +1771,15 @@ def test_packed_runs_are_checked_row_by_row_and_the_report_by_its_options(tmp_pa
   assert cli.main([*run, "--seeds", "31", "--out", str(tmp_path / "s31")]) == 0
   rows = json.loads((tmp_path / "s31" / "report.json").read_text())["rows"]
   assert [(r["pair"], r["seed"]) for r in rows] == [("paper ↔ paper", 31)]
+  # without --pairs, the pairs found that hold none of the seeds named drop out (paper+comp
+  # has seed 29 only); a pair named must hold them
+  every = [*args, "--runs", str(good)]
+  assert cli.main([*every, "--seeds", "31", "--out", str(tmp_path / "all31")]) == 0
+  report = json.loads((tmp_path / "all31" / "report.json").read_text())
+  assert [(r["pair"], r["seed"]) for r in report["rows"]] == [("paper ↔ paper", 31)]
+  assert report["meta"]["args"]["pairs"] == "paper"
+  with pytest.raises(SystemExit, match=r"--seeds: no runs of seed 31 under .* \(seeds held: 29\)"):
+    cli.main([*every, "--pairs", "paper+comp", "--seeds", "31", "--out", str(tmp_path / "c31")])
   capsys.readouterr()
 
 
