@@ -125,9 +125,14 @@ def _traced(*args):
 def _check_dtype(dtype, *args):
   """The reference's dtype; TypeError for another, and for float64 on traced args (the FP64
   reference is computed outside the trace, with x64 on locally, and returns NumPy)."""
-  dtype = jnp.dtype(dtype)
-  if dtype not in (jnp.float64, jnp.float32, jnp.bfloat16, jnp.float16):
-    raise TypeError(f"reference dtype must be float64, float32, bfloat16 or float16, got {dtype=}")
+  allowed = "float64, float32, bfloat16 or float16"
+  try:
+    resolved = None if dtype is None else jnp.dtype(dtype)  # (np.dtype(None) is float64)
+  except TypeError:
+    resolved = None
+  if resolved not in (jnp.float64, jnp.float32, jnp.bfloat16, jnp.float16):
+    raise TypeError(f"reference dtype must be {allowed}, got dtype={dtype!r}")
+  dtype = resolved
   if dtype == jnp.float64 and _traced(*args):
     raise TypeError(
       "the float64 reference runs on concrete arrays, outside jit/grad/vmap (it returns NumPy), "

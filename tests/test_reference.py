@@ -71,8 +71,9 @@ def test_fp64_reference_at_huge_scales_is_the_hard_max(causal):
 
 def test_references_refuse_what_they_cannot_compute():
   """The low-precision references scale in float32: a softmax_scale outside its normal numbers
-  is refused, as the kernels refuse it; the float64 one takes it. A causal that is not a bool
-  is refused, not read as truthy."""
+  is refused, as the kernels refuse it; the float64 one takes it. A dtype that is not one of
+  the four (None included, which NumPy reads as float64) and a causal that is not a bool are
+  refused, each in one line naming the value."""
   q = np.ones((1, 8, 2, 16), np.float32)
   for dtype in (jnp.float32, jnp.bfloat16):
     for scale in (1e-40, 1e39):
@@ -80,6 +81,11 @@ def test_references_refuse_what_they_cannot_compute():
       with pytest.raises(ValueError, match=match):
         reference_attention(q, q, q, softmax_scale=scale, dtype=dtype)
   assert np.isfinite(reference_attention(q, q, q, softmax_scale=1e39, dtype=jnp.float64)).all()
+  for dtype in (None, "abc", jnp.int32):
+    with pytest.raises(
+      TypeError, match=f"^reference dtype must be .*, got dtype={re.escape(repr(dtype))}$"
+    ):
+      reference_attention(q, q, q, dtype=dtype)
   for causal in ("no", 1, None):
     with pytest.raises(TypeError, match=f"^causal must be a bool, got causal={causal!r}$"):
       reference_attention(q, q, q, causal=causal)
