@@ -782,8 +782,8 @@ class GPT(nn.Module):
 
 # tokens per chunk of `lm_head_loss`: a chunk's float32 logits are 1.6 GB at vocab 50304, and
 # the loss's backward, where every activation is still held, keeps a few such temporaries at
-# once (16,384 until 2026-12-05, when a twin's step peaked at 68.4 GiB on an H100: a half-size
-# chunk is meant to bring two twins within an H200's 139 GiB, peak × 2 + 8 GiB; not yet measured)
+# once (16,384 until 2026-12-05; halved hoping two twins would fit an H200, but the step's peak
+# stayed at 68.4–68.5 GiB on the H200 the same day: the peak is not the loss's temporaries)
 LOSS_CHUNK = 8192
 
 
