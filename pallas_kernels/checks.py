@@ -77,10 +77,3 @@ def check_softmax_scale(softmax_scale, scale_dtype=np.float32) -> float:
       f"scores are scaled in {name}), got softmax_scale={softmax_scale!r}"
     )
   return scale
-
-
-def check_causal(causal, name: str = "causal") -> bool:
-  """causal as a bool; TypeError naming the value for anything but a Python or NumPy bool."""
-  if not isinstance(causal, (bool, np.bool_)):
-    raise TypeError(f"{name} must be a bool, got {name}={causal!r}")
-  return bool(causal)

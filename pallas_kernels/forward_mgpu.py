@@ -44,7 +44,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.policy import MOSAIC_GPU_BLOCK_K, MOSAIC_GPU_NUMERICS as NUMERICS
-from pallas_kernels.policy import compensated_tile_max
+from pallas_kernels.policy import boolean, compensated_tile_max
 from pallas_kernels.top2 import column_top2, lane_top2, row_top2, scale_summary
 
 ROWS_PER_WG = 64  # wgmma's M for one warpgroup
@@ -130,11 +130,8 @@ class MosaicGPUOptions:
   max_before_scale: bool = False
 
   def __post_init__(self):
-    for field in dataclasses.fields(self):
-      value = getattr(self, field.name)
-      if not (isinstance(value, (bool, np.bool_)) or (field.name == "pingpong" and value is None)):
-        allowed = "a bool or None" if field.name == "pingpong" else "a bool"
-        raise TypeError(f"MosaicGPUOptions.{field.name} must be {allowed}, got {value!r}")
+    for field in dataclasses.fields(self):  # flags, not truthy values (pingpong: or None)
+      boolean(f"MosaicGPUOptions.{field.name}", getattr(self, field.name), field.name == "pingpong")
     if self.max_before_scale and not self.exp2:
       raise ValueError(
         "MosaicGPUOptions(max_before_scale=True) needs exp2=True: with exp(S − m) the product "

@@ -425,13 +425,24 @@ class Compensation:
         raise ValueError(
           f"{name} must be a finite number {'>' if strict else '>='} {low}, got {name}={value!r}"
         )
-    if not isinstance(self.guard_paper, (bool, np.bool_)):
-      raise TypeError(f"guard_paper must be a bool, got guard_paper={self.guard_paper!r}")
+    boolean("guard_paper", self.guard_paper)
     if not (math.isfinite(self.max_shift) and 0 < self.min_shift <= self.max_shift):
       raise ValueError(
         f"need 0 < min_shift <= max_shift < inf, got min_shift={self.min_shift!r}, "
         f"max_shift={self.max_shift!r}"
       )
+
+
+def boolean(name, value, none: bool = False) -> bool | None:
+  """A Python bool from a Python or NumPy bool (or None, where `none` allows it); a one-line
+  TypeError naming the value for anything else (an int, a string, an array: these settings
+  are static and read as flags, not as truthy values)."""
+  if none and value is None:
+    return None
+  if not isinstance(value, (bool, np.bool_)):
+    allowed = "a bool or None" if none else "a bool"
+    raise TypeError(f"{name} must be {allowed}, got {name}={value!r}")
+  return bool(value)
 
 
 def real_number(name, value) -> float:
@@ -476,8 +487,7 @@ def check_shift_options(numerics, stabilize, guard_shift, max_shift, dtype=None,
     raise ValueError(f"shift_above must be a finite number >= 0, got shift_above={shift_above!r}")
   if shift_above and not stabilize:
     raise ValueError(f"shift_above={shift_above!r} needs stabilize=True")
-  if not isinstance(guard_shift, (bool, np.bool_)):
-    raise TypeError(f"guard_shift must be a bool, got guard_shift={guard_shift!r}")
+  boolean("guard_shift", guard_shift)
   if guard_shift and not (stabilize and numerics == "paper"):
     raise ValueError(
       f"guard_shift=True needs numerics='paper' and stabilize=True (the other layouts always "

@@ -22,7 +22,8 @@ import numpy as np
 from jax import lax
 from jax.extend import core as jex_core
 
-from pallas_kernels.checks import check_causal, check_inputs
+from pallas_kernels.checks import check_inputs
+from pallas_kernels.policy import boolean
 
 HIGHEST = lax.Precision.HIGHEST
 
@@ -167,7 +168,7 @@ def reference_attention(query, key, value, *, causal=False, softmax_scale=None, 
   softmax_scale = check_inputs(
     query, key, value, softmax_scale, allow_float64=True, scale_dtype=_scale_dtype(dtype)
   )
-  causal = check_causal(causal)
+  causal = boolean("causal", causal)
   if dtype == jnp.float64:
     with jax.enable_x64(True):
       args = [jnp.asarray(np.asarray(x, np.float64)) for x in (query, key, value)]
@@ -190,7 +191,7 @@ def reference_attention_vjp(
   softmax_scale = check_inputs(
     query, key, value, softmax_scale, allow_float64=True, scale_dtype=_scale_dtype(dtype)
   )
-  causal = check_causal(causal)
+  causal = boolean("causal", causal)
 
   if dtype == jnp.float64:
     with jax.enable_x64(True):

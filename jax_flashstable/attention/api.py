@@ -7,12 +7,17 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from pallas_kernels.attention import flash_attention_padded, kernel_config
-from pallas_kernels.checks import check_causal, check_inputs
+from pallas_kernels.checks import check_inputs
 from pallas_kernels.forward_mgpu import MosaicGPUOptions
-from pallas_kernels.policy import BACKENDS, Compensation, check_shift_options, get_numerics
+from pallas_kernels.policy import (
+  BACKENDS,
+  Compensation,
+  boolean,
+  check_shift_options,
+  get_numerics,
+)
 from pallas_kernels.reference import reference_attention, reference_attention_vjp
 
 __all__ = [
@@ -190,9 +195,9 @@ def flash_attention(
   Raises:
     ValueError: rank ≠ 4, mismatched batch/head_dim, num_heads % num_kv_heads ≠ 0,
       head_dim > 256 (others up to 256 are zero-padded to a power of two), a softmax_scale
-      that is not a normal float32 > 0, beta ≤ 1, negative tie_tolerance, block sizes that are not powers of
-      two ≥ 16, unknown numerics, unknown backend or a call backend="mosaic_gpu" does not
-      support.
+      that is not a normal float32 > 0, beta ≤ 1, negative tie_tolerance, block sizes that
+      are not powers of two ≥ 16, unknown numerics, unknown backend or a call
+      backend="mosaic_gpu" does not support.
     TypeError: unsupported or mixed dtypes.
   """
   cfg, seeds = _kernel_config(
@@ -293,11 +298,10 @@ def _kernel_config(
     max_shift=max_shift,
     shift_above=shift_above,
   )
-  check_causal(causal)
+  boolean("causal", causal)
   if backend not in BACKENDS:
     raise ValueError(f"backend must be one of {BACKENDS}, got backend={backend!r}")
-  if not isinstance(sum_rounded_p, (bool, np.bool_)):
-    raise TypeError(f"sum_rounded_p must be a bool, got sum_rounded_p={sum_rounded_p!r}")
+  boolean("sum_rounded_p", sum_rounded_p)
   layout = get_numerics(numerics).with_options(
     delta_float32=delta_float32,
     center_keys=center_keys,

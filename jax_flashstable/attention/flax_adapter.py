@@ -12,8 +12,8 @@ import jax.numpy as jnp
 
 from jax_flashstable.attention import api as _attention
 from jax_flashstable.attention.config import AttentionConfig
-from pallas_kernels.checks import check_causal, check_softmax_scale
-from pallas_kernels.policy import centered_keys
+from pallas_kernels.checks import check_softmax_scale
+from pallas_kernels.policy import boolean, centered_keys
 
 
 def _register_interpret_config():
@@ -56,7 +56,7 @@ def attend(
       > 0 and a normal float32 number (every implementation: `checks.check_softmax_scale`).
     TypeError: a causal that is not a bool, a softmax_scale that is not a concrete number.
   """
-  check_causal(causal)
+  boolean("causal", causal)
   if softmax_scale is None:
     softmax_scale = 1.0 / math.sqrt(query.shape[-1])
   softmax_scale = check_softmax_scale(softmax_scale)
@@ -167,7 +167,7 @@ def attention_fn(
     )
   if dtype is not None:
     query, key, value = (x.astype(dtype) for x in (query, key, value))
-  causal = check_causal(causal) | check_causal(is_causal, "is_causal")
+  causal = boolean("causal", causal) | boolean("is_causal", is_causal)
   return attend(query, key, value, config, causal=causal)
 
 
@@ -196,4 +196,4 @@ def make_attention_fn(config: AttentionConfig | str = "fa2", causal: bool = Fals
   or an AttentionConfig). Raises ValueError for a bad spec, TypeError for a causal that is not
   a bool, here rather than at the first call."""
   config = AttentionConfig.parse(config)
-  return functools.partial(attention_fn, config=config, causal=check_causal(causal))
+  return functools.partial(attention_fn, config=config, causal=boolean("causal", causal))
