@@ -226,7 +226,12 @@ queues() {
   if [[ -n $check_pid ]]; then wait $check_pid; fi  # (its timeout: 480 s)
   for dir in $R/$RECIPE-s*/; do
     name=$(basename $dir)
-    cli --report-only --pairs "$ALLPAIRS" --steps ${name##*-s} --out $dir \
+    # the queue's pairs whose twin trained in this folder (an item the budget left unstarted
+    # has none; crosscheck-train packs the runs before its report, which refuses such a pair)
+    held=$(tr , '\n' <<< "$ALLPAIRS" | while read -r p; do
+      if [[ -d $dir/torch/${p%%=*} ]]; then echo "$p"; fi; done | paste -sd,)
+    if [[ -z $held ]]; then pack $dir "$OUT/twin-$name.jsonl.xz"; continue; fi
+    cli --report-only --pairs "$held" --steps ${name##*-s} --out $dir \
       --pack "$OUT/twin-$name.jsonl.xz" | grep -v "^{" | tail -30
     cp $dir/report.md "$OUT/report-$name.md"; cp $dir/twin.png "$OUT/twin-$name.png"
   done

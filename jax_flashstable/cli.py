@@ -548,14 +548,14 @@ def _experiment(args):
       )
   except (ValueError, FileNotFoundError, CheckpointError) as e:
     raise SystemExit(f"flashstable experiment: {_message(e)}") from None
+  if args.pack:  # before the report and its figure: the runs come back even if those fail
+    print(f"runs packed: {experiment.pack_runs(args.out, args.pack)}")
   meta = _meta(args) | dict(recipe_name=args.recipe)
   if args.report_only or args.runs:  # the runs' devices, not this machine's
     meta |= dict(report_made_on=meta.pop("device"), device=experiment.trained_on(args.out))
   path = experiment.write_report(args.out, rows, base, args.layer, meta)
   print(path.read_text())
   print(f"report: {path}, curves: {args.out}/curves.png")
-  if args.pack:
-    print(f"runs packed: {experiment.pack_runs(args.out, args.pack)}")
   return 0
 
 
@@ -617,6 +617,8 @@ def _crosscheck_train(args):
         torch_gpu=args.torch_gpu,
         torch_args=shlex.split(args.torch_args),
       )
+    if args.pack:  # before the report, which may still refuse: no run made here is lost
+      print(f"runs packed: {twin.pack(args.out, args.pack)}")
     if reporting:  # runs made elsewhere, judged by this command's recipe
       instability.check_recipe(pathlib.Path(args.out) / "jax", base)
     named_pairs = pairs is not None
@@ -671,8 +673,6 @@ def _crosscheck_train(args):
     print(f"report: {path}, curves: {args.out}/twin.png")
   else:
     print(f"{args.side} side done; report: the same command with --report-only")
-  if args.pack:
-    print(f"runs packed: {twin.pack(args.out, args.pack)}")
   return 1 if not (args.report_only or args.runs) and done["failed"] else 0
 
 
@@ -907,7 +907,7 @@ def build_parser():
     "--pack",
     default=None,
     type=_file,
-    help="after the report, write every run folder (no checkpoints) into this one .jsonl.xz file",
+    help="before the report, write every run folder (no checkpoints) into this one .jsonl.xz file",
   )
   p.add_argument(
     "--out",
@@ -1031,7 +1031,8 @@ def build_parser():
     "--pack",
     default=None,
     type=_file,
-    help="write every run (no checkpoints) into this one .jsonl.xz file",
+    help="write every run (no checkpoints) into this one .jsonl.xz file, before the report "
+    "(a report that refuses loses no run)",
   )
   p.add_argument("--out", default="runs/twin")
   _add_train_options(

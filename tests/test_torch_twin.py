@@ -1448,6 +1448,24 @@ def test_crosscheck_train_report_and_resumption(training_runs, capsys):
   assert c["max_rel"] == pytest.approx(2 * twin.TOLERANCE, rel=1e-5)  # float32 losses
 
 
+def test_a_report_that_refuses_still_packs_the_runs(training_runs, tmp_path):
+  """`--pack` writes the runs before the report: a report that refuses (here a pair with no
+  runs, as for a queue item a session's budget left unstarted, 2026-12-05) loses no run; the
+  pack holds every run of both sides, their metrics the same records."""
+  pack = tmp_path / "twin.jsonl.xz"
+  argv = [*CROSSCHECK, "--report-only", "--pairs", "paper,paper+comp", "--out", str(training_runs)]
+  refused = r"--pairs: no runs of paper\+comp ↔ paper\+comp at seed 0 under .* \(twin runs: pap"
+  with pytest.raises(SystemExit, match=refused):
+    cli.main(argv + ["--pack", str(pack)])
+  want = {f"{side}/{a}/seed0" for side in ("jax", "torch") for a in ("paper", "reference-fp32")}
+  runs = instability.unpack_runs(pack, tmp_path / "back")
+  assert want | {"null/reference-fp32/seed0"} == set(runs)
+  for run in want:
+    made, back = read_metrics(training_runs / run), read_metrics(tmp_path / "back" / run)
+    assert [r["step"] for r in back] == [r["step"] for r in made] == list(range(1, STEPS + 1))
+    assert _f32(back) == _f32(made)
+
+
 # --- the JAX side taken from the instability experiment's packs (--jax-runs) ------------------
 
 
