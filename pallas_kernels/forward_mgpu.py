@@ -45,7 +45,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.policy import MOSAIC_GPU_BLOCK_K, MOSAIC_GPU_NUMERICS as NUMERICS
 from pallas_kernels.policy import boolean, compensated_tile_max
-from pallas_kernels.top2 import column_top2, lane_top2, row_top2, scale_summary
+from pallas_kernels.top2 import column_top2, lane_top2, row_top2
 
 ROWS_PER_WG = 64  # wgmma's M for one warpgroup
 COMPUTE_WGS = 2
@@ -102,17 +102,6 @@ class MosaicGPUOptions:
     shuffles and then a count over the groups with shuffles of its own. The same decisions
     and the same max (`policy.tied_by_top2`). On: the same bits on the GPU and no slower
     (H100, 2026-12-05: +0.4–2.2% paired, the compensation's forward cost +5.2% → +4.0%).
-  max_before_scale: the row max (and, with the compensation's top-2 rule, its top-2 summary)
-    taken over the unscaled QKᵀ and the softmax scale applied to those values, so the
-    reduction does not wait for the scale's multiply of every score, which then runs beside
-    it (`policy.compensated_tile_max`'s `scale`: the same max, runner-up and decisions, a
-    positive scale's rounded product being monotone). Each of those products is rounded on
-    its own (`top2.scale_summary`: PTX mul.rn.f32, which no compiler contracts into an FMA
-    with the tie threshold's subtraction or the shift's add); every score is scaled, then
-    masked, as without it. No arithmetic changes. Needs exp2 (ValueError: with exp(S − m) the
-    lone product S would meet the subtraction first). Not with tie_method "count" (its second
-    pass needs every scaled score: the option is then ignored). Off by default until measured
-    on the GPU.
   The defaults are the ones that were faster on the H200, or no slower; what each option
   measured, with command and date: docs/studies/speed.md ("The Mosaic GPU route").
   """
@@ -127,16 +116,10 @@ class MosaicGPUOptions:
   longest_first: bool = False
   overlap: bool = False
   tie_lanes: bool = True
-  max_before_scale: bool = False
 
   def __post_init__(self):
     for field in dataclasses.fields(self):  # flags, not truthy values (pingpong: or None)
       boolean(f"MosaicGPUOptions.{field.name}", getattr(self, field.name), field.name == "pingpong")
-    if self.max_before_scale and not self.exp2:
-      raise ValueError(
-        "MosaicGPUOptions(max_before_scale=True) needs exp2=True: with exp(S − m) the product "
-        "S = QKᵀ·scale, then used by the exponent's subtraction alone, may be contracted into it"
-      )
     if self.overlap and (self.early_turn or self.k_wait_in_pv):
       raise ValueError(
         "MosaicGPUOptions(overlap=True) takes the turn and waits for the next key tile its own "
@@ -305,8 +288,6 @@ def _forward_kernel(
   # (the interpreter cannot run a wgmma into an initialised accumulator: fused_pv is GPU-only)
   early_turn, fused_pv = pingpong and opts.early_turn, opts.fused_pv and not cfg.interpret
   top2_ties = cfg.tie_method == "top2"
-  # the max from the unscaled QKᵀ (`MosaicGPUOptions.max_before_scale`), not for the count rule
-  max_before_scale = opts.max_before_scale and (comp is None or top2_ties)
 
   def rendezvous():  # both compute warpgroups arrive, then go on
     plgpu.barrier_arrive(turn)
@@ -349,19 +330,13 @@ def _forward_kernel(
 
       return wait
 
-    def scale(s_tile):  # the QKᵀ accumulator, scaled (`Numerics.scores`)
+    def scores(s_tile):  # the QKᵀ accumulator, scaled (`Numerics.scores`)
       return numerics.scores(s_tile, cfg.softmax_scale)
-
-    def scores(s_tile):  # as the softmax takes it: scaled, or unscaled (max_before_scale)
-      return s_tile if max_before_scale else scale(s_tile)
-
-    def scale_stats(x):  # max_before_scale: the row max / top-2 summary scaled, each product
-      return scale_summary(x, cfg.softmax_scale, cfg.interpret)  # rounded on its own
 
     def issue_qk(s_ref, slot):  # the QKᵀ wgmma of the key tile in `slot`
       plgpu.wgmma(s_ref, q_smem, k_smem.at[slot].transpose((1, 0)))
 
-    def read_scores(slot, turn_at_issue=False):  # QKᵀ alone, waited for (`scores`)
+    def read_scores(slot, turn_at_issue=False):  # QKᵀ alone, waited for and scaled
       def qk(s_ref):
         issue_qk(s_ref, slot)
         if turn_at_issue:
@@ -371,9 +346,7 @@ def _forward_kernel(
       return scores(pl.run_scoped(qk, plgpu.ACC((ROWS_PER_WG, block_k), jnp.float32)))
 
     def softmax(j, s, m_i, l_i, masked):
-      """Step j's online softmax from its scores (unscaled with max_before_scale): (m, l, α,
-      P̄ as the P̄V wgmma takes it)."""
-      keep = None
+      """Step j's online softmax from its scores: (m, l, α, P̄ as the P̄V wgmma takes it)."""
       if masked:
         shape = (ROWS_PER_WG, block_k)
         q_pos = row0 + plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA)
@@ -381,19 +354,13 @@ def _forward_kernel(
         keep = k_pos < cfg.kv_len
         if cfg.causal:
           keep = jnp.logical_and(keep, q_pos >= k_pos)
-      mask = lambda x: x if keep is None else jnp.where(keep, x, numerics.mask_value)  # noqa: E731
-      s_unscaled = s  # (max_before_scale: QKᵀ, to be scaled below)
-      s = mask(s)  # −inf; key 0 is visible to every row
+        s = jnp.where(keep, s, numerics.mask_value)  # −inf; key 0 is visible to every row
       # the tie rule from the row's top-2 (`lane_top2`: register slices, then shuffles carrying
       # both values), from 8-column groups' (tie_lanes off) or by counting (tie_method "count",
       # a second reduction over the tile): the same decisions
       lanes = row_top2 if cfg.interpret else lane_top2  # the same values
       top2 = (lanes if opts.tie_lanes else column_top2) if top2_ties else None
-      m_tile, _ = compensated_tile_max(
-        s, comp, top2=top2, scale=scale_stats if max_before_scale else None
-      )
-      if max_before_scale:  # every score scaled beside the reduction, then masked, as without
-        s = mask(scale(s_unscaled))  # the option (the product never meets a subtraction first)
+      m_tile, _ = compensated_tile_max(s, comp, top2=top2)
       m_new = jnp.maximum(m_i, m_tile)
       alpha = numerics.rescale(m_i, m_new, opts.exp2)  # 1 while the max stays, 0 first
       p = numerics.exp_scores(s, lax.broadcast_in_dim(m_new, s.shape, [0]), opts.exp2)  # P̄, f32

@@ -612,14 +612,13 @@ def shifted_max(tile_max, tied, comp: Compensation, paper: bool = False):
 
 
 def compensated_tile_max(
-  s, comp: Compensation | None, paper: bool = False, in_range=None, top2=None, scale=None
+  s, comp: Compensation | None, paper: bool = False, in_range=None, top2=None
 ):
   """Row max of one score tile, shifted on tied rows (Qiu & Yao 2025, Alg. 1).
 
   Args:
     s: [rows, block_k] float32 scores, masked entries already set to the mask value (−inf
-      outside the paper layout, which is what the fa2 tie count relies on); with `scale`, the
-      unscaled QKᵀ, masked entries −inf.
+      outside the paper layout, which is what the fa2 tie count relies on).
     comp: the compensation settings, or None for plain FA2.
     paper: the literal rule of the paper's kernel (see `tie_count`, `shifted_max`).
     in_range: [block_k] bool, True for real (not padded) keys; used by the paper rule.
@@ -627,30 +626,16 @@ def compensated_tile_max(
       else a map scores → top-2 summary (`pallas_kernels.top2.row_top2` in the Triton kernel,
       `lane_top2` or `column_top2` in the Mosaic GPU one) and the rule decided from it (`tied_by_top2`):
       the same decisions and the same max, one pass.
-    scale: None, or the map QKᵀ → S (`Numerics.scores` at the call's softmax_scale > 0) applied
-      to the max and the top-2 summary of the unscaled tile instead of to every score before
-      them (the Mosaic GPU forward's `max_before_scale`). The same values: a rounded product
-      by a positive constant is monotone non-decreasing, so the max and the runner-up (a
-      second copy of the max counted) of the scaled tile are the scaled max and runner-up,
-      and −inf maps to −inf (a normal float32 scale: `checks.check_inputs`). Each product
-      must be rounded on its own: a compiler that contracts it with the add after it (first −
-      tol, first + shift) into an FMA moves the threshold and the shift
-      (`top2.scale_summary` keeps it apart). Outside the paper layout, with `top2` or comp
-      None (the count rule needs every scaled score).
   Returns:
     (m_tile [rows] float32, tied [rows] float32 with 1.0 where the rule fired).
   """
-  if scale is not None and (paper or (comp is not None and top2 is None)):
-    raise ValueError("compensated_tile_max: scale needs the fa2 rule from a top-2 summary")
-  scale = scale or (lambda x: x)
   if comp is None:
-    tile_max = scale(jnp.max(s, axis=-1))
+    tile_max = jnp.max(s, axis=-1)
     return tile_max, jnp.zeros_like(tile_max)
   if top2 is None:
     tile_max = jnp.max(s, axis=-1)
     return shifted_max(tile_max, tie_count(s, tile_max, comp, paper, in_range) > 1.0, comp, paper)
-  tile_max, first, second, n_real = tile_top2(s, top2, paper, in_range)
-  summary = scale(tile_max), scale(first), scale(second), n_real
+  summary = tile_top2(s, top2, paper, in_range)
   return shifted_max(summary[0], tied_by_top2(*summary, comp, paper), comp, paper)
 
 

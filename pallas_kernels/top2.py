@@ -174,39 +174,6 @@ def _merge_lanes(_, first, second):
   )
 
 
-def scale_summary(x, c: float, interpret: bool):
-  """x · c in float32, each product rounded on its own: the max or top-2 summary of an unscaled
-  tile scaled after the reduction (`MosaicGPUOptions.max_before_scale`), as `Numerics.scores`
-  scales every score (one rounded product). The compilers may contract a product and the add
-  after it (the tie threshold first − tol, the shifted max first + shift) into one FMA, which
-  skips the product's rounding; so on the GPU the product is PTX `mul.rn.f32` (a product with
-  an explicit rounding mode is never contracted) in an `inline_mgpu` block, and in interpret
-  mode it passes an `optimization_barrier` (XLA then materialises it). x: [rows] float32 in
-  the row layout, or [rows, g] in the WGMMA layout (`column_top2`'s groups)."""
-  if interpret:
-    return lax.optimization_barrier(x * c)
-  from jax.experimental.pallas import mosaic_gpu as plgpu
-
-  layout = plgpu.Layout.WGMMA if x.ndim == 2 else plgpu.Layout.WGMMA.reduce(1)
-  out = plgpu.ShapeDtypeStruct(x.shape, jnp.float32, layout=layout)
-
-  def body(_, x):
-    from jax._src.lib.mlir import ir
-    from jax._src.lib.mlir.dialects import arith, vector
-    from jax.experimental.mosaic.gpu import fragmented_array as fa
-
-    mul_rn = fa.FragmentedArray._lift_fast_instr("mul.rn.f32")
-
-    def product(r):  # one register: vector<1xf32> (row layout) or vector<2xf32> (WGMMA)
-      f32 = ir.F32Type.get()
-      k = arith.constant(f32, float(np.float32(c)))
-      return mul_rn(r, k if r.type == f32 else vector.broadcast(r.type, k))
-
-    return x._pointwise(product)
-
-  return plgpu.inline_mgpu(arg_types=(layout,), return_type=out)(body)(x)
-
-
 def column_top2(s, width=8):
   """Top-2 summaries of column groups of s [rows, n] (n a power of two ≥ width): (first,
   second), each [rows, width], where column c summarises the columns ≡ c (mod width) of s.

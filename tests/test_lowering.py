@@ -154,37 +154,15 @@ def test_mosaic_gpu_forward_lowers_with_overlap(block_k, causal, opt_barrier):
   assert "wgmma.wait_group.sync.aligned 1;" in text
 
 
-@pytest.mark.parametrize(
-  "block_k, causal, options",
-  [
-    (64, False, {"tie_lanes": True}),
-    (128, True, {"tie_lanes": True}),
-    (64, False, {"max_before_scale": True}),
-    (128, True, {"max_before_scale": True}),
-    (64, True, {"max_before_scale": True, "tie_lanes": False}),
-    (64, False, {"max_before_scale": True, "overlap": True}),
-  ],
-  ids=[
-    "tie_lanes-bk64-full",
-    "tie_lanes-bk128-causal",
-    "max_before_scale-bk64-full",
-    "max_before_scale-bk128-causal",
-    "max_before_scale-bk64-causal-column-groups",
-    "max_before_scale-bk64-full-overlap",
-  ],
-)
-def test_mosaic_gpu_forward_lowers_with_the_top2_options(block_k, causal, options):
-  """The options of the row max and the compensation's top-2 lower for CUDA with and without
-  the compensation: `tie_lanes` (the summary finished by shuffles across a row's lanes,
-  `top2.lane_top2`, an `inline_mgpu` block that interpret mode does not run; without the
-  compensation there is no tie test and no such block) and `max_before_scale` (the max and
-  summary of the unscaled QKᵀ, scaled after by `top2.scale_summary`'s PTX mul.rn.f32 in an
-  `inline_mgpu` block; in the lane merge, the column groups and the overlapped loop, which
-  reads its scores its own way)."""
+@pytest.mark.parametrize("block_k, causal", [(64, False), (128, True)])
+def test_mosaic_gpu_forward_lowers_with_tie_lanes(block_k, causal):
+  """`MosaicGPUOptions.tie_lanes`: the compensation's top-2 finished by shuffles across a row's
+  lanes (`top2.lane_top2`, an `inline_mgpu` block that interpret mode does not run) lowers for
+  CUDA; without the compensation there is no tie test and no such block."""
   from pallas_kernels.forward_mgpu import MosaicGPUOptions
 
   q = _qkv(128)
-  mgpu_options = MosaicGPUOptions(pingpong=True, **options)
+  mgpu_options = MosaicGPUOptions(pingpong=True, tie_lanes=True)
   for stabilize in (True, False):
     cfg = _cfg(
       backend="mosaic_gpu",
@@ -194,25 +172,20 @@ def test_mosaic_gpu_forward_lowers_with_the_top2_options(block_k, causal, option
       mgpu_options=mgpu_options,
     )
     forward = lambda q, k, v: flash_forward_mgpu(q, k, v, cfg)[:3]  # noqa: B023
-    # inline_mgpu blocks: the lane merge (compensation on) and the scaled max's mul.rn.f32
-    blocks = (stabilize and mgpu_options.tie_lanes) or mgpu_options.max_before_scale
-    assert ("inline_mgpu" in str(jax.make_jaxpr(forward)(*q))) == blocks
+    # the inline_mgpu block of the lane merge: with the compensation only
+    assert ("inline_mgpu" in str(jax.make_jaxpr(forward)(*q))) == stabilize
     text = _lower_for_cuda(forward, *q)
     assert "wgmma" in text and "cp.async.bulk.tensor" in text
-    assert ("mul.rn.f32" in text) == mgpu_options.max_before_scale
 
 
 def test_overlap_refuses_the_options_it_replaces():
   """overlap takes the turn and waits for the next key tile its own way: with early_turn or
-  k_wait_in_pv it is refused in one line naming them; max_before_scale needs exp2; the fields
-  are bools and mgpu_options the dataclass, each refused in one line otherwise."""
+  k_wait_in_pv it is refused in one line naming them; the fields are bools and mgpu_options the dataclass, each refused in one line otherwise."""
   from pallas_kernels.forward_mgpu import MosaicGPUOptions
 
   for other in ("early_turn", "k_wait_in_pv"):
     with pytest.raises(ValueError, match=rf"^MosaicGPUOptions\(overlap=True\).*{other}=True"):
       MosaicGPUOptions(overlap=True, **{other: True})
-  with pytest.raises(ValueError, match=r"^MosaicGPUOptions\(max_before_scale=True\) needs exp2"):
-    MosaicGPUOptions(max_before_scale=True, exp2=False)
   # every field a bool (pingpong: or None), not a truthy value; flash_attention takes the
   # dataclass or None
   for field, bad in (("pingpong", "no"), ("exp2", 1), ("tie_lanes", None), ("overlap", "x")):

@@ -24,7 +24,7 @@ from pallas_kernels.policy import (
   tile_top2,
   tile_top2_merge,
 )
-from pallas_kernels.top2 import column_top2, row_top2, scale_summary
+from pallas_kernels.top2 import column_top2, row_top2
 
 F32 = np.float32
 
@@ -116,89 +116,6 @@ def test_fa2_tie_decisions_equal_the_count(n, tol):
       assert np.array_equal(np.asarray(t_new), np.asarray(t_old))
     fired += count.sum()
   assert 0 < fired < 6 * 64  # both decisions occur
-
-
-def _unscaled(s, c):
-  """Raw QKᵀ tiles x with float32(x · c) == s where s has a preimage within 3 ulps of s / c
-  (a product by c whose mantissa is not 1 skips about every other float32: there the nearest
-  raw value, whose scaled score is then within an ulp or two of s); ±inf stay. Returns (x,
-  the share of scores hit exactly)."""
-  s = np.asarray(s, F32)
-  x0 = (s.astype(np.float64) / np.float64(c)).astype(F32)
-  out, hit_any = x0.copy(), ~np.isfinite(s)
-  for k in (0, 1, -1, 2, -2, 3, -3):
-    cand = x0
-    for _ in range(abs(k)):
-      cand = np.nextafter(cand, F32(np.inf) if k > 0 else F32(-np.inf))
-    hit = ~hit_any & (cand * F32(c) == s)
-    out, hit_any = np.where(hit, cand, out), hit_any | hit
-  return out, float(hit_any.mean())
-
-
-def _collide(raw, c, rng):
-  """In place, on half the rows with a finite max x: the max becomes a (≤ x, within 8 ulps)
-  and every other score ≥ b becomes b, where b < a is the next float32 below a and a · c, b · c
-  round to the same float32 (distinct raw maxima, tied scores); returns how many rows."""
-  done = 0
-  for r in rng.choice(raw.shape[0], raw.shape[0] // 2, replace=False):
-    j = int(np.argmax(raw[r]))
-    a = raw[r, j]
-    for _ in range(8):
-      if not np.isfinite(a):
-        break
-      b = np.nextafter(a, F32(-np.inf))
-      if a * F32(c) == b * F32(c):
-        raw[r] = np.where(raw[r] >= b, b, raw[r])
-        raw[r, j] = a
-        done += 1
-        break
-      a = b
-  return done
-
-
-@pytest.mark.parametrize("tol", [1e-3, 0.0, 0.5], ids=["tol1e-3", "tol0", "tol0.5"])
-def test_the_max_before_the_scale_is_the_max_after_it(tol):
-  """`compensated_tile_max(raw, ..., scale=)` (the Mosaic GPU forward's max_before_scale: the
-  max and top-2 of the unscaled QKᵀ, scaled after) equals the rule on the scaled tile, bit for
-  bit, for the fa2 rule and plain FA2: on tiles whose *scaled* scores sit on the rule's edges
-  (the runner-up at max − tol and an ulp either side, duplicates, −inf, +inf; `_unscaled`),
-  with a scale that is not a power of two (1/√128), where distinct raw maxima collide after
-  rounding (`_collide`: tied only once scaled); eager, and jitted with the kernel's rounding
-  of the scaled values (`top2.scale_summary`)."""
-  c = float(1 / np.sqrt(128.0))
-  comp = Compensation(tie_tolerance=tol)
-  scale = lambda x: get_numerics("fa2").scores(x, c)  # noqa: E731
-  rng = np.random.default_rng(int(tol * 1000) + 7)
-  fired = 0
-  for n in (16, 64, 128):
-    raw, exact = _unscaled(_fa2_tiles(rng, 64, n, tol), c)
-    assert exact > 0.4  # the edges mostly where they were built, the rest an ulp or two off
-    collided = _collide(raw, c, rng)  # distinct raw maxima equal once scaled: a tie only then
-    assert collided >= 4
-    raw = jnp.asarray(raw)
-    s = scale(raw)
-    for top2 in (row_top2, column_top2, None):
-      for rule in (comp, None):
-        if top2 is None and rule is not None:
-          continue
-        want = compensated_tile_max(s, rule, top2=top2)
-        got = compensated_tile_max(raw, rule, top2=top2, scale=scale)
-        # jitted, the scaled values pass a barrier as in the kernel (`top2.scale_summary`):
-        # XLA may otherwise contract first · c − tol into an FMA and move the threshold
-        jitted = jax.jit(
-          lambda x, rule=rule, top2=top2: compensated_tile_max(
-            x, rule, top2=top2, scale=lambda v: scale_summary(v, c, interpret=True)
-          )
-        )(raw)
-        for a, b, j in zip(got, want, jitted):
-          assert np.array_equal(np.asarray(a), np.asarray(b)), (n, tol, top2, rule)
-          assert np.array_equal(np.asarray(j), np.asarray(b)), (n, tol, top2, rule, "jit")
-    fired += int(np.asarray(compensated_tile_max(s, comp, top2=row_top2)[1]).sum())
-  assert fired > 0
-  with pytest.raises(ValueError, match="scale needs the fa2 rule from a top-2 summary"):
-    compensated_tile_max(raw, comp, scale=scale)  # the count rule needs every scaled score
-  with pytest.raises(ValueError, match="scale needs the fa2 rule from a top-2 summary"):
-    compensated_tile_max(raw, comp, paper=True, top2=row_top2, scale=scale)
 
 
 @pytest.mark.parametrize("n", [16, 64])
