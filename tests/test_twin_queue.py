@@ -18,9 +18,11 @@ QUEUE = "paper:29:3000 paper+comp:29:3000 paper:31:3000 paper+comp:31:3000 sdpa-
 # FAKE_RUN_<kind>_<seed>: seconds of that twin's run (default 0.3); FAKE_OOM: "kind seed"
 # twins that run out of memory, always ("always kind seed") or beside another running twin
 FAKE_PYTHON = r"""#!/bin/bash
+[[ "$*" == *--report-only* ]] && echo "$*" >> $FAKE_DIR/reports.log
 [[ "$*" == *crosscheck-train* && "$*" != *--report-only* ]] || exit 0
 pairs=$(sed -n 's/.*--pairs \([^ ]*\).*/\1/p' <<< "$*")
 seeds=$(sed -n 's/.*--seeds \([^ ]*\).*/\1/p' <<< "$*")
+out=$(sed -n 's/.*--out \([^ ]*\).*/\1/p' <<< "$*")
 for p in ${pairs//,/ }; do k=${p%%=*}; for s in ${seeds//,/ }; do
   echo "torch $k seed $s: training (GPU $CUDA_VISIBLE_DEVICES)"
   busy=$(ls $FAKE_DIR/running.* 2>/dev/null)
@@ -28,7 +30,7 @@ for p in ${pairs//,/ }; do k=${p%%=*}; for s in ${seeds//,/ }; do
     echo "torch $k seed $s: gpt_twin.py ran out of GPU memory at step 0:"
     echo "torch.OutOfMemoryError: CUDA out of memory."; continue
   fi
-  touch $FAKE_DIR/running.$$
+  touch $FAKE_DIR/running.$$; mkdir -p $out/torch/$k/seed$s
   echo "[torch $k seed $s] step 1: loss 10.7, grad_norm 1.0 (0.01 steps/s), peak memory $FAKE_PEAK GiB"
   v="FAKE_RUN_${k//[+-]/_}_$s"; sleep ${!v:-0.3}
   rm -f $FAKE_DIR/running.$$
@@ -120,6 +122,10 @@ def test_out_of_memory_alone_stops_that_attention(tmp_path):
   lines = logs["torch0"]
   assert "[torch0] paper:31:3000 not started: its twins ran out of GPU memory (paper)" in lines
   assert all_done(logs) == sorted(["paper+comp 29", "paper+comp 31", "sdpa-flash 21"]), logs
+  # the end's report names the pairs whose twin trained (a pair with none made crosscheck-train
+  # refuse, 2026-12-05), and packs the runs
+  (report,) = (tmp_path / "reports.log").read_text().splitlines()
+  assert " --pairs paper+comp,sdpa-flash " in report and " --pack " in report, report
 
 
 @pytest.mark.parametrize("who", ["second", "first"])
