@@ -76,9 +76,9 @@ def main(argv=None):
   from jax_flashstable.lab.shapes import Shape
 
   try:
-    s = Shape.parse(f"{a.shape},0")  # the bench's shape grammar and checks; causal: --causal
+    s = Shape.parse(a.shape, causal=a.causal)  # the bench's shape grammar and checks
   except ValueError as e:
-    sys.exit(f"11_mgpu_forward_ab: --shape {a.shape!r} (batch,len,heads,kv_heads,head_dim): {e}")
+    sys.exit(f"11_mgpu_forward_ab: --shape: {e}")
   shape = (s.batch, s.q_len, s.num_heads, s.num_kv_heads, s.head_dim)
   head_dim = max(16, next_power_of_2(shape[4]))  # flash_attention pads it so
   variants = []

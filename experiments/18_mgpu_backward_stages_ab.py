@@ -44,9 +44,9 @@ def main(argv=None):
 
   name = "18_mgpu_backward_stages_ab"
   try:
-    s = Shape.parse(f"{a.shape},0")  # the bench's shape grammar and checks; causal: --causal
+    s = Shape.parse(a.shape, causal=a.causal)  # the bench's shape grammar and checks
   except ValueError as e:
-    sys.exit(f"{name}: --shape {a.shape!r} (batch,len,heads,kv_heads,head_dim): {e}")
+    sys.exit(f"{name}: --shape: {e}")
   shape = (s.batch, s.q_len, s.num_heads, s.num_kv_heads, s.head_dim)
   if a.pairs < 1:
     sys.exit(f"{name}: --pairs {a.pairs} (at least 1)")

@@ -307,6 +307,36 @@ def test_the_mosaic_gpu_ab_script_reads_variants_and_refuses_bad_ones():
     assert str(e.value).startswith(message) and "\n" not in str(e.value), str(e.value)
 
 
+def test_the_ab_scripts_read_shape_and_causal_as_the_bench_does():
+  """`Shape.parse(text, causal=)`: the experiments' --shape (five sizes) beside --causal is the
+  bench's shape with that mask; a sixth field, a missing one or a bad size is one ValueError
+  naming the text; experiments 11 and 18 exit with it in one line, before any GPU work."""
+  from jax_flashstable.lab.shapes import Shape
+
+  assert Shape.parse("4,64,2,1,32", causal=True) == Shape(4, 64, 64, 2, 1, 32, True)
+  assert Shape.parse("4,64,2,1,32", causal=False) == Shape.parse("4,64,2,1,32,full")
+  for text, message in (
+    ("4,64,2,1,32,1", "shape '4,64,2,1,32,1' is not batch,len,heads,kv_heads,head_dim"),
+    ("4,64,2,1", "shape '4,64,2,1' is not batch,len,heads,kv_heads,head_dim"),
+    ("4,0,2,1,32", "shape '4,0,2,1,32': len=0 (sizes are ≥ 1)"),
+  ):
+    with pytest.raises(ValueError) as e:
+      Shape.parse(text, causal=False)
+    assert str(e.value) == message
+  root = pathlib.Path(__file__).parents[1]
+  for script, variant in (("11_mgpu_forward_ab", "bk=64"), ("18_mgpu_backward_stages_ab", "2,2")):
+    done = subprocess.run(
+      [sys.executable, f"experiments/{script}.py", "--causal", "--shape", "4,64,3,2,32", variant],
+      cwd=root,
+      env=dict(os.environ, PYTHONPATH=str(root)),
+      capture_output=True,
+      text=True,
+      timeout=120,
+    )
+    want = f"{script}: --shape: shape '4,64,3,2,32': heads=3 is not a multiple of kv_heads=2\n"
+    assert done.returncode == 1 and done.stderr == want, done.stderr
+
+
 def test_line_printer_prints_and_keeps_each_line_at_once(tmp_path, capsys):
   """`timing.line_printer`: each line printed and appended to the file before the next call
   (a run cut short keeps what it measured); an existing file is appended to; no path, no file."""

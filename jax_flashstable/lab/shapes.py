@@ -22,18 +22,24 @@ class Shape:
   causal: bool = False
 
   @classmethod
-  def parse(cls, text: str) -> "Shape":
+  def parse(cls, text: str, causal: bool | None = None) -> "Shape":
     """ "batch,len,heads,kv_heads,head_dim,causal" (causal: 0/1, causal/full, true/false) →
-    Shape; ValueError naming the text when it is not that or the sizes do not make a problem."""
+    Shape; with `causal` given, "batch,len,heads,kv_heads,head_dim" and the mask from it (the
+    experiments' --shape beside --causal). ValueError naming the text when it is not that or
+    the sizes do not make a problem."""
+    grammar = "batch,len,heads,kv_heads,head_dim" + (",causal" if causal is None else "")
     try:
-      b, n, h, hkv, d, c = text.split(",")
+      fields = text.split(",")
+      if causal is not None:
+        fields.append("1" if causal else "0")
+      b, n, h, hkv, d, c = fields
       if c.lower() not in ("0", "1", "causal", "full", "true", "false"):
         raise ValueError
       shape = cls(
         int(b), int(n), int(n), int(h), int(hkv), int(d), c.lower() in ("1", "causal", "true")
       )
     except ValueError:
-      raise ValueError(f"shape {text!r} is not batch,len,heads,kv_heads,head_dim,causal") from None
+      raise ValueError(f"shape {text!r} is not {grammar}") from None
     sizes = dict(
       batch=shape.batch,
       len=shape.q_len,
