@@ -91,6 +91,8 @@ ALLPAIRS=$(printf "%s\n" "${ITEMS[@]}" | cut -d: -f1 | tr , '\n' | awk '!seen[$0
 cli() { python3 -m jax_flashstable.cli crosscheck-train --recipe $RECIPE --data .data "$@"; }
 unpack() { python3 -c "import sys; import jax_flashstable.experiment.instability as i
 i.unpack_runs(*sys.argv[1:])" "$@"; }
+held_pairs() { python3 -c "import sys; import jax_flashstable.experiment.twin as t
+print(t.pairs_held(*sys.argv[1:]))" "$@"; }
 pack() { python3 -c "import sys; import jax_flashstable.experiment.twin as t
 t.pack(*sys.argv[1:])" "$@"; }
 
@@ -226,14 +228,15 @@ queues() {
   if [[ -n $check_pid ]]; then wait $check_pid; fi  # (its timeout: 480 s)
   for dir in $R/$RECIPE-s*/; do
     name=$(basename $dir)
-    # the queue's pairs whose twin trained in this folder (an item the budget left unstarted
-    # has none; crosscheck-train packs the runs before its report, which refuses such a pair)
-    held=$(tr , '\n' <<< "$ALLPAIRS" | while read -r p; do
-      if [[ -d $dir/torch/${p%%=*} ]]; then echo "$p"; fi; done | paste -sd,)
+    # the queue's pairs with a run in this folder (an item the budget left unstarted has
+    # none, and a report naming it refuses; crosscheck-train packs the runs even then)
+    held=$(held_pairs "$ALLPAIRS" $dir)
     if [[ -z $held ]]; then pack $dir "$OUT/twin-$name.jsonl.xz"; continue; fi
+    rm -f $dir/report.md $dir/twin.png  # (the last item's, not this folder's report)
     cli --report-only --pairs "$held" --steps ${name##*-s} --out $dir \
-      --pack "$OUT/twin-$name.jsonl.xz" | grep -v "^{" | tail -30
-    cp $dir/report.md "$OUT/report-$name.md"; cp $dir/twin.png "$OUT/twin-$name.png"
+      --pack "$OUT/twin-$name.jsonl.xz" 2>&1 | grep -v "^{" | tail -30
+    if [[ -f $dir/report.md ]]; then cp $dir/report.md "$OUT/report-$name.md"; fi
+    if [[ -f $dir/twin.png ]]; then cp $dir/twin.png "$OUT/twin-$name.png"; fi
   done
   cat $R/queue-*.log < /dev/null > "$OUT/queues.log"
   cp $R/paper-bits.md "$OUT"/ 2>/dev/null || true

@@ -10,6 +10,7 @@ module, and `--help`, import no JAX (the training options come from `training.co
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pathlib
@@ -495,6 +496,25 @@ def _check_packs(runs: str):
       raise ValueError(f"--runs {path!r}: {problem}")
 
 
+@contextlib.contextmanager
+def _packed(args, pack_runs):
+  """--pack: every run under --out written into the pack when the command ends, and also when
+  it fails once its work began (the `armed` flag of what it yields, set by the command after
+  its checks): a run that failed, a report that refuses, the runs made or found under --out
+  come back whatever happened after them. With --runs only on success (those runs are in
+  their packs already)."""
+  state = argparse.Namespace(armed=False)
+  try:
+    yield state
+  except BaseException:
+    if args.pack and state.armed and not args.runs:
+      if any(pathlib.Path(args.out).glob("**/seed*/metrics.jsonl")):
+        print(f"runs packed: {pack_runs(args.out, args.pack)}", file=sys.stderr)
+    raise
+  if args.pack:
+    print(f"runs packed: {pack_runs(args.out, args.pack)}")
+
+
 def _experiment(args):
   from jax_flashstable.experiment import instability as experiment
 
@@ -515,48 +535,48 @@ def _experiment(args):
   _out("experiment", args.out)
   if args.pack:
     _pack_out("experiment", args.pack)
-  try:
-    if args.report_only or args.runs:
-      # the report covers every run under --out: --attention and --seeds choose nothing, but a
-      # misspelled spec is still an error, not ignored
-      for v in variants:
-        experiment.variant_attention(v, tiles=args.tiles, layer=args.layer)
-    if args.runs:
-      _check_packs(args.runs)
-      experiment.unpack_runs(args.runs, args.out)
-    if args.report_only or args.runs:
-      experiment.check_recipe(args.out, base)
-      rows = experiment.collect(args.out, base, args.layer, args.reference_max_logit)
-      if not rows:
-        raise SystemExit(
-          f"flashstable experiment: --out {args.out!r} holds no runs to report (folders "
-          "VARIANT/seedN with a metrics.jsonl); train them, or give their packs with --runs"
+  with _packed(args, experiment.pack_runs) as packing:
+    try:
+      if args.report_only or args.runs:
+        # the report covers every run under --out: --attention and --seeds choose nothing, but a
+        # misspelled spec is still an error, not ignored
+        for v in variants:
+          experiment.variant_attention(v, tiles=args.tiles, layer=args.layer)
+      packing.armed = True  # the checks passed: runs are made or reported from here on
+      if args.runs:
+        _check_packs(args.runs)
+        experiment.unpack_runs(args.runs, args.out)
+      if args.report_only or args.runs:
+        experiment.check_recipe(args.out, base)
+        rows = experiment.collect(args.out, base, args.layer, args.reference_max_logit)
+        if not rows:
+          raise SystemExit(
+            f"flashstable experiment: --out {args.out!r} holds no runs to report (folders "
+            "VARIANT/seedN with a metrics.jsonl); train them, or give their packs with --runs"
+          )
+        # the header records what the report covers, not the options' defaults
+        args.variants = ",".join(sorted({r["variant"] for r in rows}))
+        args.seeds = ",".join(str(s) for s in sorted({r["seed"] for r in rows}))
+      else:
+        rows = experiment.run_matrix(
+          base,
+          variants,
+          seeds,
+          args.out,
+          tiles=args.tiles,
+          layer=args.layer,
+          time_budget=args.time_budget,
+          reference_max_logit=args.reference_max_logit,
         )
-      # the header records what the report covers, not the options' defaults
-      args.variants = ",".join(sorted({r["variant"] for r in rows}))
-      args.seeds = ",".join(str(s) for s in sorted({r["seed"] for r in rows}))
-    else:
-      rows = experiment.run_matrix(
-        base,
-        variants,
-        seeds,
-        args.out,
-        tiles=args.tiles,
-        layer=args.layer,
-        time_budget=args.time_budget,
-        reference_max_logit=args.reference_max_logit,
-      )
-  except (ValueError, FileNotFoundError, CheckpointError) as e:
-    raise SystemExit(f"flashstable experiment: {_message(e)}") from None
-  if args.pack:  # before the report and its figure: the runs come back even if those fail
-    print(f"runs packed: {experiment.pack_runs(args.out, args.pack)}")
-  meta = _meta(args) | dict(recipe_name=args.recipe)
-  if args.report_only or args.runs:  # the runs' devices, not this machine's
-    meta |= dict(report_made_on=meta.pop("device"), device=experiment.trained_on(args.out))
-  path = experiment.write_report(args.out, rows, base, args.layer, meta)
-  print(path.read_text())
-  print(f"report: {path}, curves: {args.out}/curves.png")
-  return 0
+    except (ValueError, FileNotFoundError, CheckpointError) as e:
+      raise SystemExit(f"flashstable experiment: {_message(e)}") from None
+    meta = _meta(args) | dict(recipe_name=args.recipe)
+    if args.report_only or args.runs:  # the runs' devices, not this machine's
+      meta |= dict(report_made_on=meta.pop("device"), device=experiment.trained_on(args.out))
+    path = experiment.write_report(args.out, rows, base, args.layer, meta)
+    print(path.read_text())
+    print(f"report: {path}, curves: {args.out}/curves.png")
+    return 0
 
 
 def _crosscheck_train(args):
@@ -577,103 +597,103 @@ def _crosscheck_train(args):
   _out("crosscheck-train", args.out)
   if args.pack:
     _pack_out("crosscheck-train", args.pack)
-  report = args.side == "both" or args.report_only or args.runs or args.jax_runs
-  try:
-    instability.check_layer(base, args.layer)
-    twin.check_tolerance(args.tolerance)
-    twin.check_torch_args(shlex.split(args.torch_args))
-    reporting = (args.report_only or args.runs) and not args.jax_runs
-    # a report of runs already made covers every pair they hold unless --pairs names some
-    if args.pairs is None and not reporting:
-      args.pairs = twin.DEFAULT_PAIRS
-    pairs = None if args.pairs is None else twin.parse_pairs(args.pairs)
-    if args.jax_runs:  # before anything runs: the JAX side is then done
-      twin.take_jax_runs(
-        args.jax_runs,
-        base,
-        pairs,
-        seeds,
-        args.out,
-        tiles=args.tiles,
-        layer=args.layer,
-        side=args.side,
-        null_steps=args.null_steps,
-      )
-    if args.runs:
-      _check_packs(args.runs)
-      instability.unpack_runs(args.runs, args.out, rank=twin.rounding_rank)
-    elif not args.report_only:
-      done = twin.run(
-        base,
-        pairs,
-        seeds,
-        args.out,
-        side=args.side,
-        tiles=args.tiles,
-        layer=args.layer,
-        time_budget=args.time_budget,
-        null_steps=args.null_steps,
-        torch_python=args.torch_python,
-        torch_gpu=args.torch_gpu,
-        torch_args=shlex.split(args.torch_args),
-      )
-    if args.pack:  # before the report, which may still refuse: no run made here is lost
-      print(f"runs packed: {twin.pack(args.out, args.pack)}")
-    if reporting:  # runs made elsewhere, judged by this command's recipe
-      instability.check_recipe(pathlib.Path(args.out) / "jax", base)
-    named_pairs = pairs is not None
-    if pairs is None:  # recorded in the report's header as the pairs it covers
-      pairs = twin.pairs_under(args.out)
-      args.pairs = ",".join(p.torch for p in pairs)
-    result = (
-      twin.collect(
-        args.out,
-        base,
-        pairs,
-        tiles=args.tiles,
-        layer=args.layer,
-        tolerance=args.tolerance,
-        reference_max_logit=args.reference_max_logit,
-      )
-      if report
-      else None
-    )
-    if reporting and named_seeds:  # the seeds named: those rows, and each must be there
-      missing = sorted(set(seeds) - {r["seed"] for r in result["rows"]})
-      if missing:
-        held = ", ".join(str(s) for s in sorted({r["seed"] for r in result["rows"]})) or "none"
-        raise ValueError(
-          f"--seeds: no runs of seed {', '.join(map(str, missing))} under {args.out} "
-          f"(seeds held: {held})"
+  with _packed(args, twin.pack) as packing:
+    report = args.side == "both" or args.report_only or args.runs or args.jax_runs
+    try:
+      instability.check_layer(base, args.layer)
+      twin.check_tolerance(args.tolerance)
+      twin.check_torch_args(shlex.split(args.torch_args))
+      reporting = (args.report_only or args.runs) and not args.jax_runs
+      # a report of runs already made covers every pair they hold unless --pairs names some
+      if args.pairs is None and not reporting:
+        args.pairs = twin.DEFAULT_PAIRS
+      pairs = None if args.pairs is None else twin.parse_pairs(args.pairs)
+      packing.armed = True  # the checks passed: runs are made or reported from here on
+      if args.jax_runs:  # before anything runs: the JAX side is then done
+        twin.take_jax_runs(
+          args.jax_runs,
+          base,
+          pairs,
+          seeds,
+          args.out,
+          tiles=args.tiles,
+          layer=args.layer,
+          side=args.side,
+          null_steps=args.null_steps,
         )
-      result["rows"] = [r for r in result["rows"] if r["seed"] in seeds]
-    if reporting:  # the header records what the report covers; a named pair must be there
-      empty = [p.name for p in pairs if not any(r["pair"] == p.name for r in result["rows"])]
-      if empty and named_pairs:
-        runs = (pathlib.Path(args.out) / "torch").glob("*/seed*")
-        held = ", ".join(sorted({r.parent.name for r in runs})) or "none"
-        of_seeds = f" at seed {args.seeds}" if named_seeds else ""
-        raise ValueError(
-          f"--pairs: no runs of {', '.join(empty)}{of_seeds} under {args.out} (twin runs: {held})"
+      if args.runs:
+        _check_packs(args.runs)
+        instability.unpack_runs(args.runs, args.out, rank=twin.rounding_rank)
+      elif not args.report_only:
+        done = twin.run(
+          base,
+          pairs,
+          seeds,
+          args.out,
+          side=args.side,
+          tiles=args.tiles,
+          layer=args.layer,
+          time_budget=args.time_budget,
+          null_steps=args.null_steps,
+          torch_python=args.torch_python,
+          torch_gpu=args.torch_gpu,
+          torch_args=shlex.split(args.torch_args),
         )
-      if empty:  # pairs found under --out, none at the seeds named: not covered
-        pairs = [p for p in pairs if p.name not in empty]
+      if reporting:  # runs made elsewhere, judged by this command's recipe
+        instability.check_recipe(pathlib.Path(args.out) / "jax", base)
+      named_pairs = pairs is not None
+      if pairs is None:  # recorded in the report's header as the pairs it covers
+        pairs = twin.pairs_under(args.out)
         args.pairs = ",".join(p.torch for p in pairs)
-      args.seeds = ",".join(str(s) for s in sorted({r["seed"] for r in result["rows"]}))
-  except ValueError as e:
-    raise SystemExit(f"flashstable crosscheck-train: {_message(e)}") from None
-  if result is not None:
-    meta = _meta(args) | dict(recipe_name=args.recipe)
-    if args.jax_runs:
-      meta["jax_runs"] = args.jax_runs
-    if args.report_only or args.runs:
-      meta["report_made_on"] = meta.pop("device")
-    path = twin.write_report(args.out, result, base, args.layer, meta)
-    print(path.read_text())
-    print(f"report: {path}, curves: {args.out}/twin.png")
-  else:
-    print(f"{args.side} side done; report: the same command with --report-only")
-  return 1 if not (args.report_only or args.runs) and done["failed"] else 0
+      result = (
+        twin.collect(
+          args.out,
+          base,
+          pairs,
+          tiles=args.tiles,
+          layer=args.layer,
+          tolerance=args.tolerance,
+          reference_max_logit=args.reference_max_logit,
+        )
+        if report
+        else None
+      )
+      if reporting and named_seeds:  # the seeds named: those rows, and each must be there
+        missing = sorted(set(seeds) - {r["seed"] for r in result["rows"]})
+        if missing:
+          held = ", ".join(str(s) for s in sorted({r["seed"] for r in result["rows"]})) or "none"
+          raise ValueError(
+            f"--seeds: no runs of seed {', '.join(map(str, missing))} under {args.out} "
+            f"(seeds held: {held})"
+          )
+        result["rows"] = [r for r in result["rows"] if r["seed"] in seeds]
+      if reporting:  # the header records what the report covers; a named pair must be there
+        empty = [p.name for p in pairs if not any(r["pair"] == p.name for r in result["rows"])]
+        if empty and named_pairs:
+          runs = (pathlib.Path(args.out) / "torch").glob("*/seed*")
+          held = ", ".join(sorted({r.parent.name for r in runs})) or "none"
+          of_seeds = f" at seed {args.seeds}" if named_seeds else ""
+          raise ValueError(
+            f"--pairs: no runs of {', '.join(empty)}{of_seeds} under {args.out} (twin runs: {held})"
+          )
+        if empty:  # pairs found under --out, none at the seeds named: not covered
+          pairs = [p for p in pairs if p.name not in empty]
+          args.pairs = ",".join(p.torch for p in pairs)
+        args.seeds = ",".join(str(s) for s in sorted({r["seed"] for r in result["rows"]}))
+    except ValueError as e:
+      raise SystemExit(f"flashstable crosscheck-train: {_message(e)}") from None
+    if result is not None:
+      meta = _meta(args) | dict(recipe_name=args.recipe)
+      if args.jax_runs:
+        meta["jax_runs"] = args.jax_runs
+      if args.report_only or args.runs:
+        meta["report_made_on"] = meta.pop("device")
+      path = twin.write_report(args.out, result, base, args.layer, meta)
+      print(path.read_text())
+      print(f"report: {path}, curves: {args.out}/twin.png")
+    else:
+      print(f"{args.side} side done; report: the same command with --report-only")
+    return 1 if not (args.report_only or args.runs) and done["failed"] else 0
 
 
 def _bench(args):
@@ -907,7 +927,8 @@ def build_parser():
     "--pack",
     default=None,
     type=_file,
-    help="before the report, write every run folder (no checkpoints) into this one .jsonl.xz file",
+    help="write every run folder (no checkpoints) into this one .jsonl.xz file at the end, also "
+    "when a run or the report fails (with --runs: on success only)",
   )
   p.add_argument(
     "--out",
@@ -1031,8 +1052,8 @@ def build_parser():
     "--pack",
     default=None,
     type=_file,
-    help="write every run (no checkpoints) into this one .jsonl.xz file, before the report "
-    "(a report that refuses loses no run)",
+    help="write every run (no checkpoints) into this one .jsonl.xz file at the end, also when "
+    "a run or the report fails (with --runs: on success only)",
   )
   p.add_argument("--out", default="runs/twin")
   _add_train_options(

@@ -1449,9 +1449,11 @@ def test_crosscheck_train_report_and_resumption(training_runs, capsys):
 
 
 def test_a_report_that_refuses_still_packs_the_runs(training_runs, tmp_path):
-  """`--pack` writes the runs before the report: a report that refuses (here a pair with no
-  runs, as for a queue item a session's budget left unstarted, 2026-12-05) loses no run; the
-  pack holds every run of both sides, their metrics the same records."""
+  """`--pack` writes the runs also when the command fails once its checks passed: a report
+  that refuses (here a pair with no runs, as for a queue item a session's budget left
+  unstarted, 2026-12-05) loses no run; the pack holds every run of both sides, their metrics
+  the same records. Bad input (refused by the checks) writes no pack, nor a report of --runs
+  that fails (those runs are in their packs)."""
   pack = tmp_path / "twin.jsonl.xz"
   argv = [*CROSSCHECK, "--report-only", "--pairs", "paper,paper+comp", "--out", str(training_runs)]
   refused = r"--pairs: no runs of paper\+comp ↔ paper\+comp at seed 0 under .* \(twin runs: pap"
@@ -1464,6 +1466,13 @@ def test_a_report_that_refuses_still_packs_the_runs(training_runs, tmp_path):
     made, back = read_metrics(training_runs / run), read_metrics(tmp_path / "back" / run)
     assert [r["step"] for r in back] == [r["step"] for r in made] == list(range(1, STEPS + 1))
     assert _f32(back) == _f32(made)
+  for extra, message in (
+    (["--pairs", "flash", "--out", str(training_runs)], "'flash' is not a twin attention"),
+    (["--pairs", "paper+comp", "--runs", str(pack), "--out", str(tmp_path / "r")], "no runs of"),
+  ):
+    with pytest.raises(SystemExit, match=message):
+      cli.main([*CROSSCHECK, "--report-only", *extra, "--pack", str(tmp_path / "no.jsonl.xz")])
+    assert not (tmp_path / "no.jsonl.xz").exists()
 
 
 # --- the JAX side taken from the instability experiment's packs (--jax-runs) ------------------

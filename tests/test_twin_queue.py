@@ -9,6 +9,7 @@ import os
 import pathlib
 import re
 import subprocess
+import sys
 
 import pytest
 
@@ -18,11 +19,12 @@ QUEUE = "paper:29:3000 paper+comp:29:3000 paper:31:3000 paper+comp:31:3000 sdpa-
 # FAKE_RUN_<kind>_<seed>: seconds of that twin's run (default 0.3); FAKE_OOM: "kind seed"
 # twins that run out of memory, always ("always kind seed") or beside another running twin
 FAKE_PYTHON = r"""#!/bin/bash
+[[ $1 == -c ]] && exec "$REAL_PYTHON" "$@"  # the script's helpers (pairs held, pack) run
 [[ "$*" == *--report-only* ]] && echo "$*" >> $FAKE_DIR/reports.log
 [[ "$*" == *crosscheck-train* && "$*" != *--report-only* ]] || exit 0
 pairs=$(sed -n 's/.*--pairs \([^ ]*\).*/\1/p' <<< "$*")
 seeds=$(sed -n 's/.*--seeds \([^ ]*\).*/\1/p' <<< "$*")
-out=$(sed -n 's/.*--out \([^ ]*\).*/\1/p' <<< "$*")
+out=$(sed -n 's/.*--out \([^ ]*\).*/\1/p' <<< "$*"); mkdir -p $out
 for p in ${pairs//,/ }; do k=${p%%=*}; for s in ${seeds//,/ }; do
   echo "torch $k seed $s: training (GPU $CUDA_VISIBLE_DEVICES)"
   busy=$(ls $FAKE_DIR/running.* 2>/dev/null)
@@ -64,6 +66,7 @@ def queue(tmp_path, ngpu=1, peak=50.0, oom="", **env):
     FAKE_NGPU=str(ngpu),
     FAKE_PEAK=str(peak),
     FAKE_OOM=oom,
+    REAL_PYTHON=sys.executable,
     **env,
   )
   script = ROOT / "experiments" / "h200_twin.sh"
@@ -126,6 +129,16 @@ def test_out_of_memory_alone_stops_that_attention(tmp_path):
   # refuse, 2026-12-05), and packs the runs
   (report,) = (tmp_path / "reports.log").read_text().splitlines()
   assert " --pairs paper+comp,sdpa-flash " in report and " --pack " in report, report
+
+
+def test_a_queue_with_no_run_packs_its_folder_and_reports_nothing(tmp_path):
+  """Every twin of the queue out of memory: no pair holds a run, so no report is asked for
+  (one naming them would refuse) and the folder is packed as it is."""
+  every = " ".join(f"always {k} {s}" for k, s in (t.split() for t in EVERY))
+  logs = queue(tmp_path, oom=every)
+  assert all_done(logs) == [], logs
+  assert not (tmp_path / "reports.log").exists()
+  assert (tmp_path / "out" / "twin-anchor-b128-s3000.jsonl.xz").stat().st_size > 0
 
 
 @pytest.mark.parametrize("who", ["second", "first"])

@@ -178,6 +178,11 @@ class Pair:
   def name(self) -> str:
     return f"{self.torch} ↔ {self.jax}"
 
+  @property
+  def spec(self) -> str:
+    """The pair as `parse_pairs` reads it: A with A's default JAX partner, else A=SPEC."""
+    return self.torch if PAIRS.get(self.torch) == self.jax else f"{self.torch}={self.jax}"
+
 
 def parse_pairs(text: str) -> list[Pair]:
   """ "A,B=SPEC,…" → pairs: an item A (a twin attention) is paired with PAIRS[A]; A=SPEC with
@@ -207,6 +212,20 @@ def parse_pairs(text: str) -> list[Pair]:
 
 
 DEFAULT_PAIRS = "reference-fp32,paper"  # crosscheck-train's --pairs when it trains
+
+
+def pairs_held(text: str, out_dir) -> str:
+  """The pairs of `text` (`parse_pairs`' grammar) with a run folder of either side under
+  out_dir (OUT/torch/A or OUT/jax/SPEC), as `parse_pairs` reads them, comma-separated; "" when
+  none. What a report of a queue's folder can name: an item its budget left unstarted has
+  no run, and a report naming it refuses. Raises ValueError for bad pairs (`parse_pairs`)."""
+  out = pathlib.Path(out_dir)
+  held = [
+    p
+    for p in parse_pairs(text)
+    if (out / "torch" / p.torch).is_dir() or (out / "jax" / p.jax).is_dir()
+  ]
+  return ",".join(p.spec for p in held)
 
 
 def pairs_under(out_dir) -> list[Pair]:
