@@ -644,7 +644,7 @@ def _crosscheck_train(args):
       named_pairs = pairs is not None
       if pairs is None:  # recorded in the report's header as the pairs it covers
         pairs = twin.pairs_under(args.out)
-        args.pairs = ",".join(p.torch for p in pairs)
+        args.pairs = ",".join(p.spec for p in pairs)
       result = (
         twin.collect(
           args.out,
@@ -678,7 +678,7 @@ def _crosscheck_train(args):
           )
         if empty:  # pairs found under --out, none at the seeds named: not covered
           pairs = [p for p in pairs if p.name not in empty]
-          args.pairs = ",".join(p.torch for p in pairs)
+          args.pairs = ",".join(p.spec for p in pairs)
         args.seeds = ",".join(str(s) for s in sorted({r["seed"] for r in result["rows"]}))
     except ValueError as e:
       raise SystemExit(f"flashstable crosscheck-train: {_message(e)}") from None

@@ -1448,6 +1448,27 @@ def test_crosscheck_train_report_and_resumption(training_runs, capsys):
   assert c["max_rel"] == pytest.approx(2 * twin.TOLERANCE, rel=1e-5)  # float32 losses
 
 
+def test_pairs_held_are_the_queue_pairs_with_a_run(tmp_path):
+  """`twin.pairs_held`: of a queue's pairs, those with a run folder on either side (the twin's
+  OUT/torch/A, or JAX's OUT/jax/SPEC: a twin that never started beside a JAX run), written as
+  `parse_pairs` reads them (`Pair.spec`: A with its default partner, else A=SPEC)."""
+  text = "paper,paper=paper+triton,sdpa-flash,sdpa-cudnn,sdpa-math=paper:block_q=64,block_k=64"
+  assert twin.pairs_held(text, tmp_path) == ""
+  (tmp_path / "torch" / "paper" / "seed29").mkdir(parents=True)
+  (tmp_path / "jax" / "cudnn" / "seed26").mkdir(parents=True)
+  (tmp_path / "jax" / "paper:block_q=64,block_k=64").mkdir(parents=True)
+  held = twin.pairs_held(text, tmp_path)
+  assert held == "paper,paper=paper+triton,sdpa-cudnn,sdpa-math=paper:block_q=64,block_k=64"
+  assert [p.jax for p in twin.parse_pairs(held)] == [
+    "paper",
+    "paper+triton",
+    "cudnn",
+    "paper:block_q=64,block_k=64",
+  ]
+  with pytest.raises(ValueError, match="'flash' is not a twin attention"):
+    twin.pairs_held("flash", tmp_path)
+
+
 def test_a_report_that_refuses_still_packs_the_runs(training_runs, tmp_path):
   """`--pack` writes the runs also when the command fails once its checks passed: a report
   that refuses (here a pair with no runs, as for a queue item a session's budget left
