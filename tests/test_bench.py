@@ -7,6 +7,7 @@ import platform
 import re
 import subprocess
 import sys
+import time
 
 import jax
 import pytest
@@ -335,6 +336,35 @@ def test_the_ab_scripts_read_shape_and_causal_as_the_bench_does():
     )
     want = f"{script}: --shape: shape '4,64,3,2,32': heads=3 is not a multiple of kv_heads=2\n"
     assert done.returncode == 1 and done.stderr == want, done.stderr
+
+
+def test_the_timing_methods_script_primes_each_side_before_its_timing():
+  """experiments/19_timing_methods.py's primed pairs: per pair each side is called once (its
+  priming call) and then timed over `inner` calls, the order alternating as in
+  `timing.paired_overhead`; the ratio is time(b) / time(a) (here b takes three times a's time
+  per call, so every ratio is near 3)."""
+  import importlib.util
+
+  path = pathlib.Path(__file__).parents[1] / "experiments" / "19_timing_methods.py"
+  spec = importlib.util.spec_from_file_location("timing_methods", path)
+  tm = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(tm)
+  log = []
+
+  def fake(name, seconds):
+    def run(calls=1):
+      log.append((name, calls))
+      time.sleep(seconds * calls)
+
+    return run
+
+  ratios = tm.primed_pairs(fake("a", 0.002), fake("b", 0.006), pairs=3, inner=4)
+  assert len(ratios) == 3 and all(2.0 < r < 4.0 for r in ratios), ratios
+  assert log == [
+    ("a", 1), ("a", 4), ("b", 1), ("b", 4),
+    ("b", 1), ("b", 4), ("a", 1), ("a", 4),
+    ("a", 1), ("a", 4), ("b", 1), ("b", 4),
+  ]  # fmt: skip
 
 
 def test_line_printer_prints_and_keeps_each_line_at_once(tmp_path, capsys):
