@@ -17,6 +17,7 @@ import pathlib
 import re
 import shlex
 import sys
+import time
 
 from jax_flashstable import interrupts
 
@@ -103,10 +104,18 @@ def _out(command, path, option="--out"):
 
 def _pack_out(command, pack):
   """--pack: a file that can be written (its folder writable or creatable, itself not a
-  folder), checked before any work; else the one-line error."""
+  folder, not inside a run folder seedN, whose files it would replace), checked before any
+  work; else the one-line error."""
   _out(command, str(pathlib.Path(pack).parent), "--pack's folder")
   if pathlib.Path(pack).is_dir():
     raise SystemExit(f"flashstable {command}: --pack {pack!r} is a folder, not a file")
+  if run := next((q for q in pathlib.Path(pack).absolute().parents if _is_run(q)), None):
+    raise SystemExit(f"flashstable {command}: --pack {pack!r} is inside the run folder {run}")
+
+
+def _is_run(folder: pathlib.Path) -> bool:
+  """A run folder's name: seedN (N an integer), as `instability.run_dirs` finds them."""
+  return folder.name.startswith("seed") and folder.name[4:].isdigit()
 
 
 def _choices(command, option, text, allowed, single=False):
@@ -497,19 +506,25 @@ def _check_packs(runs: str):
 
 
 @contextlib.contextmanager
-def _packed(args, pack_runs):
-  """--pack: every run under --out written into the pack when the command ends, and also when
-  it fails once its work began (the `armed` flag of what it yields, set by the command after
-  its checks): a run that failed, a report that refuses, the runs made or found under --out
-  come back whatever happened after them. With --runs only on success (those runs are in
-  their packs already)."""
-  state = argparse.Namespace(armed=False)
+def _packed(args, pack_runs, run_dirs):
+  """--pack: every run under --out (`run_dirs`) written into the pack when the command ends,
+  and also when it fails once its checks passed (the `armed` flag of what it yields) if it
+  trained a run (a metrics.jsonl written since it started) or was asked to report the runs
+  there (--report-only): a run that failed, a report that refuses, and the runs still come
+  back. With --runs only on success (those runs are in their packs already). A pack that
+  cannot be written on the way out is one line; the command's own error follows."""
+  state, start = argparse.Namespace(armed=False), time.time()
   try:
     yield state
   except BaseException:
-    if args.pack and state.armed and not args.runs:
-      if any(pathlib.Path(args.out).glob("**/seed*/metrics.jsonl")):
+    runs = [d / "metrics.jsonl" for d in run_dirs(args.out) if (d / "metrics.jsonl").exists()]
+    made = args.report_only or any(f.stat().st_mtime >= start for f in runs)
+    if args.pack and state.armed and not args.runs and runs and made:
+      try:
         print(f"runs packed: {pack_runs(args.out, args.pack)}", file=sys.stderr)
+      except Exception as e:  # the command's own error is the one to see
+        why = (_message(e).splitlines() or [""])[0]
+        print(f"flashstable: runs not packed ({type(e).__name__}: {why})", file=sys.stderr)
     raise
   if args.pack:
     print(f"runs packed: {pack_runs(args.out, args.pack)}")
@@ -535,7 +550,7 @@ def _experiment(args):
   _out("experiment", args.out)
   if args.pack:
     _pack_out("experiment", args.pack)
-  with _packed(args, experiment.pack_runs) as packing:
+  with _packed(args, experiment.pack_runs, experiment.run_dirs) as packing:
     try:
       if args.report_only or args.runs:
         # the report covers every run under --out: --attention and --seeds choose nothing, but a
@@ -597,7 +612,7 @@ def _crosscheck_train(args):
   _out("crosscheck-train", args.out)
   if args.pack:
     _pack_out("crosscheck-train", args.pack)
-  with _packed(args, twin.pack) as packing:
+  with _packed(args, twin.pack, twin.run_dirs) as packing:
     report = args.side == "both" or args.report_only or args.runs or args.jax_runs
     try:
       instability.check_layer(base, args.layer)
@@ -660,7 +675,7 @@ def _crosscheck_train(args):
       )
       if reporting and named_seeds:  # the seeds named: those rows, and each must be there
         missing = sorted(set(seeds) - {r["seed"] for r in result["rows"]})
-        if missing:
+        if missing and (result["rows"] or not named_pairs):  # else the pairs' error, below
           held = ", ".join(str(s) for s in sorted({r["seed"] for r in result["rows"]})) or "none"
           raise ValueError(
             f"--seeds: no runs of seed {', '.join(map(str, missing))} under {args.out} "

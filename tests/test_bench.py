@@ -316,6 +316,8 @@ def test_the_ab_scripts_read_shape_and_causal_as_the_bench_does():
 
   assert Shape.parse("4,64,2,1,32", causal=True) == Shape(4, 64, 64, 2, 1, 32, True)
   assert Shape.parse("4,64,2,1,32", causal=False) == Shape.parse("4,64,2,1,32,full")
+  with pytest.raises(TypeError, match=r"^causal must be a bool or None, got causal='false'$"):
+    Shape.parse("4,64,2,1,32", causal="false")  # a string is not a mask, even a true one
   for text, message in (
     ("4,64,2,1,32,1", "shape '4,64,2,1,32,1' is not batch,len,heads,kv_heads,head_dim"),
     ("4,64,2,1", "shape '4,64,2,1' is not batch,len,heads,kv_heads,head_dim"),

@@ -229,8 +229,8 @@ def test_collect_skips_odd_folders_and_a_cut_last_line(tmp_path):
   ]
   bad = tmp_path / "fa2" / "seed2" / "metrics.jsonl"
   bad.write_text('{"step": 1, "lo\n' + json.dumps(rows[1]) + "\n")
-  with pytest.raises(json.JSONDecodeError):
-    experiment.collect(tmp_path, TINY)
+  with pytest.raises(ValueError, match=rf"^{bad}: line 1 is not JSON \(Unterminated string"):
+    experiment.collect(tmp_path, TINY)  # not the last line: an error naming file and line
 
 
 def test_search_recipes_change_only_their_knob():
@@ -1076,3 +1076,36 @@ def test_compare_gets_its_settings_reference_only_at_its_recipe(tmp_path, monkey
     got.clear()
     assert cli.main(["compare", "--out-dir", str(tmp_path / "out"), *argv]) == 0
     assert got["reference_max_logit"] == given, argv
+
+
+def test_packs_of_no_run_new_folders_and_failures(tmp_path, capsys):
+  """`--pack` and the packs themselves, where runs could be lost or a traceback come: a pack of
+  a folder with no run reads back as no run (also one written before 2026-12-05, a lone
+  newline); a pack's folder is made; `--pack` inside a run folder is refused before any work
+  (it would replace a run's file); a report that fails on a run's file that is not JSON says
+  which file and line, in one line, after one line saying the pack could not be written; bad
+  input (a corpus that is not there) writes no pack."""
+  empty = experiment.pack_runs(tmp_path / "none", tmp_path / "new" / "sub" / "p.jsonl.xz")
+  assert empty.exists() and experiment.read_packs(empty) == {}
+  (tmp_path / "old.jsonl.xz").write_bytes(lzma.compress(b"\n"))
+  assert experiment.read_packs(tmp_path / "old.jsonl.xz") == {}
+  run = tmp_path / "c" / "paper" / "seed0"
+  run.mkdir(parents=True)
+  (run / "metrics.jsonl").write_text('garbage\n{"step": 1, "loss": 2.0}\n')
+  report = ["experiment", "instability", "--recipe", "tiny", "--report-only"]
+  with pytest.raises(SystemExit, match=r"--pack '.*metrics.jsonl' is inside the run folder "):
+    cli.main([*report, "--out", str(tmp_path / "c"), "--pack", str(run / "metrics.jsonl")])
+  assert (run / "metrics.jsonl").read_text().startswith("garbage")
+  bad = (
+    rf"^flashstable experiment: {run / 'metrics.jsonl'}: line 1 is not JSON \(Expecting value\)$"
+  )
+  with pytest.raises(SystemExit, match=bad):
+    cli.main([*report, "--out", str(tmp_path / "c"), "--pack", str(tmp_path / "c.jsonl.xz")])
+  err = capsys.readouterr().err
+  assert "flashstable: runs not packed (ValueError: " in err and err.count("\n") == 1, err
+  assert not (tmp_path / "c.jsonl.xz").exists()
+  argv = ["experiment", "instability", "--recipe", "tiny", "--steps", "2", "--seeds", "0"]
+  with pytest.raises(SystemExit, match="folder not found"):
+    cli.main([*argv, "--data", str(tmp_path / "nodata"), "--out", str(tmp_path / "o")]
+             + ["--pack", str(tmp_path / "o.jsonl.xz")])  # fmt: skip
+  assert not (tmp_path / "o.jsonl.xz").exists()

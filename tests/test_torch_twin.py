@@ -1449,22 +1449,24 @@ def test_crosscheck_train_report_and_resumption(training_runs, capsys):
 
 
 def test_pairs_held_are_the_queue_pairs_with_a_run(tmp_path):
-  """`twin.pairs_held`: of a queue's pairs, those with a run folder on either side (the twin's
-  OUT/torch/A, or JAX's OUT/jax/SPEC: a twin that never started beside a JAX run), written as
-  `parse_pairs` reads them (`Pair.spec`: A with its default partner, else A=SPEC)."""
+  """`twin.pairs_held`: of a queue's pairs, those with a JAX run folder (OUT/jax/SPEC: also a
+  twin that never started beside it), or a twin's (OUT/torch/A) where SPEC is A's default
+  partner (a twin's folder serves every pair of A: paper=paper+triton needs its own JAX run),
+  written as `parse_pairs` reads them (`Pair.spec`: A with its default partner, else A=SPEC)."""
   text = "paper,paper=paper+triton,sdpa-flash,sdpa-cudnn,sdpa-math=paper:block_q=64,block_k=64"
   assert twin.pairs_held(text, tmp_path) == ""
   (tmp_path / "torch" / "paper" / "seed29").mkdir(parents=True)
   (tmp_path / "jax" / "cudnn" / "seed26").mkdir(parents=True)
   (tmp_path / "jax" / "paper:block_q=64,block_k=64").mkdir(parents=True)
   held = twin.pairs_held(text, tmp_path)
-  assert held == "paper,paper=paper+triton,sdpa-cudnn,sdpa-math=paper:block_q=64,block_k=64"
+  assert held == "paper,sdpa-cudnn,sdpa-math=paper:block_q=64,block_k=64"
   assert [p.jax for p in twin.parse_pairs(held)] == [
     "paper",
-    "paper+triton",
     "cudnn",
     "paper:block_q=64,block_k=64",
   ]
+  (tmp_path / "jax" / "paper+triton" / "seed29").mkdir(parents=True)
+  assert twin.pairs_held("paper=paper+triton", tmp_path) == "paper=paper+triton"
   with pytest.raises(ValueError, match="'flash' is not a twin attention"):
     twin.pairs_held("flash", tmp_path)
 

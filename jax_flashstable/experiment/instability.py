@@ -459,7 +459,7 @@ def collect(out_dir, base: TrainConfig, layer=1, reference_max_logit=None) -> li
   `runaway_threshold(rows, reference_max_logit)` (None: not by its last step, or no threshold)."""
   reference_max_logit = check_reference_max_logit(reference_max_logit)
   rows = []
-  runs = [d for d in pathlib.Path(out_dir).glob("*/seed*") if d.name[4:].isdigit()]
+  runs = run_dirs(out_dir)
   for run_dir in sorted(runs, key=lambda d: (d.parent.name, int(d.name[4:]))):
     if not (run_dir / "metrics.jsonl").exists():
       continue
@@ -881,13 +881,30 @@ def _compact(x, key=None):
   return x
 
 
-def pack_runs(out_dir, path) -> pathlib.Path:
-  """Writes every run folder under out_dir (`RUN_FILES`, no checkpoints) into one xz-compressed
-  JSON-lines file at `path`: a line per file, {"run": "variant/seedK", "file", "rows"}. Logged
-  floats keep float32 precision (timings 4 digits), enough to rebuild every report figure."""
-  out, path = pathlib.Path(out_dir), pathlib.Path(path)
+def run_dirs(out_dir) -> list[pathlib.Path]:
+  """The run folders under out_dir (OUT/<variant>/seed<k>, k an integer), sorted: what a report
+  reads and a pack holds."""
+  return sorted(d for d in pathlib.Path(out_dir).glob("*/seed*") if d.name[4:].isdigit())
+
+
+def write_pack(lines, path) -> pathlib.Path:
+  """The pack's JSON lines written xz-compressed at `path` (its folder made if need be), through
+  a temporary file renamed into place: a pack cut short is never left under the name."""
+  path = pathlib.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_name(f".{path.name}.tmp")
+  tmp.write_bytes(lzma.compress("".join(line + "\n" for line in lines).encode(), preset=9))
+  tmp.replace(path)
+  return path
+
+
+def pack_lines(out_dir, prefix="") -> list[str]:
+  """The JSON lines of a pack of every run folder under out_dir (`run_dirs`, `RUN_FILES`, no
+  checkpoints): a line per file, {"run": prefix + "variant/seedK", "file", "rows"}; none when
+  there is no run. Logged floats keep float32 precision (timings 4 digits), enough to rebuild
+  every report figure."""
   lines = []
-  for run in sorted(d for d in out.glob("*/seed*") if d.name[4:].isdigit()):
+  for run in run_dirs(out_dir):
     for name in RUN_FILES:
       f = run / name
       if f.exists():
@@ -900,12 +917,17 @@ def pack_runs(out_dir, path) -> pathlib.Path:
         )
         lines.append(
           json.dumps(
-            dict(run=f"{run.parent.name}/{run.name}", file=name, rows=_compact(rows)),
+            dict(run=f"{prefix}{run.parent.name}/{run.name}", file=name, rows=_compact(rows)),
             separators=(",", ":"),
           )
         )
-  path.write_bytes(lzma.compress(("\n".join(lines) + "\n").encode(), preset=9))
-  return path
+  return lines
+
+
+def pack_runs(out_dir, path) -> pathlib.Path:
+  """Every run folder under out_dir (`pack_lines`) in one xz-compressed JSON-lines file at
+  `path` (`write_pack`); `unpack_runs(path, OUT)` recreates them."""
+  return write_pack(pack_lines(out_dir), path)
 
 
 def pack_paths(paths) -> list:
@@ -975,6 +997,8 @@ def read_packs(paths, rank=None) -> dict[str, dict]:
     records = {}
     try:
       for line in lzma.decompress(pathlib.Path(path).read_bytes()).decode().splitlines():
+        if not line:  # a pack of no run (`write_pack`), or one from before it, is one "\n"
+          continue
         rec = json.loads(line)
         run, name, rows = rec["run"], rec["file"], rec["rows"]
         if not (isinstance(run, str) and isinstance(rows, list)):

@@ -59,7 +59,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import lzma
 import math
 import os
 import pathlib
@@ -215,17 +214,19 @@ DEFAULT_PAIRS = "reference-fp32,paper"  # crosscheck-train's --pairs when it tra
 
 
 def pairs_held(text: str, out_dir) -> str:
-  """The pairs of `text` (`parse_pairs`' grammar) with a run folder of either side under
-  out_dir (OUT/torch/A or OUT/jax/SPEC), as `parse_pairs` reads them, comma-separated; "" when
-  none. What a report of a queue's folder can name: an item its budget left unstarted has
-  no run, and a report naming it refuses. Raises ValueError for bad pairs (`parse_pairs`)."""
+  """The pairs of `text` (`parse_pairs`' grammar) with a run under out_dir, as `parse_pairs`
+  reads them, comma-separated; "" when none: a pair whose JAX side has a run folder
+  (OUT/jax/SPEC), or whose twin has one (OUT/torch/A) when SPEC is A's default partner (the
+  twin's folder is shared by every pair of A, so A=SPEC needs its own JAX run). What a report
+  of a queue's folder can name: an item its budget left unstarted has no run, and a report
+  naming it refuses. Raises ValueError for bad pairs (`parse_pairs`)."""
   out = pathlib.Path(out_dir)
-  held = [
-    p
-    for p in parse_pairs(text)
-    if (out / "torch" / p.torch).is_dir() or (out / "jax" / p.jax).is_dir()
-  ]
-  return ",".join(p.spec for p in held)
+
+  def held(p: Pair) -> bool:
+    own_twin = PAIRS.get(p.torch) == p.jax and (out / "torch" / p.torch).is_dir()
+    return own_twin or (out / "jax" / p.jax).is_dir()
+
+  return ",".join(p.spec for p in parse_pairs(text) if held(p))
 
 
 def pairs_under(out_dir) -> list[Pair]:
@@ -1577,20 +1578,16 @@ def write_report(out_dir, result: dict, base: TrainConfig, layer=1, meta=None) -
 # --- the runs as one small file ------------------------------------------------------------
 
 
+def run_dirs(out_dir) -> list[pathlib.Path]:
+  """The run folders under OUT/jax, OUT/torch and OUT/null (`instability.run_dirs` per side)."""
+  return [d for side in SIDE_DIRS for d in instability.run_dirs(pathlib.Path(out_dir) / side)]
+
+
 def pack(out_dir, path) -> pathlib.Path:
   """Every run under OUT/jax, OUT/torch and OUT/null as one xz JSON-lines file
-  (`instability.pack_runs` per side, the run names prefixed with the side, e.g.
-  "torch/paper/seed24"); `instability.unpack_runs(path, OUT)` recreates them."""
-  out, path = pathlib.Path(out_dir), pathlib.Path(path)
-  lines = []
-  for side in SIDE_DIRS:
-    if (out / side).is_dir():
-      tmp = path.with_name(f".{path.name}.{side}.tmp")
-      instability.pack_runs(out / side, tmp)
-      for line in lzma.decompress(tmp.read_bytes()).decode().splitlines():
-        rec = json.loads(line)
-        rec["run"] = f"{side}/{rec['run']}"
-        lines.append(json.dumps(rec, separators=(",", ":")))
-      tmp.unlink()
-  path.write_bytes(lzma.compress(("\n".join(lines) + "\n").encode(), preset=9))
-  return path
+  (`instability.pack_lines` per side, the run names prefixed with the side, e.g.
+  "torch/paper/seed24"; `instability.write_pack`); `instability.unpack_runs(path, OUT)`
+  recreates them."""
+  out = pathlib.Path(out_dir)
+  lines = [line for side in SIDE_DIRS for line in instability.pack_lines(out / side, f"{side}/")]
+  return instability.write_pack(lines, path)

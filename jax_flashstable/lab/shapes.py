@@ -26,7 +26,9 @@ class Shape:
     """ "batch,len,heads,kv_heads,head_dim,causal" (causal: 0/1, causal/full, true/false) →
     Shape; with `causal` given, "batch,len,heads,kv_heads,head_dim" and the mask from it (the
     experiments' --shape beside --causal). ValueError naming the text when it is not that or
-    the sizes do not make a problem."""
+    the sizes do not make a problem; TypeError for a causal that is not a bool."""
+    if causal is not None and not isinstance(causal, (bool, np.bool_)):
+      raise TypeError(f"causal must be a bool or None, got causal={causal!r}")
     grammar = "batch,len,heads,kv_heads,head_dim" + (",causal" if causal is None else "")
     try:
       fields = text.split(",")

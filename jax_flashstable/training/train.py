@@ -811,18 +811,23 @@ def _interrupt_message(out, saved, last) -> str:
 
 
 def _read_jsonl(path) -> list[dict]:
+  """The rows of a JSON-lines log ([] when there is none); a last line cut by a killed process
+  is dropped. Raises ValueError naming the file and the line for any other line that is not
+  JSON, or a file that is not UTF-8 text."""
   path = pathlib.Path(path)
   if not path.exists():
     return []
-  with open(path) as f:
-    lines = f.read().splitlines()
+  try:
+    lines = path.read_text().splitlines()
+  except UnicodeDecodeError as e:
+    raise ValueError(f"{path} is not a JSON-lines log (not text: byte {e.start})") from None
   rows = []
   for i, line in enumerate(lines):
     try:
       rows.append(json.loads(line))
-    except json.JSONDecodeError:
+    except json.JSONDecodeError as e:
       if i < len(lines) - 1:  # only a last line cut by a killed process is dropped
-        raise
+        raise ValueError(f"{path}: line {i + 1} is not JSON ({e.msg})") from None
   return rows
 
 
