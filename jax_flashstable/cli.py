@@ -17,7 +17,6 @@ import pathlib
 import re
 import shlex
 import sys
-import time
 
 from jax_flashstable import interrupts
 
@@ -102,20 +101,24 @@ def _out(command, path, option="--out"):
   return path
 
 
-def _pack_out(command, pack):
+def _pack_out(command, pack, out):
   """--pack: a file that can be written (its folder writable or creatable, itself not a
-  folder, not inside a run folder seedN, whose files it would replace), checked before any
-  work; else the one-line error."""
+  folder, neither a run folder of --out nor inside one: OUT/VARIANT/seedN, or for the twin
+  OUT/SIDE/VARIANT/seedN, whose files it would replace), checked before any work; else the
+  one-line error."""
   _out(command, str(pathlib.Path(pack).parent), "--pack's folder")
   if pathlib.Path(pack).is_dir():
     raise SystemExit(f"flashstable {command}: --pack {pack!r} is a folder, not a file")
-  if run := next((q for q in pathlib.Path(pack).absolute().parents if _is_run(q)), None):
-    raise SystemExit(f"flashstable {command}: --pack {pack!r} is inside the run folder {run}")
+  target, root = pathlib.Path(pack).resolve(), pathlib.Path(out).resolve()
+  if target.is_relative_to(root):
+    parts = target.relative_to(root).parts
+    if any(_is_run(part) for part in parts[1:3]):
+      raise SystemExit(f"flashstable {command}: --pack {pack!r} is a run folder of --out or in one")
 
 
-def _is_run(folder: pathlib.Path) -> bool:
-  """A run folder's name: seedN (N an integer), as `instability.run_dirs` finds them."""
-  return folder.name.startswith("seed") and folder.name[4:].isdigit()
+def _is_run(name: str) -> bool:
+  """A run folder's name: seedN (N a decimal integer), as `instability.run_dirs` finds them."""
+  return name.startswith("seed") and name[4:].isdecimal() and name[4:].isascii()
 
 
 def _choices(command, option, text, allowed, single=False):
@@ -505,23 +508,38 @@ def _check_packs(runs: str):
       raise ValueError(f"--runs {path!r}: {problem}")
 
 
+def _logs(run_dirs, out) -> dict:
+  """{metrics.jsonl: (mtime_ns, size)} of every run under out: what `_packed` compares to see
+  whether the command wrote a run (a run trained or resumed rewrites its log; the same
+  filesystem's clock on both sides)."""
+  found = {}
+  for d in run_dirs(out):
+    f = d / "metrics.jsonl"
+    if f.exists():
+      st = f.stat()
+      found[f] = (st.st_mtime_ns, st.st_size)
+  return found
+
+
 @contextlib.contextmanager
 def _packed(args, pack_runs, run_dirs):
   """--pack: every run under --out (`run_dirs`) written into the pack when the command ends,
   and also when it fails once its checks passed (the `armed` flag of what it yields) if it
-  trained a run (a metrics.jsonl written since it started) or was asked to report the runs
-  there (--report-only): a run that failed, a report that refuses, and the runs still come
-  back. With --runs only on success (those runs are in their packs already). A pack that
-  cannot be written on the way out is one line; the command's own error follows."""
-  state, start = argparse.Namespace(armed=False), time.time()
+  wrote a run (a metrics.jsonl new or changed since it started: trained or resumed) or was
+  asked to report the runs there (--report-only): a run that failed, a report that refuses,
+  and the runs still come back. With --runs only on success (those runs are in their packs
+  already). A pack that cannot be written on the way out is one line; the command's own
+  error follows."""
+  state = argparse.Namespace(armed=False)
+  before = _logs(run_dirs, args.out) if args.pack and not args.runs else {}
   try:
     yield state
   except BaseException:
-    runs = [d / "metrics.jsonl" for d in run_dirs(args.out) if (d / "metrics.jsonl").exists()]
-    made = args.report_only or any(f.stat().st_mtime >= start for f in runs)
-    if args.pack and state.armed and not args.runs and runs and made:
+    if args.pack and state.armed and not args.runs:
       try:
-        print(f"runs packed: {pack_runs(args.out, args.pack)}", file=sys.stderr)
+        now = _logs(run_dirs, args.out)
+        if now and (args.report_only or any(before.get(f) != v for f, v in now.items())):
+          print(f"runs packed: {pack_runs(args.out, args.pack)}", file=sys.stderr)
       except Exception as e:  # the command's own error is the one to see
         why = (_message(e).splitlines() or [""])[0]
         print(f"flashstable: runs not packed ({type(e).__name__}: {why})", file=sys.stderr)
@@ -549,7 +567,7 @@ def _experiment(args):
   seeds = _ints(args.seeds, "--seeds", 0, "experiment")
   _out("experiment", args.out)
   if args.pack:
-    _pack_out("experiment", args.pack)
+    _pack_out("experiment", args.pack, args.out)
   with _packed(args, experiment.pack_runs, experiment.run_dirs) as packing:
     try:
       if args.report_only or args.runs:
@@ -611,7 +629,7 @@ def _crosscheck_train(args):
   seeds = _ints(args.seeds, "--seeds")
   _out("crosscheck-train", args.out)
   if args.pack:
-    _pack_out("crosscheck-train", args.pack)
+    _pack_out("crosscheck-train", args.pack, args.out)
   with _packed(args, twin.pack, twin.run_dirs) as packing:
     report = args.side == "both" or args.report_only or args.runs or args.jax_runs
     try:

@@ -1088,24 +1088,53 @@ def test_packs_of_no_run_new_folders_and_failures(tmp_path, capsys):
   empty = experiment.pack_runs(tmp_path / "none", tmp_path / "new" / "sub" / "p.jsonl.xz")
   assert empty.exists() and experiment.read_packs(empty) == {}
   (tmp_path / "old.jsonl.xz").write_bytes(lzma.compress(b"\n"))
+  (tmp_path / "taken").mkdir()  # a pack that cannot be renamed into place leaves no temporary
+  with pytest.raises(OSError):
+    experiment.write_pack(["{}"], tmp_path / "taken")
+  assert not list(tmp_path.glob(".taken*"))
   assert experiment.read_packs(tmp_path / "old.jsonl.xz") == {}
   run = tmp_path / "c" / "paper" / "seed0"
   run.mkdir(parents=True)
   (run / "metrics.jsonl").write_text('garbage\n{"step": 1, "loss": 2.0}\n')
   report = ["experiment", "instability", "--recipe", "tiny", "--report-only"]
-  with pytest.raises(SystemExit, match=r"--pack '.*metrics.jsonl' is inside the run folder "):
-    cli.main([*report, "--out", str(tmp_path / "c"), "--pack", str(run / "metrics.jsonl")])
+  for inside in (run / "metrics.jsonl", run.parent / "seed1"):  # a run's file, a run's folder
+    with pytest.raises(SystemExit, match=r"--pack '.*' is a run folder of --out or in one$"):
+      cli.main([*report, "--out", str(tmp_path / "c"), "--pack", str(inside)])
   assert (run / "metrics.jsonl").read_text().startswith("garbage")
   bad = (
     rf"^flashstable experiment: {run / 'metrics.jsonl'}: line 1 is not JSON \(Expecting value\)$"
   )
+  elsewhere = tmp_path / "w" / "seed42" / "c.jsonl.xz"  # a seedN folder outside --out: allowed
   with pytest.raises(SystemExit, match=bad):
-    cli.main([*report, "--out", str(tmp_path / "c"), "--pack", str(tmp_path / "c.jsonl.xz")])
+    cli.main([*report, "--out", str(tmp_path / "c"), "--pack", str(elsewhere)])
   err = capsys.readouterr().err
   assert "flashstable: runs not packed (ValueError: " in err and err.count("\n") == 1, err
-  assert not (tmp_path / "c.jsonl.xz").exists()
+  assert not elsewhere.exists() and not any(elsewhere.parent.glob("*"))  # no temporary left
   argv = ["experiment", "instability", "--recipe", "tiny", "--steps", "2", "--seeds", "0"]
   with pytest.raises(SystemExit, match="folder not found"):
     cli.main([*argv, "--data", str(tmp_path / "nodata"), "--out", str(tmp_path / "o")]
              + ["--pack", str(tmp_path / "o.jsonl.xz")])  # fmt: skip
   assert not (tmp_path / "o.jsonl.xz").exists()
+
+
+def test_a_command_that_fails_after_training_packs_what_it_trained(tmp_path, monkeypatch):
+  """A run trained, then the command fails (here its report: `write_report` made to raise):
+  the pack holds the run, written on the way out; run again over the same folder, a command
+  that fails before writing any run (a corpus that is not there) packs nothing, although
+  --out holds that earlier run (it was packed by the command that made it)."""
+  argv = ["experiment", "instability", "--recipe", "tiny", "--steps", "2", "--seeds", "0"]
+  argv += ["--attention", "fa2", "--tiles", "64", "--seq-len", "32", "--eval-batches", "1"]
+  out, pack = tmp_path / "o", tmp_path / "o.jsonl.xz"
+
+  def boom(*args, **kwargs):
+    raise RuntimeError("the report failed")
+
+  monkeypatch.setattr(experiment, "write_report", boom)
+  with pytest.raises(RuntimeError, match="the report failed"):
+    cli.main([*argv, "--no-progress", "--out", str(out), "--pack", str(pack)])
+  runs = experiment.read_packs(pack)
+  assert list(runs) == ["fa2/seed0"] and runs["fa2/seed0"]["steps"] == 2
+  again = tmp_path / "again.jsonl.xz"
+  with pytest.raises(SystemExit, match="folder not found"):
+    cli.main([*argv, "--data", str(tmp_path / "nodata"), "--out", str(out), "--pack", str(again)])
+  assert not again.exists()

@@ -1489,6 +1489,9 @@ def test_a_report_that_refuses_still_packs_the_runs(training_runs, tmp_path):
     made, back = read_metrics(training_runs / run), read_metrics(tmp_path / "back" / run)
     assert [r["step"] for r in back] == [r["step"] for r in made] == list(range(1, STEPS + 1))
     assert _f32(back) == _f32(made)
+  # a named pair with no run at the named seed: the pair's error, not the seeds' ("held: none")
+  with pytest.raises(SystemExit, match=r"--pairs: no runs of paper\+comp ↔ paper\+comp at seed 0"):
+    cli.main([*CROSSCHECK, "--report-only", "--pairs", "paper+comp", "--out", str(training_runs)])
   for extra, message in (
     (["--pairs", "flash", "--out", str(training_runs)], "'flash' is not a twin attention"),
     (["--pairs", "paper+comp", "--runs", str(pack), "--out", str(tmp_path / "r")], "no runs of"),

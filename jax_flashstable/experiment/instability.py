@@ -26,9 +26,11 @@ import json
 import lzma
 import math
 import numbers
+import os
 import pathlib
 import re
 import statistics
+import tempfile
 import time
 
 import jax
@@ -884,7 +886,11 @@ def _compact(x, key=None):
 def run_dirs(out_dir) -> list[pathlib.Path]:
   """The run folders under out_dir (OUT/<variant>/seed<k>, k an integer), sorted: what a report
   reads and a pack holds."""
-  return sorted(d for d in pathlib.Path(out_dir).glob("*/seed*") if d.name[4:].isdigit())
+  return sorted(
+    d
+    for d in pathlib.Path(out_dir).glob("*/seed*")
+    if d.name[4:].isdecimal() and d.name[4:].isascii() and d.is_dir()
+  )
 
 
 def write_pack(lines, path) -> pathlib.Path:
@@ -892,9 +898,13 @@ def write_pack(lines, path) -> pathlib.Path:
   a temporary file renamed into place: a pack cut short is never left under the name."""
   path = pathlib.Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_name(f".{path.name}.tmp")
-  tmp.write_bytes(lzma.compress("".join(line + "\n" for line in lines).encode(), preset=9))
-  tmp.replace(path)
+  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+  try:
+    with os.fdopen(fd, "wb") as f:
+      f.write(lzma.compress("".join(line + "\n" for line in lines).encode(), preset=9))
+    os.replace(tmp, path)
+  finally:
+    pathlib.Path(tmp).unlink(missing_ok=True)
   return path
 
 

@@ -818,7 +818,7 @@ def _read_jsonl(path) -> list[dict]:
   if not path.exists():
     return []
   try:
-    lines = path.read_text().splitlines()
+    lines = path.read_text(encoding="utf-8").splitlines()
   except UnicodeDecodeError as e:
     raise ValueError(f"{path} is not a JSON-lines log (not text: byte {e.start})") from None
   rows = []
