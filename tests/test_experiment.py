@@ -1087,6 +1087,7 @@ def test_packs_of_no_run_new_folders_and_failures(tmp_path, capsys):
   input (a corpus that is not there) writes no pack."""
   empty = experiment.pack_runs(tmp_path / "none", tmp_path / "new" / "sub" / "p.jsonl.xz")
   assert empty.exists() and experiment.read_packs(empty) == {}
+  assert empty.stat().st_mode & 0o777 == 0o644  # readable as any result file
   (tmp_path / "old.jsonl.xz").write_bytes(lzma.compress(b"\n"))
   (tmp_path / "taken").mkdir()  # a pack that cannot be renamed into place leaves no temporary
   with pytest.raises(OSError):

@@ -902,6 +902,7 @@ def write_pack(lines, path) -> pathlib.Path:
   try:
     with os.fdopen(fd, "wb") as f:
       f.write(lzma.compress("".join(line + "\n" for line in lines).encode(), preset=9))
+    os.chmod(tmp, 0o644)  # a result file, readable as any other (mkstemp's is owner-only)
     os.replace(tmp, path)
   finally:
     pathlib.Path(tmp).unlink(missing_ok=True)
