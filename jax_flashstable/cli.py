@@ -109,16 +109,13 @@ def _pack_out(command, pack, out):
   _out(command, str(pathlib.Path(pack).parent), "--pack's folder")
   if pathlib.Path(pack).is_dir():
     raise SystemExit(f"flashstable {command}: --pack {pack!r} is a folder, not a file")
+  from jax_flashstable.experiment.instability import is_run_name
+
   target, root = pathlib.Path(pack).resolve(), pathlib.Path(out).resolve()
   if target.is_relative_to(root):
     parts = target.relative_to(root).parts
-    if any(_is_run(part) for part in parts[1:3]):
+    if any(is_run_name(part) for part in parts[1:3]):
       raise SystemExit(f"flashstable {command}: --pack {pack!r} is a run folder of --out or in one")
-
-
-def _is_run(name: str) -> bool:
-  """A run folder's name: seedN (N a decimal integer), as `instability.run_dirs` finds them."""
-  return name.startswith("seed") and name[4:].isdecimal() and name[4:].isascii()
 
 
 def _choices(command, option, text, allowed, single=False):

@@ -883,13 +883,16 @@ def _compact(x, key=None):
   return x
 
 
+def is_run_name(name: str) -> bool:
+  """A run folder's name: seed<k>, k an ASCII decimal integer."""
+  return name.startswith("seed") and name[4:].isdecimal() and name[4:].isascii()
+
+
 def run_dirs(out_dir) -> list[pathlib.Path]:
-  """The run folders under out_dir (OUT/<variant>/seed<k>, k an integer), sorted: what a report
-  reads and a pack holds."""
+  """The run folders under out_dir (OUT/<variant>/seed<k>, `is_run_name`), sorted: what a
+  report reads and a pack holds."""
   return sorted(
-    d
-    for d in pathlib.Path(out_dir).glob("*/seed*")
-    if d.name[4:].isdecimal() and d.name[4:].isascii() and d.is_dir()
+    d for d in pathlib.Path(out_dir).glob("*/seed*") if is_run_name(d.name) and d.is_dir()
   )
 
 

@@ -8,6 +8,8 @@ import dataclasses
 import jax.numpy as jnp
 import numpy as np
 
+from pallas_kernels.policy import boolean
+
 
 @dataclasses.dataclass(frozen=True)
 class Shape:
@@ -27,8 +29,7 @@ class Shape:
     Shape; with `causal` given, "batch,len,heads,kv_heads,head_dim" and the mask from it (the
     experiments' --shape beside --causal). ValueError naming the text when it is not that or
     the sizes do not make a problem; TypeError for a causal that is not a bool."""
-    if causal is not None and not isinstance(causal, (bool, np.bool_)):
-      raise TypeError(f"causal must be a bool or None, got causal={causal!r}")
+    causal = boolean("causal", causal, none=True)
     grammar = "batch,len,heads,kv_heads,head_dim" + (",causal" if causal is None else "")
     try:
       fields = text.split(",")
