@@ -11,8 +11,8 @@ bits". Headline shape b4 × 4096 × 16 × d128 bf16 by default.
 VARIANT: comma-separated KEY=VALUE: bk (block_k: 64 or 128; default 64), st (num_stages,
 key/value tiles in flight; default 2), comp (the compensation, 0/1; default 1), and any field
 of `MosaicGPUOptions` as 0/1 (pingpong, fused_pv, early_turn, exp2, q_tiles_inner, opt_barrier,
-k_wait_in_pv, longest_first, overlap, tie_lanes). Every variant is checked before any work, its
-options together too (one line naming the bad one). With MOSAIC_GPU_DUMP_PTXAS=1 ptxas reports
+k_wait_in_pv, longest_first, overlap, tie_lanes, skip_rescale). Every variant is checked before
+any work, its options together too (one line naming the bad one). With MOSAIC_GPU_DUMP_PTXAS=1 ptxas reports
 each kernel's registers and spills on stderr.
 GPU only (a Hopper GPU: the Mosaic GPU forward and cuDNN); ~15 s a variant on one H200.
 Example (on the device, repo root):

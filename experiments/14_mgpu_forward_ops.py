@@ -53,8 +53,15 @@ ARITH = ("addf", "subf", "mulf", "cmpf", "select", "uitofp", "negf")
 
 
 def count(body):
-  c = collections.Counter()
+  """Ops by kind; an op repeated on the same operands (the same text after `=`: e.g. m·log₂e
+  on each register of a broadcast row) counts once, as LLVM's CSE leaves it."""
+  c, seen = collections.Counter(), set()
   for line in body:
+    rhs = line.partition("=")[2].strip()
+    if rhs and "inline_asm has_side_effects" not in rhs and "shfl" not in rhs:
+      if rhs in seen:
+        continue
+      seen.add(rhs)
     asm = re.search(r'llvm.inline_asm[^"]*"\s*([a-z0-9_.:]+)', line)
     op = re.search(r"=\s*arith\.([a-z_]+)", line)
     if "nvvm.shfl.sync" in line:

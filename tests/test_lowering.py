@@ -178,6 +178,26 @@ def test_mosaic_gpu_forward_lowers_with_tie_lanes(block_k, causal):
     assert "wgmma" in text and "cp.async.bulk.tensor" in text
 
 
+@pytest.mark.parametrize("overlap, causal", [(False, False), (True, True)])
+def test_mosaic_gpu_forward_lowers_with_skip_rescale(overlap, causal):
+  """`MosaicGPUOptions.skip_rescale`: fused_pv's α·acc in a branch per thread
+  (`forward_mgpu.rescale_acc`, an `inline_mgpu` block that interpret mode does not run) lowers
+  for CUDA, in the plain and the overlapped loop; off, there is no such block (no compensation:
+  no lane merge either)."""
+  from pallas_kernels.forward_mgpu import MosaicGPUOptions
+
+  q = _qkv(128)
+  for skip in (False, True):
+    options = MosaicGPUOptions(pingpong=True, overlap=overlap, skip_rescale=skip)
+    cfg = _cfg(
+      backend="mosaic_gpu", causal=causal, block_k=64, stabilize=False, mgpu_options=options
+    )
+    forward = lambda q, k, v: flash_forward_mgpu(q, k, v, cfg)[:3]  # noqa: B023
+    assert ("inline_mgpu" in str(jax.make_jaxpr(forward)(*q))) == skip
+    text = _lower_for_cuda(forward, *q)
+    assert "wgmma" in text and "cp.async.bulk.tensor" in text
+
+
 def test_overlap_refuses_the_options_it_replaces():
   """overlap takes the turn and waits for the next key tile its own way: with early_turn or
   k_wait_in_pv it is refused in one line naming them; the fields are bools and mgpu_options the dataclass, each refused in one line otherwise."""
