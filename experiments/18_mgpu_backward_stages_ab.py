@@ -1,13 +1,18 @@
 """Issue 19: the Mosaic GPU backward's tiles in flight (`pallas_kernels/backward_mgpu.py`,
-`KernelConfig.stages_bwd_mgpu`: dK/dV's and dQ's) against each other: each variant's backward
+`KernelConfig.stages_bwd_mgpu`: dK/dV's and dQ's), and the `MosaicGPUOptions` it reads
+(longest_first: the causal dQ kernel's query tiles, the last first), against each other: each
+variant's backward
 (dK/dV and dQ, given the same forward residuals) against the first variant's in interleaved
 pairs (the median of `--pairs` ratios, each side 10 back-to-back calls, as `flashstable bench
 --paired`), its time alone, and whether its dQ, dK and dV equal the first's bit for bit (the
-ring's depth moves no float32 sum: it must say "same bits"). Default shape b4 × 4096 × 16 ×
-d256 bf16, where the default became dK/dV 2, dQ 1 (2026-12-05; 1 and 1 before).
+ring's depth and the grid's order move no float32 sum: it must say "same bits"). Default
+shape b4 × 4096 × 16 × d256 bf16, where the default became dK/dV 2, dQ 1 (2026-12-05; 1 and 1
+before).
 
     python3 experiments/18_mgpu_backward_stages_ab.py [--causal] [--pairs 15] [--shape B,N,H,HK,D] \
-      [--out FILE] DKV,DQ ...          # e.g. 1,1 2,1 (the first is the reference)
+      [--out FILE] DKV,DQ[,OPTION=0|1 ...] ...   # e.g. 1,1 2,1 (the first is the reference)
+    python3 experiments/18_mgpu_backward_stages_ab.py --causal --shape 4,4096,16,16,128 \
+      3,2 3,2,longest_first=1
 
 Every variant is checked (`backward_mgpu.supported`: shared memory) before any work, one line
 naming a bad one. GPU only (a Hopper GPU); ~10 s a variant at the default shape on one H100.
@@ -20,12 +25,24 @@ import dataclasses
 import sys
 
 
-def parse_stages(spec: str) -> tuple[int, int]:
-  """ "DKV,DQ" → (dkv, dq), each an integer 1–8; ValueError naming the spec."""
+BACKWARD_OPTIONS = ("longest_first",)  # the `MosaicGPUOptions` fields the backward reads
+
+
+def parse_stages(spec: str) -> tuple[tuple[int, int], dict]:
+  """ "DKV,DQ[,OPTION=0|1 ...]" → ((dkv, dq), {option: bool}): tiles in flight, each an integer
+  1–8, and `BACKWARD_OPTIONS`; ValueError naming the spec."""
   parts = spec.split(",")
-  if len(parts) != 2 or not all(p.isdecimal() and 1 <= int(p) <= 8 for p in parts):
+  if len(parts) < 2 or not all(p.isdecimal() and 1 <= int(p) <= 8 for p in parts[:2]):
     raise ValueError(f"variant {spec!r} is not DKV,DQ (tiles in flight, integers 1–8)")
-  return int(parts[0]), int(parts[1])
+  fields, options = BACKWARD_OPTIONS, {}
+  for item in parts[2:]:
+    key, eq, value = item.partition("=")
+    if not eq or key not in fields or value not in ("0", "1"):
+      raise ValueError(
+        f"variant {spec!r}: {item!r} is not OPTION=0|1 (OPTION: {', '.join(fields)})"
+      )
+    options[key] = value == "1"
+  return (int(parts[0]), int(parts[1])), options
 
 
 def main(argv=None):
@@ -41,6 +58,7 @@ def main(argv=None):
   from jax_flashstable.lab.shapes import Shape
   from pallas_kernels import backward_mgpu
   from pallas_kernels.attention import next_power_of_2
+  from pallas_kernels.forward_mgpu import MosaicGPUOptions
 
   name = "18_mgpu_backward_stages_ab"
   try:
@@ -54,7 +72,8 @@ def main(argv=None):
   variants = []
   for spec in a.variants:
     try:
-      stages = parse_stages(spec)
+      stages, options = parse_stages(spec)
+      options = MosaicGPUOptions(**options)
     except ValueError as e:
       sys.exit(f"{name}: {e}")
     why = backward_mgpu.supported(
@@ -62,7 +81,7 @@ def main(argv=None):
     )
     if why:
       sys.exit(f"{name}: variant {spec!r}: {why}")
-    variants.append((spec, stages))
+    variants.append((spec, stages, options))
   import jax
 
   from pallas_kernels.forward_mgpu import on_hopper
@@ -121,8 +140,8 @@ def run(a, shape, variants):
     f"default stages {cfg.stages_bwd_mgpu}"
   )
   first, run_first = None, None
-  for spec, stages in variants:
-    vcfg = dataclasses.replace(cfg, stages_bwd_mgpu=stages)
+  for spec, stages, options in variants:
+    vcfg = dataclasses.replace(cfg, stages_bwd_mgpu=stages, mgpu=options)
     f = jax.jit(
       lambda q, k, v, o, m, l, do, vcfg=vcfg: flash_backward_mgpu(q, k, v, o, m, l, do, vcfg)
     )

@@ -53,7 +53,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels.forward_mgpu import smem_transforms, visited_key_tiles
+from pallas_kernels.forward_mgpu import query_tile, smem_transforms, visited_key_tiles
 from pallas_kernels.policy import MOSAIC_GPU_NUMERICS as NUMERICS
 
 ROWS = 64  # wgmma's M: rows per compute warpgroup
@@ -515,14 +515,14 @@ def _dkv(q, k, v, do, rows, cfg, stages):
 # --- dQ -------------------------------------------------------------------------------------
 
 
-def _dq_kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, *refs, cfg, n_kv, group, stages):
+def _dq_kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, *refs, cfg, n_kv, group, stages, n_q_tiles):
   kd_ref, dq_ref, scoped = refs if cfg.numerics.center_keys else (None, *refs)
   numerics, dtype, scale, bk = cfg.numerics, q_ref.dtype, cfg.softmax_scale, DQ_BLOCK_K
   smem, barriers = scoped
   q_smem2, do_smem2, rows_smem2, k_smem, v_smem, kd_smem, ds_smem2 = smem
   q_ready, do_ready, rows_ready, k_ready, v_ready, kd_ready, free = barriers
   batch, head, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
-  cta_row0 = lax.axis_index("q_tiles") * (COMPUTE_WGS * ROWS)
+  cta_row0 = query_tile(cfg, n_q_tiles) * (COMPUTE_WGS * ROWS)  # causal: longest_first
   fused = not cfg.interpret
 
   key_steps = lambda row_end: visited_key_tiles(row_end, n_kv, bk, cfg.causal)
@@ -663,6 +663,7 @@ def _dq(q, k, v, do, rows, kd, cfg, stages):
         n_kv=n_kv,
         group=group,
         stages=stages,
+        n_q_tiles=q_len_p // (COMPUTE_WGS * ROWS),
       ),
       smem,
       per_wg,

@@ -84,7 +84,9 @@ class MosaicGPUOptions:
   longest_first: causal only: the grid takes a head's query tiles from the last to the first,
     so the tiles that visit the most key tiles start first and the short ones fill the tail
     (FlashAttention-3's scheduling of causal work, Shah et al. 2024, §3); each tile's
-    arithmetic is unchanged. Off by default until measured on the GPU.
+    arithmetic is unchanged. The same for the Mosaic GPU backward's dQ kernel (`query_tile`;
+    its dK/dV kernel already starts with the longest key tiles). Off by default until
+    measured on the GPU.
   overlap: each warpgroup's P̄V wgmma of step j runs beside its QKᵀ wgmma and softmax of step
     j + 1 (FlashAttention-3's intra-warpgroup overlap of GEMMs and softmax, Shah et al. 2024,
     §3.2, Alg. 2): both products are issued together, S of j + 1 is read as soon as it is
@@ -282,6 +284,16 @@ def visited_key_tiles(row_end, n_tiles, block_k, causal):
   return jnp.minimum(jnp.int32(n_tiles), pl.cdiv(row_end, jnp.int32(block_k)))
 
 
+def query_tile(cfg, n_q_tiles):
+  """The query tile a CTA of a grid with axis "q_tiles" (n_q_tiles of them) takes: its index,
+  or with causal and `MosaicGPUOptions.longest_first` the last first, so that the tiles that
+  visit the most key tiles start first (the forward's and the backward's dQ kernel's grids)."""
+  q_tile = lax.axis_index("q_tiles")
+  if cfg.causal and cfg.mgpu.longest_first:
+    q_tile = n_q_tiles - 1 - q_tile
+  return q_tile
+
+
 def _forward_kernel(
   q_ref, k_ref, v_ref, o_ref, m_ref, log_l_ref, scoped, *, cfg, n_kv, group, stages, n_q_tiles
 ):
@@ -300,10 +312,7 @@ def _forward_kernel(
     plgpu.barrier_wait(turn)
 
   batch, head, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
-  q_tile = lax.axis_index("q_tiles")
-  if cfg.causal and opts.longest_first:  # the longest tiles first (`MosaicGPUOptions`)
-    q_tile = n_q_tiles - 1 - q_tile
-  cta_row0 = q_tile * (COMPUTE_WGS * ROWS_PER_WG)
+  cta_row0 = query_tile(cfg, n_q_tiles) * (COMPUTE_WGS * ROWS_PER_WG)
 
   key_steps = lambda row_end: visited_key_tiles(row_end, n_kv, block_k, cfg.causal)
   cta_steps = key_steps(cta_row0 + COMPUTE_WGS * ROWS_PER_WG)

@@ -340,6 +340,29 @@ def test_the_ab_scripts_read_shape_and_causal_as_the_bench_does():
     assert done.returncode == 1 and done.stderr == want, done.stderr
 
 
+def test_the_backward_ab_reads_stages_and_the_backwards_options():
+  """experiments/18_mgpu_backward_stages_ab.py's variants: DKV,DQ, then options the Mosaic GPU
+  backward reads (longest_first) as 0/1; anything else is refused naming the item."""
+  import importlib.util
+
+  path = pathlib.Path(__file__).parents[1] / "experiments" / "18_mgpu_backward_stages_ab.py"
+  spec = importlib.util.spec_from_file_location("backward_ab", path)
+  ab = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(ab)
+  assert ab.parse_stages("3,2") == ((3, 2), {})
+  assert ab.parse_stages("3,2,longest_first=1") == ((3, 2), {"longest_first": True})
+  assert ab.parse_stages("2,2,longest_first=0") == ((2, 2), {"longest_first": False})
+  for bad, match in (
+    ("3", r"^variant '3' is not DKV,DQ"),
+    ("3,9", r"^variant '3,9' is not DKV,DQ"),
+    ("3,2,longest_first=2", r"^variant '3,2,longest_first=2': 'longest_first=2' is not OPTION"),
+    ("3,2,skip_rescale=1", r"'skip_rescale=1' is not OPTION=0\|1 \(OPTION: longest_first\)$"),
+    ("3,2,longest_first", r"'longest_first' is not OPTION"),
+  ):
+    with pytest.raises(ValueError, match=match):
+      ab.parse_stages(bad)
+
+
 def test_the_timing_methods_script_primes_each_side_before_its_timing():
   """experiments/19_timing_methods.py's primed pairs: per pair each side is called once (its
   priming call) and then timed over `inner` calls, the order alternating as in

@@ -377,6 +377,31 @@ def test_mosaic_gpu_backward_matches_triton_backward(shape, dtype, numerics, cen
         assert np.abs(a - b).max() <= bound, (name, np.abs(a - b).max())
 
 
+def test_mosaic_gpu_backward_longest_first_is_the_same_function():
+  """`MosaicGPUOptions.longest_first` reverses the causal dQ kernel's query tiles (the last,
+  which visits the most key tiles, first): dQ, dK and dV are bit-identical with and without it,
+  and the option reaches the dQ kernel (its index arithmetic is in the traced program; a
+  reversed row block paired with unreversed rows would move whole rows of dQ). Three query
+  tiles of 128 rows, the last partial."""
+  _skip_if_causal_refused(True)
+  from pallas_kernels.backward_mgpu import flash_backward_mgpu
+  from pallas_kernels.forward_mgpu import MosaicGPUOptions
+
+  args, cfg = _residuals(Shape(1, 300, 300, 2, 1, 64, causal=True), jnp.bfloat16)
+  plain, reversed_ = (
+    dataclasses.replace(cfg, mgpu=MosaicGPUOptions(longest_first=on)) for on in (False, True)
+  )
+  texts = [
+    str(jax.make_jaxpr(lambda *a, c=c: flash_backward_mgpu(*a, c))(*args))
+    for c in (plain, reversed_)
+  ]
+  assert texts[0] != texts[1]
+  ours, theirs = flash_backward_mgpu(*args, reversed_), flash_backward_mgpu(*args, plain)
+  for name, a, b in zip(("dq", "dk", "dv"), ours, theirs):
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    assert np.abs(b).max() > 0 and np.array_equal(a, b), name
+
+
 def test_mosaic_gpu_backward_stages_are_lowered_to_what_fits(monkeypatch):
   """A measured row asking more tiles than fit is lowered per kernel to the most that fit:
   4 of each at head_dim 128 → dK/dV 4 (199,680 bytes), dQ with the centred keys 3 (4 would
