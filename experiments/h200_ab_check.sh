@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Issue 19 on one H200 (device tool): the Mosaic GPU forward's launch settings and schedule
-# options against cuDNN (`experiments/11_mgpu_forward_ab.py`: interleaved pairs, a same-bits
-# check per numerics), with ptxas's register and spill report, after the GPU tests of the
-# schedules (tests.log; AB_TESTS=0 leaves them out): (1) non-causal, block_k 64 with and
-# without overlap (FlashAttention-3's intra-warpgroup overlap, new 2026-12-04), overlap +
-# opt_barrier, opt_barrier, k_wait_in_pv; block_k 128 with and without overlap, opt_barrier;
-# (2) causal, block_k 64 and 128 with and without overlap, 128 with longest_first (the stages,
-# early_turn and the first 10-pair round of the others ran 2026-12-03: docs/studies/speed.md).
-# ptxas.txt keeps its registers, spills and any "wgmma ... serialized" warning (C75xx: the
-# overlap's two wgmmas not pipelined, and why). Lines land in
+# Issue 19 on one Hopper GPU (device tool): the Mosaic GPU forward's and backward's speed
+# options against cuDNN and each other (`experiments/11_mgpu_forward_ab.py`, forward against
+# cuDNN; `18_mgpu_backward_stages_ab.py`, backward against the first variant: interleaved
+# pairs, a same-bits check), with ptxas's register and spill report, after the GPU tests of the
+# options (tests.log; AB_TESTS=0 leaves them out), then `19_timing_methods.py` (the bench
+# table's timing against the targets' pairs). Today's questions (2026-12-05):
+# (1) skip_rescale (α·acc skipped by a thread whose rows kept their max), full and causal, with
+# and without the compensation; (2) causal longest_first at block_k 64 with 30 pairs, alone and
+# with skip_rescale; (3) the backward's causal dQ kernel longest first (d128, (3, 2) tiles).
+# (The variants of 2026-12-03 and 2026-12-04, docs/studies/speed.md, are this script at commits
+# 16ec62f and df624af.)
+# ptxas.txt keeps its registers, spills and any "wgmma ... serialized" warning (C75xx: a branch
+# or the overlap keeping two wgmmas from pipelining). Lines land in
 # $OUT/ab.txt as they come (a call cut at its limit still brings back what ran); ptxas's report
 # (registers, spills per kernel) in $OUT/ptxas.txt. Usage (repo root, on the device):
 #   bash experiments/h200_ab_check.sh "$OUT"
@@ -18,30 +21,27 @@ set -u
 OUT=${1:-runs/h200}
 mkdir -p "$OUT"
 source "$(dirname "$0")/h200_env.sh"
-# first the GPU's own check of the schedules (the same bits with and without each option, one
-# stage included: the causal drain's barrier order changed on 2026-12-03) and of the causal
-# forward against Triton
-# (AB_TESTS=0 leaves them out: they passed on the H200 on 2026-12-03, 10 passed in 98 s; the
-# overlap's three cases are new: on the GPU they compare its fused path, which interpret mode
-# does not run, with the default's)
+# first the GPU's own check that the new options are the same function: skip_rescale's branch
+# (fused_pv's α·acc, which interpret mode does not run) full and causal with overlap, and the
+# backward's longest_first
 if [[ ${AB_TESTS:-1} != 0 ]]; then
-  timeout 150 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_mosaic_gpu.py \
-    -k "schedules or (matches_triton_forward and causal)" > $OUT/tests.log 2>&1
+  timeout 120 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_mosaic_gpu.py \
+    -k "skip_rescale or longest_first_is" > $OUT/tests.log 2>&1
   echo "tests: exit $?"; tail -3 $OUT/tests.log
 fi
 export MOSAIC_GPU_DUMP_PTXAS=1  # ptxas's registers and spills per kernel, in compile order
 # (ptxas's report comes on stdout, the runs' errors on stderr: both into compile.log; the
 # variants' lines land in ab.txt)
 AB="python3 experiments/11_mgpu_forward_ab.py --pairs 30 --out $OUT/ab.txt"
-# overlap's first timing, the repeat of 2026-12-03's leads (10 pairs, a 1.4–2.3% spread
-# between repeats: opt_barrier +2.8–3.8%, longest_first at block_k 128 undecided) and
-# k_wait_in_pv's first timing
-timeout 280 $AB bk=64 bk=64,overlap=1 bk=64,overlap=1,opt_barrier=1 bk=64,opt_barrier=1 \
-  bk=64,k_wait_in_pv=1 bk=128 bk=128,overlap=1 bk=128,opt_barrier=1 > $OUT/compile.log 2>&1
-echo "options: exit $?"
-timeout 150 $AB --causal bk=64 bk=64,overlap=1 bk=128 bk=128,overlap=1 bk=128,longest_first=1 \
-  >> $OUT/compile.log 2>&1
+timeout 130 $AB bk=64 bk=64,skip_rescale=1 bk=64,comp=0 bk=64,comp=0,skip_rescale=1 \
+  > $OUT/compile.log 2>&1
+echo "full: exit $?"
+timeout 130 $AB --causal bk=64 bk=64,skip_rescale=1 bk=64,longest_first=1 \
+  bk=64,longest_first=1,skip_rescale=1 >> $OUT/compile.log 2>&1
 echo "causal: exit $?"
+timeout 90 python3 experiments/18_mgpu_backward_stages_ab.py --pairs 30 --causal \
+  --shape 4,4096,16,16,128 --out $OUT/ab.txt 3,2 3,2,longest_first=1 >> $OUT/compile.log 2>&1
+echo "backward: exit $?"
 # each kernel's "Compiling entry" line followed by its register and spill lines, in order (the
 # variants compile in the order ab.txt lists them), each variant's "# compiling SPEC" before
 # its kernel's lines (2026-12-04, where the lines were not named, the three C7513 warnings fell
@@ -53,3 +53,5 @@ grep -vE "^ptxas|^    0 bytes|^$" $OUT/compile.log | head -c 20000 > $OUT/compil
 rm $OUT/compile.log
 cat $OUT/ab.txt
 echo "ptxas: $(grep -c "Compiling entry" $OUT/ptxas.txt) kernels, $(grep -cE "[1-9][0-9]* bytes spill" $OUT/ptxas.txt) lines with a spill, $(grep -ciE "serialized" $OUT/ptxas.txt) wgmma serialisation warnings"
+timeout 100 python3 experiments/19_timing_methods.py --out $OUT/timing-methods.txt > /dev/null 2>&1
+echo "timing methods: exit $?"
