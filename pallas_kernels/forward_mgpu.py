@@ -106,9 +106,10 @@ class MosaicGPUOptions:
     (H100, 2026-12-05: +0.4–2.2% paired, the compensation's forward cost +5.2% → +4.0%).
   skip_rescale: with fused_pv on the GPU, a thread skips α·acc (a multiply per accumulator
     register, 64 per thread and key tile at head_dim 128) when α is exactly 1 on both of its
-    rows, that is when neither row's max moved (`rescale_acc`: a branch per thread). 1·x = x
-    for every float, so the same bits; the work saved grows as the running maxima settle.
-    Off by default until measured on the GPU.
+    rows: their max did not move, or moved by less than α resolves (`rescale_acc`: a branch
+    per thread). 1·x = x for every float, so the same bits; the work saved grows as the
+    running maxima settle. Without fused_pv (and in interpret mode) there is no such
+    multiply to skip and it does nothing. Off by default until measured on the GPU.
   The defaults are the ones that were faster on the H200, or no slower; what each option
   measured, with command and date: docs/studies/speed.md ("The Mosaic GPU route").
   """
