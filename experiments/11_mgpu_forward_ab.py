@@ -9,7 +9,10 @@ bits". Headline shape b4 × 4096 × 16 × d128 bf16 by default.
     python3 experiments/11_mgpu_forward_ab.py [--causal] [--pairs 15] [--out FILE] VARIANT ...
 
 VARIANT: comma-separated KEY=VALUE: bk (block_k: 64 or 128; default 64), st (num_stages,
-key/value tiles in flight; default 2), comp (the compensation, 0/1; default 1), and any field
+key/value tiles in flight; default 2), comp (the compensation, 0/1; default 1), jax (1: JAX's
+own `attention_mgpu` forward instead of ours, at block_kv bk and st tiles in flight, on float16
+inputs with the query scaled first, as `flashstable bench`'s pallas-mgpu; with bk and st only:
+what the key tile costs a Mosaic GPU kernel without our numerics), and any field
 of `MosaicGPUOptions` as 0/1 (pingpong, fused_pv, early_turn, exp2, q_tiles_inner, opt_barrier,
 k_wait_in_pv, longest_first, overlap, tie_lanes, skip_rescale). Every variant is checked before
 any work, its options together too (one line naming the bad one). With MOSAIC_GPU_DUMP_PTXAS=1 ptxas reports
@@ -31,11 +34,12 @@ OPTIONS_CHANGING_FLOATS = ("fused_pv", "exp2")  # MosaicGPUOptions' docstring
 
 
 def parse_variant(spec: str, options_cls) -> dict:
-  """{'block_k', 'num_stages', 'stabilize', 'options': {field: bool}} from "bk=64,st=3,exp2=0",
-  the options fields of options_cls (`MosaicGPUOptions`), which must accept them together;
-  ValueError naming the spec and the bad item."""
+  """{'block_k', 'num_stages', 'stabilize', 'jax', 'options': {field: bool}} from
+  "bk=64,st=3,exp2=0", the options fields of options_cls (`MosaicGPUOptions`), which must
+  accept them together; jax=1 takes bk and st only; ValueError naming the spec and the bad
+  item."""
   option_fields = [f.name for f in dataclasses.fields(options_cls)]
-  out = dict(block_k=64, num_stages=2, stabilize=True, options={})
+  out = dict(block_k=64, num_stages=2, stabilize=True, jax=False, options={})
   for item in filter(None, spec.split(",")):
     key, eq, value = item.partition("=")
     if not eq:
@@ -44,16 +48,21 @@ def parse_variant(spec: str, options_cls) -> dict:
       if not value.isdecimal():
         raise ValueError(f"variant {spec!r}: {key}={value!r} is not a positive int")
       out["block_k" if key == "bk" else "num_stages"] = int(value)
-    elif key == "comp" or key in option_fields:
+    elif key in ("comp", "jax") or key in option_fields:
       if value not in ("0", "1"):
         raise ValueError(f"variant {spec!r}: {key}={value!r} is not 0 or 1")
-      if key == "comp":
-        out["stabilize"] = value == "1"
+      if key in ("comp", "jax"):
+        out["stabilize" if key == "comp" else "jax"] = value == "1"
       else:
         out["options"][key] = value == "1"
     else:
-      known = ", ".join(["bk", "st", "comp", *option_fields])
+      known = ", ".join(["bk", "st", "comp", "jax", *option_fields])
       raise ValueError(f"variant {spec!r}: unknown key {key!r} (known: {known})")
+  if out["jax"] and (out["options"] or not out["stabilize"] or "comp=" in spec):
+    raise ValueError(
+      f"variant {spec!r}: jax=1 (JAX's attention_mgpu) takes bk and st only: it has no "
+      "compensation and none of our options"
+    )
   try:
     options_cls(**out["options"])
   except ValueError as e:
@@ -88,7 +97,7 @@ def main(argv=None):
       v = parse_variant(spec, fm.MosaicGPUOptions)
     except ValueError as e:
       sys.exit(f"11_mgpu_forward_ab: {e}")
-    why = fm.supported(
+    why = fm.supported(  # JAX's kernel (jax=1): the same wgmma tiles and shared memory
       numerics="fa2",
       block_k=v["block_k"],
       head_dim=head_dim,
@@ -116,6 +125,7 @@ def run(a, shape, variants, fm):
   import numpy as np
 
   from jax_flashstable import flash_attention
+  from jax_flashstable.bench.runners import _mosaic_gpu_attention
   from jax_flashstable.bench.timing import (
     attention_flops,
     line_printer,
@@ -142,26 +152,34 @@ def run(a, shape, variants, fm):
   first = {}
   for spec, var in variants:
     opts = fm.MosaicGPUOptions(**var["options"])
-    f = jax.jit(
-      lambda q, k, v, var=var, opts=opts: flash_attention(
-        q,
-        k,
-        v,
-        causal=a.causal,
-        stabilize=var["stabilize"],
-        block_k=var["block_k"],
-        num_stages=var["num_stages"],
-        backend="mosaic_gpu",
-        mgpu_options=opts,
+    args = (q, k, v)
+    if var["jax"]:  # JAX's own kernel, on its own inputs (float16, the query scaled)
+      f, prepare = _mosaic_gpu_attention(
+        Shape(b, n, n, h, hk, d, a.causal), block_kv=var["block_k"], stages=var["num_stages"]
       )
-    )
+      f, args = jax.jit(f), prepare(q, k, v, q)[:3]
+    else:
+      f = jax.jit(
+        lambda q, k, v, var=var, opts=opts: flash_attention(
+          q,
+          k,
+          v,
+          causal=a.causal,
+          stabilize=var["stabilize"],
+          block_k=var["block_k"],
+          num_stages=var["num_stages"],
+          backend="mosaic_gpu",
+          mgpu_options=opts,
+        )
+      )
     print(f"# compiling {spec}", flush=True)  # stdout only: names ptxas's next report
     try:
-      out = np.asarray(f(q, k, v).astype(jnp.float32))
+      out = np.asarray(f(*args).astype(jnp.float32))
     except Exception as e:  # a variant that does not compile: say so, go on with the next
       say(f"{spec}: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}")
       continue
     numerics = (
+      "jax" if var["jax"] else "ours",
       var["block_k"],
       var["stabilize"],
       *(getattr(opts, name) for name in OPTIONS_CHANGING_FLOATS),
@@ -173,7 +191,7 @@ def run(a, shape, variants, fm):
     else:
       diff = float(np.max(np.abs(out - first[numerics][1])))
       same = f"DIFFERS from {first[numerics][0]} (max |Δ| {diff:.2e})"
-    run_v = waiting(f, q, k, v)
+    run_v = waiting(f, *args)
     t = seconds_per_call(run_v)
     slower = paired_overhead(run_ref, run_v, pairs=a.pairs)  # time(variant) / time(cudnn) − 1
     say(

@@ -7,7 +7,9 @@
 # table's timing against the targets' pairs). Today's questions (2026-12-05):
 # (1) skip_rescale (α·acc skipped by a thread whose rows kept their max), full and causal, with
 # and without the compensation; (2) causal longest_first at block_k 64 with 30 pairs, alone and
-# with skip_rescale; (3) the backward's causal dQ kernel longest first (d128, (3, 2) tiles).
+# with skip_rescale; (3) the backward's causal dQ kernel longest first (d128, (3, 2) tiles);
+# (4) JAX's own attention_mgpu at block_kv 64 and 128 (`jax=1`): what the key tile costs a
+# Mosaic GPU kernel without our numerics, full and causal.
 # (The variants of 2026-12-03 and 2026-12-04, docs/studies/speed.md, are this script at commits
 # 16ec62f and df624af.)
 # ptxas.txt keeps its registers, spills and any "wgmma ... serialized" warning (C75xx: a branch
@@ -25,7 +27,7 @@ source "$(dirname "$0")/h200_env.sh"
 # (fused_pv's α·acc, which interpret mode does not run) full and causal with overlap, and the
 # backward's longest_first
 if [[ ${AB_TESTS:-1} != 0 ]]; then
-  timeout 120 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_mosaic_gpu.py \
+  timeout 110 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_mosaic_gpu.py \
     -k "skip_rescale or longest_first_is" > $OUT/tests.log 2>&1
   echo "tests: exit $?"; tail -3 $OUT/tests.log
 fi
@@ -33,13 +35,13 @@ export MOSAIC_GPU_DUMP_PTXAS=1  # ptxas's registers and spills per kernel, in co
 # (ptxas's report comes on stdout, the runs' errors on stderr: both into compile.log; the
 # variants' lines land in ab.txt)
 AB="python3 experiments/11_mgpu_forward_ab.py --pairs 30 --out $OUT/ab.txt"
-timeout 130 $AB bk=64 bk=64,skip_rescale=1 bk=64,comp=0 bk=64,comp=0,skip_rescale=1 \
-  > $OUT/compile.log 2>&1
+timeout 150 $AB bk=64 bk=64,skip_rescale=1 bk=64,comp=0 bk=64,comp=0,skip_rescale=1 \
+  jax=1,bk=64 jax=1,bk=128 > $OUT/compile.log 2>&1
 echo "full: exit $?"
-timeout 130 $AB --causal bk=64 bk=64,skip_rescale=1 bk=64,longest_first=1 \
-  bk=64,longest_first=1,skip_rescale=1 >> $OUT/compile.log 2>&1
+timeout 150 $AB --causal bk=64 bk=64,skip_rescale=1 bk=64,longest_first=1 \
+  bk=64,longest_first=1,skip_rescale=1 jax=1,bk=64 jax=1,bk=128 >> $OUT/compile.log 2>&1
 echo "causal: exit $?"
-timeout 90 python3 experiments/18_mgpu_backward_stages_ab.py --pairs 30 --causal \
+timeout 80 python3 experiments/18_mgpu_backward_stages_ab.py --pairs 30 --causal \
   --shape 4,4096,16,16,128 --out $OUT/ab.txt 3,2 3,2,longest_first=1 >> $OUT/compile.log 2>&1
 echo "backward: exit $?"
 # each kernel's "Compiling entry" line followed by its register and spill lines, in order (the

@@ -288,20 +288,30 @@ def test_the_mosaic_gpu_ab_script_reads_variants_and_refuses_bad_ones():
   spec.loader.exec_module(ab)
   fields = [f.name for f in dataclasses.fields(MosaicGPUOptions)]
   assert ab.parse_variant("", MosaicGPUOptions) == dict(
-    block_k=64, num_stages=2, stabilize=True, options={}
+    block_k=64, num_stages=2, stabilize=True, jax=False, options={}
   )
   got = ab.parse_variant("bk=128,st=3,comp=0,exp2=0,early_turn=1", MosaicGPUOptions)
   assert got == dict(
-    block_k=128, num_stages=3, stabilize=False, options=dict(exp2=False, early_turn=True)
+    block_k=128,
+    num_stages=3,
+    stabilize=False,
+    jax=False,
+    options=dict(exp2=False, early_turn=True),
+  )
+  assert ab.parse_variant("jax=1,bk=128,st=3", MosaicGPUOptions) == dict(
+    block_k=128, num_stages=3, stabilize=True, jax=True, options={}
   )
   MosaicGPUOptions(**got["options"])  # the options are the dataclass's own fields
   assert set(ab.OPTIONS_CHANGING_FLOATS) <= set(fields)
   for bad, message in (
-    ("bk=64,foo=1", "variant 'bk=64,foo=1': unknown key 'foo' (known: bk, st, comp, pingpong"),
+    ("bk=64,foo=1", "variant 'bk=64,foo=1': unknown key 'foo' (known: bk, st, comp, jax, pingpong"),
     ("st", "variant 'st': 'st' is not KEY=VALUE"),
     ("bk=-1", "variant 'bk=-1': bk='-1' is not a positive int"),
     ("exp2=yes", "variant 'exp2=yes': exp2='yes' is not 0 or 1"),
     ("overlap=1,k_wait_in_pv=1", "variant 'overlap=1,k_wait_in_pv=1': MosaicGPUOptions(overlap"),
+    ("jax=1,tie_lanes=0", "variant 'jax=1,tie_lanes=0': jax=1 (JAX's attention_mgpu) takes bk"),
+    ("jax=1,comp=1", "variant 'jax=1,comp=1': jax=1 (JAX's attention_mgpu) takes bk and st"),
+    ("jax=2", "variant 'jax=2': jax='2' is not 0 or 1"),
   ):
     with pytest.raises(ValueError) as e:
       ab.parse_variant(bad, MosaicGPUOptions)

@@ -86,12 +86,14 @@ def runs(name, shape, q, k, v, do):
   return waiting(fwd, q, k, v), waiting(fb, q, k, v, do), np.asarray(out, np.float32)
 
 
-def _mosaic_gpu_attention(shape):
+def _mosaic_gpu_attention(shape, block_kv=128, stages=2):
   """JAX's own Pallas Mosaic GPU attention for Hopper (`jax.experimental.pallas.ops.gpu.
   attention_mgpu`: wgmma, TMA, warp-specialised; forward and backward; head_dim a multiple of
   64): what Mosaic GPU reaches on this GPU. In jax 0.11.2 its forward's shared-memory buffers
   are float16 whatever the input dtype, so it runs on float16 inputs (same bytes and
   tensor-core rate as bfloat16), and it applies no softmax scale, so the query is scaled first.
+  block_kv, stages: its forward's key tile (64 or 128) and key tiles in flight (the bench's:
+  128 and 2; experiments/11_mgpu_forward_ab.py's `jax=1` variants set them).
   Returns (f, prepare): prepare converts the inputs once, outside the timed function."""
   if jax.default_backend() != "gpu":
     raise RuntimeError("Mosaic GPU needs a CUDA GPU (Hopper)")
@@ -99,8 +101,8 @@ def _mosaic_gpu_attention(shape):
 
   cfg = mgpu.TuningConfig(
     block_q=64,
-    block_kv=128,
-    max_concurrent_steps=2,
+    block_kv=block_kv,
+    max_concurrent_steps=stages,
     causal=shape.causal,
     block_q_dkv=64,
     block_kv_dkv=64,
