@@ -17,6 +17,7 @@ import pathlib
 import re
 import shlex
 import sys
+import warnings
 
 from jax_flashstable import interrupts
 
@@ -227,8 +228,9 @@ OPTION_NOTES = {
 
 
 def _add_train_options(p, skip=(), layer_attention=True, defaults=None):
-  """One option per TrainConfig field; `defaults` ({field: value}, or a string for all) is what
-  the help shows when the command does not use TrainConfig's own defaults."""
+  """One option per TrainConfig field; `defaults` ({field: value}, or a string for all, or
+  {field: value, "*": string for the rest}) is what the help shows when the command does not
+  use TrainConfig's own defaults."""
   import dataclasses
 
   from jax_flashstable.training.config import TrainConfig
@@ -242,10 +244,9 @@ def _add_train_options(p, skip=(), layer_attention=True, defaults=None):
       p.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None)
     else:
       typ = int if ("int" in t and "float" not in t) else float if "float" in t else str
+      given = {"*": defaults} if isinstance(defaults, str) else dict(defaults or {})
       shown = (
-        defaults
-        if isinstance(defaults, str)
-        else f"default {(defaults or {}).get(f.name, f.default)}"
+        f"default {given[f.name]}" if f.name in given else given.get("*", f"default {f.default}")
       ) + OPTION_NOTES.get(f.name, "")
       p.add_argument(flag, dest=f.name, type=typ, default=None, help=shown)
   p.add_argument(
@@ -822,13 +823,14 @@ def build_parser():
     "compare",
     help=COMPARE_HELP,
     description=COMPARE_HELP + ". Writes OUT_DIR/report.md, curves.png and summary.json.",
+    epilog="Defaults: the setting's where it sets the field, else TrainConfig's "
+    "(compare.SETTINGS: on a GPU the recipe anchor-b128, seed 25; on a CPU the tiny model, "
+    "250 steps, batch 4, seed 0; docs/experiments.md).",
   )
   _add_train_options(
     p,
     skip=("attention",),
-    defaults="default: the setting's where it sets the field, else TrainConfig's "
-    "(compare.SETTINGS: on a GPU anchor-b128, seed 25; on a CPU the tiny model, 250 steps, "
-    "batch 4; docs/experiments.md)",
+    defaults={"*": "default: the setting's (below)", "out_dir": "runs/compare"},
   )
   p.set_defaults(func=_compare)
   p = sub.add_parser(
@@ -1250,12 +1252,19 @@ def _as_options(text: str) -> str:
   return re.sub(rf"(?<![^\s(,;])({fields})(?=[=:])", lambda m: names[m.group(1)], text)
 
 
+def _one_line_warning(message, category, filename, lineno, line=None):
+  """A warning as one line on the console (`warnings.formatwarning`), not its source path and
+  line: a user's data or settings warned about, not a bug."""
+  return f"flashstable: {category.__name__}: {message}\n"
+
+
 def console_main(argv=None):
   """The `flashstable` console entry point (and `python -m jax_flashstable.cli`): a user error
   is its one line on stderr and exit status 2; Ctrl-C one line and status 130 (the training
   loop has saved a checkpoint and says how to resume); never a traceback for either. Ctrl-C
   is taken on a thread of its own (`interrupts.take_on_a_thread`), set up before JAX starts."""
   interrupts.take_on_a_thread()
+  warnings.formatwarning = _one_line_warning
   try:
     code = main(argv)
   except SystemExit as e:

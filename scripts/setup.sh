@@ -27,8 +27,9 @@ if [ ! -x .venv/bin/python ]; then
       "in pyenv, uv or /usr/local. Install one, or set PYTHON=/path/to/python3.12" >&2; exit 1; }
   "$py" -m venv .venv
 fi
-# pip's own exit status (pipefail), its location warnings filtered out
-pip_quiet() { "$@" 2>&1 | { grep -v "^WARNING: Location" || true; }; }
+# pip's own exit status (pipefail), its location warnings filtered out and Python's warnings
+# off (setuptools' ten-line note on every editable install; pip's errors are not warnings)
+pip_quiet() { PYTHONWARNINGS=ignore "$@" 2>&1 | { grep -v "^WARNING: Location" || true; }; }
 pip_quiet .venv/bin/python -m pip install -q --upgrade pip \
   || echo "setup: pip could not upgrade itself (above); going on with the one the venv has" >&2
 pip_quiet .venv/bin/python -m pip install -q -c constraints.txt -e ".$extras" \

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from jax_flashstable.cli import main
@@ -113,7 +114,14 @@ def _bad_inputs(tmp):
     (["train", "--out-dir", str(tmp / "file")], r"--out-dir='.*file' is a file, not a folder"),
     (["train", "--out-dir", str(tmp / "file" / "run")], r"--out-dir='.*run' cannot be created"),
     (["train", "--attention", "nope"], r"attention='nope': unknown attention 'nope'"),
-    (["train", "--layer-attention", "7=xla"], r"layer 7, but n_layer=2"),
+    (
+      ["train", "--layer-attention", "7=xla"],
+      r"--layer-attention='7=xla': .*layer 7, but n_layer=2",
+    ),
+    (
+      ["train", "--model-set", "n_head=3"],
+      r"^flashstable train: --model-set='n_head=3' \(model 'tiny'\): n_embd=64 is not a multiple",
+    ),
     (["compare", "--steps", "0"], r"flashstable compare: --steps=0"),
     (
       ["experiment", "instability", "--recipe", "tiny", "--seeds", "1,-2", "--out", str(tmp)],
@@ -309,6 +317,17 @@ def test_console_prints_one_line_and_exits_2(tmp_path):
   assert out.returncode == 2 and out.stderr.splitlines() == [
     f"flashstable prepare: text folder not found: {tmp_path / 'nonexistent'}"
   ]
+  # a warning is one line too (not its source path and line), the error after it
+  data = tmp_path / "data"
+  data.mkdir()
+  np.arange(10, dtype=np.uint16).tofile(data / "train.bin")
+  out = _run_cli("train", "--data", str(data), "--out-dir", str(tmp_path / "r"))
+  assert out.returncode == 2 and out.stderr.splitlines() == [
+    f"flashstable: UserWarning: no val.bin[.xz] in {data}: validation losses use the training "
+    "tokens",
+    f"flashstable train: --data={str(data)!r}: the train split has 10 tokens, too few for "
+    "--seq-len=128",
+  ], out.stderr
 
 
 def test_help_imports_no_jax():
@@ -413,4 +432,6 @@ def test_every_help_page_renders(capsys):
     with pytest.raises(SystemExit) as e:
       parser.parse_args(argv)
     assert e.value.code == 0, argv
-  assert "compare.SETTINGS" in commands["compare"].format_help()  # compare's own defaults
+  compare = commands["compare"].format_help()
+  assert compare.count("compare.SETTINGS") == 1  # compare's own defaults, said once
+  assert re.search(r"--out-dir OUT_DIR\s+default runs/compare", compare)

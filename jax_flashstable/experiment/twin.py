@@ -76,6 +76,7 @@ import numpy as np
 from jax_flashstable import interrupts
 from jax_flashstable.experiment import instability
 from jax_flashstable.results import format_facts, format_meta
+from jax_flashstable.training.config import overrides_text
 from jax_flashstable.training.train import (
   NonFiniteError,
   TrainConfig,
@@ -304,7 +305,8 @@ def twin_fields(cfg: TrainConfig, attention: str, tiles: int) -> dict:
     )
   if cfg.attention_overrides:
     raise ValueError(
-      f"attention_overrides={cfg.attention_overrides!r}: the twin uses one attention in every layer"
+      f"attention_overrides={overrides_text(cfg.attention_overrides)!r}: the twin uses one "
+      "attention in every layer"
     )
   if cfg.data_parallel:
     raise ValueError("data_parallel=True: the twin trains on one device")

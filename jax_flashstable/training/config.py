@@ -248,8 +248,13 @@ def named_error(cfg: TrainConfig, e: ValueError) -> str:
   if "preset" in str(e):
     return f"model={cfg.model!r}: {e}"
   if "attention override" in str(e):
-    return f"attention_overrides={cfg.attention_overrides!r}: {e}"
-  return f"model_overrides={cfg.model_overrides!r} (model {cfg.model!r}): {e}"
+    return f"attention_overrides={overrides_text(cfg.attention_overrides)!r}: {e}"
+  return f"model_overrides={overrides_text(cfg.model_overrides)!r} (model {cfg.model!r}): {e}"
+
+
+def overrides_text(pairs) -> str:
+  """((key, value), ...) as the command line takes them: "key=value key=value"."""
+  return " ".join(f"{key}={value}" for key, value in pairs)
 
 
 def _check_device(cfg: TrainConfig, mcfg) -> None:
