@@ -63,6 +63,8 @@ def parse_variant(spec: str, options_cls) -> dict:
       f"variant {spec!r}: jax=1 (JAX's attention_mgpu) takes bk and st only: it has no "
       "compensation and none of our options"
     )
+  if out["jax"] and out["num_stages"] < 2:  # its TuningConfig's own rule
+    raise ValueError(f"variant {spec!r}: jax=1 needs st ≥ 2 (attention_mgpu's key tiles in flight)")
   try:
     options_cls(**out["options"])
   except ValueError as e:
@@ -153,27 +155,27 @@ def run(a, shape, variants, fm):
   for spec, var in variants:
     opts = fm.MosaicGPUOptions(**var["options"])
     args = (q, k, v)
-    if var["jax"]:  # JAX's own kernel, on its own inputs (float16, the query scaled)
-      f, prepare = _mosaic_gpu_attention(
-        Shape(b, n, n, h, hk, d, a.causal), block_kv=var["block_k"], stages=var["num_stages"]
-      )
-      f, args = jax.jit(f), prepare(q, k, v, q)[:3]
-    else:
-      f = jax.jit(
-        lambda q, k, v, var=var, opts=opts: flash_attention(
-          q,
-          k,
-          v,
-          causal=a.causal,
-          stabilize=var["stabilize"],
-          block_k=var["block_k"],
-          num_stages=var["num_stages"],
-          backend="mosaic_gpu",
-          mgpu_options=opts,
-        )
-      )
     print(f"# compiling {spec}", flush=True)  # stdout only: names ptxas's next report
     try:
+      if var["jax"]:  # JAX's own kernel, on its own inputs (float16, the query scaled)
+        f, prepare = _mosaic_gpu_attention(
+          Shape(b, n, n, h, hk, d, a.causal), block_kv=var["block_k"], stages=var["num_stages"]
+        )
+        f, args = jax.jit(f), prepare(q, k, v, q)[:3]
+      else:
+        f = jax.jit(
+          lambda q, k, v, var=var, opts=opts: flash_attention(
+            q,
+            k,
+            v,
+            causal=a.causal,
+            stabilize=var["stabilize"],
+            block_k=var["block_k"],
+            num_stages=var["num_stages"],
+            backend="mosaic_gpu",
+            mgpu_options=opts,
+          )
+        )
       out = np.asarray(f(*args).astype(jnp.float32))
     except Exception as e:  # a variant that does not compile: say so, go on with the next
       say(f"{spec}: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}")

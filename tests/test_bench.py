@@ -312,6 +312,7 @@ def test_the_mosaic_gpu_ab_script_reads_variants_and_refuses_bad_ones():
     ("jax=1,tie_lanes=0", "variant 'jax=1,tie_lanes=0': jax=1 (JAX's attention_mgpu) takes bk"),
     ("jax=1,comp=1", "variant 'jax=1,comp=1': jax=1 (JAX's attention_mgpu) takes bk and st"),
     ("jax=2", "variant 'jax=2': jax='2' is not 0 or 1"),
+    ("jax=1,st=1", "variant 'jax=1,st=1': jax=1 needs st ≥ 2"),
   ):
     with pytest.raises(ValueError) as e:
       ab.parse_variant(bad, MosaicGPUOptions)

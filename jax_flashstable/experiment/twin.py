@@ -305,7 +305,7 @@ def twin_fields(cfg: TrainConfig, attention: str, tiles: int) -> dict:
     )
   if cfg.attention_overrides:
     raise ValueError(
-      f"attention_overrides={overrides_text(cfg.attention_overrides)!r}: the twin uses one "
+      f"{overrides_text('attention_overrides', cfg.attention_overrides)}: the twin uses one "
       "attention in every layer"
     )
   if cfg.data_parallel:

@@ -248,13 +248,16 @@ def named_error(cfg: TrainConfig, e: ValueError) -> str:
   if "preset" in str(e):
     return f"model={cfg.model!r}: {e}"
   if "attention override" in str(e):
-    return f"attention_overrides={overrides_text(cfg.attention_overrides)!r}: {e}"
-  return f"model_overrides={overrides_text(cfg.model_overrides)!r} (model {cfg.model!r}): {e}"
+    return f"{overrides_text('attention_overrides', cfg.attention_overrides)}: {e}"
+  return f"{overrides_text('model_overrides', cfg.model_overrides)} (model {cfg.model!r}): {e}"
 
 
-def overrides_text(pairs) -> str:
-  """((key, value), ...) as the command line takes them: "key=value key=value"."""
-  return " ".join(f"{key}={value}" for key, value in pairs)
+def overrides_text(field: str, pairs) -> str:
+  """A TrainConfig overrides field as the command line repeats its option, one item each:
+  "field='key=value' field='key=value'" (an attention given as an AttentionConfig by its spec),
+  which the CLI's messages turn into --layer-attention / --model-set."""
+  spec = lambda v: v.name if hasattr(v, "flash_kwargs") else v  # an AttentionConfig: its spec
+  return " ".join(f"{field}={f'{key}={spec(value)}'!r}" for key, value in pairs)
 
 
 def _check_device(cfg: TrainConfig, mcfg) -> None:
