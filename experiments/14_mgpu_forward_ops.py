@@ -6,8 +6,8 @@ warpgroup's loop over key tiles) is counted: float32 arithmetic per element (vec
 count 2), max/min/ex2 (inline PTX), bf16x2 conversions, warp shuffles, and the loop's
 barriers and wgmma waits. Counts of the lowered MLIR, before LLVM and ptxas: a guide to where
 the elementwise work differs, not a timing (that is `11_mgpu_forward_ab.py`, on the GPU). An op
-repeated on the same operands counts once (LLVM's CSE); ops inside a branch (`skip_rescale`'s
-α·acc) count as if it were always taken.
+repeated on the same operands counts once (LLVM's CSE); ops inside a branch count as if it were
+always taken.
 
     PYTHONPATH=. python3 experiments/14_mgpu_forward_ops.py [OPTION=1 ...]
 

@@ -4,12 +4,13 @@
 # cuDNN; `18_mgpu_backward_stages_ab.py`, backward against the first variant: interleaved
 # pairs, a same-bits check), with ptxas's register and spill report, after the GPU tests of the
 # options (tests.log; AB_TESTS=0 leaves them out), then `19_timing_methods.py` (the bench
-# table's timing against the targets' pairs). Today's questions (2026-12-05):
-# (1) skip_rescale (α·acc skipped by a thread whose rows kept their max), full and causal, with
-# and without the compensation; (2) causal longest_first at block_k 64 with 30 pairs, alone and
-# with skip_rescale; (3) the backward's causal dQ kernel longest first (d128, (3, 2) tiles);
-# (4) JAX's own attention_mgpu at block_kv 64 and 128 (`jax=1`): what the key tile costs a
-# Mosaic GPU kernel without our numerics, full and causal.
+# table's timing against the targets' pairs): ours at block_k 64 with and without the
+# compensation, causal with and without longest_first (the default since 2026-12-05), the
+# backward's causal dQ kernel with and without it (d128, (3, 2) tiles), and JAX's own
+# attention_mgpu at block_kv 64 and 128 (`jax=1`: what the key tile costs a Mosaic GPU kernel
+# without our numerics), full and causal. Its run of 2026-12-05 (at a820fa9, which also timed
+# the since-removed skip_rescale): docs/studies/speed.md,
+# experiments/results/h200-2026-12-05b-b128.
 # (The variants of 2026-12-03 and 2026-12-04, docs/studies/speed.md, are this script at commits
 # 16ec62f and df624af.)
 # ptxas.txt keeps its registers, spills and any "wgmma ... serialized" warning (C75xx: a branch
@@ -23,26 +24,24 @@ set -u
 OUT=${1:-runs/h200}
 mkdir -p "$OUT"
 source "$(dirname "$0")/h200_env.sh"
-# first the GPU's own check that the new options are the same function: skip_rescale's branch
-# (fused_pv's α·acc, which interpret mode does not run) full and causal with overlap, and the
-# backward's longest_first
+# first the GPU's own check that the schedule options are the same function, the backward's
+# longest_first included
 if [[ ${AB_TESTS:-1} != 0 ]]; then
   timeout 110 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_mosaic_gpu.py \
-    -k "skip_rescale or longest_first_is" > $OUT/tests.log 2>&1
+    -k "schedules or longest_first_is" > $OUT/tests.log 2>&1
   echo "tests: exit $?"; tail -3 $OUT/tests.log
 fi
 export MOSAIC_GPU_DUMP_PTXAS=1  # ptxas's registers and spills per kernel, in compile order
 # (ptxas's report comes on stdout, the runs' errors on stderr: both into compile.log; the
 # variants' lines land in ab.txt)
 AB="python3 experiments/11_mgpu_forward_ab.py --pairs 30 --out $OUT/ab.txt"
-timeout 150 $AB bk=64 bk=64,skip_rescale=1 bk=64,comp=0 bk=64,comp=0,skip_rescale=1 \
-  jax=1,bk=64 jax=1,bk=128 > $OUT/compile.log 2>&1
+timeout 150 $AB bk=64 bk=64,comp=0 jax=1,bk=64 jax=1,bk=128 > $OUT/compile.log 2>&1
 echo "full: exit $?"
-timeout 150 $AB --causal bk=64 bk=64,skip_rescale=1 bk=64,longest_first=1 \
-  bk=64,longest_first=1,skip_rescale=1 jax=1,bk=64 jax=1,bk=128 >> $OUT/compile.log 2>&1
+timeout 150 $AB --causal bk=64,longest_first=0 bk=64 jax=1,bk=64 jax=1,bk=128 \
+  >> $OUT/compile.log 2>&1
 echo "causal: exit $?"
 timeout 80 python3 experiments/18_mgpu_backward_stages_ab.py --pairs 30 --causal \
-  --shape 4,4096,16,16,128 --out $OUT/ab.txt 3,2 3,2,longest_first=1 >> $OUT/compile.log 2>&1
+  --shape 4,4096,16,16,128 --out $OUT/ab.txt 3,2,longest_first=0 3,2 >> $OUT/compile.log 2>&1
 echo "backward: exit $?"
 # each kernel's "Compiling entry" line followed by its register and spill lines, in order (the
 # variants compile in the order ab.txt lists them), each variant's "# compiling SPEC" before

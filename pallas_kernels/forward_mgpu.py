@@ -85,8 +85,9 @@ class MosaicGPUOptions:
     so the tiles that visit the most key tiles start first and the short ones fill the tail
     (FlashAttention-3's scheduling of causal work, Shah et al. 2024, §3); each tile's
     arithmetic is unchanged. The same for the Mosaic GPU backward's dQ kernel (`query_tile`;
-    its dK/dV kernel already starts with the longest key tiles). Off by default until
-    measured on the GPU.
+    its dK/dV kernel already starts with the longest key tiles). On by default since
+    2026-12-05 (H200, 30 pairs, same bits: the causal forward +1.3% at d128 and +1.5% at d64
+    paired, the backward 0.99× the time at d128, 1.006× at d64).
   overlap: each warpgroup's P̄V wgmma of step j runs beside its QKᵀ wgmma and softmax of step
     j + 1 (FlashAttention-3's intra-warpgroup overlap of GEMMs and softmax, Shah et al. 2024,
     §3.2, Alg. 2): both products are issued together, S of j + 1 is read as soon as it is
@@ -104,12 +105,6 @@ class MosaicGPUOptions:
     shuffles and then a count over the groups with shuffles of its own. The same decisions
     and the same max (`policy.tied_by_top2`). On: the same bits on the GPU and no slower
     (H100, 2026-12-05: +0.4–2.2% paired, the compensation's forward cost +5.2% → +4.0%).
-  skip_rescale: with fused_pv on the GPU, a thread skips α·acc (a multiply per accumulator
-    register, 64 per thread and key tile at head_dim 128) when α is exactly 1 on both of its
-    rows: their max did not move, or moved by less than α resolves (`rescale_acc`: a branch
-    per thread). 1·x = x for every float, so the same bits; the work saved grows as the
-    running maxima settle. Without fused_pv (and in interpret mode) there is no such
-    multiply to skip and it does nothing. Off by default until measured on the GPU.
   The defaults are the ones that were faster on the H200, or no slower; what each option
   measured, with command and date: docs/studies/speed.md ("The Mosaic GPU route").
   """
@@ -121,10 +116,9 @@ class MosaicGPUOptions:
   q_tiles_inner: bool = True
   opt_barrier: bool = False
   k_wait_in_pv: bool = False
-  longest_first: bool = False
+  longest_first: bool = True
   overlap: bool = False
   tie_lanes: bool = True
-  skip_rescale: bool = False
 
   def __post_init__(self):
     for field in dataclasses.fields(self):  # flags, not truthy values (pingpong: or None)
@@ -386,9 +380,6 @@ def _forward_kernel(
     def scaled(alpha, acc):  # α·acc (fused_pv: before the P̄V wgmma adds to it)
       return numerics.state(lax.broadcast_in_dim(alpha, acc.shape, [0]) * acc)
 
-    def rescaled(alpha, acc):  # fused_pv's α·acc, skipped by a thread whose α is 1 (1·x = x)
-      return numerics.state(rescale_acc(alpha, acc)) if opts.skip_rescale else scaled(alpha, acc)
-
     def pv_operand(p_in, slot):  # V in its slot, the turn taken: P̄ as the P̄V wgmma reads it
       plgpu.barrier_wait(v_ready.at[slot])
       if pingpong:
@@ -446,7 +437,7 @@ def _forward_kernel(
         rendezvous()
       m_new, l_new, alpha, p_in = softmax(j, s, m_i, l_i, masked)
       if fused_pv:
-        acc = rescaled(alpha, acc)
+        acc = scaled(alpha, acc)
       acc, m_new, l_new, p_in = hand_over((acc, m_new, l_new, p_in))
       return pv_step(acc, alpha, p_in, slot, wait_k), m_new, l_new
 
@@ -482,7 +473,7 @@ def _forward_kernel(
         )
         plgpu.barrier_arrive(v_free.at[slot])
         m_new, l_new, alpha_new, p_new = nxt_softmax
-        acc = rescaled(alpha_new, acc)
+        acc = scaled(alpha_new, acc)
       else:
 
         def unfused(s_ref, o_ref):
@@ -587,50 +578,6 @@ def _forward_kernel(
       slot = lax.rem(j, jnp.int32(stages))
       plgpu.barrier_wait(k_free.at[slot])
       plgpu.barrier_wait(v_free.at[slot])
-
-
-def rescale_acc(alpha, acc):
-  """α·acc inside a Mosaic GPU kernel (alpha [rows] in the WGMMA row layout, acc [rows, n]
-  float32 in the WGMMA layout) with a branch per thread: a thread whose rows all have α
-  exactly 1 (their max did not move) keeps its registers, the others multiply them. The same
-  values as `lax.broadcast_in_dim(alpha, acc.shape, [0]) * acc` (1·x = x for every float; a
-  NaN α multiplies), with fewer multiplies as the running maxima settle
-  (`MosaicGPUOptions.skip_rescale`). GPU only (`plgpu.inline_mgpu`)."""
-  out = plgpu.ShapeDtypeStruct(acc.shape, jnp.float32, layout=plgpu.Layout.WGMMA)
-  block = plgpu.inline_mgpu(
-    arg_types=(plgpu.Layout.WGMMA.reduce(1), plgpu.Layout.WGMMA), return_type=out
-  )
-  return block(_rescale_acc)(alpha, acc)
-
-
-def _rescale_acc(_, alpha, acc):
-  """`rescale_acc` on Mosaic GPU FragmentedArrays: one scf.if per thread."""
-  import functools
-
-  from jax._src.lib.mlir import ir
-  from jax._src.lib.mlir.dialects import arith, scf, vector
-  from jax.experimental.mosaic.gpu import fragmented_array as fa
-
-  one = arith.constant(ir.F32Type.get(), 1.0)
-  moved = [  # unordered: a NaN α counts as moved, so NaN propagates as with the multiply
-    arith.cmpf(
-      arith.CmpFPredicate.UNE,
-      vector.extract(a, dynamic_position=[], static_position=ir.DenseI64ArrayAttr.get([0])),
-      one,
-    )
-    for a in alpha.registers.flat
-  ]
-  kept = list(acc.registers.flat)
-  branch = scf.IfOp(functools.reduce(arith.ori, moved), [r.type for r in kept], has_else=True)
-  with ir.InsertionPoint(branch.then_block):
-    scf.yield_(list((acc * alpha.broadcast_minor(acc.shape[1])).registers.flat))
-  with ir.InsertionPoint(branch.else_block):
-    scf.yield_(kept)
-  return fa.FragmentedArray(
-    _registers=np.array(list(branch.results), dtype=object).reshape(acc.registers.shape),
-    _layout=acc.layout,
-    _is_signed=None,
-  )
 
 
 def flash_forward_mgpu(q, k, v, cfg):

@@ -178,68 +178,6 @@ def test_mosaic_gpu_forward_lowers_with_tie_lanes(block_k, causal):
     assert "wgmma" in text and "cp.async.bulk.tensor" in text
 
 
-@pytest.mark.parametrize("overlap, causal", [(False, False), (True, True)])
-def test_mosaic_gpu_forward_lowers_with_skip_rescale(overlap, causal, monkeypatch):
-  """`MosaicGPUOptions.skip_rescale`: fused_pv's α·acc in a branch per thread
-  (`forward_mgpu.rescale_acc`, an `inline_mgpu` block that interpret mode does not run) lowers
-  for CUDA, in the plain and the overlapped loop, as a branch that multiplies the registers it
-  would otherwise keep, on "α ≠ 1" (the Mosaic GPU module's text; the GPU test checks the bits);
-  off, there is no such block (no compensation: no lane merge either)."""
-  from jax.experimental.mosaic.gpu import core
-
-  from pallas_kernels.forward_mgpu import MosaicGPUOptions
-
-  serde, modules = core._run_serde_pass, []  # the Mosaic GPU module, as text (experiment 14's)
-  monkeypatch.setattr(
-    core, "_run_serde_pass", lambda m, *a, **k: modules.append(str(m)) or serde(m, *a, **k)
-  )
-  q = _qkv(128)
-  for skip in (False, True):
-    options = MosaicGPUOptions(pingpong=True, overlap=overlap, skip_rescale=skip)
-    cfg = _cfg(
-      backend="mosaic_gpu", causal=causal, block_k=64, stabilize=False, mgpu_options=options
-    )
-    forward = lambda q, k, v: flash_forward_mgpu(q, k, v, cfg)[:3]  # noqa: B023
-    assert ("_rescale_acc" in str(jax.make_jaxpr(forward)(*q))) == skip
-    text = _lower_for_cuda(forward, *q)
-    assert "wgmma" in text and "cp.async.bulk.tensor" in text
-    branches = _rescale_branches(modules[-1])
-    # one per loop over key tiles traced (unmasked; masked where any tile is), each checked
-    assert bool(branches) == skip, len(branches)
-
-
-def _rescale_branches(module):
-  """The scf.if's of 32 float32 pairs (a d128 accumulator's registers per thread) in a Mosaic
-  GPU module's text, each checked to be `rescale_acc`'s: the condition "α ≠ 1 (unordered) on
-  either of the thread's rows", the then-block multiplying each register the else-block keeps
-  and yielding the products in the same order."""
-  lines, found = module.split("\n"), []
-
-  def definition(name, before):  # the nearest definition above (names repeat across functions)
-    return next(x for x in reversed(lines[:before]) if x.lstrip().startswith(name + " = "))
-
-  for i, line in enumerate(lines):
-    if not re.search(r"= scf\.if %\w+ -> \((vector<2xf32>, ){31}vector<2xf32>\)", line):
-      continue
-    indent = " " * (len(line) - len(line.lstrip()))
-    split = lines.index(indent + "} else {", i)
-    end = lines.index(indent + "}", split)
-    then, other = lines[i + 1 : split], lines[split + 1 : end]
-    products = {}  # result → multiplied register
-    for t in then:
-      if m := re.match(r"\s*(%\w+) = arith\.mulf (%[\w#]+), (%[\w#]+)", t):
-        products[m.group(1)] = m.group(2)
-    yielded = lambda block: re.search(r"scf\.yield (.*) :", block[-1]).group(1).split(", ")
-    kept = yielded(other)
-    assert [products[p] for p in yielded(then)] == kept and len(kept) == 32
-    cond = definition(re.search(r"scf\.if (%\w+)", line).group(1), i)
-    assert "arith.ori" in cond, cond
-    for operand in re.findall(r"%\w+", cond.split("=", 1)[1]):
-      assert "arith.cmpf une" in definition(operand, i), operand
-    found.append(line)
-  return found
-
-
 def test_overlap_refuses_the_options_it_replaces():
   """overlap takes the turn and waits for the next key tile its own way: with early_turn or
   k_wait_in_pv it is refused in one line naming them; the fields are bools and mgpu_options the dataclass, each refused in one line otherwise."""
