@@ -14,8 +14,9 @@ own `attention_mgpu` forward instead of ours, at block_kv bk and st tiles in fli
 inputs with the query scaled first, as `flashstable bench`'s pallas-mgpu; with bk and st only:
 what the key tile costs a Mosaic GPU kernel without our numerics), and any field
 of `MosaicGPUOptions` as 0/1 (pingpong, fused_pv, early_turn, exp2, q_tiles_inner, opt_barrier,
-k_wait_in_pv, longest_first, overlap, tie_lanes). Every variant is checked before any work, its options together too (one line naming the bad one). With MOSAIC_GPU_DUMP_PTXAS=1 ptxas reports
-each kernel's registers and spills on stderr.
+k_wait_in_pv, longest_first, overlap, tie_lanes). Every variant is checked before any work,
+its options together too (one line naming the bad one). With MOSAIC_GPU_DUMP_PTXAS=1 ptxas
+reports each kernel's registers and spills on stderr.
 GPU only (a Hopper GPU: the Mosaic GPU forward and cuDNN); ~15 s a variant on one H200.
 Example (on the device, repo root):
 
@@ -39,8 +40,10 @@ def parse_variant(spec: str, options_cls) -> dict:
   item."""
   option_fields = [f.name for f in dataclasses.fields(options_cls)]
   out = dict(block_k=64, num_stages=2, stabilize=True, jax=False, options={})
+  keys = set()
   for item in filter(None, spec.split(",")):
     key, eq, value = item.partition("=")
+    keys.add(key)
     if not eq:
       raise ValueError(f"variant {spec!r}: {item!r} is not KEY=VALUE")
     if key in ("bk", "st"):
@@ -57,7 +60,7 @@ def parse_variant(spec: str, options_cls) -> dict:
     else:
       known = ", ".join(["bk", "st", "comp", "jax", *option_fields])
       raise ValueError(f"variant {spec!r}: unknown key {key!r} (known: {known})")
-  if out["jax"] and (out["options"] or not out["stabilize"] or "comp=" in spec):
+  if out["jax"] and keys - {"jax", "bk", "st"}:
     raise ValueError(
       f"variant {spec!r}: jax=1 (JAX's attention_mgpu) takes bk and st only: it has no "
       "compensation and none of our options"
