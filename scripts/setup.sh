@@ -2,7 +2,9 @@
 # Creates .venv with Python >= 3.12 (JAX 0.11 needs it) and installs the project pinned to the
 # versions of the H200 image (constraints.txt). `bash scripts/setup.sh test` adds pytest and
 # ruff, and the PyTorch environment of the cross-check tests (.torchvenv, a CPU build of torch,
-# about 1 GB on disk).
+# about 1 GB on disk). `bash scripts/setup.sh ptxas` makes only .venv-ptxas (about 1 GB): JAX with
+# its CUDA 13 plugin and nvdisasm, for experiments/20_ptxas_report.py (ptxas's registers and
+# spills of the Mosaic GPU kernels, compiled on a machine without a GPU).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras=""
@@ -21,6 +23,20 @@ find_python() {
   done
   return 1
 }
+if [ "${1:-}" = "ptxas" ]; then
+  if [ ! -x .venv-ptxas/bin/python ]; then
+    py=$(find_python "(3, 12)") || {
+      echo "setup: ptxas needs Python >= 3.12 (set PYTHON=/path/to/python3.12)" >&2; exit 1; }
+    "$py" -m venv .venv-ptxas
+  fi
+  .venv-ptxas/bin/python -m pip install -q -c constraints.txt jax jaxlib \
+    jax-cuda13-plugin==0.11.2 jax-cuda13-pjrt==0.11.2 nvidia-cuda-nvdisasm absl-py 2>&1 \
+    | { grep -v "^WARNING: Location" || true; }
+  command -v ptxas > /dev/null || echo "setup: no ptxas on PATH: Mosaic GPU runs the first" \
+    "one (a CUDA toolkit's, or pip's nvidia-cuda-nvcc); experiments/20_ptxas_report.py needs it"
+  echo "ready: PYTHONPATH=. .venv-ptxas/bin/python experiments/20_ptxas_report.py"
+  exit 0
+fi
 if [ ! -x .venv/bin/python ]; then
   py=$(find_python "(3, 12)") || {
     echo "setup: needs Python >= 3.12 (JAX 0.11 does) with venv and pip; none found on PATH," \

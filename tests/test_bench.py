@@ -374,6 +374,38 @@ def test_the_backward_ab_reads_stages_and_the_backwards_options():
       ab.parse_stages(bad)
 
 
+def test_the_ptxas_report_reads_forward_and_backward_variants():
+  """experiments/20_ptxas_report.py's variants: fwd: takes experiment 11's, bwd: experiment
+  18's (alone: the defaults); anything else is refused naming it; without the CUDA plugin
+  (this project's .venv) it exits in one line naming the setup."""
+  import importlib.util
+  import subprocess
+  import sys
+
+  from pallas_kernels.forward_mgpu import MosaicGPUOptions
+
+  path = pathlib.Path(__file__).parents[1] / "experiments" / "20_ptxas_report.py"
+  spec = importlib.util.spec_from_file_location("ptxas_report", path)
+  report = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(report)
+  (_, kind, fwd), (_, _, bwd), (_, _, default) = report.parse_variants(
+    ["fwd:bk=128,scale_in_exp2=1", "bwd:3,2,longest_first=0", "bwd:"], MosaicGPUOptions
+  )
+  assert kind == "fwd" and fwd["block_k"] == 128 and fwd["options"] == {"scale_in_exp2": True}
+  assert bwd == ((3, 2), {"longest_first": False}) and default == (None, {})
+  for bad, match in (
+    ("dkv:3,2", r"^variant 'dkv:3,2' is not fwd:VARIANT or bwd:DKV,DQ$"),
+    ("fwd:bk=96x", r"bk='96x' is not a positive int"),
+    ("bwd:3", r"^variant '3' is not DKV,DQ"),
+  ):
+    with pytest.raises(ValueError, match=match):
+      report.parse_variants([bad], MosaicGPUOptions)
+  done = subprocess.run([sys.executable, str(path)], capture_output=True, text=True)
+  plugin = importlib.util.find_spec("jax_plugins") is not None
+  if not plugin:
+    assert done.returncode == 1 and done.stderr.startswith("20_ptxas_report: needs the CUDA 13")
+
+
 def test_the_timing_methods_script_primes_each_side_before_its_timing():
   """experiments/19_timing_methods.py's primed pairs: per pair each side is called once (its
   priming call) and then timed over `inner` calls, the order alternating as in

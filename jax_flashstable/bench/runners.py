@@ -97,6 +97,17 @@ def _mosaic_gpu_attention(shape, block_kv=128, stages=2):
   Returns (f, prepare): prepare converts the inputs once, outside the timed function."""
   if jax.default_backend() != "gpu":
     raise RuntimeError("Mosaic GPU needs a CUDA GPU (Hopper)")
+  scale = shape.head_dim**-0.5
+  prepare = lambda q, k, v, do: (
+    (q.astype(jnp.float32) * scale).astype(jnp.float16),
+    *(x.astype(jnp.float16) for x in (k, v, do)),
+  )
+  return mosaic_gpu_attention_unchecked(shape, block_kv, stages), prepare
+
+
+def mosaic_gpu_attention_unchecked(shape, block_kv=128, stages=2):
+  """`_mosaic_gpu_attention`'s function (float16 inputs, the query scaled), without the check
+  for a GPU: to lower it for CUDA on a CPU (experiments/20_ptxas_report.py)."""
   from jax.experimental.pallas.ops.gpu import attention_mgpu as mgpu
 
   cfg = mgpu.TuningConfig(
@@ -109,12 +120,7 @@ def _mosaic_gpu_attention(shape, block_kv=128, stages=2):
     block_q_dq=64,
     block_kv_dq=64,
   )
-  scale = shape.head_dim**-0.5
-  prepare = lambda q, k, v, do: (
-    (q.astype(jnp.float32) * scale).astype(jnp.float16),
-    *(x.astype(jnp.float16) for x in (k, v, do)),
-  )
-  return (lambda q, k, v: mgpu.attention(q, k, v, cfg)), prepare
+  return lambda q, k, v: mgpu.attention(q, k, v, cfg)
 
 
 def _torch_runs(name, shape, q, k, v, do):
