@@ -30,7 +30,7 @@ import argparse
 import dataclasses
 import sys
 
-OPTIONS_CHANGING_FLOATS = ("fused_pv", "exp2")  # MosaicGPUOptions' docstring
+OPTIONS_CHANGING_FLOATS = ("fused_pv", "exp2", "scale_in_exp2")  # MosaicGPUOptions
 
 
 def parse_variant(spec: str, options_cls) -> dict:

@@ -54,9 +54,10 @@ COMPUTE_WGS = 2
 @dataclasses.dataclass(frozen=True)
 class MosaicGPUOptions:
   """Speed options of the Mosaic GPU forward (`flash_attention(mgpu_options=...)`). None of
-  them moves a bf16 rounding point or the tie test; `fused_pv` and `exp2` change float32
-  values (module docstring), valid for fa2 and fp32_out, whose numerics hooks before the final
-  rounding are identities.
+  them moves a bf16 rounding point; `fused_pv`, `exp2` and `scale_in_exp2` change float32
+  values (module docstring; scale_in_exp2 also a tie decision within about an ulp of its
+  threshold), valid for fa2 and fp32_out, whose numerics hooks before the final rounding are
+  identities.
 
   pingpong: the two compute warpgroups take turns on the tensor cores (FlashAttention-3,
     §3.1): one's softmax runs while the other's matrix products hold them. No arithmetic
@@ -105,6 +106,17 @@ class MosaicGPUOptions:
     shuffles and then a count over the groups with shuffles of its own. The same decisions
     and the same max (`policy.tied_by_top2`). On: the same bits on the GPU and no slower
     (H100, 2026-12-05: +0.4–2.2% paired, the compensation's forward cost +5.2% → +4.0%).
+  scale_in_exp2: with exp2 (ValueError without it), the softmax scale c moves into exp2's FMA
+    (`policy.Numerics.exp_scores`): the row max, the compensation's tie test and shift
+    (`policy.Compensation.unscaled`, its thresholds divided by c) and the running sums work on
+    the unscaled QKᵀ, P̄ = 2^(QKᵀ·k − m·k) with k = c·log₂e, and the m written out is m·c.
+    FlashAttention-2's own order (Dao 2023, its CUDA kernel's `scale_softmax_log2`, as JAX's
+    attention_mgpu on a query scaled beforehand); it saves the multiply of every score (32 of
+    a compute thread's ~350 SASS instructions per key tile at block_k 64, head_dim 128:
+    experiments/20_ptxas_report.py). Changes float32 values: no S = QKᵀ·c is rounded, so P̄'s
+    exponent argument differs by float32 ulps, the written m by at most an ulp where the
+    compensation shifted (m·c rounded once, not per step), and a tie decision only for a
+    score within about an ulp of max − tol; bf16 rounding points stay where they are.
   The defaults are the ones that were faster on the H200, or no slower; what each option
   measured, with command and date: docs/studies/speed.md ("The Mosaic GPU route").
   """
@@ -119,6 +131,7 @@ class MosaicGPUOptions:
   longest_first: bool = True
   overlap: bool = False
   tie_lanes: bool = True
+  scale_in_exp2: bool = False
 
   def __post_init__(self):
     for field in dataclasses.fields(self):  # flags, not truthy values (pingpong: or None)
@@ -127,6 +140,11 @@ class MosaicGPUOptions:
       raise ValueError(
         "MosaicGPUOptions(overlap=True) takes the turn and waits for the next key tile its own "
         f"way: early_turn={self.early_turn} and k_wait_in_pv={self.k_wait_in_pv} must be False"
+      )
+    if self.scale_in_exp2 and not self.exp2:
+      raise ValueError(
+        "MosaicGPUOptions(scale_in_exp2=True) moves the softmax scale into exp2's FMA: "
+        "exp2 must be True, got exp2=False"
       )
 
 
@@ -301,6 +319,10 @@ def _forward_kernel(
   # (the interpreter cannot run a wgmma into an initialised accumulator: fused_pv is GPU-only)
   early_turn, fused_pv = pingpong and opts.early_turn, opts.fused_pv and not cfg.interpret
   top2_ties = cfg.tie_method == "top2"
+  # scale_in_exp2: the loop runs on the unscaled QKᵀ, the scale enters exp2's FMA
+  exp_scale = cfg.softmax_scale if opts.scale_in_exp2 else 1.0
+  if opts.scale_in_exp2 and comp is not None:
+    comp = comp.unscaled(cfg.softmax_scale)
 
   def rendezvous():  # both compute warpgroups arrive, then go on
     plgpu.barrier_arrive(turn)
@@ -340,8 +362,8 @@ def _forward_kernel(
 
       return wait
 
-    def scores(s_tile):  # the QKᵀ accumulator, scaled (`Numerics.scores`)
-      return numerics.scores(s_tile, cfg.softmax_scale)
+    def scores(s_tile):  # the QKᵀ accumulator, scaled (`Numerics.scores`) unless scale_in_exp2
+      return s_tile if opts.scale_in_exp2 else numerics.scores(s_tile, cfg.softmax_scale)
 
     def issue_qk(s_ref, slot):  # the QKᵀ wgmma of the key tile in `slot`
       plgpu.wgmma(s_ref, q_smem, k_smem.at[slot].transpose((1, 0)))
@@ -372,8 +394,9 @@ def _forward_kernel(
       top2 = (lanes if opts.tie_lanes else column_top2) if top2_ties else None
       m_tile, _ = compensated_tile_max(s, comp, top2=top2)
       m_new = jnp.maximum(m_i, m_tile)
-      alpha = numerics.rescale(m_i, m_new, opts.exp2)  # 1 while the max stays, 0 first
-      p = numerics.exp_scores(s, lax.broadcast_in_dim(m_new, s.shape, [0]), opts.exp2)  # P̄, f32
+      alpha = numerics.rescale(m_i, m_new, opts.exp2, exp_scale)  # 1 while the max stays, 0 first
+      m_b = lax.broadcast_in_dim(m_new, s.shape, [0])
+      p = numerics.exp_scores(s, m_b, opts.exp2, exp_scale)  # P̄, f32
       l_new = numerics.state(alpha * l_i + numerics.clamp_sum(jnp.sum(p, axis=1)))  # from f32 P̄
       return m_new, l_new, alpha, numerics.round_p(p, q_smem.dtype)
 
@@ -542,8 +565,8 @@ def _forward_kernel(
       pl.when(wg == 0)(rendezvous)
     o = acc / lax.broadcast_in_dim(l_i, acc.shape, [0])  # final rescale once (FA2 §3.1.1)
     o_smem[...] = numerics.round_out(o, q_smem.dtype)  # a 2-byte O reuses Q's buffer
-    m_smem[...] = m_i  # m and log(l) apart, natural log
-    log_l_smem[...] = jnp.log(l_i)  # (`Numerics.probs`)
+    m_smem[...] = m_i * exp_scale if opts.scale_in_exp2 else m_i  # m and log(l) apart,
+    log_l_smem[...] = jnp.log(l_i)  # natural log (`Numerics.probs`)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(o_smem, o_ref.at[batch, pl.ds(row0, ROWS_PER_WG), head])
     rows_out = (batch, head, pl.ds(row0, ROWS_PER_WG))

@@ -161,22 +161,30 @@ class Numerics:
   def exp_arg(self, x):
     return round_bf16(x) if self.paper else x  # paper: exp(bf16(·))
 
-  def exp_scores(self, s, m, base2=False):
+  def exp_scores(self, s, m, base2=False, scale=1.0):
     """P̄ = exp(S − m) in float32, m broadcast to s. base2 (the Mosaic GPU forward's option, fa2
     and fp32_out only): 2^(S·log₂e − m·log₂e), one FMA before ex2; the max's P̄ then differs
     from 1 by about ln 2 · ½ ulp(m·log₂e) (tens of float32 ulps at |m| ≈ 100) and is still 1
-    after a bf16 rounding for ordinary scores."""
+    after a bf16 rounding for ordinary scores.
+    scale (base2 only; `MosaicGPUOptions.scale_in_exp2`): s and m are the unscaled QKᵀ and its
+    (shifted) max and the softmax scale c enters here, 2^(s·k − m·k) with k = c·log₂e one
+    float32 constant: FlashAttention-2's own order (Dao 2023, its CUDA kernel's
+    `scale_softmax_log2`), without S = QKᵀ·c rounded on its own."""
     if base2:
       assert not self.paper, "base2 skips the paper layout's exp_arg rounding"
-      return jnp.exp2(s * LOG2E - m * LOG2E)
+      k = scale * LOG2E
+      return jnp.exp2(s * k - m * k)
+    assert scale == 1.0, "scale is base2's"
     return jnp.exp(self.exp_arg(s - m))
 
-  def rescale(self, m_old, m_new, base2=False):
+  def rescale(self, m_old, m_new, base2=False, scale=1.0):
     """α = exp(m_old − m_new), the running sums' rescale factor: 0 on the first tile (m_old =
-    −inf), exactly 1 while the max stays (also with base2: 2^((m_old − m_new)·log₂e))."""
+    −inf), exactly 1 while the max stays (also with base2: 2^((m_old − m_new)·log₂e), and
+    with scale, on the unscaled maxima, 2^((m_old − m_new)·c·log₂e): `exp_scores`)."""
     if base2:
       assert not self.paper, "base2 skips the paper layout's exp_arg rounding"
-      return jnp.exp2((m_old - m_new) * LOG2E)
+      return jnp.exp2((m_old - m_new) * (scale * LOG2E))
+    assert scale == 1.0, "scale is base2's"
     return jnp.exp(self.exp_arg(m_old - m_new))
 
   def clamp_sum(self, tile_sum):
@@ -410,6 +418,22 @@ class Compensation:
       max_shift=max_shift,
       guard_paper=guard_paper,
       shift_above=shift_above,
+    )
+
+  def unscaled(self, softmax_scale: float) -> "Compensation":
+    """The same rule for the unscaled scores QKᵀ (S = QKᵀ·c, c = softmax_scale > 0): the
+    absolute thresholds (tie_tolerance, min_shift, max_shift, shift_above) divided by c; β is
+    a ratio and stays. Used where the max is taken before the scale
+    (`MosaicGPUOptions.scale_in_exp2`): the decisions are those on S except for a score within
+    about a float32 ulp of a threshold (S = fl(QKᵀ·c) and t/c are rounded), and exact ties,
+    the case the rule exists for, stay ties."""
+    c = float(softmax_scale)
+    return dataclasses.replace(
+      self,
+      tie_tolerance=self.tie_tolerance / c,
+      min_shift=self.min_shift / c,
+      max_shift=self.max_shift / c,
+      shift_above=self.shift_above / c,
     )
 
   def __post_init__(self):

@@ -155,14 +155,18 @@ def test_mosaic_gpu_forward_lowers_with_overlap(block_k, causal, opt_barrier):
 
 
 @pytest.mark.parametrize("block_k, causal", [(64, False), (128, True)])
-def test_mosaic_gpu_forward_lowers_with_tie_lanes(block_k, causal):
-  """`MosaicGPUOptions.tie_lanes`: the compensation's top-2 finished by shuffles across a row's
-  lanes (`top2.lane_top2`, an `inline_mgpu` block that interpret mode does not run) lowers for
-  CUDA; without the compensation there is no tie test and no such block."""
+@pytest.mark.parametrize("option", ["tie_lanes", "scale_in_exp2"])
+def test_mosaic_gpu_forward_lowers_with_the_compensation_options(block_k, causal, option):
+  """The options that change the compensation's code lower for CUDA, with and without it:
+  `tie_lanes` (the top-2 finished by shuffles across a row's lanes, `top2.lane_top2`, an
+  `inline_mgpu` block that interpret mode does not run, present with the compensation only)
+  and `scale_in_exp2` (the scale in exp2's FMA, the compensation's thresholds divided by it;
+  its values: `tests/test_mosaic_gpu.py`, the multiplies it saves:
+  experiments/20_ptxas_report.py)."""
   from pallas_kernels.forward_mgpu import MosaicGPUOptions
 
   q = _qkv(128)
-  mgpu_options = MosaicGPUOptions(pingpong=True, tie_lanes=True)
+  mgpu_options = MosaicGPUOptions(pingpong=True, **{option: True})
   for stabilize in (True, False):
     cfg = _cfg(
       backend="mosaic_gpu",
@@ -172,20 +176,22 @@ def test_mosaic_gpu_forward_lowers_with_tie_lanes(block_k, causal):
       mgpu_options=mgpu_options,
     )
     forward = lambda q, k, v: flash_forward_mgpu(q, k, v, cfg)[:3]  # noqa: B023
-    # the inline_mgpu block of the lane merge: with the compensation only
-    assert ("inline_mgpu" in str(jax.make_jaxpr(forward)(*q))) == stabilize
+    if option == "tie_lanes":  # the inline_mgpu block of the lane merge: with the compensation
+      assert ("inline_mgpu" in str(jax.make_jaxpr(forward)(*q))) == stabilize
     text = _lower_for_cuda(forward, *q)
     assert "wgmma" in text and "cp.async.bulk.tensor" in text
 
 
 def test_overlap_refuses_the_options_it_replaces():
   """overlap takes the turn and waits for the next key tile its own way: with early_turn or
-  k_wait_in_pv it is refused in one line naming them; the fields are bools and mgpu_options the dataclass, each refused in one line otherwise."""
+  k_wait_in_pv it is refused in one line naming them, and scale_in_exp2 without exp2; the fields are bools and mgpu_options the dataclass, each refused in one line otherwise."""
   from pallas_kernels.forward_mgpu import MosaicGPUOptions
 
   for other in ("early_turn", "k_wait_in_pv"):
     with pytest.raises(ValueError, match=rf"^MosaicGPUOptions\(overlap=True\).*{other}=True"):
       MosaicGPUOptions(overlap=True, **{other: True})
+  with pytest.raises(ValueError, match=r"^MosaicGPUOptions\(scale_in_exp2=True\).*exp2=False"):
+    MosaicGPUOptions(scale_in_exp2=True, exp2=False)
   # every field a bool (pingpong: or None), not a truthy value; flash_attention takes the
   # dataclass or None
   for field, bad in (("pingpong", "no"), ("exp2", 1), ("tie_lanes", None), ("overlap", "x")):

@@ -271,6 +271,68 @@ def test_mosaic_gpu_jitted_forward_backward_matches_eager():
     assert np.array_equal(a, b) and np.array_equal(a, c)
 
 
+@pytest.mark.parametrize("head_dim, causal", [(64, True), (128, False)], ids=["d64-causal", "d128"])
+def test_mosaic_gpu_scale_in_exp2_moves_only_float32_values(head_dim, causal):
+  """`MosaicGPUOptions.scale_in_exp2` (the max, the compensation and exp2's FMA on the unscaled
+  QKᵀ, FlashAttention-2's own order) against the default, compensation on, on inputs with
+  tied maxima in most tiles. At head_dim 64 the scale 1/8 is a power of two, so no product by
+  it or by c·log₂e rounds differently and the forward's out, m and log l are the default's bit
+  for bit (fails if the scale is applied twice or not at all, or a threshold of the
+  compensation is left in S's units: the shift's clip at 20 would bind at 2.5 of S). At
+  head_dim 128 (c = 128^−½): out within one bf16 ulp of the default, m within a float32 ulp
+  (equal on rows the compensation left alone: the max of a monotone rounding is the rounding
+  of the max), log l within a few float32 ulps, and the FP64 rule holds for out and, through
+  the backward, for every gradient."""
+  from pallas_kernels import attention
+  from pallas_kernels.forward_mgpu import flash_forward_mgpu
+  from pallas_kernels.policy import Compensation, get_numerics
+
+  _skip_if_causal_refused(causal)
+  shape = Shape(1, 128, 192, 2, 1, head_dim, causal=causal)
+  q, k, v, do = _tied(shape, jnp.bfloat16, 9)
+
+  def forward(scale_in_exp2):
+    cfg = attention.kernel_config(
+      q_len=shape.q_len,
+      kv_len=shape.kv_len,
+      head_dim=head_dim,
+      dtype=jnp.bfloat16,
+      softmax_scale=head_dim**-0.5,
+      causal=causal,
+      numerics=get_numerics("fa2"),
+      compensation=Compensation(),
+      interpret=jax.default_backend() != "gpu",
+      backend="mosaic_gpu",
+      mgpu_options=fm.MosaicGPUOptions(pingpong=True, scale_in_exp2=scale_in_exp2),
+    )
+    return [np.asarray(x, np.float64) for x in flash_forward_mgpu(q, k, v, cfg)[:3]]
+
+  (out0, m0, log_l0), (out, m, log_l) = forward(False), forward(True)
+  s = np.einsum("bqhd,bkhd->bhqk", *(np.asarray(x, np.float32) for x in (q, k[:, :, [0, 0]])))
+  s = (s * np.float32(head_dim**-0.5)).astype(np.float32)
+  if causal:
+    s = np.where(np.arange(192)[None, :] <= np.arange(128)[:, None], s, -np.inf)
+  shifted = m0 != s.max(-1)  # rows whose last max the compensation moved
+  assert 0 < shifted.sum() < shifted.size, shifted.sum()
+  if head_dim == 64:
+    for a, b in ((out, out0), (m, m0), (log_l, log_l0)):
+      np.testing.assert_array_equal(a, b)
+    return
+  assert np.all(np.abs(out - out0) <= bf16_ulp(out0)), np.abs(out - out0).max()
+  np.testing.assert_array_equal(m[~shifted], m0[~shifted])
+  assert np.all(np.abs(m - m0) <= np.spacing(np.abs(m0).astype(np.float32)))
+  assert np.all(np.abs(log_l - log_l0) <= 8 * np.spacing(np.abs(log_l0).astype(np.float32)) + 1e-7)
+  kw = dict(causal=causal, stabilize=True, backend="mosaic_gpu")
+  f = lambda q, k, v: flash_attention(
+    q, k, v, **kw, mgpu_options=fm.MosaicGPUOptions(pingpong=True, scale_in_exp2=True)
+  )
+  result, vjp = jax.vjp(f, q, k, v)
+  c = compare(
+    q, k, v, do, result=(result, vjp(do.astype(result.dtype))), causal=causal, stabilize=True
+  )
+  assert all(c.passes().values()), {t: (c.flash[t], c.standard[t]) for t in TENSORS}
+
+
 def _residuals(shape, dtype, numerics="fa2", center_keys=False, seed=0):
   """Padded inputs, the Triton forward's out, m and log(l), and the config of a Mosaic GPU
   call: both backwards get the same residuals, so any difference is the backward's own."""
