@@ -14,12 +14,13 @@ project's CPU) it reproduced the H200's report of the same day byte for byte in 
 stages (3, 2), 60 bytes spill stores, 108 loads, 40 bytes stack, six C7519 warnings). Another
 ptxas version can report otherwise (CUDA 13.5's: 60/100 there); the device's is the judge.
 
-    bash scripts/setup.sh ptxas   # .venv-ptxas: jax 0.11.2 + the CUDA 13 plugin (~4 GB)
+    bash scripts/setup.sh ptxas   # .venv-ptxas: jax 0.11.2 + the CUDA 13 plugin (~1 GB)
     PYTHONPATH=. .venv-ptxas/bin/python experiments/20_ptxas_report.py [--causal] \
       [--shape B,N,H,HK,D] [--out DIR] [--nvdisasm PATH|''] [fwd:VARIANT | bwd:DKV,DQ[,OPT=0|1] ...]
 
 fwd:VARIANT is `11_mgpu_forward_ab.py`'s (bk, st, comp, MosaicGPUOptions fields; "fwd:" alone is
-the default forward; jax=1 JAX's own attention_mgpu), bwd:... is `18_mgpu_backward_stages_ab.py`'s ("bwd:" alone: the default
+the default forward, with the compensation as there: comp=0 for plain fa2; jax=1 JAX's own
+attention_mgpu), bwd:... is `18_mgpu_backward_stages_ab.py`'s ("bwd:" alone: the default
 stages; the backward takes the fa2 numerics without the compensation, as there). Default:
 `fwd: bwd:`. DIR (default /tmp/ptxas-report) keeps each kernel's PTX and ptxas output.
 """
@@ -34,6 +35,7 @@ import importlib.util
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -60,7 +62,6 @@ CUresult cuModuleGetFunction(void **f, void *m, const char *name) { *f = handle;
 CUresult cuFuncSetAttribute(void *f, int a, int v) { return 0; }
 CUresult cuModuleUnload(void *m) { return 0; }
 """
-REPORT_LINE = re.compile(r"Compiling entry|registers|spill|stack|C75\d\d|error", re.I)
 
 
 def experiment(name):
@@ -83,6 +84,42 @@ def parse_variants(specs, options_cls):
     else:
       out.append((spec, kind, backward.parse_stages(rest) if rest else (None, {})))
   return out
+
+
+def checked(shape, variants) -> str | None:
+  """Why a variant cannot be compiled at the shape (None when all can): the kernels run the
+  padded shape the API would hand them, so its length must be a multiple of 128 and head_dim
+  32, 64, 128 or 256 here; each variant as `forward_mgpu.supported` / `backward_mgpu.supported`."""
+  import jax.numpy as jnp
+
+  from pallas_kernels import backward_mgpu, forward_mgpu
+
+  if shape.q_len % 128 or shape.kv_len % 128 or shape.head_dim not in forward_mgpu.HEAD_DIMS:
+    return (
+      f"--shape: length {shape.q_len} and head_dim {shape.head_dim}: the kernels take padded "
+      "arrays (length a multiple of 128, head_dim 32, 64, 128 or 256)"
+    )
+  group = shape.num_heads // shape.num_kv_heads
+  for spec, kind, v in variants:
+    if kind == "fwd":
+      why = forward_mgpu.supported(
+        numerics="fa2",
+        block_k=v["block_k"],
+        head_dim=shape.head_dim,
+        dtype=jnp.bfloat16,
+        num_stages=v["num_stages"],
+      )
+    else:
+      why = backward_mgpu.supported(
+        numerics="fa2",
+        head_dim=shape.head_dim,
+        dtype=jnp.bfloat16,
+        num_stages=v[0] if v[0] is not None else 1,
+        group=group,
+      )
+    if why:
+      return f"variant {spec!r}: {why}"
+  return None
 
 
 def stub_driver():
@@ -197,6 +234,12 @@ def main(argv=None):
     sys.exit(f"{name}: {e}")
   if a.nvdisasm and not os.access(a.nvdisasm, os.X_OK):
     sys.exit(f"{name}: --nvdisasm {a.nvdisasm!r} is not an executable")
+  for tool, why in (("ptxas", "Mosaic GPU runs the first on PATH"), ("cc", "builds the stub")):
+    if not shutil.which(tool):
+      sys.exit(f"{name}: no {tool} on PATH ({why}; a CUDA toolkit's ptxas, a C compiler)")
+  why = checked(s, variants)
+  if why:
+    sys.exit(f"{name}: {why}")
   stub_driver()
   lib = ctypes.CDLL(plugin._get_library_path())
   compile_module, unload = lib.MosaicGpuCompile, lib.MosaicGpuUnload
@@ -268,11 +311,15 @@ def main(argv=None):
       first = next((i for i, t in enumerate(lines) if t.startswith("ptxas")), len(lines))
       (out / f"{tag}.ptx").write_text("\n".join(lines[:first]) + "\n")
       (out / f"{tag}.ptxas.txt").write_text("\n".join(lines[first:]) + "\n")
-      report = [t.strip() for t in lines[first:] if REPORT_LINE.search(t)]
-      spill = next((t for t in report if "spill" in t), "no spill line")
-      warns = sorted(set(re.findall(r"C75\d\d", "\n".join(report))))
+      report = "\n".join(lines[first:])
+      regs = re.search(r"Used \d+ registers", report)
+      stack = re.search(r"\d+ bytes stack frame", report)
+      spill = re.search(r"\d+ bytes spill stores, \d+ bytes spill loads", report)
+      warns = sorted(set(re.findall(r"C75\d\d", report)))
+      facts = [x.group(0) for x in (regs, stack, spill) if x] or ["no ptxas report"]
       print(
-        f"{spec} {kernel}: {'compiled' if handle else 'FAILED'}; {spill}; warnings {warns or 'none'}"
+        f"{spec} {kernel}: {'compiled' if handle else 'FAILED'}; {', '.join(facts)}; "
+        f"warnings {warns or 'none'}"
       )
       if not handle:
         print("  " + "\n  ".join(lines[first:][-5:]))

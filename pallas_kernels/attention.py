@@ -214,7 +214,8 @@ def kernel_config(
     kernel: (3, 2) at head_dim 128, (2, 1) at 256, else (2, 2); fewer where shared memory
     is short, as with grouped heads).
   Raises ValueError when `supported` says the backend cannot run the call (the forward; a
-  backward it cannot run falls back to Triton), TypeError for mgpu_options that are not a
+  backward it cannot run falls back to Triton) or `forward_mgpu.scale_in_exp2_refusal` the
+  scale, TypeError for mgpu_options that are not a
   `MosaicGPUOptions` (used where the Mosaic GPU forward runs, unused by the Triton kernels).
   """
   if mgpu_options is not None and not isinstance(mgpu_options, MosaicGPUOptions):
@@ -259,6 +260,11 @@ def kernel_config(
       f" (query.shape[3] = {head_dim})" if padded_head_dim != head_dim and "head_dim" in why else ""
     )
     raise ValueError(f"backend={backend!r} does not support {why}{given}")
+  options = mgpu_options if mgpu_options is not None else MosaicGPUOptions()
+  if backend == "mosaic_gpu" and options.scale_in_exp2:
+    why = forward_mgpu.scale_in_exp2_refusal(softmax_scale, compensation)
+    if why is not None:
+      raise ValueError(why)
   backend_bwd, stages_mgpu_bwd = "triton", None
   stages_mgpu = backward_mgpu.default_stages(padded_head_dim, group, numerics.center_keys)
   if (
@@ -293,7 +299,7 @@ def kernel_config(
     num_stages_bwd=2,
     stages_bwd_mgpu=stages_mgpu_bwd,
     backend=backend,
-    mgpu=mgpu_options if mgpu_options is not None else MosaicGPUOptions(),
+    mgpu=options,
     backend_bwd=backend_bwd,
   )
 

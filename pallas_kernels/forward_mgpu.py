@@ -44,7 +44,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.policy import MOSAIC_GPU_BLOCK_K, MOSAIC_GPU_NUMERICS as NUMERICS
-from pallas_kernels.policy import boolean, compensated_tile_max
+from pallas_kernels.policy import LOG2E, boolean, compensated_tile_max
 from pallas_kernels.top2 import column_top2, lane_top2, row_top2
 
 ROWS_PER_WG = 64  # wgmma's M for one warpgroup
@@ -114,9 +114,11 @@ class MosaicGPUOptions:
     attention_mgpu on a query scaled beforehand); it saves the multiply of every score (32 of
     a compute thread's ~350 SASS instructions per key tile at block_k 64, head_dim 128:
     experiments/20_ptxas_report.py). Changes float32 values: no S = QKᵀ·c is rounded, so P̄'s
-    exponent argument differs by float32 ulps, the written m by at most an ulp where the
-    compensation shifted (m·c rounded once, not per step), and a tie decision only for a
-    score within about an ulp of max − tol; bf16 rounding points stay where they are.
+    exponent argument differs by float32 ulps, the written m where the compensation shifted
+    by about a float32 ulp of the larger of the row's max and max_shift (max_shift / c is
+    rounded), and a tie decision only for a score within about an ulp of max − tol; bf16
+    rounding points stay where they are. Scales whose c·log₂e or thresholds over c are not
+    normal float32 numbers are refused (`scale_in_exp2_refusal`).
   The defaults are the ones that were faster on the H200, or no slower; what each option
   measured, with command and date: docs/studies/speed.md ("The Mosaic GPU route").
   """
@@ -249,6 +251,27 @@ def supported(
       return (
         f"block_k={block_k} with num_stages={num_stages} at head_dim={head_dim}: "
         f"{need / 1024:.1f} KiB of shared memory, more than {SMEM_BYTES / 1024:.0f} KiB"
+      )
+  return None
+
+
+def scale_in_exp2_refusal(softmax_scale: float, compensation) -> str | None:
+  """Why `MosaicGPUOptions.scale_in_exp2` cannot run a call (None when it can): exp2's factor
+  c·log₂e and each nonzero threshold of the compensation over c (`Compensation.unscaled`)
+  must be normal float32 numbers; past that the factor overflows (α = 2^(0·inf) is NaN) or
+  a threshold turns inf (every masked key a tie) or is flushed to 0 on the GPU. The default
+  order has no such limit. softmax_scale: the checked one (a normal float32 > 0)."""
+  values = {"softmax_scale·log₂e": softmax_scale * LOG2E}
+  if compensation is not None:
+    for name in ("tie_tolerance", "min_shift", "max_shift", "shift_above"):
+      if getattr(compensation, name):
+        values[f"{name}/softmax_scale"] = getattr(compensation, name) / softmax_scale
+  tiny, big = float(np.finfo(np.float32).tiny), float(np.finfo(np.float32).max)
+  for name, value in values.items():
+    if not tiny <= abs(value) <= big:
+      return (
+        f"softmax_scale={softmax_scale!r} with MosaicGPUOptions(scale_in_exp2=True): {name} = "
+        f"{value:.3g} is not a normal float32 number"
       )
   return None
 

@@ -496,34 +496,36 @@ def test_unscaled_compensation_decides_as_on_the_scaled_scores(head_dim):
   """`Compensation.unscaled(c)` on QKᵀ (the Mosaic GPU forward's scale_in_exp2) against the
   rule on S = fl(QKᵀ·c): rows of 64 scores built around the thresholds in S's units (ties,
   near-ties at ½·tol and 2·tol, maxima where the shift's clip to [min_shift, max_shift]
-  binds, negative maxima, a fully masked row). At c = 1/8 (head_dim 64, a power of two every
+  binds, negative maxima, maxima below shift_above, a fully masked row). At c = 1/8 (head_dim 64, a power of two every
   product is exact) the shifted maxima are equal bit for bit, m·c against the rule's m; at
-  c = 128^−½ the tie decisions are equal and m·c is within an ulp of the rule's (m·c is
-  rounded once, the rule adds the shift to a rounded S). Fails if a threshold is left in S's
-  units (the shift's clip at 20 would bind at 20 of QKᵀ, 2.5 of S at head_dim 64)."""
+  c = 128^−½ the tie decisions are equal and m·c is within two float32 ulps of the larger of
+  the row's max and max_shift (m·c is rounded once, the rule adds the shift to a rounded S). Fails if a threshold is left in S's
+  units (the shift's clip at 20 would bind at 20 of QKᵀ, 2.5 of S at head_dim 64; each of the
+  four thresholds undivided, checked)."""
   from pallas_kernels.policy import compensated_tile_max
 
   c = head_dim**-0.5
-  comp = Compensation()
   rng = np.random.default_rng(head_dim)
   rows = []
   for top in (-30.0, -2.0, 1e-4, 0.5, 3.0, 15.0, 40.0):  # in S's units
-    for gap in (0.0, 0.5 * comp.tie_tolerance, 2 * comp.tie_tolerance, 1.0):
+    for gap in (0.0, 0.5e-3, 2e-3, 1.0):  # tie_tolerance 1e-3
       s = top - np.abs(rng.normal(3.0, 2.0, 64))
       s[[5, 40]] = top, top - gap
       rows.append(s)
   rows.append(np.full(64, -np.inf))
   raw = (np.asarray(rows) / c).astype(np.float32)  # QKᵀ; S = fl(QKᵀ·c) as the kernel forms it
   scaled = (raw * np.float32(c)).astype(np.float32)
-  m_rule, tied_rule = compensated_tile_max(jnp.asarray(scaled), comp)
-  m_raw, tied = compensated_tile_max(jnp.asarray(raw), comp.unscaled(c))
-  m_rule, m = np.asarray(m_rule), np.asarray(m_raw) * np.float32(c)
-  np.testing.assert_array_equal(np.asarray(tied), np.asarray(tied_rule))
-  assert 0 < np.asarray(tied).sum() < len(rows)  # the rule fired on some rows, not on all
-  if head_dim == 64:
-    np.testing.assert_array_equal(m, m_rule)
-  else:
+  # shift_above 1: rows with |max| < 1 (of S) left alone
+  for comp in (Compensation(), Compensation(shift_above=1.0)):
+    m_rule, tied_rule = compensated_tile_max(jnp.asarray(scaled), comp)
+    m_raw, tied = compensated_tile_max(jnp.asarray(raw), comp.unscaled(c))
+    m_rule, m = np.asarray(m_rule), np.asarray(m_raw) * np.float32(c)
+    np.testing.assert_array_equal(np.asarray(tied), np.asarray(tied_rule))
+    assert 0 < np.asarray(tied).sum() < len(rows)  # the rule fired on some rows, not on all
+    if head_dim == 64:
+      np.testing.assert_array_equal(m, m_rule)
+      continue
     finite = np.isfinite(m_rule)
     assert np.array_equal(m[~finite], m_rule[~finite])
-    gap = np.abs(m[finite] - m_rule[finite])
-    assert np.all(gap <= np.spacing(np.abs(m_rule[finite]))), (m, m_rule)
+    bound = 2 * np.spacing(np.maximum(np.abs(scaled.max(-1)), comp.max_shift)[finite])
+    assert np.all(np.abs(m[finite] - m_rule[finite]) <= bound), (m, m_rule)

@@ -136,6 +136,16 @@ def test_mosaic_gpu_matches_triton_forward(shape, dtype, numerics, extra, stabil
       r"block_k=128 with num_stages=4 at head_dim=128: \d+\.\d KiB",
     ),
     (dict(backend="cuda"), "backend='cuda'"),
+    (  # exp2's factor c·log₂e overflows float32
+      dict(softmax_scale=3e38, mgpu_options=fm.MosaicGPUOptions(scale_in_exp2=True)),
+      r"^softmax_scale=3e\+38 with MosaicGPUOptions\(scale_in_exp2=True\): softmax_scale·log₂e",
+    ),
+    (  # the compensation's max_shift / c overflows float32 (the default order takes both)
+      dict(
+        softmax_scale=5e-38, stabilize=True, mgpu_options=fm.MosaicGPUOptions(scale_in_exp2=True)
+      ),
+      r"^softmax_scale=5e-38 with .*: max_shift/softmax_scale = 4e\+38 is not a normal float32",
+    ),
   ],
 )
 def test_mosaic_gpu_refusals_name_the_value(kwargs, match):
@@ -271,18 +281,25 @@ def test_mosaic_gpu_jitted_forward_backward_matches_eager():
     assert np.array_equal(a, b) and np.array_equal(a, c)
 
 
-@pytest.mark.parametrize("head_dim, causal", [(64, True), (128, False)], ids=["d64-causal", "d128"])
-def test_mosaic_gpu_scale_in_exp2_moves_only_float32_values(head_dim, causal):
+@pytest.mark.parametrize(
+  "head_dim, causal, overlap",
+  [(64, True, False), (64, False, True), (128, False, False)],
+  ids=["d64-causal", "d64-overlap", "d128"],
+)
+def test_mosaic_gpu_scale_in_exp2_moves_only_float32_values(head_dim, causal, overlap):
   """`MosaicGPUOptions.scale_in_exp2` (the max, the compensation and exp2's FMA on the unscaled
   QKᵀ, FlashAttention-2's own order) against the default, compensation on, on inputs with
-  tied maxima in most tiles. At head_dim 64 the scale 1/8 is a power of two, so no product by
-  it or by c·log₂e rounds differently and the forward's out, m and log l are the default's bit
-  for bit (fails if the scale is applied twice or not at all, or a threshold of the
-  compensation is left in S's units: the shift's clip at 20 would bind at 2.5 of S). At
-  head_dim 128 (c = 128^−½): out within one bf16 ulp of the default, m within a float32 ulp
-  (equal on rows the compensation left alone: the max of a monotone rounding is the rounding
-  of the max), log l within a few float32 ulps, and the FP64 rule holds for out and, through
-  the backward, for every gradient."""
+  tied maxima in most tiles; with `overlap` on both sides its own loop's path. At head_dim 64
+  the scale 1/8 is a power of two, so no product by it or by c·log₂e rounds differently and
+  the forward's out, m and log l are the default's bit for bit (fails if the scale is applied
+  twice or not at all, to the scores, α or the written m, or max_shift is left in S's units:
+  the shift's clip at 20 would bind at 2.5 of S; the other thresholds:
+  `tests/test_compensation.py`). At head_dim 128 (c = 128^−½): out within one bf16 ulp of the
+  default; m equal on rows the compensation left alone (the max of a monotone rounding is the
+  rounding of the max) and elsewhere within two float32 ulps of the larger of the row's max
+  and max_shift (the shift's threshold over c is rounded; where a negative max and the shift
+  cancel, that error is all of a small m), log l within a few float32 ulps, and the FP64 rule
+  holds for out and, through the backward, for every gradient."""
   from pallas_kernels import attention
   from pallas_kernels.forward_mgpu import flash_forward_mgpu
   from pallas_kernels.policy import Compensation, get_numerics
@@ -303,7 +320,7 @@ def test_mosaic_gpu_scale_in_exp2_moves_only_float32_values(head_dim, causal):
       compensation=Compensation(),
       interpret=jax.default_backend() != "gpu",
       backend="mosaic_gpu",
-      mgpu_options=fm.MosaicGPUOptions(pingpong=True, scale_in_exp2=scale_in_exp2),
+      mgpu_options=fm.MosaicGPUOptions(pingpong=True, scale_in_exp2=scale_in_exp2, overlap=overlap),
     )
     return [np.asarray(x, np.float64) for x in flash_forward_mgpu(q, k, v, cfg)[:3]]
 
@@ -320,7 +337,8 @@ def test_mosaic_gpu_scale_in_exp2_moves_only_float32_values(head_dim, causal):
     return
   assert np.all(np.abs(out - out0) <= bf16_ulp(out0)), np.abs(out - out0).max()
   np.testing.assert_array_equal(m[~shifted], m0[~shifted])
-  assert np.all(np.abs(m - m0) <= np.spacing(np.abs(m0).astype(np.float32)))
+  scale_of_m = np.maximum(np.abs(s.max(-1)), Compensation().max_shift).astype(np.float32)
+  assert np.all(np.abs(m - m0) <= 2 * np.spacing(scale_of_m)), np.abs(m - m0).max()
   assert np.all(np.abs(log_l - log_l0) <= 8 * np.spacing(np.abs(log_l0).astype(np.float32)) + 1e-7)
   kw = dict(causal=causal, stabilize=True, backend="mosaic_gpu")
   f = lambda q, k, v: flash_attention(
