@@ -1,7 +1,8 @@
 """Issue 19: the Mosaic GPU backward's tiles in flight (`pallas_kernels/backward_mgpu.py`,
 `KernelConfig.stages_bwd_mgpu`: dK/dV's and dQ's), and the `MosaicGPUOptions` it reads
-(longest_first: the causal dQ kernel's query tiles, the last first), against each other: each
-variant's backward
+(longest_first: the causal dQ kernel's query tiles, the last first; rounded_scores: S as PTX
+mul.rn.f32 and P without a select, which moves float32 values away from the row max, so it
+says "DIFFERS" with the largest difference), against each other: each variant's backward
 (dK/dV and dQ, given the same forward residuals) against the first variant's in interleaved
 pairs (the median of `--pairs` ratios, each side 10 back-to-back calls, as `flashstable bench
 --paired`), its time alone, and whether its dQ, dK and dV equal the first's bit for bit (the
@@ -25,7 +26,7 @@ import dataclasses
 import sys
 
 
-BACKWARD_OPTIONS = ("longest_first",)  # the `MosaicGPUOptions` fields the backward reads
+BACKWARD_OPTIONS = ("longest_first", "rounded_scores")  # `MosaicGPUOptions` the backward reads
 
 
 def parse_stages(spec: str) -> tuple[tuple[int, int], dict]:
@@ -159,7 +160,8 @@ def run(a, shape, variants):
       same = (
         f"same bits as {first[0]}"
         if all(np.array_equal(g, r) for g, r in zip(grads, first[1]))
-        else f"DIFFERS from {first[0]}"
+        else f"DIFFERS from {first[0]} (max |Δ| "
+        f"{max(float(np.max(np.abs(g - r))) for g, r in zip(grads, first[1])):.2e})"
       )
       ratio = 1 + paired_overhead(run_first, run_v, pairs=a.pairs)  # time(variant) / time(first)
     say(

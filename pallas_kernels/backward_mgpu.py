@@ -49,6 +49,7 @@ import numbers
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
@@ -248,12 +249,40 @@ def _valid(q_pos, k_pos, cfg, real_queries=False):
   return valid
 
 
+def _rounded_scores(s, scale):
+  """S = QKᵀ·c (`Numerics.scores` of fa2 and fp32_out) on a wgmma tile, each product PTX
+  `mul.rn.f32`: a product with an explicit rounding mode is never contracted into the
+  subtraction after it (NVPTX contracts `mul` + `sub` into an FMA even where the product has
+  a second use), so S − m is exactly 0 at the row max and `Numerics.probs` needs no select
+  (`Numerics.max_gap`). The same values as the plain product, rounded once. GPU only
+  (`plgpu.inline_mgpu`)."""
+  layout = plgpu.Layout.WGMMA
+  out = plgpu.ShapeDtypeStruct(s.shape, jnp.float32, layout=layout)
+
+  def body(_, x):
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir.dialects import arith, vector
+    from jax.experimental.mosaic.gpu import fragmented_array as fa
+
+    mul_rn = fa.FragmentedArray._lift_fast_instr("mul.rn.f32")
+    c = arith.constant(ir.F32Type.get(), float(np.float32(scale)))
+    return x._pointwise(lambda r: mul_rn(r, vector.broadcast(r.type, c)))
+
+  return plgpu.inline_mgpu(arg_types=(layout,), return_type=out)(body)(s)
+
+
 def _probs_and_dscores(s, dp, m, log_l, delta, cfg, valid=None):
   """P and dS of one tile of QKᵀ and dO Vᵀ products, float32, 0 where not `valid` (None:
   nothing masked) — the Triton backward's `_probs_and_dscores`, on wgmma tiles (either
-  orientation: m, log l and delta come broadcast to the tile)."""
+  orientation: m, log l and delta come broadcast to the tile). On the GPU S is
+  `_rounded_scores` (`MosaicGPUOptions.rounded_scores`: no select in P; interpret mode: XLA's
+  product and `probs`' select)."""
   numerics, scale = cfg.numerics, cfg.softmax_scale
-  p = numerics.probs(numerics.scores(s, scale), m, log_l)
+  if cfg.interpret or not cfg.mgpu.rounded_scores:
+    p = numerics.probs(numerics.scores(s, scale), m, log_l)
+  else:
+    assert not numerics.paper, "the Mosaic GPU backward's scores are fa2's and fp32_out's"
+    p = numerics.probs(_rounded_scores(s, scale), m, log_l, rounded=True)
   if valid is None:
     return p, numerics.dscores(p, numerics.dp(dp), delta, scale)
   p = jnp.where(valid, p, 0.0)

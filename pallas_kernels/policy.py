@@ -239,7 +239,7 @@ class Numerics:
     return hash_u32(hash_u32(pos ^ seed0) ^ hash_u32(head + seed1))
 
   # --- backward ------------------------------------------------------------------------
-  def probs(self, s, m, log_l, input_dtype=None):
+  def probs(self, s, m, log_l, input_dtype=None, rounded=False):
     """P = exp(S − m − log l) in float32, every layout. FlashAttention-2 (and FA3, cuDNN)
     store lse = m + log l and form exp(S − lse); in float32 that sum rounds log l away once
     |m| is large (ulp(lse) ≈ |m|·2^−23: at m ≈ 10^5, 0.008), so P and every gradient err in
@@ -264,13 +264,23 @@ class Numerics:
     gradients 0.28% high. A tile before the max moved took r(P̄_then)·α, which r(P̄_then·α)
     does not reproduce: noise of up to 2⁻⁹ relative per entry, and on capped ties (the same
     r(e^−cap) on every row) a bias of up to the same 0.28% times that tile's share of the
-    row (m alone per row cannot undo it; docs/numerics.md#the-compensation)."""
+    row (m alone per row cannot undo it; docs/numerics.md#the-compensation).
+
+    rounded: S is a product rounded on its own, so S − m needs no select (`max_gap`)."""
     if input_dtype is not None and self.rounds_row_sum(input_dtype):
-      p_bar = round_bf16(jnp.exp(self.exp_arg(jnp.where(s == m, 0.0, s - m))))
+      p_bar = round_bf16(jnp.exp(self.exp_arg(self.max_gap(s, m, rounded))))
       return p_bar * jnp.exp(m - (m + log_l) if self.single_lse else -log_l)
     if self.single_lse:
       return jnp.exp(s - (m + log_l))
-    return jnp.exp(jnp.where(s == m, 0.0, s - m) - log_l)
+    return jnp.exp(self.max_gap(s, m, rounded) - log_l)
+
+  def max_gap(self, s, m, rounded=False):
+    """S − m, exactly 0 where S equals m (`probs`): written so, unless the caller formed S as a
+    product rounded on its own that no compiler can contract into the subtraction (rounded:
+    the Mosaic GPU backward's PTX `mul.rn.f32`), where S − m is that 0 already (S = m = ±inf
+    aside, whose rows' log l is NaN either way) and the compare and select are two
+    instructions a score saved."""
+    return s - m if rounded else jnp.where(s == m, 0.0, s - m)
 
   def d_out(self, d_out, input_dtype):
     """dO as the backward's dots and delta take it: in the input dtype (fp32_out's cotangent is

@@ -367,7 +367,10 @@ def test_the_backward_ab_reads_stages_and_the_backwards_options():
     ("3", r"^variant '3' is not DKV,DQ"),
     ("3,9", r"^variant '3,9' is not DKV,DQ"),
     ("3,2,longest_first=2", r"^variant '3,2,longest_first=2': 'longest_first=2' is not OPTION"),
-    ("3,2,skip_rescale=1", r"'skip_rescale=1' is not OPTION=0\|1 \(OPTION: longest_first\)$"),
+    (
+      "3,2,skip_rescale=1",
+      r"'skip_rescale=1' is not OPTION=0\|1 \(OPTION: longest_first, rounded_scores\)$",
+    ),
     ("3,2,longest_first", r"'longest_first' is not OPTION"),
   ):
     with pytest.raises(ValueError, match=match):
