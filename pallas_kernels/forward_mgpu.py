@@ -125,7 +125,8 @@ class MosaicGPUOptions:
     score fewer in both backward kernels (experiments/20_ptxas_report.py). Off: the plain
     product and `probs`' select, where NVPTX contracts the product into S − m (an FMA) away
     from the max, so P's float32 values there differ by ulps from the definition's
-    fl(fl(QKᵀ·c) − m), which the option computes (as interpret mode does).
+    fl(fl(QKᵀ·c) − m), which the option computes (as interpret mode does). Off by default
+    until its GPU tests and timing (built 2026-12-06 on a CPU: lowered and compiled by ptxas).
   The defaults are the ones that were faster on the H200, or no slower; what each option
   measured, with command and date: docs/studies/speed.md ("The Mosaic GPU route").
   """
@@ -141,7 +142,7 @@ class MosaicGPUOptions:
   overlap: bool = False
   tie_lanes: bool = True
   scale_in_exp2: bool = False
-  rounded_scores: bool = True
+  rounded_scores: bool = False
 
   def __post_init__(self):
     for field in dataclasses.fields(self):  # flags, not truthy values (pingpong: or None)

@@ -211,8 +211,9 @@ def test_overlap_refuses_the_options_it_replaces():
 )
 def test_mosaic_gpu_backward_lowers(head_dim, causal, group, center_keys):
   """The GPU path of the Mosaic GPU backward (register operands of wgmma, accumulation in the
-  wgmma accumulators, the early read of S, 240/24 registers, S as PTX mul.rn.f32), which
-  interpret mode does not run, lowers through Mosaic GPU to NVVM: two kernels, dK/dV and dQ."""
+  wgmma accumulators, the early read of S, 240/24 registers, with rounded_scores S as PTX
+  mul.rn.f32), which interpret mode does not run, lowers through Mosaic GPU to NVVM: two
+  kernels, dK/dV and dQ."""
   from pallas_kernels.backward_mgpu import flash_backward_mgpu
 
   cfg = kernel_config(
@@ -236,11 +237,11 @@ def test_mosaic_gpu_backward_lowers(head_dim, causal, group, center_keys):
   )
   assert text.count("stablehlo.custom_call @mosaic_gpu") == 2
   assert "wgmma" in text and "cp.async.bulk.tensor" in text and "setmaxnreg" in text
-  # S = QKᵀ·c as PTX mul.rn.f32 (`MosaicGPUOptions.rounded_scores`, on by default), which no
-  # compiler contracts into S − m; off, the plain product
-  assert "mul.rn.f32" in text
-  plain = dataclasses.replace(cfg, mgpu=dataclasses.replace(cfg.mgpu, rounded_scores=False))
-  text = _lower_for_cuda(
-    lambda q, k, v: flash_backward_mgpu(q, k, v, q, rows, rows, q, plain), q, k, v
-  )
+  # S = QKᵀ·c as PTX mul.rn.f32 with `MosaicGPUOptions.rounded_scores` (no compiler contracts
+  # it into S − m); off (the default), the plain product
   assert "mul.rn.f32" not in text
+  rounded = dataclasses.replace(cfg, mgpu=dataclasses.replace(cfg.mgpu, rounded_scores=True))
+  text = _lower_for_cuda(
+    lambda q, k, v: flash_backward_mgpu(q, k, v, q, rows, rows, q, rounded), q, k, v
+  )
+  assert "mul.rn.f32" in text

@@ -473,6 +473,31 @@ def test_mosaic_gpu_backward_longest_first_is_the_same_function():
     assert np.abs(b).max() > 0 and np.array_equal(a, b), name
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_mosaic_gpu_backward_rounded_scores_moves_only_float32_values(causal):
+  """`MosaicGPUOptions.rounded_scores` (S as PTX mul.rn.f32, P without the select) against the
+  plain product, same residuals: on the GPU dQ, dK and dV within one bf16 ulp at their scale
+  (float32 values of P move by ulps away from the row max; the max's P is exactly
+  exp(−log l) either way); in interpret mode, which runs XLA's product and the select whatever
+  the option, bit for bit."""
+  _skip_if_causal_refused(causal)
+  from pallas_kernels.backward_mgpu import flash_backward_mgpu
+
+  args, cfg = _residuals(Shape(1, 256, 256, 2, 1, 128, causal=causal), jnp.bfloat16, seed=4)
+  plain, rounded = (
+    dataclasses.replace(cfg, mgpu=dataclasses.replace(cfg.mgpu, rounded_scores=on))
+    for on in (False, True)
+  )
+  ours, theirs = flash_backward_mgpu(*args, rounded), flash_backward_mgpu(*args, plain)
+  for name, a, b in zip(("dq", "dk", "dv"), ours, theirs):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    assert np.abs(b).max() > 0 and np.isfinite(a).all(), name
+    if jax.default_backend() != "gpu":
+      assert np.array_equal(a, b), name
+    else:
+      assert np.all(np.abs(a - b) <= ulp_at_scale(b) + 1e-12), (name, np.abs(a - b).max())
+
+
 def test_mosaic_gpu_backward_stages_are_lowered_to_what_fits(monkeypatch):
   """A measured row asking more tiles than fit is lowered per kernel to the most that fit:
   4 of each at head_dim 128 → dK/dV 4 (199,680 bytes), dQ with the centred keys 3 (4 would
