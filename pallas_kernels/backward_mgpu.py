@@ -274,15 +274,19 @@ def _rounded_scores(s, scale):
 def _probs_and_dscores(s, dp, m, log_l, delta, cfg, valid=None):
   """P and dS of one tile of QKᵀ and dO Vᵀ products, float32, 0 where not `valid` (None:
   nothing masked) — the Triton backward's `_probs_and_dscores`, on wgmma tiles (either
-  orientation: m, log l and delta come broadcast to the tile). On the GPU S is
-  `_rounded_scores` (`MosaicGPUOptions.rounded_scores`: no select in P; interpret mode: XLA's
-  product and `probs`' select)."""
+  orientation: m, log l and delta come broadcast to the tile). With
+  `MosaicGPUOptions.rounded_scores` S is rounded on its own (`_rounded_scores` on the GPU, an
+  optimization barrier in interpret mode) and P has no select."""
   numerics, scale = cfg.numerics, cfg.softmax_scale
-  if cfg.interpret or not cfg.mgpu.rounded_scores:
+  if not cfg.mgpu.rounded_scores or numerics.single_lse:  # (single_lse: no select to drop)
     p = numerics.probs(numerics.scores(s, scale), m, log_l)
-  else:
+  else:  # interpret mode: an optimization barrier keeps XLA from contracting S into S − m
     assert not numerics.paper, "the Mosaic GPU backward's scores are fa2's and fp32_out's"
-    p = numerics.probs(_rounded_scores(s, scale), m, log_l, rounded=True)
+    if cfg.interpret:
+      s = lax.optimization_barrier(numerics.scores(s, scale))
+    else:
+      s = _rounded_scores(s, scale)
+    p = numerics.probs(s, m, log_l, rounded=True)
   if valid is None:
     return p, numerics.dscores(p, numerics.dp(dp), delta, scale)
   p = jnp.where(valid, p, 0.0)

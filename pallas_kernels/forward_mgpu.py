@@ -119,13 +119,14 @@ class MosaicGPUOptions:
     rounded), and a tie decision only for a score within about an ulp of max − tol; bf16
     rounding points stay where they are. Scales whose c·log₂e or thresholds over c are not
     normal float32 numbers are refused (`scale_in_exp2_refusal`).
-  rounded_scores: the Mosaic GPU backward forms S = QKᵀ·c as PTX `mul.rn.f32`, which no
-    compiler contracts into S − m, so P needs no compare-and-select to be exactly 1 at the
-    row max (`backward_mgpu._rounded_scores`, `policy.Numerics.max_gap`): two instructions a
-    score fewer in both backward kernels (experiments/20_ptxas_report.py). Off: the plain
-    product and `probs`' select, where NVPTX contracts the product into S − m (an FMA) away
-    from the max, so P's float32 values there differ by ulps from the definition's
-    fl(fl(QKᵀ·c) − m), which the option computes (as interpret mode does). Off by default
+  rounded_scores: the Mosaic GPU backward forms S = QKᵀ·c as PTX `mul.rn.f32` (interpret
+    mode: behind an optimization barrier), which no compiler contracts into S − m, so P needs
+    no compare-and-select for exp(S − m) to be exactly 1 at the row max
+    (`backward_mgpu._rounded_scores`, `policy.Numerics.max_gap`): two instructions a score
+    fewer in both backward kernels (experiments/20_ptxas_report.py; not with single_lse,
+    which has no select). Off: the plain product and `probs`' select, where NVPTX contracts
+    the product into S − m (an FMA) away from the max, so P's float32 values there differ by
+    ulps from the definition's fl(fl(QKᵀ·c) − m), which the option computes. Off by default
     until its GPU tests and timing (built 2026-12-06 on a CPU: lowered and compiled by ptxas).
   The defaults are the ones that were faster on the H200, or no slower; what each option
   measured, with command and date: docs/studies/speed.md ("The Mosaic GPU route").

@@ -475,11 +475,11 @@ def test_mosaic_gpu_backward_longest_first_is_the_same_function():
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_mosaic_gpu_backward_rounded_scores_moves_only_float32_values(causal):
-  """`MosaicGPUOptions.rounded_scores` (S as PTX mul.rn.f32, P without the select) against the
-  plain product, same residuals: on the GPU dQ, dK and dV within one bf16 ulp at their scale
-  (float32 values of P move by ulps away from the row max; the max's P is exactly
-  exp(−log l) either way); in interpret mode, which runs XLA's product and the select whatever
-  the option, bit for bit."""
+  """`MosaicGPUOptions.rounded_scores` (S rounded on its own, P without the select) against
+  the plain product and the select, same residuals. Interpret mode, where S passes an
+  optimization barrier: dQ, dK and dV bit for bit, since the definition's S − m is exactly what
+  the select wrote (fails without the barrier: XLA contracts S into S − m). On the GPU (PTX
+  mul.rn.f32 against NVPTX's FMA away from the max): within one bf16 ulp at their scale."""
   _skip_if_causal_refused(causal)
   from pallas_kernels.backward_mgpu import flash_backward_mgpu
 
@@ -496,6 +496,30 @@ def test_mosaic_gpu_backward_rounded_scores_moves_only_float32_values(causal):
       assert np.array_equal(a, b), name
     else:
       assert np.all(np.abs(a - b) <= ulp_at_scale(b) + 1e-12), (name, np.abs(a - b).max())
+
+
+def test_max_gap_without_the_select_differs_only_where_s_and_m_are_the_same_infinity():
+  """`Numerics.max_gap(rounded=True)` (S − m, for an S rounded on its own) against the select
+  `where(S == m, 0, S − m)` over ±0, subnormals, normals, the largest float32, ±inf and NaN for
+  both: equal values (±0 where S = m, NaN where either is NaN), except S = m = ±inf (NaN
+  against 0), which needs an overflowed QKᵀ, whose row's log l is NaN, so P is NaN either way."""
+  from pallas_kernels.policy import get_numerics
+
+  f32 = np.finfo(np.float32)
+  edge = np.array(
+    [0.0, -0.0, f32.smallest_subnormal, -f32.smallest_subnormal, 1.5, -2.25, f32.max, -f32.max]
+    + [np.inf, -np.inf, np.nan],
+    np.float32,
+  )
+  s, m = (jnp.asarray(x) for x in np.meshgrid(edge, edge, indexing="ij"))
+  numerics = get_numerics("fa2")
+  gap = np.asarray(numerics.max_gap(s, m, rounded=True))
+  selected = np.asarray(numerics.max_gap(s, m))
+  same_infinity = np.isinf(np.asarray(s)) & (np.asarray(s) == np.asarray(m))
+  assert same_infinity.sum() == 2 and np.isnan(gap[same_infinity]).all()
+  # equal as values (S − m is −0 for S = −0, m = +0, where the select writes +0: the same
+  # exp); NaN where either is NaN
+  assert np.array_equal(gap[~same_infinity], selected[~same_infinity], equal_nan=True)
 
 
 def test_mosaic_gpu_backward_stages_are_lowered_to_what_fits(monkeypatch):
