@@ -3,16 +3,15 @@
 # options against cuDNN and each other (`experiments/11_mgpu_forward_ab.py`, forward against
 # cuDNN; `18_mgpu_backward_stages_ab.py`, backward against the first variant: interleaved
 # pairs, a same-bits check), with ptxas's register and spill report, after the GPU tests of the
-# options (tests.log; AB_TESTS=0 leaves them out), then `19_timing_methods.py` (the bench
-# table's timing against the targets' pairs): ours at block_k 64 with and without the
-# compensation, causal with and without longest_first (the default since 2026-12-05), the
-# backward's causal dQ kernel with and without it (d128, (3, 2) tiles), and JAX's own
-# attention_mgpu at block_kv 64 and 128 (`jax=1`: what the key tile costs a Mosaic GPU kernel
-# without our numerics), full and causal. Its run of 2026-12-05 (at a820fa9, which also timed
-# the since-removed skip_rescale): docs/studies/speed.md,
-# experiments/results/h200-2026-12-05b-b128.
-# (The variants of 2026-12-03 and 2026-12-04, docs/studies/speed.md, are this script at commits
-# 16ec62f and df624af.)
+# options (tests.log; AB_TESTS=0 leaves them out). Since 2026-12-06: the two options built that day
+# on a CPU (experiments/20_ptxas_report.py counted their SASS): the forward's scale_in_exp2
+# (the softmax scale in exp2's FMA, FlashAttention-2's own order) at block_k 64 with and
+# without the compensation, causal too, and at 128, beside JAX's own attention_mgpu at the
+# same tile (`jax=1`), and the backward's rounded_scores (S as PTX mul.rn.f32, no select)
+# full and causal (d128, (3, 2) tiles); both change float32 values only, so their lines say
+# "DIFFERS" with the largest difference. The runs of 2026-12-03, -04 and -05
+# (docs/studies/speed.md; experiments/results/h200-2026-12-05b-b128) are this script at
+# commits 16ec62f, df624af and a820fa9.
 # ptxas.txt keeps its registers, spills and any "wgmma ... serialized" warning (C75xx: a branch
 # or the overlap keeping two wgmmas from pipelining). Lines land in
 # $OUT/ab.txt as they come (a call cut at its limit still brings back what ran); ptxas's report
@@ -24,25 +23,29 @@ set -u
 OUT=${1:-runs/h200}
 mkdir -p "$OUT"
 source "$(dirname "$0")/h200_env.sh"
-# first the GPU's own check that the schedule options are the same function, the backward's
-# longest_first included
+# first the options' GPU tests: scale_in_exp2 against the default (float32 values only) and
+# the FP64 rule, rounded_scores against the plain product, the backward against Triton
 if [[ ${AB_TESTS:-1} != 0 ]]; then
   timeout 110 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_mosaic_gpu.py \
-    -k "schedules or longest_first_is" > $OUT/tests.log 2>&1
+    -k "scale_in_exp2 or rounded_scores or backward_matches" > $OUT/tests.log 2>&1
   echo "tests: exit $?"; tail -3 $OUT/tests.log
 fi
 export MOSAIC_GPU_DUMP_PTXAS=1  # ptxas's registers and spills per kernel, in compile order
 # (ptxas's report comes on stdout, the runs' errors on stderr: both into compile.log; the
 # variants' lines land in ab.txt)
 AB="python3 experiments/11_mgpu_forward_ab.py --pairs 30 --out $OUT/ab.txt"
-timeout 150 $AB bk=64 bk=64,comp=0 jax=1,bk=64 jax=1,bk=128 > $OUT/compile.log 2>&1
+timeout 140 $AB bk=64 bk=64,scale_in_exp2=1 bk=64,comp=0 bk=64,comp=0,scale_in_exp2=1 \
+  jax=1,bk=64 > $OUT/compile.log 2>&1
 echo "full: exit $?"
-timeout 150 $AB --causal bk=64,longest_first=0 bk=64 jax=1,bk=64 jax=1,bk=128 \
-  >> $OUT/compile.log 2>&1
+timeout 80 $AB --causal bk=64 bk=64,scale_in_exp2=1 >> $OUT/compile.log 2>&1
 echo "causal: exit $?"
-timeout 80 python3 experiments/18_mgpu_backward_stages_ab.py --pairs 30 --causal \
-  --shape 4,4096,16,16,128 --out $OUT/ab.txt 3,2,longest_first=0 3,2 >> $OUT/compile.log 2>&1
+timeout 100 $AB bk=128 bk=128,scale_in_exp2=1 jax=1,bk=128 >> $OUT/compile.log 2>&1
+echo "block_k 128: exit $?"
+BW="python3 experiments/18_mgpu_backward_stages_ab.py --pairs 30 --shape 4,4096,16,16,128 --out $OUT/ab.txt"
+timeout 60 $BW 3,2 3,2,rounded_scores=1 >> $OUT/compile.log 2>&1
 echo "backward: exit $?"
+timeout 60 $BW --causal 3,2 3,2,rounded_scores=1 >> $OUT/compile.log 2>&1
+echo "backward causal: exit $?"
 # each kernel's "Compiling entry" line followed by its register and spill lines, in order (the
 # variants compile in the order ab.txt lists them), each variant's "# compiling SPEC" before
 # its kernel's lines (2026-12-04, where the lines were not named, the three C7513 warnings fell
@@ -54,5 +57,3 @@ grep -vE "^ptxas|^    0 bytes|^$" $OUT/compile.log | head -c 20000 > $OUT/compil
 rm $OUT/compile.log
 cat $OUT/ab.txt
 echo "ptxas: $(grep -c "Compiling entry" $OUT/ptxas.txt) kernels, $(grep -cE "[1-9][0-9]* bytes spill" $OUT/ptxas.txt) lines with a spill, $(grep -ciE "serialized" $OUT/ptxas.txt) wgmma serialisation warnings"
-timeout 100 python3 experiments/19_timing_methods.py --out $OUT/timing-methods.txt > /dev/null 2>&1
-echo "timing methods: exit $?"
