@@ -598,8 +598,10 @@ def _forward_kernel(
       pl.when(wg == 0)(rendezvous)
     o = acc / lax.broadcast_in_dim(l_i, acc.shape, [0])  # final rescale once (FA2 §3.1.1)
     o_smem[...] = numerics.round_out(o, q_smem.dtype)  # a 2-byte O reuses Q's buffer
-    m_smem[...] = m_i * exp_scale if opts.scale_in_exp2 else m_i  # m and log(l) apart,
-    log_l_smem[...] = jnp.log(l_i)  # natural log (`Numerics.probs`)
+    # m (in S's units: scale_in_exp2 ran on the unscaled QKᵀ) and log(l) apart, natural log
+    # (`Numerics.probs`)
+    m_smem[...] = m_i * exp_scale if opts.scale_in_exp2 else m_i
+    log_l_smem[...] = jnp.log(l_i)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(o_smem, o_ref.at[batch, pl.ds(row0, ROWS_PER_WG), head])
     rows_out = (batch, head, pl.ds(row0, ROWS_PER_WG))

@@ -496,12 +496,13 @@ def test_unscaled_compensation_decides_as_on_the_scaled_scores(head_dim):
   """`Compensation.unscaled(c)` on QKᵀ (the Mosaic GPU forward's scale_in_exp2) against the
   rule on S = fl(QKᵀ·c): rows of 64 scores built around the thresholds in S's units (ties,
   near-ties at ½·tol and 2·tol, maxima where the shift's clip to [min_shift, max_shift]
-  binds, negative maxima, maxima below shift_above, a fully masked row). At c = 1/8 (head_dim 64, a power of two every
-  product is exact) the shifted maxima are equal bit for bit, m·c against the rule's m; at
-  c = 128^−½ the tie decisions are equal and m·c is within two float32 ulps of the larger of
-  the row's max and max_shift (m·c is rounded once, the rule adds the shift to a rounded S). Fails if a threshold is left in S's
-  units (the shift's clip at 20 would bind at 20 of QKᵀ, 2.5 of S at head_dim 64; each of the
-  four thresholds undivided, checked)."""
+  binds, negative maxima, maxima below shift_above, a fully masked row). At c = 1/8 (head_dim
+  64, a power of two: every product is exact) the shifted maxima are equal bit for bit, m·c
+  against the rule's m; at c = 128^−½ the tie decisions are equal and m·c is within two
+  float32 ulps of the larger of the row's max and max_shift (m·c is rounded once, the rule
+  adds the shift to a rounded S). Fails if a threshold is left in S's units (the shift's clip
+  at 20 would bind at 20 of QKᵀ, 2.5 of S at head_dim 64; each of the four thresholds
+  undivided, checked)."""
   from pallas_kernels.policy import compensated_tile_max
 
   c = head_dim**-0.5
