@@ -9,7 +9,9 @@
 # without the compensation, causal too, and at 128, beside JAX's own attention_mgpu at the
 # same tile (`jax=1`), and the backward's rounded_scores (S as PTX mul.rn.f32, no select)
 # full and causal (d128, (3, 2) tiles); both change float32 values only, so their lines say
-# "DIFFERS" with the largest difference. The runs of 2026-12-03, -04 and -05
+# "DIFFERS" with the largest difference (first run on an H100 on 2026-12-06, with AB_QUICK and
+# the rest by hand, experiments/results/h100-2026-12-06-b128; rounded_scores is the default
+# since, so the backward lines now time it against rounded_scores=0). The runs of 2026-12-03, -04 and -05
 # (docs/studies/speed.md; experiments/results/h200-2026-12-05b-b128) are this script at
 # commits 16ec62f, df624af and a820fa9.
 # ptxas.txt keeps its registers, spills and any "wgmma ... serialized" warning (C75xx: a branch
@@ -46,10 +48,10 @@ timeout 100 $AB bk=128 bk=128,scale_in_exp2=1 jax=1,bk=128 >> $OUT/compile.log 2
 echo "block_k 128: exit $?"
 fi
 BW="python3 experiments/18_mgpu_backward_stages_ab.py --pairs 30 --shape 4,4096,16,16,128 --out $OUT/ab.txt"
-timeout 60 $BW 3,2 3,2,rounded_scores=1 >> $OUT/compile.log 2>&1
+timeout 60 $BW 3,2,rounded_scores=0 3,2 >> $OUT/compile.log 2>&1
 echo "backward: exit $?"
 if [[ ${AB_QUICK:-0} == 0 ]]; then
-timeout 60 $BW --causal 3,2 3,2,rounded_scores=1 >> $OUT/compile.log 2>&1
+timeout 60 $BW --causal 3,2,rounded_scores=0 3,2 >> $OUT/compile.log 2>&1
 echo "backward causal: exit $?"
 fi
 # each kernel's "Compiling entry" line followed by its register and spill lines, in order (the

@@ -206,7 +206,8 @@ def kernel_config(
   - Triton forward: 4 warps (8 when head_dim > 64) and 2 stages; backward kernels: 4 warps and
     2 stages (4 warps were faster than 8 in the H200 tile sweep, `experiments/03_tile_sweep.py`;
     figures: docs/studies/speed.md);
-  - Mosaic GPU forward: 2 key/value tiles in flight, `MosaicGPUOptions()`;
+  - Mosaic GPU forward: 2 key/value tiles in flight, `MosaicGPUOptions()` (its scale_in_exp2
+    resolved by `forward_mgpu.resolve_scale_in_exp2`: on where it changes no value);
   - backend="auto" resolved by `choose_backend` (`KernelConfig.backend` is the kernel that runs);
   - the backward (`KernelConfig.backend_bwd`): the Mosaic GPU one after the Mosaic GPU forward
     where `supported(..., backward=True)` allows (group = num_heads // num_kv_heads), else the
@@ -214,8 +215,8 @@ def kernel_config(
     kernel: (3, 2) at head_dim 128, (2, 1) at 256, else (2, 2); fewer where shared memory
     is short, as with grouped heads).
   Raises ValueError when `supported` says the backend cannot run the call (the forward; a
-  backward it cannot run falls back to Triton) or `forward_mgpu.scale_in_exp2_refusal` the
-  scale, TypeError for mgpu_options that are not a
+  backward it cannot run falls back to Triton) or, for scale_in_exp2=True,
+  `forward_mgpu.scale_in_exp2_refusal` the scale, TypeError for mgpu_options that are not a
   `MosaicGPUOptions` (used where the Mosaic GPU forward runs, unused by the Triton kernels).
   """
   if mgpu_options is not None and not isinstance(mgpu_options, MosaicGPUOptions):
@@ -261,10 +262,8 @@ def kernel_config(
     )
     raise ValueError(f"backend={backend!r} does not support {why}{given}")
   options = mgpu_options if mgpu_options is not None else MosaicGPUOptions()
-  if backend == "mosaic_gpu" and options.scale_in_exp2:
-    why = forward_mgpu.scale_in_exp2_refusal(softmax_scale, compensation)
-    if why is not None:
-      raise ValueError(why)
+  if backend == "mosaic_gpu":  # its None resolved: on where exact (a power-of-two scale)
+    options = forward_mgpu.resolve_scale_in_exp2(options, softmax_scale, compensation)
   backend_bwd, stages_mgpu_bwd = "triton", None
   stages_mgpu = backward_mgpu.default_stages(padded_head_dim, group, numerics.center_keys)
   if (

@@ -35,6 +35,7 @@ block_k to 64 or 128, and 64 at head_dim 256 (`supported`).
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -118,7 +119,11 @@ class MosaicGPUOptions:
     by about a float32 ulp of the larger of the row's max and max_shift (max_shift / c is
     rounded), and a tie decision only for a score within about an ulp of max − tol; bf16
     rounding points stay where they are. Scales whose c·log₂e or thresholds over c are not
-    normal float32 numbers are refused (`scale_in_exp2_refusal`).
+    normal float32 numbers are refused (`scale_in_exp2_refusal`). None (the default): on
+    exactly where it changes no value (`resolve_scale_in_exp2`: c a power of two, as at
+    head_dim 64 and 256 by default, where QKᵀ·c, the thresholds over c and m·c are exact), off
+    elsewhere; timed (H100, 2026-12-06, b4 × 4096 × 16 × d128, compensation on): +1.1%
+    forward (causal +2.2%), +5.1% without the compensation.
   rounded_scores: the Mosaic GPU backward forms S = QKᵀ·c as PTX `mul.rn.f32` (interpret
     mode: behind an optimization barrier), which no compiler contracts into S − m, so P needs
     no compare-and-select for exp(S − m) to be exactly 1 at the row max
@@ -126,9 +131,10 @@ class MosaicGPUOptions:
     fewer in both backward kernels (experiments/20_ptxas_report.py; not with single_lse,
     which has no select). Off: the plain product and `probs`' select, where NVPTX contracts
     the product into S − m (an FMA) away from the max, so P's float32 values there differ by
-    ulps from the definition's fl(fl(QKᵀ·c) − m), which the option computes. Off by default
-    until its GPU tests and timing (built 2026-12-06 on a CPU: lowered and compiled by ptxas).
-  The defaults are the ones that were faster on the H200, or no slower; what each option
+    ulps from the definition's fl(fl(QKᵀ·c) − m), which the option computes. On by default
+    since its GPU tests and timing (H100, 2026-12-06: the backward alone 2.0% faster, causal
+    2.2%, b4 × 4096 × 16 × d128; interpret mode: the same bits as off).
+  The defaults are the ones that were faster on the H200 or H100, or no slower; what each option
   measured, with command and date: docs/studies/speed.md ("The Mosaic GPU route").
   """
 
@@ -142,12 +148,15 @@ class MosaicGPUOptions:
   longest_first: bool = True
   overlap: bool = False
   tie_lanes: bool = True
-  scale_in_exp2: bool = False
-  rounded_scores: bool = False
+  scale_in_exp2: bool | None = None
+  rounded_scores: bool = True
 
   def __post_init__(self):
-    for field in dataclasses.fields(self):  # flags, not truthy values (pingpong: or None)
-      boolean(f"MosaicGPUOptions.{field.name}", getattr(self, field.name), field.name == "pingpong")
+    for field in dataclasses.fields(self):  # flags, not truthy values (or None, where resolved)
+      name = field.name
+      boolean(
+        f"MosaicGPUOptions.{name}", getattr(self, name), name in ("pingpong", "scale_in_exp2")
+      )
     if self.overlap and (self.early_turn or self.k_wait_in_pv):
       raise ValueError(
         "MosaicGPUOptions(overlap=True) takes the turn and waits for the next key tile its own "
@@ -284,6 +293,24 @@ def scale_in_exp2_refusal(softmax_scale: float, compensation) -> str | None:
         f"{value:.3g} is not a normal float32 number"
       )
   return None
+
+
+def resolve_scale_in_exp2(options: MosaicGPUOptions, softmax_scale: float, compensation):
+  """`options` with scale_in_exp2 a bool. True: checked (ValueError with
+  `scale_in_exp2_refusal`'s line). None: True exactly where it changes no value — exp2 on,
+  softmax_scale a power of two (so QKᵀ·c, each threshold over c and m·c are exact, and
+  QKᵀ·(c·log₂e) is the default order's fl(QKᵀ·c)·log₂e rounded once: the same exp2 argument
+  for scores in float32's normal range; tests/test_mosaic_gpu.py checks the bits at
+  head_dim 64) and nothing refused — else False."""
+  if options.scale_in_exp2 is False:
+    return options
+  why = scale_in_exp2_refusal(softmax_scale, compensation)
+  if options.scale_in_exp2:
+    if why is not None:
+      raise ValueError(why)
+    return options
+  exact = options.exp2 and why is None and math.frexp(float(softmax_scale))[0] == 0.5
+  return dataclasses.replace(options, scale_in_exp2=bool(exact))
 
 
 def on_hopper() -> bool:

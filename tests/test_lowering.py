@@ -192,9 +192,10 @@ def test_overlap_refuses_the_options_it_replaces():
       MosaicGPUOptions(overlap=True, **{other: True})
   with pytest.raises(ValueError, match=r"^MosaicGPUOptions\(scale_in_exp2=True\).*exp2=False"):
     MosaicGPUOptions(scale_in_exp2=True, exp2=False)
-  # every field a bool (pingpong: or None), not a truthy value; flash_attention takes the
-  # dataclass or None
-  for field, bad in (("pingpong", "no"), ("exp2", 1), ("tie_lanes", None), ("overlap", "x")):
+  # every field a bool (pingpong, scale_in_exp2: or None), not a truthy value;
+  # flash_attention takes the dataclass or None
+  bad_values = (("pingpong", "no"), ("exp2", 1), ("tie_lanes", None), ("overlap", "x"))
+  for field, bad in bad_values + (("scale_in_exp2", 1), ("rounded_scores", None)):
     with pytest.raises(TypeError, match=rf"^MosaicGPUOptions\.{field} must be a bool"):
       MosaicGPUOptions(**{field: bad})
   q = jnp.zeros((1, 16, 2, 16), jnp.bfloat16)
@@ -237,11 +238,11 @@ def test_mosaic_gpu_backward_lowers(head_dim, causal, group, center_keys):
   )
   assert text.count("stablehlo.custom_call @mosaic_gpu") == 2
   assert "wgmma" in text and "cp.async.bulk.tensor" in text and "setmaxnreg" in text
-  # S = QKᵀ·c as PTX mul.rn.f32 with `MosaicGPUOptions.rounded_scores` (no compiler contracts
-  # it into S − m); off (the default), the plain product
-  assert "mul.rn.f32" not in text
-  rounded = dataclasses.replace(cfg, mgpu=dataclasses.replace(cfg.mgpu, rounded_scores=True))
+  # S = QKᵀ·c as PTX mul.rn.f32 with `MosaicGPUOptions.rounded_scores` (the default; no
+  # compiler contracts it into S − m); off, the plain product
+  assert cfg.mgpu.rounded_scores and "mul.rn.f32" in text
+  plain = dataclasses.replace(cfg, mgpu=dataclasses.replace(cfg.mgpu, rounded_scores=False))
   text = _lower_for_cuda(
-    lambda q, k, v: flash_backward_mgpu(q, k, v, q, rows, rows, q, rounded), q, k, v
+    lambda q, k, v: flash_backward_mgpu(q, k, v, q, rows, rows, q, plain), q, k, v
   )
-  assert "mul.rn.f32" in text
+  assert "mul.rn.f32" not in text

@@ -351,6 +351,43 @@ def test_mosaic_gpu_scale_in_exp2_moves_only_float32_values(head_dim, causal, ov
   assert all(c.passes().values()), {t: (c.flash[t], c.standard[t]) for t in TENSORS}
 
 
+def test_mosaic_gpu_scale_in_exp2_by_default_only_where_it_changes_no_value():
+  """`MosaicGPUOptions()` leaves scale_in_exp2 None and the config resolves it
+  (`forward_mgpu.resolve_scale_in_exp2`): on for a power-of-two softmax_scale (head_dim 64's
+  default 1/8, 256's 1/16, a given 2.0), where the test above finds the default's bits; off for
+  128^−½ and 0.1, with exp2 off, and where `scale_in_exp2_refusal` would refuse (2^−126 with
+  the compensation: max_shift over it is past float32); an explicit True there raises its
+  line, an explicit False stays off."""
+  from pallas_kernels import attention
+  from pallas_kernels.policy import Compensation, get_numerics
+
+  def resolved(head_dim, scale=None, comp=None, **options):
+    cfg = attention.kernel_config(
+      q_len=64,
+      kv_len=64,
+      head_dim=head_dim,
+      dtype=jnp.bfloat16,
+      softmax_scale=head_dim**-0.5 if scale is None else scale,
+      causal=False,
+      numerics=get_numerics("fa2"),
+      compensation=comp,
+      interpret=True,
+      backend="mosaic_gpu",
+      mgpu_options=fm.MosaicGPUOptions(**options),
+    )
+    return cfg.mgpu.scale_in_exp2
+
+  assert fm.MosaicGPUOptions().scale_in_exp2 is None
+  assert resolved(64) is True and resolved(256, comp=Compensation()) is True
+  assert resolved(128, scale=2.0) is True
+  assert resolved(128) is False and resolved(64, scale=0.1) is False
+  assert resolved(64, exp2=False) is False and resolved(64, scale_in_exp2=False) is False
+  assert resolved(64, scale=2.0**-126) is True  # no threshold to divide: nothing refused
+  assert resolved(64, scale=2.0**-126, comp=Compensation()) is False
+  with pytest.raises(ValueError, match=r"^softmax_scale=1.17\d*e-38 with .*max_shift/softmax"):
+    resolved(64, scale=2.0**-126, comp=Compensation(), scale_in_exp2=True)
+
+
 def _residuals(shape, dtype, numerics="fa2", center_keys=False, seed=0):
   """Padded inputs, the Triton forward's out, m and log(l), and the config of a Mosaic GPU
   call: both backwards get the same residuals, so any difference is the backward's own."""
