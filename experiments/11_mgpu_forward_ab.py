@@ -3,8 +3,8 @@
 cuDNN in interleaved pairs (the median of `--pairs` ratios, each side 10 back-to-back calls,
 as `flashstable bench --paired`), its TFLOP/s alone, and whether its output equals, bit for
 bit, the first variant of the same numerics (block_k, compensation, and the options that
-change float32 values: fused_pv, exp2; `MosaicGPUOptions`): a speed change must say "same
-bits". Headline shape b4 × 4096 × 16 × d128 bf16 by default.
+change float32 values: fused_pv, exp2, scale_in_exp2 where the scale is not a power of two ≤ 1;
+`MosaicGPUOptions`): a speed change must say "same bits". Headline shape b4 × 4096 × 16 × d128 bf16 by default.
 
     python3 experiments/11_mgpu_forward_ab.py [--causal] [--pairs 15] [--out FILE] VARIANT ...
 
@@ -123,6 +123,21 @@ def main(argv=None):
   run(a, shape, variants, fm)
 
 
+def _changing_floats(opts, d, stabilize, fm):
+  """The values of the options that change float32 values, as the call runs them:
+  scale_in_exp2 resolved (`forward_mgpu.resolve_scale_in_exp2`: None is on where it changes
+  no value) and counted as on only where it changes values (a scale that is not a power of
+  two ≤ 1), so variants with the same bits share a group and are checked against each other."""
+  from pallas_kernels.policy import Compensation
+
+  c, comp = d**-0.5, Compensation() if stabilize else None
+  values = {name: getattr(opts, name) for name in OPTIONS_CHANGING_FLOATS}
+  exact = fm.resolve_scale_in_exp2(dataclasses.replace(opts, scale_in_exp2=None), c, comp)
+  on = fm.resolve_scale_in_exp2(opts, c, comp).scale_in_exp2
+  values["scale_in_exp2"] = bool(on) and not exact.scale_in_exp2
+  return tuple(values.values())
+
+
 def run(a, shape, variants, fm):
   import jax
   import jax.numpy as jnp
@@ -186,7 +201,7 @@ def run(a, shape, variants, fm):
       "jax" if var["jax"] else "ours",
       var["block_k"],
       var["stabilize"],
-      *(getattr(opts, name) for name in OPTIONS_CHANGING_FLOATS),
+      *_changing_floats(opts, d, var["stabilize"], fm),
     )
     if numerics not in first:
       first[numerics], same = (spec, out), "first of its numerics"

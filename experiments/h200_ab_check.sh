@@ -8,8 +8,9 @@
 # (the softmax scale in exp2's FMA, FlashAttention-2's own order) at block_k 64 with and
 # without the compensation, causal too, and at 128, beside JAX's own attention_mgpu at the
 # same tile (`jax=1`), and the backward's rounded_scores (S as PTX mul.rn.f32, no select)
-# full and causal (d128, (3, 2) tiles); both change float32 values only, so their lines say
-# "DIFFERS" with the largest difference (first run on an H100 on 2026-12-06, with AB_QUICK and
+# full and causal (d128, (3, 2) tiles); both change float32 values only, so the forward's
+# lines say "first of its numerics" (scale_in_exp2 at head_dim 128 is part of experiment 11's
+# numerics key) and the backward's "DIFFERS" with the largest difference (first run on an H100 on 2026-12-06, with AB_QUICK and
 # the rest by hand, experiments/results/h100-2026-12-06-b128; rounded_scores is the default
 # since, so the backward lines now time it against rounded_scores=0). The runs of 2026-12-03, -04 and -05
 # (docs/studies/speed.md; experiments/results/h200-2026-12-05b-b128) are this script at

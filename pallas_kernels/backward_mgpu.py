@@ -45,6 +45,7 @@ Tiles: 64 rows per warpgroup; dK/dV takes query tiles of `DKV_BLOCK_Q`, dQ key t
 
 from __future__ import annotations
 
+import functools
 import numbers
 
 import jax
@@ -238,15 +239,21 @@ def _iota(tile, dim):
   return plgpu.broadcasted_iota(jnp.int32, tile, dim, layout=plgpu.Layout.WGMMA)
 
 
-def _valid(q_pos, k_pos, cfg, real_queries=False):
-  """True where a score counts: a real key, (real_queries) a real query, (causal) key ≤ query
-  (`forward.score_mask`)."""
-  valid = k_pos < cfg.kv_len
-  if real_queries:
-    valid = jnp.logical_and(valid, q_pos < cfg.q_len)
+def _valid(q_pos, k_pos, cfg, key_span, query_span=None):
+  """True where a score counts (`forward.score_mask`): a real key, (query_span given) a real
+  query, (causal) key ≤ query; None where every score of the kernel's tiles counts. A
+  condition is left out where it holds for every tile the kernel visits: real keys where
+  kv_len is a multiple of key_span (the keys one CTA or warpgroup takes, so no tile reaches
+  past kv_len), real queries where q_len is a multiple of query_span (a compare and a select a
+  score fewer in the causal diagonal's tiles)."""
+  conditions = []
+  if cfg.kv_len % key_span:
+    conditions.append(k_pos < cfg.kv_len)
+  if query_span is not None and cfg.q_len % query_span:
+    conditions.append(q_pos < cfg.q_len)
   if cfg.causal:
-    valid = jnp.logical_and(valid, q_pos >= k_pos)
-  return valid
+    conditions.append(q_pos >= k_pos)
+  return functools.reduce(jnp.logical_and, conditions) if conditions else None
 
 
 def _rounded_scores(s, scale):
@@ -341,7 +348,8 @@ def _dkv_kernel(
   # warpgroup with keys of its own; above it (`parts`) one tile of keys, a part each
   n_parts, width = q_smem.shape[1], q_smem.shape[-1]
   shared = n_parts > 1
-  cta_key0 = lax.axis_index("kv_tiles") * (ROWS if shared else COMPUTE_WGS * ROWS)
+  key_span = ROWS if shared else COMPUTE_WGS * ROWS  # the keys of one CTA
+  cta_key0 = lax.axis_index("kv_tiles") * key_span
   # causal: query tiles that end before this CTA's first key see none of its keys
   first = lax.div(cta_key0, jnp.int32(bq)) if cfg.causal else jnp.int32(0)
   n_steps = jnp.maximum(jnp.int32(n_q) - first, 0)
@@ -378,7 +386,8 @@ def _dkv_kernel(
       m, log_l, delta = (
         lax.broadcast_in_dim(_row_slice(rows_smem.at[slot], r, col), tile, [1]) for r in range(3)
       )
-      valid = _valid(i * bq + _iota(tile, 1), key0 + _iota(tile, 0), cfg, True) if masked else None
+      q_pos, k_pos = i * bq + _iota(tile, 1), key0 + _iota(tile, 0)
+      valid = _valid(q_pos, k_pos, cfg, key_span, query_span=bq) if masked else None
       p, ds = _probs_and_dscores(s, dp, m, log_l, delta, cfg, valid)
       return numerics.round_p(p, dtype), numerics.round_ds(ds, dtype)
 
@@ -590,7 +599,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, *refs, cfg, n_kv, group, s
     def elementwise(s, dp, j, masked):
       """dS of one step, rounded for its product (padded query rows are not masked: their
       dQ rows are cut off by the wrapper)."""
-      valid = _valid(row0 + _iota(tile, 0), j * bk + _iota(tile, 1), cfg) if masked else None
+      valid = _valid(row0 + _iota(tile, 0), j * bk + _iota(tile, 1), cfg, bk) if masked else None
       return numerics.round_ds(_probs_and_dscores(s, dp, m, log_l, delta, cfg, valid)[1], dtype)
 
     def step(j, dq, masked):

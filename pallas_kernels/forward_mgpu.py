@@ -55,10 +55,10 @@ COMPUTE_WGS = 2
 @dataclasses.dataclass(frozen=True)
 class MosaicGPUOptions:
   """Speed options of the Mosaic GPU forward (`flash_attention(mgpu_options=...)`). None of
-  them moves a bf16 rounding point; `fused_pv`, `exp2` and `scale_in_exp2` change float32
-  values (module docstring; scale_in_exp2 also a tie decision within about an ulp of its
-  threshold), valid for fa2 and fp32_out, whose numerics hooks before the final rounding are
-  identities.
+  them moves a bf16 rounding point; `fused_pv`, `exp2`, `scale_in_exp2` (where on and c is not
+  a power of two) and, in the backward, `rounded_scores` change float32 values (module
+  docstring; scale_in_exp2 also a tie decision within about an ulp of its threshold), valid
+  for fa2 and fp32_out, whose numerics hooks before the final rounding are identities.
 
   pingpong: the two compute warpgroups take turns on the tensor cores (FlashAttention-3,
     §3.1): one's softmax runs while the other's matrix products hold them. No arithmetic
@@ -120,9 +120,9 @@ class MosaicGPUOptions:
     rounded), and a tie decision only for a score within about an ulp of max − tol; bf16
     rounding points stay where they are. Scales whose c·log₂e or thresholds over c are not
     normal float32 numbers are refused (`scale_in_exp2_refusal`). None (the default): on
-    exactly where it changes no value (`resolve_scale_in_exp2`: c a power of two, as at
+    exactly where it changes no value (`resolve_scale_in_exp2`: c a power of two ≤ 1, as at
     head_dim 64 and 256 by default, where QKᵀ·c, the thresholds over c and m·c are exact), off
-    elsewhere; timed (H100, 2026-12-06, b4 × 4096 × 16 × d128, compensation on): +1.1%
+    elsewhere (at head_dim 128: opt-in, where it was faster); timed (H100, 2026-12-06, b4 × 4096 × 16 × d128, compensation on): +1.1%
     forward (causal +2.2%), +5.1% without the compensation.
   rounded_scores: the Mosaic GPU backward forms S = QKᵀ·c as PTX `mul.rn.f32` (interpret
     mode: behind an optimization barrier), which no compiler contracts into S − m, so P needs
@@ -134,7 +134,8 @@ class MosaicGPUOptions:
     ulps from the definition's fl(fl(QKᵀ·c) − m), which the option computes. On by default
     since its GPU tests and timing (H100, 2026-12-06: the backward alone 2.0% faster, causal
     2.2%, b4 × 4096 × 16 × d128; interpret mode: the same bits as off).
-  The defaults are the ones that were faster on the H200 or H100, or no slower; what each option
+  The defaults are the ones that were faster on the H200 or H100, or no slower, except
+  scale_in_exp2, faster too but on by default only where it changes no value; what each option
   measured, with command and date: docs/studies/speed.md ("The Mosaic GPU route").
   """
 
@@ -298,10 +299,12 @@ def scale_in_exp2_refusal(softmax_scale: float, compensation) -> str | None:
 def resolve_scale_in_exp2(options: MosaicGPUOptions, softmax_scale: float, compensation):
   """`options` with scale_in_exp2 a bool. True: checked (ValueError with
   `scale_in_exp2_refusal`'s line). None: True exactly where it changes no value — exp2 on,
-  softmax_scale a power of two (so QKᵀ·c, each threshold over c and m·c are exact, and
+  softmax_scale a power of two ≤ 1 (so QKᵀ·c, each threshold over c and m·c are exact, and
   QKᵀ·(c·log₂e) is the default order's fl(QKᵀ·c)·log₂e rounded once: the same exp2 argument
   for scores in float32's normal range; tests/test_mosaic_gpu.py checks the bits at
-  head_dim 64) and nothing refused — else False."""
+  head_dim 64 and 256) and nothing refused — else False. Not above 1: there QKᵀ·c can
+  overflow where QKᵀ does not, and the two orders' log l then differ (NaN against −inf, a
+  review's probe at c = 2)."""
   if options.scale_in_exp2 is False:
     return options
   why = scale_in_exp2_refusal(softmax_scale, compensation)
@@ -309,7 +312,8 @@ def resolve_scale_in_exp2(options: MosaicGPUOptions, softmax_scale: float, compe
     if why is not None:
       raise ValueError(why)
     return options
-  exact = options.exp2 and why is None and math.frexp(float(softmax_scale))[0] == 0.5
+  c = float(softmax_scale)
+  exact = options.exp2 and why is None and c <= 1.0 and math.frexp(c)[0] == 0.5
   return dataclasses.replace(options, scale_in_exp2=bool(exact))
 
 
@@ -443,10 +447,14 @@ def _forward_kernel(
         shape = (ROWS_PER_WG, block_k)
         q_pos = row0 + plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA)
         k_pos = j * block_k + plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
-        keep = k_pos < cfg.kv_len
+        # padded keys only where kv_len is not a multiple of block_k (the loop's tiles end at
+        # kv_len otherwise: a compare and a select a score fewer in the causal diagonal tiles)
+        keep = k_pos < cfg.kv_len if cfg.kv_len % block_k else None
         if cfg.causal:
-          keep = jnp.logical_and(keep, q_pos >= k_pos)
-        s = jnp.where(keep, s, numerics.mask_value)  # −inf; key 0 is visible to every row
+          causal = q_pos >= k_pos
+          keep = causal if keep is None else jnp.logical_and(keep, causal)
+        if keep is not None:
+          s = jnp.where(keep, s, numerics.mask_value)  # −inf; key 0 is visible to every row
       # the tie rule from the row's top-2 (`lane_top2`: register slices, then shuffles carrying
       # both values), from 8-column groups' (tie_lanes off) or by counting (tie_method "count",
       # a second reduction over the tile): the same decisions
@@ -679,6 +687,9 @@ def flash_forward_mgpu(q, k, v, cfg):
   block_k = int(cfg.blocks.block_k)
   if kv_len_p % block_k:
     raise ValueError(f"padded kv length {kv_len_p} is not a multiple of block_k={block_k}")
+  if cfg.mgpu.scale_in_exp2 is None:  # a config not made by `kernel_config`: resolved here
+    mgpu = resolve_scale_in_exp2(cfg.mgpu, cfg.softmax_scale, cfg.compensation)
+    cfg = dataclasses.replace(cfg, mgpu=mgpu)
   cta_rows = COMPUTE_WGS * ROWS_PER_WG
   rows = -(-q_len_p // cta_rows) * cta_rows
   q = jnp.pad(q, ((0, 0), (0, rows - q_len_p), (0, 0), (0, 0))) if rows != q_len_p else q

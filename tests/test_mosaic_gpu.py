@@ -4,6 +4,7 @@ TMA copies and barriers): against FP64, against the Triton kernels they must mat
 refusals."""
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -282,16 +283,18 @@ def test_mosaic_gpu_jitted_forward_backward_matches_eager():
 
 
 @pytest.mark.parametrize(
-  "head_dim, causal, overlap",
-  [(64, True, False), (64, False, True), (128, False, False)],
-  ids=["d64-causal", "d64-overlap", "d128"],
+  "head_dim, causal, overlap, scale",
+  [(64, True, False, None), (64, False, True, None), (128, False, False, None)]
+  + [(128, True, False, 0.5)],
+  ids=["d64-causal", "d64-overlap", "d128", "d128-causal-scale0.5"],
 )
-def test_mosaic_gpu_scale_in_exp2_moves_only_float32_values(head_dim, causal, overlap):
+def test_mosaic_gpu_scale_in_exp2_moves_only_float32_values(head_dim, causal, overlap, scale):
   """`MosaicGPUOptions.scale_in_exp2` (the max, the compensation and exp2's FMA on the unscaled
   QKᵀ, FlashAttention-2's own order) against the default, compensation on, on inputs with
   tied maxima in most tiles; with `overlap` on both sides its own loop's path. At head_dim 64
   the scale 1/8 is a power of two, so no product by it or by c·log₂e rounds differently and
-  the forward's out, m and log l are the default's bit for bit (fails if the scale is applied
+  the forward's out, m and log l are the default's bit for bit, as at any power-of-two scale
+  ≤ 1 (a given 0.5 at head_dim 128; `resolve_scale_in_exp2`) (fails if the scale is applied
   twice or not at all, to the scores, α or the written m, or max_shift is left in S's units:
   the shift's clip at 20 would bind at 2.5 of S; the other thresholds:
   `tests/test_compensation.py`). At head_dim 128 (c = 128^−½): out within one bf16 ulp of the
@@ -307,6 +310,7 @@ def test_mosaic_gpu_scale_in_exp2_moves_only_float32_values(head_dim, causal, ov
   _skip_if_causal_refused(causal)
   shape = Shape(1, 128, 192, 2, 1, head_dim, causal=causal)
   q, k, v, do = _tied(shape, jnp.bfloat16, 9)
+  scale = head_dim**-0.5 if scale is None else scale
 
   def forward(scale_in_exp2):
     cfg = attention.kernel_config(
@@ -314,7 +318,7 @@ def test_mosaic_gpu_scale_in_exp2_moves_only_float32_values(head_dim, causal, ov
       kv_len=shape.kv_len,
       head_dim=head_dim,
       dtype=jnp.bfloat16,
-      softmax_scale=head_dim**-0.5,
+      softmax_scale=scale,
       causal=causal,
       numerics=get_numerics("fa2"),
       compensation=Compensation(),
@@ -326,12 +330,12 @@ def test_mosaic_gpu_scale_in_exp2_moves_only_float32_values(head_dim, causal, ov
 
   (out0, m0, log_l0), (out, m, log_l) = forward(False), forward(True)
   s = np.einsum("bqhd,bkhd->bhqk", *(np.asarray(x, np.float32) for x in (q, k[:, :, [0, 0]])))
-  s = (s * np.float32(head_dim**-0.5)).astype(np.float32)
+  s = (s * np.float32(scale)).astype(np.float32)
   if causal:
     s = np.where(np.arange(192)[None, :] <= np.arange(128)[:, None], s, -np.inf)
   shifted = m0 != s.max(-1)  # rows whose last max the compensation moved
   assert 0 < shifted.sum() < shifted.size, shifted.sum()
-  if head_dim == 64:
+  if math.frexp(scale)[0] == 0.5:  # a power of two
     for a, b in ((out, out0), (m, m0), (log_l, log_l0)):
       np.testing.assert_array_equal(a, b)
     return
@@ -354,8 +358,8 @@ def test_mosaic_gpu_scale_in_exp2_moves_only_float32_values(head_dim, causal, ov
 def test_mosaic_gpu_scale_in_exp2_by_default_only_where_it_changes_no_value():
   """`MosaicGPUOptions()` leaves scale_in_exp2 None and the config resolves it
   (`forward_mgpu.resolve_scale_in_exp2`): on for a power-of-two softmax_scale (head_dim 64's
-  default 1/8, 256's 1/16, a given 2.0), where the test above finds the default's bits; off for
-  128^−½ and 0.1, with exp2 off, and where `scale_in_exp2_refusal` would refuse (2^−126 with
+  default 1/8, 256's 1/16, a given 0.5), where the test above finds the default's bits; off for
+  128^−½, 0.1 and 2.0 (above 1), with exp2 off, and where `scale_in_exp2_refusal` would refuse (2^−126 with
   the compensation: max_shift over it is past float32); an explicit True there raises its
   line, an explicit False stays off."""
   from pallas_kernels import attention
@@ -379,7 +383,8 @@ def test_mosaic_gpu_scale_in_exp2_by_default_only_where_it_changes_no_value():
 
   assert fm.MosaicGPUOptions().scale_in_exp2 is None
   assert resolved(64) is True and resolved(256, comp=Compensation()) is True
-  assert resolved(128, scale=2.0) is True
+  assert resolved(128, scale=0.5) is True and resolved(128, scale=2.0) is False  # (above 1:
+  # QKᵀ·c can overflow where QKᵀ does not)
   assert resolved(128) is False and resolved(64, scale=0.1) is False
   assert resolved(64, exp2=False) is False and resolved(64, scale_in_exp2=False) is False
   assert resolved(64, scale=2.0**-126) is True  # no threshold to divide: nothing refused
@@ -557,6 +562,34 @@ def test_max_gap_without_the_select_differs_only_where_s_and_m_are_the_same_infi
   # equal as values (S − m is −0 for S = −0, m = +0, where the select writes +0: the same
   # exp); NaN where either is NaN
   assert np.array_equal(gap[~same_infinity], selected[~same_infinity], equal_nan=True)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_mosaic_gpu_backward_mask_leaves_out_only_conditions_true_on_every_visited_tile(causal):
+  """`backward_mgpu._valid` drops the real-key compare where kv_len is a multiple of the keys'
+  span and the real-query compare where q_len is a multiple of the queries' tile: on every
+  position the kernels visit (keys up to kv_len rounded up to the span, queries up to q_len
+  rounded up to the tile) it equals the full rule (real key, real query, causal), for lengths
+  that are and are not multiples (fails if a condition is dropped where it can be false)."""
+  import types
+
+  from pallas_kernels.backward_mgpu import _valid
+
+  for kv_len, q_len, key_span, query_span in [
+    (256, 256, 128, 64), (200, 256, 128, 64), (256, 200, 128, 64), (192, 130, 64, 64),
+    (130, 192, 64, None), (128, 128, 64, None),
+  ]:  # fmt: skip
+    cfg = types.SimpleNamespace(kv_len=kv_len, q_len=q_len, causal=causal)
+    keys = np.arange(-(-kv_len // key_span) * key_span)
+    queries = np.arange(-(-q_len // (query_span or 64)) * (query_span or 64))
+    q_pos, k_pos = (jnp.asarray(x) for x in np.meshgrid(queries, keys, indexing="ij"))
+    full = (k_pos < kv_len) & ((q_pos < q_len) if query_span else True)
+    full = full & (q_pos >= k_pos) if causal else full
+    got = _valid(q_pos, k_pos, cfg, key_span, query_span)
+    dropped_all = kv_len % key_span == 0 and (query_span is None or q_len % query_span == 0)
+    assert (got is None) == (dropped_all and not causal), (kv_len, q_len, got)
+    got = jnp.ones_like(full) if got is None else got
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(full), err_msg=str(cfg))
 
 
 def test_mosaic_gpu_backward_stages_are_lowered_to_what_fits(monkeypatch):
