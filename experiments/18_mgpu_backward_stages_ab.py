@@ -26,7 +26,11 @@ import dataclasses
 import sys
 
 
-BACKWARD_OPTIONS = ("longest_first", "rounded_scores")  # `MosaicGPUOptions` the backward reads
+BACKWARD_OPTIONS = (
+  "longest_first",
+  "rounded_scores",
+  "deferred_wait",
+)  # `MosaicGPUOptions` the backward reads
 
 
 def parse_stages(spec: str) -> tuple[tuple[int, int], dict]:

@@ -328,6 +328,23 @@ def _producer(n_steps, stages, free, load):
     plgpu.barrier_wait(free.at[lax.rem(t, jnp.int32(stages))])
 
 
+# `MosaicGPUOptions.deferred_wait` where a kernel's accumulators fit beside the next step's
+# S and dP without ptxas serialising the wgmmas (C7512) or spilling more (ptxas 13.0, sm_90a,
+# experiments/20_ptxas_report.py, 2026-12-06): dK/dV up to padded head_dim 64 (at 128 and 256
+# two 64 × head_dim float32 accumulators leave too few registers), dQ up to 128 (at 256 it
+# spills more).
+DEFERRED_WAIT_MAX_HEAD_DIM = {"dkv": 64, "dq": 128}
+
+
+def defers(cfg, kernel: str, head_dim: int) -> bool:
+  """Whether `kernel` ("dkv", "dq") runs `MosaicGPUOptions.deferred_wait`'s loop at padded
+  head_dim: the option on, a GPU (interpret mode runs its own unfused path) and the head_dim
+  within `DEFERRED_WAIT_MAX_HEAD_DIM`."""
+  return (
+    cfg.mgpu.deferred_wait and not cfg.interpret and head_dim <= DEFERRED_WAIT_MAX_HEAD_DIM[kernel]
+  )
+
+
 # --- dK, dV ---------------------------------------------------------------------------------
 
 
@@ -391,6 +408,40 @@ def _dkv_kernel(
       p, ds = _probs_and_dscores(s, dp, m, log_l, delta, cfg, valid)
       return numerics.round_p(p, dtype), numerics.round_ds(ds, dtype)
 
+    def release(t):  # step t − 1's query tile, whose dV and dK products are done (deferred_wait)
+      @pl.when(t > 0)
+      def _():
+        plgpu.barrier_arrive(free.at[lax.rem(t - 1, jnp.int32(stages))])
+
+    def deferred_step(t, dk_acc, dv_acc, masked):
+      """`step` with dK and dV accumulated in wgmma accumulators that live across the loops:
+      step t's dV += Pᵀ dO and dK += dSᵀ Q are not waited for here but with step t + 1's Sᵀ
+      (wgmma groups complete in order), which then frees step t's query tile (`release`)."""
+      i = first + t
+      slot = lax.rem(t, jnp.int32(stages))
+      q_slot, do_slot = q_smem.at[slot], do_smem.at[slot]
+
+      def with_s(s_acc):  # each accumulator made right before its product (`_dq_kernel`)
+        plgpu.barrier_wait(q_ready.at[slot])
+        for p in range(n_parts):  # Sᵀ = K Qᵀ
+          plgpu.wgmma(s_acc, k_smem.at[p], q_slot.at[p].transpose((1, 0)))
+        plgpu.barrier_wait(do_ready.at[slot])
+
+        def with_dp(dp_acc):
+          for p in range(n_parts):  # dPᵀ = V dOᵀ
+            plgpu.wgmma(dp_acc, v_smem.at[p], do_slot.at[p].transpose((1, 0)))
+          plgpu.barrier_wait(rows_ready.at[slot])
+          # Sᵀ, and step t − 1's dV and dK, done; dPᵀ runs on
+          s = plgpu.wgmma_accumulator_load(s_acc, wait_n=n_parts)
+          release(t)
+          p_in, ds_in = elementwise(s, dp_acc[...], slot, i, masked)
+          plgpu.wgmma(dv_acc, p_in, do_slot.at[part])  # dV += Pᵀ dO, in flight into t + 1
+          plgpu.wgmma(dk_acc, ds_in, q_slot.at[part])  # dK += dSᵀ Q
+
+        pl.run_scoped(with_dp, plgpu.ACC(tile, jnp.float32))
+
+      pl.run_scoped(with_s, plgpu.ACC(tile, jnp.float32))
+
     def step(t, carry, masked):
       dk, dv = carry
       i = first + t
@@ -439,10 +490,22 @@ def _dkv_kernel(
     a = jnp.clip(diagonal_end - first, 0, n_steps)
     b = jnp.clip(jnp.int32(cfg.q_len // bq) - first, a, n_steps)
     b = jnp.where(key0 + ROWS > cfg.kv_len, a, b)
-    zeros = plgpu.layout_cast(jnp.zeros((ROWS, width), jnp.float32), plgpu.Layout.WGMMA)
-    carry = lax.fori_loop(0, a, lambda t, c: step(t, c, True), (zeros, zeros))
-    carry = lax.fori_loop(a, b, lambda t, c: step(t, c, False), carry)
-    dk, dv = lax.fori_loop(b, n_steps, lambda t, c: step(t, c, True), carry)
+    if defers(cfg, "dkv", n_parts * width):
+
+      def loops(dk_acc, dv_acc):
+        for start, end, masked in ((0, a, True), (a, b, False), (b, n_steps, True)):
+          pl.loop(start, end)(lambda t, m=masked: deferred_step(t, dk_acc, dv_acc, m))
+        plgpu.wgmma_wait(0)
+        release(n_steps)  # the last step's query tile
+        return dk_acc[...], dv_acc[...]
+
+      acc = plgpu.ACC((ROWS, width), jnp.float32)
+      dk, dv = pl.run_scoped(loops, acc, acc)
+    else:
+      zeros = plgpu.layout_cast(jnp.zeros((ROWS, width), jnp.float32), plgpu.Layout.WGMMA)
+      carry = lax.fori_loop(0, a, lambda t, c: step(t, c, True), (zeros, zeros))
+      carry = lax.fori_loop(a, b, lambda t, c: step(t, c, False), carry)
+      dk, dv = lax.fori_loop(b, n_steps, lambda t, c: step(t, c, True), carry)
 
     out_dtype = dk_ref.dtype
     dk = numerics.round_grad(dk, scale, out_dtype)
@@ -602,6 +665,37 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, *refs, cfg, n_kv, group, s
       valid = _valid(row0 + _iota(tile, 0), j * bk + _iota(tile, 1), cfg, bk) if masked else None
       return numerics.round_ds(_probs_and_dscores(s, dp, m, log_l, delta, cfg, valid)[1], dtype)
 
+    def release(j):  # step j − 1's key tile, whose dQ product is done (deferred_wait)
+      @pl.when(j > 0)
+      def _():
+        plgpu.barrier_arrive(free.at[lax.rem(j - 1, jnp.int32(stages))])
+
+    def deferred_step(j, dq_acc, masked):
+      """`step` with dQ accumulated in a wgmma accumulator that lives across the loops: step
+      j's dQ += dS K is not waited for here but with step j + 1's S (wgmma groups complete
+      in order), which then frees step j's key tile (`release`)."""
+      slot = lax.rem(j, jnp.int32(stages))
+      k_slot, v_slot = k_smem.at[slot], v_smem.at[slot]
+      kd_slot = k_slot if kd_smem is None else kd_smem.at[slot]
+
+      def with_s(s_acc):  # each accumulator made right before its product, so that ptxas
+        plgpu.barrier_wait(k_ready.at[slot])  # starts S from zero, not from zeroed registers
+        plgpu.wgmma(s_acc, q_smem, k_slot.transpose((1, 0)))  # S = Q Kᵀ
+        plgpu.barrier_wait(v_ready.at[slot])
+
+        def with_dp(dp_acc):
+          plgpu.wgmma(dp_acc, do_smem, v_slot.transpose((1, 0)))  # dP = dO Vᵀ
+          s = plgpu.wgmma_accumulator_load(s_acc, wait_n=1)  # S and step j − 1's dQ done
+          release(j)
+          ds_in = elementwise(s, dp_acc[...], j, masked)
+          if kd_smem is not None:
+            plgpu.barrier_wait(kd_ready.at[slot])
+          plgpu.wgmma(dq_acc, ds_in, kd_slot)  # dQ += dS K, in flight into step j + 1
+
+        pl.run_scoped(with_dp, plgpu.ACC(tile, jnp.float32))
+
+      pl.run_scoped(with_s, plgpu.ACC(tile, jnp.float32))
+
     def step(j, dq, masked):
       slot = lax.rem(j, jnp.int32(stages))
       k_slot, v_slot = k_smem.at[slot], v_smem.at[slot]
@@ -637,10 +731,21 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, *refs, cfg, n_kv, group, s
       plgpu.barrier_arrive(free.at[slot])
       return dq
 
-    zeros = plgpu.layout_cast(jnp.zeros((ROWS, d), jnp.float32), plgpu.Layout.WGMMA)
     mid = jnp.minimum(unmasked, steps)
-    dq = lax.fori_loop(0, mid, lambda j, c: step(j, c, False), zeros)
-    dq = lax.fori_loop(mid, steps, lambda j, c: step(j, c, True), dq)
+    if defers(cfg, "dq", d):
+
+      def loops(dq_acc):
+        pl.loop(0, mid)(lambda j: deferred_step(j, dq_acc, False))
+        pl.loop(mid, steps)(lambda j: deferred_step(j, dq_acc, True))
+        plgpu.wgmma_wait(0)
+        release(steps)  # the last step's key tile
+        return dq_acc[...]
+
+      dq = pl.run_scoped(loops, plgpu.ACC((ROWS, d), jnp.float32))
+    else:
+      zeros = plgpu.layout_cast(jnp.zeros((ROWS, d), jnp.float32), plgpu.Layout.WGMMA)
+      dq = lax.fori_loop(0, mid, lambda j, c: step(j, c, False), zeros)
+      dq = lax.fori_loop(mid, steps, lambda j, c: step(j, c, True), dq)
 
     @pl.loop(steps, cta_steps)  # causal: free the slots the other warpgroup still reads
     def _drain(j):

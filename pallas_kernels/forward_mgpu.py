@@ -134,6 +134,18 @@ class MosaicGPUOptions:
     ulps from the definition's fl(fl(QKᵀ·c) − m), which the option computes. On by default
     since its GPU tests and timing (H100, 2026-12-06: the backward alone 2.0% faster, causal
     2.2%, b4 × 4096 × 16 × d128; interpret mode: the same bits as off).
+  deferred_wait: in the Mosaic GPU backward each step's accumulating products (dQ += dS K;
+    dV += Pᵀ dO and dK += dSᵀ Q) go into wgmma accumulators that live across the loop over
+    tiles and are waited for with the next step's S (wgmma groups complete in order), which
+    then frees the step's tile for the producer: the warpgroup issues the next S and dP
+    right behind them instead of waiting for them at the end of the step (FlashAttention-3's
+    order, Shah et al. 2024, §3.3). The S and dP accumulators are each made right before their
+    product, so ptxas starts one of them from zero instead of from 16 CS2R of zeroed
+    registers. Only where the accumulators fit without ptxas serialising the wgmmas
+    (`backward_mgpu.DEFERRED_WAIT_MAX_HEAD_DIM`: dK/dV up to head_dim 64, dQ up to 128); the
+    old loop elsewhere. The same products in the same order: the same values. GPU only
+    (interpret mode runs its own unfused loop). Off until timed on the GPU; SASS counts:
+    docs/studies/speed.md.
   The defaults are the ones that were faster on the H200 or H100, or no slower, except
   scale_in_exp2, faster too but on by default only where it changes no value; what each option
   measured, with command and date: docs/studies/speed.md ("The Mosaic GPU route").
@@ -151,6 +163,7 @@ class MosaicGPUOptions:
   tie_lanes: bool = True
   scale_in_exp2: bool | None = None
   rounded_scores: bool = True
+  deferred_wait: bool = False
 
   def __post_init__(self):
     for field in dataclasses.fields(self):  # flags, not truthy values (or None, where resolved)

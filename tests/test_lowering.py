@@ -204,18 +204,12 @@ def test_overlap_refuses_the_options_it_replaces():
       flash_attention(q, q, q, mgpu_options=bad)
 
 
-@pytest.mark.parametrize(
-  "head_dim,causal,group,center_keys",
-  [(128, True, 1, False), (64, False, 2, True), (32, True, 4, False), (256, True, 1, False)]
-  + [(256, False, 2, False)],
-  ids=["d128-causal", "d64-gqa-center_keys", "d32-causal-gqa4", "d256-causal", "d256-gqa"],
-)
-def test_mosaic_gpu_backward_lowers(head_dim, causal, group, center_keys):
-  """The GPU path of the Mosaic GPU backward (register operands of wgmma, accumulation in the
-  wgmma accumulators, the early read of S, 240/24 registers, with rounded_scores S as PTX
-  mul.rn.f32), which interpret mode does not run, lowers through Mosaic GPU to NVVM: two
-  kernels, dK/dV and dQ."""
+def _lower_backward(head_dim, causal=True, group=1, center_keys=False, **options):
+  """The Mosaic GPU backward (its GPU path, which interpret mode does not run) lowered for
+  CUDA at q_len 200, kv_len 250 with `MosaicGPUOptions` fields `options` over the defaults:
+  (its config, the lowered text)."""
   from pallas_kernels.backward_mgpu import flash_backward_mgpu
+  from pallas_kernels.forward_mgpu import MosaicGPUOptions
 
   cfg = kernel_config(
     q_len=200,
@@ -229,20 +223,47 @@ def test_mosaic_gpu_backward_lowers(head_dim, causal, group, center_keys):
     interpret=False,
     backend="mosaic_gpu",
     group=group,
+    mgpu_options=MosaicGPUOptions(**options),
   )
   assert cfg.backend_bwd == "mosaic_gpu"
   q, k, v = _qkv(head_dim, heads=2 * group, kv_heads=2)
   rows = jnp.zeros((1, 2 * group, 256), jnp.float32)
-  text = _lower_for_cuda(
+  return cfg, _lower_for_cuda(
     lambda q, k, v: flash_backward_mgpu(q, k, v, q, rows, rows, q, cfg), q, k, v
   )
+
+
+@pytest.mark.parametrize(
+  "head_dim,causal,group,center_keys",
+  [(128, True, 1, False), (64, False, 2, True), (32, True, 4, False), (256, True, 1, False)]
+  + [(256, False, 2, False)],
+  ids=["d128-causal", "d64-gqa-center_keys", "d32-causal-gqa4", "d256-causal", "d256-gqa"],
+)
+def test_mosaic_gpu_backward_lowers(head_dim, causal, group, center_keys):
+  """The GPU path of the Mosaic GPU backward (register operands of wgmma, accumulation in the
+  wgmma accumulators, the early read of S, 240/24 registers, with rounded_scores S as PTX
+  mul.rn.f32), which interpret mode does not run, lowers through Mosaic GPU to NVVM: two
+  kernels, dK/dV and dQ."""
+  cfg, text = _lower_backward(head_dim, causal, group, center_keys)
   assert text.count("stablehlo.custom_call @mosaic_gpu") == 2
   assert "wgmma" in text and "cp.async.bulk.tensor" in text and "setmaxnreg" in text
   # S = QKᵀ·c as PTX mul.rn.f32 with `MosaicGPUOptions.rounded_scores` (the default; no
   # compiler contracts it into S − m); off, the plain product
   assert cfg.mgpu.rounded_scores and "mul.rn.f32" in text
-  plain = dataclasses.replace(cfg, mgpu=dataclasses.replace(cfg.mgpu, rounded_scores=False))
-  text = _lower_for_cuda(
-    lambda q, k, v: flash_backward_mgpu(q, k, v, q, rows, rows, q, plain), q, k, v
-  )
+  assert not cfg.mgpu.deferred_wait and "wgmma_wait" not in text  # (its explicit wait: below)
+  _, text = _lower_backward(head_dim, causal, group, center_keys, rounded_scores=False)
   assert "mul.rn.f32" not in text
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_mosaic_gpu_backward_defers_its_waits_where_the_accumulators_fit(head_dim):
+  """`MosaicGPUOptions.deferred_wait` lowers for CUDA, and its loop (accumulators across the
+  loops, an explicit wgmma wait after them) runs in the kernels where it fits
+  (`backward_mgpu.DEFERRED_WAIT_MAX_HEAD_DIM`: dK/dV up to head_dim 64, dQ up to 128) and
+  nowhere else: at 256 neither."""
+  from pallas_kernels.backward_mgpu import DEFERRED_WAIT_MAX_HEAD_DIM
+
+  _, text = _lower_backward(head_dim, deferred_wait=True)
+  kernels = text.split("stablehlo.custom_call @mosaic_gpu")[1:]  # dK/dV, then dQ
+  expected = [head_dim <= DEFERRED_WAIT_MAX_HEAD_DIM[name] for name in ("dkv", "dq")]
+  assert ["wgmma_wait" in kernel for kernel in kernels] == expected

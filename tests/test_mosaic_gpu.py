@@ -393,6 +393,14 @@ def test_mosaic_gpu_scale_in_exp2_by_default_only_where_it_changes_no_value():
     resolved(64, scale=2.0**-126, comp=Compensation(), scale_in_exp2=True)
 
 
+def _off_and_on(cfg, option):
+  """cfg with the `MosaicGPUOptions` flag `option` off, and on."""
+  return tuple(
+    dataclasses.replace(cfg, mgpu=dataclasses.replace(cfg.mgpu, **{option: on}))
+    for on in (False, True)
+  )
+
+
 def _residuals(shape, dtype, numerics="fa2", center_keys=False, seed=0):
   """Padded inputs, the Triton forward's out, m and log(l), and the config of a Mosaic GPU
   call: both backwards get the same residuals, so any difference is the backward's own."""
@@ -526,10 +534,7 @@ def test_mosaic_gpu_backward_rounded_scores_moves_only_float32_values(causal):
   from pallas_kernels.backward_mgpu import flash_backward_mgpu
 
   args, cfg = _residuals(Shape(1, 256, 256, 2, 1, 128, causal=causal), jnp.bfloat16, seed=4)
-  plain, rounded = (
-    dataclasses.replace(cfg, mgpu=dataclasses.replace(cfg.mgpu, rounded_scores=on))
-    for on in (False, True)
-  )
+  plain, rounded = _off_and_on(cfg, "rounded_scores")
   ours, theirs = flash_backward_mgpu(*args, rounded), flash_backward_mgpu(*args, plain)
   for name, a, b in zip(("dq", "dk", "dv"), ours, theirs):
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
@@ -538,6 +543,36 @@ def test_mosaic_gpu_backward_rounded_scores_moves_only_float32_values(causal):
       assert np.array_equal(a, b), name
     else:
       assert np.all(np.abs(a - b) <= ulp_at_scale(b) + 1e-12), (name, np.abs(a - b).max())
+
+
+@pytest.mark.skipif(
+  jax.default_backend() != "gpu",
+  reason="interpret mode runs the backward's unfused path with and without deferred_wait",
+)
+@pytest.mark.parametrize(
+  "shape",
+  [
+    Shape(2, 300, 300, 4, 2, 64, causal=True),  # both kernels defer; odd lengths, GQA
+    Shape(1, 384, 200, 2, 2, 64, causal=False),  # padded keys (masked last tiles)
+    Shape(1, 200, 200, 2, 1, 32, causal=True),  # MQA
+    Shape(1, 300, 300, 2, 2, 128, causal=True),  # dQ defers, dK/dV does not
+  ],
+  ids=["d64-causal-gqa-odd", "d64-padded-keys", "d32-causal-mqa", "d128-causal-odd"],
+)
+def test_mosaic_gpu_backward_deferred_wait_is_the_same_function(shape):
+  """`MosaicGPUOptions.deferred_wait` (each step's accumulating products waited for with the
+  next step's S, the tile freed then; accumulators across the loops) issues the same products
+  in the same order: dQ, dK and dV bit for bit as without it (a tile freed before its product
+  is done, or a step's product lost between the loops, would move values)."""
+  _skip_if_causal_refused(shape.causal)
+  from pallas_kernels.backward_mgpu import flash_backward_mgpu
+
+  args, cfg = _residuals(shape, jnp.bfloat16, seed=7)
+  plain, deferred = _off_and_on(cfg, "deferred_wait")
+  ours, theirs = flash_backward_mgpu(*args, deferred), flash_backward_mgpu(*args, plain)
+  for name, a, b in zip(("dq", "dk", "dv"), ours, theirs):
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    assert np.abs(b).max() > 0 and np.array_equal(a, b), (name, np.abs(a - b).max())
 
 
 def test_max_gap_without_the_select_differs_only_where_s_and_m_are_the_same_infinity():
