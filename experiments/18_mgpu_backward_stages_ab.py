@@ -30,6 +30,7 @@ BACKWARD_OPTIONS = (
   "longest_first",
   "rounded_scores",
   "deferred_wait",
+  "scale_in_exp2",
 )  # `MosaicGPUOptions` the backward reads
 
 

@@ -55,7 +55,13 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels.forward_mgpu import query_tile, smem_transforms, visited_key_tiles
+from pallas_kernels.forward_mgpu import (
+  query_tile,
+  resolve_scale_in_exp2,
+  smem_transforms,
+  visited_key_tiles,
+)
+from pallas_kernels.policy import LOG2E
 from pallas_kernels.policy import MOSAIC_GPU_NUMERICS as NUMERICS
 
 ROWS = 64  # wgmma's M: rows per compute warpgroup
@@ -278,6 +284,17 @@ def _rounded_scores(s, scale):
   return plgpu.inline_mgpu(arg_types=(layout,), return_type=out)(body)(s)
 
 
+def unscaled_scores(cfg) -> bool:
+  """Whether the GPU backward forms P from the unscaled QKᵀ (`_probs_and_dscores`): with
+  `rounded_scores`, `scale_in_exp2` resolved on (`forward_mgpu.resolve_scale_in_exp2`) and a
+  softmax_scale c that is a power of two ≤ 1, where it changes no value."""
+  c = cfg.softmax_scale
+  power_of_two = 0 < c <= 1 and float(np.frexp(c)[0]) == 0.5
+  if not (cfg.mgpu.rounded_scores and power_of_two) or cfg.numerics.single_lse:
+    return False
+  return bool(resolve_scale_in_exp2(cfg.mgpu, c, cfg.compensation).scale_in_exp2)
+
+
 def _probs_and_dscores(s, dp, m, log_l, delta, cfg, valid=None):
   """P and dS of one tile of QKᵀ and dO Vᵀ products, float32, 0 where not `valid` (None:
   nothing masked) — the Triton backward's `_probs_and_dscores`, on wgmma tiles (either
@@ -285,7 +302,15 @@ def _probs_and_dscores(s, dp, m, log_l, delta, cfg, valid=None):
   `MosaicGPUOptions.rounded_scores` S is rounded on its own (`_rounded_scores` on the GPU, an
   optimization barrier in interpret mode) and P has no select."""
   numerics, scale = cfg.numerics, cfg.softmax_scale
-  if not cfg.mgpu.rounded_scores or numerics.single_lse:  # (single_lse: no select to drop)
+  if unscaled_scores(cfg):
+    # c = 2^−e: u = (QKᵀ − m/c) − log l / c is (S − m − log l)/c exactly (m/c, log l/c and
+    # the differences scaled by a power of two; S − m is 0 at the row max), so u·c is the
+    # definition's exponent bit for bit, and on the GPU 2^(u·(c·log₂e)) is the ex2 of its
+    # exp, fl(fl(S − m − log l)·log₂e), c·log₂e exact: S's multiply of every score gone
+    # (`MosaicGPUOptions.scale_in_exp2`'s backward half)
+    u = (s - m * (1.0 / scale)) - log_l * (1.0 / scale)
+    p = jnp.exp(u * scale) if cfg.interpret else jnp.exp2(u * (scale * LOG2E))
+  elif not cfg.mgpu.rounded_scores or numerics.single_lse:  # (single_lse: no select to drop)
     p = numerics.probs(numerics.scores(s, scale), m, log_l)
   else:  # interpret mode: an optimization barrier keeps XLA from contracting S into S − m
     assert not numerics.paper, "the Mosaic GPU backward's scores are fa2's and fp32_out's"
@@ -336,13 +361,15 @@ def _producer(n_steps, stages, free, load):
 DEFERRED_WAIT_MAX_HEAD_DIM = {"dkv": 64, "dq": 128}
 
 
-def defers(cfg, kernel: str, head_dim: int) -> bool:
+def defers(cfg, kernel: str, head_dim: int, stages: int) -> bool:
   """Whether `kernel` ("dkv", "dq") runs `MosaicGPUOptions.deferred_wait`'s loop at padded
-  head_dim: the option on, a GPU (interpret mode runs its own unfused path) and the head_dim
-  within `DEFERRED_WAIT_MAX_HEAD_DIM`."""
-  return (
-    cfg.mgpu.deferred_wait and not cfg.interpret and head_dim <= DEFERRED_WAIT_MAX_HEAD_DIM[kernel]
-  )
+  head_dim with `stages` tiles in flight (after clamping): the option on, a GPU (interpret mode
+  runs its own unfused path), the head_dim within `DEFERRED_WAIT_MAX_HEAD_DIM` and at least 2
+  stages — with one, step t would free its only slot after waiting for step t's tile, which
+  the producer loads only into a freed slot: a hang (a review's exhaustive model of the
+  barriers, 2026-12-06; 2–3 stages, every causal split and the dQ drain, found none)."""
+  fits = head_dim <= DEFERRED_WAIT_MAX_HEAD_DIM[kernel]
+  return cfg.mgpu.deferred_wait and not cfg.interpret and fits and stages >= 2
 
 
 # --- dK, dV ---------------------------------------------------------------------------------
@@ -490,7 +517,7 @@ def _dkv_kernel(
     a = jnp.clip(diagonal_end - first, 0, n_steps)
     b = jnp.clip(jnp.int32(cfg.q_len // bq) - first, a, n_steps)
     b = jnp.where(key0 + ROWS > cfg.kv_len, a, b)
-    if defers(cfg, "dkv", n_parts * width):
+    if defers(cfg, "dkv", n_parts * width, stages):
 
       def loops(dk_acc, dv_acc):
         for start, end, masked in ((0, a, True), (a, b, False), (b, n_steps, True)):
@@ -732,7 +759,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, *refs, cfg, n_kv, group, s
       return dq
 
     mid = jnp.minimum(unmasked, steps)
-    if defers(cfg, "dq", d):
+    if defers(cfg, "dq", d, stages):
 
       def loops(dq_acc):
         pl.loop(0, mid)(lambda j: deferred_step(j, dq_acc, False))

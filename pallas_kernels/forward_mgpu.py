@@ -123,7 +123,11 @@ class MosaicGPUOptions:
     exactly where it changes no value (`resolve_scale_in_exp2`: c a power of two ≤ 1, as at
     head_dim 64 and 256 by default, where QKᵀ·c, the thresholds over c and m·c are exact), off
     elsewhere (at head_dim 128: opt-in, where it was faster); timed (H100, 2026-12-06, b4 × 4096 × 16 × d128, compensation on): +1.1%
-    forward (causal +2.2%), +5.1% without the compensation.
+    forward (causal +2.2%), +5.1% without the compensation. Its backward half (since 2026-12-06,
+    evening; wherever it is on and the scale is a power of two ≤ 1, with rounded_scores:
+    `backward_mgpu.unscaled_scores`): P from the unscaled QKᵀ, (QKᵀ − m/c − log l/c)·(c·log₂e)
+    into ex2, the same bits as forming S, one multiply a score fewer in both backward kernels
+    (d64: dK/dV 409 → 377 SASS instructions a tile, dQ 352 → 320); not yet timed on a GPU.
   rounded_scores: the Mosaic GPU backward forms S = QKᵀ·c as PTX `mul.rn.f32` (interpret
     mode: behind an optimization barrier), which no compiler contracts into S − m, so P needs
     no compare-and-select for exp(S − m) to be exactly 1 at the row max
@@ -140,10 +144,10 @@ class MosaicGPUOptions:
     then frees the step's tile for the producer: the warpgroup issues the next S and dP
     right behind them instead of waiting for them at the end of the step (FlashAttention-3's
     order, Shah et al. 2024, §3.3). The S and dP accumulators are each made right before their
-    product, so ptxas starts one of them from zero instead of from 16 CS2R of zeroed
-    registers. Only where the accumulators fit without ptxas serialising the wgmmas
-    (`backward_mgpu.DEFERRED_WAIT_MAX_HEAD_DIM`: dK/dV up to head_dim 64, dQ up to 128); the
-    old loop elsewhere. The same products in the same order: the same values. GPU only
+    product (in each kernel's first loop ptxas then starts one from zero instead of from
+    zeroed registers). Only where the accumulators fit without ptxas serialising the wgmmas
+    (`backward_mgpu.DEFERRED_WAIT_MAX_HEAD_DIM`: dK/dV up to head_dim 64, dQ up to 128) and
+    with at least 2 tiles in flight (`backward_mgpu.defers`); the old loop elsewhere. The same products in the same order: the same values. GPU only
     (interpret mode runs its own unfused loop). Off until timed on the GPU; SASS counts:
     docs/studies/speed.md.
   The defaults are the ones that were faster on the H200 or H100, or no slower, except

@@ -369,7 +369,8 @@ def test_the_backward_ab_reads_stages_and_the_backwards_options():
     ("3,2,longest_first=2", r"^variant '3,2,longest_first=2': 'longest_first=2' is not OPTION"),
     (
       "3,2,skip_rescale=1",
-      r"'skip_rescale=1' is not OPTION=0\|1 \(OPTION: longest_first, rounded_scores\)$",
+      r"'skip_rescale=1' is not OPTION=0\|1 \(OPTION: longest_first, rounded_scores, "
+      r"deferred_wait, scale_in_exp2\)$",
     ),
     ("3,2,longest_first", r"'longest_first' is not OPTION"),
   ):

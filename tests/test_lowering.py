@@ -204,7 +204,9 @@ def test_overlap_refuses_the_options_it_replaces():
       flash_attention(q, q, q, mgpu_options=bad)
 
 
-def _lower_backward(head_dim, causal=True, group=1, center_keys=False, **options):
+def _lower_backward(
+  head_dim, causal=True, group=1, center_keys=False, softmax_scale=0.1, **options
+):
   """The Mosaic GPU backward (its GPU path, which interpret mode does not run) lowered for
   CUDA at q_len 200, kv_len 250 with `MosaicGPUOptions` fields `options` over the defaults:
   (its config, the lowered text)."""
@@ -216,7 +218,7 @@ def _lower_backward(head_dim, causal=True, group=1, center_keys=False, **options
     kv_len=250,
     head_dim=head_dim,
     dtype=jnp.bfloat16,
-    softmax_scale=0.1,
+    softmax_scale=softmax_scale,
     causal=causal,
     numerics=get_numerics("fa2").with_options(center_keys=center_keys),
     compensation=None,
@@ -253,6 +255,9 @@ def test_mosaic_gpu_backward_lowers(head_dim, causal, group, center_keys):
   assert not cfg.mgpu.deferred_wait and "wgmma_wait" not in text  # (its explicit wait: below)
   _, text = _lower_backward(head_dim, causal, group, center_keys, rounded_scores=False)
   assert "mul.rn.f32" not in text
+  # at a power-of-two scale ≤ 1 no S is formed (`backward_mgpu.unscaled_scores`): no mul.rn
+  cfg, text = _lower_backward(head_dim, causal, group, center_keys, softmax_scale=0.125)
+  assert cfg.mgpu.rounded_scores and cfg.mgpu.scale_in_exp2 and "mul.rn.f32" not in text
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
@@ -263,7 +268,15 @@ def test_mosaic_gpu_backward_defers_its_waits_where_the_accumulators_fit(head_di
   nowhere else: at 256 neither."""
   from pallas_kernels.backward_mgpu import DEFERRED_WAIT_MAX_HEAD_DIM
 
-  _, text = _lower_backward(head_dim, deferred_wait=True)
+  from pallas_kernels.backward_mgpu import defers
+
+  cfg, text = _lower_backward(head_dim, deferred_wait=True)
   kernels = text.split("stablehlo.custom_call @mosaic_gpu")[1:]  # dK/dV, then dQ
   expected = [head_dim <= DEFERRED_WAIT_MAX_HEAD_DIM[name] for name in ("dkv", "dq")]
   assert ["wgmma_wait" in kernel for kernel in kernels] == expected
+  # never with one tile in flight (it would free its only slot after waiting for the next
+  # tile: a hang), nor in interpret mode or with the option off
+  for name in ("dkv", "dq"):
+    assert not defers(cfg, name, 64, stages=1)
+    assert not defers(dataclasses.replace(cfg, interpret=True), name, 64, stages=2)
+  assert defers(cfg, "dkv", 64, stages=2) and defers(cfg, "dq", 128, stages=2)

@@ -545,6 +545,31 @@ def test_mosaic_gpu_backward_rounded_scores_moves_only_float32_values(causal):
       assert np.all(np.abs(a - b) <= ulp_at_scale(b) + 1e-12), (name, np.abs(a - b).max())
 
 
+def test_mosaic_gpu_backward_unscaled_scores_are_the_same_function():
+  """At a power-of-two softmax_scale ≤ 1 (head_dim 64: 1/8) the backward forms P from the
+  unscaled QKᵀ (`backward_mgpu.unscaled_scores`: (QKᵀ − m/c − log l/c)·c, on the GPU one
+  multiply by c·log₂e into ex2), which is the definition's exponent bit for bit: dQ, dK and dV
+  equal those of scale_in_exp2=False, which forms S = QKᵀ·c (interpret mode and GPU; causal,
+  GQA, odd lengths; fails if m or log l is left in S's units or c is dropped). The rule: on
+  only there, off at head_dim 128's 1/√128, at c = 2, without rounded_scores or with
+  scale_in_exp2=False."""
+  from pallas_kernels.backward_mgpu import flash_backward_mgpu, unscaled_scores
+
+  args, cfg = _residuals(Shape(1, 300, 300, 4, 2, 64, causal=True), jnp.bfloat16, seed=5)
+  plain, unscaled = _off_and_on(cfg, "scale_in_exp2")
+  assert unscaled_scores(unscaled) and not unscaled_scores(plain)
+  for off in (
+    dataclasses.replace(unscaled, softmax_scale=128**-0.5),
+    dataclasses.replace(unscaled, softmax_scale=2.0),
+    dataclasses.replace(unscaled, mgpu=dataclasses.replace(unscaled.mgpu, rounded_scores=False)),
+  ):
+    assert not unscaled_scores(off)
+  ours, theirs = flash_backward_mgpu(*args, unscaled), flash_backward_mgpu(*args, plain)
+  for name, a, b in zip(("dq", "dk", "dv"), ours, theirs):
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    assert np.abs(b).max() > 0 and np.array_equal(a, b), (name, np.abs(a - b).max())
+
+
 @pytest.mark.skipif(
   jax.default_backend() != "gpu",
   reason="interpret mode runs the backward's unfused path with and without deferred_wait",
