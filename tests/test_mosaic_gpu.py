@@ -575,24 +575,35 @@ def test_mosaic_gpu_backward_unscaled_scores_are_the_same_function():
   reason="interpret mode runs the backward's unfused path with and without deferred_wait",
 )
 @pytest.mark.parametrize(
-  "shape",
+  "shape,center_keys,stages",
   [
-    Shape(2, 300, 300, 4, 2, 64, causal=True),  # both kernels defer; odd lengths, GQA
-    Shape(1, 384, 200, 2, 2, 64, causal=False),  # padded keys (masked last tiles)
-    Shape(1, 200, 200, 2, 1, 32, causal=True),  # MQA
-    Shape(1, 300, 300, 2, 2, 128, causal=True),  # dQ defers, dK/dV does not
+    (Shape(2, 300, 300, 4, 2, 64, causal=True), False, None),  # both defer; odd, GQA
+    (Shape(1, 384, 200, 2, 2, 64, causal=False), True, None),  # padded keys; dQ's centred K
+    (Shape(1, 200, 200, 2, 1, 32, causal=True), False, None),  # MQA
+    (Shape(1, 300, 300, 2, 2, 128, causal=True), False, None),  # dQ defers, dK/dV does not
+    (Shape(1, 1000, 1000, 2, 2, 64, causal=True), False, (3, 3)),  # rings of 3, wrapped often
+    (Shape(1, 256, 256, 2, 2, 64, causal=False), False, (1, 1)),  # one slot: not deferred
   ],
-  ids=["d64-causal-gqa-odd", "d64-padded-keys", "d32-causal-mqa", "d128-causal-odd"],
+  ids=[
+    "d64-causal-gqa-odd",
+    "d64-padded-keys-center_keys",
+    "d32-causal-mqa",
+    "d128-causal-odd",
+    "d64-causal-stages3",
+    "d64-stages1",
+  ],
 )
-def test_mosaic_gpu_backward_deferred_wait_is_the_same_function(shape):
+def test_mosaic_gpu_backward_deferred_wait_is_the_same_function(shape, center_keys, stages):
   """`MosaicGPUOptions.deferred_wait` (each step's accumulating products waited for with the
   next step's S, the tile freed then; accumulators across the loops) issues the same products
   in the same order: dQ, dK and dV bit for bit as without it (a tile freed before its product
-  is done, or a step's product lost between the loops, would move values)."""
+  is done, or a step's product lost between the loops, would move values; with one slot it
+  would hang, and `backward_mgpu.defers` keeps the old loop there)."""
   _skip_if_causal_refused(shape.causal)
   from pallas_kernels.backward_mgpu import flash_backward_mgpu
 
-  args, cfg = _residuals(shape, jnp.bfloat16, seed=7)
+  args, cfg = _residuals(shape, jnp.bfloat16, center_keys=center_keys, seed=7)
+  cfg = dataclasses.replace(cfg, stages_bwd_mgpu=stages)
   plain, deferred = _off_and_on(cfg, "deferred_wait")
   ours, theirs = flash_backward_mgpu(*args, deferred), flash_backward_mgpu(*args, plain)
   for name, a, b in zip(("dq", "dk", "dv"), ours, theirs):
