@@ -439,8 +439,11 @@ def _bias(args):
 
   try:
     configs = bias_configs(BIAS_ATTENTIONS if args.attention is None else args.attention)
-  except ValueError as e:
-    raise SystemExit(f"flashstable bias: {e}") from None
+  except ValueError as e:  # (the default list is valid: a bad value is the user's --attention)
+    named = str(e).startswith("--attention")  # split_specs' messages name it already
+    raise SystemExit(
+      f"flashstable bias: {'' if named else f'--attention={args.attention!r}: '}{e}"
+    ) from None
   ties = {}
   if args.tie_values is not None:
     ties = dict(tie_values=_floats(args.tie_values, "--tie-values", "bias"))

@@ -188,6 +188,7 @@ def _bad_inputs(tmp):
     (["deviation", "--block-ks", "24"], r"--block-ks=24"),
     (["deviation", "--head-dims", "300"], r"flashstable deviation: head_dim=300 is not supported"),
     (["bias", "--rows", "0"], r"flashstable bias: argument --rows: must be ≥ 1, got 0"),
+    (["bias", "--attention", "fa3"], r"^flashstable bias: --attention='fa3': unknown attention"),
     (["train", "--min-lr", "0.5", "--lr", "0.01"], r"train: --min-lr=0.5 is above --lr=0.01"),
     (["train", "--min-lr", "nan"], r"^flashstable train: --min-lr=nan must be a finite number"),
     (
