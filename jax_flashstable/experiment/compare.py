@@ -262,7 +262,8 @@ def report(
     f"Date: {datetime.date.today().isoformat()} (report made with jax {jax.__version__}). "
     f"Trained on: {kind}{'' if kind == backend else f' ({backend})'}. Model `{base.model}`"
     f"{' ' + str(dict(base.model_overrides)) if base.model_overrides else ''}, "
-    f"{base.steps} steps, batch {base.batch_size}×{base.grad_accum}, seq_len "
+    f"{base.steps} steps, batch {base.batch_size} × {base.grad_accum} (sequences a step × "
+    "gradient accumulation), seq_len "
     f"{base.seq_len or base.model_config().block_size}, peak lr {base.lr}, warmup "
     f"{base.warmup_steps}, seed {rows[0]['seed'] if rows else base.seed}, data "
     f"{base.data or 'the embedded sample'}.",
@@ -289,6 +290,8 @@ def report(
     )
   lines += [
     "",
+    "Layers count from 0 (layer 1 is the second; Qiu & Yao 2025 found the failure in the "
+    "attention of an early layer, whose W_Q takes the low-rank gradient errors). "
     "Explosion: a non-finite loss, or after warmup a 10-step mean loss above 2× its "
     f"running minimum. Runaway: {runaway_rule(rows)}. Warning: "
     "`train.EarlyWarning` "
