@@ -241,7 +241,10 @@ def run_matrix(
       log(f"{variant} seed {seed}: not started, the time budget is spent")
       continue
     cfg = dataclasses.replace(cfg, max_seconds=left)
-    log(f"{variant} seed {seed}: training ({cfg.attention}, overrides {cfg.attention_overrides})")
+    kernel = AttentionConfig.parse(cfg.attention).implementation == "flash"
+    where = " in Pallas interpret mode" if kernel and jax.default_backend() == "cpu" else ""
+    layers = f", layers {dict(cfg.attention_overrides)}" if cfg.attention_overrides else ""
+    log(f"{variant} seed {seed}: training ({cfg.attention}{layers}{where})")
     try:
       s = train_and_evaluate(cfg, dataset)
     except NonFiniteError as e:
