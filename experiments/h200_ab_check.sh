@@ -15,6 +15,7 @@
 # land in $OUT/ab.txt as they come (a call cut at its limit still brings back what ran).
 # Usage (repo root, on the device):
 #   bash experiments/h200_ab_check.sh "$OUT"
+#   AB_TESTS_ONLY=1 bash experiments/h200_ab_check.sh "$OUT"   # the GPU tests alone (≤ 150 s)
 #   AB_QUICK=1 bash experiments/h200_ab_check.sh "$OUT"   # ≤ 330 s: the tests and the
 #     backward at gpt2-small's shape only (what a call after a twin has left): there the
 #     unscaled scores (scale_in_exp2's backward half, the default at a power-of-two scale
@@ -32,6 +33,9 @@ if [[ ${AB_TESTS:-1} != 0 ]]; then
     -k "deferred_wait or unscaled or backward_matches or matches_triton or head_dims" > $OUT/tests.log 2>&1
   echo "tests: exit $?"; tail -3 $OUT/tests.log
 fi
+# AB_TESTS_ONLY=1: the tests alone (correctness, not timing: they may share a GPU with a
+# training twin where its memory allows, as on an H200 beside a 68.5 GiB twin)
+[[ ${AB_TESTS_ONLY:-0} != 0 ]] && exit 0
 export MOSAIC_GPU_DUMP_PTXAS=1  # ptxas's registers and spills per kernel, in compile order
 # (ptxas's report comes on stdout, the runs' errors on stderr: both into compile.log; the
 # variants' lines land in ab.txt)
