@@ -56,6 +56,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.forward_mgpu import (
+  exact_scale,
   query_tile,
   resolve_scale_in_exp2,
   smem_transforms,
@@ -289,8 +290,7 @@ def unscaled_scores(cfg) -> bool:
   `rounded_scores`, `scale_in_exp2` resolved on (`forward_mgpu.resolve_scale_in_exp2`) and a
   softmax_scale c that is a power of two ≤ 1, where it changes no value."""
   c = cfg.softmax_scale
-  power_of_two = 0 < c <= 1 and float(np.frexp(c)[0]) == 0.5
-  if not (cfg.mgpu.rounded_scores and power_of_two) or cfg.numerics.single_lse:
+  if not (cfg.mgpu.rounded_scores and exact_scale(c)) or cfg.numerics.single_lse:
     return False
   return bool(resolve_scale_in_exp2(cfg.mgpu, c, cfg.compensation).scale_in_exp2)
 
@@ -359,6 +359,15 @@ def _producer(n_steps, stages, free, load):
 # two 64 × head_dim float32 accumulators leave too few registers), dQ up to 128 (at 256 it
 # spills more).
 DEFERRED_WAIT_MAX_HEAD_DIM = {"dkv": 64, "dq": 128}
+
+
+def _release_previous(free, stages, t):
+  """`deferred_wait`: at step t (its S waited for, and with it step t − 1's accumulating
+  products) free step t − 1's ring slot; t = the step count after the loops frees the last."""
+
+  @pl.when(t > 0)
+  def _():
+    plgpu.barrier_arrive(free.at[lax.rem(t - 1, jnp.int32(stages))])
 
 
 def defers(cfg, kernel: str, head_dim: int, stages: int) -> bool:
@@ -435,15 +444,10 @@ def _dkv_kernel(
       p, ds = _probs_and_dscores(s, dp, m, log_l, delta, cfg, valid)
       return numerics.round_p(p, dtype), numerics.round_ds(ds, dtype)
 
-    def release(t):  # step t − 1's query tile, whose dV and dK products are done (deferred_wait)
-      @pl.when(t > 0)
-      def _():
-        plgpu.barrier_arrive(free.at[lax.rem(t - 1, jnp.int32(stages))])
-
     def deferred_step(t, dk_acc, dv_acc, masked):
       """`step` with dK and dV accumulated in wgmma accumulators that live across the loops:
       step t's dV += Pᵀ dO and dK += dSᵀ Q are not waited for here but with step t + 1's Sᵀ
-      (wgmma groups complete in order), which then frees step t's query tile (`release`)."""
+      (wgmma groups complete in order), which then frees step t's query tile (`_release_previous`)."""
       i = first + t
       slot = lax.rem(t, jnp.int32(stages))
       q_slot, do_slot = q_smem.at[slot], do_smem.at[slot]
@@ -460,7 +464,7 @@ def _dkv_kernel(
           plgpu.barrier_wait(rows_ready.at[slot])
           # Sᵀ, and step t − 1's dV and dK, done; dPᵀ runs on
           s = plgpu.wgmma_accumulator_load(s_acc, wait_n=n_parts)
-          release(t)
+          _release_previous(free, stages, t)
           p_in, ds_in = elementwise(s, dp_acc[...], slot, i, masked)
           plgpu.wgmma(dv_acc, p_in, do_slot.at[part])  # dV += Pᵀ dO, in flight into t + 1
           plgpu.wgmma(dk_acc, ds_in, q_slot.at[part])  # dK += dSᵀ Q
@@ -523,7 +527,7 @@ def _dkv_kernel(
         for start, end, masked in ((0, a, True), (a, b, False), (b, n_steps, True)):
           pl.loop(start, end)(lambda t, m=masked: deferred_step(t, dk_acc, dv_acc, m))
         plgpu.wgmma_wait(0)
-        release(n_steps)  # the last step's query tile
+        _release_previous(free, stages, n_steps)  # the last step's query tile
         return dk_acc[...], dv_acc[...]
 
       acc = plgpu.ACC((ROWS, width), jnp.float32)
@@ -692,15 +696,10 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, *refs, cfg, n_kv, group, s
       valid = _valid(row0 + _iota(tile, 0), j * bk + _iota(tile, 1), cfg, bk) if masked else None
       return numerics.round_ds(_probs_and_dscores(s, dp, m, log_l, delta, cfg, valid)[1], dtype)
 
-    def release(j):  # step j − 1's key tile, whose dQ product is done (deferred_wait)
-      @pl.when(j > 0)
-      def _():
-        plgpu.barrier_arrive(free.at[lax.rem(j - 1, jnp.int32(stages))])
-
     def deferred_step(j, dq_acc, masked):
       """`step` with dQ accumulated in a wgmma accumulator that lives across the loops: step
       j's dQ += dS K is not waited for here but with step j + 1's S (wgmma groups complete
-      in order), which then frees step j's key tile (`release`)."""
+      in order), which then frees step j's key tile (`_release_previous`)."""
       slot = lax.rem(j, jnp.int32(stages))
       k_slot, v_slot = k_smem.at[slot], v_smem.at[slot]
       kd_slot = k_slot if kd_smem is None else kd_smem.at[slot]
@@ -713,7 +712,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, *refs, cfg, n_kv, group, s
         def with_dp(dp_acc):
           plgpu.wgmma(dp_acc, do_smem, v_slot.transpose((1, 0)))  # dP = dO Vᵀ
           s = plgpu.wgmma_accumulator_load(s_acc, wait_n=1)  # S and step j − 1's dQ done
-          release(j)
+          _release_previous(free, stages, j)
           ds_in = elementwise(s, dp_acc[...], j, masked)
           if kd_smem is not None:
             plgpu.barrier_wait(kd_ready.at[slot])
@@ -765,7 +764,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, *refs, cfg, n_kv, group, s
         pl.loop(0, mid)(lambda j: deferred_step(j, dq_acc, False))
         pl.loop(mid, steps)(lambda j: deferred_step(j, dq_acc, True))
         plgpu.wgmma_wait(0)
-        release(steps)  # the last step's key tile
+        _release_previous(free, stages, steps)  # the last step's key tile
         return dq_acc[...]
 
       dq = pl.run_scoped(loops, plgpu.ACC((ROWS, d), jnp.float32))

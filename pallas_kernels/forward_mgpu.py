@@ -313,6 +313,14 @@ def scale_in_exp2_refusal(softmax_scale: float, compensation) -> str | None:
   return None
 
 
+def exact_scale(softmax_scale: float) -> bool:
+  """Whether softmax_scale is a power of two ≤ 1: multiplying or dividing by it (and by c·log₂e
+  against log₂e) is exact in float32's normal range, so `scale_in_exp2`'s orders change no
+  value (`resolve_scale_in_exp2`; the backward's `backward_mgpu.unscaled_scores`)."""
+  c = float(softmax_scale)
+  return c <= 1.0 and math.frexp(c)[0] == 0.5  # (a negative c or 0: mantissa ≠ 0.5)
+
+
 def resolve_scale_in_exp2(options: MosaicGPUOptions, softmax_scale: float, compensation):
   """`options` with scale_in_exp2 a bool. True: checked (ValueError with
   `scale_in_exp2_refusal`'s line). None: True exactly where it changes no value — exp2 on,
@@ -329,8 +337,7 @@ def resolve_scale_in_exp2(options: MosaicGPUOptions, softmax_scale: float, compe
     if why is not None:
       raise ValueError(why)
     return options
-  c = float(softmax_scale)
-  exact = options.exp2 and why is None and c <= 1.0 and math.frexp(c)[0] == 0.5
+  exact = options.exp2 and why is None and exact_scale(softmax_scale)
   return dataclasses.replace(options, scale_in_exp2=bool(exact))
 
 
