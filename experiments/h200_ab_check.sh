@@ -16,12 +16,13 @@
 # Usage (repo root, on the device):
 #   bash experiments/h200_ab_check.sh "$OUT"
 #   AB_TESTS_ONLY=1 bash experiments/h200_ab_check.sh "$OUT"   # the GPU tests alone (≤ 150 s)
-#   AB_QUICK=1 bash experiments/h200_ab_check.sh "$OUT"   # ≤ 330 s: the tests and the
+#   AB_QUICK=1 bash experiments/h200_ab_check.sh "$OUT"   # ≤ 300 s: the tests and the
 #     backward at gpt2-small's shape only (what a call after a twin has left): there the
 #     unscaled scores (scale_in_exp2's backward half, the default at a power-of-two scale
-#     since 2026-12-06) against S formed, and deferred_wait
+#     since 2026-12-06) against S formed, deferred_wait, and the dQ kernel's key tile of
+#     128 (bk_dq=128, `KernelConfig.block_k_dq_mgpu`; it moves dQ's float32 sums: "DIFFERS")
 # As an item of h200_instability.sh's queues: "ab".
-# device seconds: 590 (its timeouts added up, with start-up; h200_instability.sh starts it only with that much left)
+# device seconds: 620 (its timeouts added up, with start-up; h200_instability.sh starts it only with that much left)
 set -u
 OUT=${1:-runs/h200}
 mkdir -p "$OUT"
@@ -30,7 +31,7 @@ source "$(dirname "$0")/h200_env.sh"
 # backward against Triton and FP64 (the masks' change: the same values), the head dims
 if [[ ${AB_TESTS:-1} != 0 ]]; then
   timeout 150 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_mosaic_gpu.py \
-    -k "deferred_wait or unscaled or backward_matches or matches_triton or head_dims" > $OUT/tests.log 2>&1
+    -k "deferred_wait or unscaled or backward_matches or matches_triton or head_dims or dq_key_tile" > $OUT/tests.log 2>&1
   echo "tests: exit $?"; tail -3 $OUT/tests.log
 fi
 # AB_TESTS_ONLY=1: the tests alone (correctness, not timing: they may share a GPU with a
@@ -41,10 +42,11 @@ export MOSAIC_GPU_DUMP_PTXAS=1  # ptxas's registers and spills per kernel, in co
 # variants' lines land in ab.txt)
 GPT2="--shape 16,1024,12,12,64 --causal"
 BW="python3 experiments/18_mgpu_backward_stages_ab.py --pairs 30 --out $OUT/ab.txt"
-timeout 90 $BW $GPT2 2,2,scale_in_exp2=0 2,2 2,2,deferred_wait=1 > $OUT/compile.log 2>&1
+timeout 150 $BW $GPT2 2,2,scale_in_exp2=0 2,2 2,2,deferred_wait=1 2,2,bk_dq=128 \
+  2,2,deferred_wait=1,bk_dq=128 > $OUT/compile.log 2>&1
 echo "backward, gpt2-small: exit $?"
 if [[ ${AB_QUICK:-0} == 0 ]]; then
-timeout 70 $BW --shape 4,4096,16,16,128 3,2 3,2,deferred_wait=1 >> $OUT/compile.log 2>&1
+timeout 80 $BW --shape 4,4096,16,16,128 3,2 3,2,deferred_wait=1 3,2,bk_dq=128 >> $OUT/compile.log 2>&1
 echo "backward d128: exit $?"
 timeout 70 $BW --shape 4,4096,16,16,128 --causal 3,2 3,2,deferred_wait=1 >> $OUT/compile.log 2>&1
 echo "backward d128 causal: exit $?"

@@ -50,6 +50,8 @@ class KernelConfig:
   num_stages_bwd: int | None = None  # the Triton backward's pipeline stages
   # the Mosaic GPU backward's tiles in flight, (dK/dV's, dQ's); None: its `default_stages`
   stages_bwd_mgpu: tuple[int, int] | None = None
+  # the Mosaic GPU backward dQ kernel's key tile (64 or 128); None: `backward_mgpu.DQ_BLOCK_K`
+  block_k_dq_mgpu: int | None = None
   backend: str = "triton"  # forward kernel: "triton" or "mosaic_gpu" (Hopper);
   # never "auto" here (`choose_backend` resolved it)
   mgpu: MosaicGPUOptions = MosaicGPUOptions()  # the Mosaic GPU forward's speed options

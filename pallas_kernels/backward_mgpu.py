@@ -68,7 +68,8 @@ from pallas_kernels.policy import MOSAIC_GPU_NUMERICS as NUMERICS
 ROWS = 64  # wgmma's M: rows per compute warpgroup
 COMPUTE_WGS = 2
 DKV_BLOCK_Q = 64  # dK/dV: query rows per step
-DQ_BLOCK_K = 64  # dQ: keys per step
+DQ_BLOCK_K = 64  # dQ: keys per step (`dq_block_k`)
+DQ_BLOCK_KS = (64, 128)  # the dQ key tiles it can run (`KernelConfig.block_k_dq_mgpu`)
 MAX_HEAD_DIM = 256  # padded; the forward's widest (`forward_mgpu.HEAD_DIMS`)
 PART = 128  # the widest dK and dV a warpgroup accumulates: 2 × 64 × 128 float32 in registers
 # Registers per thread (setmaxnreg), FlashAttention-3's split: 2 × 128 × 240 + 128 × 24 ≤ 64 Ki.
@@ -103,10 +104,22 @@ def _dkv_bytes(head_dim: int, stages: int, group: int) -> int:
   )
 
 
-def _dq_bytes(head_dim: int, stages: int, center_keys: bool) -> int:
+def dq_block_k(cfg) -> int:
+  """The dQ kernel's key tile: `KernelConfig.block_k_dq_mgpu`, else `DQ_BLOCK_K`. 128 halves
+  the steps (a wgmma of 128 keys for S, dP and dQ += dS K: at head_dim 64 566 SASS instructions
+  a step of 128 keys against 2 × 318 of 64, no spills; ptxas 13.0, experiments/20_ptxas_report.py,
+  2026-12-06); it changes dQ's float32 summation order only (a product over 128 keys per
+  step), as the Triton backward's block_k_bwd does. ValueError naming anything else."""
+  bk = DQ_BLOCK_K if cfg.block_k_dq_mgpu is None else cfg.block_k_dq_mgpu
+  if bk not in DQ_BLOCK_KS:
+    raise ValueError(f"block_k_dq_mgpu={bk!r}: the Mosaic GPU dQ kernel's key tile is 64 or 128")
+  return bk
+
+
+def _dq_bytes(head_dim: int, stages: int, center_keys: bool, block_k: int = DQ_BLOCK_K) -> int:
   """dQ's shared memory: each warpgroup's Q, dO and rows' statistics and a ring of `stages`
-  tiles of K and V (and the centred keys)."""
-  ring = DQ_BLOCK_K * head_dim * 2 * (3 if center_keys else 2)
+  tiles of K and V (and the centred keys) of `block_k` keys."""
+  ring = block_k * head_dim * 2 * (3 if center_keys else 2)
   return COMPUTE_WGS * ROWS * (head_dim * 2 * 2 + 3 * 4) + stages * ring
 
 
@@ -356,9 +369,10 @@ def _producer(n_steps, stages, free, load):
 # `MosaicGPUOptions.deferred_wait` where a kernel's accumulators fit beside the next step's
 # S and dP without ptxas serialising the wgmmas (C7512) or spilling more (ptxas 13.0, sm_90a,
 # experiments/20_ptxas_report.py, 2026-12-06): dK/dV up to padded head_dim 64 (at 128 and 256
-# two 64 × head_dim float32 accumulators leave too few registers), dQ up to 128 (at 256 it
-# spills more).
-DEFERRED_WAIT_MAX_HEAD_DIM = {"dkv": 64, "dq": 128}
+# two 64 × head_dim float32 accumulators leave too few registers), dQ up to 128 with key
+# tiles of 64 (at 256 it spills more) and up to 64 with tiles of 128 (`dq_block_k`: S and dP
+# twice as wide; at 128 ptxas serialises). Keyed by (kernel, its loop's tile).
+DEFERRED_WAIT_MAX_HEAD_DIM = {("dkv", 64): 64, ("dq", 64): 128, ("dq", 128): 64}
 
 
 def _release_previous(free, stages, t):
@@ -373,11 +387,13 @@ def _release_previous(free, stages, t):
 def defers(cfg, kernel: str, head_dim: int, stages: int) -> bool:
   """Whether `kernel` ("dkv", "dq") runs `MosaicGPUOptions.deferred_wait`'s loop at padded
   head_dim with `stages` tiles in flight (after clamping): the option on, a GPU (interpret mode
-  runs its own unfused path), the head_dim within `DEFERRED_WAIT_MAX_HEAD_DIM` and at least 2
+  runs its own unfused path), the head_dim within `DEFERRED_WAIT_MAX_HEAD_DIM` for the kernel's
+  tile (dK/dV's query tile `DKV_BLOCK_Q`, dQ's key tile `dq_block_k`) and at least 2
   stages — with one, step t would free its only slot after waiting for step t's tile, which
   the producer loads only into a freed slot: a hang (a review's exhaustive model of the
   barriers, 2026-12-06; 2–3 stages, every causal split and the dQ drain, found none)."""
-  fits = head_dim <= DEFERRED_WAIT_MAX_HEAD_DIM[kernel]
+  tile = DKV_BLOCK_Q if kernel == "dkv" else dq_block_k(cfg)
+  fits = head_dim <= DEFERRED_WAIT_MAX_HEAD_DIM[kernel, tile]
   return cfg.mgpu.deferred_wait and not cfg.interpret and fits and stages >= 2
 
 
@@ -653,7 +669,7 @@ def _dkv(q, k, v, do, rows, cfg, stages):
 
 def _dq_kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, *refs, cfg, n_kv, group, stages, n_q_tiles):
   kd_ref, dq_ref, scoped = refs if cfg.numerics.center_keys else (None, *refs)
-  numerics, dtype, scale, bk = cfg.numerics, q_ref.dtype, cfg.softmax_scale, DQ_BLOCK_K
+  numerics, dtype, scale, bk = cfg.numerics, q_ref.dtype, cfg.softmax_scale, dq_block_k(cfg)
   smem, barriers = scoped
   q_smem2, do_smem2, rows_smem2, k_smem, v_smem, kd_smem, ds_smem2 = smem
   q_ready, do_ready, rows_ready, k_ready, v_ready, kd_ready, free = barriers
@@ -801,8 +817,16 @@ def _dq(q, k, v, do, rows, kd, cfg, stages):
   batch, q_len_p, num_heads, d = q.shape
   num_kv_heads = k.shape[2]
   group = num_heads // num_kv_heads
-  n_kv = -(-cfg.kv_len // DQ_BLOCK_K)  # tiles of padding only are skipped
+  bk = dq_block_k(cfg)
+  n_kv = -(-cfg.kv_len // bk)  # tiles of padding only are skipped
   stages = int(max(1, min(stages, n_kv)))
+  while stages > 1 and _dq_bytes(d, stages, kd is not None, bk) > SMEM_BYTES:
+    stages -= 1  # a wider tile than `default_stages` planned for
+  if _dq_bytes(d, stages, kd is not None, bk) > SMEM_BYTES:
+    raise ValueError(
+      f"block_k_dq_mgpu={bk} at head_dim={d}: the dQ kernel needs "
+      f"{_dq_bytes(d, stages, kd is not None, bk) / 1024:.1f} KiB of shared memory"
+    )
   sw = smem_transforms(d, 2)
   center = kd is not None
 
@@ -811,12 +835,10 @@ def _dq(q, k, v, do, rows, kd, cfg, stages):
       plgpu.SMEM((COMPUTE_WGS, ROWS, d), q.dtype, transforms=sw),
       plgpu.SMEM((COMPUTE_WGS, ROWS, d), do.dtype, transforms=sw),
       plgpu.SMEM((COMPUTE_WGS, 3, ROWS), jnp.float32),
-      plgpu.SMEM((stages, DQ_BLOCK_K, d), k.dtype, transforms=sw),
-      plgpu.SMEM((stages, DQ_BLOCK_K, d), v.dtype, transforms=sw),
-      plgpu.SMEM((stages, DQ_BLOCK_K, d), k.dtype, transforms=sw) if center else None,
-      plgpu.SMEM(
-        (COMPUTE_WGS, ROWS, DQ_BLOCK_K), q.dtype, transforms=smem_transforms(DQ_BLOCK_K, 2)
-      )
+      plgpu.SMEM((stages, bk, d), k.dtype, transforms=sw),
+      plgpu.SMEM((stages, bk, d), v.dtype, transforms=sw),
+      plgpu.SMEM((stages, bk, d), k.dtype, transforms=sw) if center else None,
+      plgpu.SMEM((COMPUTE_WGS, ROWS, bk), q.dtype, transforms=smem_transforms(bk, 2))
       if cfg.interpret
       else None,
     )

@@ -146,7 +146,8 @@ class MosaicGPUOptions:
     order, Shah et al. 2024, §3.3). The S and dP accumulators are each made right before their
     product (in each kernel's first loop ptxas then starts one from zero instead of from
     zeroed registers). Only where the accumulators fit without ptxas serialising the wgmmas
-    (`backward_mgpu.DEFERRED_WAIT_MAX_HEAD_DIM`: dK/dV up to head_dim 64, dQ up to 128) and
+    (`backward_mgpu.DEFERRED_WAIT_MAX_HEAD_DIM`: dK/dV up to head_dim 64, dQ up to 128, 64
+    with key tiles of 128) and
     with at least 2 tiles in flight (`backward_mgpu.defers`); the old loop elsewhere. The same products in the same order: the same values. GPU only
     (interpret mode runs its own unfused loop). Off until timed on the GPU; SASS counts:
     docs/studies/speed.md.

@@ -264,15 +264,15 @@ def test_mosaic_gpu_backward_lowers(head_dim, causal, group, center_keys):
 def test_mosaic_gpu_backward_defers_its_waits_where_the_accumulators_fit(head_dim):
   """`MosaicGPUOptions.deferred_wait` lowers for CUDA, and its loop (accumulators across the
   loops, an explicit wgmma wait after them) runs in the kernels where it fits
-  (`backward_mgpu.DEFERRED_WAIT_MAX_HEAD_DIM`: dK/dV up to head_dim 64, dQ up to 128) and
-  nowhere else: at 256 neither."""
+  (`backward_mgpu.DEFERRED_WAIT_MAX_HEAD_DIM`: dK/dV up to head_dim 64, dQ up to 128 with
+  key tiles of 64, up to 64 with tiles of 128) and nowhere else: at 256 neither."""
   from pallas_kernels.backward_mgpu import DEFERRED_WAIT_MAX_HEAD_DIM
 
   from pallas_kernels.backward_mgpu import defers
 
   cfg, text = _lower_backward(head_dim, deferred_wait=True)
   kernels = text.split("stablehlo.custom_call @mosaic_gpu")[1:]  # dK/dV, then dQ
-  expected = [head_dim <= DEFERRED_WAIT_MAX_HEAD_DIM[name] for name in ("dkv", "dq")]
+  expected = [head_dim <= DEFERRED_WAIT_MAX_HEAD_DIM[name, 64] for name in ("dkv", "dq")]
   assert ["wgmma_wait" in kernel for kernel in kernels] == expected
   # never with one tile in flight (it would free its only slot after waiting for the next
   # tile: a hang), nor in interpret mode or with the option off
@@ -280,3 +280,5 @@ def test_mosaic_gpu_backward_defers_its_waits_where_the_accumulators_fit(head_di
     assert not defers(cfg, name, 64, stages=1)
     assert not defers(dataclasses.replace(cfg, interpret=True), name, 64, stages=2)
   assert defers(cfg, "dkv", 64, stages=2) and defers(cfg, "dq", 128, stages=2)
+  wide = dataclasses.replace(cfg, block_k_dq_mgpu=128)  # S and dP twice as wide
+  assert defers(wide, "dq", 64, stages=2) and not defers(wide, "dq", 128, stages=2)

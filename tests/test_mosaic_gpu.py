@@ -481,21 +481,62 @@ def test_mosaic_gpu_backward_matches_triton_backward(shape, dtype, numerics, cen
   for lse_cotangent in (None, d_lse) if lse else (None,):
     ours = flash_backward_mgpu(*args, cfg, lse_cotangent)
     theirs = flash_backward(*args, triton, lse_cotangent)
-    for name, a, b, n in zip(
-      ("dq", "dk", "dv"), ours, theirs, (shape.q_len, shape.kv_len, shape.kv_len)
-    ):
-      assert a.dtype == b.dtype and a.shape == b.shape, name
-      # the real rows (padded query rows' dQ is cut off by the wrapper, not masked here)
-      a, b = np.asarray(a[:, :n], np.float64), np.asarray(b[:, :n], np.float64)
-      assert np.isfinite(a).all() and np.abs(b).max() > 0, name
-      if jax.default_backend() == "cpu":  # bit for bit but for XLA's CPU code generation
-        parts = shape.head_dim > 128 and name != "dq"  # dK, dV: Sᵀ summed over two parts
-        assert np.mean(a == b) >= (0.98 if parts else 0.99), (name, np.mean(a == b))
-        bound = ulp_at_scale(b, dtype=dtype) / (2 if parts else 16)
-        assert np.abs(a - b).max() <= bound, (name, np.abs(a - b).max(), bound)
-      else:
-        bound = 2 * ulp_at_scale(b, dtype=dtype)
-        assert np.abs(a - b).max() <= bound, (name, np.abs(a - b).max())
+    _assert_triton_backward(ours, theirs, shape, dtype)
+
+
+def _assert_triton_backward(ours, theirs, shape, dtype):
+  """The Mosaic GPU backward's (dq, dk, dv) against the Triton backward's with the same tiles
+  (`test_mosaic_gpu_backward_matches_triton_backward` says why these bounds)."""
+  for name, a, b, n in zip(
+    ("dq", "dk", "dv"), ours, theirs, (shape.q_len, shape.kv_len, shape.kv_len)
+  ):
+    assert a.dtype == b.dtype and a.shape == b.shape, name
+    # the real rows (padded query rows' dQ is cut off by the wrapper, not masked here)
+    a, b = np.asarray(a[:, :n], np.float64), np.asarray(b[:, :n], np.float64)
+    assert np.isfinite(a).all() and np.abs(b).max() > 0, name
+    if jax.default_backend() == "cpu":  # bit for bit but for XLA's CPU code generation
+      parts = shape.head_dim > 128 and name != "dq"  # dK, dV: Sᵀ summed over two parts
+      assert np.mean(a == b) >= (0.98 if parts else 0.99), (name, np.mean(a == b))
+      bound = ulp_at_scale(b, dtype=dtype) / (2 if parts else 16)
+      assert np.abs(a - b).max() <= bound, (name, np.abs(a - b).max(), bound)
+    else:
+      bound = 2 * ulp_at_scale(b, dtype=dtype)
+      assert np.abs(a - b).max() <= bound, (name, np.abs(a - b).max())
+
+
+@pytest.mark.parametrize(
+  "shape,dtype,numerics,center_keys",
+  [
+    (Shape(1, 150, 200, 2, 1, 64, causal=True), jnp.bfloat16, "fa2", False),  # GQA, masks
+    (Shape(1, 70, 250, 2, 2, 128), jnp.float16, "fp32_out", True),  # padded keys
+  ],
+  ids=["gqa-causal-d64", "f16-fp32_out-center_keys-d128"],
+)
+def test_mosaic_gpu_backward_dq_key_tile_of_128_is_tritons_block_k_bwd_128(
+  shape, dtype, numerics, center_keys
+):
+  """`KernelConfig.block_k_dq_mgpu=128` (the dQ kernel's key tile) is the Triton backward with
+  block_k_bwd=128: dQ's float32 sums per 128 keys, within the bounds of
+  `test_mosaic_gpu_backward_matches_triton_backward`; dK and dV (the other kernel) bit for bit
+  as with the default tile. A third value is refused in one line naming it."""
+  _skip_if_causal_refused(shape.causal)
+  from pallas_kernels.backward import flash_backward
+  from pallas_kernels.backward_mgpu import flash_backward_mgpu
+
+  args, cfg = _residuals(shape, dtype, numerics, center_keys)
+  assert args[1].shape[1] % 128 == 0  # the Triton backward's key tiles cover the padded keys
+  wide = dataclasses.replace(cfg, block_k_dq_mgpu=128)
+  tiles = dataclasses.replace(cfg.blocks, block_q_bwd=64, block_k_bwd=128)
+  triton = dataclasses.replace(
+    cfg, backend="triton", backend_bwd="triton", blocks=tiles, num_stages_bwd=2
+  )
+  ours = flash_backward_mgpu(*args, wide)
+  _assert_triton_backward(ours, flash_backward(*args, triton), shape, dtype)
+  default = flash_backward_mgpu(*args, cfg)
+  for name, a, b in zip(("dk", "dv"), ours[1:], default[1:]):
+    assert np.array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32)), name
+  with pytest.raises(ValueError, match=r"^block_k_dq_mgpu=96: .*64 or 128$"):
+    flash_backward_mgpu(*args, dataclasses.replace(cfg, block_k_dq_mgpu=96))
 
 
 def test_mosaic_gpu_backward_longest_first_is_the_same_function():
