@@ -108,8 +108,11 @@ def dq_block_k(cfg) -> int:
   """The dQ kernel's key tile: `KernelConfig.block_k_dq_mgpu`, else `DQ_BLOCK_K`. 128 halves
   the steps (a wgmma of 128 keys for S, dP and dQ += dS K: at head_dim 64 566 SASS instructions
   a step of 128 keys against 2 × 318 of 64, no spills; ptxas 13.0, experiments/20_ptxas_report.py,
-  2026-12-06); it changes dQ's float32 summation order only (a product over 128 keys per
-  step), as the Triton backward's block_k_bwd does. ValueError naming anything else."""
+  2026-12-06). On the GPU the same bits (the fused wgmma sums dQ over the keys in the same
+  order either way) and no faster (H100, 2026-12-06: 0.994× against 0.978× with 64 at
+  gpt2-small's shape, 1.016× and 1.004× at d128 full and causal), so 64 stays; in interpret
+  mode dQ's per-tile float32 sum spans 128 keys, as the Triton backward's block_k_bwd=128.
+  ValueError naming anything else."""
   bk = DQ_BLOCK_K if cfg.block_k_dq_mgpu is None else cfg.block_k_dq_mgpu
   if bk not in DQ_BLOCK_KS:
     raise ValueError(f"block_k_dq_mgpu={bk!r}: the Mosaic GPU dQ kernel's key tile is 64 or 128")

@@ -127,7 +127,8 @@ class MosaicGPUOptions:
     evening; wherever it is on and the scale is a power of two ≤ 1, with rounded_scores:
     `backward_mgpu.unscaled_scores`): P from the unscaled QKᵀ, (QKᵀ − m/c − log l/c)·(c·log₂e)
     into ex2, the same bits as forming S, one multiply a score fewer in both backward kernels
-    (d64: dK/dV 409 → 377 SASS instructions a tile, dQ 352 → 320); not yet timed on a GPU.
+    (d64: dK/dV 409 → 377 SASS instructions a tile, dQ 352 → 320); the backward 0.978× the time
+    (H100, 2026-12-06, gpt2-small's 16 × 1024 × 12 × d64 causal, same bits).
   rounded_scores: the Mosaic GPU backward forms S = QKᵀ·c as PTX `mul.rn.f32` (interpret
     mode: behind an optimization barrier), which no compiler contracts into S − m, so P needs
     no compare-and-select for exp(S − m) to be exactly 1 at the row max
@@ -148,8 +149,10 @@ class MosaicGPUOptions:
     zeroed registers). Only where the accumulators fit without ptxas serialising the wgmmas
     (`backward_mgpu.DEFERRED_WAIT_MAX_HEAD_DIM`: dK/dV up to head_dim 64, dQ up to 128, 64
     with key tiles of 128) and
-    with at least 2 tiles in flight (`backward_mgpu.defers`); the old loop elsewhere. The same products in the same order: the same values. GPU only
-    (interpret mode runs its own unfused loop). Off until timed on the GPU; SASS counts:
+    with at least 2 tiles in flight (`backward_mgpu.defers`); the old loop elsewhere. The same
+    products in the same order: the same values. GPU only (interpret mode runs its own unfused
+    loop). Off: slower though fewer instructions (H100, 2026-12-06: 1.029× the backward's time
+    at gpt2-small's shape, 1.074× and 1.061× at b4 × 4096 × 16 × d128 full and causal);
     docs/studies/speed.md.
   The defaults are the ones that were faster on the H200 or H100, or no slower, except
   scale_in_exp2, faster too but on by default only where it changes no value; what each option
