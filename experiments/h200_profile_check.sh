@@ -6,6 +6,9 @@
 # (forward, dQ and dK/dV kernels) and cuDNN's forward+backward, one call each. The Mosaic GPU
 # kernel has no name of ours, so the first 80 kernels are read (q, k, v's random fill comes first)
 # with autotuning off (it would launch kernels of its own). ~1 min.
+# PROFILE_ARGS replaces the launcher's arguments (default "--which mgpu,bwd"), e.g. gpt2-small's
+# attention at the defaults against cuDNN (issue 19: where the training step loses):
+#   PROFILE_ARGS="--which auto --shape 16,1024,12,12,64 --causal" bash experiments/h200_profile_check.sh "$OUT"
 # Usage (repo root, on the device):  CUDA_VISIBLE_DEVICES=0 bash experiments/h200_profile_check.sh "$OUT"
 # device seconds: 300 (its timeouts added up; h200_instability.sh starts it only with that much left)
 set -u
@@ -14,5 +17,6 @@ mkdir -p "$OUT"
 source "$(dirname "$0")/h200_env.sh"
 XLA_FLAGS=--xla_gpu_autotune_level=0 timeout 300 ncu --clock-control none -c 80 \
   --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-  python3 experiments/05_profile_attention.py --which mgpu,bwd --calls 1 > "$OUT/ncu.txt" 2>&1
+  --section SchedulerStats \
+  python3 experiments/05_profile_attention.py ${PROFILE_ARGS:---which mgpu,bwd} --calls 1 > "$OUT/ncu.txt" 2>&1
 echo "ncu: exit $?, $(grep -c '^  [^ ]' "$OUT/ncu.txt") kernel reports"; tail -3 "$OUT/ncu.txt"
