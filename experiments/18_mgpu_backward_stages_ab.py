@@ -11,8 +11,8 @@ shape b4 × 4096 × 16 × d256 bf16, where the default became dK/dV 2, dQ 1 (202
 before).
 
     python3 experiments/18_mgpu_backward_stages_ab.py [--causal] [--pairs 15] [--shape B,N,H,HK,D] \
-      [--out FILE] DKV,DQ[,OPTION=0|1 ...][,bk_dq=64|128] ...   # e.g. 1,1 2,1 (the first is
-      # the reference; bk_dq: the dQ kernel's key tile, which moves dQ's float32 sums)
+      [--out FILE] DKV,DQ[,OPTION=0|1 ...][,bk_dq=64|128][,wgs=2|3] ...   # e.g. 1,1 2,1 (the
+      # first is the reference; bk_dq: the dQ kernel's key tile; wgs: compute warpgroups)
     python3 experiments/18_mgpu_backward_stages_ab.py --causal --shape 4,4096,16,16,128 \
       3,2 3,2,longest_first=1
 
@@ -35,19 +35,30 @@ BACKWARD_OPTIONS = (
 )  # `MosaicGPUOptions` the backward reads
 
 
+# `KernelConfig` fields of the Mosaic GPU backward a variant may set, and their values
+KERNEL_FIELDS = {
+  "bk_dq": ("block_k_dq_mgpu", ("64", "128")),
+  "wgs": ("warpgroups_bwd_mgpu", ("2", "3")),
+}
+
+
 def parse_stages(spec: str) -> tuple[tuple[int, int], dict]:
-  """ "DKV,DQ[,OPTION=0|1 ...][,bk_dq=64|128]" → ((dkv, dq), {option: bool, "bk_dq": int}):
-  tiles in flight, each an integer 1–8, `BACKWARD_OPTIONS` and the dQ kernel's key tile
-  (`KernelConfig.block_k_dq_mgpu`; `split_tile` takes it out); ValueError naming the spec."""
+  """ "DKV,DQ[,OPTION=0|1 ...][,bk_dq=64|128][,wgs=2|3]" → ((dkv, dq), {option: bool, "bk_dq":
+  int, "wgs": int}): tiles in flight, each an integer 1–8, `BACKWARD_OPTIONS`, the dQ kernel's
+  key tile and the compute warpgroups (`KERNEL_FIELDS`; `split_tile` takes them out);
+  ValueError naming the spec."""
   parts = spec.split(",")
   if len(parts) < 2 or not all(p.isdecimal() and 1 <= int(p) <= 8 for p in parts[:2]):
     raise ValueError(f"variant {spec!r} is not DKV,DQ (tiles in flight, integers 1–8)")
   fields, options = BACKWARD_OPTIONS, {}
   for item in parts[2:]:
     key, eq, value = item.partition("=")
-    if key == "bk_dq":
-      if value not in ("64", "128"):
-        raise ValueError(f"variant {spec!r}: {item!r} is not bk_dq=64 or bk_dq=128")
+    if key in KERNEL_FIELDS:
+      allowed = KERNEL_FIELDS[key][1]
+      if value not in allowed:
+        raise ValueError(
+          f"variant {spec!r}: {item!r} is not {' or '.join(f'{key}={v}' for v in allowed)}"
+        )
       options[key] = int(value)
       continue
     if not eq or key not in fields or value not in ("0", "1"):
@@ -58,10 +69,11 @@ def parse_stages(spec: str) -> tuple[tuple[int, int], dict]:
   return (int(parts[0]), int(parts[1])), options
 
 
-def split_tile(options: dict) -> tuple[dict, int | None]:
-  """`parse_stages`' options as (the `MosaicGPUOptions` fields, the dQ key tile or None)."""
+def split_tile(options: dict) -> tuple[dict, dict]:
+  """`parse_stages`' options as (the `MosaicGPUOptions` fields, the `KernelConfig` fields)."""
   rest = dict(options)
-  return rest, rest.pop("bk_dq", None)
+  fields = {name: rest.pop(key) for key, (name, _) in KERNEL_FIELDS.items() if key in rest}
+  return rest, fields
 
 
 def main(argv=None):
@@ -92,7 +104,7 @@ def main(argv=None):
   for spec in a.variants:
     try:
       stages, options = parse_stages(spec)
-      options, bk_dq = split_tile(options)
+      options, fields = split_tile(options)
       options = MosaicGPUOptions(**options)
     except ValueError as e:
       sys.exit(f"{name}: {e}")
@@ -101,7 +113,7 @@ def main(argv=None):
     )
     if why:
       sys.exit(f"{name}: variant {spec!r}: {why}")
-    variants.append((spec, stages, options, bk_dq))
+    variants.append((spec, stages, options, fields))
   import jax
 
   from pallas_kernels.forward_mgpu import on_hopper
@@ -160,8 +172,8 @@ def run(a, shape, variants):
     f"default stages {cfg.stages_bwd_mgpu}"
   )
   first, run_first = None, None
-  for spec, stages, options, bk_dq in variants:
-    vcfg = dataclasses.replace(cfg, stages_bwd_mgpu=stages, mgpu=options, block_k_dq_mgpu=bk_dq)
+  for spec, stages, options, fields in variants:
+    vcfg = dataclasses.replace(cfg, stages_bwd_mgpu=stages, mgpu=options, **fields)
     f = jax.jit(
       lambda q, k, v, o, m, l, do, vcfg=vcfg: flash_backward_mgpu(q, k, v, o, m, l, do, vcfg)
     )

@@ -296,9 +296,9 @@ def main(argv=None):
       ]
     else:
       stages, options = v
-      options, bk_dq = experiment("18_mgpu_backward_stages_ab").split_tile(options)
+      options, fields = experiment("18_mgpu_backward_stages_ab").split_tile(options)
       cfg = config(mgpu_options=MosaicGPUOptions(**options))
-      cfg = dataclasses.replace(cfg, block_k_dq_mgpu=bk_dq)
+      cfg = dataclasses.replace(cfg, **fields)
       if stages is not None:
         cfg = dataclasses.replace(cfg, stages_bwd_mgpu=stages)
       mods = lowered(lambda q, k, v: flash_backward_mgpu(q, k, v, q, rows, rows, q, cfg), q, kv, kv)

@@ -3,35 +3,34 @@
 # options against cuDNN and each other (`experiments/11_mgpu_forward_ab.py`, forward against
 # cuDNN; `18_mgpu_backward_stages_ab.py`, backward against the first variant: interleaved
 # pairs, a same-bits check), with ptxas's register and spill report, after the GPU tests
-# (tests.log; AB_TESTS=0 leaves them out). Since 2026-12-06 (evening): the GPU tests of the
-# causal masks' change and of the backward's deferred_wait (both built on a CPU that day,
-# experiments/20_ptxas_report.py counted their SASS), then deferred_wait against the default
-# at gpt2-small's shape (16 × 1024 × 12 × d64, causal: where the training step's gap to cuDNN
-# is) and at d128 (full and causal; there only dQ defers), and the forward at gpt2-small's
-# shape with and without the compensation and the ping-pong, beside JAX's own kernel. Before
-# it, the runs of 2026-12-03 to -06 (docs/studies/speed.md) are this script at commits
-# 16ec62f, df624af, a820fa9 and c082e4d.
+# (tests.log; AB_TESTS=0 leaves them out). Since 2026-12-06 (05:30 UTC): the GPU tests of the
+# backward's three compute warpgroups (`KernelConfig.warpgroups_bwd_mgpu=3`, built on a CPU
+# that day: the same bits as two, SASS counted by experiments/20_ptxas_report.py) and the
+# backward's other tests, then three warpgroups against two at gpt2-small's shape (16 × 1024
+# × 12 × d64, causal: where the training step's gap to cuDNN is; also with the dQ key tile of
+# 128) and at 4 × 4096 × 16 × d64 (causal and full: no padded warpgroups), and the forward at
+# gpt2-small's shape with and without the compensation and the ping-pong, beside JAX's own
+# kernel. Before it, the runs of 2026-12-03 to -06 (docs/studies/speed.md) are this script at
+# commits 16ec62f, df624af, a820fa9, c082e4d and 8078849.
 # ptxas.txt keeps its registers, spills and any "wgmma ... serialized" warning (C75xx). Lines
 # land in $OUT/ab.txt as they come (a call cut at its limit still brings back what ran).
 # Usage (repo root, on the device):
 #   bash experiments/h200_ab_check.sh "$OUT"
 #   AB_TESTS_ONLY=1 bash experiments/h200_ab_check.sh "$OUT"   # the GPU tests alone (≤ 150 s)
 #   AB_QUICK=1 bash experiments/h200_ab_check.sh "$OUT"   # ≤ 300 s: the tests and the
-#     backward at gpt2-small's shape only (what a call after a twin has left): there the
-#     unscaled scores (scale_in_exp2's backward half, the default at a power-of-two scale
-#     since 2026-12-06) against S formed, deferred_wait, and the dQ kernel's key tile of
-#     128 (bk_dq=128, `KernelConfig.block_k_dq_mgpu`; it moves dQ's float32 sums: "DIFFERS")
+#     backward at gpt2-small's shape only (what a call after a twin has left)
 # As an item of h200_instability.sh's queues: "ab".
 # device seconds: 620 (its timeouts added up, with start-up; h200_instability.sh starts it only with that much left)
 set -u
 OUT=${1:-runs/h200}
 mkdir -p "$OUT"
 source "$(dirname "$0")/h200_env.sh"
-# first the GPU tests: deferred_wait against the default (bit for bit), the causal forward and
+# first the GPU tests: three warpgroups and deferred_wait against the default (bit for bit), the
+# dQ key tile of 128, the causal forward and
 # backward against Triton and FP64 (the masks' change: the same values), the head dims
 if [[ ${AB_TESTS:-1} != 0 ]]; then
   timeout 150 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_mosaic_gpu.py \
-    -k "deferred_wait or unscaled or backward_matches or matches_triton or head_dims or dq_key_tile" > $OUT/tests.log 2>&1
+    -k "three_warpgroups or backward_matches or matches_triton or head_dims or dq_key_tile or deferred_wait" > $OUT/tests.log 2>&1
   echo "tests: exit $?"; tail -3 $OUT/tests.log
 fi
 # AB_TESTS_ONLY=1: the tests alone (correctness, not timing: they may share a GPU with a
@@ -42,14 +41,13 @@ export MOSAIC_GPU_DUMP_PTXAS=1  # ptxas's registers and spills per kernel, in co
 # variants' lines land in ab.txt)
 GPT2="--shape 16,1024,12,12,64 --causal"
 BW="python3 experiments/18_mgpu_backward_stages_ab.py --pairs 30 --out $OUT/ab.txt"
-timeout 150 $BW $GPT2 2,2,scale_in_exp2=0 2,2 2,2,deferred_wait=1 2,2,bk_dq=128 \
-  2,2,deferred_wait=1,bk_dq=128 > $OUT/compile.log 2>&1
+timeout 150 $BW $GPT2 2,2 2,2,wgs=3 2,2,wgs=3,bk_dq=128 > $OUT/compile.log 2>&1
 echo "backward, gpt2-small: exit $?"
 if [[ ${AB_QUICK:-0} == 0 ]]; then
-timeout 80 $BW --shape 4,4096,16,16,128 3,2 3,2,deferred_wait=1 3,2,bk_dq=128 >> $OUT/compile.log 2>&1
-echo "backward d128: exit $?"
-timeout 70 $BW --shape 4,4096,16,16,128 --causal 3,2 3,2,deferred_wait=1 >> $OUT/compile.log 2>&1
-echo "backward d128 causal: exit $?"
+timeout 80 $BW --shape 4,4096,16,16,64 --causal 2,2 2,2,wgs=3 >> $OUT/compile.log 2>&1
+echo "backward d64, 4096 causal: exit $?"
+timeout 70 $BW --shape 4,4096,16,16,64 2,2 2,2,wgs=3 >> $OUT/compile.log 2>&1
+echo "backward d64, 4096 full: exit $?"
 AB="python3 experiments/11_mgpu_forward_ab.py --pairs 30 --out $OUT/ab.txt"
 timeout 120 $AB $GPT2 bk=64 bk=64,comp=0 bk=64,pingpong=0 jax=1,bk=64 >> $OUT/compile.log 2>&1
 echo "forward, gpt2-small: exit $?"

@@ -52,6 +52,8 @@ class KernelConfig:
   stages_bwd_mgpu: tuple[int, int] | None = None
   # the Mosaic GPU backward dQ kernel's key tile (64 or 128); None: `backward_mgpu.DQ_BLOCK_K`
   block_k_dq_mgpu: int | None = None
+  # its compute warpgroups per CTA (2 or 3); None: `backward_mgpu.COMPUTE_WGS`
+  warpgroups_bwd_mgpu: int | None = None
   backend: str = "triton"  # forward kernel: "triton" or "mosaic_gpu" (Hopper);
   # never "auto" here (`choose_backend` resolved it)
   mgpu: MosaicGPUOptions = MosaicGPUOptions()  # the Mosaic GPU forward's speed options

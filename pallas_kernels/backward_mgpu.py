@@ -78,6 +78,8 @@ PART = 128  # the widest dK and dV a warpgroup accumulates: 2 × 64 × 128 float
 # (`parts`) the same, for its part of dK's and dV's columns; a dQ thread at head_dim 256 holds
 # dQ (128), S and dP (2 × 32), dS in 16 bits (16) and its rows' m, log l and delta.
 COMPUTE_REGISTERS, PRODUCER_REGISTERS = 240, 24
+# Three compute warpgroups (`warpgroups`): 3 × 128 × 160 + 128 × 24 ≤ 64 Ki registers.
+COMPUTE_REGISTERS_BY_WGS = {2: COMPUTE_REGISTERS, 3: 160}
 SMEM_BYTES = 227 * 1024 - 3 * 1024  # as `forward_mgpu.SMEM_BYTES`
 
 
@@ -91,16 +93,35 @@ def parts(head_dim: int) -> tuple[int, int]:
   return head_dim // width, width
 
 
-def _dkv_bytes(head_dim: int, stages: int, group: int) -> int:
-  """dK/dV's shared memory: the compute warpgroups' K and V (64 keys each, or 64 for both above
-  head_dim 128: `parts`), a ring of `stages` tiles of Q, dO and the rows' statistics, and
+def warpgroups(cfg) -> int:
+  """The compute warpgroups of a CTA in both backward kernels: `KernelConfig.warpgroups_bwd_mgpu`,
+  else `COMPUTE_WGS` (2). 3 (up to head_dim 128: not with `parts`) gives each SM's tensor cores
+  a third warpgroup's products while two do elementwise work, at 160 registers a thread instead
+  of 240 (`COMPUTE_REGISTERS_BY_WGS`), with CTAs of 192 keys (dK/dV) or rows (dQ); a
+  warpgroup whose keys or rows are all padding computes nothing (`_skip_steps`). Each key's dK,
+  dV and each row's dQ are the same sums in the same order: the same values. For head_dim ≤ 64:
+  ptxas (13.0, experiments/20_ptxas_report.py, 2026-12-06) allots 128 registers a thread with
+  four warpgroups; at d64 no spill but in the causal dK/dV diagonal's loops (9 loads a tile),
+  the same SASS a tile as with two (dK/dV 377, dQ 320); at d128 the dK/dV kernel spills 1.3 KB
+  a thread (C7511). Not yet timed on a GPU. ValueError naming anything else."""
+  wgs = COMPUTE_WGS if cfg.warpgroups_bwd_mgpu is None else cfg.warpgroups_bwd_mgpu
+  if wgs not in COMPUTE_REGISTERS_BY_WGS:
+    raise ValueError(
+      f"warpgroups_bwd_mgpu={wgs!r}: the Mosaic GPU backward runs 2 or 3 compute warpgroups"
+    )
+  return wgs
+
+
+def _dkv_bytes(head_dim: int, stages: int, group: int, wgs: int = COMPUTE_WGS) -> int:
+  """dK/dV's shared memory: the `wgs` compute warpgroups' K and V (64 keys each, or 64 for both
+  above head_dim 128: `parts`), a ring of `stages` tiles of Q, dO and the rows' statistics, and
   (grouped heads: float32 partials) a float32 output tile per warpgroup."""
   n_parts, width = parts(head_dim)
-  keys = ROWS if n_parts > 1 else COMPUTE_WGS * ROWS
+  keys = ROWS if n_parts > 1 else wgs * ROWS
   return (
     keys * head_dim * 2 * 2
     + stages * DKV_BLOCK_Q * (head_dim * 2 * 2 + 3 * 4)
-    + (COMPUTE_WGS * ROWS * width * 4 if group > 1 else 0)
+    + (wgs * ROWS * width * 4 if group > 1 else 0)
   )
 
 
@@ -119,11 +140,13 @@ def dq_block_k(cfg) -> int:
   return bk
 
 
-def _dq_bytes(head_dim: int, stages: int, center_keys: bool, block_k: int = DQ_BLOCK_K) -> int:
-  """dQ's shared memory: each warpgroup's Q, dO and rows' statistics and a ring of `stages`
-  tiles of K and V (and the centred keys) of `block_k` keys."""
+def _dq_bytes(
+  head_dim: int, stages: int, center_keys: bool, block_k: int = DQ_BLOCK_K, wgs: int = COMPUTE_WGS
+) -> int:
+  """dQ's shared memory: each of the `wgs` warpgroups' Q, dO and rows' statistics and a ring of
+  `stages` tiles of K and V (and the centred keys) of `block_k` keys."""
   ring = block_k * head_dim * 2 * (3 if center_keys else 2)
-  return COMPUTE_WGS * ROWS * (head_dim * 2 * 2 + 3 * 4) + stages * ring
+  return wgs * ROWS * (head_dim * 2 * 2 + 3 * 4) + stages * ring
 
 
 STAGES_RULE = (
@@ -168,14 +191,27 @@ def default_stages(head_dim: int, group: int = 1, center_keys: bool = False) -> 
   (head_dim 256: dK/dV 2, dQ 1; head_dim 128 with grouped heads, whose float32 partials take
   dK/dV's room: 2 and 2; 256 with grouped heads: 1 and 1)."""
   want_dkv, want_dq = STAGES_BY_HEAD_DIM.get(head_dim, STAGES)
-
-  def fit(want, need):
-    return next((n for n in range(want, 0, -1) if need(n) <= SMEM_BYTES), 1)
-
   return (
-    fit(want_dkv, lambda n: _dkv_bytes(head_dim, n, group)),
-    fit(want_dq, lambda n: _dq_bytes(head_dim, n, center_keys)),
+    _fit(want_dkv, lambda n: _dkv_bytes(head_dim, n, group)),
+    _fit(want_dq, lambda n: _dq_bytes(head_dim, n, center_keys)),
   )
+
+
+def _fit(want: int, need) -> int:
+  """The most tiles in flight, at most `want`, whose shared memory need(n) fits (1 if none)."""
+  return next((n for n in range(want, 0, -1) if need(n) <= SMEM_BYTES), 1)
+
+
+def _fitted_stages(stages: int, need, what: str) -> int:
+  """`stages` lowered to what fits shared memory with the kernel's tiles and warpgroups (a
+  KernelConfig's tile or warpgroups beyond what `default_stages` planned for); ValueError
+  naming `what` if one tile in flight does not fit."""
+  if need(1) > SMEM_BYTES:
+    raise ValueError(
+      f"{what}: the Mosaic GPU backward needs {need(1) / 1024:.1f} KiB of shared memory with "
+      f"one tile in flight, more than {SMEM_BYTES / 1024:.0f} KiB"
+    )
+  return _fit(stages, need)
 
 
 def supported(
@@ -387,6 +423,20 @@ def _release_previous(free, stages, t):
     plgpu.barrier_arrive(free.at[lax.rem(t - 1, jnp.int32(stages))])
 
 
+def _skip_steps(start, end, stages, readies, free):
+  """Steps [start, end) of a warpgroup with no work in them (rows or keys all padding, or past
+  a causal row's last key tile): it waits for each step's tile (every warpgroup observes
+  every phase of the `readies` barriers) and frees it, without computing."""
+
+  @pl.loop(start, end)
+  def _(t):
+    slot = lax.rem(t, jnp.int32(stages))
+    for ready in readies:
+      if ready is not None:
+        plgpu.barrier_wait(ready.at[slot])
+    plgpu.barrier_arrive(free.at[slot])
+
+
 def defers(cfg, kernel: str, head_dim: int, stages: int) -> bool:
   """Whether `kernel` ("dkv", "dq") runs `MosaicGPUOptions.deferred_wait`'s loop at padded
   head_dim with `stages` tiles in flight (after clamping): the option on, a GPU (interpret mode
@@ -420,16 +470,17 @@ def _dkv_kernel(
   # warpgroup with keys of its own; above it (`parts`) one tile of keys, a part each
   n_parts, width = q_smem.shape[1], q_smem.shape[-1]
   shared = n_parts > 1
-  key_span = ROWS if shared else COMPUTE_WGS * ROWS  # the keys of one CTA
+  wgs = warpgroups(cfg)
+  key_span = ROWS if shared else wgs * ROWS  # the keys of one CTA
   cta_key0 = lax.axis_index("kv_tiles") * key_span
   # causal: query tiles that end before this CTA's first key see none of its keys
   first = lax.div(cta_key0, jnp.int32(bq)) if cfg.causal else jnp.int32(0)
   n_steps = jnp.maximum(jnp.int32(n_q) - first, 0)
   fused = not cfg.interpret
 
-  @pl.when(wg < COMPUTE_WGS)
+  @pl.when(wg < wgs)
   def _compute():
-    plgpu.set_max_registers(COMPUTE_REGISTERS, action="increase")
+    plgpu.set_max_registers(COMPUTE_REGISTERS_BY_WGS[wgs], action="increase")
     mine = 0 if shared else wg  # this warpgroup's K and V: [parts, ROWS, width]
     part = wg if shared else 0  # the part of dK's and dV's columns it accumulates
     # (not .at[0] when shared: run_state cannot carry a Python index of a ref it closes over)
@@ -540,13 +591,16 @@ def _dkv_kernel(
     a = jnp.clip(diagonal_end - first, 0, n_steps)
     b = jnp.clip(jnp.int32(cfg.q_len // bq) - first, a, n_steps)
     b = jnp.where(key0 + ROWS > cfg.kv_len, a, b)
+    # a warpgroup whose keys are all padding (a CTA's span past kv_len) computes no step
+    end = jnp.where(key0 >= cfg.kv_len, 0, n_steps)
+    a, b = jnp.minimum(a, end), jnp.minimum(b, end)
     if defers(cfg, "dkv", n_parts * width, stages):
 
       def loops(dk_acc, dv_acc):
-        for start, end, masked in ((0, a, True), (a, b, False), (b, n_steps, True)):
-          pl.loop(start, end)(lambda t, m=masked: deferred_step(t, dk_acc, dv_acc, m))
+        for start, stop, masked in ((0, a, True), (a, b, False), (b, end, True)):
+          pl.loop(start, stop)(lambda t, m=masked: deferred_step(t, dk_acc, dv_acc, m))
         plgpu.wgmma_wait(0)
-        _release_previous(free, stages, n_steps)  # the last step's query tile
+        _release_previous(free, stages, end)  # the last step's query tile
         return dk_acc[...], dv_acc[...]
 
       acc = plgpu.ACC((ROWS, width), jnp.float32)
@@ -555,7 +609,8 @@ def _dkv_kernel(
       zeros = plgpu.layout_cast(jnp.zeros((ROWS, width), jnp.float32), plgpu.Layout.WGMMA)
       carry = lax.fori_loop(0, a, lambda t, c: step(t, c, True), (zeros, zeros))
       carry = lax.fori_loop(a, b, lambda t, c: step(t, c, False), carry)
-      dk, dv = lax.fori_loop(b, n_steps, lambda t, c: step(t, c, True), carry)
+      dk, dv = lax.fori_loop(b, end, lambda t, c: step(t, c, True), carry)
+    _skip_steps(end, n_steps, stages, (q_ready, do_ready, rows_ready), free)
 
     out_dtype = dk_ref.dtype
     dk = numerics.round_grad(dk, scale, out_dtype)
@@ -573,7 +628,7 @@ def _dkv_kernel(
       _store(out_smem2.at[wg], dv, dv_ref.at[rows_out])
     plgpu.wait_smem_to_gmem(0)
 
-  @pl.when(wg == COMPUTE_WGS)
+  @pl.when(wg == wgs)
   def _memory():
     def load(t, slot):
       rows = pl.ds((first + t) * bq, bq)
@@ -594,10 +649,17 @@ def _dkv(q, k, v, do, rows, cfg, stages):
   group = num_heads // num_kv_heads
   out_dtype = jnp.dtype(q.dtype if group == 1 else jnp.float32)
   n_q = -(-cfg.q_len // DKV_BLOCK_Q)
-  stages = int(max(1, min(stages, n_q)))
   n_parts, width = parts(d)
-  kv_tiles = 1 if n_parts > 1 else COMPUTE_WGS  # K and V tiles of 64 keys (`_dkv_kernel`)
-  kv_shape = (n_parts, ROWS, width) if n_parts > 1 else (COMPUTE_WGS, 1, ROWS, width)
+  wgs = warpgroups(cfg)
+  if wgs != COMPUTE_WGS and n_parts > 1:
+    raise ValueError(
+      f"warpgroups_bwd_mgpu={wgs} at head_dim={d}: above head_dim {PART} the dK/dV kernel's "
+      f"{COMPUTE_WGS} warpgroups share one tile of keys (`parts`)"
+    )
+  need = lambda n: _dkv_bytes(d, n, group, wgs)
+  stages = _fitted_stages(int(max(1, min(stages, n_q))), need, f"warpgroups_bwd_mgpu={wgs}")
+  kv_tiles = 1 if n_parts > 1 else wgs  # K and V tiles of 64 keys (`_dkv_kernel`)
+  kv_shape = (n_parts, ROWS, width) if n_parts > 1 else (wgs, 1, ROWS, width)
   sw = smem_transforms(width, 2)
 
   def entry(q_ref, k_ref, v_ref, do_ref, rows_ref, dk_ref, dv_ref):
@@ -609,15 +671,9 @@ def _dkv(q, k, v, do, rows, cfg, stages):
       plgpu.SMEM((stages, 3, DKV_BLOCK_Q), jnp.float32),
       None
       if out_dtype.itemsize == 2
-      else plgpu.SMEM(
-        (COMPUTE_WGS, ROWS, width), jnp.float32, transforms=smem_transforms(width, 4)
-      ),
+      else plgpu.SMEM((wgs, ROWS, width), jnp.float32, transforms=smem_transforms(width, 4)),
       *(
-        (
-          plgpu.SMEM(
-            (COMPUTE_WGS, ROWS, DKV_BLOCK_Q), q.dtype, transforms=smem_transforms(DKV_BLOCK_Q, 2)
-          ),
-        )
+        (plgpu.SMEM((wgs, ROWS, DKV_BLOCK_Q), q.dtype, transforms=smem_transforms(DKV_BLOCK_Q, 2)),)
         * 2
         if cfg.interpret
         else (None, None)
@@ -625,7 +681,7 @@ def _dkv(q, k, v, do, rows, cfg, stages):
     )
     kv_ready = plgpu.Barrier(num_arrivals=n_parts, num_barriers=kv_tiles)  # a copy per part
     ready = plgpu.Barrier(num_arrivals=n_parts, num_barriers=stages)
-    free = plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=stages)
+    free = plgpu.Barrier(num_arrivals=wgs, num_barriers=stages)
     pl.run_scoped(
       lambda *scoped: _dkv_kernel(
         q_ref,
@@ -648,7 +704,7 @@ def _dkv(q, k, v, do, rows, cfg, stages):
       ready,
       plgpu.Barrier(num_barriers=stages),  # the rows' statistics: one copy
       free,
-      plgpu.Barrier(num_arrivals=COMPUTE_WGS) if n_parts > 1 else None,  # `done`
+      plgpu.Barrier(num_arrivals=wgs) if n_parts > 1 else None,  # `done`
       collective_axes="wg",
     )
 
@@ -660,7 +716,7 @@ def _dkv(q, k, v, do, rows, cfg, stages):
     out_type=(out, out),
     grid=tuple(grid[n] for n in names),
     grid_names=names,
-    num_threads=COMPUTE_WGS + 1,
+    num_threads=wgs + 1,
     thread_name="wg",
     compiler_params=plgpu.CompilerParams(approx_math=True),
     interpret=_interpret_params(cfg),
@@ -677,15 +733,16 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, *refs, cfg, n_kv, group, s
   q_smem2, do_smem2, rows_smem2, k_smem, v_smem, kd_smem, ds_smem2 = smem
   q_ready, do_ready, rows_ready, k_ready, v_ready, kd_ready, free = barriers
   batch, head, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
-  cta_row0 = query_tile(cfg, n_q_tiles) * (COMPUTE_WGS * ROWS)  # causal: longest_first
+  wgs = warpgroups(cfg)
+  cta_row0 = query_tile(cfg, n_q_tiles) * (wgs * ROWS)  # causal: longest_first
   fused = not cfg.interpret
 
   key_steps = lambda row_end: visited_key_tiles(row_end, n_kv, bk, cfg.causal)
-  cta_steps = key_steps(cta_row0 + COMPUTE_WGS * ROWS)
+  cta_steps = key_steps(cta_row0 + wgs * ROWS)
 
-  @pl.when(wg < COMPUTE_WGS)
+  @pl.when(wg < wgs)
   def _compute():
-    plgpu.set_max_registers(COMPUTE_REGISTERS, action="increase")
+    plgpu.set_max_registers(COMPUTE_REGISTERS_BY_WGS[wgs], action="increase")
     q_smem, do_smem, rows_smem = q_smem2.at[wg], do_smem2.at[wg], rows_smem2.at[wg]
     row0 = cta_row0 + wg * ROWS
     mine = (batch, pl.ds(row0, ROWS), head)
@@ -703,7 +760,8 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, *refs, cfg, n_kv, group, s
     m, log_l, delta = (
       lax.broadcast_in_dim(_row_slice(rows_smem, r, row), tile, [0]) for r in range(3)
     )
-    steps = key_steps(row0 + ROWS)
+    # a warpgroup whose rows are all padding (a CTA's span past q_len) computes no step
+    steps = jnp.where(row0 >= cfg.q_len, 0, key_steps(row0 + ROWS))
     # key tiles below `unmasked` have neither padded keys nor (causal) keys after any row
     unmasked = jnp.int32(cfg.kv_len // bk)
     if cfg.causal:
@@ -792,19 +850,13 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, *refs, cfg, n_kv, group, s
       dq = lax.fori_loop(0, mid, lambda j, c: step(j, c, False), zeros)
       dq = lax.fori_loop(mid, steps, lambda j, c: step(j, c, True), dq)
 
-    @pl.loop(steps, cta_steps)  # causal: free the slots the other warpgroup still reads
-    def _drain(j):
-      slot = lax.rem(j, jnp.int32(stages))
-      plgpu.barrier_wait(k_ready.at[slot])  # every warpgroup sees every phase
-      plgpu.barrier_wait(v_ready.at[slot])
-      if kd_smem is not None:
-        plgpu.barrier_wait(kd_ready.at[slot])
-      plgpu.barrier_arrive(free.at[slot])
+    # causal: free the slots the other warpgroups still read
+    _skip_steps(steps, cta_steps, stages, (k_ready, v_ready, kd_ready), free)
 
     _store(q_smem, numerics.round_grad(dq, scale, dq_ref.dtype), dq_ref.at[mine])  # Q is dead
     plgpu.wait_smem_to_gmem(0)
 
-  @pl.when(wg == COMPUTE_WGS)
+  @pl.when(wg == wgs)
   def _memory():
     def load(j, slot):
       keys = (batch, pl.ds(j * bk, bk), lax.div(head, jnp.int32(group)))
@@ -822,32 +874,28 @@ def _dq(q, k, v, do, rows, kd, cfg, stages):
   group = num_heads // num_kv_heads
   bk = dq_block_k(cfg)
   n_kv = -(-cfg.kv_len // bk)  # tiles of padding only are skipped
-  stages = int(max(1, min(stages, n_kv)))
-  while stages > 1 and _dq_bytes(d, stages, kd is not None, bk) > SMEM_BYTES:
-    stages -= 1  # a wider tile than `default_stages` planned for
-  if _dq_bytes(d, stages, kd is not None, bk) > SMEM_BYTES:
-    raise ValueError(
-      f"block_k_dq_mgpu={bk} at head_dim={d}: the dQ kernel needs "
-      f"{_dq_bytes(d, stages, kd is not None, bk) / 1024:.1f} KiB of shared memory"
-    )
+  wgs = warpgroups(cfg)
+  need = lambda n: _dq_bytes(d, n, kd is not None, bk, wgs)
+  what = f"block_k_dq_mgpu={bk}, warpgroups_bwd_mgpu={wgs} at head_dim={d}"
+  stages = _fitted_stages(int(max(1, min(stages, n_kv))), need, what)
   sw = smem_transforms(d, 2)
   center = kd is not None
 
   def entry(q_ref, k_ref, v_ref, do_ref, rows_ref, *refs):
     smem = (
-      plgpu.SMEM((COMPUTE_WGS, ROWS, d), q.dtype, transforms=sw),
-      plgpu.SMEM((COMPUTE_WGS, ROWS, d), do.dtype, transforms=sw),
-      plgpu.SMEM((COMPUTE_WGS, 3, ROWS), jnp.float32),
+      plgpu.SMEM((wgs, ROWS, d), q.dtype, transforms=sw),
+      plgpu.SMEM((wgs, ROWS, d), do.dtype, transforms=sw),
+      plgpu.SMEM((wgs, 3, ROWS), jnp.float32),
       plgpu.SMEM((stages, bk, d), k.dtype, transforms=sw),
       plgpu.SMEM((stages, bk, d), v.dtype, transforms=sw),
       plgpu.SMEM((stages, bk, d), k.dtype, transforms=sw) if center else None,
-      plgpu.SMEM((COMPUTE_WGS, ROWS, bk), q.dtype, transforms=smem_transforms(bk, 2))
+      plgpu.SMEM((wgs, ROWS, bk), q.dtype, transforms=smem_transforms(bk, 2))
       if cfg.interpret
       else None,
     )
-    per_wg = plgpu.Barrier(num_barriers=COMPUTE_WGS)
+    per_wg = plgpu.Barrier(num_barriers=wgs)
     ready = plgpu.Barrier(num_barriers=stages)
-    free = plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=stages)
+    free = plgpu.Barrier(num_arrivals=wgs, num_barriers=stages)
     pl.run_scoped(
       lambda *scoped: _dq_kernel(
         q_ref,
@@ -861,7 +909,7 @@ def _dq(q, k, v, do, rows, kd, cfg, stages):
         n_kv=n_kv,
         group=group,
         stages=stages,
-        n_q_tiles=q_len_p // (COMPUTE_WGS * ROWS),
+        n_q_tiles=q_len_p // (wgs * ROWS),
       ),
       smem,
       per_wg,
@@ -874,14 +922,14 @@ def _dq(q, k, v, do, rows, kd, cfg, stages):
       collective_axes="wg",
     )
 
-  grid = dict(batch=batch, heads=num_heads, q_tiles=q_len_p // (COMPUTE_WGS * ROWS))
+  grid = dict(batch=batch, heads=num_heads, q_tiles=q_len_p // (wgs * ROWS))
   names = ("batch", "heads", "q_tiles")  # query tiles innermost: a head's K, V shared in L2
   return plgpu.kernel(
     entry,
     out_type=jax.ShapeDtypeStruct(q.shape, q.dtype),
     grid=tuple(grid[n] for n in names),
     grid_names=names,
-    num_threads=COMPUTE_WGS + 1,
+    num_threads=wgs + 1,
     thread_name="wg",
     compiler_params=plgpu.CompilerParams(approx_math=True),
     interpret=_interpret_params(cfg),
@@ -900,13 +948,14 @@ def _pad_to(x, axis, multiple):
 def flash_backward_mgpu(q, k, v, o, m, log_l, do, cfg, d_lse=None):
   """The Mosaic GPU backward on padded [batch, len, heads, head_dim] arrays; returns (dq, dk,
   dv) as `pallas_kernels.backward.flash_backward` does (same arguments). The sequences are
-  padded here to the CTAs' 128 rows and sliced back; padded keys and queries are masked.
+  padded here to the CTAs' rows (128; 192 with three warpgroups, `warpgroups`) and sliced back;
+  padded keys and queries are masked.
   `pallas_kernels.attention.kernel_config` has checked the call against `supported`.
   """
   batch, q_len_p, num_heads, d = q.shape
   kv_len_p, num_kv_heads = k.shape[1], k.shape[2]
   group = num_heads // num_kv_heads
-  cta = COMPUTE_WGS * ROWS
+  cta = warpgroups(cfg) * ROWS
   do = cfg.numerics.d_out(do, q.dtype)
   delta = cfg.numerics.delta(do, o).transpose(0, 2, 1)  # [batch, heads, q_len_p]
   if d_lse is not None:

@@ -652,6 +652,47 @@ def test_mosaic_gpu_backward_deferred_wait_is_the_same_function(shape, center_ke
     assert np.abs(b).max() > 0 and np.array_equal(a, b), (name, np.abs(a - b).max())
 
 
+@pytest.mark.parametrize(
+  "shape,dtype,numerics,center_keys",
+  [
+    (Shape(1, 150, 200, 2, 1, 64, causal=True), jnp.bfloat16, "fa2", False),  # GQA, masks
+    (Shape(1, 70, 250, 2, 2, 128), jnp.float16, "fp32_out", True),  # padded keys
+    (Shape(1, 200, 90, 2, 2, 32, causal=True), jnp.bfloat16, "fa2", False),  # q_len > kv_len
+  ],
+  ids=["gqa-causal-d64", "f16-fp32_out-center_keys-d128", "causal-d32-long-queries"],
+)
+def test_mosaic_gpu_backward_three_warpgroups_are_the_same_function(
+  shape, dtype, numerics, center_keys
+):
+  """`KernelConfig.warpgroups_bwd_mgpu=3` (CTAs of 192 keys or rows, three compute warpgroups)
+  computes each key's dK, dV and each row's dQ with the same sums in the same order: bit for bit
+  the two-warpgroup backward's, padding and masks included (a row or key tile lost or visited
+  twice by the wider CTAs would move whole ulps). 4 warpgroups, and 3 above head_dim 128 (whose
+  dK/dV warpgroups share a key tile), are refused in one line naming the value."""
+  _skip_if_causal_refused(shape.causal)
+  from pallas_kernels.backward_mgpu import flash_backward_mgpu
+
+  args, cfg = _residuals(shape, dtype, numerics, center_keys, seed=3)
+  three = flash_backward_mgpu(*args, dataclasses.replace(cfg, warpgroups_bwd_mgpu=3))
+  two = flash_backward_mgpu(*args, cfg)
+  for name, a, b in zip(("dq", "dk", "dv"), three, two):
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    assert a.shape == b.shape and np.abs(b).max() > 0, name
+    assert np.array_equal(a, b), (name, np.abs(a - b).max())
+  with pytest.raises(ValueError, match=r"^warpgroups_bwd_mgpu=4: .* 2 or 3 compute warpgroups$"):
+    flash_backward_mgpu(*args, dataclasses.replace(cfg, warpgroups_bwd_mgpu=4))
+
+
+def test_mosaic_gpu_backward_refuses_three_warpgroups_above_head_dim_128():
+  """At head_dim 256 the dK/dV kernel's two warpgroups share one tile of keys (`parts`): three
+  are refused in one line naming the value and the head_dim, before any kernel runs."""
+  from pallas_kernels.backward_mgpu import flash_backward_mgpu
+
+  args, cfg = _residuals(Shape(1, 64, 64, 1, 1, 256), jnp.bfloat16)
+  with pytest.raises(ValueError, match=r"^warpgroups_bwd_mgpu=3 at head_dim=256: "):
+    flash_backward_mgpu(*args, dataclasses.replace(cfg, warpgroups_bwd_mgpu=3))
+
+
 def test_max_gap_without_the_select_differs_only_where_s_and_m_are_the_same_infinity():
   """`Numerics.max_gap(rounded=True)` (S − m, for an S rounded on its own) against the select
   `where(S == m, 0, S − m)` over ±0, subnormals, normals, the largest float32, ±inf and NaN for
