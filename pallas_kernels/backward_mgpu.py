@@ -7,11 +7,11 @@ FlashAttention-3 (Shah et al. 2024, §3; warp specialisation as in `forward_mgpu
 - two kernels, no atomics (the library promises bitwise repeatable gradients; FlashAttention-3
   accumulates dQ across CTAs with float atomics, which are not), like the Triton backward:
   dK/dV — one CTA per (128 keys, batch, query head; 64 at head_dim 256, below) looping over
-  query tiles — and dQ — one
-  CTA per (128 query rows, batch, head) looping over key tiles;
-- each CTA has two compute warpgroups of 64 rows (the M of one wgmma) and a producer warpgroup
-  that streams the other side's tiles by TMA into a ring of `stages` shared-memory slots,
-  refilled once both compute warpgroups have arrived on the slot's "free" barrier (2 tiles in
+  query tiles — and dQ — one CTA per (128 query rows, batch, head) looping over key tiles (192
+  keys or rows with three warpgroups: `warpgroups`);
+- each CTA has two compute warpgroups of 64 rows (the M of one wgmma; or three) and a producer
+  warpgroup that streams the other side's tiles by TMA into a ring of `stages` shared-memory
+  slots, refilled once every compute warpgroup has arrived on the slot's "free" barrier (2 tiles in
   flight, 3 for dK/dV at head_dim 128, or as many as fit each kernel's shared memory:
   `default_stages`);
 - dK/dV works on the transposed problem, as JAX's `attention_mgpu` does: Sᵀ = K Qᵀ and
@@ -46,6 +46,7 @@ Tiles: 64 rows per warpgroup; dK/dV takes query tiles of `DKV_BLOCK_Q`, dQ key t
 from __future__ import annotations
 
 import functools
+import math
 import numbers
 
 import jax
@@ -95,7 +96,8 @@ def parts(head_dim: int) -> tuple[int, int]:
 
 def warpgroups(cfg) -> int:
   """The compute warpgroups of a CTA in both backward kernels: `KernelConfig.warpgroups_bwd_mgpu`,
-  else `COMPUTE_WGS` (2). 3 (up to head_dim 128: not with `parts`) gives each SM's tensor cores
+  else `COMPUTE_WGS` (2). 3 (up to head_dim 128: not with `parts`; at 128 with grouped heads
+  their float32 partials do not fit shared memory) gives each SM's tensor cores
   a third warpgroup's products while two do elementwise work, at 160 registers a thread instead
   of 240 (`COMPUTE_REGISTERS_BY_WGS`), with CTAs of 192 keys (dK/dV) or rows (dQ); a
   warpgroup whose keys or rows are all padding computes nothing (`_skip_steps`). Each key's dK,
@@ -386,7 +388,7 @@ def _store(smem, value, dst):
 
 def _producer(n_steps, stages, free, load):
   """The producer warpgroup: load(t, slot) issues step t's TMA copies into ring slot t mod
-  stages once both compute warpgroups have freed it, then waits until the last `stages` slots
+  stages once every compute warpgroup has freed it, then waits until the last `stages` slots
   are consumed (every warpgroup observes every phase of `free`)."""
   plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
 
@@ -441,12 +443,13 @@ def defers(cfg, kernel: str, head_dim: int, stages: int) -> bool:
   """Whether `kernel` ("dkv", "dq") runs `MosaicGPUOptions.deferred_wait`'s loop at padded
   head_dim with `stages` tiles in flight (after clamping): the option on, a GPU (interpret mode
   runs its own unfused path), the head_dim within `DEFERRED_WAIT_MAX_HEAD_DIM` for the kernel's
-  tile (dK/dV's query tile `DKV_BLOCK_Q`, dQ's key tile `dq_block_k`) and at least 2
+  tile (dK/dV's query tile `DKV_BLOCK_Q`, dQ's key tile `dq_block_k`; measured with two
+  warpgroups at 240 registers: not with three, `warpgroups`) and at least 2
   stages — with one, step t would free its only slot after waiting for step t's tile, which
   the producer loads only into a freed slot: a hang (a review's exhaustive model of the
   barriers, 2026-12-06; 2–3 stages, every causal split and the dQ drain, found none)."""
   tile = DKV_BLOCK_Q if kernel == "dkv" else dq_block_k(cfg)
-  fits = head_dim <= DEFERRED_WAIT_MAX_HEAD_DIM[kernel, tile]
+  fits = head_dim <= DEFERRED_WAIT_MAX_HEAD_DIM[kernel, tile] and warpgroups(cfg) == COMPUTE_WGS
   return cfg.mgpu.deferred_wait and not cfg.interpret and fits and stages >= 2
 
 
@@ -476,6 +479,7 @@ def _dkv_kernel(
   # causal: query tiles that end before this CTA's first key see none of its keys
   first = lax.div(cta_key0, jnp.int32(bq)) if cfg.causal else jnp.int32(0)
   n_steps = jnp.maximum(jnp.int32(n_q) - first, 0)
+  n_steps = jnp.where(cta_key0 >= cfg.kv_len, 0, n_steps)  # a CTA of padding keys only
   fused = not cfg.interpret
 
   @pl.when(wg < wgs)
@@ -657,7 +661,8 @@ def _dkv(q, k, v, do, rows, cfg, stages):
       f"{COMPUTE_WGS} warpgroups share one tile of keys (`parts`)"
     )
   need = lambda n: _dkv_bytes(d, n, group, wgs)
-  stages = _fitted_stages(int(max(1, min(stages, n_q))), need, f"warpgroups_bwd_mgpu={wgs}")
+  what = f"warpgroups_bwd_mgpu={wgs} at head_dim={d}, group={group}"
+  stages = _fitted_stages(int(max(1, min(stages, n_q))), need, what)
   kv_tiles = 1 if n_parts > 1 else wgs  # K and V tiles of 64 keys (`_dkv_kernel`)
   kv_shape = (n_parts, ROWS, width) if n_parts > 1 else (wgs, 1, ROWS, width)
   sw = smem_transforms(width, 2)
@@ -738,7 +743,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, *refs, cfg, n_kv, group, s
   fused = not cfg.interpret
 
   key_steps = lambda row_end: visited_key_tiles(row_end, n_kv, bk, cfg.causal)
-  cta_steps = key_steps(cta_row0 + wgs * ROWS)
+  cta_steps = jnp.where(cta_row0 >= cfg.q_len, 0, key_steps(cta_row0 + wgs * ROWS))
 
   @pl.when(wg < wgs)
   def _compute():
@@ -874,6 +879,7 @@ def _dq(q, k, v, do, rows, kd, cfg, stages):
   group = num_heads // num_kv_heads
   bk = dq_block_k(cfg)
   n_kv = -(-cfg.kv_len // bk)  # tiles of padding only are skipped
+  assert n_kv * bk <= k.shape[1], (n_kv, bk, k.shape)  # no key tile reads past the array
   wgs = warpgroups(cfg)
   need = lambda n: _dq_bytes(d, n, kd is not None, bk, wgs)
   what = f"block_k_dq_mgpu={bk}, warpgroups_bwd_mgpu={wgs} at head_dim={d}"
@@ -962,8 +968,9 @@ def flash_backward_mgpu(q, k, v, o, m, log_l, do, cfg, d_lse=None):
     delta = delta - d_lse
   rows = jnp.stack([m, log_l, delta], axis=2)  # [batch, heads, 3, q_len_p]
   qp, dop, rows = _pad_to(q, 1, cta), _pad_to(do, 1, cta), _pad_to(rows, 3, cta)
-  kp, vp = _pad_to(k, 1, cta), _pad_to(v, 1, cta)
-  kd = _pad_to(cfg.numerics.dq_keys(k, cfg.kv_len), 1, cta) if cfg.numerics.center_keys else None
+  keys = math.lcm(cta, dq_block_k(cfg))  # dK/dV's CTAs and dQ's key tiles stay inside
+  kp, vp = _pad_to(k, 1, keys), _pad_to(v, 1, keys)
+  kd = _pad_to(cfg.numerics.dq_keys(k, cfg.kv_len), 1, keys) if cfg.numerics.center_keys else None
   stages = cfg.stages_bwd_mgpu
   if stages is None:
     stages = default_stages(d, group, cfg.numerics.center_keys)

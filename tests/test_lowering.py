@@ -260,6 +260,28 @@ def test_mosaic_gpu_backward_lowers(head_dim, causal, group, center_keys):
   assert cfg.mgpu.rounded_scores and cfg.mgpu.scale_in_exp2 and "mul.rn.f32" not in text
 
 
+def test_mosaic_gpu_backward_lowers_with_three_warpgroups():
+  """`KernelConfig.warpgroups_bwd_mgpu=3`'s GPU path (four warpgroups a CTA, 160/24 registers,
+  CTAs of 192, with the dQ key tile of 128 too) lowers for CUDA: two kernels, each raising its
+  compute warpgroups to 160 registers; deferred_wait is not run with three (its register rule
+  was measured with two)."""
+  from pallas_kernels.backward_mgpu import defers, flash_backward_mgpu
+
+  for fields in (dict(warpgroups_bwd_mgpu=3), dict(warpgroups_bwd_mgpu=3, block_k_dq_mgpu=128)):
+    cfg, _ = _lower_backward(64, deferred_wait=True)
+    cfg = dataclasses.replace(cfg, **fields)
+    q, k, v = _qkv(64, heads=2, kv_heads=2)
+    rows = jnp.zeros((1, 2, 256), jnp.float32)
+    text = _lower_for_cuda(
+      lambda q, k, v: flash_backward_mgpu(q, k, v, q, rows, rows, q, cfg), q, k, v
+    )
+    kernels = text.split("stablehlo.custom_call @mosaic_gpu")[1:]
+    assert len(kernels) == 2, fields
+    assert all("setmaxnreg.inc.sync.aligned.u32 160;" in kernel for kernel in kernels), fields
+    assert not any("wgmma_wait" in kernel for kernel in kernels), fields
+    assert not defers(cfg, "dkv", 64, stages=2) and not defers(cfg, "dq", 64, stages=2)
+
+
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_mosaic_gpu_backward_defers_its_waits_where_the_accumulators_fit(head_dim):
   """`MosaicGPUOptions.deferred_wait` lowers for CUDA, and its loop (accumulators across the

@@ -653,26 +653,30 @@ def test_mosaic_gpu_backward_deferred_wait_is_the_same_function(shape, center_ke
 
 
 @pytest.mark.parametrize(
-  "shape,dtype,numerics,center_keys",
+  "shape,dtype,numerics,center_keys,dq_tile",
   [
-    (Shape(1, 150, 200, 2, 1, 64, causal=True), jnp.bfloat16, "fa2", False),  # GQA, masks
-    (Shape(1, 70, 250, 2, 2, 128), jnp.float16, "fp32_out", True),  # padded keys
-    (Shape(1, 200, 90, 2, 2, 32, causal=True), jnp.bfloat16, "fa2", False),  # q_len > kv_len
+    (Shape(1, 150, 200, 2, 1, 64, causal=True), jnp.bfloat16, "fa2", False, None),  # GQA, masks
+    (Shape(1, 70, 250, 2, 2, 128), jnp.float16, "fp32_out", True, None),  # padded keys
+    (Shape(1, 200, 90, 2, 2, 32, causal=True), jnp.bfloat16, "fa2", False, None),  # q > kv
+    # 150 keys: CTAs of 192, dQ tiles of 128 reaching to 256 (the keys padded to 384)
+    (Shape(1, 90, 150, 2, 2, 64, causal=True), jnp.bfloat16, "fa2", False, 128),
   ],
-  ids=["gqa-causal-d64", "f16-fp32_out-center_keys-d128", "causal-d32-long-queries"],
+  ids=["gqa-causal-d64", "f16-fp32_out-center_keys-d128", "causal-d32-long-queries", "dq-tile-128"],
 )
 def test_mosaic_gpu_backward_three_warpgroups_are_the_same_function(
-  shape, dtype, numerics, center_keys
+  shape, dtype, numerics, center_keys, dq_tile
 ):
   """`KernelConfig.warpgroups_bwd_mgpu=3` (CTAs of 192 keys or rows, three compute warpgroups)
   computes each key's dK, dV and each row's dQ with the same sums in the same order: bit for bit
   the two-warpgroup backward's, padding and masks included (a row or key tile lost or visited
-  twice by the wider CTAs would move whole ulps). 4 warpgroups, and 3 above head_dim 128 (whose
-  dK/dV warpgroups share a key tile), are refused in one line naming the value."""
+  twice by the wider CTAs would move whole ulps); also with dQ's key tile of 128, whose tiles
+  must stay inside the padded keys (`flash_backward_mgpu` pads them to both spans). 4
+  warpgroups are refused in one line naming the value."""
   _skip_if_causal_refused(shape.causal)
   from pallas_kernels.backward_mgpu import flash_backward_mgpu
 
   args, cfg = _residuals(shape, dtype, numerics, center_keys, seed=3)
+  cfg = dataclasses.replace(cfg, block_k_dq_mgpu=dq_tile)
   three = flash_backward_mgpu(*args, dataclasses.replace(cfg, warpgroups_bwd_mgpu=3))
   two = flash_backward_mgpu(*args, cfg)
   for name, a, b in zip(("dq", "dk", "dv"), three, two):
@@ -683,14 +687,24 @@ def test_mosaic_gpu_backward_three_warpgroups_are_the_same_function(
     flash_backward_mgpu(*args, dataclasses.replace(cfg, warpgroups_bwd_mgpu=4))
 
 
-def test_mosaic_gpu_backward_refuses_three_warpgroups_above_head_dim_128():
-  """At head_dim 256 the dK/dV kernel's two warpgroups share one tile of keys (`parts`): three
-  are refused in one line naming the value and the head_dim, before any kernel runs."""
+def test_mosaic_gpu_backward_refuses_three_warpgroups_where_they_do_not_fit():
+  """At head_dim 256 the dK/dV kernel's two warpgroups share one tile of keys (`parts`), and at
+  128 with grouped heads three warpgroups' float32 partials leave no room for one query tile
+  in shared memory: three are refused in one line naming the value, the head_dim (and the
+  group), before any kernel runs."""
   from pallas_kernels.backward_mgpu import flash_backward_mgpu
 
-  args, cfg = _residuals(Shape(1, 64, 64, 1, 1, 256), jnp.bfloat16)
-  with pytest.raises(ValueError, match=r"^warpgroups_bwd_mgpu=3 at head_dim=256: "):
-    flash_backward_mgpu(*args, dataclasses.replace(cfg, warpgroups_bwd_mgpu=3))
+  for shape, message in (
+    (Shape(1, 64, 64, 1, 1, 256), r"^warpgroups_bwd_mgpu=3 at head_dim=256: "),
+    (
+      Shape(1, 64, 64, 2, 1, 128),
+      r"^warpgroups_bwd_mgpu=3 at head_dim=128, group=2: the Mosaic GPU backward needs "
+      r"224\.8 KiB of shared memory with one tile in flight, more than 224 KiB$",
+    ),
+  ):
+    args, cfg = _residuals(shape, jnp.bfloat16)
+    with pytest.raises(ValueError, match=message):
+      flash_backward_mgpu(*args, dataclasses.replace(cfg, warpgroups_bwd_mgpu=3))
 
 
 def test_max_gap_without_the_select_differs_only_where_s_and_m_are_the_same_infinity():
