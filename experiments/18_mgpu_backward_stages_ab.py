@@ -45,7 +45,7 @@ KERNEL_FIELDS = {
 def parse_stages(spec: str) -> tuple[tuple[int, int], dict]:
   """ "DKV,DQ[,OPTION=0|1 ...][,bk_dq=64|128][,wgs=2|3]" → ((dkv, dq), {option: bool, "bk_dq":
   int, "wgs": int}): tiles in flight, each an integer 1–8, `BACKWARD_OPTIONS`, the dQ kernel's
-  key tile and the compute warpgroups (`KERNEL_FIELDS`; `split_tile` takes them out);
+  key tile and the compute warpgroups (`KERNEL_FIELDS`; `split_fields` takes them out);
   ValueError naming the spec."""
   parts = spec.split(",")
   if len(parts) < 2 or not all(p.isdecimal() and 1 <= int(p) <= 8 for p in parts[:2]):
@@ -69,7 +69,7 @@ def parse_stages(spec: str) -> tuple[tuple[int, int], dict]:
   return (int(parts[0]), int(parts[1])), options
 
 
-def split_tile(options: dict) -> tuple[dict, dict]:
+def split_fields(options: dict) -> tuple[dict, dict]:
   """`parse_stages`' options as (the `MosaicGPUOptions` fields, the `KernelConfig` fields)."""
   rest = dict(options)
   fields = {name: rest.pop(key) for key, (name, _) in KERNEL_FIELDS.items() if key in rest}
@@ -104,7 +104,7 @@ def main(argv=None):
   for spec in a.variants:
     try:
       stages, options = parse_stages(spec)
-      options, fields = split_tile(options)
+      options, fields = split_fields(options)
       options = MosaicGPUOptions(**options)
     except ValueError as e:
       sys.exit(f"{name}: {e}")

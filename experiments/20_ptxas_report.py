@@ -278,6 +278,7 @@ def main(argv=None):
 
   os.environ["MOSAIC_GPU_DUMP_PTX"] = os.environ["MOSAIC_GPU_DUMP_PTXAS"] = "1"
   print(f"# shape {(b, n, h, hk, d)}, causal={a.causal}, jax {jax.__version__}, sm_90a")
+  backward_ab = experiment("18_mgpu_backward_stages_ab")  # its variants' KernelConfig fields
   for spec, kind, v in variants:
     if kind == "fwd" and v["jax"]:  # JAX's attention_mgpu, on its inputs (float16)
       f = runners.mosaic_gpu_attention_unchecked(s, v["block_k"], v["num_stages"])
@@ -296,7 +297,7 @@ def main(argv=None):
       ]
     else:
       stages, options = v
-      options, fields = experiment("18_mgpu_backward_stages_ab").split_tile(options)
+      options, fields = backward_ab.split_fields(options)
       cfg = config(mgpu_options=MosaicGPUOptions(**options))
       cfg = dataclasses.replace(cfg, **fields)
       if stages is not None:

@@ -366,11 +366,11 @@ def test_the_backward_ab_reads_stages_and_the_backwards_options():
   assert ab.parse_stages("2,2,longest_first=0") == ((2, 2), {"longest_first": False})
   got = ab.parse_stages("2,2,deferred_wait=1,bk_dq=128,wgs=3")  # KernelConfig fields too
   assert got == ((2, 2), {"deferred_wait": True, "bk_dq": 128, "wgs": 3})
-  assert ab.split_tile(got[1]) == (
+  assert ab.split_fields(got[1]) == (
     {"deferred_wait": True},
     {"block_k_dq_mgpu": 128, "warpgroups_bwd_mgpu": 3},
   )
-  assert ab.split_tile({}) == ({}, {})
+  assert ab.split_fields({}) == ({}, {})
   for bad, match in (
     ("2,2,bk_dq=96", r"^variant '2,2,bk_dq=96': 'bk_dq=96' is not bk_dq=64 or bk_dq=128$"),
     ("2,2,wgs=4", r"^variant '2,2,wgs=4': 'wgs=4' is not wgs=2 or wgs=3$"),

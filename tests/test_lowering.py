@@ -205,11 +205,11 @@ def test_overlap_refuses_the_options_it_replaces():
 
 
 def _lower_backward(
-  head_dim, causal=True, group=1, center_keys=False, softmax_scale=0.1, **options
+  head_dim, causal=True, group=1, center_keys=False, softmax_scale=0.1, fields=None, **options
 ):
   """The Mosaic GPU backward (its GPU path, which interpret mode does not run) lowered for
-  CUDA at q_len 200, kv_len 250 with `MosaicGPUOptions` fields `options` over the defaults:
-  (its config, the lowered text)."""
+  CUDA at q_len 200, kv_len 250 with `MosaicGPUOptions` fields `options` over the defaults
+  and `KernelConfig` fields `fields`: (its config, the lowered text)."""
   from pallas_kernels.backward_mgpu import flash_backward_mgpu
   from pallas_kernels.forward_mgpu import MosaicGPUOptions
 
@@ -228,6 +228,7 @@ def _lower_backward(
     mgpu_options=MosaicGPUOptions(**options),
   )
   assert cfg.backend_bwd == "mosaic_gpu"
+  cfg = dataclasses.replace(cfg, **(fields or {}))
   q, k, v = _qkv(head_dim, heads=2 * group, kv_heads=2)
   rows = jnp.zeros((1, 2 * group, 256), jnp.float32)
   return cfg, _lower_for_cuda(
@@ -265,16 +266,10 @@ def test_mosaic_gpu_backward_lowers_with_three_warpgroups():
   CTAs of 192, with the dQ key tile of 128 too) lowers for CUDA: two kernels, each raising its
   compute warpgroups to 160 registers; deferred_wait is not run with three (its register rule
   was measured with two)."""
-  from pallas_kernels.backward_mgpu import defers, flash_backward_mgpu
+  from pallas_kernels.backward_mgpu import defers
 
   for fields in (dict(warpgroups_bwd_mgpu=3), dict(warpgroups_bwd_mgpu=3, block_k_dq_mgpu=128)):
-    cfg, _ = _lower_backward(64, deferred_wait=True)
-    cfg = dataclasses.replace(cfg, **fields)
-    q, k, v = _qkv(64, heads=2, kv_heads=2)
-    rows = jnp.zeros((1, 2, 256), jnp.float32)
-    text = _lower_for_cuda(
-      lambda q, k, v: flash_backward_mgpu(q, k, v, q, rows, rows, q, cfg), q, k, v
-    )
+    cfg, text = _lower_backward(64, fields=fields, deferred_wait=True)
     kernels = text.split("stablehlo.custom_call @mosaic_gpu")[1:]
     assert len(kernels) == 2, fields
     assert all("setmaxnreg.inc.sync.aligned.u32 160;" in kernel for kernel in kernels), fields
@@ -288,9 +283,7 @@ def test_mosaic_gpu_backward_defers_its_waits_where_the_accumulators_fit(head_di
   loops, an explicit wgmma wait after them) runs in the kernels where it fits
   (`backward_mgpu.DEFERRED_WAIT_MAX_HEAD_DIM`: dK/dV up to head_dim 64, dQ up to 128 with
   key tiles of 64, up to 64 with tiles of 128) and nowhere else: at 256 neither."""
-  from pallas_kernels.backward_mgpu import DEFERRED_WAIT_MAX_HEAD_DIM
-
-  from pallas_kernels.backward_mgpu import defers
+  from pallas_kernels.backward_mgpu import DEFERRED_WAIT_MAX_HEAD_DIM, defers
 
   cfg, text = _lower_backward(head_dim, deferred_wait=True)
   kernels = text.split("stablehlo.custom_call @mosaic_gpu")[1:]  # dK/dV, then dQ

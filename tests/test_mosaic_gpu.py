@@ -401,6 +401,13 @@ def _off_and_on(cfg, option):
   )
 
 
+def _assert_same_bits(ours, theirs, names=("dq", "dk", "dv")):
+  """Each gradient of `ours` bit for bit that of `theirs` (float32 views; neither all zero)."""
+  for name, a, b in zip(names, ours, theirs):
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    assert np.abs(b).max() > 0 and np.array_equal(a, b), (name, np.abs(a - b).max())
+
+
 def _residuals(shape, dtype, numerics="fa2", center_keys=False, seed=0):
   """Padded inputs, the Triton forward's out, m and log(l), and the config of a Mosaic GPU
   call: both backwards get the same residuals, so any difference is the backward's own."""
@@ -532,9 +539,7 @@ def test_mosaic_gpu_backward_dq_key_tile_of_128_is_tritons_block_k_bwd_128(
   )
   ours = flash_backward_mgpu(*args, wide)
   _assert_triton_backward(ours, flash_backward(*args, triton), shape, dtype)
-  default = flash_backward_mgpu(*args, cfg)
-  for name, a, b in zip(("dk", "dv"), ours[1:], default[1:]):
-    assert np.array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32)), name
+  _assert_same_bits(ours[1:], flash_backward_mgpu(*args, cfg)[1:], names=("dk", "dv"))
   with pytest.raises(ValueError, match=r"^block_k_dq_mgpu=96: .*64 or 128$"):
     flash_backward_mgpu(*args, dataclasses.replace(cfg, block_k_dq_mgpu=96))
 
@@ -558,10 +563,7 @@ def test_mosaic_gpu_backward_longest_first_is_the_same_function():
     for c in (plain, reversed_)
   ]
   assert texts[0] != texts[1]
-  ours, theirs = flash_backward_mgpu(*args, reversed_), flash_backward_mgpu(*args, plain)
-  for name, a, b in zip(("dq", "dk", "dv"), ours, theirs):
-    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
-    assert np.abs(b).max() > 0 and np.array_equal(a, b), name
+  _assert_same_bits(flash_backward_mgpu(*args, reversed_), flash_backward_mgpu(*args, plain))
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -605,10 +607,7 @@ def test_mosaic_gpu_backward_unscaled_scores_are_the_same_function():
     dataclasses.replace(unscaled, mgpu=dataclasses.replace(unscaled.mgpu, rounded_scores=False)),
   ):
     assert not unscaled_scores(off)
-  ours, theirs = flash_backward_mgpu(*args, unscaled), flash_backward_mgpu(*args, plain)
-  for name, a, b in zip(("dq", "dk", "dv"), ours, theirs):
-    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
-    assert np.abs(b).max() > 0 and np.array_equal(a, b), (name, np.abs(a - b).max())
+  _assert_same_bits(flash_backward_mgpu(*args, unscaled), flash_backward_mgpu(*args, plain))
 
 
 @pytest.mark.skipif(
@@ -646,10 +645,7 @@ def test_mosaic_gpu_backward_deferred_wait_is_the_same_function(shape, center_ke
   args, cfg = _residuals(shape, jnp.bfloat16, center_keys=center_keys, seed=7)
   cfg = dataclasses.replace(cfg, stages_bwd_mgpu=stages)
   plain, deferred = _off_and_on(cfg, "deferred_wait")
-  ours, theirs = flash_backward_mgpu(*args, deferred), flash_backward_mgpu(*args, plain)
-  for name, a, b in zip(("dq", "dk", "dv"), ours, theirs):
-    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
-    assert np.abs(b).max() > 0 and np.array_equal(a, b), (name, np.abs(a - b).max())
+  _assert_same_bits(flash_backward_mgpu(*args, deferred), flash_backward_mgpu(*args, plain))
 
 
 @pytest.mark.parametrize(
@@ -678,11 +674,7 @@ def test_mosaic_gpu_backward_three_warpgroups_are_the_same_function(
   args, cfg = _residuals(shape, dtype, numerics, center_keys, seed=3)
   cfg = dataclasses.replace(cfg, block_k_dq_mgpu=dq_tile)
   three = flash_backward_mgpu(*args, dataclasses.replace(cfg, warpgroups_bwd_mgpu=3))
-  two = flash_backward_mgpu(*args, cfg)
-  for name, a, b in zip(("dq", "dk", "dv"), three, two):
-    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
-    assert a.shape == b.shape and np.abs(b).max() > 0, name
-    assert np.array_equal(a, b), (name, np.abs(a - b).max())
+  _assert_same_bits(three, flash_backward_mgpu(*args, cfg))  # (array_equal: shapes too)
   with pytest.raises(ValueError, match=r"^warpgroups_bwd_mgpu=4: .* 2 or 3 compute warpgroups$"):
     flash_backward_mgpu(*args, dataclasses.replace(cfg, warpgroups_bwd_mgpu=4))
 
