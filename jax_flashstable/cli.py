@@ -426,6 +426,7 @@ def _deviation(args):
 
 
 def _bias(args):
+  from jax_flashstable.attention.config import split_specs
   from jax_flashstable.lab.numerics_lab import (
     BIAS_ATTENTIONS,
     bias_benchmark,
@@ -437,13 +438,14 @@ def _bias(args):
   )
   from jax_flashstable.results import write_results
 
+  try:  # split_specs' messages name --attention
+    specs = BIAS_ATTENTIONS if args.attention is None else split_specs(args.attention)
+  except ValueError as e:
+    raise SystemExit(f"flashstable bias: {e}") from None
   try:
-    configs = bias_configs(BIAS_ATTENTIONS if args.attention is None else args.attention)
+    configs = bias_configs(specs)
   except ValueError as e:  # (the default list is valid: a bad value is the user's --attention)
-    named = str(e).startswith("--attention")  # split_specs' messages name it already
-    raise SystemExit(
-      f"flashstable bias: {'' if named else f'--attention={args.attention!r}: '}{e}"
-    ) from None
+    raise SystemExit(f"flashstable bias: --attention={args.attention!r}: {e}") from None
   ties = {}
   if args.tie_values is not None:
     ties = dict(tie_values=_floats(args.tie_values, "--tie-values", "bias"))
