@@ -11,13 +11,14 @@ shape b4 × 4096 × 16 × d256 bf16, where the default became dK/dV 2, dQ 1 (202
 before).
 
     python3 experiments/18_mgpu_backward_stages_ab.py [--causal] [--pairs 15] [--shape B,N,H,HK,D] \
-      [--out FILE] DKV,DQ[,OPTION=0|1 ...][,bk_dq=64|128][,wgs=2|3] ...   # e.g. 1,1 2,1 (the
-      # first is the reference; bk_dq: the dQ kernel's key tile; wgs: compute warpgroups)
+      [--out FILE] DKV,DQ[,OPTION=0|1 ...][,bk_dq=64|128] ...   # e.g. 1,1 2,1 (the first
+      # is the reference; bk_dq: the dQ kernel's key tile)
     python3 experiments/18_mgpu_backward_stages_ab.py --causal --shape 4,4096,16,16,128 \
       3,2 3,2,longest_first=1
 
 Every variant is checked (`backward_mgpu.supported`: shared memory) before any work, one line
-naming a bad one. GPU only (a Hopper GPU); ~10 s a variant at the default shape on one H100.
+naming a bad one (with bk_dq=128, whose ring takes more, tiles in flight that do not fit are
+refused when the variant runs: its line names them). GPU only (a Hopper GPU); ~10 s a variant at the default shape on one H100.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ import sys
 BACKWARD_OPTIONS = (
   "longest_first",
   "rounded_scores",
-  "deferred_wait",
   "scale_in_exp2",
 )  # `MosaicGPUOptions` the backward reads
 
@@ -38,15 +38,13 @@ BACKWARD_OPTIONS = (
 # `KernelConfig` fields of the Mosaic GPU backward a variant may set, and their values
 KERNEL_FIELDS = {
   "bk_dq": ("block_k_dq_mgpu", ("64", "128")),
-  "wgs": ("warpgroups_bwd_mgpu", ("2", "3")),
 }
 
 
 def parse_stages(spec: str) -> tuple[tuple[int, int], dict]:
-  """ "DKV,DQ[,OPTION=0|1 ...][,bk_dq=64|128][,wgs=2|3]" → ((dkv, dq), {option: bool, "bk_dq":
-  int, "wgs": int}): tiles in flight, each an integer 1–8, `BACKWARD_OPTIONS`, the dQ kernel's
-  key tile and the compute warpgroups (`KERNEL_FIELDS`; `split_fields` takes them out);
-  ValueError naming the spec."""
+  """ "DKV,DQ[,OPTION=0|1 ...][,bk_dq=64|128]" → ((dkv, dq), {option: bool, "bk_dq": int}):
+  tiles in flight, each an integer 1–8, `BACKWARD_OPTIONS` and the dQ kernel's key tile
+  (`KERNEL_FIELDS`; `split_fields` takes it out); ValueError naming the spec."""
   parts = spec.split(",")
   if len(parts) < 2 or not all(p.isdecimal() and 1 <= int(p) <= 8 for p in parts[:2]):
     raise ValueError(f"variant {spec!r} is not DKV,DQ (tiles in flight, integers 1–8)")

@@ -3,15 +3,14 @@
 # options against cuDNN and each other (`experiments/11_mgpu_forward_ab.py`, forward against
 # cuDNN; `18_mgpu_backward_stages_ab.py`, backward against the first variant: interleaved
 # pairs, a same-bits check), with ptxas's register and spill report, after the GPU tests
-# (tests.log; AB_TESTS=0 leaves them out). Since 2026-12-06 (05:30 UTC): the GPU tests of the
-# backward's three compute warpgroups (`KernelConfig.warpgroups_bwd_mgpu=3`, built on a CPU
-# that day: the same bits as two, SASS counted by experiments/20_ptxas_report.py) and the
-# backward's other tests, then three warpgroups against two at gpt2-small's shape (16 × 1024
-# × 12 × d64, causal: where the training step's gap to cuDNN is; also with the dQ key tile of
-# 128) and at 4 × 4096 × 16 × d64 (causal and full: no padded warpgroups), and the forward at
-# gpt2-small's shape with and without the compensation and the ping-pong, beside JAX's own
-# kernel. Before it, the runs of 2026-12-03 to -06 (docs/studies/speed.md) are this script at
-# commits 16ec62f, df624af, a820fa9, c082e4d and 8078849.
+# (tests.log; AB_TESTS=0 leaves them out). Since the three warpgroups went (2026-12-06): the GPU
+# tests, then the default backward against the dQ key tile of 128 (`bk_dq=128`, the same bits)
+# at gpt2-small's shape (16 × 1024 × 12 × d64, causal: where the training step's gap to cuDNN
+# is) and at 4 × 4096 × 16 × d64 (causal and full), and the forward at gpt2-small's shape with
+# and without the compensation and the ping-pong, beside JAX's own kernel. Before it, the runs
+# of 2026-12-03 to -06 (docs/studies/speed.md) are this script at commits 16ec62f, df624af,
+# a820fa9, c082e4d, 8078849 and 91e49f5 (the last: three compute warpgroups against two,
+# 1.07–1.56× the time, since removed; experiments/results/h100-2026-12-06c-b128).
 # ptxas.txt keeps its registers, spills and any "wgmma ... serialized" warning (C75xx). Lines
 # land in $OUT/ab.txt as they come (a call cut at its limit still brings back what ran).
 # Usage (repo root, on the device):
@@ -25,12 +24,12 @@ set -u
 OUT=${1:-runs/h200}
 mkdir -p "$OUT"
 source "$(dirname "$0")/h200_env.sh"
-# first the GPU tests: three warpgroups and deferred_wait against the default (bit for bit), the
-# dQ key tile of 128, the causal forward and
-# backward against Triton and FP64 (the masks' change: the same values), the head dims
+# first the GPU tests: the dQ key tile of 128, the causal forward and backward against Triton
+# and FP64 (the masks' change: the same values; padded warpgroups computing nothing), the head
+# dims
 if [[ ${AB_TESTS:-1} != 0 ]]; then
   timeout 150 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_mosaic_gpu.py \
-    -k "three_warpgroups or backward_matches or matches_triton or head_dims or dq_key_tile or deferred_wait" > $OUT/tests.log 2>&1
+    -k "backward_matches or matches_triton or head_dims or dq_key_tile" > $OUT/tests.log 2>&1
   echo "tests: exit $?"; tail -3 $OUT/tests.log
 fi
 # AB_TESTS_ONLY=1: the tests alone (correctness, not timing: they may share a GPU with a
@@ -41,12 +40,12 @@ export MOSAIC_GPU_DUMP_PTXAS=1  # ptxas's registers and spills per kernel, in co
 # variants' lines land in ab.txt)
 GPT2="--shape 16,1024,12,12,64 --causal"
 BW="python3 experiments/18_mgpu_backward_stages_ab.py --pairs 30 --out $OUT/ab.txt"
-timeout 150 $BW $GPT2 2,2 2,2,wgs=3 2,2,wgs=3,bk_dq=128 > $OUT/compile.log 2>&1
+timeout 150 $BW $GPT2 2,2 2,2,bk_dq=128 > $OUT/compile.log 2>&1
 echo "backward, gpt2-small: exit $?"
 if [[ ${AB_QUICK:-0} == 0 ]]; then
-timeout 80 $BW --shape 4,4096,16,16,64 --causal 2,2 2,2,wgs=3 >> $OUT/compile.log 2>&1
+timeout 80 $BW --shape 4,4096,16,16,64 --causal 2,2 2,2,bk_dq=128 >> $OUT/compile.log 2>&1
 echo "backward d64, 4096 causal: exit $?"
-timeout 70 $BW --shape 4,4096,16,16,64 2,2 2,2,wgs=3 >> $OUT/compile.log 2>&1
+timeout 70 $BW --shape 4,4096,16,16,64 2,2 2,2,bk_dq=128 >> $OUT/compile.log 2>&1
 echo "backward d64, 4096 full: exit $?"
 AB="python3 experiments/11_mgpu_forward_ab.py --pairs 30 --out $OUT/ab.txt"
 timeout 120 $AB $GPT2 bk=64 bk=64,comp=0 bk=64,pingpong=0 jax=1,bk=64 >> $OUT/compile.log 2>&1

@@ -28,6 +28,7 @@ from pallas_kernels.policy import (
   Compensation,
   Numerics,
   next_power_of_2,
+  pad_axis,
 )
 
 
@@ -48,12 +49,12 @@ class KernelConfig:
   num_stages: int | None = None  # Triton pipeline stages; mosaic_gpu: K/V tiles in flight
   num_warps_bwd: int | None = None  # the two backward kernels
   num_stages_bwd: int | None = None  # the Triton backward's pipeline stages
-  # the Mosaic GPU backward's tiles in flight, (dK/dV's, dQ's); None: its `default_stages`
+  # the Mosaic GPU backward's tiles in flight, (dK/dV's, dQ's), run as set (`kernel_config` sets
+  # `backward_mgpu.default_stages`; more than shared memory holds: ValueError); None: the
+  # backward's `default_stages` for its dQ key tile
   stages_bwd_mgpu: tuple[int, int] | None = None
   # the Mosaic GPU backward dQ kernel's key tile (64 or 128); None: `backward_mgpu.DQ_BLOCK_K`
   block_k_dq_mgpu: int | None = None
-  # its compute warpgroups per CTA (2 or 3); None: `backward_mgpu.COMPUTE_WGS`
-  warpgroups_bwd_mgpu: int | None = None
   backend: str = "triton"  # forward kernel: "triton" or "mosaic_gpu" (Hopper);
   # never "auto" here (`choose_backend` resolved it)
   mgpu: MosaicGPUOptions = MosaicGPUOptions()  # the Mosaic GPU forward's speed options
@@ -307,15 +308,6 @@ def kernel_config(
   )
 
 
-def _pad_axis(x, axis, size):
-  pad = size - x.shape[axis]
-  if pad == 0:
-    return x
-  widths = [(0, 0)] * x.ndim
-  widths[axis] = (0, pad)
-  return jnp.pad(x, widths)
-
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
 def _flash(q, k, v, seeds, cfg):
   return _flash_fwd(q, k, v, seeds, cfg)[0]
@@ -360,9 +352,9 @@ def flash_attention_padded(query, key, value, cfg: KernelConfig, seeds=None):
   mq, mk = max(b.block_q, b.block_q_bwd), max(b.block_k, b.block_k_bwd)
   q_len_p, kv_len_p = -(-q_len // mq) * mq, -(-kv_len // mk) * mk
   d_p = max(16, next_power_of_2(head_dim))
-  q = _pad_axis(_pad_axis(query, 1, q_len_p), 3, d_p)
-  k = _pad_axis(_pad_axis(key, 1, kv_len_p), 3, d_p)
-  v = _pad_axis(_pad_axis(value, 1, kv_len_p), 3, d_p)
+  q = pad_axis(pad_axis(query, 1, q_len_p), 3, d_p)
+  k = pad_axis(pad_axis(key, 1, kv_len_p), 3, d_p)
+  v = pad_axis(pad_axis(value, 1, kv_len_p), 3, d_p)
   if seeds is None:
     seeds = jnp.zeros((2,), jnp.uint32)
   out, stats = _flash(q, k, v, seeds, cfg)

@@ -7,13 +7,13 @@ FlashAttention-3 (Shah et al. 2024, §3; warp specialisation as in `forward_mgpu
 - two kernels, no atomics (the library promises bitwise repeatable gradients; FlashAttention-3
   accumulates dQ across CTAs with float atomics, which are not), like the Triton backward:
   dK/dV — one CTA per (128 keys, batch, query head; 64 at head_dim 256, below) looping over
-  query tiles — and dQ — one CTA per (128 query rows, batch, head) looping over key tiles (192
-  keys or rows with three warpgroups: `warpgroups`);
-- each CTA has two compute warpgroups of 64 rows (the M of one wgmma; or three) and a producer
+  query tiles — and dQ — one CTA per (128 query rows, batch, head) looping over key tiles;
+- each CTA has two compute warpgroups of 64 rows (the M of one wgmma) and a producer
   warpgroup that streams the other side's tiles by TMA into a ring of `stages` shared-memory
   slots, refilled once every compute warpgroup has arrived on the slot's "free" barrier (2 tiles in
   flight, 3 for dK/dV at head_dim 128, or as many as fit each kernel's shared memory:
-  `default_stages`);
+  `default_stages`); a warpgroup whose keys or rows are all padding computes nothing
+  (`_skip_steps`);
 - dK/dV works on the transposed problem, as JAX's `attention_mgpu` does: Sᵀ = K Qᵀ and
   dPᵀ = V dOᵀ are wgmma's with the keys as rows, so Pᵀ and dSᵀ are register operands of
   dV += Pᵀ dO and dK += dSᵀ Q with no transpose; the rows' m, log l and delta arrive per query
@@ -63,11 +63,11 @@ from pallas_kernels.forward_mgpu import (
   smem_transforms,
   visited_key_tiles,
 )
-from pallas_kernels.policy import LOG2E
+from pallas_kernels.policy import LOG2E, pad_axis
 from pallas_kernels.policy import MOSAIC_GPU_NUMERICS as NUMERICS
 
 ROWS = 64  # wgmma's M: rows per compute warpgroup
-COMPUTE_WGS = 2
+COMPUTE_WGS = 2  # a CTA's (three: the same bits, 1.07–1.56× the time; H100, 2026-12-06)
 DKV_BLOCK_Q = 64  # dK/dV: query rows per step
 DQ_BLOCK_K = 64  # dQ: keys per step (`dq_block_k`)
 DQ_BLOCK_KS = (64, 128)  # the dQ key tiles it can run (`KernelConfig.block_k_dq_mgpu`)
@@ -79,8 +79,6 @@ PART = 128  # the widest dK and dV a warpgroup accumulates: 2 × 64 × 128 float
 # (`parts`) the same, for its part of dK's and dV's columns; a dQ thread at head_dim 256 holds
 # dQ (128), S and dP (2 × 32), dS in 16 bits (16) and its rows' m, log l and delta.
 COMPUTE_REGISTERS, PRODUCER_REGISTERS = 240, 24
-# Three compute warpgroups (`warpgroups`): 3 × 128 × 160 + 128 × 24 ≤ 64 Ki registers.
-COMPUTE_REGISTERS_BY_WGS = {2: COMPUTE_REGISTERS, 3: 160}
 SMEM_BYTES = 227 * 1024 - 3 * 1024  # as `forward_mgpu.SMEM_BYTES`
 
 
@@ -94,36 +92,16 @@ def parts(head_dim: int) -> tuple[int, int]:
   return head_dim // width, width
 
 
-def warpgroups(cfg) -> int:
-  """The compute warpgroups of a CTA in both backward kernels: `KernelConfig.warpgroups_bwd_mgpu`,
-  else `COMPUTE_WGS` (2). 3 (up to head_dim 128: not with `parts`; at 128 with grouped heads
-  their float32 partials do not fit shared memory) gives each SM's tensor cores
-  a third warpgroup's products while two do elementwise work, at 160 registers a thread instead
-  of 240 (`COMPUTE_REGISTERS_BY_WGS`), with CTAs of 192 keys (dK/dV) or rows (dQ); a
-  warpgroup whose keys or rows are all padding computes nothing (`_skip_steps`). Each key's dK,
-  dV and each row's dQ are the same sums in the same order: the same values. For head_dim ≤ 64:
-  ptxas (13.0, experiments/20_ptxas_report.py, 2026-12-06) allots 128 registers a thread with
-  four warpgroups; at d64 no spill but in the causal dK/dV diagonal's loops (9 loads a tile),
-  the same SASS a tile as with two (dK/dV 377, dQ 320); at d128 the dK/dV kernel spills 1.3 KB
-  a thread (C7511). Not yet timed on a GPU. ValueError naming anything else."""
-  wgs = COMPUTE_WGS if cfg.warpgroups_bwd_mgpu is None else cfg.warpgroups_bwd_mgpu
-  if wgs not in COMPUTE_REGISTERS_BY_WGS:
-    raise ValueError(
-      f"warpgroups_bwd_mgpu={wgs!r}: the Mosaic GPU backward runs 2 or 3 compute warpgroups"
-    )
-  return wgs
-
-
-def _dkv_bytes(head_dim: int, stages: int, group: int, wgs: int = COMPUTE_WGS) -> int:
-  """dK/dV's shared memory: the `wgs` compute warpgroups' K and V (64 keys each, or 64 for both
-  above head_dim 128: `parts`), a ring of `stages` tiles of Q, dO and the rows' statistics, and
+def _dkv_bytes(head_dim: int, stages: int, group: int) -> int:
+  """dK/dV's shared memory: the compute warpgroups' K and V (64 keys each, or 64 for both above
+  head_dim 128: `parts`), a ring of `stages` tiles of Q, dO and the rows' statistics, and
   (grouped heads: float32 partials) a float32 output tile per warpgroup."""
   n_parts, width = parts(head_dim)
-  keys = ROWS if n_parts > 1 else wgs * ROWS
+  keys = ROWS if n_parts > 1 else COMPUTE_WGS * ROWS
   return (
     keys * head_dim * 2 * 2
     + stages * DKV_BLOCK_Q * (head_dim * 2 * 2 + 3 * 4)
-    + (wgs * ROWS * width * 4 if group > 1 else 0)
+    + (COMPUTE_WGS * ROWS * width * 4 if group > 1 else 0)
   )
 
 
@@ -142,13 +120,11 @@ def dq_block_k(cfg) -> int:
   return bk
 
 
-def _dq_bytes(
-  head_dim: int, stages: int, center_keys: bool, block_k: int = DQ_BLOCK_K, wgs: int = COMPUTE_WGS
-) -> int:
-  """dQ's shared memory: each of the `wgs` warpgroups' Q, dO and rows' statistics and a ring of
-  `stages` tiles of K and V (and the centred keys) of `block_k` keys."""
+def _dq_bytes(head_dim: int, stages: int, center_keys: bool, block_k: int = DQ_BLOCK_K) -> int:
+  """dQ's shared memory: each warpgroup's Q, dO and rows' statistics and a ring of `stages`
+  tiles of K and V (and the centred keys) of `block_k` keys."""
   ring = block_k * head_dim * 2 * (3 if center_keys else 2)
-  return wgs * ROWS * (head_dim * 2 * 2 + 3 * 4) + stages * ring
+  return COMPUTE_WGS * ROWS * (head_dim * 2 * 2 + 3 * 4) + stages * ring
 
 
 STAGES_RULE = (
@@ -187,15 +163,18 @@ STAGES = (2, 2)
 STAGES_BY_HEAD_DIM = {128: (3, 2)}
 
 
-def default_stages(head_dim: int, group: int = 1, center_keys: bool = False) -> tuple[int, int]:
+def default_stages(
+  head_dim: int, group: int = 1, center_keys: bool = False, block_k: int = DQ_BLOCK_K
+) -> tuple[int, int]:
   """The tiles in flight the backward runs with, (dK/dV's, dQ's): `STAGES_BY_HEAD_DIM`'s row
   for the (padded) head_dim or `STAGES`, each lowered to what fits that kernel's shared memory
-  (head_dim 256: dK/dV 2, dQ 1; head_dim 128 with grouped heads, whose float32 partials take
-  dK/dV's room: 2 and 2; 256 with grouped heads: 1 and 1)."""
+  with the dQ kernel's key tile `block_k` (`dq_block_k`; head_dim 256: dK/dV 2, dQ 1; head_dim
+  128 with grouped heads, whose float32 partials take dK/dV's room: 2 and 2; 256 with grouped
+  heads: 1 and 1)."""
   want_dkv, want_dq = STAGES_BY_HEAD_DIM.get(head_dim, STAGES)
   return (
     _fit(want_dkv, lambda n: _dkv_bytes(head_dim, n, group)),
-    _fit(want_dq, lambda n: _dq_bytes(head_dim, n, center_keys)),
+    _fit(want_dq, lambda n: _dq_bytes(head_dim, n, center_keys, block_k)),
   )
 
 
@@ -204,16 +183,40 @@ def _fit(want: int, need) -> int:
   return next((n for n in range(want, 0, -1) if need(n) <= SMEM_BYTES), 1)
 
 
-def _fitted_stages(stages: int, need, what: str) -> int:
-  """`stages` lowered to what fits shared memory with the kernel's tiles and warpgroups (a
-  KernelConfig's tile or warpgroups beyond what `default_stages` planned for); ValueError
-  naming `what` if one tile in flight does not fit."""
-  if need(1) > SMEM_BYTES:
-    raise ValueError(
-      f"{what}: the Mosaic GPU backward needs {need(1) / 1024:.1f} KiB of shared memory with "
-      f"one tile in flight, more than {SMEM_BYTES / 1024:.0f} KiB"
-    )
-  return _fit(stages, need)
+def _stages(cfg, head_dim: int, group: int) -> tuple[int, int]:
+  """The tiles in flight the two kernels run, (dK/dV's, dQ's), at padded head_dim with
+  group = num_heads // num_kv_heads: `KernelConfig.stages_bwd_mgpu` as set (one count or a
+  pair, `STAGES_RULE`; `kernel_config` sets `default_stages`), or where None `default_stages`
+  for the dQ kernel's key tile (`dq_block_k`). Raises ValueError in one line where a kernel's
+  shared memory does not hold one tile in flight, or a set count more than it holds (naming
+  the value and the most that fit); never lowers a set count."""
+  center_keys, bk = cfg.numerics.center_keys, dq_block_k(cfg)
+  centred = ", center_keys=True" if center_keys else ""
+  kernels = (
+    ("dK/dV", f"head_dim={head_dim}, group={group}", lambda n: _dkv_bytes(head_dim, n, group)),
+    (
+      "dQ",
+      f"head_dim={head_dim}, block_k_dq_mgpu={bk}{centred}",
+      lambda n: _dq_bytes(head_dim, n, center_keys, bk),
+    ),
+  )
+  for kernel, at, need in kernels:
+    if need(1) > SMEM_BYTES:
+      raise ValueError(
+        f"{at}: the Mosaic GPU backward's {kernel} kernel needs {need(1) / 1024:.1f} KiB of "
+        f"shared memory with one tile in flight, more than {SMEM_BYTES / 1024:.0f} KiB"
+      )
+  if cfg.stages_bwd_mgpu is None:
+    return default_stages(head_dim, group, center_keys, bk)
+  stages = _per_kernel(cfg.stages_bwd_mgpu)
+  for n, (kernel, at, need) in zip(stages, kernels):
+    if need(n) > SMEM_BYTES:
+      most = _fit(n, need)
+      raise ValueError(
+        f"stages_bwd_mgpu={cfg.stages_bwd_mgpu!r}: the {kernel} kernel fits at most {most} "
+        f"{'tiles' if most > 1 else 'tile'} in flight at {at}"
+      )
+  return stages
 
 
 def supported(
@@ -407,24 +410,6 @@ def _producer(n_steps, stages, free, load):
     plgpu.barrier_wait(free.at[lax.rem(t, jnp.int32(stages))])
 
 
-# `MosaicGPUOptions.deferred_wait` where a kernel's accumulators fit beside the next step's
-# S and dP without ptxas serialising the wgmmas (C7512) or spilling more (ptxas 13.0, sm_90a,
-# experiments/20_ptxas_report.py, 2026-12-06): dK/dV up to padded head_dim 64 (at 128 and 256
-# two 64 × head_dim float32 accumulators leave too few registers), dQ up to 128 with key
-# tiles of 64 (at 256 it spills more) and up to 64 with tiles of 128 (`dq_block_k`: S and dP
-# twice as wide; at 128 ptxas serialises). Keyed by (kernel, its loop's tile).
-DEFERRED_WAIT_MAX_HEAD_DIM = {("dkv", 64): 64, ("dq", 64): 128, ("dq", 128): 64}
-
-
-def _release_previous(free, stages, t):
-  """`deferred_wait`: at step t (its S waited for, and with it step t − 1's accumulating
-  products) free step t − 1's ring slot; t = the step count after the loops frees the last."""
-
-  @pl.when(t > 0)
-  def _():
-    plgpu.barrier_arrive(free.at[lax.rem(t - 1, jnp.int32(stages))])
-
-
 def _skip_steps(start, end, stages, readies, free):
   """Steps [start, end) of a warpgroup with no work in them (rows or keys all padding, or past
   a causal row's last key tile): it waits for each step's tile (every warpgroup observes
@@ -437,20 +422,6 @@ def _skip_steps(start, end, stages, readies, free):
       if ready is not None:
         plgpu.barrier_wait(ready.at[slot])
     plgpu.barrier_arrive(free.at[slot])
-
-
-def defers(cfg, kernel: str, head_dim: int, stages: int) -> bool:
-  """Whether `kernel` ("dkv", "dq") runs `MosaicGPUOptions.deferred_wait`'s loop at padded
-  head_dim with `stages` tiles in flight (after clamping): the option on, a GPU (interpret mode
-  runs its own unfused path), the head_dim within `DEFERRED_WAIT_MAX_HEAD_DIM` for the kernel's
-  tile (dK/dV's query tile `DKV_BLOCK_Q`, dQ's key tile `dq_block_k`; measured with two
-  warpgroups at 240 registers: not with three, `warpgroups`) and at least 2
-  stages — with one, step t would free its only slot after waiting for step t's tile, which
-  the producer loads only into a freed slot: a hang (a review's exhaustive model of the
-  barriers, 2026-12-06; 2–3 stages, every causal split and the dQ drain, found none)."""
-  tile = DKV_BLOCK_Q if kernel == "dkv" else dq_block_k(cfg)
-  fits = head_dim <= DEFERRED_WAIT_MAX_HEAD_DIM[kernel, tile] and warpgroups(cfg) == COMPUTE_WGS
-  return cfg.mgpu.deferred_wait and not cfg.interpret and fits and stages >= 2
 
 
 # --- dK, dV ---------------------------------------------------------------------------------
@@ -473,8 +444,7 @@ def _dkv_kernel(
   # warpgroup with keys of its own; above it (`parts`) one tile of keys, a part each
   n_parts, width = q_smem.shape[1], q_smem.shape[-1]
   shared = n_parts > 1
-  wgs = warpgroups(cfg)
-  key_span = ROWS if shared else wgs * ROWS  # the keys of one CTA
+  key_span = ROWS if shared else COMPUTE_WGS * ROWS  # the keys of one CTA
   cta_key0 = lax.axis_index("kv_tiles") * key_span
   # causal: query tiles that end before this CTA's first key see none of its keys
   first = lax.div(cta_key0, jnp.int32(bq)) if cfg.causal else jnp.int32(0)
@@ -482,9 +452,9 @@ def _dkv_kernel(
   n_steps = jnp.where(cta_key0 >= cfg.kv_len, 0, n_steps)  # a CTA of padding keys only
   fused = not cfg.interpret
 
-  @pl.when(wg < wgs)
+  @pl.when(wg < COMPUTE_WGS)
   def _compute():
-    plgpu.set_max_registers(COMPUTE_REGISTERS_BY_WGS[wgs], action="increase")
+    plgpu.set_max_registers(COMPUTE_REGISTERS, action="increase")
     mine = 0 if shared else wg  # this warpgroup's K and V: [parts, ROWS, width]
     part = wg if shared else 0  # the part of dK's and dV's columns it accumulates
     # (not .at[0] when shared: run_state cannot carry a Python index of a ref it closes over)
@@ -517,35 +487,6 @@ def _dkv_kernel(
       valid = _valid(q_pos, k_pos, cfg, key_span, query_span=bq) if masked else None
       p, ds = _probs_and_dscores(s, dp, m, log_l, delta, cfg, valid)
       return numerics.round_p(p, dtype), numerics.round_ds(ds, dtype)
-
-    def deferred_step(t, dk_acc, dv_acc, masked):
-      """`step` with dK and dV accumulated in wgmma accumulators that live across the loops:
-      step t's dV += Pᵀ dO and dK += dSᵀ Q are not waited for here but with step t + 1's Sᵀ
-      (wgmma groups complete in order), which then frees step t's query tile (`_release_previous`)."""
-      i = first + t
-      slot = lax.rem(t, jnp.int32(stages))
-      q_slot, do_slot = q_smem.at[slot], do_smem.at[slot]
-
-      def with_s(s_acc):  # each accumulator made right before its product (`_dq_kernel`)
-        plgpu.barrier_wait(q_ready.at[slot])
-        for p in range(n_parts):  # Sᵀ = K Qᵀ
-          plgpu.wgmma(s_acc, k_smem.at[p], q_slot.at[p].transpose((1, 0)))
-        plgpu.barrier_wait(do_ready.at[slot])
-
-        def with_dp(dp_acc):
-          for p in range(n_parts):  # dPᵀ = V dOᵀ
-            plgpu.wgmma(dp_acc, v_smem.at[p], do_slot.at[p].transpose((1, 0)))
-          plgpu.barrier_wait(rows_ready.at[slot])
-          # Sᵀ, and step t − 1's dV and dK, done; dPᵀ runs on
-          s = plgpu.wgmma_accumulator_load(s_acc, wait_n=n_parts)
-          _release_previous(free, stages, t)
-          p_in, ds_in = elementwise(s, dp_acc[...], slot, i, masked)
-          plgpu.wgmma(dv_acc, p_in, do_slot.at[part])  # dV += Pᵀ dO, in flight into t + 1
-          plgpu.wgmma(dk_acc, ds_in, q_slot.at[part])  # dK += dSᵀ Q
-
-        pl.run_scoped(with_dp, plgpu.ACC(tile, jnp.float32))
-
-      pl.run_scoped(with_s, plgpu.ACC(tile, jnp.float32))
 
     def step(t, carry, masked):
       dk, dv = carry
@@ -598,22 +539,10 @@ def _dkv_kernel(
     # a warpgroup whose keys are all padding (a CTA's span past kv_len) computes no step
     end = jnp.where(key0 >= cfg.kv_len, 0, n_steps)
     a, b = jnp.minimum(a, end), jnp.minimum(b, end)
-    if defers(cfg, "dkv", n_parts * width, stages):
-
-      def loops(dk_acc, dv_acc):
-        for start, stop, masked in ((0, a, True), (a, b, False), (b, end, True)):
-          pl.loop(start, stop)(lambda t, m=masked: deferred_step(t, dk_acc, dv_acc, m))
-        plgpu.wgmma_wait(0)
-        _release_previous(free, stages, end)  # the last step's query tile
-        return dk_acc[...], dv_acc[...]
-
-      acc = plgpu.ACC((ROWS, width), jnp.float32)
-      dk, dv = pl.run_scoped(loops, acc, acc)
-    else:
-      zeros = plgpu.layout_cast(jnp.zeros((ROWS, width), jnp.float32), plgpu.Layout.WGMMA)
-      carry = lax.fori_loop(0, a, lambda t, c: step(t, c, True), (zeros, zeros))
-      carry = lax.fori_loop(a, b, lambda t, c: step(t, c, False), carry)
-      dk, dv = lax.fori_loop(b, end, lambda t, c: step(t, c, True), carry)
+    zeros = plgpu.layout_cast(jnp.zeros((ROWS, width), jnp.float32), plgpu.Layout.WGMMA)
+    carry = lax.fori_loop(0, a, lambda t, c: step(t, c, True), (zeros, zeros))
+    carry = lax.fori_loop(a, b, lambda t, c: step(t, c, False), carry)
+    dk, dv = lax.fori_loop(b, end, lambda t, c: step(t, c, True), carry)
     _skip_steps(end, n_steps, stages, (q_ready, do_ready, rows_ready), free)
 
     out_dtype = dk_ref.dtype
@@ -632,7 +561,7 @@ def _dkv_kernel(
       _store(out_smem2.at[wg], dv, dv_ref.at[rows_out])
     plgpu.wait_smem_to_gmem(0)
 
-  @pl.when(wg == wgs)
+  @pl.when(wg == COMPUTE_WGS)
   def _memory():
     def load(t, slot):
       rows = pl.ds((first + t) * bq, bq)
@@ -654,17 +583,9 @@ def _dkv(q, k, v, do, rows, cfg, stages):
   out_dtype = jnp.dtype(q.dtype if group == 1 else jnp.float32)
   n_q = -(-cfg.q_len // DKV_BLOCK_Q)
   n_parts, width = parts(d)
-  wgs = warpgroups(cfg)
-  if wgs != COMPUTE_WGS and n_parts > 1:
-    raise ValueError(
-      f"warpgroups_bwd_mgpu={wgs} at head_dim={d}: above head_dim {PART} the dK/dV kernel's "
-      f"{COMPUTE_WGS} warpgroups share one tile of keys (`parts`)"
-    )
-  need = lambda n: _dkv_bytes(d, n, group, wgs)
-  what = f"warpgroups_bwd_mgpu={wgs} at head_dim={d}, group={group}"
-  stages = _fitted_stages(int(max(1, min(stages, n_q))), need, what)
-  kv_tiles = 1 if n_parts > 1 else wgs  # K and V tiles of 64 keys (`_dkv_kernel`)
-  kv_shape = (n_parts, ROWS, width) if n_parts > 1 else (wgs, 1, ROWS, width)
+  stages = int(max(1, min(stages, n_q)))
+  kv_tiles = 1 if n_parts > 1 else COMPUTE_WGS  # K and V tiles of 64 keys (`_dkv_kernel`)
+  kv_shape = (n_parts, ROWS, width) if n_parts > 1 else (COMPUTE_WGS, 1, ROWS, width)
   sw = smem_transforms(width, 2)
 
   def entry(q_ref, k_ref, v_ref, do_ref, rows_ref, dk_ref, dv_ref):
@@ -676,9 +597,15 @@ def _dkv(q, k, v, do, rows, cfg, stages):
       plgpu.SMEM((stages, 3, DKV_BLOCK_Q), jnp.float32),
       None
       if out_dtype.itemsize == 2
-      else plgpu.SMEM((wgs, ROWS, width), jnp.float32, transforms=smem_transforms(width, 4)),
+      else plgpu.SMEM(
+        (COMPUTE_WGS, ROWS, width), jnp.float32, transforms=smem_transforms(width, 4)
+      ),
       *(
-        (plgpu.SMEM((wgs, ROWS, DKV_BLOCK_Q), q.dtype, transforms=smem_transforms(DKV_BLOCK_Q, 2)),)
+        (
+          plgpu.SMEM(
+            (COMPUTE_WGS, ROWS, DKV_BLOCK_Q), q.dtype, transforms=smem_transforms(DKV_BLOCK_Q, 2)
+          ),
+        )
         * 2
         if cfg.interpret
         else (None, None)
@@ -686,7 +613,7 @@ def _dkv(q, k, v, do, rows, cfg, stages):
     )
     kv_ready = plgpu.Barrier(num_arrivals=n_parts, num_barriers=kv_tiles)  # a copy per part
     ready = plgpu.Barrier(num_arrivals=n_parts, num_barriers=stages)
-    free = plgpu.Barrier(num_arrivals=wgs, num_barriers=stages)
+    free = plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=stages)
     pl.run_scoped(
       lambda *scoped: _dkv_kernel(
         q_ref,
@@ -709,7 +636,7 @@ def _dkv(q, k, v, do, rows, cfg, stages):
       ready,
       plgpu.Barrier(num_barriers=stages),  # the rows' statistics: one copy
       free,
-      plgpu.Barrier(num_arrivals=wgs) if n_parts > 1 else None,  # `done`
+      plgpu.Barrier(num_arrivals=COMPUTE_WGS) if n_parts > 1 else None,  # `done`
       collective_axes="wg",
     )
 
@@ -721,7 +648,7 @@ def _dkv(q, k, v, do, rows, cfg, stages):
     out_type=(out, out),
     grid=tuple(grid[n] for n in names),
     grid_names=names,
-    num_threads=wgs + 1,
+    num_threads=COMPUTE_WGS + 1,
     thread_name="wg",
     compiler_params=plgpu.CompilerParams(approx_math=True),
     interpret=_interpret_params(cfg),
@@ -738,16 +665,15 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, *refs, cfg, n_kv, group, s
   q_smem2, do_smem2, rows_smem2, k_smem, v_smem, kd_smem, ds_smem2 = smem
   q_ready, do_ready, rows_ready, k_ready, v_ready, kd_ready, free = barriers
   batch, head, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
-  wgs = warpgroups(cfg)
-  cta_row0 = query_tile(cfg, n_q_tiles) * (wgs * ROWS)  # causal: longest_first
+  cta_row0 = query_tile(cfg, n_q_tiles) * (COMPUTE_WGS * ROWS)  # causal: longest_first
   fused = not cfg.interpret
 
   key_steps = lambda row_end: visited_key_tiles(row_end, n_kv, bk, cfg.causal)
-  cta_steps = jnp.where(cta_row0 >= cfg.q_len, 0, key_steps(cta_row0 + wgs * ROWS))
+  cta_steps = jnp.where(cta_row0 >= cfg.q_len, 0, key_steps(cta_row0 + COMPUTE_WGS * ROWS))
 
-  @pl.when(wg < wgs)
+  @pl.when(wg < COMPUTE_WGS)
   def _compute():
-    plgpu.set_max_registers(COMPUTE_REGISTERS_BY_WGS[wgs], action="increase")
+    plgpu.set_max_registers(COMPUTE_REGISTERS, action="increase")
     q_smem, do_smem, rows_smem = q_smem2.at[wg], do_smem2.at[wg], rows_smem2.at[wg]
     row0 = cta_row0 + wg * ROWS
     mine = (batch, pl.ds(row0, ROWS), head)
@@ -777,32 +703,6 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, *refs, cfg, n_kv, group, s
       dQ rows are cut off by the wrapper)."""
       valid = _valid(row0 + _iota(tile, 0), j * bk + _iota(tile, 1), cfg, bk) if masked else None
       return numerics.round_ds(_probs_and_dscores(s, dp, m, log_l, delta, cfg, valid)[1], dtype)
-
-    def deferred_step(j, dq_acc, masked):
-      """`step` with dQ accumulated in a wgmma accumulator that lives across the loops: step
-      j's dQ += dS K is not waited for here but with step j + 1's S (wgmma groups complete
-      in order), which then frees step j's key tile (`_release_previous`)."""
-      slot = lax.rem(j, jnp.int32(stages))
-      k_slot, v_slot = k_smem.at[slot], v_smem.at[slot]
-      kd_slot = k_slot if kd_smem is None else kd_smem.at[slot]
-
-      def with_s(s_acc):  # each accumulator made right before its product, so that ptxas
-        plgpu.barrier_wait(k_ready.at[slot])  # starts S from zero, not from zeroed registers
-        plgpu.wgmma(s_acc, q_smem, k_slot.transpose((1, 0)))  # S = Q Kᵀ
-        plgpu.barrier_wait(v_ready.at[slot])
-
-        def with_dp(dp_acc):
-          plgpu.wgmma(dp_acc, do_smem, v_slot.transpose((1, 0)))  # dP = dO Vᵀ
-          s = plgpu.wgmma_accumulator_load(s_acc, wait_n=1)  # S and step j − 1's dQ done
-          _release_previous(free, stages, j)
-          ds_in = elementwise(s, dp_acc[...], j, masked)
-          if kd_smem is not None:
-            plgpu.barrier_wait(kd_ready.at[slot])
-          plgpu.wgmma(dq_acc, ds_in, kd_slot)  # dQ += dS K, in flight into step j + 1
-
-        pl.run_scoped(with_dp, plgpu.ACC(tile, jnp.float32))
-
-      pl.run_scoped(with_s, plgpu.ACC(tile, jnp.float32))
 
     def step(j, dq, masked):
       slot = lax.rem(j, jnp.int32(stages))
@@ -840,20 +740,9 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, *refs, cfg, n_kv, group, s
       return dq
 
     mid = jnp.minimum(unmasked, steps)
-    if defers(cfg, "dq", d, stages):
-
-      def loops(dq_acc):
-        pl.loop(0, mid)(lambda j: deferred_step(j, dq_acc, False))
-        pl.loop(mid, steps)(lambda j: deferred_step(j, dq_acc, True))
-        plgpu.wgmma_wait(0)
-        _release_previous(free, stages, steps)  # the last step's key tile
-        return dq_acc[...]
-
-      dq = pl.run_scoped(loops, plgpu.ACC((ROWS, d), jnp.float32))
-    else:
-      zeros = plgpu.layout_cast(jnp.zeros((ROWS, d), jnp.float32), plgpu.Layout.WGMMA)
-      dq = lax.fori_loop(0, mid, lambda j, c: step(j, c, False), zeros)
-      dq = lax.fori_loop(mid, steps, lambda j, c: step(j, c, True), dq)
+    zeros = plgpu.layout_cast(jnp.zeros((ROWS, d), jnp.float32), plgpu.Layout.WGMMA)
+    dq = lax.fori_loop(0, mid, lambda j, c: step(j, c, False), zeros)
+    dq = lax.fori_loop(mid, steps, lambda j, c: step(j, c, True), dq)
 
     # causal: free the slots the other warpgroups still read
     _skip_steps(steps, cta_steps, stages, (k_ready, v_ready, kd_ready), free)
@@ -861,7 +750,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, *refs, cfg, n_kv, group, s
     _store(q_smem, numerics.round_grad(dq, scale, dq_ref.dtype), dq_ref.at[mine])  # Q is dead
     plgpu.wait_smem_to_gmem(0)
 
-  @pl.when(wg == wgs)
+  @pl.when(wg == COMPUTE_WGS)
   def _memory():
     def load(j, slot):
       keys = (batch, pl.ds(j * bk, bk), lax.div(head, jnp.int32(group)))
@@ -880,28 +769,25 @@ def _dq(q, k, v, do, rows, kd, cfg, stages):
   bk = dq_block_k(cfg)
   n_kv = -(-cfg.kv_len // bk)  # tiles of padding only are skipped
   assert n_kv * bk <= k.shape[1], (n_kv, bk, k.shape)  # no key tile reads past the array
-  wgs = warpgroups(cfg)
-  need = lambda n: _dq_bytes(d, n, kd is not None, bk, wgs)
-  what = f"block_k_dq_mgpu={bk}, warpgroups_bwd_mgpu={wgs} at head_dim={d}"
-  stages = _fitted_stages(int(max(1, min(stages, n_kv))), need, what)
+  stages = int(max(1, min(stages, n_kv)))
   sw = smem_transforms(d, 2)
   center = kd is not None
 
   def entry(q_ref, k_ref, v_ref, do_ref, rows_ref, *refs):
     smem = (
-      plgpu.SMEM((wgs, ROWS, d), q.dtype, transforms=sw),
-      plgpu.SMEM((wgs, ROWS, d), do.dtype, transforms=sw),
-      plgpu.SMEM((wgs, 3, ROWS), jnp.float32),
+      plgpu.SMEM((COMPUTE_WGS, ROWS, d), q.dtype, transforms=sw),
+      plgpu.SMEM((COMPUTE_WGS, ROWS, d), do.dtype, transforms=sw),
+      plgpu.SMEM((COMPUTE_WGS, 3, ROWS), jnp.float32),
       plgpu.SMEM((stages, bk, d), k.dtype, transforms=sw),
       plgpu.SMEM((stages, bk, d), v.dtype, transforms=sw),
       plgpu.SMEM((stages, bk, d), k.dtype, transforms=sw) if center else None,
-      plgpu.SMEM((wgs, ROWS, bk), q.dtype, transforms=smem_transforms(bk, 2))
+      plgpu.SMEM((COMPUTE_WGS, ROWS, bk), q.dtype, transforms=smem_transforms(bk, 2))
       if cfg.interpret
       else None,
     )
-    per_wg = plgpu.Barrier(num_barriers=wgs)
+    per_wg = plgpu.Barrier(num_barriers=COMPUTE_WGS)
     ready = plgpu.Barrier(num_barriers=stages)
-    free = plgpu.Barrier(num_arrivals=wgs, num_barriers=stages)
+    free = plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=stages)
     pl.run_scoped(
       lambda *scoped: _dq_kernel(
         q_ref,
@@ -915,7 +801,7 @@ def _dq(q, k, v, do, rows, kd, cfg, stages):
         n_kv=n_kv,
         group=group,
         stages=stages,
-        n_q_tiles=q_len_p // (wgs * ROWS),
+        n_q_tiles=q_len_p // (COMPUTE_WGS * ROWS),
       ),
       smem,
       per_wg,
@@ -928,14 +814,14 @@ def _dq(q, k, v, do, rows, kd, cfg, stages):
       collective_axes="wg",
     )
 
-  grid = dict(batch=batch, heads=num_heads, q_tiles=q_len_p // (wgs * ROWS))
+  grid = dict(batch=batch, heads=num_heads, q_tiles=q_len_p // (COMPUTE_WGS * ROWS))
   names = ("batch", "heads", "q_tiles")  # query tiles innermost: a head's K, V shared in L2
   return plgpu.kernel(
     entry,
     out_type=jax.ShapeDtypeStruct(q.shape, q.dtype),
     grid=tuple(grid[n] for n in names),
     grid_names=names,
-    num_threads=wgs + 1,
+    num_threads=COMPUTE_WGS + 1,
     thread_name="wg",
     compiler_params=plgpu.CompilerParams(approx_math=True),
     interpret=_interpret_params(cfg),
@@ -943,25 +829,24 @@ def _dq(q, k, v, do, rows, kd, cfg, stages):
 
 
 def _pad_to(x, axis, multiple):
-  pad = -x.shape[axis] % multiple
-  if pad == 0:
-    return x
-  widths = [(0, 0)] * x.ndim
-  widths[axis] = (0, pad)
-  return jnp.pad(x, widths)
+  """x zero-padded along `axis` to the next multiple of `multiple` (`policy.pad_axis`)."""
+  return pad_axis(x, axis, -(-x.shape[axis] // multiple) * multiple)
 
 
 def flash_backward_mgpu(q, k, v, o, m, log_l, do, cfg, d_lse=None):
   """The Mosaic GPU backward on padded [batch, len, heads, head_dim] arrays; returns (dq, dk,
   dv) as `pallas_kernels.backward.flash_backward` does (same arguments). The sequences are
-  padded here to the CTAs' rows (128; 192 with three warpgroups, `warpgroups`) and sliced back;
-  padded keys and queries are masked.
+  padded here to the CTAs' 128 rows (the keys also to a multiple of the dQ key tile,
+  `dq_block_k`) and sliced back; padded keys and queries are masked, and a warpgroup whose
+  rows or keys are all padding computes nothing. Tiles in flight: `_stages` (ValueError where
+  `KernelConfig.stages_bwd_mgpu` asks more than shared memory holds, before any kernel runs).
   `pallas_kernels.attention.kernel_config` has checked the call against `supported`.
   """
   batch, q_len_p, num_heads, d = q.shape
   kv_len_p, num_kv_heads = k.shape[1], k.shape[2]
   group = num_heads // num_kv_heads
-  cta = warpgroups(cfg) * ROWS
+  stages_dkv, stages_dq = _stages(cfg, d, group)
+  cta = COMPUTE_WGS * ROWS
   do = cfg.numerics.d_out(do, q.dtype)
   delta = cfg.numerics.delta(do, o).transpose(0, 2, 1)  # [batch, heads, q_len_p]
   if d_lse is not None:
@@ -971,10 +856,6 @@ def flash_backward_mgpu(q, k, v, o, m, log_l, do, cfg, d_lse=None):
   keys = math.lcm(cta, dq_block_k(cfg))  # dK/dV's CTAs and dQ's key tiles stay inside
   kp, vp = _pad_to(k, 1, keys), _pad_to(v, 1, keys)
   kd = _pad_to(cfg.numerics.dq_keys(k, cfg.kv_len), 1, keys) if cfg.numerics.center_keys else None
-  stages = cfg.stages_bwd_mgpu
-  if stages is None:
-    stages = default_stages(d, group, cfg.numerics.center_keys)
-  stages_dkv, stages_dq = _per_kernel(stages)
   dk, dv = _dkv(qp, kp, vp, dop, rows, cfg, stages_dkv)
   dk, dv = dk[:, :kv_len_p], dv[:, :kv_len_p]
   if group > 1:

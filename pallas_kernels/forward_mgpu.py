@@ -45,7 +45,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.policy import MOSAIC_GPU_BLOCK_K, MOSAIC_GPU_NUMERICS as NUMERICS
-from pallas_kernels.policy import LOG2E, boolean, compensated_tile_max
+from pallas_kernels.policy import LOG2E, boolean, compensated_tile_max, pad_axis
 from pallas_kernels.top2 import column_top2, lane_top2, row_top2
 
 ROWS_PER_WG = 64  # wgmma's M for one warpgroup
@@ -139,24 +139,11 @@ class MosaicGPUOptions:
     ulps from the definition's fl(fl(QKᵀ·c) − m), which the option computes. On by default
     since its GPU tests and timing (H100, 2026-12-06: the backward alone 2.0% faster, causal
     2.2%, b4 × 4096 × 16 × d128; interpret mode: the same bits as off).
-  deferred_wait: in the Mosaic GPU backward each step's accumulating products (dQ += dS K;
-    dV += Pᵀ dO and dK += dSᵀ Q) go into wgmma accumulators that live across the loop over
-    tiles and are waited for with the next step's S (wgmma groups complete in order), which
-    then frees the step's tile for the producer: the warpgroup issues the next S and dP
-    right behind them instead of waiting for them at the end of the step (FlashAttention-3's
-    order, Shah et al. 2024, §3.3). The S and dP accumulators are each made right before their
-    product (in each kernel's first loop ptxas then starts one from zero instead of from
-    zeroed registers). Only where the accumulators fit without ptxas serialising the wgmmas
-    (`backward_mgpu.DEFERRED_WAIT_MAX_HEAD_DIM`: dK/dV up to head_dim 64, dQ up to 128, 64
-    with key tiles of 128) and
-    with at least 2 tiles in flight (`backward_mgpu.defers`); the old loop elsewhere. The same
-    products in the same order: the same values. GPU only (interpret mode runs its own unfused
-    loop). Off: slower though fewer instructions (H100, 2026-12-06: 1.029× the backward's time
-    at gpt2-small's shape, 1.074× and 1.061× at b4 × 4096 × 16 × d128 full and causal);
-    docs/studies/speed.md.
   The defaults are the ones that were faster on the H200 or H100, or no slower, except
   scale_in_exp2, faster too but on by default only where it changes no value; what each option
-  measured, with command and date: docs/studies/speed.md ("The Mosaic GPU route").
+  measured, with command and date: docs/studies/speed.md ("The Mosaic GPU route"). Removed
+  after timing: deferred_wait (the backward's accumulating products waited for with the next
+  step's S; the same bits, 1.03–1.07× the backward's time, H100, 2026-12-06).
   """
 
   pingpong: bool | None = None
@@ -171,7 +158,6 @@ class MosaicGPUOptions:
   tie_lanes: bool = True
   scale_in_exp2: bool | None = None
   rounded_scores: bool = True
-  deferred_wait: bool = False
 
   def __post_init__(self):
     for field in dataclasses.fields(self):  # flags, not truthy values (or None, where resolved)
@@ -720,7 +706,7 @@ def flash_forward_mgpu(q, k, v, cfg):
     cfg = dataclasses.replace(cfg, mgpu=mgpu)
   cta_rows = COMPUTE_WGS * ROWS_PER_WG
   rows = -(-q_len_p // cta_rows) * cta_rows
-  q = jnp.pad(q, ((0, 0), (0, rows - q_len_p), (0, 0), (0, 0))) if rows != q_len_p else q
+  q = pad_axis(q, 1, rows)
   n_kv = -(-cfg.kv_len // block_k)  # tiles of padding only are skipped
   stages = int(min(cfg.num_stages, n_kv))
   swizzled = smem_transforms(d, 2)  # Q, K, V: rows of head_dim 2-byte elements

@@ -683,6 +683,17 @@ def next_power_of_2(n: int) -> int:
   return 1 << max(0, int(n) - 1).bit_length()
 
 
+def pad_axis(x, axis: int, size: int):
+  """x zero-padded at the end of `axis` to length `size` (x itself where it has that length;
+  the kernels' sequence and head_dim padding)."""
+  pad = size - x.shape[axis]
+  if pad == 0:
+    return x
+  widths = [(0, 0)] * x.ndim
+  widths[axis] = (0, pad)
+  return jnp.pad(x, widths)
+
+
 @dataclasses.dataclass(frozen=True)
 class BlockSizes:
   """Tile sizes. They are part of the numerics: ties and roundings happen per tile.

@@ -353,8 +353,8 @@ def test_the_ab_scripts_read_shape_and_causal_as_the_bench_does():
 
 def test_the_backward_ab_reads_stages_and_the_backwards_options():
   """experiments/18_mgpu_backward_stages_ab.py's variants: DKV,DQ, then options the Mosaic GPU
-  backward reads (longest_first) as 0/1, the dQ key tile (bk_dq=64|128) and the compute
-  warpgroups (wgs=2|3); anything else is refused naming the item."""
+  backward reads (longest_first) as 0/1 and the dQ key tile (bk_dq=64|128); anything else is
+  refused naming the item."""
   import importlib.util
 
   path = pathlib.Path(__file__).parents[1] / "experiments" / "18_mgpu_backward_stages_ab.py"
@@ -364,23 +364,20 @@ def test_the_backward_ab_reads_stages_and_the_backwards_options():
   assert ab.parse_stages("3,2") == ((3, 2), {})
   assert ab.parse_stages("3,2,longest_first=1") == ((3, 2), {"longest_first": True})
   assert ab.parse_stages("2,2,longest_first=0") == ((2, 2), {"longest_first": False})
-  got = ab.parse_stages("2,2,deferred_wait=1,bk_dq=128,wgs=3")  # KernelConfig fields too
-  assert got == ((2, 2), {"deferred_wait": True, "bk_dq": 128, "wgs": 3})
-  assert ab.split_fields(got[1]) == (
-    {"deferred_wait": True},
-    {"block_k_dq_mgpu": 128, "warpgroups_bwd_mgpu": 3},
-  )
+  got = ab.parse_stages("2,2,rounded_scores=0,bk_dq=128")  # a KernelConfig field too
+  assert got == ((2, 2), {"rounded_scores": False, "bk_dq": 128})
+  assert ab.split_fields(got[1]) == ({"rounded_scores": False}, {"block_k_dq_mgpu": 128})
   assert ab.split_fields({}) == ({}, {})
   for bad, match in (
     ("2,2,bk_dq=96", r"^variant '2,2,bk_dq=96': 'bk_dq=96' is not bk_dq=64 or bk_dq=128$"),
-    ("2,2,wgs=4", r"^variant '2,2,wgs=4': 'wgs=4' is not wgs=2 or wgs=3$"),
+    ("2,2,wgs=3", r"^variant '2,2,wgs=3': 'wgs=3' is not OPTION=0\|1"),  # (removed)
     ("3", r"^variant '3' is not DKV,DQ"),
     ("3,9", r"^variant '3,9' is not DKV,DQ"),
     ("3,2,longest_first=2", r"^variant '3,2,longest_first=2': 'longest_first=2' is not OPTION"),
     (
       "3,2,skip_rescale=1",
       r"'skip_rescale=1' is not OPTION=0\|1 \(OPTION: longest_first, rounded_scores, "
-      r"deferred_wait, scale_in_exp2\)$",
+      r"scale_in_exp2\)$",
     ),
     ("3,2,longest_first", r"'longest_first' is not OPTION"),
   ):

@@ -248,12 +248,10 @@ def test_mosaic_gpu_backward_lowers(head_dim, causal, group, center_keys):
   mul.rn.f32), which interpret mode does not run, lowers through Mosaic GPU to NVVM: two
   kernels, dK/dV and dQ."""
   cfg, text = _lower_backward(head_dim, causal, group, center_keys)
-  assert text.count("stablehlo.custom_call @mosaic_gpu") == 2
-  assert "wgmma" in text and "cp.async.bulk.tensor" in text and "setmaxnreg" in text
+  _assert_two_backward_kernels(text)
   # S = QKᵀ·c as PTX mul.rn.f32 with `MosaicGPUOptions.rounded_scores` (the default; no
   # compiler contracts it into S − m); off, the plain product
   assert cfg.mgpu.rounded_scores and "mul.rn.f32" in text
-  assert not cfg.mgpu.deferred_wait and "wgmma_wait" not in text  # (its explicit wait: below)
   _, text = _lower_backward(head_dim, causal, group, center_keys, rounded_scores=False)
   assert "mul.rn.f32" not in text
   # at a power-of-two scale ≤ 1 no S is formed (`backward_mgpu.unscaled_scores`): no mul.rn
@@ -261,39 +259,19 @@ def test_mosaic_gpu_backward_lowers(head_dim, causal, group, center_keys):
   assert cfg.mgpu.rounded_scores and cfg.mgpu.scale_in_exp2 and "mul.rn.f32" not in text
 
 
-def test_mosaic_gpu_backward_lowers_with_three_warpgroups():
-  """`KernelConfig.warpgroups_bwd_mgpu=3`'s GPU path (four warpgroups a CTA, 160/24 registers,
-  CTAs of 192, with the dQ key tile of 128 too) lowers for CUDA: two kernels, each raising its
-  compute warpgroups to 160 registers; deferred_wait is not run with three (its register rule
-  was measured with two)."""
-  from pallas_kernels.backward_mgpu import defers
-
-  for fields in (dict(warpgroups_bwd_mgpu=3), dict(warpgroups_bwd_mgpu=3, block_k_dq_mgpu=128)):
-    cfg, text = _lower_backward(64, fields=fields, deferred_wait=True)
-    kernels = text.split("stablehlo.custom_call @mosaic_gpu")[1:]
-    assert len(kernels) == 2, fields
-    assert all("setmaxnreg.inc.sync.aligned.u32 160;" in kernel for kernel in kernels), fields
-    assert not any("wgmma_wait" in kernel for kernel in kernels), fields
-    assert not defers(cfg, "dkv", 64, stages=2) and not defers(cfg, "dq", 64, stages=2)
+def test_mosaic_gpu_backward_lowers_with_the_dq_key_tile_of_128():
+  """`KernelConfig.block_k_dq_mgpu=128`'s GPU path (S, dP and dQ += dS K over 128 keys a
+  step) lowers for CUDA: two kernels, as with the default tile."""
+  cfg, text = _lower_backward(64, fields=dict(block_k_dq_mgpu=128))
+  assert cfg.block_k_dq_mgpu == 128
+  _assert_two_backward_kernels(text)
 
 
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
-def test_mosaic_gpu_backward_defers_its_waits_where_the_accumulators_fit(head_dim):
-  """`MosaicGPUOptions.deferred_wait` lowers for CUDA, and its loop (accumulators across the
-  loops, an explicit wgmma wait after them) runs in the kernels where it fits
-  (`backward_mgpu.DEFERRED_WAIT_MAX_HEAD_DIM`: dK/dV up to head_dim 64, dQ up to 128 with
-  key tiles of 64, up to 64 with tiles of 128) and nowhere else: at 256 neither."""
-  from pallas_kernels.backward_mgpu import DEFERRED_WAIT_MAX_HEAD_DIM, defers
-
-  cfg, text = _lower_backward(head_dim, deferred_wait=True)
-  kernels = text.split("stablehlo.custom_call @mosaic_gpu")[1:]  # dK/dV, then dQ
-  expected = [head_dim <= DEFERRED_WAIT_MAX_HEAD_DIM[name, 64] for name in ("dkv", "dq")]
-  assert ["wgmma_wait" in kernel for kernel in kernels] == expected
-  # never with one tile in flight (it would free its only slot after waiting for the next
-  # tile: a hang), nor in interpret mode or with the option off
-  for name in ("dkv", "dq"):
-    assert not defers(cfg, name, 64, stages=1)
-    assert not defers(dataclasses.replace(cfg, interpret=True), name, 64, stages=2)
-  assert defers(cfg, "dkv", 64, stages=2) and defers(cfg, "dq", 128, stages=2)
-  wide = dataclasses.replace(cfg, block_k_dq_mgpu=128)  # S and dP twice as wide
-  assert defers(wide, "dq", 64, stages=2) and not defers(wide, "dq", 128, stages=2)
+def _assert_two_backward_kernels(text):
+  """The lowered backward is two Mosaic GPU kernels (dK/dV, dQ), each with wgmma and TMA and
+  its two compute warpgroups raised to 240 registers (setmaxnreg)."""
+  kernels = text.split("stablehlo.custom_call @mosaic_gpu")[1:]
+  assert len(kernels) == 2
+  for kernel in kernels:
+    assert "wgmma" in kernel and "cp.async.bulk.tensor" in kernel
+    assert "setmaxnreg.inc.sync.aligned.u32 240;" in kernel

@@ -413,7 +413,7 @@ def _residuals(shape, dtype, numerics="fa2", center_keys=False, seed=0):
   call: both backwards get the same residuals, so any difference is the backward's own."""
   from pallas_kernels import attention
   from pallas_kernels.forward import flash_forward
-  from pallas_kernels.policy import get_numerics
+  from pallas_kernels.policy import get_numerics, pad_axis
 
   q, k, v, do = _tied(shape, dtype, seed)
   cfg = attention.kernel_config(
@@ -433,8 +433,8 @@ def _residuals(shape, dtype, numerics="fa2", center_keys=False, seed=0):
   b = cfg.blocks
   lq = -(-shape.q_len // max(b.block_q, b.block_q_bwd)) * max(b.block_q, b.block_q_bwd)
   lk = -(-shape.kv_len // max(b.block_k, b.block_k_bwd)) * max(b.block_k, b.block_k_bwd)
-  q, do = attention._pad_axis(q, 1, lq), attention._pad_axis(do, 1, lq)
-  k, v = attention._pad_axis(k, 1, lk), attention._pad_axis(v, 1, lk)
+  q, do = pad_axis(q, 1, lq), pad_axis(do, 1, lq)
+  k, v = pad_axis(k, 1, lk), pad_axis(v, 1, lk)
   out, m, log_l, _, _ = flash_forward(q, k, v, dataclasses.replace(cfg, backend="triton"))
   return (q, k, v, out, m, log_l, do.astype(out.dtype)), cfg
 
@@ -442,7 +442,8 @@ def _residuals(shape, dtype, numerics="fa2", center_keys=False, seed=0):
 @pytest.mark.parametrize(
   "shape,dtype,numerics,center_keys,lse",
   [
-    (Shape(1, 150, 150, 2, 1, 64, causal=True), jnp.bfloat16, "fa2", False, True),  # MQA
+    # MQA; rows and keys 192–255 all padding: their warpgroups compute nothing (`_skip_steps`)
+    (Shape(1, 150, 150, 2, 1, 64, causal=True), jnp.bfloat16, "fa2", False, True),
     (Shape(1, 200, 90, 2, 2, 128, causal=True), jnp.bfloat16, "fa2", False, False),  # q > kv
     (Shape(1, 70, 200, 2, 2, 64), jnp.float16, "fp32_out", True, False),  # q_len < kv_len
     (Shape(1, 150, 140, 2, 1, 256, causal=True), jnp.bfloat16, "fa2", False, True),  # parts
@@ -525,14 +526,16 @@ def test_mosaic_gpu_backward_dq_key_tile_of_128_is_tritons_block_k_bwd_128(
   """`KernelConfig.block_k_dq_mgpu=128` (the dQ kernel's key tile) is the Triton backward with
   block_k_bwd=128: dQ's float32 sums per 128 keys, within the bounds of
   `test_mosaic_gpu_backward_matches_triton_backward`; dK and dV (the other kernel) bit for bit
-  as with the default tile. A third value is refused in one line naming it."""
+  as with the default tile. Its tiles in flight are `default_stages`' for that tile
+  (stages_bwd_mgpu=None; with the centred keys at head_dim 128 dQ's ring holds 1 tile of 128
+  where `kernel_config` set 2 for tiles of 64). A third value is refused in one line naming it."""
   _skip_if_causal_refused(shape.causal)
   from pallas_kernels.backward import flash_backward
   from pallas_kernels.backward_mgpu import flash_backward_mgpu
 
   args, cfg = _residuals(shape, dtype, numerics, center_keys)
   assert args[1].shape[1] % 128 == 0  # the Triton backward's key tiles cover the padded keys
-  wide = dataclasses.replace(cfg, block_k_dq_mgpu=128)
+  wide = dataclasses.replace(cfg, block_k_dq_mgpu=128, stages_bwd_mgpu=None)
   tiles = dataclasses.replace(cfg.blocks, block_q_bwd=64, block_k_bwd=128)
   triton = dataclasses.replace(
     cfg, backend="triton", backend_bwd="triton", blocks=tiles, num_stages_bwd=2
@@ -610,95 +613,6 @@ def test_mosaic_gpu_backward_unscaled_scores_are_the_same_function():
   _assert_same_bits(flash_backward_mgpu(*args, unscaled), flash_backward_mgpu(*args, plain))
 
 
-@pytest.mark.skipif(
-  jax.default_backend() != "gpu",
-  reason="interpret mode runs the backward's unfused path with and without deferred_wait",
-)
-@pytest.mark.parametrize(
-  "shape,center_keys,stages",
-  [
-    (Shape(2, 300, 300, 4, 2, 64, causal=True), False, None),  # both defer; odd, GQA
-    (Shape(1, 384, 200, 2, 2, 64, causal=False), True, None),  # padded keys; dQ's centred K
-    (Shape(1, 200, 200, 2, 1, 32, causal=True), False, None),  # MQA
-    (Shape(1, 300, 300, 2, 2, 128, causal=True), False, None),  # dQ defers, dK/dV does not
-    (Shape(1, 1000, 1000, 2, 2, 64, causal=True), False, (3, 3)),  # rings of 3, wrapped often
-    (Shape(1, 256, 256, 2, 2, 64, causal=False), False, (1, 1)),  # one slot: not deferred
-  ],
-  ids=[
-    "d64-causal-gqa-odd",
-    "d64-padded-keys-center_keys",
-    "d32-causal-mqa",
-    "d128-causal-odd",
-    "d64-causal-stages3",
-    "d64-stages1",
-  ],
-)
-def test_mosaic_gpu_backward_deferred_wait_is_the_same_function(shape, center_keys, stages):
-  """`MosaicGPUOptions.deferred_wait` (each step's accumulating products waited for with the
-  next step's S, the tile freed then; accumulators across the loops) issues the same products
-  in the same order: dQ, dK and dV bit for bit as without it (a tile freed before its product
-  is done, or a step's product lost between the loops, would move values; with one slot it
-  would hang, and `backward_mgpu.defers` keeps the old loop there)."""
-  _skip_if_causal_refused(shape.causal)
-  from pallas_kernels.backward_mgpu import flash_backward_mgpu
-
-  args, cfg = _residuals(shape, jnp.bfloat16, center_keys=center_keys, seed=7)
-  cfg = dataclasses.replace(cfg, stages_bwd_mgpu=stages)
-  plain, deferred = _off_and_on(cfg, "deferred_wait")
-  _assert_same_bits(flash_backward_mgpu(*args, deferred), flash_backward_mgpu(*args, plain))
-
-
-@pytest.mark.parametrize(
-  "shape,dtype,numerics,center_keys,dq_tile",
-  [
-    (Shape(1, 150, 200, 2, 1, 64, causal=True), jnp.bfloat16, "fa2", False, None),  # GQA, masks
-    (Shape(1, 70, 250, 2, 2, 128), jnp.float16, "fp32_out", True, None),  # padded keys
-    (Shape(1, 200, 90, 2, 2, 32, causal=True), jnp.bfloat16, "fa2", False, None),  # q > kv
-    # 150 keys: CTAs of 192, dQ tiles of 128 reaching to 256 (the keys padded to 384)
-    (Shape(1, 90, 150, 2, 2, 64, causal=True), jnp.bfloat16, "fa2", False, 128),
-  ],
-  ids=["gqa-causal-d64", "f16-fp32_out-center_keys-d128", "causal-d32-long-queries", "dq-tile-128"],
-)
-def test_mosaic_gpu_backward_three_warpgroups_are_the_same_function(
-  shape, dtype, numerics, center_keys, dq_tile
-):
-  """`KernelConfig.warpgroups_bwd_mgpu=3` (CTAs of 192 keys or rows, three compute warpgroups)
-  computes each key's dK, dV and each row's dQ with the same sums in the same order: bit for bit
-  the two-warpgroup backward's, padding and masks included (a row or key tile lost or visited
-  twice by the wider CTAs would move whole ulps); also with dQ's key tile of 128, whose tiles
-  must stay inside the padded keys (`flash_backward_mgpu` pads them to both spans). 4
-  warpgroups are refused in one line naming the value."""
-  _skip_if_causal_refused(shape.causal)
-  from pallas_kernels.backward_mgpu import flash_backward_mgpu
-
-  args, cfg = _residuals(shape, dtype, numerics, center_keys, seed=3)
-  cfg = dataclasses.replace(cfg, block_k_dq_mgpu=dq_tile)
-  three = flash_backward_mgpu(*args, dataclasses.replace(cfg, warpgroups_bwd_mgpu=3))
-  _assert_same_bits(three, flash_backward_mgpu(*args, cfg))  # (array_equal: shapes too)
-  with pytest.raises(ValueError, match=r"^warpgroups_bwd_mgpu=4: .* 2 or 3 compute warpgroups$"):
-    flash_backward_mgpu(*args, dataclasses.replace(cfg, warpgroups_bwd_mgpu=4))
-
-
-def test_mosaic_gpu_backward_refuses_three_warpgroups_where_they_do_not_fit():
-  """At head_dim 256 the dK/dV kernel's two warpgroups share one tile of keys (`parts`), and at
-  128 with grouped heads three warpgroups' float32 partials leave no room for one query tile
-  in shared memory: three are refused in one line naming the value, the head_dim (and the
-  group), before any kernel runs."""
-  from pallas_kernels.backward_mgpu import flash_backward_mgpu
-
-  for shape, message in (
-    (Shape(1, 64, 64, 1, 1, 256), r"^warpgroups_bwd_mgpu=3 at head_dim=256: "),
-    (
-      Shape(1, 64, 64, 2, 1, 128),
-      r"^warpgroups_bwd_mgpu=3 at head_dim=128, group=2: the Mosaic GPU backward needs "
-      r"224\.8 KiB of shared memory with one tile in flight, more than 224 KiB$",
-    ),
-  ):
-    args, cfg = _residuals(shape, jnp.bfloat16)
-    with pytest.raises(ValueError, match=message):
-      flash_backward_mgpu(*args, dataclasses.replace(cfg, warpgroups_bwd_mgpu=3))
-
-
 def test_max_gap_without_the_select_differs_only_where_s_and_m_are_the_same_infinity():
   """`Numerics.max_gap(rounded=True)` (S − m, for an S rounded on its own) against the select
   `where(S == m, 0, S − m)` over ±0, subnormals, normals, the largest float32, ±inf and NaN for
@@ -764,6 +678,59 @@ def test_mosaic_gpu_backward_stages_are_lowered_to_what_fits(monkeypatch):
   smem, dq, dkv = backward_mgpu.SMEM_BYTES, backward_mgpu._dq_bytes, backward_mgpu._dkv_bytes
   assert dq(128, 3, True) <= smem < dq(128, 4, True)  # the boundaries themselves
   assert dkv(128, 2, 2) <= smem < dkv(128, 3, 2)
+
+
+def test_mosaic_gpu_backward_refuses_set_stages_that_do_not_fit():
+  """`KernelConfig.stages_bwd_mgpu` set to more tiles than a kernel's shared memory holds is
+  refused in one line naming the value, the kernel and the most that fit, before any kernel
+  runs (not lowered); None takes `default_stages` for the dQ key tile. At head_dim 128 with
+  grouped heads dK/dV holds 2 (its float32 partials); with the centred keys and dQ key tiles of
+  128 dQ holds 1 (`kernel_config` set 2, for tiles of 64); at head_dim 256 a dQ key tile of
+  128 does not fit once."""
+  from pallas_kernels import attention
+  from pallas_kernels.backward_mgpu import _stages, flash_backward_mgpu
+  from pallas_kernels.policy import get_numerics
+
+  def config(head_dim, group=1, center_keys=False, **fields):
+    cfg = attention.kernel_config(
+      **dict(q_len=64, kv_len=64, head_dim=head_dim, dtype=jnp.bfloat16, softmax_scale=0.1),
+      **dict(causal=False, compensation=None, interpret=True, backend="mosaic_gpu"),
+      numerics=get_numerics("fa2").with_options(center_keys=center_keys),
+      group=group,
+    )
+    assert cfg.backend_bwd == "mosaic_gpu"
+    return dataclasses.replace(cfg, **fields)
+
+  def backward(cfg, head_dim, group=1):  # raises before any kernel runs
+    q = jnp.zeros((1, 64, 2 * group, head_dim), jnp.bfloat16)
+    k = jnp.zeros((1, 64, 2, head_dim), jnp.bfloat16)
+    rows = jnp.zeros((1, 2 * group, 64), jnp.float32)
+    return flash_backward_mgpu(q, k, k, q, rows, rows, q, cfg)
+
+  grouped = config(128, group=2)
+  assert grouped.stages_bwd_mgpu == (2, 2) == _stages(grouped, 128, 2)
+  assert _stages(dataclasses.replace(grouped, stages_bwd_mgpu=1), 128, 2) == (1, 1)
+  with pytest.raises(
+    ValueError,
+    match=r"^stages_bwd_mgpu=\(3, 2\): the dK/dV kernel fits at most 2 tiles in flight at "
+    r"head_dim=128, group=2$",
+  ):
+    backward(dataclasses.replace(grouped, stages_bwd_mgpu=(3, 2)), 128, group=2)
+  wide = config(128, center_keys=True, block_k_dq_mgpu=128)
+  assert wide.stages_bwd_mgpu == (3, 2)  # `kernel_config`'s, for dQ key tiles of 64
+  with pytest.raises(
+    ValueError,
+    match=r"^stages_bwd_mgpu=\(3, 2\): the dQ kernel fits at most 1 tile in flight at "
+    r"head_dim=128, block_k_dq_mgpu=128, center_keys=True$",
+  ):
+    backward(wide, 128)
+  assert _stages(dataclasses.replace(wide, stages_bwd_mgpu=None), 128, 1) == (3, 1)
+  with pytest.raises(
+    ValueError,
+    match=r"^head_dim=256, block_k_dq_mgpu=128: the Mosaic GPU backward's dQ kernel needs "
+    r"257\.5 KiB of shared memory with one tile in flight, more than 224 KiB$",
+  ):
+    backward(config(256, block_k_dq_mgpu=128, stages_bwd_mgpu=None), 256)
 
 
 def test_mosaic_gpu_backward_falls_back_to_triton_where_it_cannot_run():
