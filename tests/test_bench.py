@@ -7,7 +7,6 @@ import platform
 import re
 import subprocess
 import sys
-import time
 
 import jax
 import pytest
@@ -267,6 +266,10 @@ def test_bench_targets_on_cpu(tmp_path, capsys):
   assert rival["met"] is None and "needs a CUDA GPU" in rival["measured"]
   step = rows[("tiny training step ≤ xla's", "batch 2")]
   assert step["met"] in (True, False) and " ms against " in step["measured"]
+  assert "interleaved rounds" in step["measured"]
+  by = {r["attention"]: r for r in targets["step"]["rows"]}
+  ratio = bench.step_table.paired_step_ratio(by["fa2+comp"], by["xla"])
+  assert step["met"] is (ratio <= 1.0) and f"{ratio:.3f}×" in step["measured"]
   md = (tmp_path / "bench.md").read_text()
   assert "| target | shape | measured | met |" in md and "forward ≥ 0.95× xla" in md
 
@@ -421,28 +424,30 @@ def test_the_ptxas_report_reads_forward_and_backward_variants():
   assert done.returncode == 1 and done.stderr.startswith("20_ptxas_report: needs the CUDA 13")
 
 
-def test_the_timing_methods_script_primes_each_side_before_its_timing():
+def test_the_timing_methods_script_primes_each_side_before_its_timing(monkeypatch):
   """experiments/19_timing_methods.py's primed pairs: per pair each side is called once (its
   priming call) and then timed over `inner` calls, the order alternating as in
   `timing.paired_overhead`; the ratio is time(b) / time(a) (here b takes three times a's time
-  per call, so every ratio is near 3)."""
+  per call on a fake clock, so every ratio is exactly 3: a slept-for time failed under load)."""
   import importlib.util
 
   path = pathlib.Path(__file__).parents[1] / "experiments" / "19_timing_methods.py"
   spec = importlib.util.spec_from_file_location("timing_methods", path)
   tm = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(tm)
+  clock = FakeClock()
+  monkeypatch.setattr(tm, "time", clock)
   log = []
 
   def fake(name, seconds):
     def run(calls=1):
       log.append((name, calls))
-      time.sleep(seconds * calls)
+      clock.work(seconds * calls)
 
     return run
 
   ratios = tm.primed_pairs(fake("a", 0.002), fake("b", 0.006), pairs=3, inner=4)
-  assert len(ratios) == 3 and all(2.0 < r < 4.0 for r in ratios), ratios
+  assert ratios == pytest.approx([3.0, 3.0, 3.0]), ratios
   assert log == [
     ("a", 1), ("a", 4), ("b", 1), ("b", 4),
     ("b", 1), ("b", 4), ("a", 1), ("a", 4),
@@ -462,3 +467,29 @@ def test_line_printer_prints_and_keeps_each_line_at_once(tmp_path, capsys):
   timing.line_printer(None)("third")
   assert path.read_text() == "# before\nfirst\nsecond\n"
   assert capsys.readouterr().out == "first\nsecond\nthird\n"
+
+
+def test_interleaved_step_table_keeps_each_attentions_training_apart():
+  """gpt2_step_table interleaves the choices' timed steps: each choice's training must still be
+  its own, so two runs of the same attention end at the same loss as a table of it alone, and
+  each row carries one time per round (their median is step_ms)."""
+  import statistics
+
+  kw = dict(model="tiny", batch_size=2, seq_len=32, steps=3, warmup=1)
+  alone = bench.gpt2_step_table(attentions=("xla",), **kw)[0]
+  rows = bench.gpt2_step_table(attentions=("xla", "reference-fp32", "xla"), **kw)
+  assert rows[0]["last_loss"] == rows[2]["last_loss"] == alone["last_loss"]
+  assert rows[1]["last_loss"] != rows[0]["last_loss"]  # a different attention, its own state
+  for r in rows:
+    assert len(r["step_ms_rounds"]) == 3
+    assert r["step_ms"] == pytest.approx(statistics.median(r["step_ms_rounds"]))
+
+
+def test_paired_step_ratio_is_the_median_of_the_rounds_ratios():
+  from jax_flashstable.bench.step_table import paired_step_ratio
+
+  ours = dict(step_ms_rounds=[10.0, 30.0, 12.0])
+  theirs = dict(step_ms_rounds=[20.0, 10.0, 12.0])  # ratios 0.5, 3.0, 1.0
+  assert paired_step_ratio(ours, theirs) == 1.0
+  with pytest.raises(ValueError, match="rows of 3 and 1 rounds"):
+    paired_step_ratio(ours, dict(step_ms_rounds=[1.0]))
