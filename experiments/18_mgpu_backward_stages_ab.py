@@ -18,7 +18,8 @@ before).
 
 Every variant is checked (`backward_mgpu.supported`: shared memory) before any work, one line
 naming a bad one (with bk_dq=128, whose ring takes more, tiles in flight that do not fit are
-refused when the variant runs: its line names them). GPU only (a Hopper GPU); ~10 s a variant at the default shape on one H100.
+refused when the variant runs: its line names them). GPU only (a Hopper GPU); ~10 s a
+variant at the default shape on one H100.
 """
 
 from __future__ import annotations

@@ -49,11 +49,14 @@ class KernelConfig:
   num_stages: int | None = None  # Triton pipeline stages; mosaic_gpu: K/V tiles in flight
   num_warps_bwd: int | None = None  # the two backward kernels
   num_stages_bwd: int | None = None  # the Triton backward's pipeline stages
-  # the Mosaic GPU backward's tiles in flight, (dK/dV's, dQ's), run as set (`kernel_config` sets
-  # `backward_mgpu.default_stages`; more than shared memory holds: ValueError); None: the
-  # backward's `default_stages` for its dQ key tile
+  # the Mosaic GPU backward's tiles in flight, (dK/dV's, dQ's), never lowered to fit (more than
+  # shared memory holds: ValueError), only clamped to the tiles a sequence has; `kernel_config`
+  # sets `backward_mgpu.default_stages` (for dQ's key tile of 64); None: the backward's
+  # `default_stages` for its dQ key tile
   stages_bwd_mgpu: tuple[int, int] | None = None
-  # the Mosaic GPU backward dQ kernel's key tile (64 or 128); None: `backward_mgpu.DQ_BLOCK_K`
+  # the Mosaic GPU backward dQ kernel's key tile (64 or 128); None: `backward_mgpu.DQ_BLOCK_K`.
+  # Set on a `kernel_config` config, set `stages_bwd_mgpu=None` too (or counts that fit: its
+  # filled-in stages were sized for the tile of 64)
   block_k_dq_mgpu: int | None = None
   backend: str = "triton"  # forward kernel: "triton" or "mosaic_gpu" (Hopper);
   # never "auto" here (`choose_backend` resolved it)

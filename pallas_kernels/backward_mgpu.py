@@ -208,7 +208,10 @@ def _stages(cfg, head_dim: int, group: int) -> tuple[int, int]:
       )
   if cfg.stages_bwd_mgpu is None:
     return default_stages(head_dim, group, center_keys, bk)
-  stages = _per_kernel(cfg.stages_bwd_mgpu)
+  try:
+    stages = _per_kernel(cfg.stages_bwd_mgpu)
+  except ValueError:
+    raise ValueError(f"stages_bwd_mgpu={cfg.stages_bwd_mgpu!r}: {STAGES_RULE}") from None
   for n, (kernel, at, need) in zip(stages, kernels):
     if need(n) > SMEM_BYTES:
       most = _fit(n, need)

@@ -685,8 +685,11 @@ def next_power_of_2(n: int) -> int:
 
 def pad_axis(x, axis: int, size: int):
   """x zero-padded at the end of `axis` to length `size` (x itself where it has that length;
-  the kernels' sequence and head_dim padding)."""
+  the kernels' sequence and head_dim padding). ValueError where `size` is below the axis's
+  length (a caller's bug: padding never cuts)."""
   pad = size - x.shape[axis]
+  if pad < 0:
+    raise ValueError(f"pad_axis: size={size} is below axis {axis}'s length {x.shape[axis]}")
   if pad == 0:
     return x
   widths = [(0, 0)] * x.ndim

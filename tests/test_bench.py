@@ -493,3 +493,26 @@ def test_paired_step_ratio_is_the_median_of_the_rounds_ratios():
   assert paired_step_ratio(ours, theirs) == 1.0
   with pytest.raises(ValueError, match="rows of 3 and 1 rounds"):
     paired_step_ratio(ours, dict(step_ms_rounds=[1.0]))
+
+
+def test_step_table_rotates_the_order_each_round_and_times_each_choice(monkeypatch):
+  """Each round steps every choice once, the order rotating (ABC, BCA, CAB, …), warm-up rounds
+  included and untimed; each row's `step_ms_rounds` are its own timed steps, in order."""
+  from jax_flashstable.bench import step_table
+
+  calls, base = [], {"xla": 1.0, "reference-fp32": 2.0, "fa2": 3.0}
+
+  def fake_step(run, step, place):
+    calls.append((run["attention"], step))
+    return base[run["attention"]] + step / 100
+
+  monkeypatch.setattr(step_table, "_step", fake_step)
+  rows = step_table.gpt2_step_table(
+    "tiny", ("xla", "reference-fp32", "fa2"), batch_size=2, seq_len=32, steps=3, warmup=1
+  )
+  a, b, c = "xla", "reference-fp32", "fa2"
+  assert [name for name, _ in calls] == [a, b, c, b, c, a, c, a, b, a, b, c]
+  assert [step for _, step in calls] == [0] * 3 + [1] * 3 + [2] * 3 + [3] * 3
+  for row in rows:
+    want = [1e3 * (base[row["attention"]] + r / 100) for r in (1, 2, 3)]
+    assert row["step_ms_rounds"] == pytest.approx(want)

@@ -4,6 +4,7 @@ TMA copies and barriers): against FP64, against the Triton kernels they must mat
 refusals."""
 
 import dataclasses
+import re
 import math
 
 import jax
@@ -731,6 +732,9 @@ def test_mosaic_gpu_backward_refuses_set_stages_that_do_not_fit():
     r"257\.5 KiB of shared memory with one tile in flight, more than 224 KiB$",
   ):
     backward(config(256, block_k_dq_mgpu=128, stages_bwd_mgpu=None), 256)
+  for bad in (0, (0, 1), 9, "2"):  # malformed: named as the field
+    with pytest.raises(ValueError, match=rf"^stages_bwd_mgpu={re.escape(repr(bad))}: "):
+      _stages(dataclasses.replace(grouped, stages_bwd_mgpu=bad), 128, 2)
 
 
 def test_mosaic_gpu_backward_falls_back_to_triton_where_it_cannot_run():

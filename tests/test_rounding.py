@@ -180,3 +180,16 @@ def test_backward_p_matches_its_emulation_at_large_logits(single_lse):
     )  # fmt: skip
     rates = [same(g, e) for g, e in zip(grads, eg)]  # 1.0 against ~0.30 (CPU, 2026-12-01)
     assert all(floor <= r <= ceiling for r in rates), (choice, rates)
+
+
+def test_pad_axis_pads_with_zeros_at_the_end_and_refuses_to_cut():
+  """`policy.pad_axis`, the kernels' one padding: zeros after the data on one axis (negative
+  axes too), the array itself at its own length, and a one-line error below it."""
+  from pallas_kernels.policy import pad_axis
+
+  x = jnp.arange(6.0).reshape(2, 3)
+  y = pad_axis(x, -1, 5)
+  np.testing.assert_array_equal(y, [[0, 1, 2, 0, 0], [3, 4, 5, 0, 0]])
+  assert pad_axis(x, 0, 2) is x
+  with pytest.raises(ValueError, match=r"^pad_axis: size=2 is below axis 1's length 3$"):
+    pad_axis(x, 1, 2)

@@ -13,13 +13,13 @@ def gpt2_step_table(
   attentions=("fa2", "fa2+comp", "cudnn"),
   batch_size=16,
   seq_len=None,
-  steps=10,
+  steps=30,
   warmup=3,
   mesh=None,
 ):
   """Training-step time, tokens/s and MFU of GPT-2 per attention choice, in one process.
 
-  Every choice is compiled and run `warmup` steps first; then the `steps` timed steps are
+  Every choice is compiled first; then its `warmup` untimed and `steps` timed steps are
   interleaved: round r runs step r of each choice on the same batch, the order rotating from
   round to round, so drifts in clock or temperature fall on every choice alike (the step's
   spread from run to run, 46–50 ms for gpt2-small on an H100 on 2026-12-06, exceeds the gaps
@@ -73,13 +73,13 @@ def gpt2_step_table(
       times=[],
       loss=float("nan"),
     )
-    for step in range(warmup):
-      _step(run, step, place)
     runs.append(run)
-  for r in range(steps):
+  for r in range(warmup + steps):  # the warm-up rounds interleaved too, untimed
     for i in range(len(runs)):
       run = runs[(i + r) % len(runs)]
-      run["times"].append(_step(run, warmup + r, place))
+      seconds = _step(run, r, place)
+      if r >= warmup:
+        run["times"].append(seconds)
   rows = []
   for run in runs:
     dt = statistics.median(run["times"])
@@ -117,7 +117,8 @@ def _step(run: dict, step: int, place) -> float:
 
 def paired_step_ratio(ours: dict, theirs: dict) -> float:
   """The median over rounds of ours' step time / theirs' in the same round (two rows of one
-  `gpt2_step_table`): below 1, ours is the faster. ValueError if the rows' rounds differ."""
+  `gpt2_step_table`): below 1, ours is the faster. ValueError if the rows' rounds differ in
+  number."""
   a, b = ours["step_ms_rounds"], theirs["step_ms_rounds"]
   if len(a) != len(b) or not a:
     raise ValueError(f"rows of {len(a)} and {len(b)} rounds: not one interleaved table")
