@@ -138,13 +138,13 @@ class Numerics:
     self, *, delta_float32=False, center_keys=False, single_lse=False, sum_rounded_p=False
   ) -> "Numerics":
     """This layout with the backward options and the forward's sum_rounded_p (module
-    docstring)."""
+    docstring); TypeError (one line, `boolean`) for an option that is not a bool."""
     return dataclasses.replace(
       self,
-      delta_float32=bool(delta_float32),
-      center_keys=bool(center_keys),
-      single_lse=bool(single_lse),
-      sum_rounded_p=bool(sum_rounded_p),
+      delta_float32=boolean("delta_float32", delta_float32),
+      center_keys=boolean("center_keys", center_keys),
+      single_lse=boolean("single_lse", single_lse),
+      sum_rounded_p=boolean("sum_rounded_p", sum_rounded_p),
     )
 
   # --- forward -------------------------------------------------------------------------

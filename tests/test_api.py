@@ -147,3 +147,22 @@ def test_reference_rejects_bad_dtype():
   q = _x((1, 4, 1, 16))
   with pytest.raises(TypeError, match="int8"):
     reference_attention(q, q, q, dtype=jnp.int8)
+
+
+@pytest.mark.parametrize(
+  "flag", ["stabilize", "delta_float32", "center_keys", "single_lse", "return_stats"]
+)
+def test_flags_are_bools_not_truthy_values(flag):
+  """A flag given as a string ("False" is truthy) or an int would switch an option on
+  silently: every flag of flash_attention and of AttentionConfig takes a bool only, in one line
+  naming it, before any work."""
+  from jax_flashstable.attention.config import AttentionConfig
+
+  q = jnp.ones((1, 16, 1, 16), jnp.bfloat16)
+  with pytest.raises(TypeError, match=rf"^{flag} must be a bool, got {flag}='False'$"):
+    flash_attention(q, q, q, **{flag: "False"})
+  if flag != "return_stats":
+    with pytest.raises(TypeError, match=rf"^{flag} must be a bool, got {flag}=1$"):
+      AttentionConfig(**{flag: 1})
+  with pytest.raises(TypeError, match=r"^interpret must be a bool or None, got interpret='yes'$"):
+    flash_attention(q, q, q, interpret="yes")

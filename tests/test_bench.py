@@ -516,3 +516,24 @@ def test_step_table_rotates_the_order_each_round_and_times_each_choice(monkeypat
   for row in rows:
     want = [1e3 * (base[row["attention"]] + r / 100) for r in (1, 2, 3)]
     assert row["step_ms_rounds"] == pytest.approx(want)
+
+
+def test_counts_below_one_and_unknown_names_are_refused_before_any_work():
+  """bench, compensation_overhead and paired_speed_ratio refuse reps/pairs below 1 (no median
+  to take) and unknown names in one line naming them, before compiling anything; a single
+  name is one implementation, not its characters."""
+  from jax_flashstable.bench import compensation_overhead, paired_speed_ratio
+
+  s = Shape(1, 32, 32, 2, 1, 16, True)
+  with pytest.raises(ValueError, match=r"^pairs=0 must be an integer >= 1$"):
+    compensation_overhead(s, "fa2", pairs=0)
+  with pytest.raises(ValueError, match=r"^pairs=0 must be an integer >= 1$"):
+    paired_speed_ratio(s, "fa2", "xla", pairs=0)
+  with pytest.raises(ValueError, match=r"^reps=0 must be an integer >= 1$"):
+    bench.bench([s], ["xla"], warmup=0, reps=0)
+  with pytest.raises(ValueError, match="fa9"):
+    bench.bench([s], ["xla", "fa9"])
+  with pytest.raises(ValueError, match=r"^pairs=2.5 must be an integer >= 1$"):
+    timing.paired_overhead(lambda n: None, lambda n: None, pairs=2.5)
+  rows = bench.bench([s], "xla", warmup=0, reps=1)
+  assert [r["impl"] for r in rows] == ["xla"] and rows[0]["ok"]

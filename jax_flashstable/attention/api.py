@@ -198,7 +198,9 @@ def flash_attention(
       that is not a normal float32 > 0, beta ≤ 1, negative tie_tolerance, block sizes that
       are not powers of two ≥ 16, unknown numerics, unknown backend or a call
       backend="mosaic_gpu" does not support.
-    TypeError: unsupported or mixed dtypes.
+    TypeError: unsupported or mixed dtypes; a flag (causal, stabilize, delta_float32,
+      center_keys, single_lse, sum_rounded_p, guard_shift, return_stats; interpret: or None)
+      that is not a bool.
   """
   cfg, seeds = _kernel_config(
     query,
@@ -298,10 +300,11 @@ def _kernel_config(
     max_shift=max_shift,
     shift_above=shift_above,
   )
-  boolean("causal", causal)
+  for name, flag in (("causal", causal), ("stabilize", stabilize), ("return_stats", return_stats)):
+    boolean(name, flag)
+  boolean("interpret", interpret, none=True)
   if backend not in BACKENDS:
     raise ValueError(f"backend must be one of {BACKENDS}, got backend={backend!r}")
-  boolean("sum_rounded_p", sum_rounded_p)
   layout = get_numerics(numerics).with_options(
     delta_float32=delta_float32,
     center_keys=center_keys,

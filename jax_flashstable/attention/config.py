@@ -37,6 +37,7 @@ from pallas_kernels.policy import (
   NUMERICS,
   BlockSizes,
   Compensation,
+  boolean,
   check_shift_options,
 )
 
@@ -92,6 +93,9 @@ class AttentionConfig:
   backend: str = "auto"
 
   def __post_init__(self):
+    for f in dataclasses.fields(self):  # flags are bools, not truthy values ("no" is truthy)
+      if f.type in ("bool", bool):
+        boolean(f.name, getattr(self, f.name))
     if self.implementation not in IMPLEMENTATIONS:
       raise ValueError(f"implementation={self.implementation!r} is not one of {IMPLEMENTATIONS}")
     if self.numerics not in NUMERICS:

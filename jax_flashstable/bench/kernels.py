@@ -16,6 +16,7 @@ from jax_flashstable.attention.config import AttentionConfig
 from jax_flashstable.bench.runners import kernels, name_error, runs
 from jax_flashstable.bench.timing import (
   attention_flops,
+  count,
   median_seconds,
   paired_overhead,
   seconds_per_call,
@@ -31,8 +32,14 @@ def bench(shapes, impls, *, dtype=jnp.bfloat16, warmup=3, reps=20, seed=0, log=p
   timed). TFLOP/s follow FlashAttention's convention (`attention_flops`). Implementations a
   device lacks (cuDNN off GPU, torch not importable) become rows with a `skipped` reason.
   Rows of our kernels say which ran (`kernels`: "forward/backward", e.g. "mosaic_gpu/triton").
-  Returns a list of dict rows.
+  Returns a list of dict rows. `impls` is one name or a sequence of names; ValueError (one
+  line, before any work) for an unknown name or a count below 1 (`reps`; `warmup` may be 0).
   """
+  impls = (impls,) if isinstance(impls, str) else tuple(impls)
+  for name in impls:
+    if (why := name_error(name)) is not None:
+      raise ValueError(why)
+  count("warmup", warmup, 0), count("reps", reps)
   rows = []
   for shape in shapes:
     q, k, v, do = make_inputs(shape, dtype, seed)
@@ -107,7 +114,9 @@ def _paired(shape, impl_a, impl_b, dtype, pairs, seed):
 
 def compensation_overhead(shape, attention="fa2", *, dtype=jnp.bfloat16, pairs=20, seed=0):
   """Relative cost of the compensation in forward and forward+backward: `paired_overhead` of
-  `attention` (a spec) against the same spec with stabilize=true, on one shape."""
+  `attention` (a spec) against the same spec with stabilize=true, on one shape. ValueError
+  for a spec that is not a flash attention or pairs below 1."""
+  count("pairs", pairs)
   config = AttentionConfig.parse(attention)
   if config.implementation != "flash":
     raise ValueError(f"the compensation overhead needs a flash attention, got {attention!r}")
@@ -125,10 +134,11 @@ def paired_speed_ratio(shape, impl, reference="cudnn", *, dtype=jnp.bfloat16, pa
   forward+backward, each the median over `pairs` interleaved pairs (`paired_overhead`), so
   that both run under the same clocks and load: the ratio of one run, not of two medians
   taken at different moments (cuDNN's own speed varies between runs: docs/bench.md). Raises
-  ValueError for an unknown name."""
+  ValueError for an unknown name or pairs below 1."""
   for name in (impl, reference):
     if (why := name_error(name)) is not None:
       raise ValueError(why)
+  count("pairs", pairs)
   fwd, fwdbwd = _paired(shape, impl, reference, dtype, pairs, seed)  # time(ref)/time(impl) − 1
   return dict(
     shape=shape.name,
