@@ -40,6 +40,8 @@ def test_compare_writes_report_and_png_and_resumes(tmp_path, capsys):
   assert report.startswith(f"# flashstable compare\n\nCommand: `{command}`\n\nDate: 20")
   for name in ("fa2", "fa2+comp", "reference-fp32"):
     assert f"| {name} | 3 |" in report
+  assert "(mean ± std, last 3 steps)" in report  # the steps the mean is over, not a constant
+  assert "nan" not in report.lower()  # a value not measured (σ(W_Q) without diagnostics): "–"
   assert "No run exploded" in report and "noise" in report and "bit for bit" in report
   assert (
     "| warning step | dQ warning step |" in report

@@ -153,13 +153,13 @@ def findings(rows, on_cpu=False) -> list[str]:
     out.append(
       f"**{r['variant']} exploded at step {r['explosion_step']:,}** (loss {r['min_loss']:.2f} "
       f"→ {r['final_loss']:.2f}; layer-1 max logit {instability.magnitude(r['max_logit'])}, σ(W_Q) "
-      f"{r['max_sigma_wq']:.0f})."
+      f"{instability.cell(r['max_sigma_wq'], '.0f')})."
     )
   for r in ran_away:
     out.append(
       f"**{r['variant']} did not explode by step {r['steps']:,}, but its layer 1 ran away**: "
       f"its max logit passed {instability.magnitude(threshold)} ({basis}) at step {r['runaway_step']:,} and "
-      f"reached {instability.magnitude(r['max_logit'])} (σ(W_Q) {r['max_sigma_wq']:.0f}): it held the loss, "
+      f"reached {instability.magnitude(r['max_logit'])} (σ(W_Q) {instability.cell(r['max_sigma_wq'], '.0f')}): it held the loss, "
       "not the logits."
     )
   if exploded and calm and threshold is not None:
@@ -274,7 +274,8 @@ def report(
   lines += [f"- {x}" for x in findings(rows, backend == "cpu")] if rows else ["- no run finished"]
   lines += [
     "",
-    f"| attention | steps | final loss (mean ± std, last {NOISE_STEPS} steps) | min loss "
+    f"| attention | steps | final loss (mean ± std, last {rows[0]['last_steps'] if rows else NOISE_STEPS} "
+    "steps) | min loss "
     "| final val loss | explosion step | runaway step | warning step | dQ warning step "
     "| layer 1 max logit | layer 1 σ(W_Q) max |",
     "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -286,7 +287,7 @@ def report(
       f"{'n/a' if r.get('runaway_threshold') is None else r['runaway_step'] or '–'} | "
       f"{r['warning_step'] or '–'} | "
       f"{r.get('dq_warning_step') or ('–' if r.get('dq_logged') else 'n/a')} | "
-      f"{instability.magnitude(r['max_logit'])} | {r['max_sigma_wq']:.1f} |"
+      f"{instability.magnitude(r['max_logit'])} | {instability.cell(r['max_sigma_wq'], '.1f')} |"
     )
   lines += [
     "",
