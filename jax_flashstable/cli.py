@@ -728,7 +728,11 @@ def _crosscheck_train(args):
       print(path.read_text())
       print(f"report: {path}, curves: {args.out}/twin.png")
     else:
-      print(f"{args.side} side done; report: the same command with --report-only")
+      other = "torch" if args.side == "jax" else "jax"
+      print(
+        f"{args.side} side done; once the {other} side has run (--side {other}), the report: "
+        "the same command with --report-only"
+      )
     return 1 if not (args.report_only or args.runs) and done["failed"] else 0
 
 

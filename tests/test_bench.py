@@ -1,5 +1,7 @@
 """`flashstable bench`: timing helpers, the CLI at CPU size, and the golden output hashes."""
 
+import contextlib
+import importlib.util
 import json
 import os
 import pathlib
@@ -111,12 +113,21 @@ def test_bench_cli_on_cpu(tmp_path, capsys):
   for extra, message in refused:
     with pytest.raises(SystemExit, match=message):
       cli.main(["bench", *extra, "--out", str(tmp_path)])
-  with pytest.raises(SystemExit, match=r"nothing was measured: every implementation was skipped"):
+  if jax.default_backend() != "gpu":
+    with pytest.raises(SystemExit, match=r"^flashstable bench: --attention 'cudnn' needs a CUDA"):
+      cli.main(["bench", "--attention", "cudnn", "--out", str(tmp_path / "gpu")])
+  # every name skipped where it ran (torch-math without torch, as in CI's .venv)
+  no_torch = importlib.util.find_spec("torch") is None
+  with (
+    pytest.raises(SystemExit, match=r"nothing was measured: every implementation was skipped")
+    if no_torch
+    else contextlib.nullcontext()
+  ):
     cli.main(
       [
         "bench",
         "--attention",
-        "cudnn",
+        "torch-math",
         "--shapes",
         "1,64,2,2,32,1",
         "--overhead-pairs",
@@ -537,3 +548,27 @@ def test_counts_below_one_and_unknown_names_are_refused_before_any_work():
     timing.paired_overhead(lambda n: None, lambda n: None, pairs=2.5)
   rows = bench.bench([s], "xla", warmup=0, reps=1)
   assert [r["impl"] for r in rows] == ["xla"] and rows[0]["ok"]
+
+
+def test_gpu_only_names_off_a_gpu_are_refused_before_any_work(tmp_path):
+  """On a CPU a bench of cuDNN or JAX's Mosaic GPU attention alone, pairs against cuDNN and
+  targets judged against it could only end in 'skipped' rows after the other measurements:
+  refused at once, in one line naming the option and what runs here."""
+  from jax_flashstable.bench import suite
+
+  if jax.default_backend() == "gpu":
+    pytest.skip("off a GPU only")
+  cases = [
+    (dict(names=["cudnn", "pallas-mgpu"]), r"^--attention 'cudnn' needs a CUDA GPU"),
+    (dict(names=["cudnn+center"]), r"^--attention 'cudnn\+center' needs a CUDA GPU"),
+    (
+      dict(paired=["fa2"]),
+      r"^--paired-reference 'cudnn' needs a CUDA GPU.*--paired-reference xla\)$",
+    ),
+    (dict(targets="fa2+comp"), r"^--paired-reference 'cudnn' needs a CUDA GPU"),
+  ]
+  for kw, match in cases:
+    with pytest.raises(ValueError, match=match):
+      suite.run(str(tmp_path / "b"), **kw)
+  assert not (tmp_path / "b").exists()  # nothing ran, nothing written
+  assert suite.needs_gpu("cudnn") and not suite.needs_gpu("fa2+comp")

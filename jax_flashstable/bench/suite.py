@@ -46,6 +46,20 @@ def check(names, paired, paired_reference, overhead, names_option="--attention")
       )
 
 
+def needs_gpu(name: str) -> bool:
+  """Whether the bench's `name` runs only on a CUDA GPU: JAX's Mosaic GPU attention and cuDNN
+  (`jax.nn.dot_product_attention`'s, also centred: cudnn+center)."""
+  config = None if name == "pallas-mgpu" or name_error(name) else attention_config(name)
+  return name == "pallas-mgpu" or (config is not None and config.implementation == "cudnn")
+
+
+def _off_gpu(option: str, name: str, instead: str) -> str:
+  return (
+    f"{option} {name!r} needs a CUDA GPU; the default backend is {jax.default_backend()!r} "
+    f"(e.g. {option} {instead})"
+  )
+
+
 def run(
   out,
   *,
@@ -79,11 +93,20 @@ def run(
 
     check([targets], [], paired_reference, [], names_option="--targets")
     target_lib.check(targets)
+    if not gpu and needs_gpu(paired_reference):
+      raise ValueError(_off_gpu("--paired-reference", paired_reference, "xla"))
+    given = bool(names)
     names = list(names) if names else [targets, "pallas-mgpu", paired_reference]
     shapes = list(shapes or (target_lib.HEADLINE if gpu else default_shapes(gpu)[:1]))
     overhead, paired = (), ()
+  else:
+    given = bool(names)
   names = list(names) if names else default_impls(gpu)
   check(names, list(paired), paired_reference, list(overhead) if pairs else [])
+  if not gpu and given and all(needs_gpu(n) for n in names):
+    raise ValueError(_off_gpu("--attention", names[0], "fa2 or xla"))
+  if not gpu and paired and pairs and needs_gpu(paired_reference):
+    raise ValueError(_off_gpu("--paired-reference", paired_reference, "xla"))
   if paired and not pairs:
     raise ValueError(f"--paired {','.join(paired)!r} needs --overhead-pairs ≥ 1 (its pairs)")
   given, shapes = bool(shapes), list(shapes) if shapes else default_shapes(gpu)

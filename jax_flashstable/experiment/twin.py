@@ -239,7 +239,9 @@ def pairs_under(out_dir) -> list[Pair]:
   root = pathlib.Path(out_dir) / "torch"
   found = {p.name for p in root.iterdir() if p.is_dir()} if root.is_dir() else set()
   if not found:
-    raise ValueError(f"no twin runs under {out_dir}; name the pairs with --pairs")
+    raise ValueError(
+      f"no twin runs under {out_dir} (has the torch side run?); name the pairs with --pairs"
+    )
   alone = sorted(a for a in found if a not in PAIRS)
   if alone:
     raise ValueError(
