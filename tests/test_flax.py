@@ -339,3 +339,25 @@ def test_nnx_jit_step_compiles_once():
   assert out.returncode == 0, out.stderr[-3000:]
   first, second, third = json.loads(out.stdout.strip().splitlines()[-1])
   assert first > 0 and second == first and third == first  # no trace after the first call
+
+
+@pytest.mark.parametrize(
+  "spec,why",
+  [
+    ("paper:numerics=fa2", r"the preset sets numerics"),
+    ("reference-bf16:reference_dtype=float32", r"the preset sets reference_dtype"),
+    ("fa2:implementation=xla", r"the preset sets implementation"),
+    ("fa2:", r"ends in ':' with no FIELD=VALUE"),
+    ("fa2:block_q=64_0", r"block_q='64_0' is not a valid int"),
+  ],
+)
+def test_a_spec_cannot_overwrite_its_preset(spec, why):
+  """The preset's name sets implementation, numerics and reference_dtype: a FIELD=VALUE of one
+  of them would make 'paper:numerics=fa2' fa2 under paper's name (older spellings, which set
+  numerics that way, still parse: above). An empty field list and ints with underscores are
+  refused too; a reference_dtype outside implementation='reference' is refused by the
+  dataclass."""
+  with pytest.raises(ValueError, match=why):
+    AttentionConfig.parse(spec)
+  with pytest.raises(ValueError, match=r"reference_dtype='bfloat16' needs implementation"):
+    AttentionConfig(reference_dtype="bfloat16")

@@ -104,6 +104,11 @@ class AttentionConfig:
       raise ValueError(f"reference_dtype={self.reference_dtype!r} must be 'float32' or 'bfloat16'")
     if self.backend not in BACKENDS:
       raise ValueError(f"backend={self.backend!r} must be one of {BACKENDS}")
+    if self.implementation != "reference" and self.reference_dtype != "float32":
+      raise ValueError(
+        f"reference_dtype={self.reference_dtype!r} needs implementation='reference', "
+        f"got {self.implementation!r}"
+      )
     if self.implementation != "flash":
       flash_only = [
         f.name
@@ -189,8 +194,11 @@ class AttentionConfig:
     if not isinstance(spec, str) or not spec:
       raise ValueError(f"an attention spec must be a non-empty string, got {spec!r}")
     given, spec = spec, _translate_old(spec)
-    head, _, overrides = spec.partition(":")
+    head, colon, overrides = spec.partition(":")
+    if colon and not overrides:
+      raise ValueError(f"{spec!r} ends in ':' with no FIELD=VALUE after it")
     name, *mods = head.split("+")
+    older = name in ALIASES  # e.g. "flash:numerics=paper,…" (runs stored before 2026-11-30)
     if name in ALIASES:
       new = ALIASES[name]
       name, mods = new.split("+")[0], new.split("+")[1:] + mods
@@ -221,6 +229,11 @@ class AttentionConfig:
           f"{item!r} in {spec!r} is not FIELD=VALUE with a field of "
           f"AttentionConfig ({', '.join(types)})"
         )
+      if key in _PRESET_FIELDS and not older:  # the preset's name is where they are set
+        raise ValueError(
+          f"{item!r} in {spec!r}: the preset sets {key} (name the preset instead, e.g. "
+          f"{', '.join(PRESETS)})"
+        )
       setting(key, parse_field_value(key, value, types[key]), f"{key}={value}")
     config = dataclasses.replace(PRESETS[name], **kw)
     if spec != given or head.split("+")[0] in ALIASES:  # an older spelling
@@ -229,6 +242,10 @@ class AttentionConfig:
       )
     return config
 
+
+# Fields a preset's name sets (every combination of them has a preset: `PRESETS`), never a
+# FIELD=VALUE: "paper:numerics=fa2" would be fa2 under paper's name.
+_PRESET_FIELDS = ("implementation", "numerics", "reference_dtype")
 
 _FLASH_FIELDS = (
   "numerics",
@@ -267,7 +284,11 @@ def parse_field_value(key, text, type_name):
         raise ValueError
       return text.lower() in ("true", "1")
     if "int" in t and "float" not in t:
-      return None if text.lower() == "none" else int(text)
+      if text.lower() == "none" and "None" in t:
+        return None
+      if not re.fullmatch(r"[+-]?[0-9]+", text):  # int() would also take "64_0" (640)
+        raise ValueError
+      return int(text)
     if "float" in t:
       return None if "None" in t and text.lower() == "none" else float(text)
   except ValueError:
