@@ -784,7 +784,13 @@ def _bench(args):
 def _plot(args):
   run = pathlib.Path(args.run_dir)
   if not (run / "metrics.jsonl").is_file():
-    what = "has no metrics.jsonl" if run.is_dir() else "not found"
+    what = (
+      "has no metrics.jsonl"
+      if run.is_dir()
+      else "is a file, not a run folder"
+      if run.exists()
+      else "not found"
+    )
     raise SystemExit(f"flashstable plot: run folder {args.run_dir!r} {what}")
   _out("plot", args.run_dir, "RUN_DIR")
   from jax_flashstable.training.plot import plot_run

@@ -21,9 +21,14 @@ def check_inputs(query, key, value, softmax_scale, *, allow_float64=False, scale
     ValueError: rank ≠ 4, mismatched batch, length or head_dim, num_heads % num_kv_heads ≠ 0,
       empty axes, head_dim > 256, a non-positive or non-finite softmax_scale, or one that is
       0, subnormal or infinite once in scale_dtype.
-    TypeError: unsupported or mixed dtypes.
+    TypeError: unsupported or mixed dtypes; an input that is not an array.
   """
   for name, x in (("query", query), ("key", key), ("value", value)):
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):  # a list, a scalar
+      raise TypeError(
+        f"{name} must be an array (jax or numpy) of rank 4, got a {type(x).__name__}; "
+        f"e.g. jnp.asarray({name})"
+      )
     if getattr(x, "ndim", None) != 4:
       raise ValueError(
         f"{name} must have rank 4 [batch, seq, heads, head_dim], "

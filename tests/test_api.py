@@ -166,3 +166,21 @@ def test_flags_are_bools_not_truthy_values(flag):
       AttentionConfig(**{flag: 1})
   with pytest.raises(TypeError, match=r"^interpret must be a bool or None, got interpret='yes'$"):
     flash_attention(q, q, q, interpret="yes")
+
+
+def test_inputs_and_rng_key_of_the_wrong_kind_are_named_in_one_line():
+  """A list for an array, an int or a batch of keys for rng_key: a TypeError naming the
+  argument (not jax's own message about PRNG key data, nor query.shape=None)."""
+  q = jnp.ones((1, 16, 1, 16), jnp.bfloat16)
+  with pytest.raises(
+    TypeError, match=r"^query must be an array \(jax or numpy\) of rank 4, got a list"
+  ):
+    flash_attention([[[[1.0]]]], q, q)
+  batch = jax.random.split(jax.random.key(0), 2)
+  for bad, shown in ((0, "0"), (batch, r"PRNGKeyArray\(shape=\(2,\), dtype=key<fry>\)")):
+    with pytest.raises(
+      TypeError, match=rf"^rng_key must be one jax.random key .*got rng_key={shown}$"
+    ):
+      flash_attention(q, q, q, numerics="stochastic", rng_key=bad)
+  for good in (jax.random.key(0), jax.random.PRNGKey(0)):
+    assert flash_attention(q, q, q, numerics="stochastic", rng_key=good).shape == q.shape

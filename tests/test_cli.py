@@ -217,6 +217,7 @@ def _bad_inputs(tmp):
     (["crosscheck", str(tmp / "file")], r"crosscheck: .*file is not a readable dump"),
     (["plot", str(tmp / "norun")], r"flashstable plot: run folder '.*norun' not found"),
     (["plot", str(tmp / "texts")], r"run folder '.*texts' has no metrics.jsonl"),
+    (["plot", str(tmp / "file")], r"run folder '.*file' is a file, not a run folder"),
     (
       ["prepare", str(tmp / "nonexistent"), str(tmp / "bin")],
       r"flashstable prepare: text folder not found: .*nonexistent",

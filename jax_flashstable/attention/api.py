@@ -321,6 +321,14 @@ def _kernel_config(
       )
     if rng_key is None:
       raise ValueError("numerics='stochastic' needs rng_key (a jax.random key)")
+    dtype, shape = getattr(rng_key, "dtype", None), getattr(rng_key, "shape", None)
+    typed = dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+    if not (typed and shape == () or dtype == jnp.uint32 and shape == (2,)):
+      raise TypeError(
+        "rng_key must be one jax.random key (jax.random.key(seed), or a raw "
+        "jax.random.PRNGKey), got rng_key="
+        + (f"{type(rng_key).__name__}(shape={shape}, dtype={dtype})" if shape else repr(rng_key))
+      )
     seeds = jax.random.bits(rng_key, (2,), jnp.uint32)
   elif rng_key is not None:
     raise ValueError(f"rng_key is only used by numerics='stochastic', got numerics={numerics!r}")
