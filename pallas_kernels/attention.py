@@ -222,13 +222,20 @@ def kernel_config(
     Triton one; 2 tiles in flight (the Mosaic GPU one: `backward_mgpu.default_stages`, per
     kernel: (3, 2) at head_dim 128, (2, 1) at 256, else (2, 2); fewer where shared memory
     is short, as with grouped heads).
-  Raises ValueError when `supported` says the backend cannot run the call (the forward; a
+  Raises ValueError for num_warps other than None or 1, 2, 4, 8, 16, num_stages other than None
+  or 1–8, when `supported` says the backend cannot run the call (the forward; a
   backward it cannot run falls back to Triton) or, for scale_in_exp2=True,
   `forward_mgpu.scale_in_exp2_refusal` the scale, TypeError for mgpu_options that are not a
   `MosaicGPUOptions` (used where the Mosaic GPU forward runs, unused by the Triton kernels).
   """
   if mgpu_options is not None and not isinstance(mgpu_options, MosaicGPUOptions):
     raise TypeError(f"mgpu_options must be a MosaicGPUOptions or None, got {mgpu_options!r}")
+  for name, value, allowed in (
+    ("num_warps", num_warps, (1, 2, 4, 8, 16)),  # Triton's: a power of two
+    ("num_stages", num_stages, tuple(range(1, 9))),
+  ):
+    if value is not None and (isinstance(value, bool) or value not in allowed):
+      raise ValueError(f"{name} must be None or one of {allowed}, got {name}={value!r}")
   blocks = BlockSizes.default(head_dim, block_q, block_k).for_numerics(numerics)
   fitted = blocks.fit(q_len, kv_len)
   # the Mosaic GPU forward keeps a key tile of 64 or more (the same numerics: padding adds no

@@ -184,3 +184,15 @@ def test_inputs_and_rng_key_of_the_wrong_kind_are_named_in_one_line():
       flash_attention(q, q, q, numerics="stochastic", rng_key=bad)
   for good in (jax.random.key(0), jax.random.PRNGKey(0)):
     assert flash_attention(q, q, q, numerics="stochastic", rng_key=good).shape == q.shape
+
+
+@pytest.mark.parametrize(
+  "field,value", [("num_warps", 0), ("num_warps", 3), ("num_stages", -1), ("num_stages", True)]
+)
+def test_launch_parameters_out_of_range_are_refused(field, value):
+  """num_warps (a power of two, 1–16) and num_stages (1–8) were passed to the kernels unchecked."""
+  q = jnp.ones((1, 16, 1, 16), jnp.bfloat16)
+  with pytest.raises(
+    ValueError, match=rf"^{field} must be None or one of .*got {field}={value!r}$"
+  ):
+    flash_attention(q, q, q, **{field: value})
