@@ -36,9 +36,7 @@ def bench(shapes, impls, *, dtype=jnp.bfloat16, warmup=3, reps=20, seed=0, log=p
   line, before any work) for an unknown name or a count below 1 (`reps`; `warmup` may be 0).
   """
   impls = (impls,) if isinstance(impls, str) else tuple(impls)
-  for name in impls:
-    if (why := name_error(name)) is not None:
-      raise ValueError(why)
+  _known(*impls)
   count("warmup", warmup, 0), count("reps", reps)
   rows = []
   for shape in shapes:
@@ -92,6 +90,13 @@ def bench(shapes, impls, *, dtype=jnp.bfloat16, warmup=3, reps=20, seed=0, log=p
   return rows
 
 
+def _known(*names):
+  """ValueError (`runners.name_error`'s line) for the first name the bench does not know."""
+  for name in names:
+    if (why := name_error(name)) is not None:
+      raise ValueError(why)
+
+
 def _add_ratios(rows, base="cudnn"):
   """fwd/fwd+bwd TFLOP/s as a fraction of `base` on the same shape, where both were timed."""
   by_shape = {r["shape"]: r for r in rows if r["impl"] == base and "fwd_tflops" in r}
@@ -135,9 +140,7 @@ def paired_speed_ratio(shape, impl, reference="cudnn", *, dtype=jnp.bfloat16, pa
   that both run under the same clocks and load: the ratio of one run, not of two medians
   taken at different moments (cuDNN's own speed varies between runs: docs/bench.md). Raises
   ValueError for an unknown name or pairs below 1."""
-  for name in (impl, reference):
-    if (why := name_error(name)) is not None:
-      raise ValueError(why)
+  _known(impl, reference)
   count("pairs", pairs)
   fwd, fwdbwd = _paired(shape, impl, reference, dtype, pairs, seed)  # time(ref)/time(impl) − 1
   return dict(

@@ -49,8 +49,10 @@ def check(names, paired, paired_reference, overhead, names_option="--attention")
 def needs_gpu(name: str) -> bool:
   """Whether the bench's `name` runs only on a CUDA GPU: JAX's Mosaic GPU attention and cuDNN
   (`jax.nn.dot_product_attention`'s, also centred: cudnn+center)."""
-  config = None if name == "pallas-mgpu" or name_error(name) else attention_config(name)
-  return name == "pallas-mgpu" or (config is not None and config.implementation == "cudnn")
+  if name == "pallas-mgpu":
+    return True
+  config = None if name_error(name) else attention_config(name)
+  return config is not None and config.implementation == "cudnn"
 
 
 def _off_gpu(option: str, name: str, instead: str) -> str:
@@ -88,24 +90,21 @@ def run(
   step (`step`: `targets.StepSetting`); a "targets" table closes bench.md (until then the
   measurements so far are in targets_partial.json)."""
   gpu = jax.default_backend() == "gpu"
+  named = bool(names)  # the user's own list (the defaults hold names a CPU skips)
   if targets is not None:
     from jax_flashstable.bench import targets as target_lib
 
     check([targets], [], paired_reference, [], names_option="--targets")
     target_lib.check(targets)
-    if not gpu and needs_gpu(paired_reference):
-      raise ValueError(_off_gpu("--paired-reference", paired_reference, "xla"))
-    given = bool(names)
     names = list(names) if names else [targets, "pallas-mgpu", paired_reference]
     shapes = list(shapes or (target_lib.HEADLINE if gpu else default_shapes(gpu)[:1]))
     overhead, paired = (), ()
-  else:
-    given = bool(names)
   names = list(names) if names else default_impls(gpu)
   check(names, list(paired), paired_reference, list(overhead) if pairs else [])
-  if not gpu and given and all(needs_gpu(n) for n in names):
+  if not gpu and named and all(needs_gpu(n) for n in names):
     raise ValueError(_off_gpu("--attention", names[0], "fa2 or xla"))
-  if not gpu and paired and pairs and needs_gpu(paired_reference):
+  judged = targets is not None or (paired and pairs)  # against the paired reference
+  if not gpu and judged and needs_gpu(paired_reference):
     raise ValueError(_off_gpu("--paired-reference", paired_reference, "xla"))
   if paired and not pairs:
     raise ValueError(f"--paired {','.join(paired)!r} needs --overhead-pairs ≥ 1 (its pairs)")
