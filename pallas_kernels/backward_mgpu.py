@@ -171,10 +171,16 @@ def default_stages(
   with the dQ kernel's key tile `block_k` (`dq_block_k`; head_dim 256: dK/dV 2, dQ 1; head_dim
   128 with grouped heads, whose float32 partials take dK/dV's room: 2 and 2; 256 with grouped
   heads: 1 and 1)."""
-  want_dkv, want_dq = STAGES_BY_HEAD_DIM.get(head_dim, STAGES)
+  wants = STAGES_BY_HEAD_DIM.get(head_dim, STAGES)
+  need_dkv, need_dq = _needs(head_dim, group, center_keys, block_k)
+  return _fit(wants[0], need_dkv), _fit(wants[1], need_dq)
+
+
+def _needs(head_dim: int, group: int, center_keys: bool, block_k: int):
+  """(dK/dV's, dQ's) shared memory in bytes, each a function of that kernel's tiles in flight."""
   return (
-    _fit(want_dkv, lambda n: _dkv_bytes(head_dim, n, group)),
-    _fit(want_dq, lambda n: _dq_bytes(head_dim, n, center_keys, block_k)),
+    lambda n: _dkv_bytes(head_dim, n, group),
+    lambda n: _dq_bytes(head_dim, n, center_keys, block_k),
   )
 
 
@@ -192,13 +198,15 @@ def _stages(cfg, head_dim: int, group: int) -> tuple[int, int]:
   the value and the most that fit); never lowers a set count."""
   center_keys, bk = cfg.numerics.center_keys, dq_block_k(cfg)
   centred = ", center_keys=True" if center_keys else ""
-  kernels = (
-    ("dK/dV", f"head_dim={head_dim}, group={group}", lambda n: _dkv_bytes(head_dim, n, group)),
-    (
-      "dQ",
-      f"head_dim={head_dim}, block_k_dq_mgpu={bk}{centred}",
-      lambda n: _dq_bytes(head_dim, n, center_keys, bk),
-    ),
+  kernels = tuple(
+    zip(
+      ("dK/dV", "dQ"),
+      (
+        f"head_dim={head_dim}, group={group}",
+        f"head_dim={head_dim}, block_k_dq_mgpu={bk}{centred}",
+      ),
+      _needs(head_dim, group, center_keys, bk),
+    )
   )
   for kernel, at, need in kernels:
     if need(1) > SMEM_BYTES:
