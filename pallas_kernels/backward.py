@@ -118,9 +118,7 @@ def flash_backward(q, k, v, o, m, log_l, do, cfg, d_lse=None):
   group = num_heads // num_kv_heads
   _, _, bq, bk = cfg.blocks.compute(cfg.numerics)  # program tiles of the two kernels
   do = cfg.numerics.d_out(do, q.dtype)
-  delta = cfg.numerics.delta(do, o).transpose(0, 2, 1)  # [batch, heads, q_len_p]
-  if d_lse is not None:
-    delta = delta - d_lse
+  delta = cfg.numerics.delta_by_head(do, o, d_lse)  # [batch, heads, q_len_p]
   row_all = pl.BlockSpec((None, None, q_len_p), lambda t, b, h: (b, h, 0))
   q_all = pl.BlockSpec((None, q_len_p, None, d), lambda t, b, h: (b, 0, h, 0))
   kv_all = pl.BlockSpec((None, kv_len_p, None, d), lambda t, b, h: (b, 0, h // group, 0))

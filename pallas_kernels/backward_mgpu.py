@@ -859,9 +859,7 @@ def flash_backward_mgpu(q, k, v, o, m, log_l, do, cfg, d_lse=None):
   stages_dkv, stages_dq = _stages(cfg, d, group)
   cta = COMPUTE_WGS * ROWS
   do = cfg.numerics.d_out(do, q.dtype)
-  delta = cfg.numerics.delta(do, o).transpose(0, 2, 1)  # [batch, heads, q_len_p]
-  if d_lse is not None:
-    delta = delta - d_lse
+  delta = cfg.numerics.delta_by_head(do, o, d_lse)  # [batch, heads, q_len_p]
   rows = jnp.stack([m, log_l, delta], axis=2)  # [batch, heads, 3, q_len_p]
   qp, dop, rows = _pad_to(q, 1, cta), _pad_to(do, 1, cta), _pad_to(rows, 3, cta)
   keys = math.lcm(cta, dq_block_k(cfg))  # dK/dV's CTAs and dQ's key tiles stay inside

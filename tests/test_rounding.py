@@ -193,3 +193,27 @@ def test_pad_axis_pads_with_zeros_at_the_end_and_refuses_to_cut():
   assert pad_axis(x, 0, 2) is x
   with pytest.raises(ValueError, match=r"^pad_axis: size=2 is below axis 1's length 3$"):
     pad_axis(x, 1, 2)
+
+
+@pytest.mark.parametrize("layout", ["fa2", "paper"])
+def test_delta_by_head_is_the_rowsum_of_do_times_o_per_head(layout):
+  """The backwards' delta: rowsum(dO∘O) per (batch, head, query) against FP64 (paper: of the
+  bf16-rounded products, as `Numerics.delta` defines it), minus the lse cotangent; jitted, the
+  same bits as the expression without the optimization_barrier (which only splits XLA's
+  fusion), on the GPU too at gpt2-small's layer shape."""
+  n = get_numerics(layout)
+  on_gpu = jax.default_backend() == "gpu"
+  shape = (16, 1024, 12, 64) if on_gpu else (2, 40, 3, 64)
+  kd, ko, kl = jax.random.split(jax.random.key(0), 3)
+  do = jax.random.normal(kd, shape, jnp.float32).astype(jnp.bfloat16)
+  o = jax.random.normal(ko, shape, jnp.float32).astype(jnp.bfloat16)
+  d_lse = jax.random.normal(kl, (shape[0], shape[2], shape[1]), jnp.float32)
+  got = np.asarray(jax.jit(n.delta_by_head)(do, o, d_lse))
+  fused = jax.jit(lambda a, b, c: n.delta(a, b).transpose(0, 2, 1) - c)(do, o, d_lse)
+  np.testing.assert_array_equal(got, np.asarray(fused))
+  prod = np.asarray(do, np.float64) * np.asarray(o, np.float64)
+  if layout == "paper":
+    prod = prod.astype(BF16).astype(np.float64)
+  want = prod.sum(-1).transpose(0, 2, 1) - np.asarray(d_lse, np.float64)
+  assert got.shape == (shape[0], shape[2], shape[1]) and got.dtype == np.float32
+  np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * np.abs(prod).sum(-1).max())
