@@ -34,6 +34,15 @@ class FakeClock:
     self.now += seconds
 
 
+def _experiment(name):
+  """experiments/NAME.py as a module (their names start with a digit: no import statement)."""
+  path = pathlib.Path(__file__).parents[1] / "experiments" / f"{name}.py"
+  spec = importlib.util.spec_from_file_location(name, path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
 @pytest.fixture
 def clock(monkeypatch):
   c = FakeClock()
@@ -292,14 +301,10 @@ def test_the_mosaic_gpu_ab_script_reads_variants_and_refuses_bad_ones():
   ValueError naming the variant and the item, raised before any work (the script exits with
   it)."""
   import dataclasses
-  import importlib.util
 
   from pallas_kernels.forward_mgpu import MosaicGPUOptions
 
-  path = pathlib.Path(__file__).parents[1] / "experiments" / "11_mgpu_forward_ab.py"
-  spec = importlib.util.spec_from_file_location("mgpu_forward_ab", path)
-  ab = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(ab)
+  ab = _experiment("11_mgpu_forward_ab")
   fields = [f.name for f in dataclasses.fields(MosaicGPUOptions)]
   assert ab.parse_variant("", MosaicGPUOptions) == dict(
     block_k=64, num_stages=2, stabilize=True, jax=False, options={}
@@ -369,12 +374,8 @@ def test_the_backward_ab_reads_stages_and_the_backwards_options():
   """experiments/18_mgpu_backward_stages_ab.py's variants: DKV,DQ, then options the Mosaic GPU
   backward reads (longest_first) as 0/1 and the dQ key tile (bk_dq=64|128); anything else is
   refused naming the item."""
-  import importlib.util
 
-  path = pathlib.Path(__file__).parents[1] / "experiments" / "18_mgpu_backward_stages_ab.py"
-  spec = importlib.util.spec_from_file_location("backward_ab", path)
-  ab = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(ab)
+  ab = _experiment("18_mgpu_backward_stages_ab")
   assert ab.parse_stages("3,2") == ((3, 2), {})
   assert ab.parse_stages("3,2,longest_first=1") == ((3, 2), {"longest_first": True})
   assert ab.parse_stages("2,2,longest_first=0") == ((2, 2), {"longest_first": False})
@@ -409,10 +410,7 @@ def test_the_ptxas_report_reads_forward_and_backward_variants():
 
   from pallas_kernels.forward_mgpu import MosaicGPUOptions
 
-  path = pathlib.Path(__file__).parents[1] / "experiments" / "20_ptxas_report.py"
-  spec = importlib.util.spec_from_file_location("ptxas_report", path)
-  report = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(report)
+  report = _experiment("20_ptxas_report")
   (_, kind, fwd), (_, _, bwd), (_, _, default) = report.parse_variants(
     ["fwd:bk=128,scale_in_exp2=1", "bwd:3,2,longest_first=0", "bwd:"], MosaicGPUOptions
   )
@@ -431,7 +429,7 @@ def test_the_ptxas_report_reads_forward_and_backward_variants():
     plugin = False
   if plugin:
     pytest.skip("the CUDA 13 plugin is installed: the missing-plugin line is not reachable")
-  done = subprocess.run([sys.executable, str(path)], capture_output=True, text=True)
+  done = subprocess.run([sys.executable, report.__file__], capture_output=True, text=True)
   assert done.returncode == 1 and done.stderr.startswith("20_ptxas_report: needs the CUDA 13")
 
 
@@ -440,12 +438,8 @@ def test_the_timing_methods_script_primes_each_side_before_its_timing(monkeypatc
   priming call) and then timed over `inner` calls, the order alternating as in
   `timing.paired_overhead`; the ratio is time(b) / time(a) (here b takes three times a's time
   per call on a fake clock, so every ratio is exactly 3: a slept-for time failed under load)."""
-  import importlib.util
 
-  path = pathlib.Path(__file__).parents[1] / "experiments" / "19_timing_methods.py"
-  spec = importlib.util.spec_from_file_location("timing_methods", path)
-  tm = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(tm)
+  tm = _experiment("19_timing_methods")
   clock = FakeClock()
   monkeypatch.setattr(tm, "time", clock)
   log = []
@@ -508,7 +502,8 @@ def test_paired_step_ratio_is_the_median_of_the_rounds_ratios():
 
 def test_step_table_rotates_the_order_each_round_and_times_each_choice(monkeypatch):
   """Each round steps every choice once, the order rotating (ABC, BCA, CAB, …), warm-up rounds
-  included and untimed; each row's `step_ms_rounds` are its own timed steps, in order."""
+  included and untimed; each row's `step_ms_rounds` are its own timed steps, in order; `around`
+  (a profiler's switch) is called right before the first timed round and after the last."""
   from jax_flashstable.bench import step_table
 
   calls, base = [], {"xla": 1.0, "reference-fp32": 2.0, "fa2": 3.0}
@@ -518,9 +513,18 @@ def test_step_table_rotates_the_order_each_round_and_times_each_choice(monkeypat
     return base[run["attention"]] + step / 100
 
   monkeypatch.setattr(step_table, "_step", fake_step)
+  around = (lambda: calls.append(("start", None)), lambda: calls.append(("stop", None)))
   rows = step_table.gpt2_step_table(
-    "tiny", ("xla", "reference-fp32", "fa2"), batch_size=2, seq_len=32, steps=3, warmup=1
+    "tiny",
+    ("xla", "reference-fp32", "fa2"),
+    batch_size=2,
+    seq_len=32,
+    steps=3,
+    warmup=1,
+    around=around,
   )
+  assert calls[3] == ("start", None) and calls[-1] == ("stop", None)
+  del calls[3], calls[-1]
   a, b, c = "xla", "reference-fp32", "fa2"
   assert [name for name, _ in calls] == [a, b, c, b, c, a, c, a, b, a, b, c]
   assert [step for _, step in calls] == [0] * 3 + [1] * 3 + [2] * 3 + [3] * 3
@@ -572,3 +576,44 @@ def test_gpu_only_names_off_a_gpu_are_refused_before_any_work(tmp_path):
       suite.run(str(tmp_path / "b"), **kw)
   assert not (tmp_path / "b").exists()  # nothing ran, nothing written
   assert suite.needs_gpu("cudnn") and not suite.needs_gpu("fa2+comp")
+
+
+def test_the_step_kernels_summary_groups_and_ranks_kernel_times(tmp_path):
+  """experiments/21_step_kernels.py: the per-step kernel time by group (attention, matrix
+  products, XLA fusions, other) of each run, the kernels ranked by their per-step difference,
+  and the HLO of a named fusion read from an XLA dump (the profiler's `_11` is HLO's `.11`)."""
+  sk = _experiment("21_step_kernels")
+  ours = dict(
+    attention="ours",
+    steps=2,
+    step_ms=45.0,
+    kernels=[("entry_mosaic_gpu_kernel", 300e3), ("input_concatenate_fusion_11", 212e3)]
+    + [("nvjet_sm90_tst_256x128", 100e3)] * 2
+    + [("Memset 0", 4e3)],
+  )
+  theirs = dict(
+    attention="cudnn",
+    steps=1,
+    step_ms=44.0,
+    kernels=[
+      ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop", 82e3),
+      ("input_concatenate_fusion_11", 48e3),
+      ("nvjet_sm90_tst_256x128", 100e3),
+    ],
+  )
+  text = sk.summarize([ours, theirs], top=2)
+  assert "| attention | 150 | 82 |" in text  # µs a step: 300 over 2 steps
+  assert "| matrix products | 100 | 100 |" in text
+  assert "| XLA fusions | 106 | 48 |" in text and "| other | 2 | 0 |" in text
+  assert "| all kernels | 358 | 230 |" in text and "| kernel launches a step | 2 | 3 |" in text
+  ranked = text.split("(µs):")[1].strip().splitlines()
+  assert ranked[0].split()[:2] == ["150.0", "0.0"] and ranked[1].split()[:2] == ["0.0", "82.0"]
+  (tmp_path / "module_0001.jit_train_step.sm_9.0a_gpu_after_optimizations.txt").write_text(
+    "%fused_concatenate.11 (p: f32[4]) -> f32[4] {\n  ROOT %p = f32[4]{0} parameter(0)\n}\n\n"
+    "ENTRY %main {\n  %input_concatenate_fusion.11 = f32[4]{0} fusion(%x), kind=kInput, "
+    "calls=%fused_concatenate.11\n}\n"
+  )
+  hlo = sk.fusions_in_dump(tmp_path, ["input_concatenate_fusion_11", "loop_add_fusion_3"])
+  assert "kind=kInput, calls=%fused_concatenate.11" in hlo
+  assert "ROOT %p = f32[4]{0} parameter(0)\n}" in hlo
+  assert "loop_add_fusion_3: not in this module" in hlo

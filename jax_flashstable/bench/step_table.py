@@ -16,6 +16,7 @@ def gpt2_step_table(
   steps=30,
   warmup=3,
   mesh=None,
+  around=None,
 ):
   """Training-step time, tokens/s and MFU of GPT-2 per attention choice, in one process.
 
@@ -29,7 +30,9 @@ def gpt2_step_table(
   `batch_size` is the global batch; with a `mesh` (`parallel.data_mesh`) it is split over the
   mesh's devices (`train.make_steps`). MFU = (6·N + 12·n_layer·n_head·head_dim·T)·tokens/s /
   (devices · peak) (`train.peak_flops`; 989 TFLOP/s on H100/H200; NaN on other devices). Each
-  row also counts the all-gathers and all-reduces in the compiled step's HLO.
+  row also counts the all-gathers and all-reduces in the compiled step's HLO. `around`: None
+  or (start, stop), called before the first timed round and after the last (a profiler's
+  switch: `experiments/21_step_kernels.py`).
   """
   from jax_flashstable.training.data import Dataset
   from jax_flashstable.models.gpt2 import count_params, flops_per_token
@@ -74,12 +77,16 @@ def gpt2_step_table(
       loss=float("nan"),
     )
     runs.append(run)
+  start, stop = around or (lambda: None, lambda: None)
   for r in range(warmup + steps):  # the warm-up rounds interleaved too, untimed
+    if r == warmup:
+      start()
     for i in range(len(runs)):
       run = runs[(i + r) % len(runs)]
       seconds = _step(run, r, place)
       if r >= warmup:
         run["times"].append(seconds)
+  stop()
   rows = []
   for run in runs:
     dt = statistics.median(run["times"])
