@@ -540,15 +540,15 @@ def test_counts_below_one_and_unknown_names_are_refused_before_any_work():
   from jax_flashstable.bench import compensation_overhead, paired_speed_ratio
 
   s = Shape(1, 32, 32, 2, 1, 16, True)
-  with pytest.raises(ValueError, match=r"^pairs=0 must be an integer >= 1$"):
+  with pytest.raises(ValueError, match=r"^pairs=0 must be an integer ≥ 1$"):
     compensation_overhead(s, "fa2", pairs=0)
-  with pytest.raises(ValueError, match=r"^pairs=0 must be an integer >= 1$"):
+  with pytest.raises(ValueError, match=r"^pairs=0 must be an integer ≥ 1$"):
     paired_speed_ratio(s, "fa2", "xla", pairs=0)
-  with pytest.raises(ValueError, match=r"^reps=0 must be an integer >= 1$"):
+  with pytest.raises(ValueError, match=r"^reps=0 must be an integer ≥ 1$"):
     bench.bench([s], ["xla"], warmup=0, reps=0)
   with pytest.raises(ValueError, match="fa9"):
     bench.bench([s], ["xla", "fa9"])
-  with pytest.raises(ValueError, match=r"^pairs=2.5 must be an integer >= 1$"):
+  with pytest.raises(ValueError, match=r"^pairs=2.5 must be an integer ≥ 1$"):
     timing.paired_overhead(lambda n: None, lambda n: None, pairs=2.5)
   rows = bench.bench([s], "xla", warmup=0, reps=1)
   assert [r["impl"] for r in rows] == ["xla"] and rows[0]["ok"]

@@ -398,3 +398,32 @@ def test_grad_clip_zero_means_no_clipping():
   assert float(jnp.abs(got["w"]).min()) > 0
   zero, _ = tx.update({"w": jnp.zeros((3, 3))}, tx.init(params), params)
   assert np.isfinite(np.asarray(zero["w"])).all() and float(jnp.abs(zero["w"]).max()) == 0.0
+
+
+def test_one_integer_check_serves_every_entry_point(tmp_path):
+  """`checks.integer`, the one integer check of the training configuration, the model's sizes,
+  the corpus preparation, the early warning and the timings: a NumPy integer is taken (and
+  stored as a Python int, so config.json can hold it); a bool, 2.0 or a string is refused in
+  one line naming it, as ConfigError where the configuration asks."""
+  from jax_flashstable.bench.timing import median_seconds
+  from jax_flashstable.checks import integer
+  from jax_flashstable.models.gpt2 import GPTConfig
+  from jax_flashstable.training.data import prepare_text_folder
+  from jax_flashstable.training.train import DQErrorWarning
+
+  cfg = dataclasses.replace(TrainConfig(), steps=np.int64(7))
+  assert cfg.steps == 7 and type(cfg.steps) is int and json.dumps(cfg.steps) == "7"
+  model = GPTConfig(n_layer=np.int32(2), n_head=2, n_embd=32, block_size=16, vocab_size=64)
+  assert type(model.n_layer) is int
+  assert integer("x", np.uint8(3), 0) == 3
+  for bad in (True, 2.0, "3", None):
+    with pytest.raises(ConfigError, match=rf"^steps={bad!r} must be an integer ≥ 1$"):
+      dataclasses.replace(TrainConfig(), steps=bad)
+  with pytest.raises(ValueError, match=r"^n_head=True must be an integer ≥ 1$"):
+    GPTConfig(n_head=True)
+  with pytest.raises(ValueError, match=r"^val_every=1.0 must be an integer ≥ 1$"):
+    prepare_text_folder(tmp_path, tmp_path / "out", val_every=1.0)
+  with pytest.raises(ValueError, match=r"^rows=0 must be an integer ≥ 1$"):
+    DQErrorWarning(start=0, rows=0)
+  with pytest.raises(ValueError, match=r"^reps=False must be an integer ≥ 1$"):
+    median_seconds(lambda: None, reps=False)

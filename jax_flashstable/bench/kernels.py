@@ -16,11 +16,11 @@ from jax_flashstable.attention.config import AttentionConfig
 from jax_flashstable.bench.runners import kernels, name_error, runs
 from jax_flashstable.bench.timing import (
   attention_flops,
-  count,
   median_seconds,
   paired_overhead,
   seconds_per_call,
 )
+from jax_flashstable.checks import integer
 from jax_flashstable.lab.shapes import Shape, make_inputs
 
 
@@ -37,7 +37,7 @@ def bench(shapes, impls, *, dtype=jnp.bfloat16, warmup=3, reps=20, seed=0, log=p
   """
   impls = (impls,) if isinstance(impls, str) else tuple(impls)
   _known(*impls)
-  count("warmup", warmup, 0), count("reps", reps)
+  integer("warmup", warmup, 0), integer("reps", reps, 1)
   rows = []
   for shape in shapes:
     q, k, v, do = make_inputs(shape, dtype, seed)
@@ -121,7 +121,7 @@ def compensation_overhead(shape, attention="fa2", *, dtype=jnp.bfloat16, pairs=2
   """Relative cost of the compensation in forward and forward+backward: `paired_overhead` of
   `attention` (a spec) against the same spec with stabilize=true, on one shape. ValueError
   for a spec that is not a flash attention or pairs below 1."""
-  count("pairs", pairs)
+  integer("pairs", pairs, 1)
   config = AttentionConfig.parse(attention)
   if config.implementation != "flash":
     raise ValueError(f"the compensation overhead needs a flash attention, got {attention!r}")
@@ -141,7 +141,7 @@ def paired_speed_ratio(shape, impl, reference="cudnn", *, dtype=jnp.bfloat16, pa
   taken at different moments (cuDNN's own speed varies between runs: docs/bench.md). Raises
   ValueError for an unknown name or pairs below 1."""
   _known(impl, reference)
-  count("pairs", pairs)
+  integer("pairs", pairs, 1)
   fwd, fwdbwd = _paired(shape, impl, reference, dtype, pairs, seed)  # time(ref)/time(impl) − 1
   return dict(
     shape=shape.name,

@@ -8,7 +8,8 @@ import statistics
 import time
 
 import jax
-import numpy as np
+
+from jax_flashstable.checks import integer
 
 
 def attention_flops(batch, q_len, kv_len, num_heads, head_dim, causal, backward=False):
@@ -18,19 +19,15 @@ def attention_flops(batch, q_len, kv_len, num_heads, head_dim, causal, backward=
   return f * 3.5 if backward else f
 
 
-def count(name: str, value, least: int = 1) -> int:
-  """`value` as an int of at least `least` (timings' reps, pairs, warm-up calls); a one-line
-  ValueError naming it otherwise (0 pairs would leave no median to take)."""
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
-    raise ValueError(f"{name}={value!r} must be an integer >= {least}")
-  return int(value)
-
-
 def median_seconds(run, warmup=3, reps=20, calls=1):
   """Median wall time of one call, from `reps` timings of run() (which must wait for the device)
   after `warmup` calls; with calls > 1 each timing is run(calls) — that many calls dispatched
   back to back with one wait (`waiting`) — divided by calls."""
-  warmup, reps, calls = count("warmup", warmup, 0), count("reps", reps), count("calls", calls)
+  warmup, reps, calls = (
+    integer("warmup", warmup, 0),
+    integer("reps", reps, 1),
+    integer("calls", calls, 1),
+  )
   go = run if calls == 1 else (lambda: run(calls))
   for _ in range(warmup):
     go()
@@ -60,7 +57,7 @@ def paired_overhead(run_a, run_b, pairs=20, inner=10):
   `run(inner)`: `inner` calls dispatched back to back with one wait at the end, so the host's
   dispatch and synchronisation (see `calls_per_timing`) overlap the kernels instead of adding
   to a ~1 ms kernel's time."""
-  pairs, inner = count("pairs", pairs), count("inner", inner)
+  pairs, inner = integer("pairs", pairs, 1), integer("inner", inner, 1)
   ratios = []
   for i in range(pairs):
     t = {}

@@ -24,6 +24,7 @@ from flax import nnx
 
 from jax_flashstable.attention.config import AttentionConfig
 from jax_flashstable.attention.flax_adapter import attend
+from jax_flashstable.checks import integer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,9 +44,7 @@ class GPTConfig:
     """Raises ValueError naming the field for a size < 1, an unknown compute_dtype, n_embd not
     a multiple of n_head, or an attention override of a layer the model does not have."""
     for name in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
-      value = getattr(self, name)
-      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name}={value!r} must be an integer ≥ 1")
+      object.__setattr__(self, name, integer(name, getattr(self, name), 1))
     if self.compute_dtype not in ("bfloat16", "float16", "float32"):
       raise ValueError(
         f"compute_dtype={self.compute_dtype!r} must be 'bfloat16', 'float16' or 'float32'"

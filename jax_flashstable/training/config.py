@@ -13,6 +13,8 @@ import os
 import pathlib
 import tempfile
 
+from jax_flashstable.checks import integer
+
 WARNING_ACTIONS = ("off", "log", "checkpoint", "stop")
 # the early warnings: "logit" (`train.EarlyWarning`: some layer's max logit grows ≥ 100× within
 # 5 rows), "dq_error" (`train.DQErrorWarning`: warning_layer's dQ error ≥ 0.03, 2 rows running)
@@ -106,8 +108,7 @@ class TrainConfig:
       value = getattr(self, name)
       if value is None and name in ("seq_len", "decay_steps"):
         continue
-      if not _is_int(value) or value < low:
-        raise ConfigError(f"{name}={value!r} must be an integer ≥ {low}")
+      object.__setattr__(self, name, integer(name, value, low, ConfigError))  # a NumPy int too
     for name, low, high, closed in (
       ("lr", 0.0, math.inf, False),
       ("min_lr", 0.0, math.inf, True),
@@ -222,10 +223,6 @@ class TrainConfig:
       decay_steps=max(self.decay_steps or self.steps, self.warmup_steps + 1),
       end_value=self.min_lr,
     )
-
-
-def _is_int(x) -> bool:
-  return isinstance(x, int) and not isinstance(x, bool)
 
 
 def _is_number(x) -> bool:

@@ -22,6 +22,8 @@ import warnings
 
 import numpy as np
 
+from jax_flashstable.checks import integer
+
 ASSETS = pathlib.Path(__file__).parents[1] / "assets"
 SAMPLE_DIR = ASSETS / "sample"
 EOT = 50256
@@ -133,8 +135,7 @@ def prepare_text_folder(src, out_dir, val_every=100) -> dict:
     raise FileNotFoundError(f"text folder not found: {src}")
   if not src.is_dir():
     raise ValueError(f"{src} is a file, not a folder of {'/'.join(TEXT_SUFFIXES)} files")
-  if not isinstance(val_every, int) or val_every < 1:
-    raise ValueError(f"val_every={val_every!r} must be an integer ≥ 1")
+  integer("val_every", val_every, 1)
   files = sorted(p for p in src.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES)
   if not files:
     raise ValueError(f"no {'/'.join(TEXT_SUFFIXES)} files under {src}")

@@ -23,6 +23,7 @@ import optax
 from flax import nnx
 
 from jax_flashstable import interrupts
+from jax_flashstable.checks import integer
 from jax_flashstable.attention.config import AttentionConfig
 from jax_flashstable.training.config import (  # noqa: F401 (WARNING_ACTIONS: re-exported)
   RESUMABLE_FIELDS,
@@ -427,8 +428,7 @@ class DQErrorWarning:
   def __init__(
     self, start: int, threshold: float = 0.03, rows: int = 2, layer: int = 1, reads="dq_err"
   ):
-    if not (isinstance(rows, int) and rows >= 1):
-      raise ValueError(f"rows={rows!r} must be an integer ≥ 1")
+    integer("rows", rows, 1)
     if not (isinstance(threshold, (int, float)) and math.isfinite(threshold) and threshold >= 0):
       raise ValueError(f"threshold={threshold!r} must be a finite number ≥ 0")
     if reads not in self.DQ_FIELDS:
