@@ -108,7 +108,12 @@ def main(argv=None):
     except ValueError as e:
       sys.exit(f"{name}: {e}")
     why = backward_mgpu.supported(
-      numerics="fa2", head_dim=head_dim, dtype=jnp.bfloat16, num_stages=stages, group=group
+      numerics="fa2",
+      head_dim=head_dim,
+      dtype=jnp.bfloat16,
+      num_stages=stages,
+      group=group,
+      block_k_dq=fields.get("block_k_dq_mgpu"),
     )
     if why:
       sys.exit(f"{name}: variant {spec!r}: {why}")

@@ -110,12 +110,14 @@ def checked(shape, variants) -> str | None:
         num_stages=v["num_stages"],
       )
     else:
+      _, fields = experiment("18_mgpu_backward_stages_ab").split_fields(v[1])
       why = backward_mgpu.supported(
         numerics="fa2",
         head_dim=shape.head_dim,
         dtype=jnp.bfloat16,
         num_stages=v[0] if v[0] is not None else 1,
         group=group,
+        block_k_dq=fields.get("block_k_dq_mgpu"),
       )
     if why:
       return f"variant {spec!r}: {why}"

@@ -147,11 +147,15 @@ def _per_kernel(stages) -> tuple[int, int]:
   return int(pair[0]), int(pair[1])
 
 
-def smem_bytes(head_dim: int, stages, group: int = 1, center_keys: bool = False) -> int:
-  """The larger of the two kernels' shared memory (bytes) with `stages` tiles in flight: one
-  count for both kernels or (dK/dV's, dQ's)."""
+def smem_bytes(
+  head_dim: int, stages, group: int = 1, center_keys: bool = False, block_k: int = DQ_BLOCK_K
+) -> int:
+  """The larger of the two kernels' shared memory (bytes) with `stages` tiles in flight (one
+  count for both kernels or (dK/dV's, dQ's)) and the dQ kernel's key tile `block_k` (`_needs`,
+  as `default_stages` and `_stages` count it)."""
+  need_dkv, need_dq = _needs(head_dim, group, center_keys, block_k)
   dkv, dq = _per_kernel(stages)
-  return max(_dkv_bytes(head_dim, dkv, group), _dq_bytes(head_dim, dq, center_keys))
+  return max(need_dkv(dkv), need_dq(dq))
 
 
 # (dK/dV's query tiles, dQ's key tiles) in flight where `STAGES_BY_HEAD_DIM` has no row
@@ -239,13 +243,16 @@ def supported(
   group=None,
   center_keys=False,
   sum_rounded_p=False,
+  block_k_dq=None,
 ) -> str | None:
   """Why the Mosaic GPU backward cannot run a call (None when it can, or when the arguments
   left None could still make it); head_dim is the padded one, group = num_heads //
-  num_kv_heads. It runs after the Mosaic GPU forward (`attention.kernel_config`; else the
+  num_kv_heads, block_k_dq the dQ kernel's key tile (`KernelConfig.block_k_dq_mgpu`; None:
+  `DQ_BLOCK_K`). It runs after the Mosaic GPU forward (`attention.kernel_config`; else the
   Triton backward does). Limits: the layouts of the Mosaic GPU forward, bfloat16/float16, its
-  head_dims (32–256; above 128 in `parts`), shared memory (`smem_bytes`; num_stages: one count for
-  both kernels or (dK/dV's, dQ's); at head_dim 256 no `center_keys`)."""
+  head_dims (32–256; above 128 in `parts`), the dQ key tile (`DQ_BLOCK_KS`), shared memory
+  (`smem_bytes`, as `_stages` counts it; num_stages: one count for both kernels or (dK/dV's,
+  dQ's); at head_dim 256 no `center_keys`)."""
   if numerics not in NUMERICS:
     return f"numerics={numerics!r} (the Mosaic GPU backward has {', '.join(NUMERICS)})"
   if sum_rounded_p:  # its P is the float32 P̄'s (`Numerics.probs` without the input dtype)
@@ -256,10 +263,15 @@ def supported(
     return (
       f"head_dim={head_dim} after padding (the Mosaic GPU backward has head_dim 32–{MAX_HEAD_DIM})"
     )
+  bk = DQ_BLOCK_K if block_k_dq is None else block_k_dq
+  if bk not in DQ_BLOCK_KS:
+    return f"block_k_dq_mgpu={bk!r} (the Mosaic GPU dQ kernel's key tile is 64 or 128)"
   if head_dim is not None:  # no num_stages would do: name the cause
-    least = smem_bytes(head_dim, 1, group or 1, center_keys)
+    least = smem_bytes(head_dim, 1, group or 1, center_keys, bk)
     if least > SMEM_BYTES:
       cause = "center_keys=True" if center_keys else f"group={group or 1}"
+      if smem_bytes(head_dim, 1, group or 1, center_keys) <= SMEM_BYTES:  # the dQ key tile's
+        cause = f"block_k_dq_mgpu={bk}"
       return (
         f"{cause} at head_dim={head_dim} (the Mosaic GPU backward needs {least / 1024:.1f} KiB "
         f"of shared memory with one tile in flight, more than {SMEM_BYTES / 1024:.0f} KiB)"
@@ -270,7 +282,7 @@ def supported(
     except ValueError:
       return f"num_stages={num_stages!r} ({STAGES_RULE})"
   if None not in (head_dim, num_stages):
-    need = smem_bytes(head_dim, num_stages, group or 1, center_keys)
+    need = smem_bytes(head_dim, num_stages, group or 1, center_keys, bk)
     if need > SMEM_BYTES:
       return (
         f"num_stages={num_stages} at head_dim={head_dim}: the Mosaic GPU backward needs "

@@ -4,8 +4,10 @@ TMA copies and barriers): against FP64, against the Triton kernels they must mat
 refusals."""
 
 import dataclasses
+import itertools
 import re
 import math
+import types
 
 import jax
 import jax.numpy as jnp
@@ -741,6 +743,7 @@ def test_mosaic_gpu_backward_falls_back_to_triton_where_it_cannot_run():
   """Where the Mosaic GPU backward cannot run the call (e.g. centred keys at head_dim 256: the
   dQ kernel's shared memory) the Triton backward runs after the Mosaic GPU forward;
   `supported` says why, and `kernel_config` asks it with the stages the backward would run."""
+  from pallas_kernels import backward_mgpu
   from pallas_kernels.attention import kernel_config, supported
   from pallas_kernels.backward_mgpu import default_stages
   from pallas_kernels.policy import get_numerics
@@ -756,6 +759,26 @@ def test_mosaic_gpu_backward_falls_back_to_triton_where_it_cannot_run():
   assert "KiB of shared memory" in bwd(head_dim=256, num_stages=2)
   assert "KiB of shared memory" in bwd(head_dim=256, num_stages=(2, 1), group=2)
   assert "center_keys=True at head_dim=256" in bwd(head_dim=256, center_keys=True)
+  # the dQ kernel's key tile counted as the kernels count it: `supported` allows exactly the
+  # stages and tiles that `_stages` runs (at head_dim 256 the tile of 128 holds no K/V tile)
+  why = lambda **kw: backward_mgpu.supported(numerics="fa2", **kw)
+  assert why(head_dim=256, block_k_dq=128).startswith("block_k_dq_mgpu=128 at head_dim=256")
+  assert why(block_k_dq=96) == (
+    "block_k_dq_mgpu=96 (the Mosaic GPU dQ kernel's key tile is 64 or 128)"
+  )
+  for d, bk, stages, center in itertools.product(
+    (32, 64, 128, 256), (64, 128), (1, 2, 3, (3, 1), (1, 4)), (False, True)
+  ):
+    run = types.SimpleNamespace(
+      numerics=types.SimpleNamespace(center_keys=center), block_k_dq_mgpu=bk, stages_bwd_mgpu=stages
+    )
+    try:
+      backward_mgpu._stages(run, d, 1)
+      runs = True
+    except ValueError:
+      runs = False
+    allowed = why(head_dim=d, num_stages=stages, block_k_dq=bk, center_keys=center) is None
+    assert allowed == runs, (d, bk, stages, center)
   cfg = lambda **kw: kernel_config(
     **{
       **dict(q_len=256, kv_len=256, head_dim=256, dtype=jnp.bfloat16, softmax_scale=0.1),
