@@ -463,6 +463,8 @@ class Compensation:
       ("beta", 1, True),
       ("tie_tolerance", 0, False),
       ("shift_above", 0, False),
+      ("min_shift", 0, True),  # each named alone where it is the one out of range
+      ("max_shift", 0, True),
     ):
       value = getattr(self, name)
       if not (math.isfinite(value) and (value > low if strict else value >= low)):
@@ -470,9 +472,9 @@ class Compensation:
           f"{name} must be a finite number {'>' if strict else '>='} {low}, got {name}={value!r}"
         )
     boolean("guard_paper", self.guard_paper)
-    if not (math.isfinite(self.max_shift) and 0 < self.min_shift <= self.max_shift):
+    if not self.min_shift <= self.max_shift:
       raise ValueError(
-        f"need 0 < min_shift <= max_shift < inf, got min_shift={self.min_shift!r}, "
+        f"need min_shift <= max_shift, got min_shift={self.min_shift!r}, "
         f"max_shift={self.max_shift!r}"
       )
 
@@ -500,16 +502,16 @@ def real_number(name, value) -> float:
     if dtype is None
     else np.dtype(dtype).kind in "iu" or jnp.issubdtype(dtype, jnp.floating)  # not m8, b1
   ):
-    raise TypeError(f"{name} must be a real number, got {name}={_shown(value)}")
+    raise TypeError(f"{name} must be a real number, got {name}={shown(value)}")
   if np.ndim(value) != 0:
-    raise TypeError(f"{name} must be a single number, got {name}={_shown(value)}")
+    raise TypeError(f"{name} must be a single number, got {name}={shown(value)}")
   try:
     return float(value)
   except (TypeError, ValueError, OverflowError):  # a tracer: jax's ConcretizationTypeError
-    raise TypeError(f"{name} must be a concrete real number, got {name}={_shown(value)}") from None
+    raise TypeError(f"{name} must be a concrete real number, got {name}={shown(value)}") from None
 
 
-def _shown(value) -> str:
+def shown(value) -> str:
   """repr on one short line: an array's type, shape and dtype; a long repr cut."""
   if np.ndim(value):
     return f"{type(value).__name__}(shape={np.shape(value)}, dtype={getattr(value, 'dtype', None)})"

@@ -434,6 +434,25 @@ def test_bad_max_shift(kw, dtype):
 
 
 @pytest.mark.parametrize(
+  "kw,message",
+  [
+    (dict(max_shift=float("nan")), r"^max_shift must be a finite number > 0, got max_shift=nan$"),
+    (dict(min_shift=float("nan")), r"^min_shift must be a finite number > 0, got min_shift=nan$"),
+    (dict(max_shift=float("inf")), r"^max_shift must be a finite number > 0, got max_shift=inf$"),
+    (dict(min_shift=0.0), r"^min_shift must be a finite number > 0, got min_shift=0.0$"),
+    (dict(min_shift=5.0, max_shift=2.0), r"^need min_shift <= max_shift, got min_shift=5.0, "),
+  ],
+)
+def test_compensation_names_the_shift_bound_out_of_range(kw, message):
+  """`Compensation`'s min_shift and max_shift: the one out of range is named alone (a NaN
+  max_shift is not reported as min_shift's fault); the pair out of order names both."""
+  from pallas_kernels.policy import Compensation
+
+  with pytest.raises(ValueError, match=message):
+    Compensation(**kw)
+
+
+@pytest.mark.parametrize(
   "kw, dtype, error",
   [
     (dict(sum_rounded_p=True), jnp.float16, ValueError),  # no bit-level float16 rounding

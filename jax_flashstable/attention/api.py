@@ -17,6 +17,7 @@ from pallas_kernels.policy import (
   boolean,
   check_shift_options,
   get_numerics,
+  shown,
 )
 from pallas_kernels.reference import reference_attention, reference_attention_vjp
 
@@ -326,8 +327,7 @@ def _kernel_config(
     if not (typed and shape == () or dtype == jnp.uint32 and shape == (2,)):
       raise TypeError(
         "rng_key must be one jax.random key (jax.random.key(seed), or a raw "
-        "jax.random.PRNGKey), got rng_key="
-        + (f"{type(rng_key).__name__}(shape={shape}, dtype={dtype})" if shape else repr(rng_key))
+        f"jax.random.PRNGKey), got rng_key={shown(rng_key)}"
       )
     seeds = jax.random.bits(rng_key, (2,), jnp.uint32)
   elif rng_key is not None:
