@@ -825,7 +825,9 @@ def build_parser():
   ap = _Parser(
     prog="flashstable", description="BF16 flash attention numerics, visible and verifiable."
   )
-  sub = ap.add_subparsers(dest="command", required=True)
+  # required, but checked in `main` after the unknown arguments (`flashstable --bogus` names
+  # --bogus rather than the missing command)
+  sub = ap.add_subparsers(dest="command", required=False)
   p = sub.add_parser("accuracy", help="flash_attention vs the FP64 golden value on a fixed sweep")
   p.add_argument("--dtypes", default="bfloat16", help="comma-separated, e.g. bfloat16,float16")
   p.add_argument("--seed", type=_count(0), default=0)
@@ -1228,6 +1230,8 @@ def main(argv=None):
     before_command = argv[: argv.index(args.command)] if args.command in argv else argv
     refused_by = parser if set(unknown) & set(before_command) else _chosen_parser(parser, args)
     refused_by.error(f"unrecognized arguments: {shlex.join(unknown)}")
+  if args.command is None:
+    parser.error("the following arguments are required: command")
   args.argv = argv  # the command as typed, for the results' headers (`_meta`)
   from jax_flashstable.training.config import ConfigError
 

@@ -233,6 +233,9 @@ def _bad_inputs(tmp):
       ["bias", "--nope"],
       r"^flashstable bias: unrecognized arguments: --nope \(see flashstable bias",
     ),
+    # an option before any command is named, not taken for the missing command; no command at all
+    (["--bogus"], r"^flashstable: unrecognized arguments: --bogus \(see flashstable --help\)$"),
+    ([], r"^flashstable: the following arguments are required: command \(see flashstable"),
     (
       ["prepare", str(tmp / "texts"), str(tmp / "bin"), "--val-every", "0"],
       r"argument --val-every: must be ≥ 1, got 0",
@@ -251,7 +254,7 @@ def test_every_user_error_is_one_line_before_any_work(tmp_path):
         argv
         + (
           ["--out-dir", str(tmp_path / "run")]
-          if argv[0] == "train" and "--out-dir" not in argv
+          if argv[:1] == ["train"] and "--out-dir" not in argv
           else []
         )
       )
