@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import hashlib
 import lzma
+import numbers
 import os
 import pathlib
 import shutil
 import warnings
 
 import numpy as np
-
-from jax_flashstable.checks import integer
 
 ASSETS = pathlib.Path(__file__).parents[1] / "assets"
 SAMPLE_DIR = ASSETS / "sample"
@@ -135,7 +134,10 @@ def prepare_text_folder(src, out_dir, val_every=100) -> dict:
     raise FileNotFoundError(f"text folder not found: {src}")
   if not src.is_dir():
     raise ValueError(f"{src} is a file, not a folder of {'/'.join(TEXT_SUFFIXES)} files")
-  integer("val_every", val_every, 1)
+  # `checks.integer`'s rule, spelled here: the PyTorch twin loads this module with NumPy alone
+  if isinstance(val_every, bool) or not isinstance(val_every, numbers.Integral) or val_every < 1:
+    raise ValueError(f"val_every={val_every!r} must be an integer ≥ 1")
+  val_every = int(val_every)
   files = sorted(p for p in src.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES)
   if not files:
     raise ValueError(f"no {'/'.join(TEXT_SUFFIXES)} files under {src}")
