@@ -16,9 +16,8 @@ before).
     python3 experiments/18_mgpu_backward_stages_ab.py --causal --shape 4,4096,16,16,128 \
       3,2 3,2,longest_first=1
 
-Every variant is checked (`backward_mgpu.supported`: shared memory) before any work, one line
-naming a bad one (with bk_dq=128, whose ring takes more, tiles in flight that do not fit are
-refused when the variant runs: its line names them). GPU only (a Hopper GPU); ~10 s a
+Every variant is checked (`backward_mgpu.supported`: shared memory, with the variant's dQ key
+tile, bk_dq=128 taking more) before any work, one line naming a bad one. GPU only (a Hopper GPU); ~10 s a
 variant at the default shape on one H100.
 """
 

@@ -826,7 +826,7 @@ def build_parser():
     prog="flashstable", description="BF16 flash attention numerics, visible and verifiable."
   )
   # required, but checked in `main` after the unknown arguments (`flashstable --bogus` names
-  # --bogus rather than the missing command)
+  # --bogus rather than the missing command; the same for `experiment`'s name)
   sub = ap.add_subparsers(dest="command", required=False)
   p = sub.add_parser("accuracy", help="flash_attention vs the FP64 golden value on a fixed sweep")
   p.add_argument("--dtypes", default="bfloat16", help="comma-separated, e.g. bfloat16,float16")
@@ -915,7 +915,7 @@ def build_parser():
     help="the BF16 loss-explosion experiment: attention variants "
     "× seeds on one recipe, resumable, with a report (Qiu & Yao 2025)",
   )
-  p.add_argument("name", choices=["instability"])
+  p.add_argument("name", nargs="?", choices=["instability"])  # required: checked in `main`
   p.add_argument(
     "--recipe",
     default="anchor",
@@ -1230,8 +1230,9 @@ def main(argv=None):
     before_command = argv[: argv.index(args.command)] if args.command in argv else argv
     refused_by = parser if set(unknown) & set(before_command) else _chosen_parser(parser, args)
     refused_by.error(f"unrecognized arguments: {shlex.join(unknown)}")
-  if args.command is None:
-    parser.error("the following arguments are required: command")
+  for dest in ("command", "name"):  # required, checked after the unknown arguments
+    if getattr(args, dest, "") is None:
+      _chosen_parser(parser, args).error(f"the following arguments are required: {dest}")
   args.argv = argv  # the command as typed, for the results' headers (`_meta`)
   from jax_flashstable.training.config import ConfigError
 

@@ -106,7 +106,7 @@ def _dkv_bytes(head_dim: int, stages: int, group: int) -> int:
 
 
 def dq_block_k(cfg) -> int:
-  """The dQ kernel's key tile: `KernelConfig.block_k_dq_mgpu`, else `DQ_BLOCK_K`. 128 halves
+  """The dQ kernel's key tile: `KernelConfig.block_k_dq_mgpu`, else `DQ_BLOCK_K` (`dq_tile`). 128 halves
   the steps (a wgmma of 128 keys for S, dP and dQ += dS K: at head_dim 64 566 SASS instructions
   a step of 128 keys against 2 × 318 of 64, no spills; ptxas 13.0, experiments/20_ptxas_report.py,
   2026-12-06). On the GPU the same bits (the fused wgmma sums dQ over the keys in the same
@@ -114,8 +114,14 @@ def dq_block_k(cfg) -> int:
   gpt2-small's shape, 1.016× and 1.004× at d128 full and causal), so 64 stays; in interpret
   mode dQ's per-tile float32 sum spans 128 keys, as the Triton backward's block_k_bwd=128.
   ValueError naming anything else."""
-  bk = DQ_BLOCK_K if cfg.block_k_dq_mgpu is None else cfg.block_k_dq_mgpu
-  if bk not in DQ_BLOCK_KS:
+  return dq_tile(cfg.block_k_dq_mgpu)
+
+
+def dq_tile(block_k_dq) -> int:
+  """A dQ key tile as asked (`KernelConfig.block_k_dq_mgpu`): None is `DQ_BLOCK_K`; one of
+  `DQ_BLOCK_KS`, else a one-line ValueError naming it."""
+  bk = DQ_BLOCK_K if block_k_dq is None else block_k_dq
+  if isinstance(bk, bool) or bk not in DQ_BLOCK_KS:
     raise ValueError(f"block_k_dq_mgpu={bk!r}: the Mosaic GPU dQ kernel's key tile is 64 or 128")
   return bk
 
@@ -263,9 +269,10 @@ def supported(
     return (
       f"head_dim={head_dim} after padding (the Mosaic GPU backward has head_dim 32–{MAX_HEAD_DIM})"
     )
-  bk = DQ_BLOCK_K if block_k_dq is None else block_k_dq
-  if bk not in DQ_BLOCK_KS:
-    return f"block_k_dq_mgpu={bk!r} (the Mosaic GPU dQ kernel's key tile is 64 or 128)"
+  try:
+    bk = dq_tile(block_k_dq)
+  except ValueError as e:
+    return str(e)
   if head_dim is not None:  # no num_stages would do: name the cause
     least = smem_bytes(head_dim, 1, group or 1, center_keys, bk)
     if least > SMEM_BYTES:

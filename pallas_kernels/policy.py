@@ -512,9 +512,14 @@ def real_number(name, value) -> float:
 
 
 def shown(value) -> str:
-  """repr on one short line: an array's type, shape and dtype; a long repr cut."""
-  if np.ndim(value):
-    return f"{type(value).__name__}(shape={np.shape(value)}, dtype={getattr(value, 'dtype', None)})"
+  """repr on one short line: an array's type, shape and dtype; a long repr cut (also for what
+  NumPy cannot give a shape, e.g. a ragged list)."""
+  try:
+    if np.ndim(value):
+      shape, dtype = np.shape(value), getattr(value, "dtype", None)
+      return f"{type(value).__name__}(shape={shape}, dtype={dtype})"
+  except (ValueError, TypeError):
+    pass
   text = repr(value)
   return text if len(text) <= 80 else text[:60] + "…"
 

@@ -177,7 +177,11 @@ def test_inputs_and_rng_key_of_the_wrong_kind_are_named_in_one_line():
   ):
     flash_attention([[[[1.0]]]], q, q)
   batch = jax.random.split(jax.random.key(0), 2)
-  for bad, shown in ((0, "0"), (batch, r"PRNGKeyArray\(shape=\(2,\), dtype=key<fry>\)")):
+  for bad, shown in (
+    (0, "0"),
+    (batch, r"PRNGKeyArray\(shape=\(2,\), dtype=key<fry>\)"),
+    ([[1], [1, 2]], r"\[\[1\], \[1, 2\]\]"),  # ragged: no NumPy shape, its repr
+  ):
     with pytest.raises(
       TypeError, match=rf"^rng_key must be one jax.random key .*got rng_key={shown}$"
     ):

@@ -237,6 +237,11 @@ def _bad_inputs(tmp):
     (["--bogus"], r"^flashstable: unrecognized arguments: --bogus \(see flashstable --help\)$"),
     ([], r"^flashstable: the following arguments are required: command \(see flashstable"),
     (
+      ["experiment", "--bogus"],
+      r"^flashstable experiment: unrecognized arguments: --bogus \(see flashstable experiment",
+    ),
+    (["experiment"], r"^flashstable experiment: the following arguments are required: name "),
+    (
       ["prepare", str(tmp / "texts"), str(tmp / "bin"), "--val-every", "0"],
       r"argument --val-every: must be ≥ 1, got 0",
     ),

@@ -763,8 +763,8 @@ def test_mosaic_gpu_backward_falls_back_to_triton_where_it_cannot_run():
   # stages and tiles that `_stages` runs (at head_dim 256 the tile of 128 holds no K/V tile)
   why = lambda **kw: backward_mgpu.supported(numerics="fa2", **kw)
   assert why(head_dim=256, block_k_dq=128).startswith("block_k_dq_mgpu=128 at head_dim=256")
-  assert why(block_k_dq=96) == (
-    "block_k_dq_mgpu=96 (the Mosaic GPU dQ kernel's key tile is 64 or 128)"
+  assert (
+    why(block_k_dq=96) == "block_k_dq_mgpu=96: the Mosaic GPU dQ kernel's key tile is 64 or 128"
   )
   for d, bk, stages, center in itertools.product(
     (32, 64, 128, 256), (64, 128), (1, 2, 3, (3, 1), (1, 4)), (False, True)

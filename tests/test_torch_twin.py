@@ -1640,7 +1640,7 @@ CROSSCHECK_ERRORS = [
   (["--seeds", "1,x"], "--seeds expects comma-separated integers, got '1,x'"),
   (["--recipe", "nope"], "unknown recipe 'nope'"),
   (["--tolerance", "0"], "tolerance must be a number > 0, got tolerance=0.0"),
-  (["--null-steps", "-1"], "null_steps must be an int >= 0, got null_steps=-1"),
+  (["--null-steps", "-1"], "null_steps=-1 must be an integer ≥ 0"),
   (["--time-budget", "-5"], "time_budget must be a number >= 0 (seconds), got -5.0"),
   (["--torch-python", "/nonexistent/python"], "--torch-python '/nonexistent/python': no such file"),
   (["--data-parallel"], "data_parallel=True: the twin trains on one device"),

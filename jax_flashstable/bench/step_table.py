@@ -78,15 +78,20 @@ def gpt2_step_table(
     )
     runs.append(run)
   start, stop = around or (lambda: None, lambda: None)
-  for r in range(warmup + steps):  # the warm-up rounds interleaved too, untimed
-    if r == warmup:
-      start()
-    for i in range(len(runs)):
-      run = runs[(i + r) % len(runs)]
-      seconds = _step(run, r, place)
-      if r >= warmup:
-        run["times"].append(seconds)
-  stop()
+  started = False
+  try:
+    for r in range(warmup + steps):  # the warm-up rounds interleaved too, untimed
+      if r == warmup:
+        start()
+        started = True
+      for i in range(len(runs)):
+        run = runs[(i + r) % len(runs)]
+        seconds = _step(run, r, place)
+        if r >= warmup:
+          run["times"].append(seconds)
+  finally:  # a step that raises leaves no profiler running
+    if started:
+      stop()
   rows = []
   for run in runs:
     dt = statistics.median(run["times"])

@@ -74,6 +74,7 @@ import time
 import numpy as np
 
 from jax_flashstable import interrupts
+from jax_flashstable.checks import integer
 from jax_flashstable.experiment import instability
 from jax_flashstable.results import format_facts, format_meta
 from jax_flashstable.training.config import overrides_text
@@ -615,15 +616,14 @@ def plan(
   naming a bad pair, seed, setting, or a stored run made with other settings."""
   if side not in SIDES:
     raise ValueError(f"side={side!r} is not one of {', '.join(SIDES)}")
-  if not isinstance(null_steps, int) or null_steps < 0:
-    raise ValueError(f"null_steps must be an int >= 0, got null_steps={null_steps!r}")
+  null_steps = integer("null_steps", null_steps, 0)
   if null_steps > base.steps:  # the null is the JAX run again: no longer than it
     raise ValueError(f"null_steps={null_steps} is more than the runs' steps={base.steps}")
   if not seeds:
     raise ValueError("no seeds")
   for s in seeds:
-    if not isinstance(s, int) or not 0 <= s < 2**31:
-      raise ValueError(f"seed {s!r} is not an int in [0, 2^31)")
+    if integer("seed", s, 0) >= 2**31:
+      raise ValueError(f"seed={s!r} must be below 2^31")
   out = pathlib.Path(out_dir)
   items = []
   for pair in pairs:

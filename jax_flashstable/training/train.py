@@ -428,7 +428,7 @@ class DQErrorWarning:
   def __init__(
     self, start: int, threshold: float = 0.03, rows: int = 2, layer: int = 1, reads="dq_err"
   ):
-    integer("rows", rows, 1)
+    rows = integer("rows", rows, 1)
     if not (isinstance(threshold, (int, float)) and math.isfinite(threshold) and threshold >= 0):
       raise ValueError(f"threshold={threshold!r} must be a finite number ≥ 0")
     if reads not in self.DQ_FIELDS:
