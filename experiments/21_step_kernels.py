@@ -152,6 +152,16 @@ def main():
   ap.add_argument("--out", default="runs/step_kernels")
   ap.add_argument("--fusions", default="", help="comma-separated fusion names whose HLO to print")
   a = ap.parse_args()
+  from jax_flashstable.checks import integer
+  from jax_flashstable.training.config import TrainConfig
+
+  try:  # every input checked before anything compiles, one line naming a bad one: the model,
+    # each spec and whether this device runs it (`TrainConfig.validate`), the counts
+    integer("--steps", a.steps, 1), integer("--warmup", a.warmup, 0), integer("--batch", a.batch, 1)
+    for spec in a.attention:
+      TrainConfig(model=a.model, attention=spec, batch_size=a.batch, progress=False).validate()
+  except ValueError as e:
+    raise SystemExit(f"21_step_kernels: {e}") from None
   dump = tempfile.mkdtemp() if a.fusions else None
   if dump:  # before JAX starts its backend
     os.environ["XLA_FLAGS"] = (

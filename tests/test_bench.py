@@ -617,3 +617,15 @@ def test_the_step_kernels_summary_groups_and_ranks_kernel_times(tmp_path):
   assert "kind=kInput, calls=%fused_concatenate.11" in hlo
   assert "ROOT %p = f32[4]{0} parameter(0)\n}" in hlo
   assert "loop_add_fusion_3: not in this module" in hlo
+  for bad, line in (  # refused in one line before anything compiles
+    (["--attention", "bogus"], "21_step_kernels: attention='bogus': unknown attention 'bogus'"),
+    (["--attention", "fa2", "--steps", "0"], "21_step_kernels: --steps=0 must be an integer ≥ 1"),
+  ):
+    done = subprocess.run(
+      [sys.executable, sk.__file__, "--model", "tiny", *bad, "--out", str(tmp_path / "o")],
+      capture_output=True,
+      text=True,
+      env=dict(os.environ, PYTHONPATH=str(pathlib.Path(__file__).parents[1])),
+    )
+    assert done.returncode == 1 and done.stderr.strip().startswith(line), done.stderr
+  assert not (tmp_path / "o").exists()
