@@ -100,6 +100,7 @@ def checked(shape, variants) -> str | None:
       "arrays (length a multiple of 128, head_dim 32, 64, 128 or 256)"
     )
   group = shape.num_heads // shape.num_kv_heads
+  split_fields = experiment("18_mgpu_backward_stages_ab").split_fields  # bk_dq of a bwd variant
   for spec, kind, v in variants:
     if kind == "fwd":
       why = forward_mgpu.supported(
@@ -110,7 +111,7 @@ def checked(shape, variants) -> str | None:
         num_stages=v["num_stages"],
       )
     else:
-      _, fields = experiment("18_mgpu_backward_stages_ab").split_fields(v[1])
+      _, fields = split_fields(v[1])
       why = backward_mgpu.supported(
         numerics="fa2",
         head_dim=shape.head_dim,

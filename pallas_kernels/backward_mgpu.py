@@ -106,8 +106,8 @@ def _dkv_bytes(head_dim: int, stages: int, group: int) -> int:
 
 
 def dq_block_k(cfg) -> int:
-  """The dQ kernel's key tile: `KernelConfig.block_k_dq_mgpu`, else `DQ_BLOCK_K` (`dq_tile`). 128 halves
-  the steps (a wgmma of 128 keys for S, dP and dQ += dS K: at head_dim 64 566 SASS instructions
+  """The dQ kernel's key tile: `KernelConfig.block_k_dq_mgpu`, else `DQ_BLOCK_K` (`dq_tile`).
+  128 halves the steps (a wgmma of 128 keys for S, dP and dQ += dS K: at head_dim 64 566 SASS instructions
   a step of 128 keys against 2 × 318 of 64, no spills; ptxas 13.0, experiments/20_ptxas_report.py,
   2026-12-06). On the GPU the same bits (the fused wgmma sums dQ over the keys in the same
   order either way) and no faster (H100, 2026-12-06: 0.994× against 0.978× with 64 at

@@ -77,21 +77,23 @@ def gpt2_step_table(
       loss=float("nan"),
     )
     runs.append(run)
+
+  def round_(r):  # step r of every choice, the order rotating; timed after the warm-up
+    for i in range(len(runs)):
+      run = runs[(i + r) % len(runs)]
+      seconds = _step(run, r, place)
+      if r >= warmup:
+        run["times"].append(seconds)
+
   start, stop = around or (lambda: None, lambda: None)
-  started = False
+  for r in range(warmup):  # the warm-up rounds interleaved too, untimed
+    round_(r)
+  start()
   try:
-    for r in range(warmup + steps):  # the warm-up rounds interleaved too, untimed
-      if r == warmup:
-        start()
-        started = True
-      for i in range(len(runs)):
-        run = runs[(i + r) % len(runs)]
-        seconds = _step(run, r, place)
-        if r >= warmup:
-          run["times"].append(seconds)
+    for r in range(warmup, warmup + steps):
+      round_(r)
   finally:  # a step that raises leaves no profiler running
-    if started:
-      stop()
+    stop()
   rows = []
   for run in runs:
     dt = statistics.median(run["times"])
