@@ -20,6 +20,7 @@ import sys
 import warnings
 
 from jax_flashstable import interrupts
+from jax_flashstable.checks import integer
 
 DTYPES = ("bfloat16", "float16", "float32")
 
@@ -54,16 +55,18 @@ _file.__name__ = "file path"
 
 
 def _count(low):
-  """argparse type: an integer ≥ low (its error names the value)."""
+  """argparse type: an integer ≥ low, by the project's one integer rule (`checks.integer`).
+  Its error is an ArgumentTypeError, whose message argparse shows after the option's name
+  (`argument --reps: value=0 must be an integer ≥ 1`); a ValueError's would be replaced by
+  argparse's own `invalid ... value: '0'`. Text that is no integer is refused by the same rule,
+  naming the text (`value='ten'`)."""
 
   def parse(text):
     try:
       value = int(text)
     except ValueError:
-      raise argparse.ArgumentTypeError(f"expected an integer ≥ {low}, got {text!r}") from None
-    if value < low:
-      raise argparse.ArgumentTypeError(f"must be ≥ {low}, got {value}")
-    return value
+      value = text  # not an integer: checks.integer refuses a string, naming it
+    return integer("value", value, low, argparse.ArgumentTypeError)
 
   parse.__name__ = f"integer ≥ {low}"
   return parse

@@ -175,7 +175,12 @@ def _bad_inputs(tmp):
       ],
       r"data='.*none': folder not found",
     ),
-    (["bench", "--reps", "0"], r"flashstable bench: argument --reps: must be ≥ 1, got 0"),
+    (
+      ["bench", "--reps", "0"],
+      r"^flashstable bench: argument --reps: value=0 must be an integer ≥ 1 \(see",
+    ),
+    (["bench", "--reps", "ten"], r"^flashstable bench: argument --reps: value='ten' must be an"),
+    (["bench", "--warmup", "2.5"], r"argument --warmup: value='2.5' must be an integer ≥ 0 \(see"),
     (["bench", "--out", str(tmp / "file")], r"flashstable bench: --out='.*file' is a file"),
     (
       ["bench", "--targets", "fa2"],
@@ -183,13 +188,16 @@ def _bad_inputs(tmp):
       r"the compensation \(e.g. fa2\+comp\), got 'fa2'",
     ),
     (["bench", "--targets", "--step-model", "gpt5"], r"--step-model 'gpt5': unknown 'gpt5'"),
-    (["bench", "--targets", "--step-batch", "0"], r"argument --step-batch: must be ≥ 1, got 0"),
+    (
+      ["bench", "--targets", "--step-batch", "0"],
+      r"argument --step-batch: value=0 must be an integer ≥ 1",
+    ),
     (["deviation", "--seq-lens", "128,-1"], r"--seq-lens '128,-1': every value must be ≥ 1"),
     (["deviation", "--dtypes", "bfloat17"], r"--dtypes 'bfloat17': unknown 'bfloat17'"),
     (["deviation", "--numerics", "fa3"], r"--numerics 'fa3': unknown 'fa3'"),
     (["deviation", "--block-ks", "24"], r"--block-ks=24"),
     (["deviation", "--head-dims", "300"], r"flashstable deviation: head_dim=300 is not supported"),
-    (["bias", "--rows", "0"], r"flashstable bias: argument --rows: must be ≥ 1, got 0"),
+    (["bias", "--rows", "0"], r"flashstable bias: argument --rows: value=0 must be an integer ≥ 1"),
     (["bias", "--attention", "fa3"], r"^flashstable bias: --attention='fa3': unknown attention"),
     (["train", "--min-lr", "0.5", "--lr", "0.01"], r"train: --min-lr=0.5 is above --lr=0.01"),
     (["train", "--min-lr", "nan"], r"^flashstable train: --min-lr=nan must be a finite number"),
@@ -211,7 +219,7 @@ def _bad_inputs(tmp):
     (["experiment", "instability", "--attention", ""], r"experiment: --attention '': empty"),
     (["crosscheck", str(tmp / "file"), "--numerics", "fa2,paper"], r"'fa2,paper': a list"),
     (["accuracy", "--dtypes", "int8"], r"flashstable accuracy: --dtypes 'int8': unknown 'int8'"),
-    (["accuracy", "--seed", "-1"], r"argument --seed: must be ≥ 0, got -1"),
+    (["accuracy", "--seed", "-1"], r"argument --seed: value=-1 must be an integer ≥ 0"),
     (["crosscheck", str(tmp / "no.npz")], r"crosscheck: dump '.*no.npz' is not found"),
     (["crosscheck", str(tmp)], r"crosscheck: dump '.*' is a folder, not a dump file"),
     (["crosscheck", str(tmp / "file")], r"crosscheck: .*file is not a readable dump"),
@@ -243,7 +251,7 @@ def _bad_inputs(tmp):
     (["experiment"], r"^flashstable experiment: the following arguments are required: name "),
     (
       ["prepare", str(tmp / "texts"), str(tmp / "bin"), "--val-every", "0"],
-      r"argument --val-every: must be ≥ 1, got 0",
+      r"argument --val-every: value=0 must be an integer ≥ 1",
     ),
   ]
 
