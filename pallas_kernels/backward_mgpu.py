@@ -58,6 +58,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.forward_mgpu import (
   exact_scale,
+  query_grid,
   query_tile,
   resolve_scale_in_exp2,
   smem_transforms,
@@ -845,7 +846,7 @@ def _dq(q, k, v, do, rows, kd, cfg, stages):
     )
 
   grid = dict(batch=batch, heads=num_heads, q_tiles=q_len_p // (COMPUTE_WGS * ROWS))
-  names = ("batch", "heads", "q_tiles")  # query tiles innermost: a head's K, V shared in L2
+  names = query_grid(cfg)  # causal: query tiles outermost, the whole grid longest first
   return plgpu.kernel(
     entry,
     out_type=jax.ShapeDtypeStruct(q.shape, q.dtype),

@@ -207,6 +207,7 @@ def test_mosaic_gpu_without_interpret_needs_a_hopper_gpu():
     (dict(overlap=(False, True), num_stages=(2, 1)), True),
     (dict(tie_lanes=(False, True)), False),
     (dict(tie_lanes=(False, True)), True),
+    (dict(q_tiles_inner=(True, None)), True),
   ],
   ids=[
     "pingpong-full",
@@ -219,6 +220,7 @@ def test_mosaic_gpu_without_interpret_needs_a_hopper_gpu():
     "overlap-one-stage-causal",
     "tie_lanes-full",
     "tie_lanes-causal",
+    "query_tiles_outermost-causal",
   ],
 )
 def test_mosaic_gpu_schedules_are_the_same_function(change, causal):
@@ -236,7 +238,9 @@ def test_mosaic_gpu_schedules_are_the_same_function(change, causal):
   wgmmas cannot show), only the GPU checks; that the overlapped loop ran at all, its read of
   the scores with one wgmma left in flight says. `tie_lanes` (the compensation's top-2 finished
   across lanes) decides the same ties as the 8-column groups: the inputs tie in most tiles; on
-  the GPU its shuffles run (`top2.lane_top2`), in interpret mode `row_top2`."""
+  the GPU its shuffles run (`top2.lane_top2`), in interpret mode `row_top2`. `q_tiles_inner`
+  None (the default) puts a causal grid's query tiles outermost (`forward_mgpu.query_grid`):
+  the grid's order, not its work; that the grid changed, the traced program says."""
   _skip_if_causal_refused(causal)
   on_gpu = jax.default_backend() == "gpu"
   q, k, v, _ = _tied(Shape(1, 150, 200, 2, 1, 64, causal=causal), jnp.bfloat16, 5)
@@ -260,6 +264,9 @@ def test_mosaic_gpu_schedules_are_the_same_function(change, causal):
   if "overlap" in change:  # the overlapped loop: S read with the P̄V wgmma in flight
     traced = [str(jax.make_jaxpr(attend(which))(q)).count("wait_n=1") for which in (0, 1)]
     assert traced[0] == 0 and traced[1] > 0, traced
+  if "q_tiles_inner" in change:  # the grid's axes in another order reach the kernel
+    traced = [str(jax.make_jaxpr(attend(which))(q)) for which in (0, 1)]
+    assert traced[0] != traced[1]
   if on_gpu and "tie_lanes" in change:  # its inline block ran (the shuffles, not row_top2)
     traced = [str(jax.make_jaxpr(attend(which))(q)).count("_merge_lanes") for which in (0, 1)]
     assert traced[0] == 0 and traced[1] > 0, traced
@@ -552,24 +559,45 @@ def test_mosaic_gpu_backward_dq_key_tile_of_128_is_tritons_block_k_bwd_128(
 
 def test_mosaic_gpu_backward_longest_first_is_the_same_function():
   """`MosaicGPUOptions.longest_first` reverses the causal dQ kernel's query tiles (the last,
-  which visits the most key tiles, first): dQ, dK and dV are bit-identical with and without it,
-  and the option reaches the dQ kernel (its index arithmetic is in the traced program; a
-  reversed row block paired with unreversed rows would move whole rows of dQ). Three query
-  tiles of 128 rows, the last partial."""
+  which visits the most key tiles, first) and `q_tiles_inner` None (the default) puts them
+  outermost in its grid (`forward_mgpu.query_grid`): dQ, dK and dV are bit-identical with and
+  without either, and each option reaches the dQ kernel (its index arithmetic or its grid is in
+  the traced program; a reversed row block paired with unreversed rows would move whole rows
+  of dQ). Three query tiles of 128 rows, the last partial."""
   _skip_if_causal_refused(True)
   from pallas_kernels.backward_mgpu import flash_backward_mgpu
   from pallas_kernels.forward_mgpu import MosaicGPUOptions
 
   args, cfg = _residuals(Shape(1, 300, 300, 2, 1, 64, causal=True), jnp.bfloat16)
-  plain, reversed_ = (
-    dataclasses.replace(cfg, mgpu=MosaicGPUOptions(longest_first=on)) for on in (False, True)
+  plain, reversed_, outermost = (
+    dataclasses.replace(cfg, mgpu=MosaicGPUOptions(longest_first=on, q_tiles_inner=inner))
+    for on, inner in ((False, True), (True, True), (True, None))
   )
   texts = [
     str(jax.make_jaxpr(lambda *a, c=c: flash_backward_mgpu(*a, c))(*args))
-    for c in (plain, reversed_)
+    for c in (plain, reversed_, outermost)
   ]
-  assert texts[0] != texts[1]
-  _assert_same_bits(flash_backward_mgpu(*args, reversed_), flash_backward_mgpu(*args, plain))
+  assert len(set(texts)) == 3
+  want = flash_backward_mgpu(*args, plain)
+  _assert_same_bits(flash_backward_mgpu(*args, reversed_), want)
+  _assert_same_bits(flash_backward_mgpu(*args, outermost), want)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_query_grid_puts_causal_query_tiles_outermost_unless_told(causal):
+  """`forward_mgpu.query_grid`: q_tiles_inner None resolves by causal (full: a head's query
+  tiles innermost, for L2; causal: outermost, so longest_first orders the whole grid); True and
+  False are obeyed either way."""
+  from pallas_kernels.forward_mgpu import MosaicGPUOptions, query_grid
+
+  def names(inner):
+    return query_grid(
+      types.SimpleNamespace(causal=causal, mgpu=MosaicGPUOptions(q_tiles_inner=inner))
+    )
+
+  inner, outer = ("batch", "heads", "q_tiles"), ("q_tiles", "batch", "heads")
+  assert names(None) == (outer if causal else inner)
+  assert (names(True), names(False)) == (inner, outer)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
