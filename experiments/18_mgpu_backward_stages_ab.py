@@ -1,7 +1,6 @@
 """Issue 19: the Mosaic GPU backward's tiles in flight (`pallas_kernels/backward_mgpu.py`,
 `KernelConfig.stages_bwd_mgpu`: dK/dV's and dQ's), and the `MosaicGPUOptions` it reads
-(longest_first: the causal dQ kernel's query tiles, the last first; q_tiles_inner: the dQ
-grid's query tiles innermost, 1, or outermost, 0, the causal default; rounded_scores: S as PTX
+(longest_first: the causal dQ kernel's query tiles, the last first; rounded_scores: S as PTX
 mul.rn.f32 and P without a select, which moves float32 values away from the row max, so it
 says "DIFFERS" with the largest difference), against each other: each variant's backward
 (dK/dV and dQ, given the same forward residuals) against the first variant's in interleaved
@@ -31,7 +30,6 @@ import sys
 
 BACKWARD_OPTIONS = (
   "longest_first",
-  "q_tiles_inner",
   "rounded_scores",
   "scale_in_exp2",
 )  # `MosaicGPUOptions` the backward reads

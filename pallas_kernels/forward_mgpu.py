@@ -79,10 +79,12 @@ class MosaicGPUOptions:
     (the default, `query_grid`): on without causal, off with it, where the query tiles
     outermost let `longest_first` order the whole grid (every head's longest tiles before any
     shorter one: FlashAttention-3's longest-processing-time-first over all heads, Shah et al.
-    2024, §3) instead of each head's tiles. The forward's and the backward's dQ kernel's grid;
-    the same bits either way. Timed (H100, 2026-12-06, paired against cuDNN): causal +2.4%
-    (16 × 1024 × 12 × d64, 60 pairs), +5.4% (8 × 2048 × 12 × d64, 30 pairs), +3.7–5.3%
-    (4 × 4096 × 16 × d128, 30 pairs, two runs); without causal −0.7% (16 × 1024 × 12 × d64).
+    2024, §3) instead of each head's tiles. The same bits either way. Timed (H100, 2026-12-06,
+    paired against cuDNN): causal +2.4% (16 × 1024 × 12 × d64, 60 pairs), +5.4% (8 × 2048 × 12
+    × d64, 30 pairs), +3.7–5.3% (4 × 4096 × 16 × d128, 30 pairs, two runs); without causal
+    −0.7% (16 × 1024 × 12 × d64). The forward's grid only: the backward's dQ kernel keeps its
+    query tiles innermost (outermost it took 1.026–1.028× the time, causal 16 × 1024 × 12 ×
+    d64, 30 pairs).
   opt_barrier: with ping-pong, the step's softmax results (α·acc, m, l, P̄ in 16 bits) pass
     an `optimization_barrier` before the warpgroup gives up its turn, so the compiler cannot
     sink their arithmetic past the arrive into the other warpgroup's turn (as JAX's
@@ -385,9 +387,9 @@ def visited_key_tiles(row_end, n_tiles, block_k, causal):
 
 
 def query_grid(cfg) -> tuple[str, str, str]:
-  """The grid axes' names, outermost first, of a grid with a CTA per (batch, head, query tile)
-  (the forward's and the backward's dQ kernel's): the query tiles innermost where
-  `MosaicGPUOptions.q_tiles_inner` resolves on (None: without causal), else outermost."""
+  """The forward's grid axes' names, outermost first (a CTA per batch, head and query tile):
+  the query tiles innermost where `MosaicGPUOptions.q_tiles_inner` resolves on (None: without
+  causal), else outermost."""
   inner = cfg.mgpu.q_tiles_inner
   if inner is None:
     inner = not cfg.causal
