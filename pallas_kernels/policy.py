@@ -362,8 +362,9 @@ MOSAIC_GPU_BLOCK_K = (64, 128)
 
 
 def get_numerics(name: str) -> Numerics:
-  if name not in NUMERICS:
-    raise ValueError(f"numerics={name!r} is not supported; choose one of {sorted(NUMERICS)}")
+  """The layout named `name`; ValueError naming anything else (a list or a number too)."""
+  if not isinstance(name, str) or name not in NUMERICS:
+    raise ValueError(f"numerics={shown(name)} is not supported; choose one of {sorted(NUMERICS)}")
   return NUMERICS[name]
 
 
@@ -471,6 +472,10 @@ class Compensation:
         raise ValueError(
           f"{name} must be a finite number {'>' if strict else '>='} {low}, got {name}={value!r}"
         )
+      if value > FLOAT32_MAX:  # the kernels compare and shift in float32: inf there
+        raise ValueError(
+          f"{name}={value!r} overflows float32, the kernels' arithmetic (at most {FLOAT32_MAX:.4g})"
+        )
     boolean("guard_paper", self.guard_paper)
     if not self.min_shift <= self.max_shift:
       raise ValueError(
@@ -512,10 +517,10 @@ def real_number(name, value) -> float:
 
 
 def shown(value) -> str:
-  """repr on one short line: an array's type, shape and dtype; a long repr cut (also for what
-  NumPy cannot give a shape, e.g. a ragged list)."""
+  """repr on one short line: an array's (anything with a dtype) type, shape and dtype; else its
+  repr (a list, a ragged list), cut if long."""
   try:
-    if np.ndim(value):
+    if hasattr(value, "dtype") and np.ndim(value):
       shape, dtype = np.shape(value), getattr(value, "dtype", None)
       return f"{type(value).__name__}(shape={shape}, dtype={dtype})"
   except (ValueError, TypeError):
@@ -524,12 +529,21 @@ def shown(value) -> str:
   return text if len(text) <= 80 else text[:60] + "…"
 
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+# The largest max_shift outside float16: a tied P̄ = e^−80 = 1.8e−35 keeps 2^8 of headroom above
+# float32's smallest normal (1.2e−38), so a product P̄·v that the GPU flushes to zero (|v| <
+# 2^−8) is below a bf16 half-ulp of the tied terms' sum; at 87 the tied P̄ itself nears it and
+# O comes out wrong, at 88 NaN (e^−88 flushed: l = 0).
+MAX_SHIFT = 80.0
+
+
 def check_shift_options(numerics, stabilize, guard_shift, max_shift, dtype=None, shift_above=0.0):
   """The checks of `flash_attention`'s and `AttentionConfig`'s guard_shift and max_shift (one
   line naming the value): guard_shift a bool, only with numerics="paper" and the compensation
   (the other layouts always clip the shift); max_shift a real number, only with the compensation
   and a clipped shift (the paper layout's literal shift has no cap: there it needs
-  guard_shift), at most 6 for float16 inputs outside the paper layout (`Compensation.for_dtype`:
+  guard_shift), at most `MAX_SHIFT` (80: e^−80 stays far enough above float32's smallest
+  normal), at most 6 for float16 inputs outside the paper layout (`Compensation.for_dtype`:
   e^−6 is about the smallest P̄ that stays a normal float16 number); shift_above a real number,
   not 0 only with the compensation. Returns max_shift as a float or None; the ranges are
   `Compensation`'s check."""
@@ -553,6 +567,16 @@ def check_shift_options(numerics, stabilize, guard_shift, max_shift, dtype=None,
     raise ValueError(
       f"max_shift={max_shift!r} caps the clipped shift; the paper layout's literal shift has "
       "none: add guard_shift=True (+guard)"
+    )
+  if max_shift < Compensation.min_shift:
+    raise ValueError(
+      f"max_shift={max_shift!r} is below the shift's floor 2⁻⁷ = {Compensation.min_shift} (a "
+      "smaller shift leaves the tied P̄ = 1 in bf16)"
+    )
+  if max_shift > MAX_SHIFT:
+    raise ValueError(
+      f"max_shift={max_shift!r} > {MAX_SHIFT:g}: the tied P̄ = e^−max_shift nears float32's "
+      "smallest normal and is flushed with its products (wrong O, or NaN from 88)"
     )
   if dtype is not None and jnp.dtype(dtype) == jnp.float16 and numerics != "paper":
     if max_shift > 6.0:

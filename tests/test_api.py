@@ -200,3 +200,21 @@ def test_launch_parameters_out_of_range_are_refused(field, value):
     ValueError, match=rf"^{field} must be None or one of .*got {field}={value!r}$"
   ):
     flash_attention(q, q, q, **{field: value})
+
+
+def test_unhashable_choices_and_interpret_off_a_gpu_are_named_in_one_line():
+  """A list where a layout, implementation or dtype name goes is refused naming it (not
+  Python's "unhashable type"); interpret=False on a backend without a GPU is refused naming
+  the option and the backend (not Pallas' own "Only interpret mode is supported")."""
+  from jax_flashstable import AttentionConfig
+
+  q = jnp.zeros((1, 4, 1, 16), jnp.bfloat16)
+  with pytest.raises(ValueError, match=r"^numerics=\['fa2'\] is not supported"):
+    flash_attention(q, q, q, numerics=["fa2"])
+  for field in ("numerics", "implementation", "reference_dtype"):
+    with pytest.raises(ValueError, match=rf"^{field}=\['x'\] "):
+      AttentionConfig(**{field: ["x"]})
+  if jax.default_backend() != "gpu":
+    for backend, needs in (("auto", "a CUDA GPU"), ("mosaic_gpu", "a Hopper GPU")):
+      with pytest.raises(ValueError, match=rf"^interpret=False .*{needs}.* backend is 'cpu'"):
+        flash_attention(q, q, q, backend=backend, interpret=False)

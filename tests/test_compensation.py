@@ -417,12 +417,14 @@ def test_guard_shift_needs_the_paper_layout_with_the_compensation(kw):
     (dict(stabilize=True, max_shift=True), jnp.bfloat16),
     (dict(stabilize=True, numerics="paper", max_shift=6.0), jnp.bfloat16),  # literal: no cap
     (dict(stabilize=True, max_shift=20.0), jnp.float16),  # e^-20 flushes in float16
+    (dict(stabilize=True, max_shift=81.0), jnp.bfloat16),  # e^-87: wrong O; e^-88: NaN
+    (dict(stabilize=True, numerics="paper", guard_shift=True, max_shift=100.0), jnp.bfloat16),
   ],
 )
 def test_bad_max_shift(kw, dtype):
   """max_shift is refused, naming it, wherever it would not act as asked: without the
-  compensation, outside [2^-7, inf), not a number, with the paper layout's literal shift (which
-  has no cap; bit-identical outputs otherwise), above 6 for float16."""
+  compensation, outside [2^-7, 80] (`policy.MAX_SHIFT`), not a number, with the paper layout's
+  literal shift (which has no cap; bit-identical outputs otherwise), above 6 for float16."""
   q = jnp.zeros((1, 4, 1, 32), dtype)
   with pytest.raises((ValueError, TypeError), match="max_shift"):
     flash_attention(q, q, q, **kw)
@@ -493,6 +495,27 @@ def test_float16_with_large_ties_is_not_flushed():
   assert np.abs(out - gold).max() < 2e-3
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_the_largest_max_shift_keeps_tied_rows_right(dtype):
+  """At max_shift = 80 (`policy.MAX_SHIFT`) a row of four keys tied at 100 (each shifted to
+  P̄ = e^−80 = 1.8e−35) still gives the definition's output, the mean of the four values
+  (FP64), and a finite lse; at 87 this row came out wrong and at 88 NaN, which the check now
+  refuses (`test_bad_max_shift`)."""
+  q = np.zeros((1, 1, 1, 16), np.float32)
+  q[..., 0] = 100.0
+  k = np.zeros((1, 4, 1, 16), np.float32)
+  k[..., 0] = 1.0
+  v = np.random.default_rng(0).standard_normal((1, 4, 1, 16)).astype(np.float32)
+  q, k, v = (jnp.asarray(x, dtype) for x in (q, k, v))
+  out, stats = flash_attention(
+    q, k, v, softmax_scale=1.0, stabilize=True, max_shift=80.0, return_stats=True
+  )
+  gold = np.asarray(v, np.float64).mean(axis=1)
+  tol = 1e-6 if dtype == jnp.float32 else 1e-2
+  assert np.abs(np.asarray(out, np.float64)[:, 0] - gold).max() < tol
+  assert np.allclose(np.asarray(stats.lse, np.float64), 100.0 + np.log(4.0), atol=1e-3)
+
+
 @pytest.mark.parametrize(
   "bad",
   [
@@ -501,6 +524,8 @@ def test_float16_with_large_ties_is_not_flushed():
     dict(beta=float("nan")),
     dict(tie_tolerance=-1e-3),
     dict(tie_tolerance=float("inf")),
+    dict(beta=1e300),  # finite, but inf in the kernels' float32: inf · 0 = NaN at a max of 0
+    dict(tie_tolerance=1e39),
   ],
 )
 def test_bad_compensation_settings(bad):

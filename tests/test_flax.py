@@ -361,3 +361,29 @@ def test_a_spec_cannot_overwrite_its_preset(spec, why):
     AttentionConfig.parse(spec)
   with pytest.raises(ValueError, match=r"reference_dtype='bfloat16' needs implementation"):
     AttentionConfig(reference_dtype="bfloat16")
+
+
+def test_attend_takes_a_spec_and_checks_inputs_for_every_implementation():
+  """`attend` takes a spec string as `make_attention_fn` does (the same values as its
+  AttentionConfig), and every implementation, the XLA one included, refuses inputs the kernels
+  refuse in one line naming them (`checks.check_inputs`) instead of an AttributeError or
+  JAX's own message from inside."""
+  rng = np.random.default_rng(0)
+  q = jnp.asarray(rng.standard_normal((1, 8, 2, 16)), jnp.float32)
+  for spec in ("fa2", "xla"):
+    by_spec = attend(q, q, q, spec, causal=True)
+    by_config = attend(q, q, q, AttentionConfig.parse(spec), causal=True)
+    assert np.array_equal(np.asarray(by_spec), np.asarray(by_config))
+  bad = [
+    ((q.tolist(), q, q), TypeError, r"^query must be an array .* got a list"),
+    ((q[0], q[0], q[0]), ValueError, r"^query must have rank 4 .* got query.shape=\(8, 2, 16\)$"),
+    ((q, q.astype(jnp.bfloat16), q), TypeError, r"^query, key and value must share one dtype"),
+    ((q, q[:, :, :1], q), ValueError, r"^key and value shapes differ"),
+    ((q[..., :1, :], q, q), ValueError, r"^num_heads=1 is not a multiple of num_kv_heads=2$"),
+  ]
+  for spec in ("fa2", "xla", "reference-fp32"):
+    for args, error, message in bad:
+      with pytest.raises(error, match=message):
+        attend(*args, spec, causal=False)
+  with pytest.raises(ValueError, match="attention spec"):
+    attend(q, q, q, 42, causal=False)

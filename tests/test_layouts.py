@@ -79,3 +79,35 @@ def test_layout_errors():
       numerics="stochastic",
       rng_key=jax.random.key(0),
     )
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_a_row_of_minus_inf_scores_is_nan_but_not_in_the_paper_layout(causal):
+  """A query row whose scores are all −inf (a −inf query component against positive keys) has
+  no softmax: the definition gives 0/0, NaN, as fa2 does. The paper layout reproduces the
+  paper's kernel, which masks with bf16's lowest (−3.39e38, above −inf) and clamps each
+  tile's P̄ sum at ≥ 1e−10 (docs/api.md, softmax_scale): without causal that row comes out 0;
+  with causal its masked keys (2–7 for row 1) outrank the −inf scores and it comes out finite,
+  a mix of their values (its weights the paper kernel's rescaling of the masked tiles). The
+  other rows are finite and equal the float32 reference either way."""
+  rng = np.random.default_rng(0)
+  q = jnp.asarray(rng.standard_normal((1, 4, 1, 16)), jnp.bfloat16)
+  k = jnp.abs(jnp.asarray(rng.standard_normal((1, 8, 1, 16)), jnp.bfloat16)) + 0.1
+  v = jnp.asarray(rng.standard_normal((1, 8, 1, 16)), jnp.bfloat16)
+  q = q.at[0, 1, 0, 0].set(-jnp.inf)
+  ref = np.asarray(reference_attention(q, k, v, causal=causal), np.float64)
+  fa2, paper = (
+    np.asarray(flash_attention(q, k, v, causal=causal, numerics=n), np.float64)
+    for n in ("fa2", "paper")
+  )
+  assert np.isnan(fa2[0, 1]).all()
+  if causal:  # the masked keys' values weigh in: finite, and within their range
+    masked = np.asarray(v, np.float64)[0, 2:]
+    row = paper[0, 1]
+    assert np.isfinite(row).all() and np.abs(row).max() > 0
+    assert (row >= masked.min(axis=0) - 1e-6).all() and (row <= masked.max(axis=0) + 1e-6).all()
+  else:
+    assert (paper[0, 1] == 0).all()
+  for out in (fa2, paper):
+    rest = np.delete(out, 1, axis=1)
+    assert np.isfinite(rest).all() and np.abs(rest - np.delete(ref, 1, axis=1)).max() < 0.05

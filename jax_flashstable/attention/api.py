@@ -306,6 +306,12 @@ def _kernel_config(
   boolean("interpret", interpret, none=True)
   if backend not in BACKENDS:
     raise ValueError(f"backend must be one of {BACKENDS}, got backend={backend!r}")
+  if interpret is False and jax.default_backend() != "gpu":  # Pallas' own error otherwise
+    raise ValueError(
+      f"interpret=False compiles the kernels: backend={backend!r} needs "
+      f"{'a Hopper GPU' if backend == 'mosaic_gpu' else 'a CUDA GPU'}; this JAX backend is "
+      f"{jax.default_backend()!r}: leave interpret at None or True"
+    )
   layout = get_numerics(numerics).with_options(
     delta_float32=delta_float32,
     center_keys=center_keys,

@@ -39,6 +39,8 @@ from pallas_kernels.policy import (
   Compensation,
   boolean,
   check_shift_options,
+  get_numerics,
+  shown,
 )
 
 IMPLEMENTATIONS = ("flash", "reference", "xla", "cudnn")
@@ -96,11 +98,15 @@ class AttentionConfig:
     for f in dataclasses.fields(self):  # flags are bools, not truthy values ("no" is truthy)
       if f.type in ("bool", bool):
         boolean(f.name, getattr(self, f.name))
-    if self.implementation not in IMPLEMENTATIONS:
-      raise ValueError(f"implementation={self.implementation!r} is not one of {IMPLEMENTATIONS}")
-    if self.numerics not in NUMERICS:
-      raise ValueError(f"numerics={self.numerics!r} is not one of {sorted(NUMERICS)}")
-    if self.reference_dtype not in ("float32", "bfloat16"):
+    if not isinstance(self.implementation, str) or self.implementation not in IMPLEMENTATIONS:
+      raise ValueError(
+        f"implementation={shown(self.implementation)} is not one of {IMPLEMENTATIONS}"
+      )
+    get_numerics(self.numerics)  # ValueError naming anything but a layout's name
+    if not isinstance(self.reference_dtype, str) or self.reference_dtype not in (
+      "float32",
+      "bfloat16",
+    ):
       raise ValueError(f"reference_dtype={self.reference_dtype!r} must be 'float32' or 'bfloat16'")
     if self.backend not in BACKENDS:
       raise ValueError(f"backend={self.backend!r} must be one of {BACKENDS}")

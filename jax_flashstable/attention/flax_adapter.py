@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import functools
 import importlib
-import math
 
 import jax
 import jax.numpy as jnp
 
 from jax_flashstable.attention import api as _attention
 from jax_flashstable.attention.config import AttentionConfig
-from pallas_kernels.checks import check_softmax_scale
+from pallas_kernels.checks import check_inputs
 from pallas_kernels.policy import boolean, centered_keys
 
 
@@ -36,7 +35,14 @@ _register_interpret_config()
 
 
 def attend(
-  query, key, value, config: AttentionConfig, *, causal: bool, softmax_scale=None, rng_key=None
+  query,
+  key,
+  value,
+  config: AttentionConfig | str,
+  *,
+  causal: bool,
+  softmax_scale=None,
+  rng_key=None,
 ):
   """softmax(scale·QKᵀ)V by `config.implementation`; [batch, len, heads, head_dim] in and out.
 
@@ -51,16 +57,20 @@ def attend(
   implementation's residuals. The forward never sees a later key; the gradients may, at
   rounding level, through the mean.
 
+  `config` is an AttentionConfig or a spec of its grammar ("fa2+comp", "xla", …).
+
   Raises:
-    ValueError: numerics="stochastic" without an rng_key; a softmax_scale that is not finite,
-      > 0 and a normal float32 number (every implementation: `checks.check_softmax_scale`).
-    TypeError: a causal that is not a bool, a softmax_scale that is not a concrete number.
+    ValueError: a bad spec; numerics="stochastic" without an rng_key; inputs that are not
+      [batch, len, heads, head_dim] arrays of matching sizes, or a softmax_scale that is not
+      finite, > 0 and a normal float32 number (every implementation: `checks.check_inputs`,
+      the kernels' checks; float64 inputs only for the XLA, cuDNN and reference ones).
+    TypeError: a causal that is not a bool, a softmax_scale that is not a concrete number,
+      inputs that are not arrays or of mixed or unsupported dtypes.
   """
+  config = AttentionConfig.parse(config)
   boolean("causal", causal)
-  if softmax_scale is None:
-    softmax_scale = 1.0 / math.sqrt(query.shape[-1])
-  softmax_scale = check_softmax_scale(softmax_scale)
   impl = config.implementation
+  softmax_scale = check_inputs(query, key, value, softmax_scale, allow_float64=impl != "flash")
   if impl == "flash":
     stochastic = config.numerics == "stochastic"
     if stochastic and rng_key is None:
