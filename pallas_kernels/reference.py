@@ -192,6 +192,11 @@ def reference_attention_vjp(
     query, key, value, softmax_scale, allow_float64=True, scale_dtype=_scale_dtype(dtype)
   )
   causal = boolean("causal", causal)
+  if getattr(d_out, "shape", None) != query.shape:  # JAX's own VJP message names no argument
+    raise ValueError(
+      f"d_out must have the output's shape query.shape={query.shape}, "
+      f"got d_out.shape={getattr(d_out, 'shape', None)}"
+    )
 
   if dtype == jnp.float64:
     with jax.enable_x64(True):

@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from jax_flashstable import reference_attention
+from jax_flashstable import reference_attention, reference_attention_vjp
 
 
 def numpy_attention(q, k, v, causal, scale):
@@ -149,3 +149,13 @@ def test_low_precision_references_are_op_by_op():
   fwd = lambda q, k, v: reference_attention(q, k, v, causal=True, dtype=jnp.float32)
   assert same(fwd(q, k, v), reference._attention(q, k, v, True, shape.head_dim**-0.5, dtype))
   assert "optimization_barrier" not in str(jax.make_jaxpr(jax.jit(fwd))(q, k, v))
+
+
+def test_vjp_names_a_cotangent_of_the_wrong_shape():
+  """reference_attention_vjp refuses a d_out that is not the output's shape in one line naming
+  it, for every dtype (JAX's own message about the VJP function names no argument)."""
+  q = jnp.ones((1, 4, 2, 8), jnp.float32)
+  for dtype in (jnp.float64, jnp.float32, jnp.bfloat16):
+    for bad in (q[:, :2], q[0]):
+      with pytest.raises(ValueError, match=r"^d_out must have the output's shape .*d_out.shape="):
+        reference_attention_vjp(q, q, q, bad, dtype=dtype)
