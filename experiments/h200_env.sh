@@ -1,7 +1,7 @@
 # Sourced by every experiments/h200_*.sh (device tool, run from the repo root): the project on
 # the path, no GPU memory preallocation (several processes share a GPU), unbuffered logs, the
 # persistent JAX compilation cache and the corpus cache on the machine's local disk, and NVLink
-# multicast off for NCCL (the device's KINDS.md: keep it off on multi-GPU kinds).
+# multicast off for NCCL (the device tool's KINDS.md, outside this repository: keep it off on multi-GPU kinds).
 export PYTHONPATH=$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 export JAX_COMPILATION_CACHE_DIR=/tmp/jaxcache FLASHSTABLE_CACHE=/tmp/fscache
 # torch.compile's caches (Inductor's FX graph and AOTAutograd caches, its Triton kernels) at a
