@@ -53,6 +53,36 @@ def test_variant_configs_are_what_they_say():
   assert experiment.variant_config(TINY, "fa2+mgpu", 0, "/x").attention == "fa2+mgpu"
 
 
+def test_a_matrix_refuses_what_its_runs_would_drop_or_not_run(tmp_path):
+  """A setting of the base that each variant's run would silently replace (its per-layer
+  attentions: every variant sets every layer's; max_seconds: the time budget replaces it) is
+  refused, naming it, before anything is written (`flashstable compare --layer-attention 1=…`
+  trained every variant without it until 2026-12-06); so is a variant that cannot run in the
+  model (stochastic rounding at compute_dtype float32), naming the variant, the model's dtype
+  and the kernel's check, also as the watched layer's attention alone (SPEC@layer)."""
+  from jax_flashstable.experiment import compare
+
+  layered = dataclasses.replace(TINY, attention_overrides=((1, "stochastic"),))
+  for base, message in (
+    (layered, r"^attention_overrides='1=stochastic': each variant sets the attention of every"),
+    (dataclasses.replace(TINY, max_seconds=5.0), r"^max_seconds=5.0: the runs stop by the matrix"),
+  ):
+    with pytest.raises(ValueError, match=message):
+      experiment.variant_config(base, "fa2", 0, tmp_path / "fa2" / "seed0")
+    with pytest.raises(ValueError, match=message):
+      compare.run_compare(base, tmp_path / "cmp", ("fa2", "reference-fp32"), 0, log=print)
+  float32 = dataclasses.replace(TINY, model_overrides=(("compute_dtype", "float32"),))
+  for variant in ("stochastic", "stochastic@layer"):
+    with pytest.raises(
+      ValueError,
+      match=rf"^variant '{variant}' cannot run in model 'tiny' \(compute_dtype='float32', "
+      r"head_dim=32\): numerics='stochastic' rounds to bfloat16 and needs bfloat16 inputs",
+    ):
+      experiment.run_matrix(float32, ["fa2", variant], [0], tmp_path / "m", log=print)
+  assert experiment.variant_config(float32, "fa2+comp", 0, "/x").attention == "fa2+comp+triton"
+  assert not list(tmp_path.iterdir())
+
+
 def test_a_run_stored_with_an_older_spelling_is_the_same_run(tmp_path):
   cfg = experiment.variant_config(TINY, "paper+comp", 0, tmp_path, tiles=32)
   old = dataclasses.replace(

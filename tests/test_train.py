@@ -380,6 +380,89 @@ def test_validate_names_the_setting(tmp_path):
       dataclasses.replace(ok, **kw).validate()
 
 
+# An attention the model's compute_dtype or head_dim does not allow: (TrainConfig fields, the
+# field the error names, the layer whose attention it is)
+_ATTENTION_NOT_IN_MODEL = [
+  (dict(model_overrides=(("n_embd", 600), ("n_head", 2))), "attention='fa2'", 0),
+  (dict(model_overrides=(("n_embd", 600), ("n_head", 2)), attention="reference-fp32"), None, 0),
+  (
+    dict(model_overrides=(("compute_dtype", "float16"),), attention="fa2+comp:max_shift=10"),
+    None,
+    0,
+  ),
+  (dict(model_overrides=(("compute_dtype", "float16"),), attention="fa2+rsum"), None, 0),
+  (
+    dict(model_overrides=(("compute_dtype", "float16"),), attention_overrides=((1, "fa2+rsum"),)),
+    "attention_overrides: layer 1='fa2+rsum'",
+    1,
+  ),
+  (dict(model_overrides=(("compute_dtype", "float32"),), attention="stochastic"), None, 0),
+]
+
+
+@pytest.mark.parametrize("kw,field,layer", _ATTENTION_NOT_IN_MODEL)
+def test_validate_refuses_an_attention_the_model_cannot_run(tmp_path, kw, field, layer):
+  """An attention that cannot run at the model's compute_dtype or head_dim (a traceback from
+  the first training step, after the model's setup, until 2026-12-06) is refused by validate,
+  before anything is built or written, in one line: the field, the model's compute_dtype and
+  head_dim, then word for word the error that the attention's first call in the model raises
+  (`attend` on arrays of the model's dtype and head_dim)."""
+  import jax
+  import jax.numpy as jnp
+
+  from jax_flashstable.attention.flax_adapter import attend
+
+  c = TrainConfig(out_dir=str(tmp_path / "run"), **kw)
+  with pytest.raises(ConfigError) as refused:
+    c.validate()
+  assert not (tmp_path / "run").exists()
+  m = c.model_config()
+  x = jnp.zeros((1, 16, m.n_head, m.head_dim), m.compute_dtype)
+  with pytest.raises((ValueError, TypeError)) as called:
+    attend(x, x, x, m.attention_for(layer), causal=True, rng_key=jax.random.key(0))
+  field = field or f"attention={c.attention!r}"
+  assert str(refused.value) == (
+    f"{field} cannot run in model 'tiny' (compute_dtype={m.compute_dtype!r}, "
+    f"head_dim={m.head_dim}): {called.value}"
+  )
+
+
+def test_validate_keeps_the_attentions_the_model_can_run(tmp_path):
+  """The same check passes what the kernels take, and the model's call of each layer's
+  attention, forward and backward, traces (`jax.eval_shape`: the checks a training step's trace
+  makes): the stochastic layout in bfloat16, the compensation's shift capped at 6 and the paper
+  layout's rounded row sum in float16, the rounded row sum in float32, the reference and XLA at
+  head_dim 256; and it creates nothing."""
+  import jax
+  import jax.numpy as jnp
+
+  from jax_flashstable.attention.flax_adapter import attend
+
+  for kw in (
+    dict(attention="stochastic"),
+    dict(model_overrides=(("compute_dtype", "float16"),), attention="fa2+comp:max_shift=6"),
+    dict(model_overrides=(("compute_dtype", "float16"),), attention="paper+comp+rsum"),
+    dict(model_overrides=(("compute_dtype", "float32"),), attention="fa2+rsum"),
+    dict(
+      model_overrides=(("n_embd", 512), ("n_head", 2)),
+      attention="reference-fp32",
+      attention_overrides=((1, "xla"),),
+    ),
+  ):
+    c = TrainConfig(out_dir=str(tmp_path / "run"), **kw)
+    assert c.validate() is c, kw
+    m = c.model_config()
+    x = jax.ShapeDtypeStruct((1, m.block_size, m.n_head, m.head_dim), jnp.dtype(m.compute_dtype))
+    for layer in range(m.n_layer):
+      loss = lambda q, k, v: (
+        attend(q, k, v, m.attention_for(layer), causal=True, rng_key=jax.random.key(0))
+        .astype(jnp.float32)
+        .sum()
+      )
+      jax.eval_shape(jax.grad(loss, argnums=(0, 1, 2)), x, x, x)
+  assert not (tmp_path / "run").exists()
+
+
 def test_grad_clip_zero_means_no_clipping():
   """nanoGPT's grad_clip=0 is "off": the update is AdamW's own (not 0), and a zero gradient
   gives a zero update (not NaN, which clip_by_global_norm(0) gives)."""

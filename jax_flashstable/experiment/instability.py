@@ -54,7 +54,12 @@ from jax_flashstable.training.train import (
   warning_step,
 )
 from jax_flashstable.attention.config import MODIFIERS, AttentionConfig
-from jax_flashstable.training.config import ConfigError, named_error
+from jax_flashstable.training.config import (
+  ConfigError,
+  check_attention,
+  named_error,
+  overrides_text,
+)
 from pallas_kernels.policy import check_tile, real_number
 
 # A variant is an attention spec of `AttentionConfig`'s grammar ("paper", "paper+comp", "fa2",
@@ -172,17 +177,45 @@ def check_layer(base: TrainConfig, layer) -> None:
 def variant_config(
   base: TrainConfig, variant: str, seed: int, out_dir, *, tiles=512, layer=1
 ) -> TrainConfig:
-  """The TrainConfig of one run. Raises ValueError for a variant that does not parse or a
-  watched layer the model does not have."""
+  """The TrainConfig of one run: `base` with the variant's attention in every layer (SPEC, or
+  SPEC@layer: SPEC in the watched layer, xla elsewhere), `seed` and `out_dir`. Raises
+  ValueError for a variant that does not parse or cannot run in base's model (its
+  compute_dtype, head_dim: `training.config.check_attention`), a watched layer the model does
+  not have, and for a setting of `base` the run would not keep (`check_base`)."""
   check_tile("tiles", tiles)  # the paper layout's logical tile
+  check_base(base)
   check_layer(base, layer)
   try:
     attention, overrides = variant_attention(variant, tiles=tiles, layer=layer)
   except ValueError as e:
     raise ValueError(f"variant {variant!r}: {e}") from None
-  return dataclasses.replace(
+  cfg = dataclasses.replace(
     base, attention=attention, attention_overrides=overrides, seed=seed, out_dir=str(out_dir)
   )
+  mcfg = cfg.model_config()  # builds: check_layer built base's, the variant's spec parsed
+  for config in dict.fromkeys([mcfg.attention, *(c for _, c in mcfg.attention_overrides)]):
+    check_attention(f"variant {variant!r}", config, cfg, mcfg, error=ValueError)
+  return cfg
+
+
+def check_base(base: TrainConfig) -> None:
+  """Raises ValueError naming a setting of a matrix's `base` that its runs would not keep:
+  per-layer attentions (`attention_overrides`: each variant sets every layer's; SPEC@layer
+  sets the watched layer alone) and `max_seconds` (the runs stop by the matrix's time_budget,
+  which replaces it). The others each run keeps, but attention, seed and out_dir, which
+  `variant_config`'s arguments set (a TrainConfig always has them)."""
+  if base.attention_overrides:
+    raise ValueError(
+      f"{overrides_text('attention_overrides', base.attention_overrides)}: each variant sets "
+      "the attention of every layer (SPEC@layer: SPEC in the watched layer, standard attention "
+      "elsewhere), so a per-layer attention of the base would be dropped; give none"
+    )
+  if base.max_seconds:
+    raise ValueError(
+      f"max_seconds={base.max_seconds!r}: the runs stop by the matrix's time budget "
+      "(time_budget: the wall time of them all; a run cut resumes next time), which would "
+      "replace it; give max_seconds=0"
+    )
 
 
 def run_matrix(

@@ -173,7 +173,9 @@ class TrainConfig:
     """Checks what construction cannot without imports or files: the model preset and its
     overrides, the attention specs (and that the device can run them), seq_len ≤ the model's
     block_size, warning_layer a layer of the model under a dQ warning_rule, that the data
-    folder exists and that out_dir can be written. Returns self.
+    folder exists and that out_dir can be written, and last (it imports JAX) that each layer's
+    attention runs in the model, at its compute_dtype and head_dim (`check_attention`: the
+    checks of the attention's first call, on shapes alone). Returns self.
 
     Raises:
       ConfigError: naming the field and its value.
@@ -199,6 +201,8 @@ class TrainConfig:
       )
       raise ConfigError(f"data={self.data!r}{what}")
     check_output_dir(self.out_dir, "out_dir")
+    for name, spec, config in _layer_attentions(self, mcfg):  # last: it imports JAX
+      check_attention(f"{name}={spec!r}", config, self, mcfg)
     return self
 
   def model_config(self):
@@ -257,16 +261,21 @@ def overrides_text(field: str, pairs) -> str:
   return " ".join(f"{field}={f'{key}={spec(value)}'!r}" for key, value in pairs)
 
 
-def _check_device(cfg: TrainConfig, mcfg) -> None:
-  """GPU-only attentions (cudnn, the Mosaic GPU forward) on another backend: fail now, not
-  after tracing the model."""
-  configs = [("attention", cfg.attention, mcfg.attention)] + [
+def _layer_attentions(cfg: TrainConfig, mcfg) -> list[tuple]:
+  """(field as the errors name it, spec, AttentionConfig) of `attention` and of each layer
+  override; `mcfg` is cfg's GPTConfig."""
+  return [("attention", cfg.attention, mcfg.attention)] + [
     (f"attention_overrides: layer {i}", spec, c)
     for (i, spec), (_, c) in zip(cfg.attention_overrides, mcfg.attention_overrides)
   ]
+
+
+def _check_device(cfg: TrainConfig, mcfg) -> None:
+  """GPU-only attentions (cudnn, the Mosaic GPU forward) on another backend: fail now, not
+  after tracing the model."""
   gpu_only = [
     (name, spec)
-    for name, spec, c in configs
+    for name, spec, c in _layer_attentions(cfg, mcfg)
     if c.implementation == "cudnn" or c.backend == "mosaic_gpu"
   ]
   if gpu_only:
@@ -277,6 +286,69 @@ def _check_device(cfg: TrainConfig, mcfg) -> None:
       raise ConfigError(
         f"{name}={spec!r} needs a GPU; the default backend is {jax.default_backend()!r}"
       )
+
+
+def attention_error(config, mcfg, batch_size: int, seq_len: int) -> str | None:
+  """Why the attention `config` (an AttentionConfig) cannot run as a layer of the GPT model
+  `mcfg` (its compute_dtype, n_head, head_dim) on [batch_size, seq_len] sequences: the
+  message (its first line) of the check its first call in the model would fail, found now on
+  shapes alone (`jax.eval_shape`: nothing is built, compiled or run). Flash: `flash_attention`'s
+  argument checks (`resolved_backend`: head_dim, the layout's and options' dtypes, the
+  kernels' limits), no kernel traced; the others: `attend` traced (the inputs' checks,
+  cuDNN's dtypes and shapes on a GPU). None when it runs, and for cudnn off a GPU
+  (`_check_device` refuses it first). The one-line error is `check_attention`'s."""
+  import math
+
+  import jax
+  import jax.numpy as jnp
+
+  from jax_flashstable.attention.api import resolved_backend
+  from jax_flashstable.attention.flax_adapter import attend
+
+  if config.implementation == "cudnn" and jax.default_backend() != "gpu":
+    return None
+  # the model's call (`CausalSelfAttention`): q, k, v [batch, seq, n_head, head_dim] in
+  # compute_dtype, causal, softmax_scale 1/√head_dim, a key per call where stochastic
+  x = jax.ShapeDtypeStruct(
+    (batch_size, seq_len, mcfg.n_head, mcfg.head_dim), jnp.dtype(mcfg.compute_dtype)
+  )
+  stochastic = config.implementation == "flash" and config.numerics == "stochastic"
+
+  def call(q, k, v, rng_key):  # traced: abstract arrays, nothing computed
+    if config.implementation == "flash":  # the kernels' checks only, no kernel traced
+      resolved_backend(
+        q,
+        k,
+        v,
+        causal=True,
+        softmax_scale=1.0 / math.sqrt(mcfg.head_dim),
+        rng_key=rng_key if stochastic else None,
+        **config.flash_kwargs(),
+      )
+    else:
+      attend(q, k, v, config, causal=True)
+
+  try:
+    jax.eval_shape(call, x, x, x, jax.eval_shape(jax.random.key, 0))
+  except (ValueError, TypeError, NotImplementedError) as e:  # the checks' kinds of error
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+  return None
+
+
+def check_attention(
+  what: str, config, cfg: TrainConfig, mcfg=None, error: type[Exception] = ConfigError
+) -> None:
+  """Raises `error` (ConfigError unless given) when the attention `config` cannot run as a
+  layer of cfg's model (`attention_error`), in one line: `what` (e.g. "attention='stochastic'"),
+  the model, its compute_dtype and head_dim, then the check's own message. `mcfg`: cfg's
+  GPTConfig, when already built."""
+  mcfg = cfg.model_config() if mcfg is None else mcfg
+  why = attention_error(config, mcfg, cfg.batch_size, cfg.seq_len or mcfg.block_size)
+  if why:
+    raise error(
+      f"{what} cannot run in model {cfg.model!r} (compute_dtype={mcfg.compute_dtype!r}, "
+      f"head_dim={mcfg.head_dim}): {why}"
+    )
 
 
 def check_output_dir(path, name="out") -> pathlib.Path:
