@@ -20,9 +20,13 @@ import sys
 import warnings
 
 from jax_flashstable import interrupts
+from jax_flashstable.xla_cpu import plain_dots
 from jax_flashstable.checks import integer
 
 DTYPES = ("bfloat16", "float16", "float32")
+# the commands that compare kernels with references: run with XLA CPU's plain dot semantics,
+# as the tests are (`jax_flashstable.xla_cpu`)
+NUMERICS_COMMANDS = ("accuracy", "deviation", "bias", "crosscheck")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -847,9 +851,13 @@ def build_parser():
     "(compare.SETTINGS: on a GPU the recipe anchor-b128, seed 25; on a CPU the tiny model, "
     "250 steps, batch 4, seed 0; docs/experiments.md).",
   )
+  # as experiment's: no --layer-attention (each variant sets every layer's attention) and no
+  # --max-seconds (an interrupted run resumes next time), which run_matrix would drop
+  # (`instability.check_base`)
   _add_train_options(
     p,
-    skip=("attention",),
+    skip=("attention", "max_seconds"),
+    layer_attention=False,
     defaults={"*": "default: the setting's (below)", "out_dir": "runs/compare"},
   )
   p.set_defaults(func=_compare)
@@ -1237,6 +1245,8 @@ def main(argv=None):
     if getattr(args, dest, "") is None:
       _chosen_parser(parser, args).error(f"the following arguments are required: {dest}")
   args.argv = argv  # the command as typed, for the results' headers (`_meta`)
+  if args.command in NUMERICS_COMMANDS:  # kernels against references: XLA CPU's plain dots
+    plain_dots()
   from jax_flashstable.training.config import ConfigError
 
   try:

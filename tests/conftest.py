@@ -1,13 +1,10 @@
 import os
 
-# XLA's CPU backend fuses some dots into YNNPACK kernels whose accumulation is not the one the
-# program asks for (seen: the float32 reference attention's P·V more accurate than float32
-# arithmetic, so the rule err ≤ 2·err(standard) + 1 ulp compared flash with a better-than-fp32
-# baseline; bf16 products in backward fusions without float32 accumulation). The tests compare
-# kernels and references under the plain dot semantics the GPU has.
-os.environ["XLA_FLAGS"] = (
-  os.environ.get("XLA_FLAGS", "") + " --xla_cpu_experimental_ynn_fusion_type="
-).strip()
+from jax_flashstable.xla_cpu import plain_dots
+
+# XLA's CPU dots as the program states them (no YNNPACK fusions): the tests compare kernels and
+# references under the plain dot semantics the GPU has (`jax_flashstable.xla_cpu`).
+plain_dots()
 
 # Pallas' GPU interpret mode (the Mosaic GPU kernels on a CPU) runs each warpgroup as a JAX
 # computation that blocks in barrier callbacks; some run on the XLA CPU client's thread pool,

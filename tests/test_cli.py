@@ -101,6 +101,8 @@ def test_bad_arguments(tmp_path):
 def _bad_inputs(tmp):
   (tmp / "file").write_text("not a folder")
   (tmp / "texts").mkdir()
+  cmp, train16 = tmp / "cmp", ["train", "--steps", "1", "--model-set", "compute_dtype=float16"]
+  experiment = ["experiment", "instability", "--recipe", "tiny", "--out", str(tmp / "exp")]
   return [
     (["train", "--steps", "-5"], r"flashstable train: --steps=-5 must be an integer ≥ 1"),
     (["train", "--steps", "0"], r"steps=0 must be"),
@@ -252,6 +254,62 @@ def _bad_inputs(tmp):
     (
       ["prepare", str(tmp / "texts"), str(tmp / "bin"), "--val-every", "0"],
       r"argument --val-every: value=0 must be an integer ≥ 1",
+    ),
+    # a training option compare's variants would drop (each sets every layer's attention; the
+    # runs resume rather than stop by time): refused, as experiment refuses them
+    (
+      ["compare", "--steps", "1", "--layer-attention", "1=stochastic", "--out-dir", str(cmp)],
+      r"^flashstable compare: unrecognized arguments: --layer-attention 1=stochastic "
+      r"\(see flashstable compare --help\)$",
+    ),
+    (
+      ["compare", "--steps", "1", "--max-seconds", "5", "--out-dir", str(cmp)],
+      r"^flashstable compare: unrecognized arguments: --max-seconds 5 ",
+    ),
+    # an attention the model's compute_dtype or head_dim does not take, in every command that
+    # trains: one line before the model's setup (a traceback after it until 2026-12-06)
+    (
+      ["train", "--steps", "1", "--model-set", "n_embd=600", "--model-set", "n_head=2"],
+      r"^flashstable train: --attention='fa2' cannot run in model 'tiny' "
+      r"\(compute_dtype='bfloat16', head_dim=300\): head_dim=300 is not supported",
+    ),
+    (
+      [*train16, "--attention", "fa2+comp:max_shift=10"],
+      r"^flashstable train: --attention='fa2\+comp:max_shift=10' cannot run in model 'tiny' "
+      r"\(compute_dtype='float16', head_dim=32\): max_shift=10.0 > 6 flushes",
+    ),
+    (
+      [*train16, "--attention", "fa2+rsum"],
+      r"^flashstable train: --attention='fa2\+rsum' cannot run .*: sum_rounded_p=True takes",
+    ),
+    (
+      [*train16, "--layer-attention", "1=fa2+rsum"],
+      r"^flashstable train: --layer-attention: layer 1='fa2\+rsum' cannot run in model 'tiny' "
+      r"\(compute_dtype='float16', head_dim=32\): sum_rounded_p=True takes bfloat16 or float32",
+    ),
+    (
+      [
+        "train",
+        "--steps",
+        "1",
+        "--model-set",
+        "compute_dtype=float32",
+        "--attention",
+        "stochastic",
+      ],
+      r"^flashstable train: --attention='stochastic' cannot run in model 'tiny' "
+      r"\(compute_dtype='float32', head_dim=32\): numerics='stochastic' rounds to bfloat16",
+    ),
+    (
+      [*experiment, "--attention", "stochastic", "--model-set", "compute_dtype=float32"],
+      r"^flashstable experiment: variant 'stochastic' cannot run in model 'tiny' "
+      r"\(compute_dtype='float32', head_dim=32\): numerics='stochastic' rounds to bfloat16",
+    ),
+    (
+      ["compare", "--steps", "1", "--model", "tiny", "--out-dir", str(cmp)]
+      + ["--model-set", "n_embd=600", "--model-set", "n_head=2"],
+      r"^flashstable compare: variant '[^']+' cannot run in model 'tiny' "
+      r"\(compute_dtype='bfloat16', head_dim=300\): head_dim=300 is not supported",
     ),
   ]
 
@@ -455,3 +513,28 @@ def test_every_help_page_renders(capsys):
   compare = commands["compare"].format_help()
   assert compare.count("compare.SETTINGS") == 1  # compare's own defaults, said once
   assert re.search(r"--out-dir OUT_DIR\s+default runs/compare", compare)
+
+
+def test_numerics_commands_turn_xla_cpus_dot_fusions_off(monkeypatch, tmp_path):
+  """`flashstable accuracy` (and deviation, bias, crosscheck) compares kernels with references,
+  so it runs with XLA CPU's plain dot semantics as the tests do (`xla_cpu.plain_dots`; with
+  YNNPACK's fusions the float32 reference beat float32 arithmetic and `accuracy --dtypes
+  float32` failed 6 of 32 rows); train and the other commands leave XLA_FLAGS alone. The flag
+  is added once, beside the user's own."""
+  import jax_flashstable.cli as cli
+  from jax_flashstable import xla_cpu
+
+  calls = []
+  monkeypatch.setattr(cli, "plain_dots", lambda: calls.append(1))
+  for argv, want in (
+    (["accuracy", "--dtypes", "int8", "--out", str(tmp_path / "a")], 1),
+    (["plot", str(tmp_path / "none")], 0),
+  ):
+    calls.clear()
+    with pytest.raises(SystemExit):
+      main(argv)
+    assert len(calls) == want, argv
+  monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/x")
+  xla_cpu.plain_dots()
+  xla_cpu.plain_dots()
+  assert os.environ["XLA_FLAGS"].split() == ["--xla_dump_to=/tmp/x", xla_cpu.FLAG]

@@ -1,0 +1,24 @@
+"""XLA's CPU dots as the program states them, for comparisons of kernels and references.
+
+XLA's CPU backend fuses some dots into YNNPACK kernels whose accumulation is not the one the
+program asks for (seen with jax 0.11.2: the float32 reference attention's P·V more accurate than
+float32 arithmetic, so the accuracy rule err ≤ 2·err(standard) + 1 ulp compared our kernels
+with a better-than-float32 baseline and failed; bf16 products in backward fusions without
+float32 accumulation). Comparing kernels with references needs the plain dot semantics the GPU
+has: the tests (tests/conftest.py) and the CLI's numerics commands (`flashstable accuracy`,
+`deviation`, `bias`, `crosscheck`) turn the fusion off before JAX starts. No JAX import here.
+"""
+
+from __future__ import annotations
+
+import os
+
+FLAG = "--xla_cpu_experimental_ynn_fusion_type="
+
+
+def plain_dots() -> None:
+  """Adds `FLAG` (no YNNPACK dot fusions on XLA's CPU backend) to XLA_FLAGS, once; it acts
+  only if JAX has not started its backends yet, and changes nothing on a GPU."""
+  flags = os.environ.get("XLA_FLAGS", "")
+  if FLAG not in flags.split():
+    os.environ["XLA_FLAGS"] = f"{flags} {FLAG}".strip()
