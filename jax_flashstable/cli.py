@@ -1127,6 +1127,9 @@ def build_parser():
     "bench",
     help="fwd and fwd+bwd TFLOP/s of our kernels (layouts × "
     "compensation) next to cuDNN, XLA and torch SDPA; compensation overhead",
+    description="fwd and fwd+bwd TFLOP/s of our kernels (layouts × compensation) next to "
+    "cuDNN, XLA and torch SDPA, the compensation's overhead, and with --targets issue 19's "
+    "speed targets. Writes OUT/bench.md, bench.json and bench.png (docs/bench.md).",
   )
   p.add_argument(
     "--shapes",
@@ -1144,13 +1147,18 @@ def build_parser():
     "fa2, paper+comp, fa2+comp+mgpu:block_k=128, xla, cudnn), pallas-mgpu, torch-flash, "
     "torch-cudnn, torch-efficient, torch-math (cudnn, pallas-mgpu and torch-*: GPU only)",
   )
-  p.add_argument("--warmup", type=_count(0), default=3)
-  p.add_argument("--reps", type=_count(1), default=20)
+  p.add_argument("--warmup", type=_count(0), default=3, help="untimed runs first (default 3)")
+  p.add_argument(
+    "--reps",
+    type=_count(1),
+    default=20,
+    help="timings of each measurement, their median (default 20)",
+  )
   p.add_argument(
     "--overhead-pairs",
     type=_count(0),
     default=20,
-    help="interleaved pairs for the compensation overhead (0: skip)",
+    help="interleaved pairs for the compensation overhead (0: skip; default 20)",
   )
   _renamed(
     p,
@@ -1204,7 +1212,9 @@ def build_parser():
     default=None,
     help="with --targets: its global batch (default 16 on a GPU, 2 on a CPU)",
   )
-  p.add_argument("--out", default="runs/bench")
+  p.add_argument(
+    "--out", default="runs/bench", help="folder for bench.md, .json, .png (default runs/bench)"
+  )
   p.set_defaults(func=_bench)
   p = sub.add_parser("plot", help="draw loss, grad norm and diagnostics of a training run")
   p.add_argument("run_dir")

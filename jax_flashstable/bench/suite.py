@@ -5,6 +5,7 @@ the JSON, table and plot."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 
@@ -55,6 +56,19 @@ def needs_gpu(name: str) -> bool:
   return config is not None and config.implementation == "cudnn"
 
 
+def _cannot_run(name: str, gpu: bool) -> str | None:
+  """Why the bench's `name` cannot run in this process (one line), or None: a GPU-only name
+  off a GPU (`needs_gpu`), torch SDPA (torch-*) where torch cannot be imported."""
+  if not gpu and needs_gpu(name):
+    return _off_gpu("--attention", name, "fa2 or xla")
+  if name.startswith("torch-") and importlib.util.find_spec("torch") is None:
+    return (
+      f"--attention {name!r} runs torch SDPA: torch cannot be imported in this Python (the GPU "
+      "image has it)"
+    )
+  return None
+
+
 def _off_gpu(option: str, name: str, instead: str) -> str:
   return (
     f"{option} {name!r} needs a CUDA GPU; the default backend is {jax.default_backend()!r} "
@@ -101,8 +115,8 @@ def run(
     overhead, paired = (), ()
   names = list(names) if names else default_impls(gpu)
   check(names, list(paired), paired_reference, list(overhead) if pairs else [])
-  if not gpu and named and all(needs_gpu(n) for n in names):
-    raise ValueError(_off_gpu("--attention", names[0], "fa2 or xla"))
+  if named and all(_cannot_run(n, gpu) for n in names):  # every row would be skipped, late
+    raise ValueError(_cannot_run(names[0], gpu))
   judged = targets is not None or (paired and pairs)  # against the paired reference
   if not gpu and judged and needs_gpu(paired_reference):
     raise ValueError(_off_gpu("--paired-reference", paired_reference, "xla"))
