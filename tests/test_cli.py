@@ -105,6 +105,10 @@ def _bad_inputs(tmp):
   experiment = ["experiment", "instability", "--recipe", "tiny", "--out", str(tmp / "exp")]
   return [
     (["train", "--steps", "-5"], r"flashstable train: --steps=-5 must be an integer ≥ 1"),
+    (  # an empty corpus folder: refused before the out dir is made (it was made first)
+      ["train", "--data", str(tmp / "texts")],
+      r"^flashstable train: --data='.*texts': holds neither train.bin\[.xz\] nor text files$",
+    ),
     (["train", "--steps", "0"], r"steps=0 must be"),
     (["train", "--lr", "-1"], r"lr=-1.0 must be a finite number > 0"),
     (["train", "--grad-clip", "-1"], r"--grad-clip=-1.0 must be a finite number ≥ 0"),
@@ -198,7 +202,14 @@ def _bad_inputs(tmp):
     (["deviation", "--dtypes", "bfloat17"], r"--dtypes 'bfloat17': unknown 'bfloat17'"),
     (["deviation", "--numerics", "fa3"], r"--numerics 'fa3': unknown 'fa3'"),
     (["deviation", "--block-ks", "24"], r"--block-ks=24"),
-    (["deviation", "--head-dims", "300"], r"flashstable deviation: head_dim=300 is not supported"),
+    (
+      ["deviation", "--head-dims", "300"],
+      r"flashstable deviation: .*head_dim=300 is not supported",
+    ),
+    (  # the default --dtypes hold float16: the message names the call of the sweep it refuses
+      ["deviation", "--numerics", "stochastic"],
+      r"^flashstable deviation: numerics='stochastic', dtype=float16, head_dim=64, .*needs bfloat16",
+    ),
     (["bias", "--rows", "0"], r"flashstable bias: argument --rows: value=0 must be an integer ≥ 1"),
     (["bias", "--attention", "fa3"], r"^flashstable bias: --attention='fa3': unknown attention"),
     (["train", "--min-lr", "0.5", "--lr", "0.01"], r"train: --min-lr=0.5 is above --lr=0.01"),

@@ -75,10 +75,16 @@ def check_deviation(
   seq_lens, head_dims, dtypes, block_ks, batch=1, num_heads=2, causal=False, layout="fa2"
 ):
   """`flash_attention`'s checks of every call `deviation_benchmark` would make with these
-  arguments, without computing any (its ValueError/TypeError, one line)."""
+  arguments, without computing any: its ValueError/TypeError, one line, led by the layout,
+  dtype, head_dim, length and block_k of the call it refuses (the sweep's own words: a
+  float16 the user never typed comes from the default dtypes)."""
   for dtype, d, n, bk in itertools.product(dtypes, head_dims, seq_lens, block_ks):
     spec = jax.ShapeDtypeStruct((batch, n, num_heads, d), jnp.dtype(dtype))
-    resolved_backend(spec, spec, spec, causal=causal, block_k=bk, **_layout_kwargs(layout))
+    try:
+      resolved_backend(spec, spec, spec, causal=causal, block_k=bk, **_layout_kwargs(layout))
+    except (ValueError, TypeError) as e:
+      where = f"numerics={layout!r}, dtype={jnp.dtype(dtype)}, head_dim={d}, len={n}, block_k={bk}"
+      raise type(e)(f"{where}: {e}") from None
 
 
 def deviation_benchmark(

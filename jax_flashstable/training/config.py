@@ -200,6 +200,11 @@ class TrainConfig:
         " is a file, not a folder" if pathlib.Path(self.data).exists() else ": folder not found"
       )
       raise ConfigError(f"data={self.data!r}{what}")
+    if self.data is not None:
+      from jax_flashstable.training.data import holds_data
+
+      if not holds_data(self.data):
+        raise ConfigError(f"data={self.data!r}: holds neither train.bin[.xz] nor text files")
     check_output_dir(self.out_dir, "out_dir")
     for name, spec, config in _layer_attentions(self, mcfg):  # last: it imports JAX
       check_attention(f"{name}={spec!r}", config, self, mcfg)

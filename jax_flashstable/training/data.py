@@ -165,6 +165,15 @@ def prepare_text_folder(src, out_dir, val_every=100) -> dict:
   return counts
 
 
+def holds_data(folder) -> bool:
+  """Whether the folder holds a corpus `resolve_data_dir` takes: train.bin[.xz] or text files
+  (`TrainConfig.validate` asks before anything is written)."""
+  folder = pathlib.Path(folder)
+  return _find(folder, "train") is not None or any(
+    p.suffix in TEXT_SUFFIXES for p in folder.rglob("*")
+  )
+
+
 def resolve_data_dir(data) -> pathlib.Path:
   """None → the embedded sample; a folder with train/val .bin[.xz] → itself; a folder of text
   files → its tokenized copy in the cache."""
@@ -175,7 +184,7 @@ def resolve_data_dir(data) -> pathlib.Path:
     raise FileNotFoundError(f"data folder not found: {folder}")
   if _find(folder, "train") is not None:
     return folder
-  if any(p.suffix in TEXT_SUFFIXES for p in folder.rglob("*")):
+  if holds_data(folder):  # text files
     stamp = "".join(
       f"{p}:{p.stat().st_size}:{p.stat().st_mtime_ns};"
       for p in sorted(folder.rglob("*"))
