@@ -234,7 +234,10 @@ def kernel_config(
     ("num_warps", num_warps, (1, 2, 4, 8, 16)),  # Triton's: a power of two
     ("num_stages", num_stages, tuple(range(1, 9))),
   ):
-    if value is not None and (isinstance(value, bool) or value not in allowed):
+    # an int (NumPy's too) in the list: not a bool, not 4.0 (Triton takes the value as given)
+    if value is not None and (
+      isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value not in allowed
+    ):
       raise ValueError(f"{name} must be None or one of {allowed}, got {name}={value!r}")
   blocks = BlockSizes.default(head_dim, block_q, block_k).for_numerics(numerics)
   fitted = blocks.fit(q_len, kv_len)

@@ -191,10 +191,19 @@ def test_inputs_and_rng_key_of_the_wrong_kind_are_named_in_one_line():
 
 
 @pytest.mark.parametrize(
-  "field,value", [("num_warps", 0), ("num_warps", 3), ("num_stages", -1), ("num_stages", True)]
+  "field,value",
+  [
+    ("num_warps", 0),
+    ("num_warps", 3),
+    ("num_warps", 4.0),
+    ("num_stages", -1),
+    ("num_stages", True),
+    ("num_stages", 2.0),
+  ],
 )
 def test_launch_parameters_out_of_range_are_refused(field, value):
-  """num_warps (a power of two, 1–16) and num_stages (1–8) were passed to the kernels unchecked."""
+  """num_warps (a power of two, 1–16) and num_stages (1–8) were passed to the kernels unchecked;
+  ints only, as block_q and block_k (4.0 was taken)."""
   q = jnp.ones((1, 16, 1, 16), jnp.bfloat16)
   with pytest.raises(
     ValueError, match=rf"^{field} must be None or one of .*got {field}={value!r}$"
