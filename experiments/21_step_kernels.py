@@ -156,6 +156,11 @@ def main():
   from jax_flashstable.checks import integer
   from jax_flashstable.training.config import TrainConfig
 
+  dump = tempfile.mkdtemp() if a.fusions else None
+  if dump:  # before JAX starts its backend (TrainConfig.validate starts it: below)
+    os.environ["XLA_FLAGS"] = (
+      os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={dump} --xla_dump_hlo_as_text"
+    )
   try:  # every input checked before anything compiles, one line naming a bad one: the model,
     # each spec and whether this device runs it (`TrainConfig.validate`), the counts
     integer("--steps", a.steps, 1), integer("--warmup", a.warmup, 0), integer("--batch", a.batch, 1)
@@ -163,11 +168,6 @@ def main():
       TrainConfig(model=a.model, attention=spec, batch_size=a.batch, progress=False).validate()
   except ValueError as e:
     raise SystemExit(f"21_step_kernels: {e}") from None
-  dump = tempfile.mkdtemp() if a.fusions else None
-  if dump:  # before JAX starts its backend
-    os.environ["XLA_FLAGS"] = (
-      os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={dump} --xla_dump_hlo_as_text"
-    )
   runs = [profile(s, a.model, a.batch, a.warmup, a.steps) for s in a.attention]
   text = summarize(runs, a.top)
   print(text)

@@ -11,11 +11,22 @@ import jax.numpy as jnp
 from pallas_kernels.policy import MAX_HEAD_DIM, SUPPORTED_DTYPES, real_number
 
 
-def check_inputs(query, key, value, softmax_scale, *, allow_float64=False, scale_dtype=np.float32):
+def check_inputs(
+  query,
+  key,
+  value,
+  softmax_scale,
+  *,
+  allow_float64=False,
+  scale_dtype=np.float32,
+  max_head_dim=MAX_HEAD_DIM,
+):
   """Checks shapes and dtypes of query/key/value; returns the softmax scale to use.
 
   scale_dtype: the dtype the scores are scaled in (float32 in the kernels and the low-precision
   references, float64 in the FP64 ones); softmax_scale must be a normal number of it.
+  max_head_dim: the kernels' and references' limit (`MAX_HEAD_DIM`); None for none (XLA's and
+  cuDNN's attention, which check their own).
 
   Raises:
     ValueError: rank ≠ 4, mismatched batch, length or head_dim, num_heads % num_kv_heads ≠ 0,
@@ -58,8 +69,8 @@ def check_inputs(query, key, value, softmax_scale, *, allow_float64=False, scale
     raise ValueError(f"batch mismatch: query.shape[0]={b}, key.shape[0]={bk}")
   if dk != head_dim:
     raise ValueError(f"head_dim mismatch: query.shape[3]={head_dim}, key.shape[3]={dk}")
-  if head_dim > MAX_HEAD_DIM:
-    raise ValueError(f"head_dim={head_dim} is not supported (at most {MAX_HEAD_DIM})")
+  if max_head_dim is not None and head_dim > max_head_dim:
+    raise ValueError(f"head_dim={head_dim} is not supported (at most {max_head_dim})")
   if num_heads % num_kv_heads:
     raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
   if softmax_scale is None:

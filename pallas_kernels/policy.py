@@ -530,11 +530,14 @@ def shown(value) -> str:
 
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
-# The largest max_shift outside float16: a tied P̄ = e^−80 = 1.8e−35 keeps 2^8 of headroom above
-# float32's smallest normal (1.2e−38), so a product P̄·v that the GPU flushes to zero (|v| <
-# 2^−8) is below a bf16 half-ulp of the tied terms' sum; at 87 the tied P̄ itself nears it and
-# O comes out wrong, at 88 NaN (e^−88 flushed: l = 0).
-MAX_SHIFT = 80.0
+# The largest max_shift outside float16: a tied P̄ = e^−40 = 4.2e−18 times a value |v| falls below
+# float32's smallest normal (1.2e−38), where the CPU and the GPU flush it to 0, only for |v| <
+# 2.8e−21. At 80 (e^−80 = 1.8e−35) that was |v| < 6.5e−4: values scaled by 1e−3 lost half of
+# O (a review's measurement, 2026-12-06); at 87 the tied P̄ itself nears it, at 88 O is NaN.
+MAX_SHIFT = 40.0
+# The paper layout's (with guard_shift): its kernel clamps each tile's P̄ sum at ≥ 1e−10, and
+# two ties' 2e^−d fall below that past d = ln(2·10¹⁰) = 23.7 (O → 0: 0.996 of it lost at 30).
+MAX_SHIFT_PAPER = 23.0
 
 
 def check_shift_options(numerics, stabilize, guard_shift, max_shift, dtype=None, shift_above=0.0):
@@ -542,8 +545,9 @@ def check_shift_options(numerics, stabilize, guard_shift, max_shift, dtype=None,
   line naming the value): guard_shift a bool, only with numerics="paper" and the compensation
   (the other layouts always clip the shift); max_shift a real number, only with the compensation
   and a clipped shift (the paper layout's literal shift has no cap: there it needs
-  guard_shift), at most `MAX_SHIFT` (80: e^−80 stays far enough above float32's smallest
-  normal), at most 6 for float16 inputs outside the paper layout (`Compensation.for_dtype`:
+  guard_shift), at most `MAX_SHIFT` (40: P̄·v flushed to 0 only for |v| < 2.8e−21; 23 in the
+  paper layout, `MAX_SHIFT_PAPER`: its 1e−10 clamp), at most 6 for float16 inputs outside the
+  paper layout (`Compensation.for_dtype`:
   e^−6 is about the smallest P̄ that stays a normal float16 number); shift_above a real number,
   not 0 only with the compensation. Returns max_shift as a float or None; the ranges are
   `Compensation`'s check."""
@@ -573,10 +577,15 @@ def check_shift_options(numerics, stabilize, guard_shift, max_shift, dtype=None,
       f"max_shift={max_shift!r} is below the shift's floor 2⁻⁷ = {Compensation.min_shift} (a "
       "smaller shift leaves the tied P̄ = 1 in bf16)"
     )
+  if numerics == "paper" and max_shift > MAX_SHIFT_PAPER:
+    raise ValueError(
+      f"max_shift={max_shift!r} > {MAX_SHIFT_PAPER:g} in the paper layout: two tied P̄ = "
+      "e^−max_shift sum below its kernel's 1e−10 clamp per tile, and O goes to 0"
+    )
   if max_shift > MAX_SHIFT:
     raise ValueError(
-      f"max_shift={max_shift!r} > {MAX_SHIFT:g}: the tied P̄ = e^−max_shift nears float32's "
-      "smallest normal and is flushed with its products (wrong O, or NaN from 88)"
+      f"max_shift={max_shift!r} > {MAX_SHIFT:g}: the tied P̄ = e^−max_shift times a small value "
+      "falls below float32's smallest normal and is flushed to 0 (wrong O; NaN from 88)"
     )
   if dtype is not None and jnp.dtype(dtype) == jnp.float16 and numerics != "paper":
     if max_shift > 6.0:

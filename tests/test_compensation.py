@@ -417,14 +417,15 @@ def test_guard_shift_needs_the_paper_layout_with_the_compensation(kw):
     (dict(stabilize=True, max_shift=True), jnp.bfloat16),
     (dict(stabilize=True, numerics="paper", max_shift=6.0), jnp.bfloat16),  # literal: no cap
     (dict(stabilize=True, max_shift=20.0), jnp.float16),  # e^-20 flushes in float16
-    (dict(stabilize=True, max_shift=81.0), jnp.bfloat16),  # e^-87: wrong O; e^-88: NaN
-    (dict(stabilize=True, numerics="paper", guard_shift=True, max_shift=100.0), jnp.bfloat16),
+    (dict(stabilize=True, max_shift=41.0), jnp.bfloat16),  # P̄·v flushed: wrong O; NaN at 88
+    (dict(stabilize=True, numerics="paper", guard_shift=True, max_shift=24.0), jnp.bfloat16),
   ],
 )
 def test_bad_max_shift(kw, dtype):
   """max_shift is refused, naming it, wherever it would not act as asked: without the
-  compensation, outside [2^-7, 80] (`policy.MAX_SHIFT`), not a number, with the paper layout's
-  literal shift (which has no cap; bit-identical outputs otherwise), above 6 for float16."""
+  compensation, outside [2^-7, 40] (`policy.MAX_SHIFT`; 23 in the paper layout, whose kernel
+  clamps a tile's P̄ sum at 1e−10), not a number, with the paper layout's literal shift (which
+  has no cap; bit-identical outputs otherwise), above 6 for float16."""
   q = jnp.zeros((1, 4, 1, 32), dtype)
   with pytest.raises((ValueError, TypeError), match="max_shift"):
     flash_attention(q, q, q, **kw)
@@ -496,24 +497,30 @@ def test_float16_with_large_ties_is_not_flushed():
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_the_largest_max_shift_keeps_tied_rows_right(dtype):
-  """At max_shift = 80 (`policy.MAX_SHIFT`) a row of four keys tied at 100 (each shifted to
-  P̄ = e^−80 = 1.8e−35) still gives the definition's output, the mean of the four values
-  (FP64), and a finite lse; at 87 this row came out wrong and at 88 NaN, which the check now
-  refuses (`test_bad_max_shift`)."""
+@pytest.mark.parametrize("numerics, cap", [("fa2", 40.0), ("paper", 23.0)])
+def test_the_largest_max_shift_keeps_tied_rows_right(dtype, numerics, cap):
+  """At the largest max_shift (`policy.MAX_SHIFT`, 40; the paper layout's 23 with guard_shift)
+  a row of four keys tied at 100 still gives the definition's output, the mean of the four
+  values (FP64), within the layout's rounding, for values of size 1, 1e−3 and 1e−6: at 80 the
+  tied P̄ = e^−80 times values of 1e−3 fell below float32's smallest normal and half of O was
+  flushed (a review's measurement), at 88 O was NaN; in the paper layout past 23.7 two ties sum
+  below its kernel's 1e−10 clamp and O goes to 0 (`test_bad_max_shift` refuses those)."""
+  if dtype == jnp.float32 and numerics == "paper":
+    pytest.skip("the paper layout rounds its buffers to bf16")
   q = np.zeros((1, 1, 1, 16), np.float32)
   q[..., 0] = 100.0
   k = np.zeros((1, 4, 1, 16), np.float32)
   k[..., 0] = 1.0
-  v = np.random.default_rng(0).standard_normal((1, 4, 1, 16)).astype(np.float32)
-  q, k, v = (jnp.asarray(x, dtype) for x in (q, k, v))
-  out, stats = flash_attention(
-    q, k, v, softmax_scale=1.0, stabilize=True, max_shift=80.0, return_stats=True
-  )
-  gold = np.asarray(v, np.float64).mean(axis=1)
-  tol = 1e-6 if dtype == jnp.float32 else 1e-2
-  assert np.abs(np.asarray(out, np.float64)[:, 0] - gold).max() < tol
-  assert np.allclose(np.asarray(stats.lse, np.float64), 100.0 + np.log(4.0), atol=1e-3)
+  v0 = np.random.default_rng(0).standard_normal((1, 4, 1, 16)).astype(np.float32)
+  kw = dict(softmax_scale=1.0, stabilize=True, numerics=numerics, max_shift=cap)
+  if numerics == "paper":
+    kw["guard_shift"] = True
+  for size in (1.0, 1e-3, 1e-6):
+    q_, k_, v = (jnp.asarray(x, dtype) for x in (q, k, v0 * size))
+    out = np.asarray(flash_attention(q_, k_, v, **kw), np.float64)[:, 0]
+    gold = np.asarray(v, np.float64).mean(axis=1)
+    err = np.abs(out - gold).max() / np.abs(gold).max()
+    assert err < (1e-6 if dtype == jnp.float32 else 1e-2), (size, err)
 
 
 @pytest.mark.parametrize(

@@ -387,3 +387,14 @@ def test_attend_takes_a_spec_and_checks_inputs_for_every_implementation():
         attend(*args, spec, causal=False)
   with pytest.raises(ValueError, match="attention spec"):
     attend(q, q, q, 42, causal=False)
+  # head_dim above the kernels' 256: refused for flash and the references, XLA's runs it
+  wide = jnp.asarray(rng.standard_normal((1, 8, 2, 300)), jnp.float32)
+  for spec in ("fa2", "reference-fp32"):
+    with pytest.raises(ValueError, match=r"^head_dim=300 is not supported \(at most 256\)$"):
+      attend(wide, wide, wide, spec, causal=True)
+  out = np.asarray(attend(wide, wide, wide, "xla", causal=True), np.float64)
+  x = np.asarray(wide, np.float64)[0].transpose(1, 0, 2)  # [heads, len, d]
+  s = x @ x.transpose(0, 2, 1) / np.sqrt(300.0) + np.triu(np.full((8, 8), -np.inf), 1)
+  p = np.exp(s - s.max(-1, keepdims=True))
+  gold = ((p / p.sum(-1, keepdims=True)) @ x).transpose(1, 0, 2)[None]
+  assert np.abs(out - gold).max() < 1e-4

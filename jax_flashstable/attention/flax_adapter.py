@@ -11,7 +11,7 @@ import jax.numpy as jnp
 
 from jax_flashstable.attention import api as _attention
 from jax_flashstable.attention.config import AttentionConfig
-from pallas_kernels.checks import check_inputs
+from pallas_kernels.checks import MAX_HEAD_DIM, check_inputs
 from pallas_kernels.policy import boolean, centered_keys
 
 
@@ -61,16 +61,25 @@ def attend(
 
   Raises:
     ValueError: a bad spec; numerics="stochastic" without an rng_key; inputs that are not
-      [batch, len, heads, head_dim] arrays of matching sizes, or a softmax_scale that is not
-      finite, > 0 and a normal float32 number (every implementation: `checks.check_inputs`,
-      the kernels' checks; float64 inputs only for the XLA, cuDNN and reference ones).
+      [batch, len, heads, head_dim] arrays of matching sizes, with an empty axis, or a
+      softmax_scale that is not finite, > 0 and a normal float32 number (every implementation:
+      `checks.check_inputs`, the kernels' checks); head_dim > 256 for flash and the references
+      (XLA's and cuDNN's attention keep their own limits and take float64 inputs).
     TypeError: a causal that is not a bool, a softmax_scale that is not a concrete number,
       inputs that are not arrays or of mixed or unsupported dtypes.
   """
   config = AttentionConfig.parse(config)
   boolean("causal", causal)
   impl = config.implementation
-  softmax_scale = check_inputs(query, key, value, softmax_scale, allow_float64=impl != "flash")
+  ours = impl in ("flash", "reference")  # XLA's and cuDNN's: their own dtypes and head_dim
+  softmax_scale = check_inputs(
+    query,
+    key,
+    value,
+    softmax_scale,
+    allow_float64=not ours,
+    max_head_dim=MAX_HEAD_DIM if ours else None,
+  )
   if impl == "flash":
     stochastic = config.numerics == "stochastic"
     if stochastic and rng_key is None:

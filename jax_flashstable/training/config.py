@@ -173,7 +173,8 @@ class TrainConfig:
     """Checks what construction cannot without imports or files: the model preset and its
     overrides, the attention specs (and that the device can run them), seq_len ≤ the model's
     block_size, warning_layer a layer of the model under a dQ warning_rule, that the data
-    folder exists and that out_dir can be written, and last (it imports JAX) that each layer's
+    folder exists and that out_dir can be written, and last (it imports JAX and starts its
+    backend: XLA_FLAGS set later are not read) that each layer's
     attention runs in the model, at its compute_dtype and head_dim (`check_attention`: the
     checks of the attention's first call, on shapes alone). Returns self.
 
@@ -206,7 +207,7 @@ class TrainConfig:
       if not holds_data(self.data):
         raise ConfigError(f"data={self.data!r}: holds neither train.bin[.xz] nor text files")
     check_output_dir(self.out_dir, "out_dir")
-    for name, spec, config in _layer_attentions(self, mcfg):  # last: it imports JAX
+    for name, spec, config in _layer_attentions(self, mcfg):  # last: it starts JAX
       check_attention(f"{name}={spec!r}", config, self, mcfg)
     return self
 
