@@ -1145,7 +1145,8 @@ def build_parser():
     default=None,
     help="comma-separated: attention specs (PRESET[+MODIFIER...][:FIELD=VALUE,...], e.g. "
     "fa2, paper+comp, fa2+comp+mgpu:block_k=128, xla, cudnn), pallas-mgpu, torch-flash, "
-    "torch-cudnn, torch-efficient, torch-math (cudnn, pallas-mgpu and torch-*: GPU only)",
+    "torch-cudnn, torch-efficient, torch-math (cudnn, pallas-mgpu: GPU only; torch-*: torch "
+    "SDPA where torch is installed, its GPU backends on a GPU)",
   )
   p.add_argument("--warmup", type=_count(0), default=3, help="untimed runs first (default 3)")
   p.add_argument(
@@ -1158,7 +1159,8 @@ def build_parser():
     "--overhead-pairs",
     type=_count(0),
     default=20,
-    help="interleaved pairs for the compensation overhead (0: skip; default 20)",
+    help="interleaved pairs for the compensation overhead (0: skip, but --targets takes at "
+    "least 1; default 20)",
   )
   _renamed(
     p,
