@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_flashstable import flash_attention, reference_attention
+from jax_flashstable import flash_attention, reference_attention, resolved_backend
 from jax_flashstable.lab.accuracy import flash_vjp
 from jax_flashstable.lab.shapes import Shape, make_inputs
 
@@ -223,7 +223,11 @@ def test_unhashable_choices_and_interpret_off_a_gpu_are_named_in_one_line():
   for field in ("numerics", "implementation", "reference_dtype"):
     with pytest.raises(ValueError, match=rf"^{field}=\['x'\] "):
       AttentionConfig(**{field: ["x"]})
-  if jax.default_backend() != "gpu":
-    for backend, needs in (("auto", "a CUDA GPU"), ("mosaic_gpu", "a Hopper GPU")):
-      with pytest.raises(ValueError, match=rf"^interpret=False .*{needs}.* backend is 'cpu'"):
+  if jax.default_backend() != "gpu":  # mosaic_gpu: "… needs a Hopper GPU" (test_mosaic_gpu)
+    for backend in ("auto", "triton"):
+      with pytest.raises(
+        ValueError,
+        match=r"^interpret=False compiles the kernels: backend='triton' needs a CUDA GPU; .*'cpu'",
+      ):
         flash_attention(q, q, q, backend=backend, interpret=False)
+    assert resolved_backend(q, q, q, interpret=False).forward == "triton"  # a question: answered

@@ -230,6 +230,14 @@ def flash_attention(
     backend=backend,
     mgpu_options=mgpu_options,
   )
+  # compiled kernels off a GPU: Pallas' own error otherwise (`resolved_backend` may still ask
+  # which kernels a GPU would run; backend="mosaic_gpu" off a Hopper is refused before this)
+  if not cfg.interpret and jax.default_backend() != "gpu":
+    raise ValueError(
+      f"interpret=False compiles the kernels: backend={cfg.backend!r} needs "
+      f"{'a Hopper GPU' if cfg.backend == 'mosaic_gpu' else 'a CUDA GPU'}; this JAX backend "
+      f"is {jax.default_backend()!r}: leave interpret at None or True"
+    )
   out, stats = flash_attention_padded(query, key, value, cfg, seeds)
   if not return_stats:
     return out
@@ -306,12 +314,6 @@ def _kernel_config(
   boolean("interpret", interpret, none=True)
   if backend not in BACKENDS:
     raise ValueError(f"backend must be one of {BACKENDS}, got backend={backend!r}")
-  if interpret is False and jax.default_backend() != "gpu":  # Pallas' own error otherwise
-    raise ValueError(
-      f"interpret=False compiles the kernels: backend={backend!r} needs "
-      f"{'a Hopper GPU' if backend == 'mosaic_gpu' else 'a CUDA GPU'}; this JAX backend is "
-      f"{jax.default_backend()!r}: leave interpret at None or True"
-    )
   layout = get_numerics(numerics).with_options(
     delta_float32=delta_float32,
     center_keys=center_keys,
