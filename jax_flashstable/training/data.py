@@ -165,13 +165,15 @@ def prepare_text_folder(src, out_dir, val_every=100) -> dict:
   return counts
 
 
+def _holds_texts(folder: pathlib.Path) -> bool:
+  return any(p.suffix in TEXT_SUFFIXES for p in folder.rglob("*"))
+
+
 def holds_data(folder) -> bool:
   """Whether the folder holds a corpus `resolve_data_dir` takes: train.bin[.xz] or text files
   (`TrainConfig.validate` asks before anything is written)."""
   folder = pathlib.Path(folder)
-  return _find(folder, "train") is not None or any(
-    p.suffix in TEXT_SUFFIXES for p in folder.rglob("*")
-  )
+  return _find(folder, "train") is not None or _holds_texts(folder)
 
 
 def resolve_data_dir(data) -> pathlib.Path:
@@ -184,7 +186,7 @@ def resolve_data_dir(data) -> pathlib.Path:
     raise FileNotFoundError(f"data folder not found: {folder}")
   if _find(folder, "train") is not None:
     return folder
-  if holds_data(folder):  # text files
+  if _holds_texts(folder):
     stamp = "".join(
       f"{p}:{p.stat().st_size}:{p.stat().st_mtime_ns};"
       for p in sorted(folder.rglob("*"))
