@@ -58,6 +58,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.forward_mgpu import (
   exact_scale,
+  finish_stores,
   query_tile,
   resolve_scale_in_exp2,
   smem_transforms,
@@ -589,7 +590,7 @@ def _dkv_kernel(
       _store(out_smem2.at[wg], dk, dk_ref.at[rows_out])
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)
       _store(out_smem2.at[wg], dv, dv_ref.at[rows_out])
-    plgpu.wait_smem_to_gmem(0)
+    finish_stores()
 
   @pl.when(wg == COMPUTE_WGS)
   def _memory():
@@ -778,7 +779,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, *refs, cfg, n_kv, group, s
     _skip_steps(steps, cta_steps, stages, (k_ready, v_ready, kd_ready), free)
 
     _store(q_smem, numerics.round_grad(dq, scale, dq_ref.dtype), dq_ref.at[mine])  # Q is dead
-    plgpu.wait_smem_to_gmem(0)
+    finish_stores()
 
   @pl.when(wg == COMPUTE_WGS)
   def _memory():
