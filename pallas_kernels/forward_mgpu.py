@@ -35,6 +35,7 @@ block_k to 64 or 128, and 64 at head_dim 256 (`supported`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -148,6 +149,16 @@ class MosaicGPUOptions:
     ulps from the definition's fl(fl(QKᵀ·c) − m), which the option computes. On by default
     since its GPU tests and timing (H100, 2026-12-06: the backward alone 2.0% faster, causal
     2.2%, b4 × 4096 × 16 × d128; interpret mode: the same bits as off).
+  persistent: the forward launches one CTA an SM (`persistent_ctas`) that loops over work
+    items (a batch, head and 128 query rows each; `query_grid`'s order, `longest_first`
+    included, dealt round-robin: `plgpu.nd_loop`), instead of a CTA per item. The producer
+    warpgroup loads the next item's Q into a second buffer while the compute warpgroups finish
+    the current one, and its first key and value tiles into the same ring, and O leaves
+    through a buffer of its own, its write waited for (reads only) one item later: a CTA that
+    waits for its first tiles and its writes left 13.7% and 3.8% of the compute warps' stall
+    samples at gpt2-small's attention (H100, 2026-12-06, docs/studies/speed.md). Needs the
+    second Q tile and O's buffer in shared memory (`smem_bytes`; ValueError where they do not
+    fit). No arithmetic changes. Off until timed on the GPU.
   The defaults are the ones that were faster on the H200 or H100, or no slower, except
   scale_in_exp2, faster too but on by default only where it changes no value; what each option
   measured, with command and date: docs/studies/speed.md ("The Mosaic GPU route"). Removed
@@ -167,6 +178,7 @@ class MosaicGPUOptions:
   tie_lanes: bool = True
   scale_in_exp2: bool | None = None
   rounded_scores: bool = True
+  persistent: bool = False
 
   def __post_init__(self):
     for field in dataclasses.fields(self):  # flags, not truthy values (or None, where resolved)
@@ -201,6 +213,21 @@ def smem_transforms(cols: int, itemsize: int):
   return (plgpu.TilingTransform((8, swizzle // itemsize)), plgpu.SwizzleTransform(swizzle))
 
 
+INTERPRET_CTAS = 2  # the persistent forward's CTAs in interpret mode
+HOPPER_SMS = 132  # an H100 SXM's or H200's SMs: lowering for CUDA off a GPU (tests, ptxas)
+
+
+def persistent_ctas(interpret: bool) -> int:
+  """CTAs the persistent forward launches (`MosaicGPUOptions.persistent`): one per SM of the
+  first GPU (its `core_count`), `HOPPER_SMS` where JAX has no GPU (lowering for CUDA on a
+  CPU), `INTERPRET_CTAS` in interpret mode, so that the tests' small inputs give each CTA
+  several work items."""
+  if interpret:
+    return INTERPRET_CTAS
+  gpus = [d for d in jax.devices() if d.platform == "gpu"]
+  return int(gpus[0].core_count) if gpus else HOPPER_SMS
+
+
 def finish_stores():
   """A CTA's last TMA stores (shared → global memory): waits until they have read shared
   memory (`cp.async.bulk.wait_group.read 0`), not until their writes land, which they do by
@@ -211,13 +238,15 @@ def finish_stores():
   plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
 
-def smem_bytes(head_dim: int, block_k: int, stages: int, out_dtype) -> int:
+def smem_bytes(head_dim: int, block_k: int, stages: int, out_dtype, persistent=False) -> int:
   """Shared memory the kernel allocates: Q (reused for a 2-byte O), a ring of `stages` K and
-  V tiles, a float32 O for fp32_out, and the rows' m and log(l)."""
+  V tiles, a float32 O for fp32_out, and the rows' m and log(l); persistent
+  (`MosaicGPUOptions.persistent`): two Q tiles and O in a buffer of its own."""
   q = k = v = 2
-  o = 4 * COMPUTE_WGS * ROWS_PER_WG * head_dim if jnp.dtype(out_dtype).itemsize == 4 else 0
+  itemsize = jnp.dtype(out_dtype).itemsize
+  o = itemsize * COMPUTE_WGS * ROWS_PER_WG * head_dim if itemsize == 4 or persistent else 0
   return (
-    COMPUTE_WGS * ROWS_PER_WG * head_dim * q
+    (2 if persistent else 1) * COMPUTE_WGS * ROWS_PER_WG * head_dim * q
     + stages * block_k * head_dim * (k + v)
     + o
     + 2 * 4 * COMPUTE_WGS * ROWS_PER_WG
@@ -406,22 +435,24 @@ def query_grid(cfg) -> tuple[str, str, str]:
   return ("batch", "heads", "q_tiles") if inner else ("q_tiles", "batch", "heads")
 
 
-def query_tile(cfg, n_q_tiles):
-  """The query tile a CTA of a grid with axis "q_tiles" (n_q_tiles of them) takes: its index,
-  or with causal and `MosaicGPUOptions.longest_first` the last first, so that the tiles that
-  visit the most key tiles start first (the forward's and the backward's dQ kernel's grids)."""
-  q_tile = lax.axis_index("q_tiles")
+def query_tile(cfg, n_q_tiles, index=None):
+  """The query tile of a CTA of a grid with axis "q_tiles" (n_q_tiles of them), or of work
+  item `index` along that axis (the persistent forward's): the index, or with causal and
+  `MosaicGPUOptions.longest_first` the last first, so that the tiles that visit the most key
+  tiles start first (the forward's and the backward's dQ kernel's grids)."""
+  q_tile = lax.axis_index("q_tiles") if index is None else index
   if cfg.causal and cfg.mgpu.longest_first:
     q_tile = n_q_tiles - 1 - q_tile
   return q_tile
 
 
 def _forward_kernel(
-  q_ref, k_ref, v_ref, o_ref, m_ref, log_l_ref, scoped, *, cfg, n_kv, group, stages, n_q_tiles
+  q_ref, k_ref, v_ref, o_ref, m_ref, log_l_ref, scoped, *, cfg, n_kv, group, stages, grid
 ):
   numerics, comp, block_k = cfg.numerics, cfg.compensation, int(cfg.blocks.block_k)
-  (q_smem2, k_smem, v_smem, o_smem2, m_smem2, log_l_smem2, p_smem2), barriers = scoped
-  k_ready, v_ready, q_ready, k_free, v_free, turn = barriers
+  (q_smem3, k_smem, v_smem, o_smem2, m_smem2, log_l_smem2, p_smem2), barriers = scoped
+  k_ready, v_ready, q_ready, k_free, v_free, q_free, turn = barriers
+  q_slots = q_smem3.shape[0]  # Q tiles in flight: 2 persistent (the next item's loads early)
   opts = cfg.mgpu
   pingpong = (not cfg.interpret) if opts.pingpong is None else opts.pingpong
   assert not numerics.paper, "the Mosaic GPU forward skips the paper layout's rounding hooks"
@@ -437,23 +468,45 @@ def _forward_kernel(
     plgpu.barrier_arrive(turn)
     plgpu.barrier_wait(turn)
 
-  batch, head, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
-  cta_row0 = query_tile(cfg, n_q_tiles) * (COMPUTE_WGS * ROWS_PER_WG)
-
+  wg = lax.axis_index("wg")
+  cta_rows = COMPUTE_WGS * ROWS_PER_WG
   key_steps = lambda row_end: visited_key_tiles(row_end, n_kv, block_k, cfg.causal)
-  cta_steps = key_steps(cta_row0 + COMPUTE_WGS * ROWS_PER_WG)
+  item_steps = lambda q_tile: key_steps((q_tile + 1) * cta_rows)  # a work item's key tiles
 
-  @pl.when(wg < COMPUTE_WGS)
-  def _compute():
-    plgpu.set_max_registers(232, action="increase")
-    q_smem, m_smem, log_l_smem = q_smem2.at[wg], m_smem2.at[wg], log_l_smem2.at[wg]
-    o_smem = None if o_smem2 is None else o_smem2.at[wg]
-    p_smem = None if p_smem2 is None else p_smem2.at[wg]
-    row0 = cta_row0 + wg * ROWS_PER_WG
-    plgpu.copy_gmem_to_smem(q_ref.at[batch, pl.ds(row0, ROWS_PER_WG), head], q_smem, q_ready.at[wg])
-    if o_smem is None:  # Q is dead once the last QK wgmma has been read
-      o_smem = q_smem
-    plgpu.barrier_wait(q_ready.at[wg])
+  def items(body):
+    """Runs body(batch, head, q_tile, base, n) for each work item (a batch, head and query
+    tile of 128 rows) of this CTA, n counting them from 0 and base the key tiles of the items
+    before (the K/V ring's position: every item's tiles pass through the same ring); returns
+    the ring's position after the last. A CTA per item, or (`MosaicGPUOptions.persistent`)
+    the items of `query_grid`'s order dealt round-robin to the CTAs (`plgpu.nd_loop`)."""
+    if not opts.persistent:
+      q_tile = query_tile(cfg, grid["q_tiles"])
+      zero = jnp.int32(0)
+      body(lax.axis_index("batch"), lax.axis_index("heads"), q_tile, zero, zero)
+      return item_steps(q_tile)
+    names = query_grid(cfg)
+
+    @plgpu.nd_loop(tuple(grid[n] for n in names), collective_axes="sm", init_carry=jnp.int32(0))
+    def ring_end(info, carry):
+      at = dict(zip(names, info.index))
+      q_tile = query_tile(cfg, grid["q_tiles"], at["q_tiles"])
+      body(at["batch"], at["heads"], q_tile, carry, info.local_index)
+      return carry + item_steps(q_tile)
+
+    return ring_end
+
+  def _compute_item(batch, head, q_tile, base, n, *, m_smem, log_l_smem, p_smem):
+    """One work item of a compute warpgroup: its 64 query rows against the item's key
+    tiles, O, m and log(l) written out."""
+    q_slot = lax.rem(n, jnp.int32(q_slots))
+    q_smem = q_smem3.at[q_slot, wg]
+    # a 2-byte O reuses Q's buffer (dead once the last QK wgmma has been read), unless the
+    # kernel is persistent: there the producer refills it with a later item's Q
+    o_smem = q_smem if o_smem2 is None else o_smem2.at[wg]
+    row0 = q_tile * cta_rows + wg * ROWS_PER_WG
+    cta_steps = item_steps(q_tile)
+    ring = lambda j: lax.rem(base + j, jnp.int32(stages))  # noqa: E731  (step j's slot)
+    plgpu.barrier_wait(q_ready.at[q_slot])
     steps = key_steps(row0 + ROWS_PER_WG)
     # tiles below `unmasked` have neither padded keys nor (causal) keys after any row
     unmasked = jnp.int32(cfg.kv_len // block_k)
@@ -464,7 +517,7 @@ def _forward_kernel(
       # the condition and the slot computed here, outside any run_state: a constant closed over
       # by run_state (the non-causal `steps`, a Python int) comes out of its Mosaic GPU lowering
       # as a numpy value, not an ir.Value, and fails (jax 0.11.2; seen on the H200, 2026-12-03)
-      more, slot = j + 1 < steps, lax.rem(j + 1, jnp.int32(stages))
+      more, slot = j + 1 < steps, ring(j + 1)
 
       def wait():
         pl.when(more)(lambda: plgpu.barrier_wait(k_ready.at[slot]))
@@ -562,7 +615,7 @@ def _forward_kernel(
 
     def step(j, carry, masked):
       acc, m_i, l_i = carry
-      slot = lax.rem(j, jnp.int32(stages))
+      slot = ring(j)
       wait_k = wait_next_k(j) if opts.k_wait_in_pv else (lambda: None)
       if not opts.k_wait_in_pv:
         plgpu.barrier_wait(k_ready.at[slot])
@@ -581,7 +634,7 @@ def _forward_kernel(
       """P̄V of step j beside QKᵀ and the softmax of step j + 1 (`MosaicGPUOptions.overlap`):
       carry (acc, m, l, α, P̄) with step j's softmax done (fused_pv: acc already α·acc)."""
       acc, m_i, l_i, alpha, p_in = carry
-      slot, nxt = lax.rem(j, jnp.int32(stages)), lax.rem(j + 1, jnp.int32(stages))
+      slot, nxt = ring(j), ring(j + 1)
       plgpu.barrier_wait(k_ready.at[nxt])
       p_op = pv_operand(p_in, slot)
 
@@ -635,9 +688,9 @@ def _forward_kernel(
     if pingpong:  # warpgroup 1 starts one turn behind
       pl.when(wg == 1)(rendezvous)
     if opts.overlap:  # step 0's scores and softmax, then P̄V(j) beside softmax(j + 1)
-      plgpu.barrier_wait(k_ready.at[0])
-      s = read_scores(0)
-      plgpu.barrier_arrive(k_free.at[0])
+      plgpu.barrier_wait(k_ready.at[ring(0)])
+      s = read_scores(ring(0))
+      plgpu.barrier_arrive(k_free.at[ring(0)])
       if pingpong:
         rendezvous()
       # masked whether or not tile 0 needs it: the mask keeps a tile without masked keys whole
@@ -651,7 +704,7 @@ def _forward_kernel(
       acc, m_i, l_i, alpha, p_in = lax.fori_loop(
         split, steps - 1, lambda j, c: overlapped_step(j, c, True), carry
       )
-      acc = pv_step(acc, alpha, p_in, lax.rem(steps - 1, jnp.int32(stages)))
+      acc = pv_step(acc, alpha, p_in, ring(steps - 1))
     else:
       if opts.k_wait_in_pv:  # the first key tile; each later one during the P̄V before it
         wait_next_k(jnp.int32(-1))()
@@ -663,7 +716,7 @@ def _forward_kernel(
       # a step's barriers in a step's order (every warpgroup sees every phase): with one
       # slot, waiting for V before the turns would wait on the other warpgroup's v_free,
       # which it gives only after this warpgroup's turn (a hang at num_stages=1)
-      slot = lax.rem(j, jnp.int32(stages))
+      slot = ring(j)
       plgpu.barrier_wait(k_ready.at[slot])
       plgpu.barrier_arrive(k_free.at[slot])
       if pingpong:  # the first of the two turns of a step the other warpgroup still takes
@@ -674,10 +727,13 @@ def _forward_kernel(
         plgpu.barrier_wait(turn)
       plgpu.barrier_arrive(v_free.at[slot])
 
+    plgpu.barrier_arrive(q_free.at[q_slot])  # the last QKᵀ read: Q's slot may be refilled
     if pingpong:  # warpgroup 0 ends one turn later, evening the count
       pl.when(wg == 0)(rendezvous)
     o = acc / lax.broadcast_in_dim(l_i, acc.shape, [0])  # final rescale once (FA2 §3.1.1)
-    o_smem[...] = numerics.round_out(o, q_smem.dtype)  # a 2-byte O reuses Q's buffer
+    # the previous item's stores have read O's and the rows' buffers (none before the first)
+    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+    o_smem[...] = numerics.round_out(o, q_smem.dtype)
     # m (in S's units: scale_in_exp2 ran on the unscaled QKᵀ) and log(l) apart, natural log
     # (`Numerics.probs`)
     m_smem[...] = m_i * exp_scale if opts.scale_in_exp2 else m_i
@@ -687,33 +743,57 @@ def _forward_kernel(
     rows_out = (batch, head, pl.ds(row0, ROWS_PER_WG))
     plgpu.copy_smem_to_gmem(m_smem, m_ref.at[rows_out])
     plgpu.copy_smem_to_gmem(log_l_smem, log_l_ref.at[rows_out])
+
+  @pl.when(wg < COMPUTE_WGS)
+  def _compute():
+    plgpu.set_max_registers(232, action="increase")
+    m_smem, log_l_smem = m_smem2.at[wg], log_l_smem2.at[wg]
+    p_smem = None if p_smem2 is None else p_smem2.at[wg]
+    items(functools.partial(_compute_item, m_smem=m_smem, log_l_smem=log_l_smem, p_smem=p_smem))
     finish_stores()
 
-  @pl.when(wg == COMPUTE_WGS)
-  def _memory():
-    plgpu.set_max_registers(40, action="decrease")
+  def _load_item(batch, head, q_tile, base, n):
+    """The producer's part of a work item: its Q tile (both warpgroups' rows, into Q's slot
+    once the item q_slots before has freed it), then its key and value tiles into the ring."""
+    q_slot = lax.rem(n, jnp.int32(q_slots))
+
+    @pl.when(n >= q_slots)
+    def _():
+      plgpu.barrier_wait(q_free.at[q_slot])
+
+    for w in range(COMPUTE_WGS):
+      rows = pl.ds(q_tile * cta_rows + w * ROWS_PER_WG, ROWS_PER_WG)
+      plgpu.copy_gmem_to_smem(
+        q_ref.at[batch, rows, head], q_smem3.at[q_slot, w], q_ready.at[q_slot]
+      )
     kv_head = lax.div(head, jnp.int32(group))
 
-    @pl.loop(0, cta_steps)
+    @pl.loop(0, item_steps(q_tile))
     def _load(j):
-      slot = lax.rem(j, jnp.int32(stages))
+      t = base + j  # the ring's count of tiles
+      slot = lax.rem(t, jnp.int32(stages))
       keys = (batch, pl.ds(j * block_k, block_k), kv_head)
 
-      @pl.when(j >= stages)  # the slot's previous tile must be consumed first
+      @pl.when(t >= stages)  # the slot's previous tile must be consumed first
       def _():
         plgpu.barrier_wait(k_free.at[slot])
 
       plgpu.copy_gmem_to_smem(k_ref.at[keys], k_smem.at[slot], k_ready.at[slot])
 
-      @pl.when(j >= stages)
+      @pl.when(t >= stages)
       def _():
         plgpu.barrier_wait(v_free.at[slot])
 
       plgpu.copy_gmem_to_smem(v_ref.at[keys], v_smem.at[slot], v_ready.at[slot])
 
-    @pl.loop(jnp.maximum(cta_steps - stages, 0), cta_steps)  # the last tiles' consumption
-    def _last(j):
-      slot = lax.rem(j, jnp.int32(stages))
+  @pl.when(wg == COMPUTE_WGS)
+  def _memory():
+    plgpu.set_max_registers(40, action="decrease")
+    end = items(_load_item)
+
+    @pl.loop(jnp.maximum(end - stages, 0), end)  # the last tiles' consumption
+    def _last(t):
+      slot = lax.rem(t, jnp.int32(stages))
       plgpu.barrier_wait(k_free.at[slot])
       plgpu.barrier_wait(v_free.at[slot])
 
@@ -741,17 +821,30 @@ def flash_forward_mgpu(q, k, v, cfg):
   n_kv = -(-cfg.kv_len // block_k)  # tiles of padding only are skipped
   stages = int(min(cfg.num_stages, n_kv))
   swizzled = smem_transforms(d, 2)  # Q, K, V: rows of head_dim 2-byte elements
-  out_dtype = cfg.numerics.output_dtype(q.dtype)
+  out_dtype = jnp.dtype(cfg.numerics.output_dtype(q.dtype))
+  grid = dict(batch=batch, heads=num_heads, q_tiles=rows // cta_rows)  # the work items
+
+  persistent = cfg.mgpu.persistent
+  q_slots = 2 if persistent else 1
+  need = smem_bytes(d, block_k, stages, out_dtype, persistent)
+  if persistent and need > SMEM_BYTES:
+    raise ValueError(
+      f"MosaicGPUOptions(persistent=True) at head_dim={d}, block_k={block_k} with "
+      f"num_stages={stages}: two Q tiles, O's own buffer and the ring need "
+      f"{need / 1024:.1f} KiB of shared memory, more than {SMEM_BYTES / 1024:.0f} KiB"
+    )
 
   def entry(q_ref, k_ref, v_ref, o_ref, m_ref, log_l_ref):
     smem = (
-      plgpu.SMEM((COMPUTE_WGS, ROWS_PER_WG, d), q.dtype, transforms=swizzled),
+      plgpu.SMEM((q_slots, COMPUTE_WGS, ROWS_PER_WG, d), q.dtype, transforms=swizzled),
       plgpu.SMEM((stages, block_k, d), k.dtype, transforms=swizzled),
       plgpu.SMEM((stages, block_k, d), v.dtype, transforms=swizzled),
-      None
-      if out_dtype.itemsize == 2
-      else plgpu.SMEM(  # fp32_out: float32 O
-        (COMPUTE_WGS, ROWS_PER_WG, d), out_dtype, transforms=smem_transforms(d, 4)
+      None  # a 2-byte O goes out through Q's buffer, unless persistent
+      if out_dtype.itemsize == 2 and not persistent
+      else plgpu.SMEM(
+        (COMPUTE_WGS, ROWS_PER_WG, d),
+        out_dtype,
+        transforms=smem_transforms(d, out_dtype.itemsize),
       ),
       plgpu.SMEM((COMPUTE_WGS, ROWS_PER_WG), jnp.float32),
       plgpu.SMEM((COMPUTE_WGS, ROWS_PER_WG), jnp.float32),
@@ -765,7 +858,8 @@ def flash_forward_mgpu(q, k, v, cfg):
     )
     ready = plgpu.Barrier(num_barriers=stages)
     free = plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=stages)
-    pl.run_scoped(
+    per_slot = plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=q_slots)  # a copy or
+    pl.run_scoped(  # an arrival per warpgroup
       lambda *scoped: _forward_kernel(
         q_ref,
         k_ref,
@@ -778,15 +872,16 @@ def flash_forward_mgpu(q, k, v, cfg):
         n_kv=n_kv,
         group=num_heads // num_kv_heads,
         stages=stages,
-        n_q_tiles=rows // cta_rows,
+        grid=grid,
       ),
       smem,
       ready,
       ready,
-      plgpu.Barrier(num_barriers=COMPUTE_WGS),
+      per_slot,  # Q's: ready ...
       free,
       free,
-      plgpu.Barrier(num_arrivals=COMPUTE_WGS),
+      per_slot,  # ... and free
+      plgpu.Barrier(num_arrivals=COMPUTE_WGS),  # the ping-pong's turn
       collective_axes="wg",
     )
 
@@ -795,14 +890,17 @@ def flash_forward_mgpu(q, k, v, cfg):
     from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
 
     interpret = InterpretGPUParams()
-  grid = dict(batch=batch, heads=num_heads, q_tiles=rows // cta_rows)
-  grid_names = query_grid(cfg)
+  if persistent:  # a CTA an SM (`items`), fewer where there are fewer items
+    n_items = batch * num_heads * (rows // cta_rows)
+    launch = dict(grid=(min(n_items, persistent_ctas(cfg.interpret)),), grid_names=("sm",))
+  else:
+    names = query_grid(cfg)
+    launch = dict(grid=tuple(grid[name] for name in names), grid_names=names)
   row = jax.ShapeDtypeStruct((batch, num_heads, rows), jnp.float32)
   out, m, log_l = plgpu.kernel(
     entry,
     out_type=(jax.ShapeDtypeStruct(q.shape[:3] + (d,), out_dtype), row, row),
-    grid=tuple(grid[name] for name in grid_names),
-    grid_names=grid_names,
+    **launch,
     num_threads=COMPUTE_WGS + 1,
     thread_name="wg",
     compiler_params=plgpu.CompilerParams(approx_math=True),

@@ -133,6 +133,24 @@ def test_mosaic_gpu_forward_lowers_with_the_schedule_options(early_turn, causal)
 
 
 @pytest.mark.parametrize(
+  "causal, overlap", [(True, False), (False, True)], ids=["causal", "full-overlap"]
+)
+def test_mosaic_gpu_persistent_forward_lowers(causal, overlap):
+  """`MosaicGPUOptions.persistent` lowers for CUDA: one CTA an SM (`HOPPER_SMS` here, with no
+  GPU) looping over the work items (`plgpu.nd_loop`, the ring's position its carry), the
+  producer loading each item's Q beside its key and value tiles, the O stores waited for
+  (reads only) one item later. (ptxas compiles it for sm_90a with no spills: experiment 20,
+  2026-12-06.)"""
+  from pallas_kernels.forward_mgpu import MosaicGPUOptions
+
+  options = MosaicGPUOptions(pingpong=True, persistent=True, overlap=overlap)
+  cfg = _cfg(backend="mosaic_gpu", head_dim=64, causal=causal, block_k=64, mgpu_options=options)
+  q, k, v = _qkv(64, heads=136)  # 272 work items: more than a CTA each
+  text = _lower_for_cuda(lambda q, k, v: flash_forward_mgpu(q, k, v, cfg)[:3], q, k, v)
+  assert "wgmma" in text and "cp.async.bulk.tensor" in text
+
+
+@pytest.mark.parametrize(
   "block_k, causal, opt_barrier",
   [(64, True, False), (64, False, True), (128, True, True)],
   ids=["bk64-causal", "bk64-full-opt_barrier", "bk128-causal-opt_barrier"],

@@ -140,6 +140,11 @@ def test_mosaic_gpu_matches_triton_forward(shape, dtype, numerics, extra, stabil
       r"block_k=128 with num_stages=4 at head_dim=128: \d+\.\d KiB",
     ),
     (dict(backend="cuda"), "backend='cuda'"),
+    (  # persistent: a second Q tile and O's own buffer do not fit beside this ring
+      dict(block_k=128, num_stages=2, mgpu_options=fm.MosaicGPUOptions(persistent=True)),
+      r"^MosaicGPUOptions\(persistent=True\) at head_dim=128, block_k=128 with num_stages=2: "
+      r"two Q tiles, O's own buffer and the ring need 225\.0 KiB of shared memory, more than 224",
+    ),
     (  # exp2's factor c·log₂e overflows float32
       dict(softmax_scale=3e38, mgpu_options=fm.MosaicGPUOptions(scale_in_exp2=True)),
       r"^softmax_scale=3e\+38 with MosaicGPUOptions\(scale_in_exp2=True\): softmax_scale·log₂e",
@@ -208,6 +213,10 @@ def test_mosaic_gpu_without_interpret_needs_a_hopper_gpu():
     (dict(tie_lanes=(False, True)), False),
     (dict(tie_lanes=(False, True)), True),
     (dict(q_tiles_inner=(True, None)), True),
+    (dict(persistent=(False, True)), False),
+    (dict(persistent=(False, True)), True),
+    (dict(persistent=(False, True), num_stages=(2, 1)), True),
+    (dict(persistent=(False, True), overlap=(False, True)), True),
   ],
   ids=[
     "pingpong-full",
@@ -221,6 +230,10 @@ def test_mosaic_gpu_without_interpret_needs_a_hopper_gpu():
     "tie_lanes-full",
     "tie_lanes-causal",
     "query_tiles_outermost-causal",
+    "persistent-full",
+    "persistent-causal",
+    "persistent-one-stage-causal",
+    "persistent+overlap-causal",
   ],
 )
 def test_mosaic_gpu_schedules_are_the_same_function(change, causal):
@@ -240,7 +253,12 @@ def test_mosaic_gpu_schedules_are_the_same_function(change, causal):
   across lanes) decides the same ties as the 8-column groups: the inputs tie in most tiles; on
   the GPU its shuffles run (`top2.lane_top2`), in interpret mode `row_top2`. `q_tiles_inner`
   None (the default) puts a causal grid's query tiles outermost (`forward_mgpu.query_grid`):
-  the grid's order, not its work; that the grid changed, the traced program says."""
+  the grid's order, not its work; that the grid changed, the traced program says.
+  `persistent` deals the four work items (2 heads × 2 query tiles) to `INTERPRET_CTAS` = 2
+  CTAs, two each, of different lengths under causal: the ring's slots and the ping-pong's
+  turns carry on from one item to the next, Q's two slots alternate, and O's stores of the
+  first item are waited for before the second's; one slot (a causal item of 2 key tiles after
+  one of 4) and the overlapped loop too."""
   _skip_if_causal_refused(causal)
   on_gpu = jax.default_backend() == "gpu"
   q, k, v, _ = _tied(Shape(1, 150, 200, 2, 1, 64, causal=causal), jnp.bfloat16, 5)
@@ -264,7 +282,7 @@ def test_mosaic_gpu_schedules_are_the_same_function(change, causal):
   if "overlap" in change:  # the overlapped loop: S read with the P̄V wgmma in flight
     traced = [str(jax.make_jaxpr(attend(which))(q)).count("wait_n=1") for which in (0, 1)]
     assert traced[0] == 0 and traced[1] > 0, traced
-  if "q_tiles_inner" in change:  # the grid's axes in another order reach the kernel
+  if {"q_tiles_inner", "persistent"} & set(change):  # another grid reaches the kernel
     traced = [str(jax.make_jaxpr(attend(which))(q)) for which in (0, 1)]
     assert traced[0] != traced[1]
   if on_gpu and "tie_lanes" in change:  # its inline block ran (the shuffles, not row_top2)
