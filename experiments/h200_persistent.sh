@@ -20,12 +20,12 @@ timeout 200 python3 -m pytest -v -p no:cacheprovider -rfE tests/test_mosaic_gpu.
 echo "tests: exit $?"; grep -E "FAILED|ERROR" "$OUT/tests.log" | cut -c1-150; tail -2 "$OUT/tests.log"
 AB=experiments/11_mgpu_forward_ab.py
 timeout 100 python3 $AB --causal --shape 16,1024,12,12,64 --pairs 30 --out "$OUT/ab_d64_causal.txt" \
-  bk=64 bk=64,persistent=1 bk=64,comp=0 bk=64,comp=0,persistent=1 > /dev/null 2>&1
-echo "d64 causal: exit $?"; cat "$OUT/ab_d64_causal.txt"
+  bk=64 bk=64,persistent=1 bk=64,comp=0 bk=64,comp=0,persistent=1 >> "$OUT/ab.log" 2>&1
+echo "d64 causal: exit $?"; tail -3 "$OUT/ab.log"; cat "$OUT/ab_d64_causal.txt"
 timeout 70 python3 $AB --shape 16,1024,12,12,64 --pairs 30 --out "$OUT/ab_d64_full.txt" \
-  bk=64 bk=64,persistent=1 > /dev/null 2>&1
+  bk=64 bk=64,persistent=1 >> "$OUT/ab.log" 2>&1
 echo "d64 full: exit $?"; cat "$OUT/ab_d64_full.txt"
-timeout 75 python3 $AB --pairs 20 --out "$OUT/ab_d128_full.txt" bk=64 bk=64,persistent=1 > /dev/null 2>&1
+timeout 75 python3 $AB --pairs 20 --out "$OUT/ab_d128_full.txt" bk=64 bk=64,persistent=1 >> "$OUT/ab.log" 2>&1
 echo "d128 full: exit $?"; cat "$OUT/ab_d128_full.txt"
-timeout 75 python3 $AB --causal --pairs 20 --out "$OUT/ab_d128_causal.txt" bk=64 bk=64,persistent=1 > /dev/null 2>&1
+timeout 75 python3 $AB --causal --pairs 20 --out "$OUT/ab_d128_causal.txt" bk=64 bk=64,persistent=1 >> "$OUT/ab.log" 2>&1
 echo "d128 causal: exit $?"; cat "$OUT/ab_d128_causal.txt"
