@@ -156,9 +156,15 @@ class MosaicGPUOptions:
     the current one, and its first key and value tiles into the same ring, and O leaves
     through a buffer of its own, its write waited for (reads only) one item later: a CTA that
     waits for its first tiles and its writes left 13.7% and 3.8% of the compute warps' stall
-    samples at gpt2-small's attention (H100, 2026-12-06, docs/studies/speed.md). Needs the
-    second Q tile and O's buffer in shared memory (`smem_bytes`; ValueError where they do not
-    fit). No arithmetic changes. Off until timed on the GPU.
+    samples at gpt2-small's attention. Needs the second Q tile and O's buffer in shared memory
+    (`smem_bytes`; set True where they do not fit: ValueError). No arithmetic changes (the
+    same bits, GPU and interpret mode). None (the default, `resolve_persistent`): on for a GPU
+    wherever it fits, off in interpret mode (as pingpong: fewer blocking threads on a small
+    CPU) and where it does not fit (head_dim 256; block_k 128 at head_dim 128 with 2 tiles in
+    flight). Timed (H100, 2026-12-06, experiments/11_mgpu_forward_ab.py, paired against
+    cuDNN, same bits): gpt2-small's 16 × 1024 × 12 × d64 0.732× → 0.963× causal, 0.678× →
+    0.824× full; b4 × 4096 × 16 × d128 0.617× → 0.725× full, 0.724× → 0.792× causal; the
+    gpt2-small step 1.012× → 1.008× cuDNN's (`flashstable bench --targets`).
   The defaults are the ones that were faster on the H200 or H100, or no slower, except
   scale_in_exp2, faster too but on by default only where it changes no value; what each option
   measured, with command and date: docs/studies/speed.md ("The Mosaic GPU route"). Removed
@@ -178,7 +184,7 @@ class MosaicGPUOptions:
   tie_lanes: bool = True
   scale_in_exp2: bool | None = None
   rounded_scores: bool = True
-  persistent: bool = False
+  persistent: bool | None = None
 
   def __post_init__(self):
     for field in dataclasses.fields(self):  # flags, not truthy values (or None, where resolved)
@@ -186,7 +192,7 @@ class MosaicGPUOptions:
       boolean(
         f"MosaicGPUOptions.{name}",
         getattr(self, name),
-        name in ("pingpong", "scale_in_exp2", "q_tiles_inner"),
+        name in ("pingpong", "scale_in_exp2", "q_tiles_inner", "persistent"),
       )
     if self.overlap and (self.early_turn or self.k_wait_in_pv):
       raise ValueError(
@@ -226,6 +232,17 @@ def persistent_ctas(interpret: bool) -> int:
     return INTERPRET_CTAS
   gpus = [d for d in jax.devices() if d.platform == "gpu"]
   return int(gpus[0].core_count) if gpus else HOPPER_SMS
+
+
+def resolve_persistent(cfg, head_dim: int, stages: int, out_dtype):
+  """cfg with `MosaicGPUOptions.persistent` resolved: as set, or where None on for a GPU
+  wherever the persistent layout's shared memory fits (`smem_bytes`), else off."""
+  if cfg.mgpu.persistent is not None:
+    return cfg
+  block_k = int(cfg.blocks.block_k)
+  fits = smem_bytes(head_dim, block_k, stages, out_dtype, True) <= SMEM_BYTES
+  mgpu = dataclasses.replace(cfg.mgpu, persistent=bool(fits and not cfg.interpret))
+  return dataclasses.replace(cfg, mgpu=mgpu)
 
 
 def finish_stores():
@@ -824,6 +841,7 @@ def flash_forward_mgpu(q, k, v, cfg):
   out_dtype = jnp.dtype(cfg.numerics.output_dtype(q.dtype))
   grid = dict(batch=batch, heads=num_heads, q_tiles=rows // cta_rows)  # the work items
 
+  cfg = resolve_persistent(cfg, d, stages, out_dtype)
   persistent = cfg.mgpu.persistent
   q_slots = 2 if persistent else 1
   need = smem_bytes(d, block_k, stages, out_dtype, persistent)

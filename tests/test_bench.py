@@ -630,3 +630,44 @@ def test_the_step_kernels_summary_groups_and_ranks_kernel_times(tmp_path):
     )
     assert done.returncode == 1 and done.stderr.strip().startswith(line), done.stderr
   assert not (tmp_path / "o").exists()
+
+
+def test_the_sass_stall_report_sums_ncu_source_pages(tmp_path, monkeypatch):
+  """experiments/22_sass_stalls.py reads Nsight Compute's SASS source page (plain or xz): per
+  kernel the samples, the reasons' shares, the most sampled instructions and the windows' sums,
+  each from the rows given; a file with no kernel is refused in one line."""
+  import lzma
+
+  stalls = _experiment("22_sass_stalls")
+  header = [
+    "Address", "Source", stalls.SAMPLES, "Warp Stall Sampling (Not-issued Samples)",
+    stalls.EXECUTED, "stall_long_sb", "stall_wait",
+  ]  # fmt: skip
+  rows = [  # kernel 0: 3 instructions, 10 + 30 + 0 samples; kernel 1: one of 5
+    ["0x10", "  BRA 0x40", "10", "1", "100", "10", "0"],
+    ["0x20", "  HGMMA.64x64x16.F32.BF16 R24", "30", "2", "200", "5", "25"],
+    ["0x30", "  EXIT", "0", "0", "100", "0", "0"],
+  ]
+  lines = [
+    ["Kernel Name", "k0"],
+    header,
+    *rows,
+    ["Kernel Name", "k1"],
+    header,
+    rows[0][:2] + ["5", "0", "7", "5", "0"],
+  ]
+  text = "\n".join(",".join(f'"{c}"' for c in line) for line in lines) + "\n"
+  path = tmp_path / "sass.csv.xz"
+  path.write_bytes(lzma.compress(text.encode()))
+  found = stalls.kernels(path)
+  assert [len(r) for _, r in found] == [3, 1]
+  report = stalls.report(*found[0], top=2, window=2)
+  assert report.startswith("3 SASS instructions, 40 stall samples, 400 instructions executed")
+  assert "wait 62.5%, long_sb 37.5%" in report  # 25 of 40, 15 of 40
+  assert "HGMMA" in report.splitlines()[3]  # the most sampled first
+  assert "[    0,     2)      40  100.0%  200" in report
+  empty = tmp_path / "empty.csv"
+  empty.write_text('"Address","Source"\n')
+  monkeypatch.setattr("sys.argv", ["22_sass_stalls.py", str(empty)])
+  with pytest.raises(SystemExit, match="no kernel in it"):
+    stalls.main()

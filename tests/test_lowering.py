@@ -293,3 +293,31 @@ def _assert_two_backward_kernels(text):
   for kernel in kernels:
     assert "wgmma" in kernel and "cp.async.bulk.tensor" in kernel
     assert "setmaxnreg.inc.sync.aligned.u32 240;" in kernel
+
+
+@pytest.mark.parametrize(
+  "head_dim, block_k, stages, interpret, persistent",
+  [
+    (64, 64, 2, False, True),  # gpt2-small's attention: 81 KiB
+    (128, 64, 3, False, True),  # 193 KiB
+    (128, 128, 2, False, False),  # 225 KiB: over the 224
+    (256, 64, 1, False, False),  # 257 KiB
+    (64, 64, 2, True, False),  # interpret mode
+  ],
+)
+def test_the_forward_is_persistent_by_default_where_it_fits(
+  head_dim, block_k, stages, interpret, persistent
+):
+  """`MosaicGPUOptions.persistent` None resolves on for a GPU wherever two Q tiles, O's own
+  buffer and the key/value ring fit the 224 KiB (`smem_bytes`), off elsewhere and in
+  interpret mode; a value set stays as set."""
+  from pallas_kernels.forward_mgpu import MosaicGPUOptions, resolve_persistent
+
+  cfg = dataclasses.replace(
+    _cfg(backend="mosaic_gpu", head_dim=head_dim, block_k=block_k), interpret=interpret
+  )
+  assert cfg.mgpu.persistent is None
+  assert resolve_persistent(cfg, head_dim, stages, jnp.bfloat16).mgpu.persistent is persistent
+  for chosen in (False, True):
+    cfg = dataclasses.replace(cfg, mgpu=MosaicGPUOptions(persistent=chosen))
+    assert resolve_persistent(cfg, head_dim, stages, jnp.bfloat16).mgpu.persistent is chosen
