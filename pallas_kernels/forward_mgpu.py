@@ -4,9 +4,11 @@ The same numerics as `pallas_kernels.forward` (FlashAttention-2, Dao 2023, Alg. 
 rounding point is a `numerics.` call or `compensated_tile_max`, `pallas_kernels.policy`), laid
 out the Hopper way of FlashAttention-3 (Shah et al. 2024, §3.1, warp specialisation):
 
-- one CTA per (128 query rows, batch, head) with three warpgroups: two compute warpgroups own
-  64 query rows each (the M of one wgmma), the third only issues TMA copies of key/value tiles
-  into a ring of `stages` shared-memory slots (FlashAttention-3's producer/consumer split);
+- a work item is 128 query rows of one batch and head; a CTA per item, or (on a GPU wherever
+  it fits, `MosaicGPUOptions.persistent`) one CTA an SM looping over the items; three
+  warpgroups: two compute warpgroups own 64 query rows each (the M of one wgmma), the third
+  only issues TMA copies: each item's Q tiles and its key/value tiles, into a ring of `stages`
+  shared-memory slots (FlashAttention-3's producer/consumer split);
 - per key tile, S = QKᵀ and the P̄V product are wgmma's with float32 accumulators in
   registers; the online softmax (and the compensation's tie count) runs in registers between
   them;
@@ -160,8 +162,8 @@ class MosaicGPUOptions:
     (`smem_bytes`; set True where they do not fit: ValueError). No arithmetic changes (the
     same bits, GPU and interpret mode). None (the default, `resolve_persistent`): on for a GPU
     wherever it fits, off in interpret mode (as pingpong: fewer blocking threads on a small
-    CPU) and where it does not fit (head_dim 256; block_k 128 at head_dim 128 with 2 tiles in
-    flight). Timed (H100, 2026-12-06, experiments/11_mgpu_forward_ab.py, paired against
+    CPU) and where it does not fit (`smem_bytes` over `SMEM_BYTES`: e.g. head_dim 256; block_k
+    128 at head_dim 128 with 2 tiles in flight, block_k 64 there with 4). Timed (H100, 2026-12-06, experiments/11_mgpu_forward_ab.py, paired against
     cuDNN, same bits): gpt2-small's 16 × 1024 × 12 × d64 0.732× → 0.963× causal, 0.678× →
     0.824× full; b4 × 4096 × 16 × d128 0.617× → 0.725× full, 0.724× → 0.792× causal; the
     gpt2-small step 1.012× → 1.008× cuDNN's (`flashstable bench --targets`).
@@ -256,9 +258,10 @@ def finish_stores():
 
 
 def smem_bytes(head_dim: int, block_k: int, stages: int, out_dtype, persistent=False) -> int:
-  """Shared memory the kernel allocates: Q (reused for a 2-byte O), a ring of `stages` K and
-  V tiles, a float32 O for fp32_out, and the rows' m and log(l); persistent
-  (`MosaicGPUOptions.persistent`): two Q tiles and O in a buffer of its own."""
+  """Shared memory the kernel allocates on a GPU: Q (reused for a 2-byte O), a ring of
+  `stages` K and V tiles, a float32 O for fp32_out, and the rows' m and log(l); persistent
+  (`MosaicGPUOptions.persistent`): two Q tiles and O in a buffer of its own. (Interpret mode
+  adds a P̄ tile for the P̄V product's operand; it has no limit.)"""
   q = k = v = 2
   itemsize = jnp.dtype(out_dtype).itemsize
   o = itemsize * COMPUTE_WGS * ROWS_PER_WG * head_dim if itemsize == 4 or persistent else 0
@@ -494,23 +497,27 @@ def _forward_kernel(
     """Runs body(batch, head, q_tile, base, n) for each work item (a batch, head and query
     tile of 128 rows) of this CTA, n counting them from 0 and base the key tiles of the items
     before (the K/V ring's position: every item's tiles pass through the same ring); returns
-    the ring's position after the last. A CTA per item, or (`MosaicGPUOptions.persistent`)
-    the items of `query_grid`'s order dealt round-robin to the CTAs (`plgpu.nd_loop`)."""
+    (the ring's position after the last item, the number of items). A CTA per item, or
+    (`MosaicGPUOptions.persistent`) the items of `query_grid`'s order dealt round-robin to the
+    CTAs (`plgpu.nd_loop`)."""
+    one = jnp.int32(1)
     if not opts.persistent:
       q_tile = query_tile(cfg, grid["q_tiles"])
       zero = jnp.int32(0)
       body(lax.axis_index("batch"), lax.axis_index("heads"), q_tile, zero, zero)
-      return item_steps(q_tile)
+      return item_steps(q_tile), one
     names = query_grid(cfg)
+    start = (jnp.int32(0), jnp.int32(0))
 
-    @plgpu.nd_loop(tuple(grid[n] for n in names), collective_axes="sm", init_carry=jnp.int32(0))
-    def ring_end(info, carry):
+    @plgpu.nd_loop(tuple(grid[n] for n in names), collective_axes="sm", init_carry=start)
+    def ends(info, carry):
+      ring, count = carry
       at = dict(zip(names, info.index))
       q_tile = query_tile(cfg, grid["q_tiles"], at["q_tiles"])
-      body(at["batch"], at["heads"], q_tile, carry, info.local_index)
-      return carry + item_steps(q_tile)
+      body(at["batch"], at["heads"], q_tile, ring, info.local_index)
+      return ring + item_steps(q_tile), count + one
 
-    return ring_end
+    return ends
 
   def _compute_item(batch, head, q_tile, base, n, *, m_smem, log_l_smem, p_smem):
     """One work item of a compute warpgroup: its 64 query rows against the item's key
@@ -806,7 +813,11 @@ def _forward_kernel(
   @pl.when(wg == COMPUTE_WGS)
   def _memory():
     plgpu.set_max_registers(40, action="decrease")
-    end = items(_load_item)
+    end, count = items(_load_item)
+
+    @pl.loop(jnp.maximum(count - q_slots, 0), count)  # the last Q tiles' release
+    def _q_last(n):  # (every phase observed: the interpreter checks it at deallocation)
+      plgpu.barrier_wait(q_free.at[lax.rem(n, jnp.int32(q_slots))])
 
     @pl.loop(jnp.maximum(end - stages, 0), end)  # the last tiles' consumption
     def _last(t):

@@ -216,6 +216,7 @@ def test_mosaic_gpu_without_interpret_needs_a_hopper_gpu():
     (dict(persistent=(False, True)), False),
     (dict(persistent=(False, True)), True),
     (dict(persistent=(False, True), num_stages=(2, 1)), True),
+    (dict(persistent=(False, True), num_stages=(3, 3)), True),
     (dict(persistent=(False, True), overlap=(False, True)), True),
   ],
   ids=[
@@ -233,10 +234,11 @@ def test_mosaic_gpu_without_interpret_needs_a_hopper_gpu():
     "persistent-full",
     "persistent-causal",
     "persistent-one-stage-causal",
+    "persistent-three-stages-causal",
     "persistent+overlap-causal",
   ],
 )
-def test_mosaic_gpu_schedules_are_the_same_function(change, causal):
+def test_mosaic_gpu_schedules_are_the_same_function(change, causal, monkeypatch):
   """The ping-pong schedule orders the warpgroups, longest_first the causal query tiles,
   opt_barrier the compiler's placement of the softmax, k_wait_in_pv where the next key tile
   is waited for and num_stages how many key/value tiles are in flight, not the arithmetic:
@@ -254,14 +256,18 @@ def test_mosaic_gpu_schedules_are_the_same_function(change, causal):
   the GPU its shuffles run (`top2.lane_top2`), in interpret mode `row_top2`. `q_tiles_inner`
   None (the default) puts a causal grid's query tiles outermost (`forward_mgpu.query_grid`):
   the grid's order, not its work; that the grid changed, the traced program says.
-  `persistent` deals the four work items (2 heads × 2 query tiles) to `INTERPRET_CTAS` = 2
-  CTAs, two each, of different lengths under causal: the ring's slots and the ping-pong's
-  turns carry on from one item to the next, Q's two slots alternate, and O's stores of the
-  first item are waited for before the second's; one slot (a causal item of 2 key tiles after
-  one of 4) and the overlapped loop too."""
+  `persistent` runs the four work items (2 heads × 2 query tiles, of 4 and 2 key tiles under
+  causal) in one CTA (`persistent_ctas` set to 1, on the GPU too): the ring's position and
+  the ping-pong's turns carry on from one item to the next (with 3 slots an item starts at a
+  slot other than 0), Q's two slots alternate and are refilled after their `q_free` (items 2
+  and 3), O's stores are waited for before the next item's, and the last Q tiles' releases
+  are waited for at the end (the interpreter checks every phase was observed); one slot and
+  the overlapped loop too."""
   _skip_if_causal_refused(causal)
   on_gpu = jax.default_backend() == "gpu"
   q, k, v, _ = _tied(Shape(1, 150, 200, 2, 1, 64, causal=causal), jnp.bfloat16, 5)
+  if "persistent" in change:  # every work item in one CTA
+    monkeypatch.setattr(fm, "persistent_ctas", lambda interpret: 1)
 
   def attend(which):
     chosen = {name: values[which] for name, values in change.items()}
