@@ -165,11 +165,15 @@ def opcode(line):
 
 
 def sass_loops(nvdisasm, cubin):
-  """(the kernel's opcodes, [the opcodes of each innermost loop with a wgmma (HGMMA)]) of a
-  cubin, as Counters: the loops are the kernel's loops over tiles, one per mask variant, not
-  the barriers' wait loops; a loop is the span from a label to a branch back to it (nvdisasm
-  -c: "BRA `(.L_x_7)", ".L_x_7:") before the last EXIT (after it ptxas puts the barriers'
-  retries, which branch back into the loops)."""
+  """(the kernel's opcodes, [the opcodes of each innermost loop with a wgmma (HGMMA)], the
+  NANOSLEEPs before the last EXIT) of a cubin, the first two as Counters: the loops are the
+  kernel's loops over tiles, one per mask variant, not the barriers' wait loops; a loop is
+  the span from a label to a branch back to it (nvdisasm -c: "BRA `(.L_x_7)", ".L_x_7:")
+  before the last EXIT (after it ptxas puts the barriers' retries, which branch back into the
+  loops). A NANOSLEEP before that EXIT is a barrier wait whose retry ptxas put inline (a
+  sleep after the first failed try): the Mosaic GPU forward of one item a CTA with its Q
+  loaded by the producer had 15, about 10% slower on an H100 (2026-12-06); 0–1 is the
+  usual form."""
   sass = subprocess.run([nvdisasm, "-c", str(cubin)], capture_output=True, text=True, check=True)
   lines = sass.stdout.splitlines()
   labels = {
@@ -186,7 +190,8 @@ def sass_loops(nvdisasm, cubin):
     (a, b) for a, b in spans if not any(a <= c < d <= b and (c, d) != (a, b) for c, d in spans)
   ]
   ops = lambda part: collections.Counter(filter(None, map(opcode, part)))  # noqa: E731
-  return ops(lines), [ops(lines[a : b + 1]) for a, b in inner]
+  inline_sleeps = ops(lines[:end])["NANOSLEEP"]
+  return ops(lines), [ops(lines[a : b + 1]) for a, b in inner], inline_sleeps
 
 
 SHOWN = ("FFMA", "FMUL", "FADD", "FMNMX", "FSETP", "FSEL", "MUFU", "F2FP", "SHFL", "HGMMA")
@@ -335,8 +340,11 @@ def main(argv=None):
         subprocess.run(
           ["ptxas", "-arch=sm_90a", ptx, "-o", str(cubin)], check=True, capture_output=True
         )
-        kernel_ops, loops = sass_loops(a.nvdisasm, cubin)
-        print(f"  SASS: {kernel_ops['STL']} STL, {kernel_ops['LDL']} LDL in all; loops over tiles:")
+        kernel_ops, loops, sleeps = sass_loops(a.nvdisasm, cubin)
+        print(
+          f"  SASS: {kernel_ops['STL']} STL, {kernel_ops['LDL']} LDL in all, {sleeps} inline "
+          "barrier-wait sleeps; loops over tiles:"
+        )
         for ops in loops:
           print(f"    {describe(ops)}")
 
