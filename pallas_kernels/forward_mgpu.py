@@ -785,9 +785,10 @@ def _forward_kernel(
     the ring. A CTA of one item has its compute warpgroups load their Q themselves: loaded
     by the producer there, ptxas (CUDA 13.0) addressed every barrier of the compute loop from
     ordinary registers and put each wait's retry inline, a NANOSLEEP after the first failed
-    try (SASS, experiment 20: 453 instructions a key tile against 441), and the forward took
-    about 10% longer (H100, 2026-12-06: 1.35–1.39 against 1.25 ms at b4 × 4096 × 16 × d128);
-    the persistent kernel compiles to the uniform form either way."""
+    try (SASS, experiment 20: 453 instructions a key tile against 441), the likely cause of
+    the 10% that forward lost (H100, 2026-12-06: 1.35–1.39 ms at b4 × 4096 × 16 × d128 against
+    1.25 ms before; not yet timed with the fix); the persistent kernel compiles to the
+    uniform form either way."""
     q_slot = lax.rem(n, jnp.int32(q_slots))
 
     @pl.when(n >= q_slots)
