@@ -164,9 +164,11 @@ class MosaicGPUOptions:
     wherever it fits, off in interpret mode (as pingpong: fewer blocking threads on a small
     CPU) and where it does not fit (`smem_bytes` over `SMEM_BYTES`: e.g. head_dim 256; block_k
     128 at head_dim 128 with 2 tiles in flight, block_k 64 there with 4). Timed (H100, 2026-12-06, experiments/11_mgpu_forward_ab.py, paired against
-    cuDNN, same bits): gpt2-small's 16 × 1024 × 12 × d64 0.732× → 0.963× causal, 0.678× →
-    0.824× full; b4 × 4096 × 16 × d128 0.617× → 0.725× full, 0.724× → 0.792× causal; the
-    gpt2-small step 1.012× → 1.008× cuDNN's (`flashstable bench --targets`).
+    cuDNN, same bits), against the non-persistent forward of the same tree, which had the
+    slow barrier waits that `_load_item` describes (the forward before it, at the same
+    shapes: 0.78× and 0.70–0.71×): gpt2-small's 16 × 1024 × 12 × d64 0.732× → 0.963× causal,
+    0.678× → 0.824× full; b4 × 4096 × 16 × d128 0.617× → 0.725× full, 0.724× → 0.792× causal;
+    the gpt2-small step 1.012× → 1.008× cuDNN's (`flashstable bench --targets`).
   The defaults are the ones that were faster on the H200 or H100, or no slower, except
   scale_in_exp2, faster too but on by default only where it changes no value; what each option
   measured, with command and date: docs/studies/speed.md ("The Mosaic GPU route"). Removed
