@@ -784,13 +784,15 @@ def _forward_kernel(
   def _load_item(batch, head, q_tile, base, n):
     """The producer's part of a work item: persistent, its Q tile (both warpgroups' rows, into
     Q's slot once the item q_slots before has freed it); then its key and value tiles into
-    the ring. A CTA of one item has its compute warpgroups load their Q themselves: loaded
-    by the producer there, ptxas (CUDA 13.0) addressed every barrier of the compute loop from
-    ordinary registers and put each wait's retry inline, a NANOSLEEP after the first failed
-    try (SASS, experiment 20: 453 instructions a key tile against 441), the likely cause of
-    the 10% that forward lost (H100, 2026-12-06: 1.35–1.39 ms at b4 × 4096 × 16 × d128 against
-    1.25 ms before; not yet timed with the fix); the persistent kernel compiles to the
-    uniform form either way."""
+    the ring. A CTA of one item has its compute warpgroups load their Q themselves, as before
+    the persistent kernel: with Q loaded here and no final wait for the Q releases
+    (`_memory`'s `_q_last`, added later), ptxas (CUDA 13.0) addressed every barrier of the
+    compute loop from ordinary registers and put each wait's retry inline, a NANOSLEEP after
+    the first failed try (15–21 inline sleeps against 1; 453 SASS a key tile against 441),
+    the likely cause of the 10% that forward lost (H100, 2026-12-06: 1.35–1.39 ms at b4 ×
+    4096 × 16 × d128 against 1.25 ms before; not yet timed with the fix). Either change alone
+    restores the uniform form (experiment 20): a fragile choice of ptxas's, which
+    tests/test_bench.py checks where .venv-ptxas is set up."""
     q_slot = lax.rem(n, jnp.int32(q_slots))
 
     @pl.when(n >= q_slots)

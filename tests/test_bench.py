@@ -671,3 +671,29 @@ def test_the_sass_stall_report_sums_ncu_source_pages(tmp_path, monkeypatch):
   monkeypatch.setattr("sys.argv", ["22_sass_stalls.py", str(empty)])
   with pytest.raises(SystemExit, match="no kernel in it"):
     stalls.main()
+
+
+def test_the_mosaic_gpu_kernels_wait_on_barriers_in_the_uniform_form():
+  """ptxas puts a barrier wait's retry out of line (a NANOSLEEP only after the kernel's last
+  EXIT) where it can address the barrier from uniform registers; the forward of one item a CTA
+  with its Q loaded by the producer warpgroup and no final wait for the Q releases (commits
+  5e34c85–01b1166) had 15–21 inline sleeps (21 at this test's shape) and ran ~10% slower
+  (H100, 2026-12-06). Compiled for sm_90a on this CPU by experiments/20_ptxas_report.py (needs
+  `bash scripts/setup.sh ptxas`: .venv-ptxas, ~1 GB; skipped without it): the forward, one
+  item a CTA and persistent, and both backward kernels have at most one."""
+  import pathlib
+  import re
+  import subprocess
+
+  root = pathlib.Path(__file__).parents[1]
+  python = root / ".venv-ptxas" / "bin" / "python"
+  if not python.exists():
+    pytest.skip("no .venv-ptxas (bash scripts/setup.sh ptxas)")
+  done = subprocess.run(
+    [python, "experiments/20_ptxas_report.py", "--causal", "--shape", "1,512,4,2,64",
+     "fwd:persistent=0", "fwd:persistent=1", "bwd:"],
+    capture_output=True, text=True, cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
+  )  # fmt: skip
+  assert done.returncode == 0, done.stderr[-2000:]
+  sleeps = [int(n) for n in re.findall(r"(\d+) inline barrier-wait sleeps", done.stdout)]
+  assert len(sleeps) == 4 and max(sleeps) <= 1, done.stdout
