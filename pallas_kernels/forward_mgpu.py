@@ -239,13 +239,20 @@ def persistent_ctas(interpret: bool) -> int:
 
 
 def resolve_persistent(cfg, head_dim: int, stages: int, out_dtype):
-  """cfg with `MosaicGPUOptions.persistent` resolved: as set, or where None on for a GPU
-  wherever the persistent layout's shared memory fits (`smem_bytes`), else off."""
-  if cfg.mgpu.persistent is not None:
+  """cfg with `MosaicGPUOptions.persistent` resolved: where None, on for a GPU wherever the
+  persistent layout's shared memory fits (`smem_bytes`), else off; as set otherwise, True
+  refused (ValueError, one line) where it does not fit."""
+  block_k, chosen = int(cfg.blocks.block_k), cfg.mgpu.persistent
+  need = smem_bytes(head_dim, block_k, stages, out_dtype, True)
+  if chosen and need > SMEM_BYTES:
+    raise ValueError(
+      f"MosaicGPUOptions(persistent=True) at head_dim={head_dim}, block_k={block_k} with "
+      f"num_stages={stages}: two Q tiles, O's own buffer and the ring need "
+      f"{need / 1024:.1f} KiB of shared memory, more than {SMEM_BYTES / 1024:.0f} KiB"
+    )
+  if chosen is not None:
     return cfg
-  block_k = int(cfg.blocks.block_k)
-  fits = smem_bytes(head_dim, block_k, stages, out_dtype, True) <= SMEM_BYTES
-  mgpu = dataclasses.replace(cfg.mgpu, persistent=bool(fits and not cfg.interpret))
+  mgpu = dataclasses.replace(cfg.mgpu, persistent=need <= SMEM_BYTES and not cfg.interpret)
   return dataclasses.replace(cfg, mgpu=mgpu)
 
 
@@ -799,11 +806,12 @@ def _forward_kernel(
     def _():
       plgpu.barrier_wait(q_free.at[q_slot])
 
-    for w in range(COMPUTE_WGS if opts.persistent else 0):
-      rows = pl.ds(q_tile * cta_rows + w * ROWS_PER_WG, ROWS_PER_WG)
-      plgpu.copy_gmem_to_smem(
-        q_ref.at[batch, rows, head], q_smem3.at[q_slot, w], q_ready.at[q_slot]
-      )
+    if opts.persistent:
+      for w in range(COMPUTE_WGS):
+        rows = pl.ds(q_tile * cta_rows + w * ROWS_PER_WG, ROWS_PER_WG)
+        plgpu.copy_gmem_to_smem(
+          q_ref.at[batch, rows, head], q_smem3.at[q_slot, w], q_ready.at[q_slot]
+        )
     kv_head = lax.div(head, jnp.int32(group))
 
     @pl.loop(0, item_steps(q_tile))
@@ -866,16 +874,9 @@ def flash_forward_mgpu(q, k, v, cfg):
   out_dtype = jnp.dtype(cfg.numerics.output_dtype(q.dtype))
   grid = dict(batch=batch, heads=num_heads, q_tiles=rows // cta_rows)  # the work items
 
-  cfg = resolve_persistent(cfg, d, stages, out_dtype)
+  cfg = resolve_persistent(cfg, d, stages, out_dtype)  # ValueError: persistent does not fit
   persistent = cfg.mgpu.persistent
   q_slots = 2 if persistent else 1
-  need = smem_bytes(d, block_k, stages, out_dtype, persistent)
-  if persistent and need > SMEM_BYTES:
-    raise ValueError(
-      f"MosaicGPUOptions(persistent=True) at head_dim={d}, block_k={block_k} with "
-      f"num_stages={stages}: two Q tiles, O's own buffer and the ring need "
-      f"{need / 1024:.1f} KiB of shared memory, more than {SMEM_BYTES / 1024:.0f} KiB"
-    )
 
   def entry(q_ref, k_ref, v_ref, o_ref, m_ref, log_l_ref):
     smem = (
@@ -934,8 +935,8 @@ def flash_forward_mgpu(q, k, v, cfg):
 
     interpret = InterpretGPUParams()
   if persistent:  # a CTA an SM (`items`), fewer where there are fewer items
-    n_items = batch * num_heads * (rows // cta_rows)
-    launch = dict(grid=(min(n_items, persistent_ctas(cfg.interpret)),), grid_names=("sm",))
+    n_ctas = min(math.prod(grid.values()), persistent_ctas(cfg.interpret))
+    launch = dict(grid=(n_ctas,), grid_names=("sm",))
   else:
     names = query_grid(cfg)
     launch = dict(grid=tuple(grid[name] for name in names), grid_names=names)

@@ -310,7 +310,7 @@ def test_the_forward_is_persistent_by_default_where_it_fits(
 ):
   """`MosaicGPUOptions.persistent` None resolves on for a GPU wherever two Q tiles, O's own
   buffer and the key/value ring fit the 224 KiB (`smem_bytes`), off elsewhere and in
-  interpret mode; a value set stays as set."""
+  interpret mode; a value set stays as set, True refused in one line where it does not fit."""
   from pallas_kernels.forward_mgpu import MosaicGPUOptions, resolve_persistent
 
   cfg = dataclasses.replace(
@@ -318,6 +318,13 @@ def test_the_forward_is_persistent_by_default_where_it_fits(
   )
   assert cfg.mgpu.persistent is None
   assert resolve_persistent(cfg, head_dim, stages, jnp.bfloat16).mgpu.persistent is persistent
+  fits = persistent or interpret  # interpret mode: off, though it fits
   for chosen in (False, True):
     cfg = dataclasses.replace(cfg, mgpu=MosaicGPUOptions(persistent=chosen))
-    assert resolve_persistent(cfg, head_dim, stages, jnp.bfloat16).mgpu.persistent is chosen
+    if chosen and not fits:
+      with pytest.raises(
+        ValueError, match=rf"^MosaicGPUOptions\(persistent=True\) at head_dim={head_dim}, .* KiB"
+      ):
+        resolve_persistent(cfg, head_dim, stages, jnp.bfloat16)
+    else:
+      assert resolve_persistent(cfg, head_dim, stages, jnp.bfloat16).mgpu.persistent is chosen
