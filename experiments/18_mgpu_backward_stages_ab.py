@@ -32,6 +32,7 @@ BACKWARD_OPTIONS = (
   "longest_first",
   "rounded_scores",
   "scale_in_exp2",
+  "persistent",
 )  # `MosaicGPUOptions` the backward reads
 
 

@@ -224,8 +224,9 @@ def kernel_config(
     is short, as with grouped heads).
   Raises ValueError for num_warps other than None or 1, 2, 4, 8, 16, num_stages other than None
   or 1–8, when `supported` says the backend cannot run the call (the forward; a
-  backward it cannot run falls back to Triton) or, for scale_in_exp2=True,
-  `forward_mgpu.scale_in_exp2_refusal` the scale, TypeError for mgpu_options that are not a
+  backward it cannot run falls back to Triton), for scale_in_exp2=True where
+  `forward_mgpu.scale_in_exp2_refusal` refuses the scale, or for persistent=True where the
+  Mosaic GPU backward's persistent layout does not fit (`backward_mgpu.launch_plan`); TypeError for mgpu_options that are not a
   `MosaicGPUOptions` (used where the Mosaic GPU forward runs, unused by the Triton kernels).
   """
   if mgpu_options is not None and not isinstance(mgpu_options, MosaicGPUOptions):
@@ -283,7 +284,9 @@ def kernel_config(
   if backend == "mosaic_gpu":  # its None resolved: on where exact (a power-of-two scale)
     options = forward_mgpu.resolve_scale_in_exp2(options, softmax_scale, compensation)
   backend_bwd, stages_mgpu_bwd = "triton", None
-  stages_mgpu = backward_mgpu.default_stages(padded_head_dim, group, numerics.center_keys)
+  stages_mgpu = backward_mgpu.default_stages(
+    padded_head_dim, group, numerics.center_keys, persistent=bool(options.persistent)
+  )
   if (
     backend == "mosaic_gpu"
     and supported(
@@ -300,7 +303,7 @@ def kernel_config(
     is None
   ):
     backend_bwd, stages_mgpu_bwd = "mosaic_gpu", stages_mgpu
-  return KernelConfig(
+  cfg = KernelConfig(
     softmax_scale=softmax_scale,
     causal=bool(causal),
     q_len=q_len,
@@ -319,6 +322,13 @@ def kernel_config(
     mgpu=options,
     backend_bwd=backend_bwd,
   )
+  if backend == "mosaic_gpu" and options.persistent:  # refused before any kernel runs
+    n_kv = -(-kv_len // fitted.block_k)
+    out_dtype = numerics.output_dtype(dtype)
+    forward_mgpu.resolve_persistent(cfg, padded_head_dim, min(stages, n_kv), out_dtype)
+    if backend_bwd == "mosaic_gpu":
+      backward_mgpu.launch_plan(cfg, padded_head_dim, group)
+  return cfg
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))

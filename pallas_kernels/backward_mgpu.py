@@ -22,7 +22,11 @@ FlashAttention-3 (Shah et al. 2024, §3; warp specialisation as in `forward_mgpu
   of 64 keys and each accumulates 128 of their columns (`parts`: the tiles are kept as parts
   of 128 columns, Sᵀ and dPᵀ summed over them), and after the loop they meet on a "done"
   barrier before writing over K and V;
-- dQ: S = Q Kᵀ, dP = dO Vᵀ, dQ += dS K (or the centred keys, `dq_keys`) with dS in registers.
+- dQ: S = Q Kᵀ, dP = dO Vᵀ, dQ += dS K (or the centred keys, `dq_keys`) with dS in registers;
+- persistent (`MosaicGPUOptions.persistent`, where it fits: `launch_plan`): one CTA an SM
+  looping over either kernel's work items (`forward_mgpu.work_items`), the producer loading
+  the next item's own tiles (dQ: Q, dO, the rows' statistics; dK/dV: K and V) into a second
+  slot and the ring carried from item to item; the same arithmetic.
 - On the GPU each step issues the S and dP wgmma's back to back and reads S while dP runs
   (`wgmma_accumulator_load(wait_n=parts)`); the dK, dV and dQ products accumulate in the wgmma
   accumulators (FlashAttention-3's order; float32 summation order only).
@@ -45,6 +49,7 @@ Tiles: 64 rows per warpgroup; dK/dV takes query tiles of `DKV_BLOCK_Q`, dQ key t
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import numbers
@@ -59,10 +64,13 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from pallas_kernels.forward_mgpu import (
   exact_scale,
   finish_stores,
+  launch,
+  persistent_fits,
   query_tile,
   resolve_scale_in_exp2,
   smem_transforms,
   visited_key_tiles,
+  work_items,
 )
 from pallas_kernels.policy import LOG2E, pad_axis
 from pallas_kernels.policy import MOSAIC_GPU_NUMERICS as NUMERICS
@@ -93,14 +101,15 @@ def parts(head_dim: int) -> tuple[int, int]:
   return head_dim // width, width
 
 
-def _dkv_bytes(head_dim: int, stages: int, group: int) -> int:
+def _dkv_bytes(head_dim: int, stages: int, group: int, slots: int = 1) -> int:
   """dK/dV's shared memory: the compute warpgroups' K and V (64 keys each, or 64 for both above
-  head_dim 128: `parts`), a ring of `stages` tiles of Q, dO and the rows' statistics, and
-  (grouped heads: float32 partials) a float32 output tile per warpgroup."""
+  head_dim 128: `parts`; `slots` items' of them: 2 persistent), a ring of `stages` tiles of
+  Q, dO and the rows' statistics, and (grouped heads: float32 partials) a float32 output tile
+  per warpgroup."""
   n_parts, width = parts(head_dim)
   keys = ROWS if n_parts > 1 else COMPUTE_WGS * ROWS
   return (
-    keys * head_dim * 2 * 2
+    slots * keys * head_dim * 2 * 2
     + stages * DKV_BLOCK_Q * (head_dim * 2 * 2 + 3 * 4)
     + (COMPUTE_WGS * ROWS * width * 4 if group > 1 else 0)
   )
@@ -127,11 +136,14 @@ def dq_tile(block_k_dq) -> int:
   return bk
 
 
-def _dq_bytes(head_dim: int, stages: int, center_keys: bool, block_k: int = DQ_BLOCK_K) -> int:
-  """dQ's shared memory: each warpgroup's Q, dO and rows' statistics and a ring of `stages`
-  tiles of K and V (and the centred keys) of `block_k` keys."""
+def _dq_bytes(
+  head_dim: int, stages: int, center_keys: bool, block_k: int = DQ_BLOCK_K, slots: int = 1
+) -> int:
+  """dQ's shared memory: each warpgroup's Q, dO and rows' statistics (`slots` items' of them:
+  2 persistent) and a ring of `stages` tiles of K and V (and the centred keys) of `block_k`
+  keys."""
   ring = block_k * head_dim * 2 * (3 if center_keys else 2)
-  return COMPUTE_WGS * ROWS * (head_dim * 2 * 2 + 3 * 4) + stages * ring
+  return slots * COMPUTE_WGS * ROWS * (head_dim * 2 * 2 + 3 * 4) + stages * ring
 
 
 STAGES_RULE = (
@@ -175,23 +187,30 @@ STAGES_BY_HEAD_DIM = {128: (3, 2)}
 
 
 def default_stages(
-  head_dim: int, group: int = 1, center_keys: bool = False, block_k: int = DQ_BLOCK_K
+  head_dim: int,
+  group: int = 1,
+  center_keys: bool = False,
+  block_k: int = DQ_BLOCK_K,
+  persistent: bool = False,
 ) -> tuple[int, int]:
   """The tiles in flight the backward runs with, (dK/dV's, dQ's): `STAGES_BY_HEAD_DIM`'s row
   for the (padded) head_dim or `STAGES`, each lowered to what fits that kernel's shared memory
   with the dQ kernel's key tile `block_k` (`dq_block_k`; head_dim 256: dK/dV 2, dQ 1; head_dim
   128 with grouped heads, whose float32 partials take dK/dV's room: 2 and 2; 256 with grouped
-  heads: 1 and 1)."""
+  heads: 1 and 1); persistent (`MosaicGPUOptions.persistent=True`), to what fits beside two
+  items' tiles (`launch_plan`: dK/dV 2 at head_dim 128)."""
   wants = STAGES_BY_HEAD_DIM.get(head_dim, STAGES)
-  need_dkv, need_dq = _needs(head_dim, group, center_keys, block_k)
+  slots = 2 if persistent else 1
+  need_dkv, need_dq = _needs(head_dim, group, center_keys, block_k, slots)
   return _fit(wants[0], need_dkv), _fit(wants[1], need_dq)
 
 
-def _needs(head_dim: int, group: int, center_keys: bool, block_k: int):
-  """(dK/dV's, dQ's) shared memory in bytes, each a function of that kernel's tiles in flight."""
+def _needs(head_dim: int, group: int, center_keys: bool, block_k: int, slots: int = 1):
+  """(dK/dV's, dQ's) shared memory in bytes, each a function of that kernel's tiles in flight
+  (`slots` items' own tiles: 2 persistent)."""
   return (
-    lambda n: _dkv_bytes(head_dim, n, group),
-    lambda n: _dq_bytes(head_dim, n, center_keys, block_k),
+    lambda n: _dkv_bytes(head_dim, n, group, slots),
+    lambda n: _dq_bytes(head_dim, n, center_keys, block_k, slots),
   )
 
 
@@ -226,7 +245,7 @@ def _stages(cfg, head_dim: int, group: int) -> tuple[int, int]:
         f"shared memory with one tile in flight, more than {SMEM_BYTES / 1024:.0f} KiB"
       )
   if cfg.stages_bwd_mgpu is None:
-    return default_stages(head_dim, group, center_keys, bk)
+    return default_stages(head_dim, group, center_keys, bk, bool(cfg.mgpu.persistent))
   try:
     stages = _per_kernel(cfg.stages_bwd_mgpu)
   except ValueError:
@@ -239,6 +258,37 @@ def _stages(cfg, head_dim: int, group: int) -> tuple[int, int]:
         f"{'tiles' if most > 1 else 'tile'} in flight at {at}"
       )
   return stages
+
+
+def launch_plan(cfg, head_dim: int, group: int):
+  """((dK/dV's, dQ's) tiles in flight, (dK/dV's, dQ's) `MosaicGPUOptions.persistent`) of a call
+  at padded head_dim with group = num_heads // num_kv_heads: `_stages`, each at most the
+  kernel's steps (dK/dV's query tiles, dQ's key tiles), and each kernel's persistence resolved
+  where its persistent layout fits shared memory (`forward_mgpu.persistent_fits`: two items'
+  K and V for dK/dV; two items' Q, dO and rows for dQ). Raises ValueError (one line) as
+  `_stages` does and where persistent=True does not fit a kernel; `attention.kernel_config`
+  calls it for persistent=True, so that happens before any kernel runs."""
+  stages_dkv, stages_dq = _stages(cfg, head_dim, group)
+  bk, center = dq_block_k(cfg), cfg.numerics.center_keys
+  stages_dkv = int(max(1, min(stages_dkv, -(-cfg.q_len // DKV_BLOCK_Q))))
+  stages_dq = int(max(1, min(stages_dq, -(-cfg.kv_len // bk))))
+  persistent_dkv = persistent_fits(
+    cfg,
+    _dkv_bytes(head_dim, stages_dkv, group, slots=2),
+    f"head_dim={head_dim}, group={group} with the dK/dV kernel's {_tiles(stages_dkv, 'query')} "
+    "in flight: two tiles of K and V and the ring",
+  )
+  persistent_dq = persistent_fits(
+    cfg,
+    _dq_bytes(head_dim, stages_dq, center, bk, slots=2),
+    f"head_dim={head_dim} with the dQ kernel's {_tiles(stages_dq, 'key')} in flight: two "
+    "tiles of Q, dO and rows a warpgroup and the ring",
+  )
+  return (stages_dkv, stages_dq), (persistent_dkv, persistent_dq)
+
+
+def _tiles(n: int, what: str) -> str:
+  return f"{n} {what} tile{'s' if n > 1 else ''}"
 
 
 def supported(
@@ -420,25 +470,63 @@ def _store(smem, value, dst):
   plgpu.copy_smem_to_gmem(smem, dst)
 
 
-def _producer(n_steps, stages, free, load):
-  """The producer warpgroup: load(t, slot) issues step t's TMA copies into ring slot t mod
-  stages once every compute warpgroup has freed it, then waits until the last `stages` slots
-  are consumed (every warpgroup observes every phase of `free`)."""
-  plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
+def _ring_loads(base, n_steps, stages, free, load):
+  """A producer's loads of one work item: load(j, slot) issues the item's step j's TMA copies
+  into ring slot (base + j) mod stages (base: the ring's count of tiles before the item) once
+  every compute warpgroup has freed that slot's previous tile."""
 
   @pl.loop(0, n_steps)
-  def _load(t):
+  def _load(j):
+    t = base + j
     slot = lax.rem(t, jnp.int32(stages))
 
     @pl.when(t >= stages)  # the slot's previous tile must be consumed first
     def _():
       plgpu.barrier_wait(free.at[slot])
 
-    load(t, slot)
+    load(j, slot)
 
-  @pl.loop(jnp.maximum(n_steps - stages, 0), n_steps)
-  def _last(t):
-    plgpu.barrier_wait(free.at[lax.rem(t, jnp.int32(stages))])
+
+def _last_waits(end, barrier, slots):
+  """The producer's final waits: the last `slots` phases of `barrier` (of `end` uses, slot t
+  mod slots), so that every warpgroup observes every phase of it."""
+
+  @pl.loop(jnp.maximum(end - slots, 0), end)
+  def _(t):
+    plgpu.barrier_wait(barrier.at[lax.rem(t, jnp.int32(slots))])
+
+
+def _release(item_free, slots, n):
+  """A compute warpgroup gives work item n's slot (its own tiles, through which its gradients
+  left) back to the producer, once those stores have read it (`finish_stores`)."""
+  finish_stores()
+  plgpu.barrier_arrive(item_free.at[lax.rem(n, jnp.int32(slots))])
+
+
+def _roles(wg, items, compute_item, load_item, persistent, item_slots, ring):
+  """A backward CTA's two roles over its work items (`items`: `forward_mgpu.work_items`): the
+  compute warpgroups run compute_item(at, base, n) on each, then give the last item's slot
+  back (persistent) or wait for their stores; the producer runs load_item(at, base, n) on
+  each, then waits for the last items' releases (item_slots: the barrier and its slots;
+  persistent) and the last tiles' consumption (ring: the "free" barrier and its stages), so
+  that every warpgroup observes every phase."""
+
+  @pl.when(wg < COMPUTE_WGS)
+  def _compute():
+    plgpu.set_max_registers(COMPUTE_REGISTERS, action="increase")
+    _, count = items(compute_item)
+    if persistent:
+      _release(*item_slots, count - 1)
+    else:
+      finish_stores()
+
+  @pl.when(wg == COMPUTE_WGS)
+  def _memory():
+    plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
+    end, count = items(load_item)
+    if persistent:
+      _last_waits(count, *item_slots)
+    _last_waits(end, *ring)
 
 
 def _skip_steps(start, end, stages, readies, free):
@@ -464,48 +552,64 @@ def _columns(index, part, n_parts, width):
 
 
 def _dkv_kernel(
-  q_ref, k_ref, v_ref, do_ref, rows_ref, dk_ref, dv_ref, scoped, *, cfg, n_q, group, stages
+  q_ref, k_ref, v_ref, do_ref, rows_ref, dk_ref, dv_ref, scoped, *, cfg, n_q, group, stages, grid
 ):
   numerics, dtype, scale, bq = cfg.numerics, q_ref.dtype, cfg.softmax_scale, DKV_BLOCK_Q
   smem, barriers = scoped
-  k_smem2, v_smem2, q_smem, do_smem, rows_smem, out_smem2, p_smem2, ds_smem2 = smem
-  k_ready, v_ready, q_ready, do_ready, rows_ready, free, done = barriers
-  batch, head, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
+  k_smem3, v_smem3, q_smem, do_smem, rows_smem, out_smem2, p_smem2, ds_smem2 = smem
+  k_ready, v_ready, q_ready, do_ready, rows_ready, free, done, kv_free = barriers
+  wg, persistent = lax.axis_index("wg"), cfg.mgpu.persistent
   # the shared-memory tiles are [parts, rows, width]: one part up to head_dim 128, each
-  # warpgroup with keys of its own; above it (`parts`) one tile of keys, a part each
-  n_parts, width = q_smem.shape[1], q_smem.shape[-1]
+  # warpgroup with keys of its own; above it (`parts`) one tile of keys, a part each; K and V
+  # in `slots` of them (2 persistent: the next item's load early)
+  n_parts, width, slots = q_smem.shape[1], q_smem.shape[-1], k_smem3.shape[0]
   shared = n_parts > 1
+  kv_tiles = 1 if shared else COMPUTE_WGS  # K/V tiles of 64 keys a CTA
   key_span = ROWS if shared else COMPUTE_WGS * ROWS  # the keys of one CTA
-  cta_key0 = lax.axis_index("kv_tiles") * key_span
-  # causal: query tiles that end before this CTA's first key see none of its keys
-  first = lax.div(cta_key0, jnp.int32(bq)) if cfg.causal else jnp.int32(0)
-  n_steps = jnp.maximum(jnp.int32(n_q) - first, 0)
-  n_steps = jnp.where(cta_key0 >= cfg.kv_len, 0, n_steps)  # a CTA of padding keys only
   fused = not cfg.interpret
 
-  @pl.when(wg < COMPUTE_WGS)
-  def _compute():
-    plgpu.set_max_registers(COMPUTE_REGISTERS, action="increase")
-    mine = 0 if shared else wg  # this warpgroup's K and V: [parts, ROWS, width]
+  def span(at):
+    """(the item's first key, its first query tile, its steps): causal, query tiles that end
+    before the item's first key see none of its keys; an item of padding keys has no step."""
+    cta_key0 = at["kv_tiles"] * key_span
+    first = lax.div(cta_key0, jnp.int32(bq)) if cfg.causal else jnp.int32(0)
+    n_steps = jnp.maximum(jnp.int32(n_q) - first, 0)
+    return cta_key0, first, jnp.where(cta_key0 >= cfg.kv_len, 0, n_steps)
+
+  items = lambda body: work_items(  # noqa: E731
+    grid, ("batch", "heads", "kv_tiles"), persistent, lambda at: span(at)[2], body
+  )
+
+  def load_kv(at, slot, w):
+    """K and V of warpgroup w's 64 keys (shared: the CTA's) of item `at` into `slot`."""
+    key0 = at["kv_tiles"] * key_span + w * ROWS
+    keys = (at["batch"], pl.ds(key0, ROWS), lax.div(at["heads"], jnp.int32(group)))
+    ready = slot * kv_tiles + w
+    for p in range(n_parts):
+      cols = _columns(keys, p, n_parts, width)
+      plgpu.copy_gmem_to_smem(k_ref.at[cols], k_smem3.at[slot, w, p], k_ready.at[ready])
+      plgpu.copy_gmem_to_smem(v_ref.at[cols], v_smem3.at[slot, w, p], v_ready.at[ready])
+
+  def compute_item(at, base, n):
+    """A compute warpgroup's part of work item `at`: dK and dV of its 64 keys (shared: its
+    part of their columns) over the item's query tiles (ring count `base` on)."""
+    batch, head = at["batch"], at["heads"]
+    cta_key0, first, n_steps = span(at)
+    kv_slot = lax.rem(n, jnp.int32(slots))
+    # this warpgroup's K and V: [parts, ROWS, width]; shared, the CTA's, at a traced 0 (run_state
+    # cannot carry a constant index of a ref it closes over: Mosaic GPU's lowering, jax 0.11.2)
+    mine = wg * 0 if shared else wg
     part = wg if shared else 0  # the part of dK's and dV's columns it accumulates
-    # (not .at[0] when shared: run_state cannot carry a Python index of a ref it closes over)
-    k_smem, v_smem = (k_smem2, v_smem2) if shared else (k_smem2.at[wg], v_smem2.at[wg])
+    k_smem, v_smem = k_smem3.at[kv_slot, mine], v_smem3.at[kv_slot, mine]
     key0 = cta_key0 + (0 if shared else wg * ROWS)
-    kv_head = lax.div(head, jnp.int32(group))
-    keys = (batch, pl.ds(key0, ROWS), kv_head)
-
-    def load_kv():
-      for p in range(n_parts):
-        at = _columns(keys, p, n_parts, width)
-        plgpu.copy_gmem_to_smem(k_ref.at[at], k_smem.at[p], k_ready.at[mine])
-        plgpu.copy_gmem_to_smem(v_ref.at[at], v_smem.at[p], v_ready.at[mine])
-
-    if shared:  # one copy of the tile, by the first warpgroup
-      pl.when(wg == 0)(load_kv)
+    if persistent:  # the item before's slot (its stores have long been issued)
+      pl.when(n > 0)(lambda: _release(kv_free, slots, n - 1))
+    elif shared:  # one copy of the tile, by the first warpgroup
+      pl.when(wg == 0)(lambda: load_kv(at, kv_slot, 0))
     else:
-      load_kv()
-    plgpu.barrier_wait(k_ready.at[mine])
-    plgpu.barrier_wait(v_ready.at[mine])
+      load_kv(at, kv_slot, wg)
+    plgpu.barrier_wait(k_ready.at[kv_slot * kv_tiles + mine])
+    plgpu.barrier_wait(v_ready.at[kv_slot * kv_tiles + mine])
     tile = (ROWS, bq)
     col = plgpu.Layout.WGMMA.reduce(0)  # a per-query vector along the columns
 
@@ -522,7 +626,7 @@ def _dkv_kernel(
     def step(t, carry, masked):
       dk, dv = carry
       i = first + t
-      slot = lax.rem(t, jnp.int32(stages))
+      slot = lax.rem(base + t, jnp.int32(stages))
       q_slot, do_slot = q_smem.at[slot], do_smem.at[slot]
       if fused:
 
@@ -574,7 +678,7 @@ def _dkv_kernel(
     carry = lax.fori_loop(0, a, lambda t, c: step(t, c, True), (zeros, zeros))
     carry = lax.fori_loop(a, b, lambda t, c: step(t, c, False), carry)
     dk, dv = lax.fori_loop(b, end, lambda t, c: step(t, c, True), carry)
-    _skip_steps(end, n_steps, stages, (q_ready, do_ready, rows_ready), free)
+    _skip_steps(base + end, base + n_steps, stages, (q_ready, do_ready, rows_ready), free)
 
     out_dtype = dk_ref.dtype
     dk = numerics.round_grad(dk, scale, out_dtype)
@@ -590,33 +694,45 @@ def _dkv_kernel(
       _store(out_smem2.at[wg], dk, dk_ref.at[rows_out])
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)
       _store(out_smem2.at[wg], dv, dv_ref.at[rows_out])
-    finish_stores()
 
-  @pl.when(wg == COMPUTE_WGS)
-  def _memory():
+  def load_item(at, base, n):
+    """The producer's part of a work item: persistent, its K and V into their slot once the
+    item `slots` before has released it; its query tiles (Q, dO, the rows' statistics) into
+    the ring."""
+    if persistent:
+      slot = lax.rem(n, jnp.int32(slots))
+      pl.when(n >= slots)(lambda: plgpu.barrier_wait(kv_free.at[slot]))
+      for w in range(kv_tiles):
+        load_kv(at, slot, w)
+    batch, head = at["batch"], at["heads"]
+    _, first, n_steps = span(at)
+
     def load(t, slot):
       rows = pl.ds((first + t) * bq, bq)
       for p in range(n_parts):
-        at = _columns((batch, rows, head), p, n_parts, width)
-        plgpu.copy_gmem_to_smem(q_ref.at[at], q_smem.at[slot, p], q_ready.at[slot])
-        plgpu.copy_gmem_to_smem(do_ref.at[at], do_smem.at[slot, p], do_ready.at[slot])
+        cols = _columns((batch, rows, head), p, n_parts, width)
+        plgpu.copy_gmem_to_smem(q_ref.at[cols], q_smem.at[slot, p], q_ready.at[slot])
+        plgpu.copy_gmem_to_smem(do_ref.at[cols], do_smem.at[slot, p], do_ready.at[slot])
       plgpu.copy_gmem_to_smem(
         rows_ref.at[batch, head, :, rows], rows_smem.at[slot], rows_ready.at[slot]
       )
 
-    _producer(n_steps, stages, free, load)
+    _ring_loads(base, n_steps, stages, free, load)
+
+  _roles(wg, items, compute_item, load_item, persistent, (kv_free, slots), (free, stages))
 
 
-def _dkv(q, k, v, do, rows, cfg, stages):
+def _dkv(q, k, v, do, rows, cfg, stages, persistent):
   batch, q_len_p, num_heads, d = q.shape
   kv_len_p, num_kv_heads = k.shape[1], k.shape[2]
   group = num_heads // num_kv_heads
   out_dtype = jnp.dtype(q.dtype if group == 1 else jnp.float32)
   n_q = -(-cfg.q_len // DKV_BLOCK_Q)
   n_parts, width = parts(d)
-  stages = int(max(1, min(stages, n_q)))
   kv_tiles = 1 if n_parts > 1 else COMPUTE_WGS  # K and V tiles of 64 keys (`_dkv_kernel`)
-  kv_shape = (n_parts, ROWS, width) if n_parts > 1 else (COMPUTE_WGS, 1, ROWS, width)
+  cfg = dataclasses.replace(cfg, mgpu=dataclasses.replace(cfg.mgpu, persistent=persistent))
+  slots = 2 if persistent else 1  # items' K and V in shared memory (`launch_plan`)
+  kv_shape = (slots, kv_tiles, n_parts, ROWS, width)
   sw = smem_transforms(width, 2)
 
   def entry(q_ref, k_ref, v_ref, do_ref, rows_ref, dk_ref, dv_ref):
@@ -642,7 +758,7 @@ def _dkv(q, k, v, do, rows, cfg, stages):
         else (None, None)
       ),
     )
-    kv_ready = plgpu.Barrier(num_arrivals=n_parts, num_barriers=kv_tiles)  # a copy per part
+    kv_ready = plgpu.Barrier(num_arrivals=n_parts, num_barriers=slots * kv_tiles)  # a copy a part
     ready = plgpu.Barrier(num_arrivals=n_parts, num_barriers=stages)
     free = plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=stages)
     pl.run_scoped(
@@ -659,6 +775,7 @@ def _dkv(q, k, v, do, rows, cfg, stages):
         n_q=n_q,
         group=group,
         stages=stages,
+        grid=grid,
       ),
       smem,
       kv_ready,
@@ -668,6 +785,7 @@ def _dkv(q, k, v, do, rows, cfg, stages):
       plgpu.Barrier(num_barriers=stages),  # the rows' statistics: one copy
       free,
       plgpu.Barrier(num_arrivals=COMPUTE_WGS) if n_parts > 1 else None,  # `done`
+      plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=slots),  # K and V's slots: free
       collective_axes="wg",
     )
 
@@ -677,8 +795,7 @@ def _dkv(q, k, v, do, rows, cfg, stages):
   return plgpu.kernel(
     entry,
     out_type=(out, out),
-    grid=tuple(grid[n] for n in names),
-    grid_names=names,
+    **launch(grid, names, persistent, cfg.interpret),
     num_threads=COMPUTE_WGS + 1,
     thread_name="wg",
     compiler_params=plgpu.CompilerParams(approx_math=True),
@@ -689,33 +806,51 @@ def _dkv(q, k, v, do, rows, cfg, stages):
 # --- dQ -------------------------------------------------------------------------------------
 
 
-def _dq_kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, *refs, cfg, n_kv, group, stages, n_q_tiles):
+def _dq_kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, *refs, cfg, n_kv, group, stages, grid):
   kd_ref, dq_ref, scoped = refs if cfg.numerics.center_keys else (None, *refs)
   numerics, dtype, scale, bk = cfg.numerics, q_ref.dtype, cfg.softmax_scale, dq_block_k(cfg)
   smem, barriers = scoped
-  q_smem2, do_smem2, rows_smem2, k_smem, v_smem, kd_smem, ds_smem2 = smem
-  q_ready, do_ready, rows_ready, k_ready, v_ready, kd_ready, free = barriers
-  batch, head, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
-  cta_row0 = query_tile(cfg, n_q_tiles) * (COMPUTE_WGS * ROWS)  # causal: longest_first
+  q_smem3, do_smem3, rows_smem3, k_smem, v_smem, kd_smem, ds_smem2 = smem
+  rows_ready, k_ready, v_ready, kd_ready, free, rows_free = barriers
+  wg, persistent = lax.axis_index("wg"), cfg.mgpu.persistent
+  slots = q_smem3.shape[0]  # each item's Q, dO and rows: 2 slots persistent (the next loads early)
   fused = not cfg.interpret
-
   key_steps = lambda row_end: visited_key_tiles(row_end, n_kv, bk, cfg.causal)
-  cta_steps = jnp.where(cta_row0 >= cfg.q_len, 0, key_steps(cta_row0 + COMPUTE_WGS * ROWS))
+  cta_row0 = lambda at: query_tile(cfg, grid["q_tiles"], at["q_tiles"]) * (COMPUTE_WGS * ROWS)
 
-  @pl.when(wg < COMPUTE_WGS)
-  def _compute():
-    plgpu.set_max_registers(COMPUTE_REGISTERS, action="increase")
-    q_smem, do_smem, rows_smem = q_smem2.at[wg], do_smem2.at[wg], rows_smem2.at[wg]
-    row0 = cta_row0 + wg * ROWS
-    mine = (batch, pl.ds(row0, ROWS), head)
-    plgpu.copy_gmem_to_smem(q_ref.at[mine], q_smem, q_ready.at[wg])
-    plgpu.copy_gmem_to_smem(do_ref.at[mine], do_smem, do_ready.at[wg])
+  def cta_steps(at):  # the key tiles of a work item (128 rows; causal: longest_first)
+    row0 = cta_row0(at)
+    return jnp.where(row0 >= cfg.q_len, 0, key_steps(row0 + COMPUTE_WGS * ROWS))
+
+  items = lambda body: work_items(grid, ("batch", "heads", "q_tiles"), persistent, cta_steps, body)
+
+  def load_rows(at, slot, w):
+    """Warpgroup w's Q, dO and rows' statistics of item `at` into `slot`: three copies onto
+    one barrier."""
+    row0 = cta_row0(at) + w * ROWS
+    mine = (at["batch"], pl.ds(row0, ROWS), at["heads"])
+    ready = rows_ready.at[slot * COMPUTE_WGS + w]
+    plgpu.copy_gmem_to_smem(q_ref.at[mine], q_smem3.at[slot, w], ready)
+    plgpu.copy_gmem_to_smem(do_ref.at[mine], do_smem3.at[slot, w], ready)
     plgpu.copy_gmem_to_smem(
-      rows_ref.at[batch, head, :, pl.ds(row0, ROWS)], rows_smem, rows_ready.at[wg]
+      rows_ref.at[at["batch"], at["heads"], :, pl.ds(row0, ROWS)], rows_smem3.at[slot, w], ready
     )
-    plgpu.barrier_wait(q_ready.at[wg])
-    plgpu.barrier_wait(do_ready.at[wg])
-    plgpu.barrier_wait(rows_ready.at[wg])
+
+  def compute_item(at, base, n):
+    """A compute warpgroup's part of work item `at`: its 64 rows against the item's key tiles
+    (ring count `base` on), dQ written out through Q's tile."""
+    slot = lax.rem(n, jnp.int32(slots))
+    q_smem, do_smem, rows_smem = (
+      q_smem3.at[slot, wg],
+      do_smem3.at[slot, wg],
+      rows_smem3.at[slot, wg],
+    )
+    row0 = cta_row0(at) + wg * ROWS
+    if persistent:  # the item before's slot (its store has long been issued)
+      pl.when(n > 0)(lambda: _release(rows_free, slots, n - 1))
+    else:  # a CTA of one item: each warpgroup loads its own rows
+      load_rows(at, slot, wg)
+    plgpu.barrier_wait(rows_ready.at[slot * COMPUTE_WGS + wg])
     d = q_smem.shape[-1]
     tile = (ROWS, bk)
     row = plgpu.Layout.WGMMA.reduce(1)
@@ -736,7 +871,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, *refs, cfg, n_kv, group, s
       return numerics.round_ds(_probs_and_dscores(s, dp, m, log_l, delta, cfg, valid)[1], dtype)
 
     def step(j, dq, masked):
-      slot = lax.rem(j, jnp.int32(stages))
+      slot = lax.rem(base + j, jnp.int32(stages))
       k_slot, v_slot = k_smem.at[slot], v_smem.at[slot]
       kd_slot = k_slot if kd_smem is None else kd_smem.at[slot]
       if fused:
@@ -776,39 +911,49 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, *refs, cfg, n_kv, group, s
     dq = lax.fori_loop(mid, steps, lambda j, c: step(j, c, True), dq)
 
     # causal: free the slots the other warpgroups still read
-    _skip_steps(steps, cta_steps, stages, (k_ready, v_ready, kd_ready), free)
-
+    _skip_steps(base + steps, base + cta_steps(at), stages, (k_ready, v_ready, kd_ready), free)
+    mine = (at["batch"], pl.ds(row0, ROWS), at["heads"])
     _store(q_smem, numerics.round_grad(dq, scale, dq_ref.dtype), dq_ref.at[mine])  # Q is dead
-    finish_stores()
 
-  @pl.when(wg == COMPUTE_WGS)
-  def _memory():
+  def load_item(at, base, n):
+    """The producer's part of a work item: persistent, its rows (Q, dO, statistics) into their
+    slot once the item `slots` before has released it; its key and value tiles into the ring."""
+    if persistent:
+      slot = lax.rem(n, jnp.int32(slots))
+      pl.when(n >= slots)(lambda: plgpu.barrier_wait(rows_free.at[slot]))
+      for w in range(COMPUTE_WGS):
+        load_rows(at, slot, w)
+    kv_head = lax.div(at["heads"], jnp.int32(group))
+
     def load(j, slot):
-      keys = (batch, pl.ds(j * bk, bk), lax.div(head, jnp.int32(group)))
+      keys = (at["batch"], pl.ds(j * bk, bk), kv_head)
       plgpu.copy_gmem_to_smem(k_ref.at[keys], k_smem.at[slot], k_ready.at[slot])
       plgpu.copy_gmem_to_smem(v_ref.at[keys], v_smem.at[slot], v_ready.at[slot])
       if kd_smem is not None:
         plgpu.copy_gmem_to_smem(kd_ref.at[keys], kd_smem.at[slot], kd_ready.at[slot])
 
-    _producer(cta_steps, stages, free, load)
+    _ring_loads(base, cta_steps(at), stages, free, load)
+
+  _roles(wg, items, compute_item, load_item, persistent, (rows_free, slots), (free, stages))
 
 
-def _dq(q, k, v, do, rows, kd, cfg, stages):
+def _dq(q, k, v, do, rows, kd, cfg, stages, persistent):
   batch, q_len_p, num_heads, d = q.shape
   num_kv_heads = k.shape[2]
   group = num_heads // num_kv_heads
   bk = dq_block_k(cfg)
   n_kv = -(-cfg.kv_len // bk)  # tiles of padding only are skipped
   assert n_kv * bk <= k.shape[1], (n_kv, bk, k.shape)  # no key tile reads past the array
-  stages = int(max(1, min(stages, n_kv)))
   sw = smem_transforms(d, 2)
   center = kd is not None
+  cfg = dataclasses.replace(cfg, mgpu=dataclasses.replace(cfg.mgpu, persistent=persistent))
+  slots = 2 if persistent else 1  # items' Q, dO and rows in shared memory (`launch_plan`)
 
   def entry(q_ref, k_ref, v_ref, do_ref, rows_ref, *refs):
     smem = (
-      plgpu.SMEM((COMPUTE_WGS, ROWS, d), q.dtype, transforms=sw),
-      plgpu.SMEM((COMPUTE_WGS, ROWS, d), do.dtype, transforms=sw),
-      plgpu.SMEM((COMPUTE_WGS, 3, ROWS), jnp.float32),
+      plgpu.SMEM((slots, COMPUTE_WGS, ROWS, d), q.dtype, transforms=sw),
+      plgpu.SMEM((slots, COMPUTE_WGS, ROWS, d), do.dtype, transforms=sw),
+      plgpu.SMEM((slots, COMPUTE_WGS, 3, ROWS), jnp.float32),
       plgpu.SMEM((stages, bk, d), k.dtype, transforms=sw),
       plgpu.SMEM((stages, bk, d), v.dtype, transforms=sw),
       plgpu.SMEM((stages, bk, d), k.dtype, transforms=sw) if center else None,
@@ -816,7 +961,6 @@ def _dq(q, k, v, do, rows, kd, cfg, stages):
       if cfg.interpret
       else None,
     )
-    per_wg = plgpu.Barrier(num_barriers=COMPUTE_WGS)
     ready = plgpu.Barrier(num_barriers=stages)
     free = plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=stages)
     pl.run_scoped(
@@ -832,16 +976,15 @@ def _dq(q, k, v, do, rows, kd, cfg, stages):
         n_kv=n_kv,
         group=group,
         stages=stages,
-        n_q_tiles=q_len_p // (COMPUTE_WGS * ROWS),
+        grid=grid,
       ),
       smem,
-      per_wg,
-      per_wg,
-      per_wg,
+      plgpu.Barrier(num_arrivals=3, num_barriers=slots * COMPUTE_WGS),  # Q, dO, rows: 3 copies
       ready,
       ready,
       ready if center else None,
       free,
+      plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=slots),  # the rows' slots: free
       collective_axes="wg",
     )
 
@@ -852,8 +995,7 @@ def _dq(q, k, v, do, rows, kd, cfg, stages):
   return plgpu.kernel(
     entry,
     out_type=jax.ShapeDtypeStruct(q.shape, q.dtype),
-    grid=tuple(grid[n] for n in names),
-    grid_names=names,
+    **launch(grid, names, persistent, cfg.interpret),
     num_threads=COMPUTE_WGS + 1,
     thread_name="wg",
     compiler_params=plgpu.CompilerParams(approx_math=True),
@@ -878,7 +1020,7 @@ def flash_backward_mgpu(q, k, v, o, m, log_l, do, cfg, d_lse=None):
   batch, q_len_p, num_heads, d = q.shape
   kv_len_p, num_kv_heads = k.shape[1], k.shape[2]
   group = num_heads // num_kv_heads
-  stages_dkv, stages_dq = _stages(cfg, d, group)
+  (stages_dkv, stages_dq), (persistent_dkv, persistent_dq) = launch_plan(cfg, d, group)
   cta = COMPUTE_WGS * ROWS
   do = cfg.numerics.d_out(do, q.dtype)
   delta = cfg.numerics.delta_by_head(do, o, d_lse)  # [batch, heads, q_len_p]
@@ -887,12 +1029,12 @@ def flash_backward_mgpu(q, k, v, o, m, log_l, do, cfg, d_lse=None):
   keys = math.lcm(cta, dq_block_k(cfg))  # dK/dV's CTAs and dQ's key tiles stay inside
   kp, vp = _pad_to(k, 1, keys), _pad_to(v, 1, keys)
   kd = _pad_to(cfg.numerics.dq_keys(k, cfg.kv_len), 1, keys) if cfg.numerics.center_keys else None
-  dk, dv = _dkv(qp, kp, vp, dop, rows, cfg, stages_dkv)
+  dk, dv = _dkv(qp, kp, vp, dop, rows, cfg, stages_dkv, persistent_dkv)
   dk, dv = dk[:, :kv_len_p], dv[:, :kv_len_p]
   if group > 1:
     dk = cfg.numerics.sum_group(dk.reshape(batch, kv_len_p, num_kv_heads, group, d), q.dtype)
     dv = cfg.numerics.sum_group(dv.reshape(batch, kv_len_p, num_kv_heads, group, d), q.dtype)
   if cfg.interpret:  # dQ after dK/dV: XLA could otherwise run the two interpreted kernels
     qp, dk, dv = lax.optimization_barrier((qp, dk, dv))  # at once, six blocking warpgroups
-  dq = _dq(qp, kp, vp, dop, rows, kd, cfg, stages_dq)[:, :q_len_p]
+  dq = _dq(qp, kp, vp, dop, rows, kd, cfg, stages_dq, persistent_dq)[:, :q_len_p]
   return dq, dk, dv

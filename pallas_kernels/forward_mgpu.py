@@ -169,6 +169,15 @@ class MosaicGPUOptions:
     shapes: 0.78× and 0.70–0.71×): gpt2-small's 16 × 1024 × 12 × d64 0.732× → 0.963× causal,
     0.678× → 0.824× full; b4 × 4096 × 16 × d128 0.617× → 0.725× full, 0.724× → 0.792× causal;
     the gpt2-small step 1.012× → 1.008× cuDNN's (`flashstable bench --targets`).
+    The backward's two kernels the same way (since 2026-12-06, evening; `backward_mgpu
+    .launch_plan`, each kernel resolved on its own): dQ's items (a batch, head and 128 query
+    rows) with the next item's Q, dO and rows' statistics loaded early into a second slot,
+    dK/dV's (a batch, head and 128 keys) with the next item's K and V; each item's gradient
+    leaves through its own slot's tiles, which go back to the producer at the next item's
+    start once the stores have read them. True lowers the backward's default tiles in flight
+    to what fits (dK/dV 3 → 2 at head_dim 128; `backward_mgpu.default_stages`) and is refused
+    where even one does not fit (head_dim 256; head_dim 128 with grouped heads' float32
+    partials); None keeps the measured tiles and is on where they fit (head_dim 128: dQ only).
   The defaults are the ones that were faster on the H200 or H100, or no slower, except
   scale_in_exp2, faster too but on by default only where it changes no value; what each option
   measured, with command and date: docs/studies/speed.md ("The Mosaic GPU route"). Removed
@@ -239,21 +248,70 @@ def persistent_ctas(interpret: bool) -> int:
 
 
 def resolve_persistent(cfg, head_dim: int, stages: int, out_dtype):
-  """cfg with `MosaicGPUOptions.persistent` resolved: where None, on for a GPU wherever the
-  persistent layout's shared memory fits (`smem_bytes`), else off; as set otherwise, True
-  refused (ValueError, one line) where it does not fit."""
-  block_k, chosen = int(cfg.blocks.block_k), cfg.mgpu.persistent
-  need = smem_bytes(head_dim, block_k, stages, out_dtype, True)
+  """cfg with `MosaicGPUOptions.persistent` resolved for the forward (`persistent_fits`: two
+  Q tiles, O's own buffer and the ring, `smem_bytes`)."""
+  block_k = int(cfg.blocks.block_k)
+  on = persistent_fits(
+    cfg,
+    smem_bytes(head_dim, block_k, stages, out_dtype, True),
+    f"head_dim={head_dim}, block_k={block_k} with num_stages={stages}: two Q tiles, O's own "
+    "buffer and the ring",
+  )
+  return dataclasses.replace(cfg, mgpu=dataclasses.replace(cfg.mgpu, persistent=on))
+
+
+def persistent_fits(cfg, need: int, layout: str) -> bool:
+  """Whether a Mosaic GPU kernel runs persistent (`MosaicGPUOptions.persistent`), its
+  persistent layout needing `need` bytes of shared memory: as set where True or False, True
+  refused (ValueError, one line naming `layout`, what needs the room) where need exceeds
+  `SMEM_BYTES`; None: on for a GPU wherever it fits, off in interpret mode."""
+  chosen = cfg.mgpu.persistent
   if chosen and need > SMEM_BYTES:
     raise ValueError(
-      f"MosaicGPUOptions(persistent=True) at head_dim={head_dim}, block_k={block_k} with "
-      f"num_stages={stages}: two Q tiles, O's own buffer and the ring need "
-      f"{need / 1024:.1f} KiB of shared memory, more than {SMEM_BYTES / 1024:.0f} KiB"
+      f"MosaicGPUOptions(persistent=True) at {layout} need {need / 1024:.1f} KiB of shared "
+      f"memory, more than {SMEM_BYTES / 1024:.0f} KiB"
     )
   if chosen is not None:
-    return cfg
-  mgpu = dataclasses.replace(cfg.mgpu, persistent=need <= SMEM_BYTES and not cfg.interpret)
-  return dataclasses.replace(cfg, mgpu=mgpu)
+    return bool(chosen)
+  return need <= SMEM_BYTES and not cfg.interpret
+
+
+def work_items(grid: dict, names, persistent: bool, steps, body):
+  """Runs body(at, base, n) for each work item of this CTA: `at` the item's index along each
+  axis of `grid` (a dict by name), n the CTA's count of items before it and base the ring's
+  count of tiles before it (steps(at): the tiles an item passes through the CTA's ring; every
+  item's pass through the same ring, in order). A CTA per item (the grid's axes, `launch`),
+  or (persistent) one CTA an SM with the items in `names`' order (outermost first) dealt
+  round-robin (`plgpu.nd_loop` over axis "sm"). Returns (the ring's count after the last item,
+  the number of items), int32: what the producer's final waits need."""
+  one = jnp.int32(1)
+  if not persistent:
+    at = {name: lax.axis_index(name) for name in names}
+    zero = jnp.int32(0)
+    body(at, zero, zero)
+    return steps(at), one
+
+  @plgpu.nd_loop(
+    tuple(grid[n] for n in names), collective_axes="sm", init_carry=(jnp.int32(0),) * 2
+  )
+  def ends(info, carry):
+    ring, count = carry
+    at = dict(zip(names, info.index))
+    body(at, ring, info.local_index)
+    return ring + steps(at), count + one
+
+  return ends
+
+
+def launch(grid: dict, names, persistent: bool, interpret: bool) -> dict:
+  """`plgpu.kernel`'s grid arguments for `work_items`: a CTA per item of `grid` in `names`'
+  order (outermost first), or (persistent) `persistent_ctas` CTAs on axis "sm", fewer where
+  there are fewer items."""
+  if persistent:
+    return dict(
+      grid=(min(math.prod(grid.values()), persistent_ctas(interpret)),), grid_names=("sm",)
+    )
+  return dict(grid=tuple(grid[name] for name in names), grid_names=tuple(names))
 
 
 def finish_stores():
@@ -504,29 +562,15 @@ def _forward_kernel(
 
   def items(body):
     """Runs body(batch, head, q_tile, base, n) for each work item (a batch, head and query
-    tile of 128 rows) of this CTA, n counting them from 0 and base the key tiles of the items
-    before (the K/V ring's position: every item's tiles pass through the same ring); returns
-    (the ring's position after the last item, the number of items). A CTA per item, or
-    (`MosaicGPUOptions.persistent`) the items of `query_grid`'s order dealt round-robin to the
-    CTAs (`plgpu.nd_loop`)."""
-    one = jnp.int32(1)
-    if not opts.persistent:
-      q_tile = query_tile(cfg, grid["q_tiles"])
-      zero = jnp.int32(0)
-      body(lax.axis_index("batch"), lax.axis_index("heads"), q_tile, zero, zero)
-      return item_steps(q_tile), one
-    names = query_grid(cfg)
-    start = (jnp.int32(0), jnp.int32(0))
+    tile of 128 rows) of this CTA, in `query_grid`'s order (`work_items`)."""
+    q_tile = lambda at: query_tile(cfg, grid["q_tiles"], at["q_tiles"])  # noqa: E731
 
-    @plgpu.nd_loop(tuple(grid[n] for n in names), collective_axes="sm", init_carry=start)
-    def ends(info, carry):
-      ring, count = carry
-      at = dict(zip(names, info.index))
-      q_tile = query_tile(cfg, grid["q_tiles"], at["q_tiles"])
-      body(at["batch"], at["heads"], q_tile, ring, info.local_index)
-      return ring + item_steps(q_tile), count + one
+    def item(at, base, n):
+      body(at["batch"], at["heads"], q_tile(at), base, n)
 
-    return ends
+    return work_items(
+      grid, query_grid(cfg), opts.persistent, lambda at: item_steps(q_tile(at)), item
+    )
 
   def _compute_item(batch, head, q_tile, base, n, *, m_smem, log_l_smem, p_smem):
     """One work item of a compute warpgroup: its 64 query rows against the item's key
@@ -934,17 +978,12 @@ def flash_forward_mgpu(q, k, v, cfg):
     from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
 
     interpret = InterpretGPUParams()
-  if persistent:  # a CTA an SM (`items`), fewer where there are fewer items
-    n_ctas = min(math.prod(grid.values()), persistent_ctas(cfg.interpret))
-    launch = dict(grid=(n_ctas,), grid_names=("sm",))
-  else:
-    names = query_grid(cfg)
-    launch = dict(grid=tuple(grid[name] for name in names), grid_names=names)
+  launch_args = launch(grid, query_grid(cfg), persistent, cfg.interpret)  # `items`
   row = jax.ShapeDtypeStruct((batch, num_heads, rows), jnp.float32)
   out, m, log_l = plgpu.kernel(
     entry,
     out_type=(jax.ShapeDtypeStruct(q.shape[:3] + (d,), out_dtype), row, row),
-    **launch,
+    **launch_args,
     num_threads=COMPUTE_WGS + 1,
     thread_name="wg",
     compiler_params=plgpu.CompilerParams(approx_math=True),

@@ -603,6 +603,102 @@ def test_mosaic_gpu_backward_longest_first_is_the_same_function():
   _assert_same_bits(flash_backward_mgpu(*args, reversed_), flash_backward_mgpu(*args, plain))
 
 
+@pytest.mark.parametrize(
+  "shape,numerics,center_keys,stages",
+  [
+    (Shape(1, 300, 200, 2, 1, 64, causal=True), "fa2", False, None),
+    (Shape(1, 300, 200, 2, 1, 64), "fa2", False, (1, 3)),
+    (Shape(1, 200, 300, 2, 2, 64, causal=True), "fp32_out", True, (3, 1)),
+    (Shape(1, 150, 300, 2, 1, 256, causal=True), "fa2", False, (1, 1)),
+  ],
+  ids=[
+    "mqa-causal",
+    "mqa-full-stages-1-3",
+    "f16-fp32_out-center_keys-causal-stages-3-1",
+    "mqa-causal-d256-parts",
+  ],
+)
+def test_mosaic_gpu_backward_persistent_is_the_same_function(
+  shape, numerics, center_keys, stages, monkeypatch
+):
+  """`MosaicGPUOptions.persistent` in the backward kernels: every work item in one CTA
+  (`persistent_ctas` set to 1; 2 heads × 3 query tiles of 128 rows for dQ, the last with a
+  warpgroup of padding rows only; 2 heads × 2 tiles of 128 keys for dK/dV) gives dQ, dK and
+  dV bit for bit as a CTA per item: the ring's position carried from item to item (with 3
+  slots an item starts elsewhere than slot 0; with 1 every tile waits for the one before),
+  each item's rows (dQ: Q, dO and the statistics; dK/dV: K and V) loaded into alternating
+  slots by the producer and released after the item's store has read them (the interpreter
+  checks at the end that every barrier phase was observed); causal items of different
+  lengths; the centred keys' third ring; at head_dim 256 (`parts`) one K/V tile shared by
+  both warpgroups, each storing its part of dK and dV over it. The traced programs differ
+  (a grid over "sm"). Interpret mode has no shared-memory limit: there `SMEM_BYTES` is lifted
+  for head_dim 256, whose two tiles of Q and dO a warpgroup do not fit a GPU's dQ kernel."""
+  _skip_if_causal_refused(shape.causal)
+  from pallas_kernels.backward_mgpu import flash_backward_mgpu
+
+  if shape.head_dim == 256:
+    if jax.default_backend() == "gpu":
+      pytest.skip("head_dim 256: the persistent dQ kernel does not fit a GPU's shared memory")
+    monkeypatch.setattr(fm, "SMEM_BYTES", 1 << 30)
+
+  args, cfg = _residuals(
+    shape, jnp.float16 if numerics == "fp32_out" else jnp.bfloat16, numerics, center_keys
+  )
+  monkeypatch.setattr(fm, "persistent_ctas", lambda interpret: 1)
+  plain, persistent = (
+    dataclasses.replace(
+      cfg,
+      mgpu=dataclasses.replace(cfg.mgpu, persistent=on),
+      stages_bwd_mgpu=stages or cfg.stages_bwd_mgpu,
+    )
+    for on in (False, True)
+  )
+  texts = [
+    str(jax.make_jaxpr(lambda *a, c=c: flash_backward_mgpu(*a, c))(*args))
+    for c in (plain, persistent)
+  ]
+  assert texts[0].count("nd_loop") == 0 and texts[0] != texts[1]
+  _assert_same_bits(flash_backward_mgpu(*args, persistent), flash_backward_mgpu(*args, plain))
+
+
+def test_mosaic_gpu_backward_persistent_true_fits_its_tiles_or_is_refused():
+  """`MosaicGPUOptions(persistent=True)` with the default tiles in flight: at head_dim 128 the
+  dK/dV kernel's three query tiles are lowered to two, which fit beside two items' K and V
+  (`backward_mgpu.default_stages`, 2 × 64 + 2 × 32.2 KiB); with grouped heads (float32
+  partials) not even one does, and `kernel_config` refuses it in one line naming the kernel
+  and its numbers, before any kernel runs. None leaves the tiles as measured (3, 2)."""
+  from pallas_kernels import attention, backward_mgpu
+  from pallas_kernels.policy import get_numerics
+
+  def config(persistent, group=1):
+    return attention.kernel_config(
+      q_len=1024,
+      kv_len=1024,
+      head_dim=128,
+      dtype=jnp.bfloat16,
+      softmax_scale=128**-0.5,
+      causal=False,
+      numerics=get_numerics("fa2"),
+      compensation=None,
+      interpret=False,
+      backend="mosaic_gpu",
+      group=group,
+      mgpu_options=fm.MosaicGPUOptions(persistent=persistent),
+    )
+
+  assert config(None).stages_bwd_mgpu == (3, 2)
+  cfg = config(True)
+  assert cfg.stages_bwd_mgpu == (2, 2)
+  assert backward_mgpu.launch_plan(cfg, 128, 1) == ((2, 2), (True, True))
+  assert backward_mgpu.launch_plan(config(None), 128, 1) == ((3, 2), (False, True))
+  with pytest.raises(
+    ValueError,
+    match=r"^MosaicGPUOptions\(persistent=True\) at head_dim=128, group=2 with the dK/dV "
+    r"kernel's 1 query tile in flight: two tiles of K and V and the ring need 224\.\d KiB",
+  ):
+    config(True, group=2)
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_query_grid_puts_causal_query_tiles_outermost_unless_told(causal):
   """`forward_mgpu.query_grid`: q_tiles_inner None resolves by causal (full: a head's query
