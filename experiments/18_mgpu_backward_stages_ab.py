@@ -32,7 +32,7 @@ BACKWARD_OPTIONS = (
   "longest_first",
   "rounded_scores",
   "scale_in_exp2",
-  "persistent",
+  "persistent_bwd",
 )  # `MosaicGPUOptions` the backward reads
 
 

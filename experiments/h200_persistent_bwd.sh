@@ -1,16 +1,15 @@
 #!/usr/bin/env bash
 # Issue 19 (device tool, one H100 or H200, one call of at most 10 min): the persistent Mosaic GPU
-# backward (`MosaicGPUOptions.persistent` in the dK/dV and dQ kernels, built 2026-12-06 on a CPU):
+# backward (`MosaicGPUOptions.persistent_bwd`: the dK/dV and dQ kernels, built 2026-12-06 on a CPU):
 # 1. the GPU tests it touches (the backward's persistent same bits with every item in one CTA;
 #    the forward's persistent schedules; the backward against the Triton backward; the jitted
-#    forward+backward; persistent=True's tiles and refusal);
+#    forward+backward; persistent_bwd=True's tiles and refusal);
 # 2. experiments/18_mgpu_backward_stages_ab.py: the backward alone, persistent against not, at
 #    gpt2-small's attention (16 × 1024 × 12 × d64 causal, 30 pairs) and at the headline shape
-#    (4 × 4096 × 16 × d128 full, 15 pairs: dK/dV's 3 query tiles in flight not persistent, 2
-#    persistent);
-# 3. the targets (`flashstable bench --targets`) at the defaults of this tree.
+#    (4 × 4096 × 16 × d128 full, 15 pairs: the default (3, 2) tiles in flight, (2, 2), and
+#    (2, 2) persistent, dK/dV's 3 not fitting beside two items' K and V).
 # Usage (repo root, on the device):  bash experiments/h200_persistent_bwd.sh "$OUT"
-# device seconds: 560 (its timeouts added up)
+# device seconds: 320 (its timeouts added up)
 set -u
 OUT=${1:-runs/h200}
 mkdir -p "$OUT"
@@ -21,14 +20,9 @@ timeout 150 python3 -m pytest -v -p no:cacheprovider -rfE tests/test_mosaic_gpu.
 echo "tests: exit $?"; grep -E "FAILED|ERROR" "$OUT/tests.log" | cut -c1-150; tail -2 "$OUT/tests.log"
 AB=experiments/18_mgpu_backward_stages_ab.py
 timeout 80 python3 $AB --causal --shape 16,1024,12,12,64 --pairs 30 --out "$OUT/ab18_d64_causal.txt" \
-  2,2,persistent=0 2,2,persistent=1 > "$OUT/ab18.log" 2>&1
+  2,2 2,2,persistent_bwd=1 > "$OUT/ab18.log" 2>&1
 echo "d64 causal: exit $?"; tail -8 "$OUT/ab18_d64_causal.txt"
 timeout 90 python3 $AB --shape 4,4096,16,16,128 --pairs 15 --out "$OUT/ab18_d128_full.txt" \
-  3,2,persistent=0 2,2,persistent=1 3,2 >> "$OUT/ab18.log" 2>&1
+  3,2 2,2 2,2,persistent_bwd=1 >> "$OUT/ab18.log" 2>&1
 echo "d128 full: exit $?"; tail -8 "$OUT/ab18_d128_full.txt"
-timeout 240 python3 -m jax_flashstable.cli bench --targets fa2+comp --overhead-pairs 20 --reps 10 \
-  --no-hashes --out /tmp/targets > "$OUT/targets.log" 2>&1
-echo "bench --targets: exit $?"
-grep -v "^ \|^$" "$OUT/targets.log" | tail -30
-cp /tmp/targets/bench.md /tmp/targets/bench.json /tmp/targets/targets_partial.json "$OUT"/ 2>/dev/null
 true

@@ -225,8 +225,9 @@ def kernel_config(
   Raises ValueError for num_warps other than None or 1, 2, 4, 8, 16, num_stages other than None
   or 1–8, when `supported` says the backend cannot run the call (the forward; a
   backward it cannot run falls back to Triton), for scale_in_exp2=True where
-  `forward_mgpu.scale_in_exp2_refusal` refuses the scale, or for persistent=True where the
-  Mosaic GPU backward's persistent layout does not fit (`backward_mgpu.launch_plan`); TypeError for mgpu_options that are not a
+  `forward_mgpu.scale_in_exp2_refusal` refuses the scale, or for persistent=True or
+  persistent_bwd=True where the Mosaic GPU forward's or backward's persistent layout does not
+  fit (`forward_mgpu.resolve_persistent`, `backward_mgpu.launch_plan`); TypeError for mgpu_options that are not a
   `MosaicGPUOptions` (used where the Mosaic GPU forward runs, unused by the Triton kernels).
   """
   if mgpu_options is not None and not isinstance(mgpu_options, MosaicGPUOptions):
@@ -285,7 +286,7 @@ def kernel_config(
     options = forward_mgpu.resolve_scale_in_exp2(options, softmax_scale, compensation)
   backend_bwd, stages_mgpu_bwd = "triton", None
   stages_mgpu = backward_mgpu.default_stages(
-    padded_head_dim, group, numerics.center_keys, persistent=bool(options.persistent)
+    padded_head_dim, group, numerics.center_keys, persistent=bool(options.persistent_bwd)
   )
   if (
     backend == "mosaic_gpu"
@@ -322,12 +323,13 @@ def kernel_config(
     mgpu=options,
     backend_bwd=backend_bwd,
   )
-  if backend == "mosaic_gpu" and options.persistent:  # refused before any kernel runs
+  # persistent=True or persistent_bwd=True where they do not fit: refused before any kernel runs
+  if backend == "mosaic_gpu" and options.persistent:
     n_kv = -(-kv_len // fitted.block_k)
     out_dtype = numerics.output_dtype(dtype)
     forward_mgpu.resolve_persistent(cfg, padded_head_dim, min(stages, n_kv), out_dtype)
-    if backend_bwd == "mosaic_gpu":
-      backward_mgpu.launch_plan(cfg, padded_head_dim, group)
+  if backend_bwd == "mosaic_gpu" and options.persistent_bwd:
+    backward_mgpu.launch_plan(cfg, padded_head_dim, group)
   return cfg
 
 

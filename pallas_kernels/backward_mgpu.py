@@ -23,7 +23,7 @@ FlashAttention-3 (Shah et al. 2024, §3; warp specialisation as in `forward_mgpu
   of 128 columns, Sᵀ and dPᵀ summed over them), and after the loop they meet on a "done"
   barrier before writing over K and V;
 - dQ: S = Q Kᵀ, dP = dO Vᵀ, dQ += dS K (or the centred keys, `dq_keys`) with dS in registers;
-- persistent (`MosaicGPUOptions.persistent`, where it fits: `launch_plan`): one CTA an SM
+- persistent (`MosaicGPUOptions.persistent_bwd`, where it fits: `launch_plan`): one CTA an SM
   looping over either kernel's work items (`forward_mgpu.work_items`), the producer loading
   the next item's own tiles (dQ: Q, dO, the rows' statistics; dK/dV: K and V) into a second
   slot and the ring carried from item to item; the same arithmetic.
@@ -49,7 +49,6 @@ Tiles: 64 rows per warpgroup; dK/dV takes query tiles of `DKV_BLOCK_Q`, dQ key t
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import numbers
@@ -197,7 +196,7 @@ def default_stages(
   for the (padded) head_dim or `STAGES`, each lowered to what fits that kernel's shared memory
   with the dQ kernel's key tile `block_k` (`dq_block_k`; head_dim 256: dK/dV 2, dQ 1; head_dim
   128 with grouped heads, whose float32 partials take dK/dV's room: 2 and 2; 256 with grouped
-  heads: 1 and 1); persistent (`MosaicGPUOptions.persistent=True`), to what fits beside two
+  heads: 1 and 1); persistent (`MosaicGPUOptions.persistent_bwd=True`), to what fits beside two
   items' tiles (`launch_plan`: dK/dV 2 at head_dim 128)."""
   wants = STAGES_BY_HEAD_DIM.get(head_dim, STAGES)
   slots = 2 if persistent else 1
@@ -245,7 +244,7 @@ def _stages(cfg, head_dim: int, group: int) -> tuple[int, int]:
         f"shared memory with one tile in flight, more than {SMEM_BYTES / 1024:.0f} KiB"
       )
   if cfg.stages_bwd_mgpu is None:
-    return default_stages(head_dim, group, center_keys, bk, bool(cfg.mgpu.persistent))
+    return default_stages(head_dim, group, center_keys, bk, bool(cfg.mgpu.persistent_bwd))
   try:
     stages = _per_kernel(cfg.stages_bwd_mgpu)
   except ValueError:
@@ -261,25 +260,26 @@ def _stages(cfg, head_dim: int, group: int) -> tuple[int, int]:
 
 
 def launch_plan(cfg, head_dim: int, group: int):
-  """((dK/dV's, dQ's) tiles in flight, (dK/dV's, dQ's) `MosaicGPUOptions.persistent`) of a call
+  """((dK/dV's, dQ's) tiles in flight, (dK/dV's, dQ's) `MosaicGPUOptions.persistent_bwd`) of a call
   at padded head_dim with group = num_heads // num_kv_heads: `_stages`, each at most the
   kernel's steps (dK/dV's query tiles, dQ's key tiles), and each kernel's persistence resolved
   where its persistent layout fits shared memory (`forward_mgpu.persistent_fits`: two items'
   K and V for dK/dV; two items' Q, dO and rows for dQ). Raises ValueError (one line) as
-  `_stages` does and where persistent=True does not fit a kernel; `attention.kernel_config`
-  calls it for persistent=True, so that happens before any kernel runs."""
+  `_stages` does and where persistent_bwd=True does not fit a kernel; `attention.kernel_config`
+  calls it for persistent_bwd=True, so that happens before any kernel runs."""
   stages_dkv, stages_dq = _stages(cfg, head_dim, group)
   bk, center = dq_block_k(cfg), cfg.numerics.center_keys
   stages_dkv = int(max(1, min(stages_dkv, -(-cfg.q_len // DKV_BLOCK_Q))))
   stages_dq = int(max(1, min(stages_dq, -(-cfg.kv_len // bk))))
+  chosen = (cfg.mgpu.persistent_bwd, "persistent_bwd", cfg.interpret)
   persistent_dkv = persistent_fits(
-    cfg,
+    *chosen,
     _dkv_bytes(head_dim, stages_dkv, group, slots=2),
     f"head_dim={head_dim}, group={group} with the dK/dV kernel's {_tiles(stages_dkv, 'query')} "
-    "in flight: two tiles of K and V and the ring",
+    f"in flight: two tiles of K and V{', the float32 partials' if group > 1 else ''} and the ring",
   )
   persistent_dq = persistent_fits(
-    cfg,
+    *chosen,
     _dq_bytes(head_dim, stages_dq, center, bk, slots=2),
     f"head_dim={head_dim} with the dQ kernel's {_tiles(stages_dq, 'key')} in flight: two "
     "tiles of Q, dO and rows a warpgroup and the ring",
@@ -552,13 +552,27 @@ def _columns(index, part, n_parts, width):
 
 
 def _dkv_kernel(
-  q_ref, k_ref, v_ref, do_ref, rows_ref, dk_ref, dv_ref, scoped, *, cfg, n_q, group, stages, grid
+  q_ref,
+  k_ref,
+  v_ref,
+  do_ref,
+  rows_ref,
+  dk_ref,
+  dv_ref,
+  scoped,
+  *,
+  cfg,
+  n_q,
+  group,
+  stages,
+  grid,
+  persistent,
 ):
   numerics, dtype, scale, bq = cfg.numerics, q_ref.dtype, cfg.softmax_scale, DKV_BLOCK_Q
   smem, barriers = scoped
   k_smem3, v_smem3, q_smem, do_smem, rows_smem, out_smem2, p_smem2, ds_smem2 = smem
   k_ready, v_ready, q_ready, do_ready, rows_ready, free, done, kv_free = barriers
-  wg, persistent = lax.axis_index("wg"), cfg.mgpu.persistent
+  wg = lax.axis_index("wg")
   # the shared-memory tiles are [parts, rows, width]: one part up to head_dim 128, each
   # warpgroup with keys of its own; above it (`parts`) one tile of keys, a part each; K and V
   # in `slots` of them (2 persistent: the next item's load early)
@@ -602,7 +616,7 @@ def _dkv_kernel(
     part = wg if shared else 0  # the part of dK's and dV's columns it accumulates
     k_smem, v_smem = k_smem3.at[kv_slot, mine], v_smem3.at[kv_slot, mine]
     key0 = cta_key0 + (0 if shared else wg * ROWS)
-    if persistent:  # the item before's slot (its stores have long been issued)
+    if persistent:  # the item before's slot, once its stores (issued just before) have read it
       pl.when(n > 0)(lambda: _release(kv_free, slots, n - 1))
     elif shared:  # one copy of the tile, by the first warpgroup
       pl.when(wg == 0)(lambda: load_kv(at, kv_slot, 0))
@@ -730,7 +744,6 @@ def _dkv(q, k, v, do, rows, cfg, stages, persistent):
   n_q = -(-cfg.q_len // DKV_BLOCK_Q)
   n_parts, width = parts(d)
   kv_tiles = 1 if n_parts > 1 else COMPUTE_WGS  # K and V tiles of 64 keys (`_dkv_kernel`)
-  cfg = dataclasses.replace(cfg, mgpu=dataclasses.replace(cfg.mgpu, persistent=persistent))
   slots = 2 if persistent else 1  # items' K and V in shared memory (`launch_plan`)
   kv_shape = (slots, kv_tiles, n_parts, ROWS, width)
   sw = smem_transforms(width, 2)
@@ -776,6 +789,7 @@ def _dkv(q, k, v, do, rows, cfg, stages, persistent):
         group=group,
         stages=stages,
         grid=grid,
+        persistent=persistent,
       ),
       smem,
       kv_ready,
@@ -806,13 +820,15 @@ def _dkv(q, k, v, do, rows, cfg, stages, persistent):
 # --- dQ -------------------------------------------------------------------------------------
 
 
-def _dq_kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, *refs, cfg, n_kv, group, stages, grid):
+def _dq_kernel(
+  q_ref, k_ref, v_ref, do_ref, rows_ref, *refs, cfg, n_kv, group, stages, grid, persistent
+):
   kd_ref, dq_ref, scoped = refs if cfg.numerics.center_keys else (None, *refs)
   numerics, dtype, scale, bk = cfg.numerics, q_ref.dtype, cfg.softmax_scale, dq_block_k(cfg)
   smem, barriers = scoped
   q_smem3, do_smem3, rows_smem3, k_smem, v_smem, kd_smem, ds_smem2 = smem
   rows_ready, k_ready, v_ready, kd_ready, free, rows_free = barriers
-  wg, persistent = lax.axis_index("wg"), cfg.mgpu.persistent
+  wg = lax.axis_index("wg")
   slots = q_smem3.shape[0]  # each item's Q, dO and rows: 2 slots persistent (the next loads early)
   fused = not cfg.interpret
   key_steps = lambda row_end: visited_key_tiles(row_end, n_kv, bk, cfg.causal)
@@ -846,7 +862,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, *refs, cfg, n_kv, group, s
       rows_smem3.at[slot, wg],
     )
     row0 = cta_row0(at) + wg * ROWS
-    if persistent:  # the item before's slot (its store has long been issued)
+    if persistent:  # the item before's slot, once its store (issued just before) has read it
       pl.when(n > 0)(lambda: _release(rows_free, slots, n - 1))
     else:  # a CTA of one item: each warpgroup loads its own rows
       load_rows(at, slot, wg)
@@ -946,7 +962,6 @@ def _dq(q, k, v, do, rows, kd, cfg, stages, persistent):
   assert n_kv * bk <= k.shape[1], (n_kv, bk, k.shape)  # no key tile reads past the array
   sw = smem_transforms(d, 2)
   center = kd is not None
-  cfg = dataclasses.replace(cfg, mgpu=dataclasses.replace(cfg.mgpu, persistent=persistent))
   slots = 2 if persistent else 1  # items' Q, dO and rows in shared memory (`launch_plan`)
 
   def entry(q_ref, k_ref, v_ref, do_ref, rows_ref, *refs):
@@ -977,6 +992,7 @@ def _dq(q, k, v, do, rows, kd, cfg, stages, persistent):
         group=group,
         stages=stages,
         grid=grid,
+        persistent=persistent,
       ),
       smem,
       plgpu.Barrier(num_arrivals=3, num_barriers=slots * COMPUTE_WGS),  # Q, dO, rows: 3 copies

@@ -169,15 +169,18 @@ class MosaicGPUOptions:
     shapes: 0.78× and 0.70–0.71×): gpt2-small's 16 × 1024 × 12 × d64 0.732× → 0.963× causal,
     0.678× → 0.824× full; b4 × 4096 × 16 × d128 0.617× → 0.725× full, 0.724× → 0.792× causal;
     the gpt2-small step 1.012× → 1.008× cuDNN's (`flashstable bench --targets`).
-    The backward's two kernels the same way (since 2026-12-06, evening; `backward_mgpu
-    .launch_plan`, each kernel resolved on its own): dQ's items (a batch, head and 128 query
-    rows) with the next item's Q, dO and rows' statistics loaded early into a second slot,
-    dK/dV's (a batch, head and 128 keys) with the next item's K and V; each item's gradient
-    leaves through its own slot's tiles, which go back to the producer at the next item's
-    start once the stores have read them. True lowers the backward's default tiles in flight
-    to what fits (dK/dV 3 → 2 at head_dim 128; `backward_mgpu.default_stages`) and is refused
-    where even one does not fit (head_dim 256; head_dim 128 with grouped heads' float32
-    partials); None keeps the measured tiles and is on where they fit (head_dim 128: dQ only).
+  persistent_bwd: the same for the backward's two kernels (`backward_mgpu.launch_plan`, each
+    resolved on its own): dQ's work items (a batch, head and 128 query rows) with the next
+    item's Q, dO and rows' statistics loaded early into a second slot, dK/dV's (a batch, head
+    and 128 keys) with the next item's K and V; each item's gradient leaves through its own
+    slot's tiles, which go back to the producer at the next item's start once the stores have
+    read them. The same bits (interpret mode). True lowers the backward's default tiles in
+    flight to what fits (dK/dV 3 → 2 at head_dim 128, dQ 2 → 1 there with center_keys:
+    `backward_mgpu.default_stages`) and is refused where even one does not fit (head_dim 256;
+    head_dim 128 with grouped heads' float32 partials); None: on for a GPU wherever the tiles
+    in flight as measured fit (head_dim 32 and 64; 128: dQ only, without center_keys), off in
+    interpret mode. Off (False) by default until timed on a GPU (built 2026-12-06 on a CPU;
+    ptxas: no spills at head_dim 64, dK/dV at head_dim 128 with 2 tiles 104 bytes spilled).
   The defaults are the ones that were faster on the H200 or H100, or no slower, except
   scale_in_exp2, faster too but on by default only where it changes no value; what each option
   measured, with command and date: docs/studies/speed.md ("The Mosaic GPU route"). Removed
@@ -198,6 +201,7 @@ class MosaicGPUOptions:
   scale_in_exp2: bool | None = None
   rounded_scores: bool = True
   persistent: bool | None = None
+  persistent_bwd: bool | None = False
 
   def __post_init__(self):
     for field in dataclasses.fields(self):  # flags, not truthy values (or None, where resolved)
@@ -205,7 +209,7 @@ class MosaicGPUOptions:
       boolean(
         f"MosaicGPUOptions.{name}",
         getattr(self, name),
-        name in ("pingpong", "scale_in_exp2", "q_tiles_inner", "persistent"),
+        name in ("pingpong", "scale_in_exp2", "q_tiles_inner", "persistent", "persistent_bwd"),
       )
     if self.overlap and (self.early_turn or self.k_wait_in_pv):
       raise ValueError(
@@ -252,7 +256,9 @@ def resolve_persistent(cfg, head_dim: int, stages: int, out_dtype):
   Q tiles, O's own buffer and the ring, `smem_bytes`)."""
   block_k = int(cfg.blocks.block_k)
   on = persistent_fits(
-    cfg,
+    cfg.mgpu.persistent,
+    "persistent",
+    cfg.interpret,
     smem_bytes(head_dim, block_k, stages, out_dtype, True),
     f"head_dim={head_dim}, block_k={block_k} with num_stages={stages}: two Q tiles, O's own "
     "buffer and the ring",
@@ -260,20 +266,20 @@ def resolve_persistent(cfg, head_dim: int, stages: int, out_dtype):
   return dataclasses.replace(cfg, mgpu=dataclasses.replace(cfg.mgpu, persistent=on))
 
 
-def persistent_fits(cfg, need: int, layout: str) -> bool:
-  """Whether a Mosaic GPU kernel runs persistent (`MosaicGPUOptions.persistent`), its
-  persistent layout needing `need` bytes of shared memory: as set where True or False, True
-  refused (ValueError, one line naming `layout`, what needs the room) where need exceeds
-  `SMEM_BYTES`; None: on for a GPU wherever it fits, off in interpret mode."""
-  chosen = cfg.mgpu.persistent
+def persistent_fits(chosen, name: str, interpret: bool, need: int, layout: str) -> bool:
+  """Whether a Mosaic GPU kernel runs persistent, `chosen` being the `MosaicGPUOptions` field
+  `name` (persistent, persistent_bwd) and its persistent layout needing `need` bytes of shared
+  memory: as set where True or False, True refused (ValueError, one line naming `layout`, what
+  needs the room) where need exceeds `SMEM_BYTES`; None: on for a GPU wherever it fits, off
+  in interpret mode."""
   if chosen and need > SMEM_BYTES:
     raise ValueError(
-      f"MosaicGPUOptions(persistent=True) at {layout} need {need / 1024:.1f} KiB of shared "
+      f"MosaicGPUOptions({name}=True) at {layout} need {need / 1024:.1f} KiB of shared "
       f"memory, more than {SMEM_BYTES / 1024:.0f} KiB"
     )
   if chosen is not None:
     return bool(chosen)
-  return need <= SMEM_BYTES and not cfg.interpret
+  return need <= SMEM_BYTES and not interpret
 
 
 def work_items(grid: dict, names, persistent: bool, steps, body):

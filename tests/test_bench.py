@@ -680,7 +680,8 @@ def test_the_mosaic_gpu_kernels_wait_on_barriers_in_the_uniform_form():
   5e34c85–01b1166) had 15–21 inline sleeps (21 at this test's shape) and ran ~10% slower
   (H100, 2026-12-06). Compiled for sm_90a on this CPU by experiments/20_ptxas_report.py (needs
   `bash scripts/setup.sh ptxas`: .venv-ptxas, ~1 GB; skipped without it): the forward, one
-  item a CTA and persistent, and both backward kernels have at most one."""
+  item a CTA and persistent, and both backward kernels, a CTA an item and persistent
+  (`MosaicGPUOptions.persistent_bwd`), have at most one."""
   import pathlib
   import re
   import subprocess
@@ -691,9 +692,9 @@ def test_the_mosaic_gpu_kernels_wait_on_barriers_in_the_uniform_form():
     pytest.skip("no .venv-ptxas (bash scripts/setup.sh ptxas)")
   done = subprocess.run(
     [python, "experiments/20_ptxas_report.py", "--causal", "--shape", "1,512,4,2,64",
-     "fwd:persistent=0", "fwd:persistent=1", "bwd:"],
+     "fwd:persistent=0", "fwd:persistent=1", "bwd:", "bwd:2,2,persistent_bwd=1"],
     capture_output=True, text=True, cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
   )  # fmt: skip
   assert done.returncode == 0, done.stderr[-2000:]
   sleeps = [int(n) for n in re.findall(r"(\d+) inline barrier-wait sleeps", done.stdout)]
-  assert len(sleeps) == 4 and max(sleeps) <= 1, done.stdout
+  assert len(sleeps) == 6 and max(sleeps) <= 1, done.stdout

@@ -621,7 +621,7 @@ def test_mosaic_gpu_backward_longest_first_is_the_same_function():
 def test_mosaic_gpu_backward_persistent_is_the_same_function(
   shape, numerics, center_keys, stages, monkeypatch
 ):
-  """`MosaicGPUOptions.persistent` in the backward kernels: every work item in one CTA
+  """`MosaicGPUOptions.persistent_bwd`, the backward kernels persistent: every work item in one CTA
   (`persistent_ctas` set to 1; 2 heads × 3 query tiles of 128 rows for dQ, the last with a
   warpgroup of padding rows only; 2 heads × 2 tiles of 128 keys for dK/dV) gives dQ, dK and
   dV bit for bit as a CTA per item: the ring's position carried from item to item (with 3
@@ -634,6 +634,7 @@ def test_mosaic_gpu_backward_persistent_is_the_same_function(
   (a grid over "sm"). Interpret mode has no shared-memory limit: there `SMEM_BYTES` is lifted
   for head_dim 256, whose two tiles of Q and dO a warpgroup do not fit a GPU's dQ kernel."""
   _skip_if_causal_refused(shape.causal)
+  from pallas_kernels import backward_mgpu
   from pallas_kernels.backward_mgpu import flash_backward_mgpu
 
   if shape.head_dim == 256:
@@ -648,29 +649,34 @@ def test_mosaic_gpu_backward_persistent_is_the_same_function(
   plain, persistent = (
     dataclasses.replace(
       cfg,
-      mgpu=dataclasses.replace(cfg.mgpu, persistent=on),
+      mgpu=dataclasses.replace(cfg.mgpu, persistent_bwd=on),
       stages_bwd_mgpu=stages or cfg.stages_bwd_mgpu,
     )
     for on in (False, True)
   )
+  d, group = args[0].shape[3], shape.num_heads // shape.num_kv_heads
+  assert backward_mgpu.launch_plan(plain, d, group)[1] == (False, False)
+  assert backward_mgpu.launch_plan(persistent, d, group)[1] == (True, True)
   texts = [
     str(jax.make_jaxpr(lambda *a, c=c: flash_backward_mgpu(*a, c))(*args))
     for c in (plain, persistent)
   ]
-  assert texts[0].count("nd_loop") == 0 and texts[0] != texts[1]
+  assert texts[0] != texts[1]
   _assert_same_bits(flash_backward_mgpu(*args, persistent), flash_backward_mgpu(*args, plain))
 
 
 def test_mosaic_gpu_backward_persistent_true_fits_its_tiles_or_is_refused():
-  """`MosaicGPUOptions(persistent=True)` with the default tiles in flight: at head_dim 128 the
-  dK/dV kernel's three query tiles are lowered to two, which fit beside two items' K and V
-  (`backward_mgpu.default_stages`, 2 × 64 + 2 × 32.2 KiB); with grouped heads (float32
+  """`MosaicGPUOptions(persistent_bwd=True)` with the default tiles in flight: at head_dim 128
+  the dK/dV kernel's three query tiles are lowered to two, which fit beside two items' K and V
+  (`backward_mgpu.default_stages`: 2 × 64 + 2 × 32.75 KiB); with grouped heads (float32
   partials) not even one does, and `kernel_config` refuses it in one line naming the kernel
-  and its numbers, before any kernel runs. None leaves the tiles as measured (3, 2)."""
+  and its numbers, before any kernel runs, while the forward alone (persistent=True) still
+  runs there. None leaves the tiles as measured (3, 2) and resolves each kernel by its fit;
+  False (the default) leaves both off."""
   from pallas_kernels import attention, backward_mgpu
   from pallas_kernels.policy import get_numerics
 
-  def config(persistent, group=1):
+  def config(persistent, group=1, forward=None):
     return attention.kernel_config(
       q_len=1024,
       kv_len=1024,
@@ -683,7 +689,7 @@ def test_mosaic_gpu_backward_persistent_true_fits_its_tiles_or_is_refused():
       interpret=False,
       backend="mosaic_gpu",
       group=group,
-      mgpu_options=fm.MosaicGPUOptions(persistent=persistent),
+      mgpu_options=fm.MosaicGPUOptions(persistent=forward, persistent_bwd=persistent),
     )
 
   assert config(None).stages_bwd_mgpu == (3, 2)
@@ -691,12 +697,15 @@ def test_mosaic_gpu_backward_persistent_true_fits_its_tiles_or_is_refused():
   assert cfg.stages_bwd_mgpu == (2, 2)
   assert backward_mgpu.launch_plan(cfg, 128, 1) == ((2, 2), (True, True))
   assert backward_mgpu.launch_plan(config(None), 128, 1) == ((3, 2), (False, True))
+  assert backward_mgpu.launch_plan(config(False), 128, 1) == ((3, 2), (False, False))
   with pytest.raises(
     ValueError,
-    match=r"^MosaicGPUOptions\(persistent=True\) at head_dim=128, group=2 with the dK/dV "
-    r"kernel's 1 query tile in flight: two tiles of K and V and the ring need 224\.\d KiB",
+    match=r"^MosaicGPUOptions\(persistent_bwd=True\) at head_dim=128, group=2 with the dK/dV "
+    r"kernel's 1 query tile in flight: two tiles of K and V, the float32 partials and the ring "
+    r"need 224\.\d KiB",
   ):
     config(True, group=2)
+  assert config(False, group=2, forward=True).mgpu.persistent
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
