@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Issue 19 (device tool, one H100 or H200, one call of at most 10 min): the persistent Mosaic GPU
 # backward (`MosaicGPUOptions.persistent_bwd`: the dK/dV and dQ kernels, built 2026-12-06 on a CPU):
-# 1. the GPU tests it touches (the backward's persistent same bits with every item in one CTA;
-#    the forward's persistent schedules; the backward against the Triton backward; the jitted
-#    forward+backward; persistent_bwd=True's tiles and refusal);
-# 2. experiments/18_mgpu_backward_stages_ab.py: the backward alone, persistent against not, at
+# 1. experiments/18_mgpu_backward_stages_ab.py: the backward alone, persistent against not, at
 #    gpt2-small's attention (16 × 1024 × 12 × d64 causal, 30 pairs) and at the headline shape
 #    (4 × 4096 × 16 × d128 full, 10 pairs: the default (3, 2) tiles in flight, (2, 2), and
-#    (2, 2) persistent, dK/dV's 3 not fitting beside two items' K and V).
+#    (2, 2) persistent, dK/dV's 3 not fitting beside two items' K and V): first, so that a
+#    call cut short still says the most (its "same bits" is also a GPU check, with many items
+#    a CTA);
+# 2. the GPU tests it touches (the backward's persistent same bits with every item in one CTA;
+#    the forward's persistent schedules; the backward against the Triton backward; the jitted
+#    forward+backward; persistent_bwd=True's tiles and refusal).
 # Usage (repo root, on the device):  bash experiments/h200_persistent_bwd.sh "$OUT"
 # device seconds: 270 (its timeouts added up)
 set -u
@@ -15,9 +17,6 @@ OUT=${1:-runs/h200}
 mkdir -p "$OUT"
 source "$(dirname "$0")/h200_env.sh"
 nvidia-smi -L
-timeout 130 python3 -m pytest -v -p no:cacheprovider -rfE tests/test_mosaic_gpu.py \
-  -k "persistent or jitted or backward_matches_triton" > "$OUT/tests.log" 2>&1
-echo "tests: exit $?"; grep -E "FAILED|ERROR" "$OUT/tests.log" | cut -c1-150; tail -2 "$OUT/tests.log"
 AB=experiments/18_mgpu_backward_stages_ab.py
 timeout 70 python3 $AB --causal --shape 16,1024,12,12,64 --pairs 30 --out "$OUT/ab18_d64_causal.txt" \
   2,2 2,2,persistent_bwd=1 > "$OUT/ab18.log" 2>&1
@@ -25,4 +24,7 @@ echo "d64 causal: exit $?"; tail -8 "$OUT/ab18_d64_causal.txt"
 timeout 70 python3 $AB --shape 4,4096,16,16,128 --pairs 10 --out "$OUT/ab18_d128_full.txt" \
   3,2 2,2 2,2,persistent_bwd=1 >> "$OUT/ab18.log" 2>&1
 echo "d128 full: exit $?"; tail -8 "$OUT/ab18_d128_full.txt"
+timeout 130 python3 -m pytest -v -p no:cacheprovider -rfE tests/test_mosaic_gpu.py \
+  -k "persistent or jitted or backward_matches_triton" > "$OUT/tests.log" 2>&1
+echo "tests: exit $?"; grep -E "FAILED|ERROR" "$OUT/tests.log" | cut -c1-150; tail -2 "$OUT/tests.log"
 true
