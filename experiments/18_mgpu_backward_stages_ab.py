@@ -2,7 +2,8 @@
 `KernelConfig.stages_bwd_mgpu`: dK/dV's and dQ's), and the `MosaicGPUOptions` it reads
 (longest_first: the causal dQ kernel's query tiles, the last first; rounded_scores: S as PTX
 mul.rn.f32 and P without a select, which moves float32 values away from the row max, so it
-says "DIFFERS" with the largest difference), against each other: each variant's backward
+says "DIFFERS" with the largest difference; persistent_bwd: both kernels one CTA an SM over
+their work items), against each other: each variant's backward
 (dK/dV and dQ, given the same forward residuals) against the first variant's in interleaved
 pairs (the median of `--pairs` ratios, each side 10 back-to-back calls, as `flashstable bench
 --paired`), its time alone, and whether its dQ, dK and dV equal the first's bit for bit (the

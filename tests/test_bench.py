@@ -373,13 +373,14 @@ def test_the_ab_scripts_read_shape_and_causal_as_the_bench_does():
 
 def test_the_backward_ab_reads_stages_and_the_backwards_options():
   """experiments/18_mgpu_backward_stages_ab.py's variants: DKV,DQ, then options the Mosaic GPU
-  backward reads (longest_first) as 0/1 and the dQ key tile (bk_dq=64|128); anything else is
+  backward reads (longest_first, persistent_bwd) as 0/1 and the dQ key tile (bk_dq=64|128); anything else is
   refused naming the item."""
 
   ab = _experiment("18_mgpu_backward_stages_ab")
   assert ab.parse_stages("3,2") == ((3, 2), {})
   assert ab.parse_stages("3,2,longest_first=1") == ((3, 2), {"longest_first": True})
   assert ab.parse_stages("2,2,longest_first=0") == ((2, 2), {"longest_first": False})
+  assert ab.parse_stages("2,2,persistent_bwd=1") == ((2, 2), {"persistent_bwd": True})
   got = ab.parse_stages("2,2,rounded_scores=0,bk_dq=128")  # a KernelConfig field too
   assert got == ((2, 2), {"rounded_scores": False, "bk_dq": 128})
   assert ab.split_fields(got[1]) == ({"rounded_scores": False}, {"block_k_dq_mgpu": 128})
@@ -393,7 +394,7 @@ def test_the_backward_ab_reads_stages_and_the_backwards_options():
     (
       "3,2,skip_rescale=1",
       r"'skip_rescale=1' is not OPTION=0\|1 \(OPTION: longest_first, rounded_scores, "
-      r"scale_in_exp2\)$",
+      r"scale_in_exp2, persistent_bwd\)$",
     ),
     ("3,2,longest_first", r"'longest_first' is not OPTION"),
   ):
