@@ -63,6 +63,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from pallas_kernels.forward_mgpu import (
   exact_scale,
   finish_stores,
+  last_waits,
   launch,
   persistent_fits,
   query_tile,
@@ -487,16 +488,7 @@ def _ring_loads(base, n_steps, stages, free, load):
     load(j, slot)
 
 
-def _last_waits(end, barrier, slots):
-  """The producer's final waits: the last `slots` phases of `barrier` (of `end` uses, slot t
-  mod slots), so that every warpgroup observes every phase of it."""
-
-  @pl.loop(jnp.maximum(end - slots, 0), end)
-  def _(t):
-    plgpu.barrier_wait(barrier.at[lax.rem(t, jnp.int32(slots))])
-
-
-def _release(item_free, slots, n):
+def _release(slots, item_free, n):
   """A compute warpgroup gives work item n's slot (its own tiles, through which its gradients
   left) back to the producer, once those stores have read it (`finish_stores`)."""
   finish_stores()
@@ -507,9 +499,9 @@ def _roles(wg, items, compute_item, load_item, persistent, item_slots, ring):
   """A backward CTA's two roles over its work items (`items`: `forward_mgpu.work_items`): the
   compute warpgroups run compute_item(at, base, n) on each, then give the last item's slot
   back (persistent) or wait for their stores; the producer runs load_item(at, base, n) on
-  each, then waits for the last items' releases (item_slots: the barrier and its slots;
-  persistent) and the last tiles' consumption (ring: the "free" barrier and its stages), so
-  that every warpgroup observes every phase."""
+  each, then waits for the last items' releases (item_slots: the slots and their barrier;
+  persistent) and the last tiles' consumption (ring: the stages and the "free" barrier),
+  `forward_mgpu.last_waits`."""
 
   @pl.when(wg < COMPUTE_WGS)
   def _compute():
@@ -525,8 +517,8 @@ def _roles(wg, items, compute_item, load_item, persistent, item_slots, ring):
     plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
     end, count = items(load_item)
     if persistent:
-      _last_waits(count, *item_slots)
-    _last_waits(end, *ring)
+      last_waits(count, *item_slots)
+    last_waits(end, *ring)
 
 
 def _skip_steps(start, end, stages, readies, free):
@@ -617,7 +609,7 @@ def _dkv_kernel(
     k_smem, v_smem = k_smem3.at[kv_slot, mine], v_smem3.at[kv_slot, mine]
     key0 = cta_key0 + (0 if shared else wg * ROWS)
     if persistent:  # the item before's slot, once its stores (issued just before) have read it
-      pl.when(n > 0)(lambda: _release(kv_free, slots, n - 1))
+      pl.when(n > 0)(lambda: _release(slots, kv_free, n - 1))
     elif shared:  # one copy of the tile, by the first warpgroup
       pl.when(wg == 0)(lambda: load_kv(at, kv_slot, 0))
     else:
@@ -733,7 +725,7 @@ def _dkv_kernel(
 
     _ring_loads(base, n_steps, stages, free, load)
 
-  _roles(wg, items, compute_item, load_item, persistent, (kv_free, slots), (free, stages))
+  _roles(wg, items, compute_item, load_item, persistent, (slots, kv_free), (stages, free))
 
 
 def _dkv(q, k, v, do, rows, cfg, stages, persistent):
@@ -863,7 +855,7 @@ def _dq_kernel(
     )
     row0 = cta_row0(at) + wg * ROWS
     if persistent:  # the item before's slot, once its store (issued just before) has read it
-      pl.when(n > 0)(lambda: _release(rows_free, slots, n - 1))
+      pl.when(n > 0)(lambda: _release(slots, rows_free, n - 1))
     else:  # a CTA of one item: each warpgroup loads its own rows
       load_rows(at, slot, wg)
     plgpu.barrier_wait(rows_ready.at[slot * COMPUTE_WGS + wg])
@@ -950,7 +942,7 @@ def _dq_kernel(
 
     _ring_loads(base, cta_steps(at), stages, free, load)
 
-  _roles(wg, items, compute_item, load_item, persistent, (rows_free, slots), (free, stages))
+  _roles(wg, items, compute_item, load_item, persistent, (slots, rows_free), (stages, free))
 
 
 def _dq(q, k, v, do, rows, kd, cfg, stages, persistent):

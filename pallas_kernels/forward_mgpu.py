@@ -309,6 +309,18 @@ def work_items(grid: dict, names, persistent: bool, steps, body):
   return ends
 
 
+def last_waits(end, slots, *barriers):
+  """A producer's final waits: the last `slots` uses of its barriers (of `end` uses, use t in
+  slot t mod slots), each use's barriers in turn, so that every warpgroup observes every
+  phase (the interpreter checks it at deallocation)."""
+
+  @pl.loop(jnp.maximum(end - slots, 0), end)
+  def _(t):
+    slot = lax.rem(t, jnp.int32(slots))
+    for barrier in barriers:
+      plgpu.barrier_wait(barrier.at[slot])
+
+
 def launch(grid: dict, names, persistent: bool, interpret: bool) -> dict:
   """`plgpu.kernel`'s grid arguments for `work_items`: a CTA per item of `grid` in `names`'
   order (outermost first), or (persistent) `persistent_ctas` CTAs on axis "sm", fewer where
@@ -843,7 +855,7 @@ def _forward_kernel(
     Q's slot once the item q_slots before has freed it); then its key and value tiles into
     the ring. A CTA of one item has its compute warpgroups load their Q themselves, as before
     the persistent kernel: with Q loaded here and no final wait for the Q releases
-    (`_memory`'s `_q_last`, added later), ptxas (CUDA 13.0) addressed every barrier of the
+    (`_memory`'s `last_waits` on q_free, added later), ptxas (CUDA 13.0) addressed every barrier of the
     compute loop from ordinary registers and put each wait's retry inline, a NANOSLEEP after
     the first failed try (15–21 inline sleeps against 1; 453 SASS a key tile against 441),
     the likely cause of the 10% that forward lost (H100, 2026-12-06: 1.35–1.39 ms at b4 ×
@@ -887,15 +899,8 @@ def _forward_kernel(
     plgpu.set_max_registers(40, action="decrease")
     end, count = items(_load_item)
 
-    @pl.loop(jnp.maximum(count - q_slots, 0), count)  # the last Q tiles' release
-    def _q_last(n):  # (every phase observed: the interpreter checks it at deallocation)
-      plgpu.barrier_wait(q_free.at[lax.rem(n, jnp.int32(q_slots))])
-
-    @pl.loop(jnp.maximum(end - stages, 0), end)  # the last tiles' consumption
-    def _last(t):
-      slot = lax.rem(t, jnp.int32(stages))
-      plgpu.barrier_wait(k_free.at[slot])
-      plgpu.barrier_wait(v_free.at[slot])
+    last_waits(count, q_slots, q_free)  # the last Q tiles' release
+    last_waits(end, stages, k_free, v_free)  # the last tiles' consumption
 
 
 def flash_forward_mgpu(q, k, v, cfg):
