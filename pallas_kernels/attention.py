@@ -325,9 +325,9 @@ def kernel_config(
   )
   # persistent=True or persistent_bwd=True where they do not fit: refused before any kernel runs
   if backend == "mosaic_gpu" and options.persistent:
-    n_kv = -(-kv_len // fitted.block_k)
+    stages_fwd = forward_mgpu.key_tiles(cfg)[1]
     out_dtype = numerics.output_dtype(dtype)
-    forward_mgpu.resolve_persistent(cfg, padded_head_dim, min(stages, n_kv), out_dtype)
+    forward_mgpu.resolve_persistent(cfg, padded_head_dim, stages_fwd, out_dtype)
   if backend_bwd == "mosaic_gpu" and options.persistent_bwd:
     backward_mgpu.launch_plan(cfg, padded_head_dim, group)
   return cfg

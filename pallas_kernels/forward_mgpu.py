@@ -332,6 +332,14 @@ def launch(grid: dict, names, persistent: bool, interpret: bool) -> dict:
   return dict(grid=tuple(grid[name] for name in names), grid_names=tuple(names))
 
 
+def key_tiles(cfg) -> tuple[int, int]:
+  """(the forward's key tiles, its key/value tiles in flight): tiles of padding only are
+  skipped, and no more tiles are in flight than there are (`KernelConfig.num_stages` at most
+  the key tiles)."""
+  n_kv = -(-cfg.kv_len // int(cfg.blocks.block_k))
+  return n_kv, int(min(cfg.num_stages, n_kv))
+
+
 def finish_stores():
   """A CTA's last TMA stores (shared → global memory): waits until they have read shared
   memory (`cp.async.bulk.wait_group.read 0`), not until their writes land, which they do by
@@ -923,8 +931,7 @@ def flash_forward_mgpu(q, k, v, cfg):
   cta_rows = COMPUTE_WGS * ROWS_PER_WG
   rows = -(-q_len_p // cta_rows) * cta_rows
   q = pad_axis(q, 1, rows)
-  n_kv = -(-cfg.kv_len // block_k)  # tiles of padding only are skipped
-  stages = int(min(cfg.num_stages, n_kv))
+  n_kv, stages = key_tiles(cfg)
   swizzled = smem_transforms(d, 2)  # Q, K, V: rows of head_dim 2-byte elements
   out_dtype = jnp.dtype(cfg.numerics.output_dtype(q.dtype))
   grid = dict(batch=batch, heads=num_heads, q_tiles=rows // cta_rows)  # the work items
