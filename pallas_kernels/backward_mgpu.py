@@ -270,8 +270,8 @@ def launch_plan(cfg, head_dim: int, group: int):
   calls it for persistent_bwd=True, so that happens before any kernel runs."""
   stages_dkv, stages_dq = _stages(cfg, head_dim, group)
   bk, center = dq_block_k(cfg), cfg.numerics.center_keys
-  stages_dkv = int(max(1, min(stages_dkv, -(-cfg.q_len // DKV_BLOCK_Q))))
-  stages_dq = int(max(1, min(stages_dq, -(-cfg.kv_len // bk))))
+  n_q, n_kv = steps(cfg)
+  stages_dkv, stages_dq = int(max(1, min(stages_dkv, n_q))), int(max(1, min(stages_dq, n_kv)))
   chosen = (cfg.mgpu.persistent_bwd, "persistent_bwd", cfg.interpret)
   persistent_dkv = persistent_fits(
     *chosen,
@@ -286,6 +286,12 @@ def launch_plan(cfg, head_dim: int, group: int):
     "tiles of Q, dO and rows a warpgroup and the ring",
   )
   return (stages_dkv, stages_dq), (persistent_dkv, persistent_dq)
+
+
+def steps(cfg) -> tuple[int, int]:
+  """(dK/dV's query tiles, dQ's key tiles): each backward kernel's steps a work item, the
+  unpadded length over its tile (tiles of padding only are skipped)."""
+  return -(-cfg.q_len // DKV_BLOCK_Q), -(-cfg.kv_len // dq_block_k(cfg))
 
 
 def _tiles(n: int, what: str) -> str:
@@ -733,7 +739,7 @@ def _dkv(q, k, v, do, rows, cfg, stages, persistent):
   kv_len_p, num_kv_heads = k.shape[1], k.shape[2]
   group = num_heads // num_kv_heads
   out_dtype = jnp.dtype(q.dtype if group == 1 else jnp.float32)
-  n_q = -(-cfg.q_len // DKV_BLOCK_Q)
+  n_q = steps(cfg)[0]
   n_parts, width = parts(d)
   kv_tiles = 1 if n_parts > 1 else COMPUTE_WGS  # K and V tiles of 64 keys (`_dkv_kernel`)
   slots = 2 if persistent else 1  # items' K and V in shared memory (`launch_plan`)
@@ -950,7 +956,7 @@ def _dq(q, k, v, do, rows, kd, cfg, stages, persistent):
   num_kv_heads = k.shape[2]
   group = num_heads // num_kv_heads
   bk = dq_block_k(cfg)
-  n_kv = -(-cfg.kv_len // bk)  # tiles of padding only are skipped
+  n_kv = steps(cfg)[1]
   assert n_kv * bk <= k.shape[1], (n_kv, bk, k.shape)  # no key tile reads past the array
   sw = smem_transforms(d, 2)
   center = kd is not None
