@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Issue 19 (device tool, one H100 or H200, one call of at most 10 min): the Mosaic GPU backward's
+# tiles in flight on the tree of 2026-12-06, after the H100 run of 22:53 UTC
+# (h100-2026-12-06j-persistent-bwd) found dK/dV 2 faster than the default 3 at head_dim 128
+# (0.935× the backward's time, full, 10 pairs) where an H200 had found 3 faster on 2026-12-05
+# (0.975×, the kernel before the ring's restructure), and the persistent backward slower:
+# 1. experiments/18_mgpu_backward_stages_ab.py (the backward alone, interleaved pairs, same
+#    bits): d128 full and causal (3,2 against 2,2, 2,3, 1,2), gpt2-small's attention
+#    (16 × 1024 × 12 × d64 causal: 2,2 against 1,2, 2,1, 3,3, 30 pairs);
+# 2. `flashstable bench --targets` with head_dim 128's row of STAGES_BY_HEAD_DIM removed in the
+#    device's copy of the tree (sed, checked: (2, 2) everywhere), what that default would give;
+# 3. with PROBE=1 and time left: Nsight Compute's duration of each kernel at gpt2-small's
+#    attention with persistent_bwd False and then True as the default in the device's copy
+#    (sed): which kernel the persistent loop slows.
+# Usage (repo root, on the device):  [PROBE=1] bash experiments/h200_bwd_stages.sh "$OUT"
+# device seconds: 480 (its timeouts added up), 660 with PROBE=1 (the bench took ~150 s of its 290)
+set -u
+OUT=${1:-runs/h200}
+mkdir -p "$OUT"
+source "$(dirname "$0")/h200_env.sh"
+nvidia-smi -L
+AB=experiments/18_mgpu_backward_stages_ab.py
+timeout 70 python3 $AB --shape 4,4096,16,16,128 --pairs 10 --out "$OUT/ab18_d128_full.txt" \
+  3,2 2,2 2,3 1,2 > "$OUT/ab18.log" 2>&1
+echo "d128 full: exit $?"; tail -5 "$OUT/ab18_d128_full.txt"
+timeout 60 python3 $AB --causal --shape 4,4096,16,16,128 --pairs 10 --out "$OUT/ab18_d128_causal.txt" \
+  3,2 2,2 2,3 >> "$OUT/ab18.log" 2>&1
+echo "d128 causal: exit $?"; tail -4 "$OUT/ab18_d128_causal.txt"
+timeout 60 python3 $AB --causal --shape 16,1024,12,12,64 --pairs 30 --out "$OUT/ab18_d64_causal.txt" \
+  2,2 1,2 2,1 3,3 >> "$OUT/ab18.log" 2>&1
+echo "d64 causal: exit $?"; tail -5 "$OUT/ab18_d64_causal.txt"
+B=pallas_kernels/backward_mgpu.py
+cp $B /tmp/backward_mgpu.py.orig
+sed -i 's/^STAGES_BY_HEAD_DIM = {128: (3, 2)}$/STAGES_BY_HEAD_DIM = {}/' $B
+grep -q "^STAGES_BY_HEAD_DIM = {}$" $B || { echo "STAGES_BY_HEAD_DIM was not changed"; exit 1; }
+timeout 290 python3 -m jax_flashstable.cli bench --targets fa2+comp --overhead-pairs 20 \
+  --reps 10 --no-hashes --out "$OUT/targets" > "$OUT/targets.log" 2>&1
+echo "bench --targets (dK/dV 2 at head_dim 128): exit $?"; grep -v "^ \|^$" "$OUT/targets.log" | tail -16
+cp /tmp/backward_mgpu.py.orig $B
+if [[ ${PROBE:-0} == 1 ]]; then
+  F=pallas_kernels/forward_mgpu.py
+  for persistent in False True; do
+    sed -i "s/^  persistent_bwd: bool | None = .*$/  persistent_bwd: bool | None = $persistent/" $F
+    grep -q "^  persistent_bwd: bool | None = $persistent$" $F || { echo "persistent_bwd not set"; exit 1; }
+    XLA_FLAGS=--xla_gpu_autotune_level=0 timeout 90 ncu --clock-control none \
+      -k regex:entry_mosaic_gpu_kernel -c 3 --section SpeedOfLight --section WarpStateStats \
+      --section LaunchStats python3 experiments/05_profile_attention.py --which auto \
+      --shape 16,1024,12,12,64 --causal --calls 1 > "$OUT/ncu_persistent_$persistent.txt" 2>&1
+    echo "ncu (persistent_bwd=$persistent): exit $?"
+    grep -E "^  [^ ]|Duration|Grid Size|Registers Per|Issued Warp" "$OUT/ncu_persistent_$persistent.txt" | head -24
+  done
+fi
+true
