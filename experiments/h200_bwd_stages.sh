@@ -6,7 +6,8 @@
 # (0.975×, the kernel before the ring's restructure), and the persistent backward slower:
 # 1. experiments/18_mgpu_backward_stages_ab.py (the backward alone, interleaved pairs, same
 #    bits): d128 full and causal (3,2 against 2,2, 2,3, 1,2), gpt2-small's attention
-#    (16 × 1024 × 12 × d64 causal: 2,2 against 1,2, 2,1, 3,3, 30 pairs);
+#    (16 × 1024 × 12 × d64 causal: 2,2 against 1,2, 2,1, 3,3 and persistent with causal's
+#    items dealt tiles outermost, `backward_mgpu.item_order`, 30 pairs);
 # 2. `flashstable bench --targets` with head_dim 128's row of STAGES_BY_HEAD_DIM removed in the
 #    device's copy of the tree (sed, checked: (2, 2) everywhere), what that default would give;
 # 3. with PROBE=1 and time left: Nsight Compute's duration of each kernel at gpt2-small's
@@ -27,8 +28,8 @@ timeout 60 python3 $AB --causal --shape 4,4096,16,16,128 --pairs 10 --out "$OUT/
   3,2 2,2 2,3 >> "$OUT/ab18.log" 2>&1
 echo "d128 causal: exit $?"; tail -4 "$OUT/ab18_d128_causal.txt"
 timeout 60 python3 $AB --causal --shape 16,1024,12,12,64 --pairs 30 --out "$OUT/ab18_d64_causal.txt" \
-  2,2 1,2 2,1 3,3 >> "$OUT/ab18.log" 2>&1
-echo "d64 causal: exit $?"; tail -5 "$OUT/ab18_d64_causal.txt"
+  2,2 1,2 2,1 3,3 2,2,persistent_bwd=1 >> "$OUT/ab18.log" 2>&1
+echo "d64 causal: exit $?"; tail -6 "$OUT/ab18_d64_causal.txt"
 B=pallas_kernels/backward_mgpu.py
 cp $B /tmp/backward_mgpu.py.orig
 sed -i 's/^STAGES_BY_HEAD_DIM = {128: (3, 2)}$/STAGES_BY_HEAD_DIM = {}/' $B

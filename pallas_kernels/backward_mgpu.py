@@ -527,6 +527,24 @@ def _roles(wg, items, compute_item, load_item, persistent, item_slots, ring):
     last_waits(end, *ring)
 
 
+def item_order(cfg, tiles: str, persistent: bool) -> tuple[str, str, str]:
+  """A backward kernel's work items' axes, outermost first (`tiles`: "kv_tiles" for dK/dV,
+  "q_tiles" for dQ). A head's tiles innermost, so that the CTAs resident together share its
+  Q and dO (dK/dV) or K and V (dQ) in L2 (dQ's tiles outermost took 1.026–1.028× the
+  backward's time, causal 16 × 1024 × 12 × d64, H100, 2026-12-06). Persistent with causal,
+  the tiles outermost: the items are dealt round-robin in this order, and with the tiles
+  innermost each CTA would get the same tile positions again and again, whose causal work
+  differs (gpt2-small's 8 key tiles over 132 CTAs: tiles 0 and 4 to one CTA, 3 and 7 to
+  another, twice its work: H100, 2026-12-06, the persistent backward 1.085× the time of the
+  CTA-an-item one); outermost, every head's longest tiles come first (dK/dV's first key
+  tiles; dQ's last query tiles, `forward_mgpu.query_tile`'s longest_first), as the causal
+  forward's `forward_mgpu.query_grid` (FlashAttention-3's longest-processing-time-first,
+  Shah et al. 2024, §3). The order moves no float32 sum."""
+  if persistent and cfg.causal:
+    return (tiles, "batch", "heads")
+  return ("batch", "heads", tiles)
+
+
 def _skip_steps(start, end, stages, readies, free):
   """Steps [start, end) of a warpgroup with no work in them (rows or keys all padding, or past
   a causal row's last key tile): it waits for each step's tile (every warpgroup observes
@@ -589,7 +607,7 @@ def _dkv_kernel(
     return cta_key0, first, jnp.where(cta_key0 >= cfg.kv_len, 0, n_steps)
 
   items = lambda body: work_items(  # noqa: E731
-    grid, ("batch", "heads", "kv_tiles"), persistent, lambda at: span(at)[2], body
+    grid, item_order(cfg, "kv_tiles", persistent), persistent, lambda at: span(at)[2], body
   )
 
   def load_kv(at, slot, w):
@@ -802,7 +820,7 @@ def _dkv(q, k, v, do, rows, cfg, stages, persistent):
     )
 
   grid = dict(batch=batch, heads=num_heads, kv_tiles=kv_len_p // (kv_tiles * ROWS))
-  names = ("batch", "heads", "kv_tiles")  # key tiles innermost: a head's Q, dO shared in L2
+  names = item_order(cfg, "kv_tiles", persistent)
   out = jax.ShapeDtypeStruct((batch, kv_len_p, num_heads, d), out_dtype)
   return plgpu.kernel(
     entry,
@@ -836,7 +854,8 @@ def _dq_kernel(
     row0 = cta_row0(at)
     return jnp.where(row0 >= cfg.q_len, 0, key_steps(row0 + COMPUTE_WGS * ROWS))
 
-  items = lambda body: work_items(grid, ("batch", "heads", "q_tiles"), persistent, cta_steps, body)
+  names = item_order(cfg, "q_tiles", persistent)
+  items = lambda body: work_items(grid, names, persistent, cta_steps, body)  # noqa: E731
 
   def load_rows(at, slot, w):
     """Warpgroup w's Q, dO and rows' statistics of item `at` into `slot`: three copies onto
@@ -1003,9 +1022,7 @@ def _dq(q, k, v, do, rows, kd, cfg, stages, persistent):
     )
 
   grid = dict(batch=batch, heads=num_heads, q_tiles=q_len_p // (COMPUTE_WGS * ROWS))
-  # query tiles innermost: a head's K, V shared in L2 (outermost, as the causal forward's
-  # `forward_mgpu.query_grid`: 1.026–1.028× the backward's time, H100, 2026-12-06)
-  names = ("batch", "heads", "q_tiles")
+  names = item_order(cfg, "q_tiles", persistent)
   return plgpu.kernel(
     entry,
     out_type=jax.ShapeDtypeStruct(q.shape, q.dtype),
