@@ -174,13 +174,16 @@ class MosaicGPUOptions:
     item's Q, dO and rows' statistics loaded early into a second slot, dK/dV's (a batch, head
     and 128 keys) with the next item's K and V; each item's gradient leaves through its own
     slot's tiles, which go back to the producer at the next item's start once the stores have
-    read them. The same bits (interpret mode). True lowers the backward's default tiles in
+    read them; with causal the items are dealt tiles outermost, longest first
+    (`backward_mgpu.item_order`). The same bits (interpret mode; the GPU). True lowers the backward's default tiles in
     flight to what fits (dK/dV 3 → 2 at head_dim 128, dQ 2 → 1 there with center_keys:
     `backward_mgpu.default_stages`) and is refused where even one does not fit (head_dim 256;
     head_dim 128 with grouped heads' float32 partials); None: on for a GPU wherever the tiles
     in flight as measured fit (head_dim 32 and 64; 128: dQ only, without center_keys), off in
-    interpret mode. Off (False) by default until timed on a GPU (built 2026-12-06 on a CPU;
-    ptxas: no spills at head_dim 64, dK/dV at head_dim 128 with 2 tiles 104 bytes spilled).
+    interpret mode. Off (False) by default: slower where timed (H100, 2026-12-06, the
+    backward alone: 1.085× the time at gpt2-small's 16 × 1024 × 12 × d64 causal, when its
+    causal items were still dealt a head's tiles innermost; 1.05× at b4 × 4096 × 16 × d128
+    full, where the persistent dK/dV spills: ptxas, 104 bytes).
   The defaults are the ones that were faster on the H200 or H100, or no slower, except
   scale_in_exp2, faster too but on by default only where it changes no value; what each option
   measured, with command and date: docs/studies/speed.md ("The Mosaic GPU route"). Removed
