@@ -13,6 +13,8 @@
 # 3. with PROBE=1 and time left: Nsight Compute's duration of each kernel at gpt2-small's
 #    attention with persistent_bwd False and then True as the default in the device's copy
 #    (sed): which kernel the persistent loop slows.
+# D128_VARIANTS and D64_VARIANTS replace the A/B's variants (the first is the reference), e.g.
+# D128_VARIANTS="3,2 2,2" D64_VARIANTS="2,2 2,2,persistent_bwd=1" where device time is short.
 # Usage (repo root, on the device):  [PROBE=1] bash experiments/h200_bwd_stages.sh "$OUT"
 # device seconds: 480 (its timeouts added up), 660 with PROBE=1 (the bench took ~150 s of its 290)
 set -u
@@ -22,13 +24,13 @@ source "$(dirname "$0")/h200_env.sh"
 nvidia-smi -L
 AB=experiments/18_mgpu_backward_stages_ab.py
 timeout 70 python3 $AB --shape 4,4096,16,16,128 --pairs 10 --out "$OUT/ab18_d128_full.txt" \
-  3,2 2,2 2,3 1,2 > "$OUT/ab18.log" 2>&1
+  ${D128_VARIANTS:-3,2 2,2 2,3 1,2} > "$OUT/ab18.log" 2>&1
 echo "d128 full: exit $?"; tail -5 "$OUT/ab18_d128_full.txt"
 timeout 60 python3 $AB --causal --shape 4,4096,16,16,128 --pairs 10 --out "$OUT/ab18_d128_causal.txt" \
-  3,2 2,2 2,3 >> "$OUT/ab18.log" 2>&1
+  ${D128_VARIANTS:-3,2 2,2 2,3} >> "$OUT/ab18.log" 2>&1
 echo "d128 causal: exit $?"; tail -4 "$OUT/ab18_d128_causal.txt"
 timeout 60 python3 $AB --causal --shape 16,1024,12,12,64 --pairs 30 --out "$OUT/ab18_d64_causal.txt" \
-  2,2 1,2 2,1 3,3 2,2,persistent_bwd=1 >> "$OUT/ab18.log" 2>&1
+  ${D64_VARIANTS:-2,2 1,2 2,1 3,3 2,2,persistent_bwd=1} >> "$OUT/ab18.log" 2>&1
 echo "d64 causal: exit $?"; tail -6 "$OUT/ab18_d64_causal.txt"
 B=pallas_kernels/backward_mgpu.py
 cp $B /tmp/backward_mgpu.py.orig
