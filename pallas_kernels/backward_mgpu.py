@@ -68,6 +68,7 @@ from pallas_kernels.forward_mgpu import (
   persistent_fits,
   query_tile,
   resolve_scale_in_exp2,
+  slot_of,
   smem_transforms,
   visited_key_tiles,
   work_items,
@@ -485,7 +486,7 @@ def _ring_loads(base, n_steps, stages, free, load):
   @pl.loop(0, n_steps)
   def _load(j):
     t = base + j
-    slot = lax.rem(t, jnp.int32(stages))
+    slot = slot_of(t, stages)
 
     @pl.when(t >= stages)  # the slot's previous tile must be consumed first
     def _():
@@ -498,7 +499,7 @@ def _release(slots, item_free, n):
   """A compute warpgroup gives work item n's slot (its own tiles, through which its gradients
   left) back to the producer, once those stores have read it (`finish_stores`)."""
   finish_stores()
-  plgpu.barrier_arrive(item_free.at[lax.rem(n, jnp.int32(slots))])
+  plgpu.barrier_arrive(item_free.at[slot_of(n, slots)])
 
 
 def _roles(wg, items, compute_item, load_item, persistent, item_slots, ring):
@@ -552,7 +553,7 @@ def _skip_steps(start, end, stages, readies, free):
 
   @pl.loop(start, end)
   def _(t):
-    slot = lax.rem(t, jnp.int32(stages))
+    slot = slot_of(t, stages)
     for ready in readies:
       if ready is not None:
         plgpu.barrier_wait(ready.at[slot])
@@ -625,7 +626,7 @@ def _dkv_kernel(
     part of their columns) over the item's query tiles (ring count `base` on)."""
     batch, head = at["batch"], at["heads"]
     cta_key0, first, n_steps = span(at)
-    kv_slot = lax.rem(n, jnp.int32(slots))
+    kv_slot = slot_of(n, slots)
     # this warpgroup's K and V: [parts, ROWS, width]; shared, the CTA's, at a traced 0 (run_state
     # cannot carry a constant index of a ref it closes over: Mosaic GPU's lowering, jax 0.11.2)
     mine = wg * 0 if shared else wg
@@ -656,7 +657,7 @@ def _dkv_kernel(
     def step(t, carry, masked):
       dk, dv = carry
       i = first + t
-      slot = lax.rem(base + t, jnp.int32(stages))
+      slot = slot_of(base + t, stages)
       q_slot, do_slot = q_smem.at[slot], do_smem.at[slot]
       if fused:
 
@@ -730,7 +731,7 @@ def _dkv_kernel(
     item `slots` before has released it; its query tiles (Q, dO, the rows' statistics) into
     the ring."""
     if persistent:
-      slot = lax.rem(n, jnp.int32(slots))
+      slot = slot_of(n, slots)
       pl.when(n >= slots)(lambda: plgpu.barrier_wait(kv_free.at[slot]))
       for w in range(kv_tiles):
         load_kv(at, slot, w)
@@ -872,7 +873,7 @@ def _dq_kernel(
   def compute_item(at, base, n):
     """A compute warpgroup's part of work item `at`: its 64 rows against the item's key tiles
     (ring count `base` on), dQ written out through Q's tile."""
-    slot = lax.rem(n, jnp.int32(slots))
+    slot = slot_of(n, slots)
     q_smem, do_smem, rows_smem = (
       q_smem3.at[slot, wg],
       do_smem3.at[slot, wg],
@@ -904,7 +905,7 @@ def _dq_kernel(
       return numerics.round_ds(_probs_and_dscores(s, dp, m, log_l, delta, cfg, valid)[1], dtype)
 
     def step(j, dq, masked):
-      slot = lax.rem(base + j, jnp.int32(stages))
+      slot = slot_of(base + j, stages)
       k_slot, v_slot = k_smem.at[slot], v_smem.at[slot]
       kd_slot = k_slot if kd_smem is None else kd_smem.at[slot]
       if fused:
@@ -952,7 +953,7 @@ def _dq_kernel(
     """The producer's part of a work item: persistent, its rows (Q, dO, statistics) into their
     slot once the item `slots` before has released it; its key and value tiles into the ring."""
     if persistent:
-      slot = lax.rem(n, jnp.int32(slots))
+      slot = slot_of(n, slots)
       pl.when(n >= slots)(lambda: plgpu.barrier_wait(rows_free.at[slot]))
       for w in range(COMPUTE_WGS):
         load_rows(at, slot, w)
