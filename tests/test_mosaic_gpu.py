@@ -657,10 +657,17 @@ def test_mosaic_gpu_backward_persistent_is_the_same_function(
   d, group = args[0].shape[3], shape.num_heads // shape.num_kv_heads
   assert backward_mgpu.launch_plan(plain, d, group)[1] == (False, False)
   assert backward_mgpu.launch_plan(persistent, d, group)[1] == (True, True)
-  texts = [
-    str(jax.make_jaxpr(lambda *a, c=c: flash_backward_mgpu(*a, c))(*args))
-    for c in (plain, persistent)
-  ]
+  calls, order = [], backward_mgpu.item_order  # each kernel deals by `item_order`, its body
+  monkeypatch.setattr(  # and its launch (a hard-coded order would move no value)
+    backward_mgpu, "item_order", lambda c, tiles, p: calls.append((tiles, p)) or order(c, tiles, p)
+  )
+  texts = []
+  for c in (plain, persistent):
+    calls.clear()
+    texts.append(str(jax.make_jaxpr(lambda *a, c=c: flash_backward_mgpu(*a, c))(*args)))
+    on = c is persistent
+    assert set(calls) == {("kv_tiles", on), ("q_tiles", on)}, calls
+    assert min(map(calls.count, set(calls))) >= 2, calls  # the kernel's deal and its launch
   assert texts[0] != texts[1]
   _assert_same_bits(flash_backward_mgpu(*args, persistent), flash_backward_mgpu(*args, plain))
 
