@@ -9,10 +9,11 @@
 #    (16 × 1024 × 12 × d64 causal: 2,2 against 1,2, 2,1, 3,3 and persistent with causal's
 #    items dealt tiles outermost, `backward_mgpu.item_order`, 30 pairs);
 # 2. `flashstable bench --targets` with head_dim 128's row of STAGES_BY_HEAD_DIM removed in the
-#    device's copy of the tree (sed, checked: (2, 2) everywhere), what that default would give;
+#    device's copy of the tree (`set_line`, h200_env.sh: (2, 2) everywhere), what that default
+#    would give;
 # 3. with PROBE=1 and time left: Nsight Compute's duration of each kernel at gpt2-small's
 #    attention with persistent_bwd False and then True as the default in the device's copy
-#    (sed): which kernel the persistent loop slows.
+#    (`set_line`): which kernel the persistent loop slows.
 # D128_VARIANTS and D64_VARIANTS replace the A/B's variants (the first is the reference), e.g.
 # D128_VARIANTS="3,2 2,2" D64_VARIANTS="2,2 2,2,persistent_bwd=1" where device time is short.
 # Usage (repo root, on the device):  [PROBE=1] bash experiments/h200_bwd_stages.sh "$OUT"
@@ -34,17 +35,16 @@ timeout 60 python3 $AB --causal --shape 16,1024,12,12,64 --pairs 30 --out "$OUT/
 echo "d64 causal: exit $?"; tail -6 "$OUT/ab18_d64_causal.txt"
 B=pallas_kernels/backward_mgpu.py
 cp $B /tmp/backward_mgpu.py.orig
-sed -i 's/^STAGES_BY_HEAD_DIM = {128: (3, 2)}$/STAGES_BY_HEAD_DIM = {}/' $B
-grep -q "^STAGES_BY_HEAD_DIM = {}$" $B || { echo "STAGES_BY_HEAD_DIM was not changed"; exit 1; }
-timeout 290 python3 -m jax_flashstable.cli bench --targets fa2+comp --overhead-pairs 20 \
-  --reps 10 --no-hashes --out "$OUT/targets" > "$OUT/targets.log" 2>&1
+set_line $B "STAGES_BY_HEAD_DIM = {128: (3, 2)}" "STAGES_BY_HEAD_DIM = {}"
+bench_targets "$OUT/targets" "$OUT/targets.log"
 echo "bench --targets (dK/dV 2 at head_dim 128): exit $?"; grep -v "^ \|^$" "$OUT/targets.log" | tail -16
 cp /tmp/backward_mgpu.py.orig $B
 if [[ ${PROBE:-0} == 1 ]]; then
   F=pallas_kernels/forward_mgpu.py
+  default="  persistent_bwd: bool | None = False"
   for persistent in False True; do
-    sed -i "s/^  persistent_bwd: bool | None = .*$/  persistent_bwd: bool | None = $persistent/" $F
-    grep -q "^  persistent_bwd: bool | None = $persistent$" $F || { echo "persistent_bwd not set"; exit 1; }
+    set_line $F "$default" "  persistent_bwd: bool | None = $persistent"
+    default="  persistent_bwd: bool | None = $persistent"
     XLA_FLAGS=--xla_gpu_autotune_level=0 timeout 90 ncu --clock-control none \
       -k regex:entry_mosaic_gpu_kernel -c 3 --section SpeedOfLight --section WarpStateStats \
       --section LaunchStats python3 experiments/05_profile_attention.py --which auto \

@@ -37,3 +37,22 @@ COMPARE_RUNS=/tmp/compare
 # pack_runs DIR FILE: every run under DIR packed into FILE (`instability.pack_runs`, no checkpoints)
 pack_runs() { python3 -c "import sys; from jax_flashstable.experiment.instability import pack_runs
 pack_runs(*sys.argv[1:])" "$@"; }
+# set_line FILE OLD NEW: FILE's line OLD (the whole line, literally) replaced by NEW in the
+# device's copy of the tree (a default timed before it is made the default; nothing is
+# committed from there); exits the script naming FILE and OLD where no such line is there
+set_line() {
+  python3 - "$@" <<'PY' || exit 1
+import pathlib, sys
+path, old, new = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+lines = path.read_text().split("\n")
+if old not in lines:
+  sys.exit(f"set_line: {path} has no line {old!r}")
+path.write_text("\n".join(new if line == old else line for line in lines))
+PY
+}
+# bench_targets DIR LOG: `flashstable bench --targets ${SPEC:-fa2+comp}` (20 interleaved pairs,
+# the step's rounds, no hashes) into DIR and LOG, at most 290 s; returns the bench's exit status
+bench_targets() {
+  timeout 290 python3 -m jax_flashstable.cli bench --targets "${SPEC:-fa2+comp}" \
+    --overhead-pairs 20 --reps 10 --no-hashes --out "$1" > "$2" 2>&1
+}

@@ -12,8 +12,9 @@
 #    forward+backward; persistent_bwd=True's tiles and refusal).
 # 3. with TARGETS=1: `flashstable bench --targets` (h200_speed19.sh's second part) with
 #    persistent_bwd=None as the default, "on where its tiles fit": the field's default is
-#    changed by sed in the device's copy of the tree (nothing is committed from there), so that
-#    the targets say what that default would give before it is made the default.
+#    changed (`set_line`, h200_env.sh) in the device's copy of the tree (nothing is committed
+#    from there), so that the targets say what that default would give before it is made the
+#    default.
 # Usage (repo root, on the device):  [TARGETS=1] bash experiments/h200_persistent_bwd.sh "$OUT"
 # device seconds: 270 (its timeouts added up), 560 with TARGETS=1
 set -u
@@ -32,11 +33,9 @@ timeout 130 python3 -m pytest -v -p no:cacheprovider -rfE tests/test_mosaic_gpu.
   -k "persistent or jitted or backward_matches_triton" > "$OUT/tests.log" 2>&1
 echo "tests: exit $?"; grep -E "FAILED|ERROR" "$OUT/tests.log" | cut -c1-150; tail -2 "$OUT/tests.log"
 if [[ ${TARGETS:-0} == 1 ]]; then
-  F=pallas_kernels/forward_mgpu.py
-  sed -i 's/^  persistent_bwd: bool | None = False$/  persistent_bwd: bool | None = None/' $F
-  grep -q "^  persistent_bwd: bool | None = None$" $F || { echo "the default was not changed"; exit 1; }
-  timeout 290 python3 -m jax_flashstable.cli bench --targets fa2+comp --overhead-pairs 20 \
-    --reps 10 --no-hashes --out "$OUT/targets" > "$OUT/targets.log" 2>&1
+  set_line pallas_kernels/forward_mgpu.py "  persistent_bwd: bool | None = False" \
+    "  persistent_bwd: bool | None = None"
+  bench_targets "$OUT/targets" "$OUT/targets.log"
   echo "bench --targets (persistent_bwd=None): exit $?"; grep -v "^ \|^$" "$OUT/targets.log" | tail -45
 fi
 true

@@ -34,8 +34,7 @@ timeout 270 python3 -m pytest -v -p no:cacheprovider -rfE \
 echo "tests: exit $?"
 grep -E "PASSED|FAILED|SKIPPED|ERROR" $R/tests.log | sed 's/^tests\///' | cut -c1-150 | tail -50
 tail -3 $R/tests.log
-timeout 290 python3 -m jax_flashstable.cli bench --targets "${SPEC:-fa2+comp}" --overhead-pairs 20 \
-  --reps 10 --no-hashes --out $R/targets > $R/targets.log 2>&1
+bench_targets $R/targets $R/targets.log
 echo "bench --targets: exit $?"
 grep -v "^ \|^$" $R/targets.log | tail -45
 cp $R/tests.log $R/targets.log $R/targets/bench* $R/targets/targets_partial.json "$OUT"/ 2>/dev/null
