@@ -607,9 +607,8 @@ def _dkv_kernel(
     n_steps = jnp.maximum(jnp.int32(n_q) - first, 0)
     return cta_key0, first, jnp.where(cta_key0 >= cfg.kv_len, 0, n_steps)
 
-  items = lambda body: work_items(  # noqa: E731
-    grid, item_order(cfg, "kv_tiles", persistent), persistent, lambda at: span(at)[2], body
-  )
+  names = item_order(cfg, "kv_tiles", persistent)
+  items = lambda body: work_items(grid, names, persistent, lambda at: span(at)[2], body)  # noqa: E731
 
   def load_kv(at, slot, w):
     """K and V of warpgroup w's 64 keys (shared: the CTA's) of item `at` into `slot`."""

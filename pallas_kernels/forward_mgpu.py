@@ -175,10 +175,10 @@ class MosaicGPUOptions:
     and 128 keys) with the next item's K and V; each item's gradient leaves through its own
     slot's tiles, which go back to the producer at the next item's start once the stores have
     read them; with causal the items are dealt tiles outermost, longest first
-    (`backward_mgpu.item_order`). The same bits (interpret mode; the GPU). True lowers the backward's default tiles in
-    flight to what fits (dK/dV 3 → 2 at head_dim 128, dQ 2 → 1 there with center_keys:
-    `backward_mgpu.default_stages`) and is refused where even one does not fit (head_dim 256;
-    head_dim 128 with grouped heads' float32 partials); None: on for a GPU wherever the tiles
+    (`backward_mgpu.item_order`). The same bits (interpret mode; the GPU). True lowers the
+    backward's default tiles in flight to what fits (dK/dV 3 → 2 at head_dim 128, dQ 2 → 1
+    there with center_keys: `backward_mgpu.default_stages`) and is refused where even one does
+    not fit (head_dim 256; head_dim 128 with grouped heads' float32 partials); None: on for a GPU wherever the tiles
     in flight as measured fit (head_dim 32 and 64; 128: dQ only, without center_keys), off in
     interpret mode. Off (False) by default: slower where timed (H100, 2026-12-06, the
     backward alone: 1.085× the time at gpt2-small's 16 × 1024 × 12 × d64 causal, when its
