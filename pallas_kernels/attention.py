@@ -220,7 +220,7 @@ def kernel_config(
   - the backward (`KernelConfig.backend_bwd`): the Mosaic GPU one after the Mosaic GPU forward
     where `supported(..., backward=True)` allows (group = num_heads // num_kv_heads), else the
     Triton one; 2 tiles in flight (the Mosaic GPU one: `backward_mgpu.default_stages`, per
-    kernel: (3, 2) at head_dim 128, (2, 1) at 256, else (2, 2); fewer where shared memory
+    kernel: (2, 1) at head_dim 256, else (2, 2); fewer where shared memory
     is short, as with grouped heads).
   Raises ValueError for num_warps other than None or 1, 2, 4, 8, 16, num_stages other than None
   or 1–8, when `supported` says the backend cannot run the call (the forward; a

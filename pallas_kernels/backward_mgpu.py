@@ -180,11 +180,15 @@ def smem_bytes(
 
 # (dK/dV's query tiles, dQ's key tiles) in flight where `STAGES_BY_HEAD_DIM` has no row
 STAGES = (2, 2)
-# Measured rows (paired A/B, the backward alone, same bits: `experiments/18_mgpu_backward_stages_ab.py`).
-# head_dim 128: (3, 2) takes 0.975x the time of (2, 2) full (causal: 0.993x paired, within
-# noise); (3, 3) the same, (4, 4) 1.010x, (2, 3) 1.001x (one H200, 2026-12-05, b4 x 4096 x 16).
-# At 64 (gpt2-small's attention, causal) 3 and 4 were no faster (1.005x, 1.011x): (2, 2) stays.
-STAGES_BY_HEAD_DIM = {128: (3, 2)}
+# Measured rows (paired A/B, the backward alone, same bits: `experiments/18_mgpu_backward_stages_ab.py`);
+# none now. head_dim 128 had (3, 2) from one H200 on 2026-12-05 (0.975x the time of (2, 2)
+# full, 0.993x causal, the kernel before the ring's restructure); on the kernel of 2026-12-06
+# (3, 2) takes 1.07x the time of (2, 2) full (one H100, 10 pairs: (2, 2) 0.935x), and ptxas
+# says why (experiment 20, sm_90a): with three query tiles the dK/dV loop spills (56/92 B,
+# loads inside the loop; 499/514 SASS a step against 443 and none; causal 522 with a spill
+# load against 463). At 64 (gpt2-small's attention, causal) 3 and 4 were no faster (1.005x,
+# 1.011x, H200, 2026-12-05).
+STAGES_BY_HEAD_DIM: dict[int, tuple[int, int]] = {}
 
 
 def default_stages(

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import pallas_kernels.forward_mgpu as fm
+from pallas_kernels import backward_mgpu
 from jax_flashstable import flash_attention, resolved_backend
 from jax_flashstable.attention.config import AttentionConfig
 from jax_flashstable.lab.shapes import Shape, make_inputs
@@ -76,7 +77,7 @@ def hopper(monkeypatch):
   return monkeypatch
 
 
-def test_auto_takes_the_mosaic_gpu_kernels_on_hopper_where_supported(hopper):
+def test_auto_takes_the_mosaic_gpu_kernels_on_hopper_where_supported(hopper, monkeypatch):
   cfg = kernel_config(**BASE)
   assert (cfg.backend, cfg.backend_bwd) == ("mosaic_gpu", "mosaic_gpu")
   short = kernel_config(**dict(BASE, q_len=20, kv_len=20))
@@ -96,7 +97,10 @@ def test_auto_takes_the_mosaic_gpu_kernels_on_hopper_where_supported(hopper):
     ("mosaic_gpu", "mosaic_gpu", (2, 2)),
     ("mosaic_gpu", "mosaic_gpu", (1, 1)),  # group 2 at 256: dK/dV's float32 partials
   ]
-  # head_dim 96 pads to 128 and takes 128's measured row: three query tiles in flight for dK/dV
+  # head_dim 96 pads to 128 and takes 128's row (`STAGES_BY_HEAD_DIM`, none measured now: a
+  # row set here) or `STAGES`
+  assert kernel_config(**dict(BASE, head_dim=96)).stages_bwd_mgpu == backward_mgpu.STAGES
+  monkeypatch.setattr(backward_mgpu, "STAGES_BY_HEAD_DIM", {128: (3, 2)})
   assert kernel_config(**dict(BASE, head_dim=96)).stages_bwd_mgpu == (3, 2)
   centred = get_numerics("fa2").with_options(center_keys=True)
   wide = kernel_config(**dict(BASE, head_dim=192, numerics=centred))

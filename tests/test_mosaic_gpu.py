@@ -702,12 +702,12 @@ def test_mosaic_gpu_backward_persistent_causal_order_balances_the_ctas(tiles):
 
 def test_mosaic_gpu_backward_persistent_true_fits_its_tiles_or_is_refused():
   """`MosaicGPUOptions(persistent_bwd=True)` with the default tiles in flight: at head_dim 128
-  the dK/dV kernel's three query tiles are lowered to two, which fit beside two items' K and V
-  (`backward_mgpu.default_stages`: 2 × 64 + 2 × 32.75 KiB); with grouped heads (float32
-  partials) not even one does, and `kernel_config` refuses it in one line naming the kernel
-  and its numbers, before any kernel runs, while the forward alone (persistent=True) still
-  runs there. None leaves the tiles as measured (3, 2) and resolves each kernel by its fit;
-  False (the default) leaves both off."""
+  the dK/dV kernel's two query tiles fit beside two items' K and V (2 × 64 + 2 × 32.75 KiB),
+  and with the centred keys dQ's two key tiles are lowered to one
+  (`backward_mgpu.default_stages`); with grouped heads (float32 partials) not even one dK/dV
+  tile does, and `kernel_config` refuses it in one line naming the kernel and its numbers,
+  before any kernel runs, while the forward alone (persistent=True) still runs there. None
+  resolves each kernel by its fit (both fit here); False (the default) leaves both off."""
   from pallas_kernels import attention, backward_mgpu
   from pallas_kernels.policy import get_numerics
 
@@ -727,12 +727,12 @@ def test_mosaic_gpu_backward_persistent_true_fits_its_tiles_or_is_refused():
       mgpu_options=fm.MosaicGPUOptions(persistent=forward, persistent_bwd=persistent),
     )
 
-  assert config(None).stages_bwd_mgpu == (3, 2)
+  assert config(None).stages_bwd_mgpu == (2, 2)
   cfg = config(True)
   assert cfg.stages_bwd_mgpu == (2, 2)
   assert backward_mgpu.launch_plan(cfg, 128, 1) == ((2, 2), (True, True))
-  assert backward_mgpu.launch_plan(config(None), 128, 1) == ((3, 2), (False, True))
-  assert backward_mgpu.launch_plan(config(False), 128, 1) == ((3, 2), (False, False))
+  assert backward_mgpu.launch_plan(config(None), 128, 1) == ((2, 2), (True, True))
+  assert backward_mgpu.launch_plan(config(False), 128, 1) == ((2, 2), (False, False))
   with pytest.raises(
     ValueError,
     match=r"^MosaicGPUOptions\(persistent_bwd=True\) at head_dim=128, group=2 with the dK/dV "
@@ -742,7 +742,7 @@ def test_mosaic_gpu_backward_persistent_true_fits_its_tiles_or_is_refused():
     config(True, group=2)
   assert config(False, group=2, forward=True).mgpu.persistent
   # the defaults persistent_bwd=True lowers (dQ's too, with the centred keys' third ring)
-  assert backward_mgpu.default_stages(128, 1, True) == (3, 2)
+  assert backward_mgpu.default_stages(128, 1, True) == (2, 2)
   assert backward_mgpu.default_stages(128, 1, True, persistent=True) == (2, 1)
   assert backward_mgpu.default_stages(64, persistent=True) == (2, 2)
 
@@ -912,14 +912,14 @@ def test_mosaic_gpu_backward_refuses_set_stages_that_do_not_fit():
   ):
     backward(dataclasses.replace(grouped, stages_bwd_mgpu=(3, 2)), 128, group=2)
   wide = config(128, center_keys=True, block_k_dq_mgpu=128)
-  assert wide.stages_bwd_mgpu == (3, 2)  # `kernel_config`'s, for dQ key tiles of 64
+  assert wide.stages_bwd_mgpu == (2, 2)  # `kernel_config`'s, for dQ key tiles of 64
   with pytest.raises(
     ValueError,
-    match=r"^stages_bwd_mgpu=\(3, 2\): the dQ kernel fits at most 1 tile in flight at "
+    match=r"^stages_bwd_mgpu=\(2, 2\): the dQ kernel fits at most 1 tile in flight at "
     r"head_dim=128, block_k_dq_mgpu=128, center_keys=True$",
   ):
     backward(wide, 128)
-  assert _stages(dataclasses.replace(wide, stages_bwd_mgpu=None), 128, 1) == (3, 1)
+  assert _stages(dataclasses.replace(wide, stages_bwd_mgpu=None), 128, 1) == (2, 1)
   with pytest.raises(
     ValueError,
     match=r"^head_dim=256, block_k_dq_mgpu=128: the Mosaic GPU backward's dQ kernel needs "
@@ -942,10 +942,10 @@ def test_mosaic_gpu_backward_falls_back_to_triton_where_it_cannot_run():
 
   bwd = lambda **kw: supported("mosaic_gpu", backward=True, **{"numerics": "fa2", **kw})
   assert "head_dim=16" in bwd(head_dim=16)
-  assert [default_stages(d) for d in (32, 64, 128, 256)] == [(2, 2), (2, 2), (3, 2), (2, 1)]
-  assert default_stages(128, group=2) == (2, 2)  # dK/dV's float32 partials take the third tile
+  assert [default_stages(d) for d in (32, 64, 128, 256)] == [(2, 2), (2, 2), (2, 2), (2, 1)]
+  assert default_stages(128, group=2) == (2, 2)  # 3 would not fit: dK/dV's float32 partials
   assert default_stages(256, group=2) == (1, 1)
-  assert default_stages(128, center_keys=True) == (3, 2)  # dQ asks 2 (3 would fit)
+  assert default_stages(128, center_keys=True) == (2, 2)  # dQ asks 2 (3 would fit)
   assert bwd(head_dim=256, num_stages=1, group=4) is None
   assert bwd(head_dim=256, num_stages=(2, 1)) is None
   assert "KiB of shared memory" in bwd(head_dim=256, num_stages=2)
