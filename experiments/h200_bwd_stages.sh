@@ -8,16 +8,17 @@
 #    bits): d128 full and causal (3,2 against 2,2, 2,3, 1,2), gpt2-small's attention
 #    (16 × 1024 × 12 × d64 causal: 2,2 against 1,2, 2,1, 3,3 and persistent with causal's
 #    items dealt tiles outermost, `backward_mgpu.item_order`, 30 pairs);
-# 2. `flashstable bench --targets` with head_dim 128's row of STAGES_BY_HEAD_DIM removed in the
-#    device's copy of the tree (`set_line`, h200_env.sh: (2, 2) everywhere), what that default
-#    would give;
-# 3. with PROBE=1 and time left: Nsight Compute's duration of each kernel at gpt2-small's
+# 2. `flashstable bench --targets` at the defaults, which since c7daa8c take dK/dV 2 at
+#    head_dim 128 too (`STAGES_BY_HEAD_DIM` empty: (2, 2) everywhere);
+# 3. where the call has time left: gpt2-small's step kernel by kernel (experiment 21);
+# 4. with PROBE=1 and time left: Nsight Compute's duration of each kernel at gpt2-small's
 #    attention with persistent_bwd False and then True as the default in the device's copy
 #    (`set_line`): which kernel the persistent loop slows.
 # D128_VARIANTS and D64_VARIANTS replace the A/B's variants (the first is the reference), e.g.
 # D128_VARIANTS="3,2 2,2" D64_VARIANTS="2,2 2,2,persistent_bwd=1" where device time is short.
 # Usage (repo root, on the device):  [PROBE=1] bash experiments/h200_bwd_stages.sh "$OUT"
-# device seconds: 480 (its timeouts added up), 660 with PROBE=1 (the bench took ~150 s of its 290)
+# device seconds: at most 540 (step 3 takes what 1 and 2 leave of it), 720 with PROBE=1: not in
+# one call (the bench took ~150 s of its 290)
 set -u
 OUT=${1:-runs/h200}
 mkdir -p "$OUT"
@@ -33,12 +34,16 @@ echo "d128 causal: exit $?"; tail -4 "$OUT/ab18_d128_causal.txt"
 timeout 60 python3 $AB --causal --shape 16,1024,12,12,64 --pairs 30 --out "$OUT/ab18_d64_causal.txt" \
   ${D64_VARIANTS:-2,2 1,2 2,1 3,3 2,2,persistent_bwd=1} >> "$OUT/ab18.log" 2>&1
 echo "d64 causal: exit $?"; tail -6 "$OUT/ab18_d64_causal.txt"
-B=pallas_kernels/backward_mgpu.py
-cp $B /tmp/backward_mgpu.py.orig
-set_line $B "STAGES_BY_HEAD_DIM = {128: (3, 2)}" "STAGES_BY_HEAD_DIM = {}"
 bench_targets "$OUT/targets" "$OUT/targets.log"
-echo "bench --targets (dK/dV 2 at head_dim 128): exit $?"; grep -v "^ \|^$" "$OUT/targets.log" | tail -16
-cp /tmp/backward_mgpu.py.orig $B
+echo "bench --targets (the defaults: dK/dV 2 at head_dim 128): exit $?"
+grep -v "^ \|^$" "$OUT/targets.log" | tail -16
+# 3. with time left in the call (at most 540 s in all): gpt2-small's step kernel by kernel
+#    (experiments/21_step_kernels.py, ours and cuDNN's), what is left of its 1.008x
+if (( SECONDS < 400 )); then
+  timeout $(( 540 - SECONDS )) python3 experiments/21_step_kernels.py --attention fa2+comp \
+    --attention cudnn --steps 3 --warmup 2 --out "$OUT/step-kernels" > "$OUT/step_kernels.log" 2>&1
+  echo "step kernels: exit $?"; grep -v "^ *$" "$OUT/step_kernels.log" | grep -v Warning | tail -30
+fi
 if [[ ${PROBE:-0} == 1 ]]; then
   F=pallas_kernels/forward_mgpu.py
   default="  persistent_bwd: bool | None = False"
