@@ -190,6 +190,13 @@ STAGES = (2, 2)
 # 1.011x, H200, 2026-12-05).
 STAGES_BY_HEAD_DIM: dict[int, tuple[int, int]] = {}
 
+# `MosaicGPUOptions.persistent_bwd=None` runs the backward's kernels persistent (where they fit)
+# up to this padded head_dim. Measured (the backward alone, paired, same bits, H100,
+# 2026-12-07, experiments/results/h100-2026-12-07-bwd-stages): 0.939x the time at gpt2-small's
+# 16 x 1024 x 12 x d64 causal (30 pairs), but 1.015x at b4 x 4096 x 16 x d128 full and 1.040x
+# causal (10 pairs), where the persistent dK/dV kernel spills (ptxas: 104/136 bytes).
+PERSISTENT_BWD_MAX_HEAD_DIM = 64
+
 
 def default_stages(
   head_dim: int,
@@ -270,14 +277,18 @@ def launch_plan(cfg, head_dim: int, group: int):
   at padded head_dim with group = num_heads // num_kv_heads: `_stages`, each at most the
   kernel's steps (dK/dV's query tiles, dQ's key tiles), and each kernel's persistence resolved
   where its persistent layout fits shared memory (`forward_mgpu.persistent_fits`: two items'
-  K and V for dK/dV; two items' Q, dO and rows for dQ). Raises ValueError (one line) as
+  K and V for dK/dV; two items' Q, dO and rows for dQ); None only up to head_dim
+  `PERSISTENT_BWD_MAX_HEAD_DIM` (64), off above it. Raises ValueError (one line) as
   `_stages` does and where persistent_bwd=True does not fit a kernel; `attention.kernel_config`
   calls it for persistent_bwd=True, so that happens before any kernel runs."""
   stages_dkv, stages_dq = _stages(cfg, head_dim, group)
   bk, center = dq_block_k(cfg), cfg.numerics.center_keys
   n_q, n_kv = steps(cfg)
   stages_dkv, stages_dq = int(max(1, min(stages_dkv, n_q))), int(max(1, min(stages_dq, n_kv)))
-  chosen = (cfg.mgpu.persistent_bwd, "persistent_bwd", cfg.interpret)
+  persistent = cfg.mgpu.persistent_bwd
+  if persistent is None and head_dim > PERSISTENT_BWD_MAX_HEAD_DIM:
+    persistent = False  # measured slower there
+  chosen = (persistent, "persistent_bwd", cfg.interpret)
   persistent_dkv = persistent_fits(
     *chosen,
     _dkv_bytes(head_dim, stages_dkv, group, slots=2),

@@ -176,14 +176,16 @@ class MosaicGPUOptions:
     slot's tiles, which go back to the producer at the next item's start once the stores have
     read them; with causal the items are dealt tiles outermost, longest first
     (`backward_mgpu.item_order`). The same bits (interpret mode; the GPU). True lowers the
-    backward's default tiles in flight to what fits (dK/dV 3 → 2 at head_dim 128, dQ 2 → 1
-    there with center_keys: `backward_mgpu.default_stages`) and is refused where even one does
-    not fit (head_dim 256; head_dim 128 with grouped heads' float32 partials); None: on for a GPU wherever the tiles
-    in flight as measured fit (head_dim 32 and 64; 128: dQ only, without center_keys), off in
-    interpret mode. Off (False) by default: slower where timed (H100, 2026-12-06, the
-    backward alone: 1.085× the time at gpt2-small's 16 × 1024 × 12 × d64 causal, when its
-    causal items were still dealt a head's tiles innermost; 1.05× at b4 × 4096 × 16 × d128
-    full, where the persistent dK/dV spills: ptxas, 104 bytes).
+    backward's default tiles in flight to what fits (dQ 2 → 1 at head_dim 128 with
+    center_keys: `backward_mgpu.default_stages`) and is refused where even one does
+    not fit (head_dim 256; head_dim 128 with grouped heads' float32 partials). None (the
+    default): on for a GPU at a padded head_dim up to 64 wherever the tiles in flight fit
+    (`backward_mgpu.PERSISTENT_BWD_MAX_HEAD_DIM`), off above it and in interpret mode. Timed
+    (H100, 2026-12-07, the backward alone, paired, same bits): 0.939× the time at
+    gpt2-small's 16 × 1024 × 12 × d64 causal (30 pairs; 1.085× on 2026-12-06, before the
+    causal items were dealt tiles outermost), but 1.015× at b4 × 4096 × 16 × d128 full and
+    1.040× causal, where the persistent dK/dV spills (ptxas: 104 bytes); the gpt2-small step
+    1.006× → 1.001× cuDNN's (`flashstable bench --targets`, one run each).
   The defaults are the ones that were faster on the H200 or H100, or no slower, except
   scale_in_exp2, faster too but on by default only where it changes no value; what each option
   measured, with command and date: docs/studies/speed.md ("The Mosaic GPU route"). Removed
@@ -204,7 +206,7 @@ class MosaicGPUOptions:
   scale_in_exp2: bool | None = None
   rounded_scores: bool = True
   persistent: bool | None = None
-  persistent_bwd: bool | None = False
+  persistent_bwd: bool | None = None
 
   def __post_init__(self):
     for field in dataclasses.fields(self):  # flags, not truthy values (or None, where resolved)

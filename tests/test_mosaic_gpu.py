@@ -707,21 +707,23 @@ def test_mosaic_gpu_backward_persistent_true_fits_its_tiles_or_is_refused():
   (`backward_mgpu.default_stages`); with grouped heads (float32 partials) not even one dK/dV
   tile does, and `kernel_config` refuses it in one line naming the kernel and its numbers,
   before any kernel runs, while the forward alone (persistent=True) still runs there. None
-  resolves each kernel by its fit (both fit here); False (the default) leaves both off."""
+  (the default) turns each kernel on where it fits up to head_dim 64
+  (`backward_mgpu.PERSISTENT_BWD_MAX_HEAD_DIM`: both here at 64, none at 128, where it was
+  slower) and off in interpret mode; False leaves both off."""
   from pallas_kernels import attention, backward_mgpu
   from pallas_kernels.policy import get_numerics
 
-  def config(persistent, group=1, forward=None):
+  def config(persistent, group=1, forward=None, head_dim=128, interpret=False):
     return attention.kernel_config(
       q_len=1024,
       kv_len=1024,
-      head_dim=128,
+      head_dim=head_dim,
       dtype=jnp.bfloat16,
       softmax_scale=128**-0.5,
       causal=False,
       numerics=get_numerics("fa2"),
       compensation=None,
-      interpret=False,
+      interpret=interpret,
       backend="mosaic_gpu",
       group=group,
       mgpu_options=fm.MosaicGPUOptions(persistent=forward, persistent_bwd=persistent),
@@ -731,7 +733,11 @@ def test_mosaic_gpu_backward_persistent_true_fits_its_tiles_or_is_refused():
   cfg = config(True)
   assert cfg.stages_bwd_mgpu == (2, 2)
   assert backward_mgpu.launch_plan(cfg, 128, 1) == ((2, 2), (True, True))
-  assert backward_mgpu.launch_plan(config(None), 128, 1) == ((2, 2), (True, True))
+  assert fm.MosaicGPUOptions().persistent_bwd is None
+  assert backward_mgpu.launch_plan(config(None), 128, 1) == ((2, 2), (False, False))
+  assert backward_mgpu.launch_plan(config(None, head_dim=64), 64, 1) == ((2, 2), (True, True))
+  off = config(None, head_dim=64, interpret=True)
+  assert backward_mgpu.launch_plan(off, 64, 1) == ((2, 2), (False, False))
   assert backward_mgpu.launch_plan(config(False), 128, 1) == ((2, 2), (False, False))
   with pytest.raises(
     ValueError,
