@@ -15,7 +15,9 @@
 #    attention with persistent_bwd False and then True as the default in the device's copy
 #    (`set_line`): which kernel the persistent loop slows.
 # D128_VARIANTS and D64_VARIANTS replace the A/B's variants (the first is the reference), e.g.
-# D128_VARIANTS="3,2 2,2" D64_VARIANTS="2,2 2,2,persistent_bwd=1" where device time is short.
+# D128_VARIANTS="3,2 2,2" D64_VARIANTS="2,2 2,2,persistent_bwd=0" where device time is short
+# (since 753d69b a variant that names no persistent_bwd takes the default None: persistent at
+# head_dim 64, not at 128).
 # Usage (repo root, on the device):  [PROBE=1] bash experiments/h200_bwd_stages.sh "$OUT"
 # device seconds: at most 540 (step 3 takes what 1 and 2 leave of it), 720 with PROBE=1: not in
 # one call (the bench took ~150 s of its 290)
@@ -32,7 +34,7 @@ timeout 60 python3 $AB --causal --shape 4,4096,16,16,128 --pairs 10 --out "$OUT/
   ${D128_VARIANTS:-3,2 2,2 2,3} >> "$OUT/ab18.log" 2>&1
 echo "d128 causal: exit $?"; tail -4 "$OUT/ab18_d128_causal.txt"
 timeout 60 python3 $AB --causal --shape 16,1024,12,12,64 --pairs 30 --out "$OUT/ab18_d64_causal.txt" \
-  ${D64_VARIANTS:-2,2 1,2 2,1 3,3 2,2,persistent_bwd=1} >> "$OUT/ab18.log" 2>&1
+  ${D64_VARIANTS:-2,2 2,2,persistent_bwd=0 1,2 2,1 3,3} >> "$OUT/ab18.log" 2>&1
 echo "d64 causal: exit $?"; tail -6 "$OUT/ab18_d64_causal.txt"
 bench_targets "$OUT/targets" "$OUT/targets.log"
 echo "bench --targets (the defaults: dK/dV 2 at head_dim 128): exit $?"
@@ -46,7 +48,7 @@ if (( SECONDS < 400 )); then
 fi
 if [[ ${PROBE:-0} == 1 ]]; then
   F=pallas_kernels/forward_mgpu.py
-  default="  persistent_bwd: bool | None = False"
+  default="  persistent_bwd: bool | None = None"
   for persistent in False True; do
     set_line $F "$default" "  persistent_bwd: bool | None = $persistent"
     default="  persistent_bwd: bool | None = $persistent"

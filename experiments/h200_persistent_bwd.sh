@@ -10,11 +10,10 @@
 # 2. the GPU tests it touches (the backward's persistent same bits with every item in one CTA;
 #    the forward's persistent schedules; the backward against the Triton backward; the jitted
 #    forward+backward; persistent_bwd=True's tiles and refusal).
-# 3. with TARGETS=1: `flashstable bench --targets` (h200_speed19.sh's second part) with
-#    persistent_bwd=None as the default, "on where its tiles fit": the field's default is
-#    changed (`set_line`, h200_env.sh) in the device's copy of the tree (nothing is committed
-#    from there), so that the targets say what that default would give before it is made the
-#    default.
+# 3. with TARGETS=1: `flashstable bench --targets` (h200_speed19.sh's second part) at the
+#    defaults (persistent_bwd=None since 753d69b: on where its tiles fit up to head_dim 64;
+#    the A/B's variants name persistent_bwd, so that they compare the same kernels whatever
+#    the default).
 # Usage (repo root, on the device):  [TARGETS=1] bash experiments/h200_persistent_bwd.sh "$OUT"
 # device seconds: 270 (its timeouts added up), 560 with TARGETS=1
 set -u
@@ -24,7 +23,7 @@ source "$(dirname "$0")/h200_env.sh"
 nvidia-smi -L
 AB=experiments/18_mgpu_backward_stages_ab.py
 timeout 70 python3 $AB --causal --shape 16,1024,12,12,64 --pairs 30 --out "$OUT/ab18_d64_causal.txt" \
-  2,2 2,2,persistent_bwd=1 > "$OUT/ab18.log" 2>&1
+  2,2,persistent_bwd=0 2,2,persistent_bwd=1 > "$OUT/ab18.log" 2>&1
 echo "d64 causal: exit $?"; tail -8 "$OUT/ab18_d64_causal.txt"
 timeout 70 python3 $AB --shape 4,4096,16,16,128 --pairs 10 --out "$OUT/ab18_d128_full.txt" \
   3,2 2,2 2,2,persistent_bwd=1 >> "$OUT/ab18.log" 2>&1
@@ -32,9 +31,7 @@ echo "d128 full: exit $?"; tail -8 "$OUT/ab18_d128_full.txt"
 timeout 130 python3 -m pytest -v -p no:cacheprovider -rfE tests/test_mosaic_gpu.py \
   -k "persistent or jitted or backward_matches_triton" > "$OUT/tests.log" 2>&1
 echo "tests: exit $?"; grep -E "FAILED|ERROR" "$OUT/tests.log" | cut -c1-150; tail -2 "$OUT/tests.log"
-if [[ ${TARGETS:-0} == 1 ]]; then
-  set_line pallas_kernels/forward_mgpu.py "  persistent_bwd: bool | None = False" \
-    "  persistent_bwd: bool | None = None"
+if [[ ${TARGETS:-0} == 1 ]]; then  # None is the default since 753d69b
   bench_targets "$OUT/targets" "$OUT/targets.log"
   echo "bench --targets (persistent_bwd=None): exit $?"; grep -v "^ \|^$" "$OUT/targets.log" | tail -45
 fi

@@ -210,7 +210,9 @@ def default_stages(
   with the dQ kernel's key tile `block_k` (`dq_block_k`; head_dim 256: dK/dV 2, dQ 1; head_dim
   128 with grouped heads, whose float32 partials take dK/dV's room: 2 and 2; 256 with grouped
   heads: 1 and 1); persistent (`MosaicGPUOptions.persistent_bwd=True`), to what fits beside two
-  items' tiles (`launch_plan`: dK/dV 2 at head_dim 128)."""
+  items' tiles (`launch_plan`; at head_dim 128 dQ 1 with center_keys or dQ key tiles of 128).
+  persistent_bwd=None takes the tiles of a CTA an item, and `launch_plan` runs each kernel
+  persistent only where those fit beside two items' tiles."""
   wants = STAGES_BY_HEAD_DIM.get(head_dim, STAGES)
   slots = 2 if persistent else 1
   need_dkv, need_dq = _needs(head_dim, group, center_keys, block_k, slots)

@@ -693,7 +693,7 @@ def test_the_mosaic_gpu_kernels_wait_on_barriers_in_the_uniform_form():
     pytest.skip("no .venv-ptxas (bash scripts/setup.sh ptxas)")
   done = subprocess.run(
     [python, "experiments/20_ptxas_report.py", "--causal", "--shape", "1,512,4,2,64",
-     "fwd:persistent=0", "fwd:persistent=1", "bwd:", "bwd:2,2,persistent_bwd=1"],
+     "fwd:persistent=0", "fwd:persistent=1", "bwd:2,2,persistent_bwd=0", "bwd:2,2,persistent_bwd=1"],
     capture_output=True, text=True, cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
   )  # fmt: skip
   assert done.returncode == 0, done.stderr[-2000:]

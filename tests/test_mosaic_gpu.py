@@ -747,7 +747,7 @@ def test_mosaic_gpu_backward_persistent_true_fits_its_tiles_or_is_refused():
   ):
     config(True, group=2)
   assert config(False, group=2, forward=True).mgpu.persistent
-  # the defaults persistent_bwd=True lowers (dQ's too, with the centred keys' third ring)
+  # what persistent_bwd=True lowers: dQ's key tiles with the centred keys' third ring
   assert backward_mgpu.default_stages(128, 1, True) == (2, 2)
   assert backward_mgpu.default_stages(128, 1, True, persistent=True) == (2, 1)
   assert backward_mgpu.default_stages(64, persistent=True) == (2, 2)

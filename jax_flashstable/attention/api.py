@@ -166,8 +166,8 @@ def flash_attention(
       warps and 2 stages (the faster choice in the H200 tile sweep; docs/studies/speed.md).
       With backend="mosaic_gpu", num_stages is the number of key/value tiles in flight
       (default 2) and num_warps is not used; the Mosaic GPU backward's two kernels keep 2
-      tiles each (at a padded head_dim of 128 dK/dV 3, at 256 dK/dV 2 and dQ 1, fewer with
-      grouped heads; `pallas_kernels.backward_mgpu.default_stages`).
+      tiles each (at a padded head_dim of 256 dK/dV 2 and dQ 1, fewer with grouped heads;
+      `pallas_kernels.backward_mgpu.default_stages`).
     mgpu_options: speed options of the Mosaic GPU forward (`MosaicGPUOptions`; the defaults
       and their measurements: docs/studies/speed.md); used where that forward runs
       (`resolved_backend`), unused by the Triton kernels. TypeError for anything else.
