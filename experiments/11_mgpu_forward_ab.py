@@ -1,7 +1,10 @@
 """Issue 19: which launch settings and speed options of our Mosaic GPU forward
 (`pallas_kernels/forward_mgpu.py`) bring it closer to cuDNN's forward? Each variant against
 cuDNN in interleaved pairs (the median of `--pairs` ratios, each side 10 back-to-back calls,
-as `flashstable bench --paired`), its TFLOP/s alone, and whether its output equals, bit for
+as `flashstable bench --paired`), its TFLOP/s alone, its kernels' own time on the GPU and
+its ratio to cuDNN's (`timing.kernel_seconds`, JAX's profiler: at small shapes the paired
+wall-clock ratio can be bound by the host's dispatch; at gpt2-small's attention on 2026-12-06
+the pairs said 0.963× where the step's profile found 0.72×), and whether its output equals, bit for
 bit, the first variant of the same numerics (block_k, compensation, and the options that
 change float32 values: fused_pv, exp2, scale_in_exp2 where the scale is not a power of two ≤ 1;
 `MosaicGPUOptions`): a speed change must say "same bits". Headline shape b4 × 4096 × 16 × d128 bf16 by default.
@@ -147,6 +150,7 @@ def run(a, shape, variants, fm):
   from jax_flashstable.bench.runners import _mosaic_gpu_attention
   from jax_flashstable.bench.timing import (
     attention_flops,
+    kernel_seconds,
     line_printer,
     paired_overhead,
     seconds_per_call,
@@ -166,8 +170,9 @@ def run(a, shape, variants, fm):
     )
   )
   run_ref = waiting(cudnn, q, k, v)
-  t_ref = seconds_per_call(run_ref)
-  say(f"cudnn: {t_ref * 1e3:.3f} ms, {flops / t_ref / 1e12:.0f} TFLOP/s")
+  t_ref, k_ref = seconds_per_call(run_ref), kernel_seconds(run_ref)
+  kernels = lambda k: "" if k is None else f"; kernels {k * 1e6:.1f} µs"  # noqa: E731
+  say(f"cudnn: {t_ref * 1e3:.3f} ms, {flops / t_ref / 1e12:.0f} TFLOP/s{kernels(k_ref)}")
   first = {}
   for spec, var in variants:
     opts = fm.MosaicGPUOptions(**var["options"])
@@ -211,11 +216,12 @@ def run(a, shape, variants, fm):
       diff = float(np.max(np.abs(out - first[numerics][1])))
       same = f"DIFFERS from {first[numerics][0]} (max |Δ| {diff:.2e})"
     run_v = waiting(f, *args)
-    t = seconds_per_call(run_v)
+    t, k = seconds_per_call(run_v), kernel_seconds(run_v)
     slower = paired_overhead(run_ref, run_v, pairs=a.pairs)  # time(variant) / time(cudnn) − 1
+    ratio = "" if None in (k, k_ref) else f" ({k_ref / k:.3f}× cudnn's)"
     say(
       f"{spec:32s} {1 / (1 + slower):.3f}× cudnn (paired), {t * 1e3:.3f} ms, "
-      f"{flops / t / 1e12:.0f} TFLOP/s; {same}"
+      f"{flops / t / 1e12:.0f} TFLOP/s{kernels(k)}{ratio}; {same}"
     )
 
 

@@ -18,28 +18,10 @@ Expected runtime: about a minute a spec on the GPU (compilation, then the steps)
 
 import argparse
 import collections
-import glob
 import json
 import os
 import pathlib
 import tempfile
-
-
-def kernels_of_trace(trace_dir) -> dict:
-  """{GPU line name: [(kernel name, ns), ...]} from the newest xplane.pb under `trace_dir`:
-  every event of the GPU planes' stream lines (one event per kernel or copy); other GPU lines
-  (XLA's op and module summaries) with no events, so that their names show."""
-  from jax.profiler import ProfileData
-
-  path = sorted(glob.glob(f"{trace_dir}/**/*.xplane.pb", recursive=True))[-1]
-  out = {}
-  for plane in ProfileData.from_file(path).planes:
-    if not plane.name.startswith("/device:GPU"):
-      continue
-    for line in plane.lines:
-      stream = line.name.startswith("Stream")
-      out[f"{plane.name} {line.name}"] = [(e.name, e.duration_ns) for e in line.events if stream]
-  return out
 
 
 def fusions_in_dump(dump_dir, names) -> str:
@@ -72,6 +54,8 @@ def profile(attention, model, batch, warmup, steps) -> dict:
   import jax
 
   from jax_flashstable.bench.step_table import gpt2_step_table
+
+  from jax_flashstable.bench.timing import kernels_of_trace
 
   with tempfile.TemporaryDirectory() as d:
     rows = gpt2_step_table(

@@ -69,6 +69,24 @@ def test_timing_in_batches_spreads_a_fixed_wait_over_the_calls(clock):
   assert bench.seconds_per_call(run, warmup=1, reps=3) == pytest.approx(0.0012, rel=1e-9)
 
 
+def test_kernel_seconds_sums_the_gpu_streams_events_per_call(monkeypatch):
+  """`timing.kernel_seconds`: run(calls) once under JAX's profiler; the GPU streams' event
+  durations summed and divided by calls (other GPU lines and other planes not counted); None
+  for a trace with no GPU kernels, which is what a CPU's real trace holds."""
+  seen = []
+  run = bench.waiting(lambda x: seen.append(x) or jax.numpy.asarray(x) * 2, 3)
+  assert bench.kernel_seconds(run, calls=3) is None and seen == [3, 3, 3]  # the CPU's trace
+  lines = {
+    "/device:GPU:0 Stream #14(Compute)": [("entry_mosaic_gpu_kernel", 120_000), ("copy", 30_000)],
+    "/device:GPU:0 Stream #15(MemcpyH2D)": [("MemcpyH2D", 50_000)],
+    "/device:GPU:0 XLA Ops": [],
+  }
+  monkeypatch.setattr(timing, "kernels_of_trace", lambda d: lines)
+  assert bench.kernel_seconds(run, calls=4) == pytest.approx(200_000 / 4 / 1e9, rel=1e-12)
+  with pytest.raises(ValueError, match=r"^calls=0 "):
+    bench.kernel_seconds(run, calls=0)
+
+
 def test_waiting_dispatches_the_calls_and_returns_the_last_output():
   seen = []
   run = bench.waiting(lambda x: seen.append(x) or jax.numpy.asarray(len(seen)), 7)

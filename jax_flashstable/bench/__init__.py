@@ -24,6 +24,7 @@ from jax_flashstable.bench.step_table import gpt2_step_table
 from jax_flashstable.bench.timing import (
   attention_flops,
   calls_per_timing,
+  kernel_seconds,
   median_seconds,
   paired_overhead,
   seconds_per_call,
@@ -44,6 +45,7 @@ __all__ = [
   "golden_hashes",
   "gpt2_step_table",
   "hash_key",
+  "kernel_seconds",
   "median_seconds",
   "name_error",
   "paired_overhead",

@@ -1,10 +1,12 @@
 """Timing on an accelerator: FLOP counts (FlashAttention's convention), batched wall-clock
-timings that keep the host's dispatch and synchronisation out of kernel time, and interleaved
-pairs for same-moment ratios."""
+timings that keep the host's dispatch and synchronisation out of kernel time, interleaved
+pairs for same-moment ratios, and the GPU's own kernel durations from JAX's profiler (CUPTI)."""
 
 from __future__ import annotations
 
+import glob
 import statistics
+import tempfile
 import time
 
 import jax
@@ -93,3 +95,39 @@ def line_printer(path=None):
       log.flush()
 
   return say
+
+
+def kernels_of_trace(trace_dir) -> dict:
+  """{GPU line name: [(kernel name, ns), ...]} from the newest xplane.pb under `trace_dir` (a
+  `jax.profiler` trace): every event of the GPU planes' stream lines (one event per kernel or
+  copy, its duration on the GPU); other GPU lines (XLA's op and module summaries) with no
+  events, so that their names show. {} for a trace without GPU planes (a CPU)."""
+  from jax.profiler import ProfileData
+
+  path = sorted(glob.glob(f"{trace_dir}/**/*.xplane.pb", recursive=True))[-1]
+  out = {}
+  for plane in ProfileData.from_file(path).planes:
+    if not plane.name.startswith("/device:GPU"):
+      continue
+    for line in plane.lines:
+      stream = line.name.startswith("Stream")
+      out[f"{plane.name} {line.name}"] = [(e.name, e.duration_ns) for e in line.events if stream]
+  return out
+
+
+def kernel_seconds(run, calls=10) -> float | None:
+  """The GPU time of one call of `run` (a `waiting` callable), in seconds: the durations of
+  every kernel and copy that run(calls) puts on the GPU, as JAX's profiler (CUPTI) records
+  them, summed and divided by calls; the host's dispatch and the gaps between kernels are
+  not in it (wall-clock pairs of small kernels can be bound by the dispatch instead). None
+  where the trace holds no GPU kernels (a CPU). Run it after a warm-up call (compilation is
+  not a kernel, but a first call's autotuning may be)."""
+  calls = integer("calls", calls, 1)
+  with tempfile.TemporaryDirectory() as d:
+    jax.profiler.start_trace(d)
+    try:
+      run(calls)
+    finally:
+      jax.profiler.stop_trace()
+    events = [ns for line in kernels_of_trace(d).values() for _, ns in line]
+  return sum(events) / calls / 1e9 if events else None
