@@ -6,7 +6,8 @@ says "DIFFERS" with the largest difference; persistent_bwd: both kernels one CTA
 their work items), against each other: each variant's backward
 (dK/dV and dQ, given the same forward residuals) against the first variant's in interleaved
 pairs (the median of `--pairs` ratios, each side 10 back-to-back calls, as `flashstable bench
---paired`), its time alone, and whether its dQ, dK and dV equal the first's bit for bit (the
+--paired`), its time alone, its kernels' own time on the GPU and its ratio to the first's
+(`timing.kernel_seconds`, JAX's profiler), and whether its dQ, dK and dV equal the first's bit for bit (the
 ring's depth and the grid's order move no float32 sum: it must say "same bits"). Default
 shape b4 × 4096 × 16 × d256 bf16, where the default became dK/dV 2, dQ 1 (2026-12-05; 1 and 1
 before).
@@ -135,6 +136,7 @@ def run(a, shape, variants):
 
   from jax_flashstable.bench.timing import (
     attention_flops,
+    kernel_seconds,
     line_printer,
     paired_overhead,
     seconds_per_call,
@@ -176,7 +178,7 @@ def run(a, shape, variants):
     f"# {jax.devices()[0].device_kind}, jax {jax.__version__}, shape {shape}, causal={a.causal}, "
     f"default stages {cfg.stages_bwd_mgpu}"
   )
-  first, run_first = None, None
+  first, run_first, k_first = None, None, None
   for spec, stages, options, fields in variants:
     vcfg = dataclasses.replace(cfg, stages_bwd_mgpu=stages, mgpu=options, **fields)
     f = jax.jit(
@@ -189,9 +191,10 @@ def run(a, shape, variants):
       say(f"{spec}: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}")
       continue
     run_v = waiting(f, *args)
-    t = seconds_per_call(run_v)
+    t, k = seconds_per_call(run_v), kernel_seconds(run_v)
     if first is None:
       first, run_first, same, ratio = (spec, grads), run_v, "the reference", 1.0
+      k_first = k
     else:
       same = (
         f"same bits as {first[0]}"
@@ -200,9 +203,10 @@ def run(a, shape, variants):
         f"{max(float(np.max(np.abs(g - r))) for g, r in zip(grads, first[1])):.2e})"
       )
       ratio = 1 + paired_overhead(run_first, run_v, pairs=a.pairs)  # time(variant) / time(first)
+    kernels = "" if None in (k, k_first) else f", kernels {k * 1e6:.1f} µs ({k / k_first:.3f}×)"
     say(
       f"dK/dV, dQ stages {spec:6s} {t * 1e3:.3f} ms, {flops / t / 1e12:.0f} TFLOP/s, "
-      f"{ratio:.3f}× the first's time (paired); {same}"
+      f"{ratio:.3f}× the first's time (paired){kernels}; {same}"
     )
 
 
