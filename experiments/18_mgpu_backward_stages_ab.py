@@ -191,10 +191,10 @@ def run(a, shape, variants):
       say(f"{spec}: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}")
       continue
     run_v = waiting(f, *args)
-    t, k = seconds_per_call(run_v), kernel_seconds(run_v)
+    t, t_kernels = seconds_per_call(run_v), kernel_seconds(run_v)  # (k is the keys)
     if first is None:
       first, run_first, same, ratio = (spec, grads), run_v, "the reference", 1.0
-      k_first = k
+      k_first = t_kernels
     else:
       same = (
         f"same bits as {first[0]}"
@@ -203,7 +203,11 @@ def run(a, shape, variants):
         f"{max(float(np.max(np.abs(g - r))) for g, r in zip(grads, first[1])):.2e})"
       )
       ratio = 1 + paired_overhead(run_first, run_v, pairs=a.pairs)  # time(variant) / time(first)
-    kernels = "" if None in (k, k_first) else f", kernels {k * 1e6:.1f} µs ({k / k_first:.3f}×)"
+    kernels = (
+      ""
+      if None in (t_kernels, k_first)
+      else f", kernels {t_kernels * 1e6:.1f} µs ({t_kernels / k_first:.3f}× the first's)"
+    )
     say(
       f"dK/dV, dQ stages {spec:6s} {t * 1e3:.3f} ms, {flops / t / 1e12:.0f} TFLOP/s, "
       f"{ratio:.3f}× the first's time (paired){kernels}; {same}"

@@ -87,6 +87,74 @@ def test_kernel_seconds_sums_the_gpu_streams_events_per_call(monkeypatch):
     bench.kernel_seconds(run, calls=0)
 
 
+def test_kernel_seconds_without_a_trace_warns_and_gives_none(monkeypatch, tmp_path):
+  """With another trace running (one a process) or no trace file written, `kernel_seconds`
+  warns and returns None, so that an A/B goes on without its kernel times; run still runs."""
+  seen = []
+  run = bench.waiting(lambda: seen.append(1) or jax.numpy.zeros(()))
+  jax.profiler.start_trace(str(tmp_path))
+  try:
+    with pytest.warns(UserWarning, match=r"^kernel_seconds: no profiler trace \("):
+      assert bench.kernel_seconds(run, calls=2) is None
+  finally:
+    jax.profiler.stop_trace()
+
+  def no_file(d):
+    raise IndexError("list index out of range")
+
+  monkeypatch.setattr(timing, "kernels_of_trace", no_file)
+  with pytest.warns(UserWarning, match=r"^kernel_seconds: the profiler wrote no trace under "):
+    assert bench.kernel_seconds(run, calls=2) is None
+  assert len(seen) == 2  # the second call's run; the first never started
+
+
+@pytest.mark.parametrize("script", ["11_mgpu_forward_ab", "18_mgpu_backward_stages_ab"])
+def test_the_ab_experiments_time_every_variant_on_the_same_inputs(monkeypatch, tmp_path, script):
+  """Experiments 11 and 18 run each variant on the same query, keys and values (a variant's
+  timings once overwrote the keys `k` with its kernel time, so every later variant failed on
+  the GPU and printed one error line instead of its ratio): with the kernels stubbed on the
+  CPU (each checks that its keys are the array it was given), every variant prints its line."""
+  import jax_flashstable
+  import pallas_kernels.backward_mgpu as bm
+  import pallas_kernels.forward as fwd
+  import pallas_kernels.forward_mgpu as fm
+
+  given = {}
+
+  def keys_checked(k):
+    given.setdefault("k", k)
+    assert k is given["k"], f"keys {type(k).__name__}, not the inputs' array"
+
+  def attention(q, k, v, **kw):
+    keys_checked(k)
+    return q
+
+  def forward(q, k, v, cfg):
+    keys_checked(k)
+    rows = jax.numpy.zeros((q.shape[0], q.shape[2], q.shape[1]), jax.numpy.float32)
+    return q, rows, rows, None, None
+
+  def backward(q, k, v, o, m, log_l, do, cfg):
+    keys_checked(k)
+    return q, k, v
+
+  monkeypatch.setattr(fm, "on_hopper", lambda: True)
+  monkeypatch.setattr(jax.nn, "dot_product_attention", lambda q, k, v, **kw: attention(q, k, v))
+  monkeypatch.setattr(jax_flashstable, "flash_attention", attention)
+  monkeypatch.setattr(fwd, "flash_forward", forward)
+  monkeypatch.setattr(bm, "flash_backward_mgpu", backward)
+  monkeypatch.setattr(jax, "jit", lambda f: f)  # the stubs see the arrays themselves
+  out = tmp_path / "ab.txt"
+  variants = (
+    ["bk=64", "bk=64,comp=0"] if script.startswith("11") else ["2,2", "2,2,persistent_bwd=0"]
+  )
+  ab = _experiment(script)
+  ab.main(["--shape", "1,128,2,2,32", "--pairs", "2", "--out", str(out), *variants])
+  lines = out.read_text().splitlines()[1:]
+  assert len(lines) == 2 + script.startswith("11"), lines  # 11: cuDNN's line first
+  assert not [x for x in lines if "Error" in x], lines
+
+
 def test_waiting_dispatches_the_calls_and_returns_the_last_output():
   seen = []
   run = bench.waiting(lambda x: seen.append(x) or jax.numpy.asarray(len(seen)), 7)

@@ -8,6 +8,7 @@ import glob
 import statistics
 import tempfile
 import time
+import warnings
 
 import jax
 
@@ -119,15 +120,25 @@ def kernel_seconds(run, calls=10) -> float | None:
   """The GPU time of one call of `run` (a `waiting` callable), in seconds: the durations of
   every kernel and copy that run(calls) puts on the GPU, as JAX's profiler (CUPTI) records
   them, summed and divided by calls; the host's dispatch and the gaps between kernels are
-  not in it (wall-clock pairs of small kernels can be bound by the dispatch instead). None
-  where the trace holds no GPU kernels (a CPU). Run it after a warm-up call (compilation is
-  not a kernel, but a first call's autotuning may be)."""
+  not in it (wall-clock pairs of small kernels can be bound by the dispatch instead; memsets
+  count: cuDNN's forward clears a buffer, about 1 µs a call). None where the trace holds no
+  GPU kernels (a CPU), and with a warning where no trace could be taken (another one running,
+  no trace file), so that an A/B goes on without its kernel times. Run it after a warm-up call
+  (compilation is not a kernel, but a first call's autotuning may be)."""
   calls = integer("calls", calls, 1)
   with tempfile.TemporaryDirectory() as d:
-    jax.profiler.start_trace(d)
+    try:
+      jax.profiler.start_trace(d)
+    except RuntimeError as e:  # a trace already running (one a process): no kernel times
+      warnings.warn(f"kernel_seconds: no profiler trace ({e})", stacklevel=2)
+      return None
     try:
       run(calls)
     finally:
       jax.profiler.stop_trace()
-    events = [ns for line in kernels_of_trace(d).values() for _, ns in line]
+    try:
+      events = [ns for line in kernels_of_trace(d).values() for _, ns in line]
+    except IndexError:  # stop_trace wrote no xplane.pb
+      warnings.warn(f"kernel_seconds: the profiler wrote no trace under {d}", stacklevel=2)
+      return None
   return sum(events) / calls / 1e9 if events else None
