@@ -225,7 +225,8 @@ def kernel_config(
   Raises ValueError for num_warps other than None or 1, 2, 4, 8, 16, num_stages other than None
   or 1–8, when `supported` says the backend cannot run the call (the forward; a
   backward it cannot run falls back to Triton), for scale_in_exp2=True where
-  `forward_mgpu.scale_in_exp2_refusal` refuses the scale, or for persistent=True or
+  `forward_mgpu.scale_in_exp2_refusal` refuses the scale, for wide_step=True where
+  `forward_mgpu.wide_step_refusal` refuses it, or for persistent=True or
   persistent_bwd=True where the Mosaic GPU forward's or backward's persistent layout does not
   fit (`forward_mgpu.resolve_persistent`, `backward_mgpu.launch_plan`); TypeError for mgpu_options that are not a
   `MosaicGPUOptions` (used where the Mosaic GPU forward runs, unused by the Triton kernels).
@@ -284,6 +285,12 @@ def kernel_config(
   options = mgpu_options if mgpu_options is not None else MosaicGPUOptions()
   if backend == "mosaic_gpu":  # its None resolved: on where exact (a power-of-two scale)
     options = forward_mgpu.resolve_scale_in_exp2(options, softmax_scale, compensation)
+    if options.wide_step and (
+      why := forward_mgpu.wide_step_refusal(
+        fitted.block_k, padded_head_dim, stages, numerics.output_dtype(dtype)
+      )
+    ):
+      raise ValueError(why)
   backend_bwd, stages_mgpu_bwd = "triton", None
   stages_mgpu = backward_mgpu.default_stages(
     padded_head_dim, group, numerics.center_keys, persistent=bool(options.persistent_bwd)

@@ -169,6 +169,19 @@ class MosaicGPUOptions:
     shapes: 0.78× and 0.70–0.71×): gpt2-small's 16 × 1024 × 12 × d64 0.732× → 0.963× causal,
     0.678× → 0.824× full; b4 × 4096 × 16 × d128 0.617× → 0.725× full, 0.724× → 0.792× causal;
     the gpt2-small step 1.012× → 1.008× cuDNN's (`flashstable bench --targets`).
+  wide_step: one loop step covers two of the numerics' 64-key tiles (block_k 64 only: 128 keys
+    a step): one TMA copy each of K and V into a ring slot of 128 keys, one 64 × 128 QKᵀ wgmma
+    and one K and one V barrier pair per step, then the online softmax and the P̄V product of
+    each 64-key half in turn (`policy.compensated_tile_max`'s tie rule, α, P̄'s rounding: the
+    tile of the numerics is still block_k; cuDNN's forward at head_dim 64 runs 64 × 128 tiles).
+    What it saves is per-step work: the loop's control and barriers and a third of the QKᵀ
+    wgmma instructions (experiments/20_ptxas_report.py: 439 SASS instructions a 64-key tile at
+    head_dim 128 against 689 for a 128-key one). A half of padded or (causal) later keys only is
+    an exact no-op (its max −inf, not a tie: α = 1, P̄ = 0), so the padding to 128 keys and a
+    causal row block's extra half change no bit. The bits of S are the same if wgmma sums each
+    element of a 64 × 128 product as of a 64 × 64 one (tests/test_mosaic_gpu.py on the GPU;
+    interpret mode: the same bits). Refused (ValueError) with block_k 128, at head_dim 256 (the
+    scores' 64 more registers) and with overlap. Off by default until timed.
   persistent_bwd: the same for the backward's two kernels (`backward_mgpu.launch_plan`, each
     resolved on its own): dQ's work items (a batch, head and 128 query rows) with the next
     item's Q, dO and rows' statistics loaded early into a second slot, dK/dV's (a batch, head
@@ -207,6 +220,7 @@ class MosaicGPUOptions:
   rounded_scores: bool = True
   persistent: bool | None = None
   persistent_bwd: bool | None = None
+  wide_step: bool = False
 
   def __post_init__(self):
     for field in dataclasses.fields(self):  # flags, not truthy values (or None, where resolved)
@@ -220,6 +234,10 @@ class MosaicGPUOptions:
       raise ValueError(
         "MosaicGPUOptions(overlap=True) takes the turn and waits for the next key tile its own "
         f"way: early_turn={self.early_turn} and k_wait_in_pv={self.k_wait_in_pv} must be False"
+      )
+    if self.overlap and self.wide_step:
+      raise ValueError(
+        "MosaicGPUOptions(overlap=True) runs one 64-key tile a step: wide_step must be False"
       )
     if self.scale_in_exp2 and not self.exp2:
       raise ValueError(
@@ -259,14 +277,15 @@ def persistent_ctas(interpret: bool) -> int:
 def resolve_persistent(cfg, head_dim: int, stages: int, out_dtype):
   """cfg with `MosaicGPUOptions.persistent` resolved for the forward (`persistent_fits`: two
   Q tiles, O's own buffer and the ring, `smem_bytes`)."""
-  block_k = int(cfg.blocks.block_k)
+  block_k, keys = int(cfg.blocks.block_k), step_keys(cfg)
+  wide = " and wide_step (128 keys a slot)" if keys != block_k else ""
   on = persistent_fits(
     cfg.mgpu.persistent,
     "persistent",
     cfg.interpret,
-    smem_bytes(head_dim, block_k, stages, out_dtype, True),
-    f"head_dim={head_dim}, block_k={block_k} with num_stages={stages}: two Q tiles, O's own "
-    "buffer and the ring",
+    smem_bytes(head_dim, keys, stages, out_dtype, True),
+    f"head_dim={head_dim}, block_k={block_k}{wide} with num_stages={stages}: two Q tiles, O's "
+    "own buffer and the ring",
   )
   return dataclasses.replace(cfg, mgpu=dataclasses.replace(cfg.mgpu, persistent=on))
 
@@ -345,11 +364,42 @@ def launch(grid: dict, names, persistent: bool, interpret: bool) -> dict:
   return dict(grid=tuple(grid[name] for name in names), grid_names=tuple(names))
 
 
+def step_keys(cfg) -> int:
+  """Keys one step of the forward's loop covers (a ring slot's K and V tiles, the QKᵀ wgmma's
+  N): block_k, or two tiles of it with `MosaicGPUOptions.wide_step`."""
+  return int(cfg.blocks.block_k) * (2 if cfg.mgpu.wide_step else 1)
+
+
+def wide_step_refusal(block_k: int, head_dim: int, stages: int, out_dtype) -> str | None:
+  """Why `MosaicGPUOptions.wide_step` cannot run a call (None when it can): block_k 64 only
+  (the numerics' tile, two of them a step), head_dim up to 128 after padding (at 256 the
+  64 × 128 float32 scores beside the 64 × 256 accumulator exceed a thread's 232 registers, as
+  block_k 128 does there: `supported`), and the ring's slots of 128 keys in shared memory."""
+  if block_k != 64:
+    return (
+      f"MosaicGPUOptions(wide_step=True) with block_k={block_k}: two 64-key tiles a step, "
+      "block_k 64 only"
+    )
+  if head_dim > 128:
+    return (
+      f"MosaicGPUOptions(wide_step=True) at head_dim={head_dim}: 64 × 128 float32 scores "
+      "beside the 64 × 256 accumulator exceed a thread's 232 registers (head_dim up to 128)"
+    )
+  need = smem_bytes(head_dim, 2 * block_k, stages, out_dtype)
+  if need > SMEM_BYTES:
+    return (
+      f"MosaicGPUOptions(wide_step=True) with num_stages={stages} at head_dim={head_dim}: "
+      f"slots of 128 keys need {need / 1024:.1f} KiB of shared memory, more than "
+      f"{SMEM_BYTES / 1024:.0f} KiB"
+    )
+  return None
+
+
 def key_tiles(cfg) -> tuple[int, int]:
-  """(the forward's key tiles, its key/value tiles in flight): tiles of padding only are
-  skipped, and no more tiles are in flight than there are (`KernelConfig.num_stages` at most
-  the key tiles)."""
-  n_kv = -(-cfg.kv_len // int(cfg.blocks.block_k))
+  """(the forward's loop steps, its key/value slots in flight): a step covers `step_keys`
+  keys; steps of padding only are skipped, and no more slots are in flight than there are
+  steps (`KernelConfig.num_stages` at most the steps)."""
+  n_kv = -(-cfg.kv_len // step_keys(cfg))
   return n_kv, int(min(cfg.num_stages, n_kv))
 
 
@@ -576,6 +626,8 @@ def _forward_kernel(
   q_ref, k_ref, v_ref, o_ref, m_ref, log_l_ref, scoped, *, cfg, n_kv, group, stages, grid
 ):
   numerics, comp, block_k = cfg.numerics, cfg.compensation, int(cfg.blocks.block_k)
+  keys = step_keys(cfg)  # a step's keys: one slot, one QKᵀ wgmma (`MosaicGPUOptions.wide_step`)
+  halves = keys // block_k  # the numerics' tiles of a step, each its own softmax and P̄V
   (q_smem3, k_smem, v_smem, o_smem2, m_smem2, log_l_smem2, p_smem2), barriers = scoped
   k_ready, v_ready, q_ready, k_free, v_free, q_free, turn = barriers
   q_slots = q_smem3.shape[0]  # Q tiles in flight: 2 persistent (the next item's loads early)
@@ -596,7 +648,7 @@ def _forward_kernel(
 
   wg = lax.axis_index("wg")
   cta_rows = COMPUTE_WGS * ROWS_PER_WG
-  key_steps = lambda row_end: visited_key_tiles(row_end, n_kv, block_k, cfg.causal)
+  key_steps = lambda row_end: visited_key_tiles(row_end, n_kv, keys, cfg.causal)
   item_steps = lambda q_tile: key_steps((q_tile + 1) * cta_rows)  # a work item's key tiles
 
   def items(body):
@@ -627,10 +679,10 @@ def _forward_kernel(
       plgpu.copy_gmem_to_smem(q_ref.at[batch, rows, head], q_smem, q_ready.at[q_slot])
     plgpu.barrier_wait(q_ready.at[q_slot])
     steps = key_steps(row0 + ROWS_PER_WG)
-    # tiles below `unmasked` have neither padded keys nor (causal) keys after any row
-    unmasked = jnp.int32(cfg.kv_len // block_k)
+    # steps below `unmasked` have neither padded keys nor (causal) keys after any row
+    unmasked = jnp.int32(cfg.kv_len // keys)
     if cfg.causal:
-      unmasked = jnp.minimum(unmasked, lax.div(row0 + 1, jnp.int32(block_k)))
+      unmasked = jnp.minimum(unmasked, lax.div(row0 + 1, jnp.int32(keys)))
 
     def wait_next_k(j):  # k_wait_in_pv: during step j's P̄V, the key tile of step j + 1
       # the condition and the slot computed here, outside any run_state: a constant closed over
@@ -656,17 +708,19 @@ def _forward_kernel(
           rendezvous()
         return s_ref[...]
 
-      return scores(pl.run_scoped(qk, plgpu.ACC((ROWS_PER_WG, block_k), jnp.float32)))
+      return scores(pl.run_scoped(qk, plgpu.ACC((ROWS_PER_WG, keys), jnp.float32)))
 
     def softmax(j, s, m_i, l_i, masked):
-      """Step j's online softmax from its scores: (m, l, α, P̄ as the P̄V wgmma takes it)."""
+      """Key tile j's online softmax from its scores (block_k keys: a step's, or with
+      wide_step a half's): (m, l, α, P̄ as the P̄V wgmma takes it)."""
       if masked:
         shape = (ROWS_PER_WG, block_k)
         q_pos = row0 + plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA)
         k_pos = j * block_k + plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
-        # padded keys only where kv_len is not a multiple of block_k (the loop's tiles end at
-        # kv_len otherwise: a compare and a select a score fewer in the causal diagonal tiles)
-        keep = k_pos < cfg.kv_len if cfg.kv_len % block_k else None
+        # padded keys only where kv_len is not a multiple of a step's keys (the loop's steps
+        # end at kv_len otherwise: a compare and a select a score fewer in the causal diagonal
+        # tiles)
+        keep = k_pos < cfg.kv_len if cfg.kv_len % keys else None
         if cfg.causal:
           causal = q_pos >= k_pos
           keep = causal if keep is None else jnp.logical_and(keep, causal)
@@ -688,10 +742,12 @@ def _forward_kernel(
     def scaled(alpha, acc):  # α·acc (fused_pv: before the P̄V wgmma adds to it)
       return numerics.state(lax.broadcast_in_dim(alpha, acc.shape, [0]) * acc)
 
-    def pv_operand(p_in, slot):  # V in its slot, the turn taken: P̄ as the P̄V wgmma reads it
+    def pv_wait(slot):  # V in its slot and the turn taken (the other warpgroup's products too)
       plgpu.barrier_wait(v_ready.at[slot])
       if pingpong:
-        plgpu.barrier_wait(turn)  # ... and the other warpgroup's products too
+        plgpu.barrier_wait(turn)
+
+    def pv_operand(p_in):  # P̄ as the P̄V wgmma reads it
       if p_smem is None:
         return p_in
       p_smem[...] = p_in  # interpret mode: wgmma's A operand from shared memory
@@ -701,29 +757,36 @@ def _forward_kernel(
     def add_pv(acc, alpha, pv):  # P̄V from its own accumulator: α·acc + P̄V (Triton's order)
       return numerics.state(scaled(alpha, acc) + numerics.pv(pv))
 
-    def pv_step(acc, alpha, p_in, slot, wait_k=lambda: None):
-      """The P̄V product of a step whose softmax is done: fused_pv, into acc (already α·acc);
-      else in its own accumulator, then α·acc + P̄V (the Triton kernel's order)."""
-      p_in = pv_operand(p_in, slot)
+    def pv_step(acc, tiles, slot, wait_k=lambda: None):
+      """The P̄V products of a step whose softmax is done: tiles [(α, P̄)], one per block_k
+      keys of the slot's V (two with wide_step), in order, each as a step of block_k keys
+      would: fused_pv, into acc (the first tile's α·acc already taken, a later one's after
+      the product before it is done); else in its own accumulator, then α·acc + P̄V (the
+      Triton kernel's order)."""
+      pv_wait(slot)
+      for h, (alpha, p_in) in enumerate(tiles):
+        v_tile = v_smem.at[slot] if halves == 1 else v_smem.at[slot, pl.ds(h * block_k, block_k)]
+        p_op = pv_operand(p_in)
+        last = h == len(tiles) - 1
 
-      if fused_pv:
+        def product(acc_ref, p_op=p_op, v_tile=v_tile, last=last):
+          plgpu.wgmma(acc_ref, p_op, v_tile)
+          if last:
+            wait_k()
 
-        def fused(acc_ref):
-          plgpu.wgmma(acc_ref, p_in, v_smem.at[slot])
-          wait_k()
+        if fused_pv:
+          if h:
+            acc = scaled(alpha, acc)
+          acc = pl.run_state(product)(plgpu.ACC.init(acc))
+        else:
 
-        acc = pl.run_state(fused)(plgpu.ACC.init(acc))
-        plgpu.barrier_arrive(v_free.at[slot])
-        return acc
+          def pv(acc_ref, product=product):
+            product(acc_ref)
+            return acc_ref[...]
 
-      def pv(acc_ref):
-        plgpu.wgmma(acc_ref, p_in, v_smem.at[slot])
-        wait_k()
-        return acc_ref[...]
-
-      pv = pl.run_scoped(pv, plgpu.ACC(acc.shape, jnp.float32))
+          acc = add_pv(acc, alpha, pl.run_scoped(pv, plgpu.ACC(acc.shape, jnp.float32)))
       plgpu.barrier_arrive(v_free.at[slot])
-      return add_pv(acc, alpha, pv)
+      return acc
 
     def hand_over(values):  # the softmax done: give the turn (ping-pong)
       if pingpong and opts.opt_barrier:  # the softmax's values complete before the arrive
@@ -743,11 +806,17 @@ def _forward_kernel(
       plgpu.barrier_arrive(k_free.at[slot])
       if pingpong and not early_turn:  # the other warpgroup's products run during this softmax
         rendezvous()
-      m_new, l_new, alpha, p_in = softmax(j, s, m_i, l_i, masked)
+      alphas, ps = [], []
+      for h in range(halves):  # the step's key tiles of the numerics, one after the other
+        s_h = s if halves == 1 else s[:, h * block_k : (h + 1) * block_k]
+        m_i, l_i, alpha, p_in = softmax(j * halves + h, s_h, m_i, l_i, masked)
+        alphas.append(alpha)
+        ps.append(p_in)
       if fused_pv:
-        acc = scaled(alpha, acc)
-      acc, m_new, l_new, p_in = hand_over((acc, m_new, l_new, p_in))
-      return pv_step(acc, alpha, p_in, slot, wait_k), m_new, l_new
+        acc = scaled(alphas[0], acc)
+      acc, m_i, l_i, ps, later = hand_over((acc, m_i, l_i, ps, alphas[1:]))
+      acc = pv_step(acc, list(zip(alphas[:1] + later, ps)), slot, wait_k)
+      return acc, m_i, l_i
 
     def overlapped_step(j, carry, masked):
       """P̄V of step j beside QKᵀ and the softmax of step j + 1 (`MosaicGPUOptions.overlap`):
@@ -755,7 +824,8 @@ def _forward_kernel(
       acc, m_i, l_i, alpha, p_in = carry
       slot, nxt = ring(j), ring(j + 1)
       plgpu.barrier_wait(k_ready.at[nxt])
-      p_op = pv_operand(p_in, slot)
+      pv_wait(slot)
+      p_op = pv_operand(p_in)
 
       def products_then_softmax(s_ref, o_ref):
         issue_qk(s_ref, nxt)
@@ -823,7 +893,7 @@ def _forward_kernel(
       acc, m_i, l_i, alpha, p_in = lax.fori_loop(
         split, steps - 1, lambda j, c: overlapped_step(j, c, True), carry
       )
-      acc = pv_step(acc, alpha, p_in, ring(steps - 1))
+      acc = pv_step(acc, [(alpha, p_in)], ring(steps - 1))
     else:
       if opts.k_wait_in_pv:  # the first key tile; each later one during the P̄V before it
         wait_next_k(jnp.int32(-1))()
@@ -901,19 +971,19 @@ def _forward_kernel(
     def _load(j):
       t = base + j  # the ring's count of tiles
       slot = slot_of(t, stages)
-      keys = (batch, pl.ds(j * block_k, block_k), kv_head)
+      kv_rows = (batch, pl.ds(j * keys, keys), kv_head)
 
       @pl.when(t >= stages)  # the slot's previous tile must be consumed first
       def _():
         plgpu.barrier_wait(k_free.at[slot])
 
-      plgpu.copy_gmem_to_smem(k_ref.at[keys], k_smem.at[slot], k_ready.at[slot])
+      plgpu.copy_gmem_to_smem(k_ref.at[kv_rows], k_smem.at[slot], k_ready.at[slot])
 
       @pl.when(t >= stages)
       def _():
         plgpu.barrier_wait(v_free.at[slot])
 
-      plgpu.copy_gmem_to_smem(v_ref.at[keys], v_smem.at[slot], v_ready.at[slot])
+      plgpu.copy_gmem_to_smem(v_ref.at[kv_rows], v_smem.at[slot], v_ready.at[slot])
 
   @pl.when(wg == COMPUTE_WGS)
   def _memory():
@@ -938,6 +1008,8 @@ def flash_forward_mgpu(q, k, v, cfg):
   block_k = int(cfg.blocks.block_k)
   if kv_len_p % block_k:
     raise ValueError(f"padded kv length {kv_len_p} is not a multiple of block_k={block_k}")
+  keys = step_keys(cfg)  # wide_step: slots of 2·block_k keys, the last one's padding masked
+  k, v = (pad_axis(x, 1, -(-kv_len_p // keys) * keys) for x in (k, v))
   if cfg.mgpu.scale_in_exp2 is None:  # a config not made by `kernel_config`: resolved here
     mgpu = resolve_scale_in_exp2(cfg.mgpu, cfg.softmax_scale, cfg.compensation)
     cfg = dataclasses.replace(cfg, mgpu=mgpu)
@@ -956,8 +1028,8 @@ def flash_forward_mgpu(q, k, v, cfg):
   def entry(q_ref, k_ref, v_ref, o_ref, m_ref, log_l_ref):
     smem = (
       plgpu.SMEM((q_slots, COMPUTE_WGS, ROWS_PER_WG, d), q.dtype, transforms=swizzled),
-      plgpu.SMEM((stages, block_k, d), k.dtype, transforms=swizzled),
-      plgpu.SMEM((stages, block_k, d), v.dtype, transforms=swizzled),
+      plgpu.SMEM((stages, keys, d), k.dtype, transforms=swizzled),
+      plgpu.SMEM((stages, keys, d), v.dtype, transforms=swizzled),
       None  # a 2-byte O goes out through Q's buffer, unless persistent
       if out_dtype.itemsize == 2 and not persistent
       else plgpu.SMEM(

@@ -145,6 +145,20 @@ def test_mosaic_gpu_matches_triton_forward(shape, dtype, numerics, extra, stabil
       r"^MosaicGPUOptions\(persistent=True\) at head_dim=128, block_k=128 with num_stages=2: "
       r"two Q tiles, O's own buffer and the ring need 225\.0 KiB of shared memory, more than 224",
     ),
+    (  # wide_step: two 64-key tiles of the numerics a step
+      dict(block_k=128, mgpu_options=fm.MosaicGPUOptions(wide_step=True)),
+      r"^MosaicGPUOptions\(wide_step=True\) with block_k=128: two 64-key tiles a step",
+    ),
+    (
+      dict(num_stages=4, mgpu_options=fm.MosaicGPUOptions(wide_step=True)),
+      r"^MosaicGPUOptions\(wide_step=True\) with num_stages=4 at head_dim=128: slots of 128 "
+      r"keys need 289\.0 KiB",
+    ),
+    (
+      dict(num_stages=2, mgpu_options=fm.MosaicGPUOptions(wide_step=True, persistent=True)),
+      r"^MosaicGPUOptions\(persistent=True\) at head_dim=128, block_k=64 and wide_step \(128 "
+      r"keys a slot\) with num_stages=2: two Q tiles, O's own buffer and the ring need 225\.0",
+    ),
     (  # exp2's factor c·log₂e overflows float32
       dict(softmax_scale=3e38, mgpu_options=fm.MosaicGPUOptions(scale_in_exp2=True)),
       r"^softmax_scale=3e\+38 with MosaicGPUOptions\(scale_in_exp2=True\): softmax_scale·log₂e",
@@ -218,6 +232,10 @@ def test_mosaic_gpu_without_interpret_needs_a_hopper_gpu():
     (dict(persistent=(False, True), num_stages=(2, 1)), True),
     (dict(persistent=(False, True), num_stages=(3, 3)), True),
     (dict(persistent=(False, True), overlap=(False, True)), True),
+    (dict(wide_step=(False, True)), False),
+    (dict(wide_step=(False, True)), True),
+    (dict(wide_step=(False, True), num_stages=(2, 1)), True),
+    (dict(wide_step=(False, True), persistent=(False, True)), True),
   ],
   ids=[
     "pingpong-full",
@@ -236,6 +254,10 @@ def test_mosaic_gpu_without_interpret_needs_a_hopper_gpu():
     "persistent-one-stage-causal",
     "persistent-three-stages-causal",
     "persistent+overlap-causal",
+    "wide_step-full",
+    "wide_step-causal",
+    "wide_step-one-stage-causal",
+    "wide_step+persistent-causal",
   ],
 )
 def test_mosaic_gpu_schedules_are_the_same_function(change, causal, monkeypatch):
@@ -294,6 +316,69 @@ def test_mosaic_gpu_schedules_are_the_same_function(change, causal, monkeypatch)
   if on_gpu and "tie_lanes" in change:  # its inline block ran (the shuffles, not row_top2)
     traced = [str(jax.make_jaxpr(attend(which))(q)).count("_merge_lanes") for which in (0, 1)]
     assert traced[0] == 0 and traced[1] > 0, traced
+
+
+@pytest.mark.parametrize(
+  "q_len, kv_len, causal, stabilize",
+  [(150, 150, False, True), (200, 200, True, True), (130, 260, True, False)],
+  ids=["full-odd-tiles", "causal", "causal-plain-q<kv"],
+)
+def test_mosaic_gpu_wide_step_is_the_same_function(q_len, kv_len, causal, stabilize):
+  """`MosaicGPUOptions.wide_step` (a step of 128 keys: one K/V slot, one 64 × 128 QKᵀ, then
+  the softmax and P̄V of each 64-key half) gives the default's out, m and log l bit for bit
+  (interpret mode, the compensation on inputs with tied maxima in most tiles): at kv_len 150
+  (three 64-key tiles: the second step's second half is padding only, an exact no-op that the
+  64-key loop skips), causal (the first warpgroup's rows 0–63 meet keys 64–127, all after
+  them, in the first step) and causal with more keys than queries; that the wide step ran,
+  the traced program's 64 × 128 score tile says. On the GPU the same checks the 128-wide
+  wgmma's sums (fused_pv and ping-pong on both sides there)."""
+  from pallas_kernels import attention
+  from pallas_kernels.forward_mgpu import flash_forward_mgpu
+  from pallas_kernels.policy import Compensation, get_numerics
+
+  _skip_if_causal_refused(causal)
+  shape = Shape(1, q_len, kv_len, 2, 1, 64, causal=causal)
+  q, k, v, _ = _tied(shape, jnp.bfloat16, 4)
+
+  def forward(wide_step):
+    cfg = attention.kernel_config(
+      q_len=q_len,
+      kv_len=kv_len,
+      head_dim=64,
+      dtype=jnp.bfloat16,
+      softmax_scale=0.125,
+      causal=causal,
+      numerics=get_numerics("fa2"),
+      compensation=Compensation() if stabilize else None,
+      interpret=jax.default_backend() != "gpu",
+      backend="mosaic_gpu",
+      mgpu_options=fm.MosaicGPUOptions(pingpong=True, wide_step=wide_step),
+    )
+    pad = lambda x, n: attention.pad_axis(x, 1, -(-n // 64) * 64)  # noqa: E731 (the wrapper's)
+    run = lambda q, k, v: flash_forward_mgpu(pad(q, q_len), pad(k, kv_len), pad(v, kv_len), cfg)
+    traced = str(jax.make_jaxpr(run)(q, k, v))
+    return [np.asarray(x) for x in run(q, k, v)[:3]], traced
+
+  (base, plain), (wide, traced) = forward(False), forward(True)
+  for a, b in zip(wide, base):
+    np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+  assert "f32[64,128]" in traced and "f32[64,128]" not in plain
+  if stabilize:  # the compensation fired somewhere, so its per-64-key rule was exercised
+    s = np.einsum("bqhd,bkhd->bhqk", *(np.asarray(x, np.float32) for x in (q, k[:, :, [0, 0]])))
+    s = np.float32(0.125) * s
+    if causal:
+      s = np.where(np.arange(kv_len)[None, :] <= np.arange(q_len)[:, None], s, -np.inf)
+    m = base[1][:, :, :q_len]
+    assert np.any(m != s.max(-1)), "no row shifted: the inputs do not test the tie rule"
+
+
+def test_mosaic_gpu_wide_step_refusals_name_the_value():
+  """wide_step at head_dim 256 (registers) and with the overlapped loop: one-line errors."""
+  q, k, v, _ = make_inputs(Shape(1, 64, 64, 1, 1, 256), jnp.bfloat16, 0)
+  with pytest.raises(ValueError, match=r"^MosaicGPUOptions\(wide_step=True\) at head_dim=256"):
+    flash_attention(q, k, v, backend="mosaic_gpu", mgpu_options=fm.MosaicGPUOptions(wide_step=True))
+  with pytest.raises(ValueError, match=r"overlap=True\) runs one 64-key tile a step"):
+    fm.MosaicGPUOptions(overlap=True, wide_step=True)
 
 
 def test_mosaic_gpu_jitted_forward_backward_matches_eager():
