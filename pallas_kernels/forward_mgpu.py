@@ -182,6 +182,15 @@ class MosaicGPUOptions:
     element of a 64 × 128 product as of a 64 × 64 one (tests/test_mosaic_gpu.py on the GPU;
     interpret mode: the same bits). Refused (ValueError) with block_k 128, at head_dim 256 (the
     scores' 64 more registers) and with overlap. Off by default until timed.
+  unit_alpha: α·acc is skipped by a warp whose 16 rows all kept their max (α = 1 exactly on
+    each: `policy.Numerics.rescale`), where multiplying by 1 changes no bit: a compare per
+    row, a warp vote and a branch around the accumulator's products (head_dim / 2 FMUL a
+    thread: 64 of the d128 loop's 445 SASS instructions a 64-key tile, 32 of 369 at d64,
+    experiments/20_ptxas_report.py), instead of the products on every tile. FlashAttention-4's
+    conditional rescaling skips it below a threshold, which changes values; this skips only
+    the identity. How often it skips depends on the data (the max moves in fewer tiles as a
+    row goes on). GPU only (an inline block with `vote.sync`); interpret mode multiplies,
+    the same values. Off by default until timed.
   persistent_bwd: the same for the backward's two kernels (`backward_mgpu.launch_plan`, each
     resolved on its own): dQ's work items (a batch, head and 128 query rows) with the next
     item's Q, dO and rows' statistics loaded early into a second slot, dK/dV's (a batch, head
@@ -221,6 +230,7 @@ class MosaicGPUOptions:
   persistent: bool | None = None
   persistent_bwd: bool | None = None
   wide_step: bool = False
+  unit_alpha: bool = False
 
   def __post_init__(self):
     for field in dataclasses.fields(self):  # flags, not truthy values (or None, where resolved)
@@ -594,6 +604,42 @@ def causal_miscompiled() -> int | None:
   return version if version is not None and 12080 <= version < 12091 else None
 
 
+def rescaled(alpha, acc):
+  """α·acc inside a Mosaic GPU kernel (alpha [rows] in the WGMMA row layout, acc [rows, n]
+  float32 in the WGMMA layout), the products skipped by each warp whose rows all have α = 1
+  (`MosaicGPUOptions.unit_alpha`): the same values as the plain product, in which 1·x = x."""
+  row, tile = plgpu.Layout.WGMMA.reduce(1), plgpu.Layout.WGMMA
+  out = plgpu.ShapeDtypeStruct(acc.shape, jnp.float32, layout=tile)
+  return plgpu.inline_mgpu(arg_types=(row, tile), return_type=out)(_rescaled)(alpha, acc)
+
+
+def _rescaled(_, alpha, acc):
+  """`rescaled` on Mosaic GPU FragmentedArrays: this thread's rows' α compared with 1, the
+  warp's vote (`vote.sync.all`), and α·acc (FragmentedArray's products, as the kernel's) in
+  the branch taken where some row of the warp has α ≠ 1."""
+  from jax._src.lib.mlir import ir
+  from jax._src.lib.mlir.dialects import arith, nvvm, scf, vector
+  from jax.experimental.mosaic.gpu import fragmented_array as fa
+
+  f32, i1, i32 = ir.F32Type.get(), ir.IntegerType.get_signless(1), ir.IntegerType.get_signless(32)
+  one = arith.constant(f32, 1.0)
+  unit = arith.constant(i1, 1)
+  for reg in alpha.registers.flat:
+    for i in range(ir.VectorType(reg.type).shape[0]):
+      x = vector.extract(reg, dynamic_position=[], static_position=ir.DenseI64ArrayAttr.get([i]))
+      unit = arith.andi(unit, arith.cmpf(arith.CmpFPredicate.OEQ, x, one))
+  warp_unit = nvvm.vote_sync(arith.constant(i32, -1), unit, "all")
+  regs = list(acc.registers.flat)
+  branch = scf.IfOp(warp_unit, [r.type for r in regs], has_else=True)
+  with ir.InsertionPoint(branch.then_block):
+    scf.yield_(regs)
+  with ir.InsertionPoint(branch.else_block):
+    product = alpha.broadcast_in_dim(acc.shape, (0,), acc.layout) * acc
+    scf.yield_(list(product.registers.flat))
+  registers = np.array(list(branch.results), dtype=object).reshape(acc.registers.shape)
+  return fa.FragmentedArray(_registers=registers, _layout=acc.layout, _is_signed=None)
+
+
 def visited_key_tiles(row_end, n_tiles, block_k, causal):
   """Key tiles a block of rows ending before row_end visits (causal: none past it)."""
   if not causal:
@@ -740,6 +786,8 @@ def _forward_kernel(
       return m_new, l_new, alpha, numerics.round_p(p, q_smem.dtype)
 
     def scaled(alpha, acc):  # α·acc (fused_pv: before the P̄V wgmma adds to it)
+      if opts.unit_alpha and not cfg.interpret:  # skipped where α = 1 on a warp's rows
+        return numerics.state(rescaled(alpha, acc))
       return numerics.state(lax.broadcast_in_dim(alpha, acc.shape, [0]) * acc)
 
     def pv_wait(slot):  # V in its slot and the turn taken (the other warpgroup's products too)

@@ -328,3 +328,28 @@ def test_the_forward_is_persistent_by_default_where_it_fits(
         resolve_persistent(cfg, head_dim, stages, jnp.bfloat16)
     else:
       assert resolve_persistent(cfg, head_dim, stages, jnp.bfloat16).mgpu.persistent is chosen
+
+
+@pytest.mark.parametrize(
+  "head_dim, causal, wide_step, unit_alpha",
+  [(64, True, True, False), (128, False, True, True), (128, True, False, True)],
+  ids=["d64-causal-wide_step", "d128-full-wide_step+unit_alpha", "d128-causal-unit_alpha"],
+)
+def test_mosaic_gpu_forward_lowers_with_wide_step_and_unit_alpha(
+  head_dim, causal, wide_step, unit_alpha
+):
+  """`MosaicGPUOptions.wide_step` (a 64 × 128 QKᵀ wgmma a step, the softmax and P̄V per
+  64-key half: its values, tests/test_mosaic_gpu.py) and `unit_alpha` (α·acc in a branch a
+  warp skips where its rows all kept their max: an `inline_mgpu` block with `vote.sync.all`
+  that interpret mode does not run; its values only the GPU checks) lower for CUDA; ptxas
+  compiles both for sm_90a (experiment 20, 2026-12-07: a branch around the accumulator's
+  FMULs after `VOTE.ALL`)."""
+  from pallas_kernels.forward_mgpu import MosaicGPUOptions
+
+  options = MosaicGPUOptions(pingpong=True, wide_step=wide_step, unit_alpha=unit_alpha)
+  cfg = _cfg(
+    backend="mosaic_gpu", head_dim=head_dim, causal=causal, block_k=64, mgpu_options=options
+  )
+  text = _lower_for_cuda(lambda q, k, v: flash_forward_mgpu(q, k, v, cfg)[:3], *_qkv(head_dim))
+  assert "wgmma" in text and "cp.async.bulk.tensor" in text
+  assert ("vote.sync" in text) == unit_alpha

@@ -236,6 +236,7 @@ def test_mosaic_gpu_without_interpret_needs_a_hopper_gpu():
     (dict(wide_step=(False, True)), True),
     (dict(wide_step=(False, True), num_stages=(2, 1)), True),
     (dict(wide_step=(False, True), persistent=(False, True)), True),
+    (dict(unit_alpha=(False, True), wide_step=(False, True)), True),
   ],
   ids=[
     "pingpong-full",
@@ -258,6 +259,7 @@ def test_mosaic_gpu_without_interpret_needs_a_hopper_gpu():
     "wide_step-causal",
     "wide_step-one-stage-causal",
     "wide_step+persistent-causal",
+    "unit_alpha+wide_step-causal",
   ],
 )
 def test_mosaic_gpu_schedules_are_the_same_function(change, causal, monkeypatch):
