@@ -175,13 +175,18 @@ class MosaicGPUOptions:
     each 64-key half in turn (`policy.compensated_tile_max`'s tie rule, α, P̄'s rounding: the
     tile of the numerics is still block_k; cuDNN's forward at head_dim 64 runs 64 × 128 tiles).
     What it saves is per-step work: the loop's control and barriers and a third of the QKᵀ
-    wgmma instructions (experiments/20_ptxas_report.py: 439 SASS instructions a 64-key tile at
-    head_dim 128 against 689 for a 128-key one). A half of padded or (causal) later keys only is
-    an exact no-op (its max −inf, not a tie: α = 1, P̄ = 0), so the padding to 128 keys and a
-    causal row block's extra half change no bit. The bits of S are the same if wgmma sums each
-    element of a 64 × 128 product as of a 64 × 64 one (tests/test_mosaic_gpu.py on the GPU;
-    interpret mode: the same bits). Refused (ValueError) with block_k 128, at head_dim 256 (the
-    scores' 64 more registers) and with overlap. Off by default until timed.
+    wgmma instructions (experiments/20_ptxas_report.py, CPU, 2026-12-07: 816 SASS instructions
+    a step against 2 × 445 at head_dim 128 full, 678 against 2 × 369 at d64 causal). A half of
+    padded or (causal) later keys only is an exact no-op for finite V (its max −inf, not a
+    tie: α = 1, P̄ = 0; an inf in V at a key the 64-key loop never visits gives NaN, as in
+    the Triton kernel, whose 128-row query tiles visit it too), so the padding to 128 keys
+    (K and V are padded to a multiple of 128 where they are not) and a causal row block's
+    extra half change no bit. The bits of S are the same if wgmma sums each element of a
+    64 × 128 product as of a 64 × 64 one (tests/test_mosaic_gpu.py on the GPU; interpret
+    mode: out and m the same bits, log l within float32 ulps of XLA's CPU exp2). Refused
+    (ValueError) with block_k 128, at head_dim 256 (the scores' 64 more registers), where its
+    slots do not fit shared memory (`wide_step_refusal`) and with overlap. Off by default
+    until timed.
   unit_alpha: α·acc is skipped by a warp whose 16 rows all kept their max (α = 1 exactly on
     each: `policy.Numerics.rescale`), where multiplying by 1 changes no bit: a compare per
     row, a warp vote and a branch around the accumulator's products (head_dim / 2 FMUL a
@@ -640,11 +645,12 @@ def _rescaled(_, alpha, acc):
   return fa.FragmentedArray(_registers=registers, _layout=acc.layout, _is_signed=None)
 
 
-def visited_key_tiles(row_end, n_tiles, block_k, causal):
-  """Key tiles a block of rows ending before row_end visits (causal: none past it)."""
+def visited_key_tiles(row_end, n_tiles, keys, causal):
+  """Key tiles of `keys` keys each (block_k; the forward's steps: `step_keys`) that a block of
+  rows ending before row_end visits (causal: none past it)."""
   if not causal:
     return jnp.int32(n_tiles)
-  return jnp.minimum(jnp.int32(n_tiles), pl.cdiv(row_end, jnp.int32(block_k)))
+  return jnp.minimum(jnp.int32(n_tiles), pl.cdiv(row_end, jnp.int32(keys)))
 
 
 def query_grid(cfg) -> tuple[str, str, str]:
@@ -695,7 +701,7 @@ def _forward_kernel(
   wg = lax.axis_index("wg")
   cta_rows = COMPUTE_WGS * ROWS_PER_WG
   key_steps = lambda row_end: visited_key_tiles(row_end, n_kv, keys, cfg.causal)
-  item_steps = lambda q_tile: key_steps((q_tile + 1) * cta_rows)  # a work item's key tiles
+  item_steps = lambda q_tile: key_steps((q_tile + 1) * cta_rows)  # a work item's steps
 
   def items(body):
     """Runs body(batch, head, q_tile, base, n) for each work item (a batch, head and query
@@ -730,7 +736,7 @@ def _forward_kernel(
     if cfg.causal:
       unmasked = jnp.minimum(unmasked, lax.div(row0 + 1, jnp.int32(keys)))
 
-    def wait_next_k(j):  # k_wait_in_pv: during step j's P̄V, the key tile of step j + 1
+    def wait_next_k(j):  # k_wait_in_pv: during step j's P̄V, the keys of step j + 1
       # the condition and the slot computed here, outside any run_state: a constant closed over
       # by run_state (the non-causal `steps`, a Python int) comes out of its Mosaic GPU lowering
       # as a numpy value, not an ir.Value, and fails (jax 0.11.2; seen on the H200, 2026-12-03)
@@ -744,7 +750,7 @@ def _forward_kernel(
     def scores(s_tile):  # the QKᵀ accumulator, scaled (`Numerics.scores`) unless scale_in_exp2
       return s_tile if opts.scale_in_exp2 else numerics.scores(s_tile, cfg.softmax_scale)
 
-    def issue_qk(s_ref, slot):  # the QKᵀ wgmma of the key tile in `slot`
+    def issue_qk(s_ref, slot):  # the QKᵀ wgmma of the keys in `slot`
       plgpu.wgmma(s_ref, q_smem, k_smem.at[slot].transpose((1, 0)))
 
     def read_scores(slot, turn_at_issue=False):  # QKᵀ alone, waited for and scaled
@@ -943,7 +949,7 @@ def _forward_kernel(
       )
       acc = pv_step(acc, [(alpha, p_in)], ring(steps - 1))
     else:
-      if opts.k_wait_in_pv:  # the first key tile; each later one during the P̄V before it
+      if opts.k_wait_in_pv:  # the first step's keys; each later one's during the P̄V before it
         wait_next_k(jnp.int32(-1))()
       carry = lax.fori_loop(0, mid, lambda j, c: step(j, c, False), init)
       acc, m_i, l_i = lax.fori_loop(mid, steps, lambda j, c: step(j, c, True), carry)
