@@ -15,11 +15,9 @@
 #    JAX's own kernel at block_kv 64 and 128, each against cuDNN, paired and by kernel time
 #    (at d128 wide_step runs a CTA an item: two Q tiles and O's buffer beside 2 slots of 128
 #    keys do not fit);
-# 2. experiment 18 at gpt2-small's attention: the default (the persistent backward since
-#    753d69b) against persistent_bwd=0, paired and by kernel time.
 # The gpt2-small step (experiment 02) waits for the next call, with wide_step's verdict.
 # Usage (repo root, on the device):  bash experiments/h200_kernel_times.sh "$OUT"
-# device seconds: at most 530 (its timeouts added up)
+# device seconds: at most 450 (its timeouts added up)
 set -u
 OUT=${1:-runs/h200}
 mkdir -p "$OUT"
@@ -36,7 +34,4 @@ echo "11, d64 causal: exit $?"; cat "$OUT/ab11_d64_causal.txt"
 timeout 150 python3 $FWD --pairs 20 --out "$OUT/ab11_d128_full.txt" \
   bk=64 wide_step=1 persistent=0 unit_alpha=1 bk=64,comp=0 jax=1,bk=64 >> "$OUT/ab.log" 2>&1
 echo "11, d128 full: exit $?"; cat "$OUT/ab11_d128_full.txt"
-timeout 80 python3 experiments/18_mgpu_backward_stages_ab.py --causal --shape 16,1024,12,12,64 \
-  --pairs 30 --out "$OUT/ab18_d64_causal.txt" 2,2 2,2,persistent_bwd=0 >> "$OUT/ab.log" 2>&1
-echo "18, d64 causal: exit $?"; cat "$OUT/ab18_d64_causal.txt"
 true
