@@ -14,8 +14,8 @@
 # 4. with time left: experiment 11 at b4 × 4096 × 16 × d128 full (20 pairs), the options named
 #    explicitly (the defaults may have changed in 3; at d128 wide_step runs a CTA an item: two
 #    Q tiles and O's buffer beside 2 slots of 128 keys do not fit).
-# Usage (repo root, on the device):  bash experiments/h200_wide_step.sh "$OUT"
-# device seconds: at most 540
+# Usage (repo root, on the device):  [LIMIT=seconds] bash experiments/h200_wide_step.sh "$OUT"
+# device seconds: at most LIMIT (default 545; step 4 takes what is left of it, if 105 s are)
 set -u
 OUT=${1:-runs/h200}
 mkdir -p "$OUT"
@@ -49,8 +49,8 @@ grep -n "^  wide_step: bool\|^  unit_alpha: bool" $F
 timeout 200 python3 experiments/02_gpt2_step_time.py --steps 30 --attention fa2+comp \
   --attention cudnn --out "$OUT/step" > "$OUT/step.log" 2>&1
 echo "step ($winner): exit $?"; grep -v "^ *$" "$OUT/step.log" | grep -v Warning | tail -8
-if (( SECONDS < 440 )); then
-  timeout $(( 545 - SECONDS )) python3 $FWD --pairs 20 --out "$OUT/ab11_d128_full.txt" \
+if (( SECONDS < ${LIMIT:-545} - 105 )); then
+  timeout $(( ${LIMIT:-545} - SECONDS )) python3 $FWD --pairs 20 --out "$OUT/ab11_d128_full.txt" \
     wide_step=0,unit_alpha=0 wide_step=1,unit_alpha=0 wide_step=0,unit_alpha=1 \
     wide_step=1,unit_alpha=1 >> "$OUT/ab.log" 2>&1
   echo "11, d128 full: exit $?"; cat "$OUT/ab11_d128_full.txt"
