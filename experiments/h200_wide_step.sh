@@ -22,7 +22,7 @@ mkdir -p "$OUT"
 source "$(dirname "$0")/h200_env.sh"
 nvidia-smi -L
 FWD=experiments/11_mgpu_forward_ab.py
-timeout 100 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_mosaic_gpu.py \
+timeout ${TEST_TIMEOUT:-100} python3 -m pytest -q -p no:cacheprovider -rfE tests/test_mosaic_gpu.py \
   -k "wide_step or unit_alpha" > "$OUT/gpu_tests.log" 2>&1
 echo "GPU tests: exit $?"; grep -E "^(FAILED|ERROR|E  )|passed|failed" "$OUT/gpu_tests.log" | head -20
 timeout 130 python3 $FWD --causal --shape 16,1024,12,12,64 --pairs 30 --out "$OUT/ab11_d64_causal.txt" \
