@@ -5,7 +5,7 @@
 # in the forward kernel (112.5 against cuDNN's 81.0 µs a layer) where experiment 11's pairs
 # had said 0.963× cuDNN at that shape; and the forward's `MosaicGPUOptions.wide_step` (128
 # keys a loop step, two 64-key tiles of the numerics; ptxas on the CPU: 678 SASS instructions
-# a step against 2 × 369 at gpt2-small's d64 causal, 816 against 2 × 445 at d128):
+# a step against 2 × 369 at gpt2-small's d64 causal, 816 against 2 × 439 at d128):
 # and `unit_alpha` (α·acc skipped by a warp whose rows all kept their max: exact, GPU only);
 # 0. the wide step's GPU tests (the same bits as the 64-key step, out, m and log l) and the
 #    schedules' (unit_alpha's bits among them);

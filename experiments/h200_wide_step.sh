@@ -3,7 +3,7 @@
 # `MosaicGPUOptions.wide_step` (128 keys a loop step, two 64-key tiles of the numerics) and
 # `unit_alpha` (α·acc skipped by a warp whose rows all kept their max), both exact, and the
 # gpt2-small step with whichever is faster (ptxas on the CPU: the wide step 678 SASS a step
-# against 2 × 369 at gpt2-small's d64 causal, 816 against 2 × 445 at d128):
+# against 2 × 369 at gpt2-small's d64 causal, 816 against 2 × 439 at d128):
 # 1. their GPU tests (the same bits as the default: out, m, log l; the schedules' cases);
 # 2. experiment 11 at gpt2-small's attention (16 × 1024 × 12 × d64 causal, 30 pairs): the
 #    default, each option, both, and JAX's own kernel at block_kv 64, against cuDNN, paired

@@ -176,7 +176,7 @@ class MosaicGPUOptions:
     tile of the numerics is still block_k; cuDNN's forward at head_dim 64 runs 64 × 128 tiles).
     What it saves is per-step work: the loop's control and barriers and a third of the QKᵀ
     wgmma instructions (experiments/20_ptxas_report.py, CPU, 2026-12-07: 816 SASS instructions
-    a step against 2 × 445 at head_dim 128 full, 678 against 2 × 369 at d64 causal). A half of
+    a step against 2 × 439 at b4 × 4096 × 16 × d128 full, 678 against 2 × 369 at d64 causal). A half of
     padded or (causal) later keys only is an exact no-op for finite V (its max −inf, not a
     tie: α = 1, P̄ = 0; an inf in V at a key the 64-key loop never visits gives NaN, as in
     the Triton kernel, whose 128-row query tiles visit it too), so the padding to 128 keys
