@@ -287,7 +287,11 @@ def kernel_config(
     options = forward_mgpu.resolve_scale_in_exp2(options, softmax_scale, compensation)
     if options.wide_step and (
       why := forward_mgpu.wide_step_refusal(
-        fitted.block_k, padded_head_dim, stages, numerics.output_dtype(dtype)
+        numerics=numerics.name,
+        block_k=fitted.block_k,
+        head_dim=padded_head_dim,
+        dtype=dtype,
+        stages=stages,
       )
     ):
       raise ValueError(why)

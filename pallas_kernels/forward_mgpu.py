@@ -385,29 +385,20 @@ def step_keys(cfg) -> int:
   return int(cfg.blocks.block_k) * (2 if cfg.mgpu.wide_step else 1)
 
 
-def wide_step_refusal(block_k: int, head_dim: int, stages: int, out_dtype) -> str | None:
+def wide_step_refusal(*, numerics: str, block_k: int, head_dim: int, dtype, stages: int):
   """Why `MosaicGPUOptions.wide_step` cannot run a call (None when it can): block_k 64 only
-  (the numerics' tile, two of them a step), head_dim up to 128 after padding (at 256 the
-  64 × 128 float32 scores beside the 64 × 256 accumulator exceed a thread's 232 registers, as
-  block_k 128 does there: `supported`), and the ring's slots of 128 keys in shared memory."""
+  (the numerics' tile, two of them a step), and a tile of 128 keys within `supported`'s
+  limits (at head_dim 256 the 64 × 128 float32 scores exceed a thread's registers; the ring's
+  slots of 128 keys in shared memory). Arguments as `supported`'s; head_dim the padded one."""
   if block_k != 64:
     return (
       f"MosaicGPUOptions(wide_step=True) with block_k={block_k}: two 64-key tiles a step, "
       "block_k 64 only"
     )
-  if head_dim > 128:
-    return (
-      f"MosaicGPUOptions(wide_step=True) at head_dim={head_dim}: 64 × 128 float32 scores "
-      "beside the 64 × 256 accumulator exceed a thread's 232 registers (head_dim up to 128)"
-    )
-  need = smem_bytes(head_dim, 2 * block_k, stages, out_dtype)
-  if need > SMEM_BYTES:
-    return (
-      f"MosaicGPUOptions(wide_step=True) with num_stages={stages} at head_dim={head_dim}: "
-      f"slots of 128 keys need {need / 1024:.1f} KiB of shared memory, more than "
-      f"{SMEM_BYTES / 1024:.0f} KiB"
-    )
-  return None
+  why = supported(
+    numerics=numerics, block_k=2 * block_k, head_dim=head_dim, dtype=dtype, num_stages=stages
+  )
+  return None if why is None else f"MosaicGPUOptions(wide_step=True) runs 128 keys a step: {why}"
 
 
 def key_tiles(cfg) -> tuple[int, int]:

@@ -151,8 +151,8 @@ def test_mosaic_gpu_matches_triton_forward(shape, dtype, numerics, extra, stabil
     ),
     (
       dict(num_stages=4, mgpu_options=fm.MosaicGPUOptions(wide_step=True)),
-      r"^MosaicGPUOptions\(wide_step=True\) with num_stages=4 at head_dim=128: slots of 128 "
-      r"keys need 289\.0 KiB",
+      r"^MosaicGPUOptions\(wide_step=True\) runs 128 keys a step: block_k=128 with "
+      r"num_stages=4 at head_dim=128: 289\.0 KiB of shared memory, more than 224 KiB$",
     ),
     (
       dict(num_stages=2, mgpu_options=fm.MosaicGPUOptions(wide_step=True, persistent=True)),
@@ -391,7 +391,10 @@ def test_mosaic_gpu_wide_step_is_the_same_function(q_len, kv_len, causal, stabil
 def test_mosaic_gpu_wide_step_refusals_name_the_value():
   """wide_step at head_dim 256 (registers) and with the overlapped loop: one-line errors."""
   q, k, v, _ = make_inputs(Shape(1, 64, 64, 1, 1, 256), jnp.bfloat16, 0)
-  with pytest.raises(ValueError, match=r"^MosaicGPUOptions\(wide_step=True\) at head_dim=256"):
+  why = (
+    r"^MosaicGPUOptions\(wide_step=True\) runs 128 keys a step: block_k=128 at head_dim=256 \(reg"
+  )
+  with pytest.raises(ValueError, match=why):
     flash_attention(q, k, v, backend="mosaic_gpu", mgpu_options=fm.MosaicGPUOptions(wide_step=True))
   with pytest.raises(ValueError, match=r"overlap=True\) runs one 64-key tile a step"):
     fm.MosaicGPUOptions(overlap=True, wide_step=True)
