@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 19 (device tool, one H100 or H200, one call of at most 10 min): the targets at the
-# defaults after experiment 11 timed `MosaicGPUOptions.wide_step` (h200_kernel_times.sh):
+# defaults after experiment 11 timed `MosaicGPUOptions.wide_step` (h200_wide_step.sh):
 # 1. `flashstable bench --targets` (20 interleaved pairs at b4 × 4096 × 16 × d128, the
 #    compensation's overheads, the gpt2-small step against cuDNN's);
 # 2. the gpt2-small step once more, ours against cuDNN's, 30 interleaved rounds (experiment
