@@ -12,8 +12,9 @@
 #    (`set_line`) where it beats the default's by more than 1% with the same bits, then the
 #    gpt2-small step, ours against cuDNN's, 30 interleaved rounds (experiment 02);
 # 4. with time left: experiment 11 at b4 × 4096 × 16 × d128 full (20 pairs), the options named
-#    explicitly (the defaults may have changed in 3; at d128 wide_step runs a CTA an item: two
-#    Q tiles and O's buffer beside 2 slots of 128 keys do not fit).
+#    explicitly (the defaults may have changed in 3; at d128 the wide step is persistent since
+#    the forward reserves no reduction scratch: two Q tiles and O's buffer beside 2 slots of 128
+#    keys fill the 226 KiB exactly, Mosaic GPU's own check passing at lowering).
 # Usage (repo root, on the device):
 #   [LIMIT=seconds] [TEST_TIMEOUT=seconds, 0: none] [STEPS=rounds] bash experiments/h200_wide_step.sh "$OUT"
 # device seconds: at most LIMIT (default 545; step 4 takes what is left of it, if 105 s are)

@@ -89,7 +89,9 @@ PART = 128  # the widest dK and dV a warpgroup accumulates: 2 × 64 × 128 float
 # (`parts`) the same, for its part of dK's and dV's columns; a dQ thread at head_dim 256 holds
 # dQ (128), S and dP (2 × 32), dS in 16 bits (16) and its rows' m, log l and delta.
 COMPUTE_REGISTERS, PRODUCER_REGISTERS = 240, 24
-SMEM_BYTES = 227 * 1024 - 3 * 1024  # as `forward_mgpu.SMEM_BYTES`
+# Hopper's 227 KiB of shared memory per block, less Mosaic GPU's reduction scratch (its default
+# 2 KiB, which the backward keeps; the forward reserves none) and room for the barriers.
+SMEM_BYTES = 227 * 1024 - 3 * 1024
 
 
 def parts(head_dim: int) -> tuple[int, int]:
@@ -296,12 +298,14 @@ def launch_plan(cfg, head_dim: int, group: int):
     _dkv_bytes(head_dim, stages_dkv, group, slots=2),
     f"head_dim={head_dim}, group={group} with the dK/dV kernel's {_tiles(stages_dkv, 'query')} "
     f"in flight: two tiles of K and V{', the float32 partials' if group > 1 else ''} and the ring",
+    SMEM_BYTES,
   )
   persistent_dq = persistent_fits(
     *chosen,
     _dq_bytes(head_dim, stages_dq, center, bk, slots=2),
     f"head_dim={head_dim} with the dQ kernel's {_tiles(stages_dq, 'key')} in flight: two "
     "tiles of Q, dO and rows a warpgroup and the ring",
+    SMEM_BYTES,
   )
   return (stages_dkv, stages_dq), (persistent_dkv, persistent_dq)
 

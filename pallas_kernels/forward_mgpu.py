@@ -261,9 +261,17 @@ class MosaicGPUOptions:
       )
 
 
-# Hopper's 227 KiB of shared memory per block, less Mosaic GPU's reduction scratch (2 KiB) and
-# room for the barriers.
-SMEM_BYTES = 227 * 1024 - 3 * 1024
+# Hopper's 227 KiB of shared memory per block, less room for the barriers (8 bytes each, 13 in
+# the persistent wide step: Mosaic GPU puts them after the buffers). The forward reserves no
+# reduction scratch (`REDUCTION_SCRATCH_BYTES`).
+SMEM_BYTES = 227 * 1024 - 1024
+# Mosaic GPU aligns each shared-memory buffer to 1 KiB (`SMEM_ALIGNMENT`).
+SMEM_ALIGNMENT = 1024
+# Mosaic GPU's scratch for reductions across warps (`plgpu.CompilerParams`, 2 KiB by default):
+# the forward's reductions are all along a row, inside a warp (its 4 lanes), and lower and
+# compile without it (ptxas, CPU, 2026-12-07: the same SASS); its 2 KiB make room for the
+# persistent wide step at head_dim 128 (`smem_bytes`: 226 KiB).
+REDUCTION_SCRATCH_BYTES = 0
 
 
 def smem_transforms(cols: int, itemsize: int):
@@ -305,20 +313,24 @@ def resolve_persistent(cfg, head_dim: int, stages: int, out_dtype):
   return dataclasses.replace(cfg, mgpu=dataclasses.replace(cfg.mgpu, persistent=on))
 
 
-def persistent_fits(chosen, name: str, interpret: bool, need: int, layout: str) -> bool:
+def persistent_fits(
+  chosen, name: str, interpret: bool, need: int, layout: str, limit: int | None = None
+) -> bool:
   """Whether a Mosaic GPU kernel runs persistent, `chosen` being the `MosaicGPUOptions` field
   `name` (persistent, persistent_bwd) and its persistent layout needing `need` bytes of shared
-  memory: as set where True or False, True refused (ValueError, one line naming `layout`, what
-  needs the room) where need exceeds `SMEM_BYTES`; None: on for a GPU wherever it fits, off
-  in interpret mode."""
-  if chosen and need > SMEM_BYTES:
+  memory of the kernel's `limit` (None: the forward's `SMEM_BYTES`; the backward's its own): as set
+  where True or False, True refused (ValueError, one line naming `layout`, what needs the
+  room) where need exceeds limit; None: on for a GPU wherever it fits, off in interpret
+  mode."""
+  limit = SMEM_BYTES if limit is None else limit
+  if chosen and need > limit:
     raise ValueError(
       f"MosaicGPUOptions({name}=True) at {layout} need {need / 1024:.1f} KiB of shared "
-      f"memory, more than {SMEM_BYTES / 1024:.0f} KiB"
+      f"memory, more than {limit / 1024:.0f} KiB"
     )
   if chosen is not None:
     return bool(chosen)
-  return need <= SMEM_BYTES and not interpret
+  return need <= limit and not interpret
 
 
 def work_items(grid: dict, names, persistent: bool, steps, body):
@@ -422,16 +434,20 @@ def finish_stores():
 def smem_bytes(head_dim: int, block_k: int, stages: int, out_dtype, persistent=False) -> int:
   """Shared memory the kernel allocates on a GPU: Q (reused for a 2-byte O), a ring of
   `stages` K and V tiles, a float32 O for fp32_out, and the rows' m and log(l); persistent
-  (`MosaicGPUOptions.persistent`): two Q tiles and O in a buffer of its own. (Interpret mode
-  adds a P̄ tile for the P̄V product's operand; it has no limit.)"""
+  (`MosaicGPUOptions.persistent`): two Q tiles and O in a buffer of its own; each buffer
+  counted as Mosaic GPU allocates it, in whole KiB (`SMEM_ALIGNMENT`: m's and log l's 512
+  bytes take 1 KiB each), so that `SMEM_BYTES` bounds what Mosaic GPU's own check at launch
+  sees, less the barriers. (Interpret mode adds a P̄ tile for the P̄V product's operand; it
+  has no limit.)"""
   q = k = v = 2
   itemsize = jnp.dtype(out_dtype).itemsize
   o = itemsize * COMPUTE_WGS * ROWS_PER_WG * head_dim if itemsize == 4 or persistent else 0
+  row = -(-4 * COMPUTE_WGS * ROWS_PER_WG // SMEM_ALIGNMENT) * SMEM_ALIGNMENT  # m, log l
   return (
     (2 if persistent else 1) * COMPUTE_WGS * ROWS_PER_WG * head_dim * q
     + stages * block_k * head_dim * (k + v)
     + o
-    + 2 * 4 * COMPUTE_WGS * ROWS_PER_WG
+    + 2 * row
   )
 
 
@@ -1134,7 +1150,9 @@ def flash_forward_mgpu(q, k, v, cfg):
     **launch_args,
     num_threads=COMPUTE_WGS + 1,
     thread_name="wg",
-    compiler_params=plgpu.CompilerParams(approx_math=True),
+    compiler_params=plgpu.CompilerParams(
+      approx_math=True, reduction_scratch_bytes=REDUCTION_SCRATCH_BYTES
+    ),
     interpret=interpret,
   )(q, k, v)
   return out[:, :q_len_p], m[:, :, :q_len_p], log_l[:, :, :q_len_p], (), None

@@ -300,7 +300,8 @@ def _assert_two_backward_kernels(text):
   [
     (64, 64, 2, False, True),  # gpt2-small's attention: 81 KiB
     (128, 64, 3, False, True),  # 193 KiB
-    (128, 128, 2, False, False),  # 225 KiB: over the 224
+    (128, 128, 2, False, True),  # 226 KiB: at the limit
+    (128, 128, 3, False, False),  # 290 KiB
     (256, 64, 1, False, False),  # 257 KiB
     (64, 64, 2, True, False),  # interpret mode
   ],
@@ -309,7 +310,7 @@ def test_the_forward_is_persistent_by_default_where_it_fits(
   head_dim, block_k, stages, interpret, persistent
 ):
   """`MosaicGPUOptions.persistent` None resolves on for a GPU wherever two Q tiles, O's own
-  buffer and the key/value ring fit the 224 KiB (`smem_bytes`), off elsewhere and in
+  buffer and the key/value ring fit the 226 KiB (`smem_bytes`), off elsewhere and in
   interpret mode; a value set stays as set, True refused in one line where it does not fit."""
   from pallas_kernels.forward_mgpu import MosaicGPUOptions, resolve_persistent
 
@@ -328,6 +329,29 @@ def test_the_forward_is_persistent_by_default_where_it_fits(
         resolve_persistent(cfg, head_dim, stages, jnp.bfloat16)
     else:
       assert resolve_persistent(cfg, head_dim, stages, jnp.bfloat16).mgpu.persistent is chosen
+
+
+@pytest.mark.parametrize(
+  "block_k, stages, wide_step",
+  [(64, 2, True), (128, 2, False), (64, 4, False)],
+  ids=["wide_step-2-slots", "block_k128-2-slots", "block_k64-4-slots"],
+)
+def test_persistent_forward_at_the_shared_memory_limit_lowers(block_k, stages, wide_step):
+  """The persistent forward's layouts that `smem_bytes` puts at `SMEM_BYTES` exactly (head_dim
+  128: two Q tiles' 64 KiB, O's 32, the ring's 128, m's and log l's 1 each: 226 KiB) pass Mosaic GPU's own check of
+  the kernel's shared memory against Hopper's 227 KiB (lowering for CUDA runs it): each buffer
+  counted in whole KiB as Mosaic GPU aligns it, the barriers after them, and no reduction
+  scratch (`REDUCTION_SCRATCH_BYTES`; its default 2 KiB would put these at 228.1 KiB)."""
+  from pallas_kernels import forward_mgpu as fm
+
+  keys = block_k * (2 if wide_step else 1)
+  assert fm.smem_bytes(128, keys, stages, jnp.bfloat16, persistent=True) == fm.SMEM_BYTES
+  options = fm.MosaicGPUOptions(pingpong=True, wide_step=wide_step, persistent=True)
+  cfg = _cfg(
+    backend="mosaic_gpu", causal=False, block_k=block_k, num_stages=stages, mgpu_options=options
+  )
+  text = _lower_for_cuda(lambda q, k, v: flash_forward_mgpu(q, k, v, cfg)[:3], *_qkv(128))
+  assert "wgmma" in text and "cp.async.bulk.tensor" in text
 
 
 @pytest.mark.parametrize(

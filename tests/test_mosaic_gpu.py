@@ -141,9 +141,11 @@ def test_mosaic_gpu_matches_triton_forward(shape, dtype, numerics, extra, stabil
     ),
     (dict(backend="cuda"), "backend='cuda'"),
     (  # persistent: a second Q tile and O's own buffer do not fit beside this ring
-      dict(block_k=128, num_stages=2, mgpu_options=fm.MosaicGPUOptions(persistent=True)),
-      r"^MosaicGPUOptions\(persistent=True\) at head_dim=128, block_k=128 with num_stages=2: "
-      r"two Q tiles, O's own buffer and the ring need 225\.0 KiB of shared memory, more than 224",
+      dict(
+        kv_len=384, block_k=128, num_stages=3, mgpu_options=fm.MosaicGPUOptions(persistent=True)
+      ),
+      r"^MosaicGPUOptions\(persistent=True\) at head_dim=128, block_k=128 with num_stages=3: "
+      r"two Q tiles, O's own buffer and the ring need 290\.0 KiB of shared memory, more than 226",
     ),
     (  # wide_step: two 64-key tiles of the numerics a step
       dict(block_k=128, mgpu_options=fm.MosaicGPUOptions(wide_step=True)),
@@ -152,12 +154,16 @@ def test_mosaic_gpu_matches_triton_forward(shape, dtype, numerics, extra, stabil
     (
       dict(num_stages=4, mgpu_options=fm.MosaicGPUOptions(wide_step=True)),
       r"^MosaicGPUOptions\(wide_step=True\) runs 128 keys a step: block_k=128 with "
-      r"num_stages=4 at head_dim=128: 289\.0 KiB of shared memory, more than 224 KiB$",
+      r"num_stages=4 at head_dim=128: 290\.0 KiB of shared memory, more than 226 KiB$",
     ),
     (
-      dict(num_stages=2, mgpu_options=fm.MosaicGPUOptions(wide_step=True, persistent=True)),
+      dict(
+        kv_len=384,
+        num_stages=3,
+        mgpu_options=fm.MosaicGPUOptions(wide_step=True, persistent=True),
+      ),
       r"^MosaicGPUOptions\(persistent=True\) at head_dim=128, block_k=64 and wide_step \(128 "
-      r"keys a slot\) with num_stages=2: two Q tiles, O's own buffer and the ring need 225\.0",
+      r"keys a slot\) with num_stages=3: two Q tiles, O's own buffer and the ring need 290\.0",
     ),
     (  # exp2's factor c·log₂e overflows float32
       dict(softmax_scale=3e38, mgpu_options=fm.MosaicGPUOptions(scale_in_exp2=True)),
@@ -172,7 +178,9 @@ def test_mosaic_gpu_matches_triton_forward(shape, dtype, numerics, extra, stabil
   ],
 )
 def test_mosaic_gpu_refusals_name_the_value(kwargs, match):
-  q, k, v, _ = make_inputs(Shape(1, 256, 256, 1, 1, 128), jnp.bfloat16, 0)
+  kwargs = dict(kwargs)
+  kv_len = kwargs.pop("kv_len", 256)  # 384: 3 steps of 128 keys, room for 3 slots
+  q, k, v, _ = make_inputs(Shape(1, 256, kv_len, 1, 1, 128), jnp.bfloat16, 0)
   with pytest.raises(ValueError, match=match):
     flash_attention(q, k, v, **{"backend": "mosaic_gpu", **kwargs})
 
@@ -744,7 +752,7 @@ def test_mosaic_gpu_backward_persistent_is_the_same_function(
   if shape.head_dim == 256:
     if jax.default_backend() == "gpu":
       pytest.skip("head_dim 256: the persistent dQ kernel does not fit a GPU's shared memory")
-    monkeypatch.setattr(fm, "SMEM_BYTES", 1 << 30)
+    monkeypatch.setattr(backward_mgpu, "SMEM_BYTES", 1 << 30)
 
   args, cfg = _residuals(
     shape, jnp.float16 if numerics == "fp32_out" else jnp.bfloat16, numerics, center_keys
