@@ -4,7 +4,8 @@
 # `unit_alpha` (α·acc skipped by a warp whose rows all kept their max), both exact, and the
 # gpt2-small step with whichever is faster (ptxas on the CPU: the wide step 678 SASS a step
 # against 2 × 369 at gpt2-small's d64 causal, 816 against 2 × 439 at d128):
-# 1. their GPU tests (the same bits as the default: out, m, log l; the schedules' cases);
+# 1. their GPU tests (the same bits as the default: out, m, log l; the schedules' cases) and
+#    the layouts that fill the forward's 226 KiB of shared memory (the same bits);
 # 2. experiment 11 at gpt2-small's attention (16 × 1024 × 12 × d64 causal, 30 pairs): the
 #    default, each option, both, and JAX's own kernel at block_kv 64, against cuDNN, paired
 #    and by kernel time (the profiler), bits against the default;
@@ -24,9 +25,9 @@ mkdir -p "$OUT"
 source "$(dirname "$0")/h200_env.sh"
 nvidia-smi -L
 FWD=experiments/11_mgpu_forward_ab.py
-if (( ${TEST_TIMEOUT:-100} > 0 )); then  # TEST_TIMEOUT=0: no tests (experiment 11 checks out's bits)
-  timeout ${TEST_TIMEOUT:-100} python3 -m pytest -q -p no:cacheprovider -rfE tests/test_mosaic_gpu.py \
-    -k "wide_step or unit_alpha" > "$OUT/gpu_tests.log" 2>&1
+if (( ${TEST_TIMEOUT:-150} > 0 )); then  # TEST_TIMEOUT=0: no tests (experiment 11 checks out's bits)
+  timeout ${TEST_TIMEOUT:-150} python3 -m pytest -q -p no:cacheprovider -rfE tests/test_mosaic_gpu.py \
+    -k "wide_step or unit_alpha or shared_memory_limit" > "$OUT/gpu_tests.log" 2>&1
   echo "GPU tests: exit $?"; grep -E "^(FAILED|ERROR|E  )|passed|failed" "$OUT/gpu_tests.log" | head -20
 fi
 timeout 130 python3 $FWD --causal --shape 16,1024,12,12,64 --pairs 30 --out "$OUT/ab11_d64_causal.txt" \

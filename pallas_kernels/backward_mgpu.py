@@ -89,8 +89,10 @@ PART = 128  # the widest dK and dV a warpgroup accumulates: 2 × 64 × 128 float
 # (`parts`) the same, for its part of dK's and dV's columns; a dQ thread at head_dim 256 holds
 # dQ (128), S and dP (2 × 32), dS in 16 bits (16) and its rows' m, log l and delta.
 COMPUTE_REGISTERS, PRODUCER_REGISTERS = 240, 24
-# Hopper's 227 KiB of shared memory per block, less Mosaic GPU's reduction scratch (its default
-# 2 KiB, which the backward keeps; the forward reserves none) and room for the barriers.
+# Hopper's 227 KiB of shared memory per block, less 3 KiB: room for the barriers and for what
+# `_dkv_bytes` and `_dq_bytes` do not round up to Mosaic GPU's 1 KiB a buffer (at most 1.05 KiB
+# in 45 lowered configurations, 2026-12-07; the backward has no reductions, so its reduction
+# scratch, 2 KiB by default, is not allocated).
 SMEM_BYTES = 227 * 1024 - 3 * 1024
 
 

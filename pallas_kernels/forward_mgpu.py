@@ -163,7 +163,8 @@ class MosaicGPUOptions:
     same bits, GPU and interpret mode). None (the default, `resolve_persistent`): on for a GPU
     wherever it fits, off in interpret mode (as pingpong: fewer blocking threads on a small
     CPU) and where it does not fit (`smem_bytes` over `SMEM_BYTES`: e.g. head_dim 256; block_k
-    128 at head_dim 128 with 2 tiles in flight, block_k 64 there with 4). Timed (H100, 2026-12-06, experiments/11_mgpu_forward_ab.py, paired against
+    128 at head_dim 128 with 3 tiles in flight, block_k 64 there with 5; at 2 and 4 they fill
+    the 226 KiB exactly, as the wide step's 2 slots of 128 keys do). Timed (H100, 2026-12-06, experiments/11_mgpu_forward_ab.py, paired against
     cuDNN, same bits), against the non-persistent forward of the same tree, which had the
     slow barrier waits that `_load_item` describes (the forward before it, at the same
     shapes: 0.78× and 0.70–0.71×): gpt2-small's 16 × 1024 × 12 × d64 0.732× → 0.963× causal,
@@ -436,7 +437,7 @@ def smem_bytes(head_dim: int, block_k: int, stages: int, out_dtype, persistent=F
   `stages` K and V tiles, a float32 O for fp32_out, and the rows' m and log(l); persistent
   (`MosaicGPUOptions.persistent`): two Q tiles and O in a buffer of its own; each buffer
   counted as Mosaic GPU allocates it, in whole KiB (`SMEM_ALIGNMENT`: m's and log l's 512
-  bytes take 1 KiB each), so that `SMEM_BYTES` bounds what Mosaic GPU's own check at launch
+  bytes take 1 KiB each), so that `SMEM_BYTES` bounds what Mosaic GPU's own check at lowering
   sees, less the barriers. (Interpret mode adds a P̄ tile for the P̄V product's operand; it
   has no limit.)"""
   q = k = v = 2

@@ -328,6 +328,58 @@ def test_mosaic_gpu_schedules_are_the_same_function(change, causal, monkeypatch)
     assert traced[0] == 0 and traced[1] > 0, traced
 
 
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="the limit is a GPU's shared memory")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_mosaic_gpu_forward_at_the_shared_memory_limit_is_the_same_function(causal):
+  """The forward's layouts that fill `SMEM_BYTES` exactly (226 KiB at head_dim 128, persistent
+  by default there since the forward reserves no reduction scratch: block_k 128 with 2 K/V
+  tiles in flight, block_k 64 with 4, the wide step with 2 slots of 128 keys; and a CTA an
+  item with 3 and 6) give out, m and log l bit for bit as the one-tile, non-persistent forward
+  of the same block_k, the compensation on inputs with tied maxima."""
+  from pallas_kernels import attention
+  from pallas_kernels.forward_mgpu import flash_forward_mgpu
+  from pallas_kernels.policy import Compensation, get_numerics
+
+  _skip_if_causal_refused(causal)
+  length, d = 1024, 128
+  q, k, v, _ = _tied(Shape(1, length, length, 4, 4, d, causal=causal), jnp.bfloat16, 5)
+
+  def forward(block_k, stages, **options):
+    cfg = attention.kernel_config(
+      q_len=length,
+      kv_len=length,
+      head_dim=d,
+      dtype=jnp.bfloat16,
+      softmax_scale=d**-0.5,
+      causal=causal,
+      numerics=get_numerics("fa2"),
+      compensation=Compensation(),
+      interpret=False,
+      backend="mosaic_gpu",
+      block_k=block_k,
+      num_stages=stages,
+      mgpu_options=fm.MosaicGPUOptions(**options),
+    )
+    slots = fm.key_tiles(cfg)[1]
+    persistent = fm.resolve_persistent(cfg, d, slots, jnp.bfloat16).mgpu.persistent
+    keys = fm.step_keys(cfg)
+    need = fm.smem_bytes(d, keys, slots, jnp.bfloat16, persistent)
+    return [np.asarray(x) for x in flash_forward_mgpu(q, k, v, cfg)[:3]], persistent, need
+
+  base = {bk: forward(bk, 1, persistent=False)[0] for bk in (64, 128)}
+  for block_k, stages, options, persistent in [
+    (128, 2, {}, True),
+    (64, 4, {}, True),
+    (64, 2, dict(wide_step=True), True),
+    (128, 3, dict(persistent=False), False),
+    (64, 6, dict(persistent=False), False),
+  ]:
+    got, on, need = forward(block_k, stages, **options)
+    assert on is persistent and need <= fm.SMEM_BYTES, (block_k, stages, options, need)
+    for a, b in zip(got, base[block_k]):
+      np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
 @pytest.mark.parametrize(
   "q_len, kv_len, causal, stabilize",
   [
