@@ -16,6 +16,8 @@
 #    explicitly (the defaults may have changed in 3; at d128 the wide step is persistent since
 #    the forward reserves no reduction scratch: two Q tiles and O's buffer beside 2 slots of 128
 #    keys fill the 226 KiB exactly, Mosaic GPU's own check passing at lowering).
+# Ran on 2026-12-07 at 143b1e2 (experiments/results/h100-2026-12-07c-wide-step); the wide step
+# is on by default since, so its set_line below would stop it (the line it changes is gone).
 # Usage (repo root, on the device):
 #   [LIMIT=seconds] [TEST_TIMEOUT=seconds, 0: none] [STEPS=rounds] bash experiments/h200_wide_step.sh "$OUT"
 # device seconds: at most LIMIT (default 545; step 4 takes what is left of it, if 105 s are)
