@@ -285,16 +285,15 @@ def kernel_config(
   options = mgpu_options if mgpu_options is not None else MosaicGPUOptions()
   if backend == "mosaic_gpu":  # its None resolved: on where exact (a power-of-two scale)
     options = forward_mgpu.resolve_scale_in_exp2(options, softmax_scale, compensation)
-    if options.wide_step and (
-      why := forward_mgpu.wide_step_refusal(
-        numerics=numerics.name,
-        block_k=fitted.block_k,
-        head_dim=padded_head_dim,
-        dtype=dtype,
-        stages=stages,
-      )
-    ):
-      raise ValueError(why)
+    options = forward_mgpu.resolve_wide_step(  # None: on for a GPU wherever it runs
+      options,
+      numerics=numerics.name,
+      block_k=fitted.block_k,
+      head_dim=padded_head_dim,
+      dtype=dtype,
+      stages=stages,
+      interpret=interpret,
+    )
   backend_bwd, stages_mgpu_bwd = "triton", None
   stages_mgpu = backward_mgpu.default_stages(
     padded_head_dim, group, numerics.center_keys, persistent=bool(options.persistent_bwd)

@@ -186,8 +186,16 @@ class MosaicGPUOptions:
     64 × 128 product as of a 64 × 64 one (tests/test_mosaic_gpu.py on the GPU; interpret
     mode: out and m the same bits, log l within float32 ulps of XLA's CPU exp2). Refused
     (ValueError) with block_k 128, at head_dim 256 (the scores' 64 more registers), where its
-    slots do not fit shared memory (`wide_step_refusal`) and with overlap. Off by default
-    until timed.
+    slots do not fit shared memory (`wide_step_refusal`) and with overlap. None (the default,
+    `resolve_wide_step`): on for a GPU wherever it runs, off in interpret mode and where it
+    cannot; it is resolved before `persistent`, so with 3 K/V slots or more at head_dim 128
+    (num_stages; 2 by default) it runs a CTA an item where the 64-key step would be
+    persistent (that pairing is not timed). Timed (H100, 2026-12-07, experiments/11_mgpu_forward_ab.py, kernel time from the
+    profiler, same bits; experiments/results/h100-2026-12-07c-wide-step): the forward's
+    kernels 109.7 → 100.4 µs at gpt2-small's 16 × 1024 × 12 × d64 causal (cuDNN 90.9),
+    1216 → 1062 µs at b4 × 4096 × 16 × d128 full (persistent there too: its 2 slots of 128
+    keys fill the 226 KiB exactly; cuDNN 863); the gpt2-small step level with cuDNN's
+    (0.999×, `flashstable bench --targets`).
   unit_alpha: α·acc is skipped by a warp whose 16 rows all kept their max (α = 1 exactly on
     each: `policy.Numerics.rescale`), where multiplying by 1 changes no bit: a compare per
     row, a warp vote and a branch around the accumulator's products (head_dim / 2 FMUL a
@@ -196,7 +204,9 @@ class MosaicGPUOptions:
     conditional rescaling skips it below a threshold, which changes values; this skips only
     the identity. How often it skips depends on the data (the max moves in fewer tiles as a
     row goes on). GPU only (an inline block with `vote.sync`); interpret mode multiplies,
-    the same values. Off by default until timed.
+    the same values. Off by default: slower where timed (H100, 2026-12-07, kernel time,
+    experiments/results/h100-2026-12-07c-wide-step): 109.7 → 115.2 µs at gpt2-small's d64
+    causal; beside the wide step 100.4 → 103.3 µs there and 1062 → 1107 µs at d128 full.
   persistent_bwd: the same for the backward's two kernels (`backward_mgpu.launch_plan`, each
     resolved on its own): dQ's work items (a batch, head and 128 query rows) with the next
     item's Q, dO and rows' statistics loaded early into a second slot, dK/dV's (a batch, head
@@ -235,7 +245,7 @@ class MosaicGPUOptions:
   rounded_scores: bool = True
   persistent: bool | None = None
   persistent_bwd: bool | None = None
-  wide_step: bool = False
+  wide_step: bool | None = None
   unit_alpha: bool = False
 
   def __post_init__(self):
@@ -244,7 +254,15 @@ class MosaicGPUOptions:
       boolean(
         f"MosaicGPUOptions.{name}",
         getattr(self, name),
-        name in ("pingpong", "scale_in_exp2", "q_tiles_inner", "persistent", "persistent_bwd"),
+        name
+        in (
+          "pingpong",
+          "scale_in_exp2",
+          "q_tiles_inner",
+          "persistent",
+          "persistent_bwd",
+          "wide_step",
+        ),
       )
     if self.overlap and (self.early_turn or self.k_wait_in_pv):
       raise ValueError(
@@ -412,6 +430,34 @@ def wide_step_refusal(*, numerics: str, block_k: int, head_dim: int, dtype, stag
     numerics=numerics, block_k=2 * block_k, head_dim=head_dim, dtype=dtype, num_stages=stages
   )
   return None if why is None else f"MosaicGPUOptions(wide_step=True) runs 128 keys a step: {why}"
+
+
+def resolve_wide_step(
+  options: MosaicGPUOptions,
+  *,
+  numerics: str,
+  block_k: int,
+  head_dim: int,
+  dtype,
+  stages: int,
+  interpret: bool,
+) -> MosaicGPUOptions:
+  """`options` with wide_step a bool. True: checked (ValueError with `wide_step_refusal`'s
+  line). None (the default): on for a GPU wherever it runs (block_k 64, head_dim up to 128,
+  its slots in shared memory, overlap off), off in interpret mode (as pingpong and persistent:
+  the tests run each schedule on purpose) and elsewhere. Arguments as `wide_step_refusal`'s;
+  head_dim the padded one."""
+  if options.wide_step is False:
+    return options
+  why = wide_step_refusal(
+    numerics=numerics, block_k=block_k, head_dim=head_dim, dtype=dtype, stages=stages
+  )
+  if options.wide_step:
+    if why is not None:
+      raise ValueError(why)
+    return options
+  on = why is None and not options.overlap and not interpret
+  return dataclasses.replace(options, wide_step=on)
 
 
 def key_tiles(cfg) -> tuple[int, int]:

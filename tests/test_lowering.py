@@ -41,7 +41,9 @@ def triton_modules(monkeypatch):
   return modules
 
 
-def _cfg(numerics="fa2", backend="triton", head_dim=128, causal=True, stabilize=True, **kw):
+def _cfg(
+  numerics="fa2", backend="triton", head_dim=128, causal=True, stabilize=True, interpret=False, **kw
+):
   return kernel_config(
     q_len=256,
     kv_len=256,
@@ -51,7 +53,7 @@ def _cfg(numerics="fa2", backend="triton", head_dim=128, causal=True, stabilize=
     causal=causal,
     numerics=get_numerics(numerics),
     compensation=Compensation() if stabilize else None,
-    interpret=False,
+    interpret=interpret,
     backend=backend,
     **kw,
   )
@@ -314,8 +316,12 @@ def test_the_forward_is_persistent_by_default_where_it_fits(
   interpret mode; a value set stays as set, True refused in one line where it does not fit."""
   from pallas_kernels.forward_mgpu import MosaicGPUOptions, resolve_persistent
 
-  cfg = dataclasses.replace(
-    _cfg(backend="mosaic_gpu", head_dim=head_dim, block_k=block_k), interpret=interpret
+  cfg = _cfg(  # the 64-key step (the wide step's slots: test_the_wide_step_is_on_by_default…)
+    backend="mosaic_gpu",
+    head_dim=head_dim,
+    block_k=block_k,
+    interpret=interpret,
+    mgpu_options=MosaicGPUOptions(wide_step=False),
   )
   assert cfg.mgpu.persistent is None
   assert resolve_persistent(cfg, head_dim, stages, jnp.bfloat16).mgpu.persistent is persistent
@@ -329,6 +335,48 @@ def test_the_forward_is_persistent_by_default_where_it_fits(
         resolve_persistent(cfg, head_dim, stages, jnp.bfloat16)
     else:
       assert resolve_persistent(cfg, head_dim, stages, jnp.bfloat16).mgpu.persistent is chosen
+
+
+@pytest.mark.parametrize(
+  "head_dim, block_k, stages, options, interpret, on",
+  [
+    (64, 64, 2, {}, False, True),  # gpt2-small's attention
+    (128, 64, 2, {}, False, True),  # persistent too: 226 KiB
+    (128, 64, 3, {}, False, True),  # a CTA an item: 226 KiB
+    (128, 64, 4, {}, False, False),  # 4 slots of 128 keys: 290 KiB
+    (256, 64, 2, {}, False, False),  # the 64 × 128 scores' registers
+    (128, 128, 2, {}, False, False),  # block_k 128 is one tile a step already
+    (64, 64, 2, dict(overlap=True), False, False),  # overlap runs one 64-key tile a step
+    (64, 64, 2, {}, True, False),  # interpret mode
+  ],
+)
+def test_the_wide_step_is_on_by_default_where_it_runs(
+  head_dim, block_k, stages, options, interpret, on
+):
+  """`MosaicGPUOptions.wide_step` None (the default) resolves in `kernel_config` to on for a GPU
+  wherever the wide step runs, off in interpret mode, beside overlap and where
+  `wide_step_refusal` refuses it; True is refused in one line there, False stays off."""
+  from pallas_kernels.forward_mgpu import MosaicGPUOptions, step_keys
+
+  def config(**chosen):
+    return _cfg(
+      backend="mosaic_gpu",
+      head_dim=head_dim,
+      block_k=block_k,
+      num_stages=stages,
+      interpret=interpret,
+      mgpu_options=MosaicGPUOptions(**options, **chosen),
+    )
+
+  assert MosaicGPUOptions().wide_step is None
+  cfg = config()
+  assert cfg.mgpu.wide_step is on and step_keys(cfg) == block_k * (2 if on else 1)
+  assert config(wide_step=False).mgpu.wide_step is False
+  if on or interpret:
+    assert config(wide_step=True).mgpu.wide_step is True
+  elif not options:  # overlap with wide_step=True: MosaicGPUOptions refuses the pair itself
+    with pytest.raises(ValueError, match=r"^MosaicGPUOptions\(wide_step=True\) (with|runs)"):
+      config(wide_step=True)
 
 
 @pytest.mark.parametrize(
