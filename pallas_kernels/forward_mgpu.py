@@ -195,7 +195,8 @@ class MosaicGPUOptions:
     kernels 109.7 → 100.4 µs at gpt2-small's 16 × 1024 × 12 × d64 causal (cuDNN 90.9),
     1216 → 1062 µs at b4 × 4096 × 16 × d128 full (persistent there too: its 2 slots of 128
     keys fill the 226 KiB exactly; cuDNN 863); the gpt2-small step level with cuDNN's
-    (0.999×, `flashstable bench --targets`).
+    (five runs 0.999–1.011× its time, median 1.0007×; experiments/results/
+    h100-2026-12-07d-wide-confirm).
   unit_alpha: α·acc is skipped by a warp whose 16 rows all kept their max (α = 1 exactly on
     each: `policy.Numerics.rescale`), where multiplying by 1 changes no bit: a compare per
     row, a warp vote and a branch around the accumulator's products (head_dim / 2 FMUL a
