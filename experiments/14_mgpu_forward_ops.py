@@ -11,7 +11,8 @@ always taken.
 
     PYTHONPATH=. python3 experiments/14_mgpu_forward_ops.py [OPTION=1 ...]
 
-OPTIONs (`MosaicGPUOptions` flags, e.g. opt_barrier=1) apply to our kernel. Our kernel runs
+OPTIONs (`MosaicGPUOptions` flags, e.g. opt_barrier=1) apply to our kernel (the 64-key step:
+wide_step=0 unless wide_step=1 is given, so that a row is one key tile). Our kernel runs
 the fa2 numerics with and without the compensation; JAX's takes float16 and a pre-scaled query.
 """
 
@@ -102,7 +103,7 @@ def main(argv):
         interpret=False,
         backend="mosaic_gpu",
         block_k=block_k,
-        mgpu_options=MosaicGPUOptions(pingpong=True, **options),
+        mgpu_options=MosaicGPUOptions(pingpong=True, **{"wide_step": False, **options}),
       )
       text = lowered(lambda q, k, v, cfg=cfg: flash_forward_mgpu(q, k, v, cfg)[:3], q, q, q)
       rows[f"ours fa2{'+comp' if comp else ''}, block_k {block_k}"] = count(loop_body(text))

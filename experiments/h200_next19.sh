@@ -5,9 +5,10 @@
 # 1. the Mosaic GPU tests, the golden hashes and the backend choice on the GPU, now with the
 #    wide step in every default forward;
 # 2. experiment 11 at b4 × 4096 × 16 × d128 full (20 pairs): the default (the wide step,
-#    persistent); with 3 K/V slots, where the wide step runs a CTA an item and the 64-key step
-#    would be persistent (the pairing the docstring calls untimed), both; block_k 128 (other
-#    numerics), persistent by default since its 2 slots fit the 226 KiB, and not;
+#    persistent); with 3 K/V slots, where the default keeps the 64-key step persistent and the
+#    wide step would run a CTA an item (`resolve_wide_step`: that pairing is not timed), both;
+#    block_k 128 (other numerics), persistent by default since its 2 slots fit the 226 KiB,
+#    and not;
 # 3. the gpt2-small step, ours against cuDNN's, 30 interleaved rounds (a sixth run).
 # Usage (repo root, on the device):
 #   [TEST_TIMEOUT=seconds, 0: none] [STEPS=rounds, 0: no step] bash experiments/h200_next19.sh "$OUT"
@@ -23,7 +24,7 @@ if (( ${TEST_TIMEOUT:-200} > 0 )); then
   echo "GPU tests: exit $?"; grep -E "^(FAILED|ERROR|E  )|passed|failed" "$OUT/gpu_tests.log" | head -20
 fi
 timeout 130 python3 experiments/11_mgpu_forward_ab.py --pairs 20 --out "$OUT/ab11_d128_full.txt" \
-  bk=64 bk=64,st=3 bk=64,st=3,wide_step=0 bk=128 bk=128,persistent=0 > "$OUT/ab.log" 2>&1
+  bk=64 bk=64,st=3 bk=64,st=3,wide_step=1,persistent=0 bk=128 bk=128,persistent=0 > "$OUT/ab.log" 2>&1
 echo "11, d128 full: exit $?"; cat "$OUT/ab11_d128_full.txt"
 if (( ${STEPS:-30} > 0 )); then
   timeout 160 python3 experiments/02_gpt2_step_time.py --steps ${STEPS:-30} --attention fa2+comp \

@@ -292,6 +292,8 @@ def kernel_config(
       head_dim=padded_head_dim,
       dtype=dtype,
       stages=stages,
+      kv_len=kv_len,
+      out_dtype=numerics.output_dtype(dtype),
       interpret=interpret,
     )
   backend_bwd, stages_mgpu_bwd = "triton", None

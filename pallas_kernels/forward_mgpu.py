@@ -187,10 +187,9 @@ class MosaicGPUOptions:
     mode: out and m the same bits, log l within float32 ulps of XLA's CPU exp2). Refused
     (ValueError) with block_k 128, at head_dim 256 (the scores' 64 more registers), where its
     slots do not fit shared memory (`wide_step_refusal`) and with overlap. None (the default,
-    `resolve_wide_step`): on for a GPU wherever it runs, off in interpret mode and where it
-    cannot; it is resolved before `persistent`, so with 3 K/V slots or more at head_dim 128
-    (num_stages; 2 by default) it runs a CTA an item where the 64-key step would be
-    persistent (that pairing is not timed). Timed (H100, 2026-12-07, experiments/11_mgpu_forward_ab.py, kernel time from the
+    `resolve_wide_step`): on for a GPU wherever it runs and does not turn the persistent
+    forward off (fp32_out at head_dim 128, or 3 K/V slots there, keep the persistent 64-key
+    step), off in interpret mode and where it cannot. Timed (H100, 2026-12-07, experiments/11_mgpu_forward_ab.py, kernel time from the
     profiler, same bits; experiments/results/h100-2026-12-07c-wide-step): the forward's
     kernels 109.7 → 100.4 µs at gpt2-small's 16 × 1024 × 12 × d64 causal (cuDNN 90.9),
     1216 → 1062 µs at b4 × 4096 × 16 × d128 full (persistent there too: its 2 slots of 128
@@ -441,13 +440,20 @@ def resolve_wide_step(
   head_dim: int,
   dtype,
   stages: int,
+  kv_len: int,
+  out_dtype,
   interpret: bool,
 ) -> MosaicGPUOptions:
   """`options` with wide_step a bool. True: checked (ValueError with `wide_step_refusal`'s
   line). None (the default): on for a GPU wherever it runs (block_k 64, head_dim up to 128,
-  its slots in shared memory, overlap off), off in interpret mode (as pingpong and persistent:
-  the tests run each schedule on purpose) and elsewhere. Arguments as `wide_step_refusal`'s;
-  head_dim the padded one."""
+  its slots in shared memory, overlap off) and does not cost the persistent forward — unless
+  persistent is False, not where the 64-key step's persistent layout fits and the wide step's
+  does not (fp32_out's float32 O at head_dim 128; 3 K/V slots there): neither pairing is
+  timed, and persistent=True must not be refused for an option the caller did not set —;
+  off in interpret mode (as pingpong and persistent: the tests run each schedule on purpose)
+  and elsewhere. Arguments as `wide_step_refusal`'s, head_dim the padded one; kv_len and
+  out_dtype (the output's dtype, float32 for fp32_out) for each step's slots in flight
+  (`key_tiles`) and O's buffer (`smem_bytes`)."""
   if options.wide_step is False:
     return options
   why = wide_step_refusal(
@@ -457,8 +463,17 @@ def resolve_wide_step(
     if why is not None:
       raise ValueError(why)
     return options
-  on = why is None and not options.overlap and not interpret
-  return dataclasses.replace(options, wide_step=on)
+  if why is not None or options.overlap or interpret:
+    return dataclasses.replace(options, wide_step=False)
+  if options.persistent is not False:  # the persistent layout: the 64-key step's, then ours
+
+    def fits(keys):
+      slots = min(stages, -(-kv_len // keys))
+      return smem_bytes(head_dim, keys, slots, out_dtype, persistent=True) <= SMEM_BYTES
+
+    if fits(block_k) and not fits(2 * block_k):
+      return dataclasses.replace(options, wide_step=False)
+  return dataclasses.replace(options, wide_step=True)
 
 
 def key_tiles(cfg) -> tuple[int, int]:

@@ -42,11 +42,18 @@ def triton_modules(monkeypatch):
 
 
 def _cfg(
-  numerics="fa2", backend="triton", head_dim=128, causal=True, stabilize=True, interpret=False, **kw
+  numerics="fa2",
+  backend="triton",
+  head_dim=128,
+  causal=True,
+  stabilize=True,
+  interpret=False,
+  length=256,
+  **kw,
 ):
   return kernel_config(
-    q_len=256,
-    kv_len=256,
+    q_len=length,
+    kv_len=length,
     head_dim=head_dim,
     dtype=jnp.bfloat16,
     softmax_scale=0.1,
@@ -338,33 +345,47 @@ def test_the_forward_is_persistent_by_default_where_it_fits(
 
 
 @pytest.mark.parametrize(
-  "head_dim, block_k, stages, options, interpret, on",
+  "head_dim, block_k, stages, numerics, options, interpret, on, refused",
   [
-    (64, 64, 2, {}, False, True),  # gpt2-small's attention
-    (128, 64, 2, {}, False, True),  # persistent too: 226 KiB
-    (128, 64, 3, {}, False, True),  # a CTA an item: 226 KiB
-    (128, 64, 4, {}, False, False),  # 4 slots of 128 keys: 290 KiB
-    (256, 64, 2, {}, False, False),  # the 64 × 128 scores' registers
-    (128, 128, 2, {}, False, False),  # block_k 128 is one tile a step already
-    (64, 64, 2, dict(overlap=True), False, False),  # overlap runs one 64-key tile a step
-    (64, 64, 2, {}, True, False),  # interpret mode
+    (64, 64, 2, "fa2", {}, False, True, None),  # gpt2-small's attention
+    (128, 64, 2, "fa2", {}, False, True, None),  # persistent too: 226 KiB
+    (96, 64, 2, "fa2", {}, False, True, None),  # padded to 128
+    # the 64-key step's persistent layout fits (194 KiB), the wide step's does not (290):
+    # kept persistent; persistent=False: the wide step a CTA an item (226 KiB)
+    (128, 64, 3, "fa2", {}, False, False, None),
+    (128, 64, 3, "fa2", dict(persistent=False), False, True, None),
+    (128, 64, 3, "fa2", dict(persistent=True), False, False, "persistent"),
+    # fp32_out's float32 O: the same, 194 against 258 KiB, 226 a CTA an item
+    (128, 64, 2, "fp32_out", {}, False, False, None),
+    (128, 64, 2, "fp32_out", dict(persistent=False), False, True, None),
+    (128, 64, 3, "fp32_out", dict(persistent=False), False, False, "wide_step"),  # 290 KiB
+    (128, 64, 4, "fa2", {}, False, False, "wide_step"),  # 4 slots of 128 keys: 290 KiB
+    (256, 64, 2, "fa2", {}, False, False, "wide_step"),  # the 64 × 128 scores' registers
+    (128, 128, 2, "fa2", {}, False, False, "wide_step"),  # block_k 128: one tile a step already
+    (64, 64, 2, "fa2", dict(overlap=True), False, False, "options"),  # one 64-key tile a step
+    (64, 64, 2, "fa2", {}, True, False, None),  # interpret mode
   ],
 )
 def test_the_wide_step_is_on_by_default_where_it_runs(
-  head_dim, block_k, stages, options, interpret, on
+  head_dim, block_k, stages, numerics, options, interpret, on, refused
 ):
   """`MosaicGPUOptions.wide_step` None (the default) resolves in `kernel_config` to on for a GPU
-  wherever the wide step runs, off in interpret mode, beside overlap and where
-  `wide_step_refusal` refuses it; True is refused in one line there, False stays off."""
+  wherever the wide step runs and does not turn the persistent forward off (1024 keys: each
+  num_stages a full ring), off in interpret mode, beside overlap, where `wide_step_refusal`
+  refuses it and where the 64-key step's persistent layout fits and the wide step's does not
+  (then persistent=True is not refused for an option the caller did not set); wide_step=True
+  is refused in one line where it cannot run, False stays off."""
   from pallas_kernels.forward_mgpu import MosaicGPUOptions, step_keys
 
   def config(**chosen):
     return _cfg(
+      numerics=numerics,
       backend="mosaic_gpu",
       head_dim=head_dim,
       block_k=block_k,
       num_stages=stages,
       interpret=interpret,
+      length=1024,
       mgpu_options=MosaicGPUOptions(**options, **chosen),
     )
 
@@ -372,10 +393,15 @@ def test_the_wide_step_is_on_by_default_where_it_runs(
   cfg = config()
   assert cfg.mgpu.wide_step is on and step_keys(cfg) == block_k * (2 if on else 1)
   assert config(wide_step=False).mgpu.wide_step is False
-  if on or interpret:
+  match = {
+    "wide_step": r"^MosaicGPUOptions\(wide_step=True\) (with|runs)",
+    "persistent": r"^MosaicGPUOptions\(persistent=True\) at .* and wide_step \(128 keys a slot\)",
+    "options": r"^MosaicGPUOptions\(overlap=True\) runs one 64-key tile a step",
+  }
+  if refused is None:
     assert config(wide_step=True).mgpu.wide_step is True
-  elif not options:  # overlap with wide_step=True: MosaicGPUOptions refuses the pair itself
-    with pytest.raises(ValueError, match=r"^MosaicGPUOptions\(wide_step=True\) (with|runs)"):
+  else:
+    with pytest.raises(ValueError, match=match[refused]):
       config(wide_step=True)
 
 
