@@ -56,3 +56,18 @@ bench_targets() {
   timeout 290 python3 -m jax_flashstable.cli bench --targets "${SPEC:-fa2+comp}" \
     --overhead-pairs 20 --reps 10 --no-hashes --out "$1" > "$2" 2>&1
 }
+# gpu_tests SECONDS PYTEST_ARGS...: pytest on the device's GPU into $OUT/gpu_tests.log, at most
+# SECONDS (0: no tests), then its failures and summary
+gpu_tests() {
+  (( $1 > 0 )) || return 0
+  timeout "$1" python3 -m pytest -q -p no:cacheprovider -rfE "${@:2}" > "$OUT/gpu_tests.log" 2>&1
+  echo "GPU tests: exit $?"; grep -E "^(FAILED|ERROR|E  )|passed|failed" "$OUT/gpu_tests.log" | head -20
+}
+# step_vs_cudnn DIR ROUNDS SECONDS [LABEL]: the gpt2-small step, fa2+comp against cuDNN's,
+# ROUNDS interleaved rounds (experiment 02; 0: not run) into DIR and DIR.log, at most SECONDS
+step_vs_cudnn() {
+  (( $2 > 0 )) || return 0
+  timeout "$3" python3 experiments/02_gpt2_step_time.py --steps "$2" --attention fa2+comp \
+    --attention cudnn --out "$1" > "$1.log" 2>&1
+  echo "step${4:+ ($4)}: exit $?"; grep -v "^ *$" "$1.log" | grep -v Warning | tail -8
+}

@@ -18,17 +18,9 @@ OUT=${1:-runs/h200}
 mkdir -p "$OUT"
 source "$(dirname "$0")/h200_env.sh"
 nvidia-smi -L
-if (( ${TEST_TIMEOUT:-200} > 0 )); then
-  timeout ${TEST_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider -rfE tests/test_mosaic_gpu.py \
-    tests/test_golden.py tests/test_backend_choice.py > "$OUT/gpu_tests.log" 2>&1
-  echo "GPU tests: exit $?"; grep -E "^(FAILED|ERROR|E  )|passed|failed" "$OUT/gpu_tests.log" | head -20
-fi
+gpu_tests ${TEST_TIMEOUT:-200} tests/test_mosaic_gpu.py tests/test_golden.py tests/test_backend_choice.py
 timeout 130 python3 experiments/11_mgpu_forward_ab.py --pairs 20 --out "$OUT/ab11_d128_full.txt" \
   bk=64 bk=64,st=3 bk=64,st=3,wide_step=1,persistent=0 bk=128 bk=128,persistent=0 > "$OUT/ab.log" 2>&1
 echo "11, d128 full: exit $?"; cat "$OUT/ab11_d128_full.txt"
-if (( ${STEPS:-30} > 0 )); then
-  timeout 160 python3 experiments/02_gpt2_step_time.py --steps ${STEPS:-30} --attention fa2+comp \
-    --attention cudnn --out "$OUT/step" > "$OUT/step.log" 2>&1
-  echo "step: exit $?"; grep -v "^ *$" "$OUT/step.log" | grep -v Warning | tail -8
-fi
+step_vs_cudnn "$OUT/step" ${STEPS:-30} 160
 true

@@ -20,20 +20,12 @@ mkdir -p "$OUT"
 source "$(dirname "$0")/h200_env.sh"
 nvidia-smi -L
 FWD=experiments/11_mgpu_forward_ab.py
-if (( ${TEST_TIMEOUT:-100} > 0 )); then
-  timeout ${TEST_TIMEOUT:-100} python3 -m pytest -q -p no:cacheprovider -rfE tests/test_mosaic_gpu.py \
-    -k "wide_step or shared_memory_limit or persistent" > "$OUT/gpu_tests.log" 2>&1
-  echo "GPU tests: exit $?"; grep -E "^(FAILED|ERROR|E  )|passed|failed" "$OUT/gpu_tests.log" | head -20
-fi
+gpu_tests ${TEST_TIMEOUT:-100} tests/test_mosaic_gpu.py -k "wide_step or shared_memory_limit or persistent"
 timeout 130 python3 $FWD --pairs 20 --out "$OUT/ab11_d128_full.txt" \
   bk=64 wide_step=0 comp=0 jax=1,bk=64 jax=1,bk=128 > "$OUT/ab.log" 2>&1
 echo "11, d128 full: exit $?"; cat "$OUT/ab11_d128_full.txt"
 timeout 80 python3 $FWD --causal --shape 16,1024,12,12,64 --pairs 30 --out "$OUT/ab11_d64_causal.txt" \
   bk=64 wide_step=0 comp=0 jax=1,bk=64 >> "$OUT/ab.log" 2>&1
 echo "11, d64 causal: exit $?"; cat "$OUT/ab11_d64_causal.txt"
-if (( ${STEPS:-30} > 0 )); then
-  timeout 180 python3 experiments/02_gpt2_step_time.py --steps ${STEPS:-30} --attention fa2+comp \
-    --attention cudnn --out "$OUT/step" > "$OUT/step.log" 2>&1
-  echo "step: exit $?"; grep -v "^ *$" "$OUT/step.log" | grep -v Warning | tail -8
-fi
+step_vs_cudnn "$OUT/step" ${STEPS:-30} 180
 true

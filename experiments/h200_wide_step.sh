@@ -27,11 +27,8 @@ mkdir -p "$OUT"
 source "$(dirname "$0")/h200_env.sh"
 nvidia-smi -L
 FWD=experiments/11_mgpu_forward_ab.py
-if (( ${TEST_TIMEOUT:-150} > 0 )); then  # TEST_TIMEOUT=0: no tests (experiment 11 checks out's bits)
-  timeout ${TEST_TIMEOUT:-150} python3 -m pytest -q -p no:cacheprovider -rfE tests/test_mosaic_gpu.py \
-    -k "wide_step or unit_alpha or shared_memory_limit" > "$OUT/gpu_tests.log" 2>&1
-  echo "GPU tests: exit $?"; grep -E "^(FAILED|ERROR|E  )|passed|failed" "$OUT/gpu_tests.log" | head -20
-fi
+# TEST_TIMEOUT=0: no tests (experiment 11 checks out's bits)
+gpu_tests ${TEST_TIMEOUT:-150} tests/test_mosaic_gpu.py -k "wide_step or unit_alpha or shared_memory_limit"
 timeout 130 python3 $FWD --causal --shape 16,1024,12,12,64 --pairs 30 --out "$OUT/ab11_d64_causal.txt" \
   bk=64 wide_step=1 unit_alpha=1 wide_step=1,unit_alpha=1 jax=1,bk=64 > "$OUT/ab.log" 2>&1
 echo "11, d64 causal: exit $?"; cat "$OUT/ab11_d64_causal.txt"
@@ -53,9 +50,7 @@ F=pallas_kernels/forward_mgpu.py
 [[ $winner == *wide_step=1* ]] && set_line $F "  wide_step: bool = False" "  wide_step: bool = True"
 [[ $winner == *unit_alpha=1* ]] && set_line $F "  unit_alpha: bool = False" "  unit_alpha: bool = True"
 grep -n "^  wide_step: bool\|^  unit_alpha: bool" $F
-timeout 200 python3 experiments/02_gpt2_step_time.py --steps ${STEPS:-30} --attention fa2+comp \
-  --attention cudnn --out "$OUT/step" > "$OUT/step.log" 2>&1
-echo "step ($winner): exit $?"; grep -v "^ *$" "$OUT/step.log" | grep -v Warning | tail -8
+step_vs_cudnn "$OUT/step" ${STEPS:-30} 200 "$winner"
 if (( SECONDS < ${LIMIT:-545} - 105 )); then
   timeout $(( ${LIMIT:-545} - SECONDS )) python3 $FWD --pairs 20 --out "$OUT/ab11_d128_full.txt" \
     wide_step=0,unit_alpha=0 wide_step=1,unit_alpha=0 wide_step=0,unit_alpha=1 \

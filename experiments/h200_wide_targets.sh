@@ -15,7 +15,5 @@ nvidia-smi -L
 bench_targets "$OUT/targets" "$OUT/targets.log"
 echo "bench --targets: exit $?"
 grep -v "^ \|^$" "$OUT/targets.log" | tail -16
-timeout 240 python3 experiments/02_gpt2_step_time.py --steps 30 --attention fa2+comp \
-  --attention cudnn --out "$OUT/step" > "$OUT/step.log" 2>&1
-echo "step: exit $?"; grep -v "^ *$" "$OUT/step.log" | grep -v Warning | tail -8
+step_vs_cudnn "$OUT/step" 30 240
 true
