@@ -284,7 +284,8 @@ class MosaicGPUOptions:
 # the persistent wide step: Mosaic GPU puts them after the buffers). The forward reserves no
 # reduction scratch (`REDUCTION_SCRATCH_BYTES`).
 SMEM_BYTES = 227 * 1024 - 1024
-# Mosaic GPU aligns each shared-memory buffer to 1 KiB (`SMEM_ALIGNMENT`).
+# Mosaic GPU aligns each shared-memory buffer to 1 KiB (its own SMEM_ALIGNMENT, in
+# jax._src.pallas.mosaic_gpu.core).
 SMEM_ALIGNMENT = 1024
 # Mosaic GPU's scratch for reductions across warps (`plgpu.CompilerParams`, 2 KiB by default):
 # the forward's reductions are all along a row, inside a warp (its 4 lanes), and lower and
