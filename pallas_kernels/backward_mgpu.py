@@ -55,7 +55,6 @@ import numbers
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
@@ -68,6 +67,7 @@ from pallas_kernels.forward_mgpu import (
   persistent_fits,
   query_tile,
   resolve_scale_in_exp2,
+  rounded_scores,
   slot_of,
   smem_transforms,
   visited_key_tiles,
@@ -432,28 +432,6 @@ def _valid(q_pos, k_pos, cfg, key_span, query_span=None):
   return functools.reduce(jnp.logical_and, conditions) if conditions else None
 
 
-def _rounded_scores(s, scale):
-  """S = QKᵀ·c (`Numerics.scores` of fa2 and fp32_out) on a wgmma tile, each product PTX
-  `mul.rn.f32`: a product with an explicit rounding mode is never contracted into the
-  subtraction after it (NVPTX contracts `mul` + `sub` into an FMA even where the product has
-  a second use), so S − m is exactly 0 at the row max and `Numerics.probs` needs no select
-  (`Numerics.max_gap`). The same values as the plain product, rounded once. GPU only
-  (`plgpu.inline_mgpu`)."""
-  layout = plgpu.Layout.WGMMA
-  out = plgpu.ShapeDtypeStruct(s.shape, jnp.float32, layout=layout)
-
-  def body(_, x):
-    from jax._src.lib.mlir import ir
-    from jax._src.lib.mlir.dialects import arith, vector
-    from jax.experimental.mosaic.gpu import fragmented_array as fa
-
-    mul_rn = fa.FragmentedArray._lift_fast_instr("mul.rn.f32")
-    c = arith.constant(ir.F32Type.get(), float(np.float32(scale)))
-    return x._pointwise(lambda r: mul_rn(r, vector.broadcast(r.type, c)))
-
-  return plgpu.inline_mgpu(arg_types=(layout,), return_type=out)(body)(s)
-
-
 def unscaled_scores(cfg) -> bool:
   """Whether the GPU backward forms P from the unscaled QKᵀ (`_probs_and_dscores`): with
   `rounded_scores`, `scale_in_exp2` resolved on (`forward_mgpu.resolve_scale_in_exp2`) and a
@@ -468,8 +446,8 @@ def _probs_and_dscores(s, dp, m, log_l, delta, cfg, valid=None):
   """P and dS of one tile of QKᵀ and dO Vᵀ products, float32, 0 where not `valid` (None:
   nothing masked) — the Triton backward's `_probs_and_dscores`, on wgmma tiles (either
   orientation: m, log l and delta come broadcast to the tile). With
-  `MosaicGPUOptions.rounded_scores` S is rounded on its own (`_rounded_scores` on the GPU, an
-  optimization barrier in interpret mode) and P has no select."""
+  `MosaicGPUOptions.rounded_scores` S is rounded on its own (`forward_mgpu.rounded_scores`)
+  and P has no select."""
   numerics, scale = cfg.numerics, cfg.softmax_scale
   if unscaled_scores(cfg):
     # c = 2^−e: u = (QKᵀ − m/c) − log l / c is (S − m − log l)/c exactly (m/c, log l/c and
@@ -481,12 +459,9 @@ def _probs_and_dscores(s, dp, m, log_l, delta, cfg, valid=None):
     p = jnp.exp(u * scale) if cfg.interpret else jnp.exp2(u * (scale * LOG2E))
   elif not cfg.mgpu.rounded_scores or numerics.single_lse:  # (single_lse: no select to drop)
     p = numerics.probs(numerics.scores(s, scale), m, log_l)
-  else:  # interpret mode: an optimization barrier keeps XLA from contracting S into S − m
+  else:
     assert not numerics.paper, "the Mosaic GPU backward's scores are fa2's and fp32_out's"
-    if cfg.interpret:
-      s = lax.optimization_barrier(numerics.scores(s, scale))
-    else:
-      s = _rounded_scores(s, scale)
+    s = rounded_scores(s, scale, cfg.interpret)
     p = numerics.probs(s, m, log_l, rounded=True)
   if valid is None:
     return p, numerics.dscores(p, numerics.dp(dp), delta, scale)

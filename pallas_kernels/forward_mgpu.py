@@ -23,9 +23,9 @@ wrapper (`pallas_kernels.attention`) has padded head_dim and the sequences.
 Differences from the Triton kernel, all in float32 values and none at a bf16 rounding point or
 in the tie test: on the GPU the P̄V wgmma accumulates into α·acc (`MosaicGPUOptions.fused_pv`, FlashAttention-3's
 order; the Triton kernel adds P̄V from its own accumulator; in interpret mode the unfused order
-runs, where the compiler may contract α·acc + P̄V into an FMA), P̄ = 2^(S·log₂e − m·log₂e) with
-one FMA (`MosaicGPUOptions.exp2`, `policy.Numerics.exp_scores`: the max's P̄ differs from 1 by about ln 2 · ½ ulp(m·log₂e), tens of float32
-ulps at |m| ≈ 100, and is still 1 after its bf16 rounding for ordinary scores), the summation
+runs, where the compiler may contract α·acc + P̄V into an FMA), P̄ = 2^((S − m)·log₂e)
+(`MosaicGPUOptions.exp2`, `policy.Numerics.exp_scores`: the max's P̄ is 1 exactly, at any
+logit), the summation
 order inside the two dots is the tensor core's (wgmma), exp2 and log are Mosaic GPU's fast
 approximations (`approx_math`: ex2.approx / lg2.approx, subnormals flushed), and the compiler
 may contract α·l + Σ into an FMA; so outputs may differ from the Triton kernel's by an ulp or
@@ -74,7 +74,7 @@ class MosaicGPUOptions:
     GPU only (the interpreter cannot run a wgmma into an initialised accumulator).
   early_turn: with ping-pong, the turn is taken right after the QK wgmma is issued (as JAX's
     attention_mgpu does) rather than after its result is read.
-  exp2: P̄ = 2^(S·log₂e − m·log₂e), one FMA before ex2 (`policy.exp_scores`), instead of
+  exp2: P̄ = 2^((S − m)·log₂e), a multiply before ex2 (`policy.exp_scores`), instead of
     exp(S − m).
   q_tiles_inner: the grid runs a head's query tiles one after another (Pallas's last grid
     axis is CUDA's x, launched first), so the CTAs resident together share one head's K and V
@@ -141,11 +141,12 @@ class MosaicGPUOptions:
     into ex2, the same bits as forming S, one multiply a score fewer in both backward kernels
     (d64: dK/dV 409 → 377 SASS instructions a tile, dQ 352 → 320); the backward 0.978× the time
     (H100, 2026-12-06, gpt2-small's 16 × 1024 × 12 × d64 causal, same bits).
-  rounded_scores: the Mosaic GPU backward forms S = QKᵀ·c as PTX `mul.rn.f32` (interpret
-    mode: behind an optimization barrier), which no compiler contracts into S − m, so P needs
-    no compare-and-select for exp(S − m) to be exactly 1 at the row max
-    (`backward_mgpu._rounded_scores`, `policy.Numerics.max_gap`): two instructions a score
-    fewer in both backward kernels (experiments/20_ptxas_report.py; not with single_lse,
+  rounded_scores: the Mosaic GPU forward and backward form S = QKᵀ·c as PTX `mul.rn.f32`
+    (`rounded_scores`; interpret mode: behind an optimization barrier), which no compiler
+    contracts into S − m, so P̄ and P need no compare-and-select for their exponent to be
+    exactly 0 at the row max (`policy.Numerics.max_gap`; the forward since 2026-12-07, where
+    the contracted product had left the max's P̄ off 1 by up to ½ ulp(S)): two instructions a
+    score fewer in both backward kernels (experiments/20_ptxas_report.py; not with single_lse,
     which has no select). Off: the plain product and `probs`' select, where NVPTX contracts
     the product into S − m (an FMA) away from the max, so P's float32 values there differ by
     ulps from the definition's fl(fl(QKᵀ·c) − m), which the option computes. On by default
@@ -643,6 +644,31 @@ def resolve_scale_in_exp2(options: MosaicGPUOptions, softmax_scale: float, compe
   return dataclasses.replace(options, scale_in_exp2=bool(exact))
 
 
+def rounded_scores(s, scale, interpret):
+  """S = QKᵀ·c (`Numerics.scores` of fa2 and fp32_out) on a wgmma tile, rounded on its own:
+  each product PTX `mul.rn.f32`, which is never contracted into the subtraction after it
+  (NVPTX contracts `mul` + `sub` into an FMA even where the product has a second use), so
+  S − m is exactly 0 at the row max: the forward's P̄ = 2^((S − m)·log₂e) is then 1 there at
+  any logit, and the backward's `Numerics.probs` needs no select (`Numerics.max_gap`). The
+  same values as the plain product, rounded once. In interpret mode the product passes an
+  optimization barrier, which keeps XLA from contracting it (`MosaicGPUOptions.rounded_scores`)."""
+  if interpret:
+    return lax.optimization_barrier(s * scale)
+  layout = plgpu.Layout.WGMMA
+  out = plgpu.ShapeDtypeStruct(s.shape, jnp.float32, layout=layout)
+
+  def body(_, x):
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir.dialects import arith, vector
+    from jax.experimental.mosaic.gpu import fragmented_array as fa
+
+    mul_rn = fa.FragmentedArray._lift_fast_instr("mul.rn.f32")
+    c = arith.constant(ir.F32Type.get(), float(np.float32(scale)))
+    return x._pointwise(lambda r: mul_rn(r, vector.broadcast(r.type, c)))
+
+  return plgpu.inline_mgpu(arg_types=(layout,), return_type=out)(body)(s)
+
+
 def on_hopper() -> bool:
   """Whether JAX's default device is a Hopper GPU (compute capability 9.0: wgmma is sm_90a
   only), the device `check_device` requires outside interpret mode."""
@@ -762,6 +788,7 @@ def _forward_kernel(
   top2_ties = cfg.tie_method == "top2"
   # scale_in_exp2: the loop runs on the unscaled QKᵀ, the scale enters exp2's FMA
   exp_scale = cfg.softmax_scale if opts.scale_in_exp2 else 1.0
+  exact_gap = opts.scale_in_exp2 or opts.rounded_scores  # S − m needs no select (`max_gap`)
   if opts.scale_in_exp2 and comp is not None:
     comp = comp.unscaled(cfg.softmax_scale)
 
@@ -819,7 +846,11 @@ def _forward_kernel(
       return wait
 
     def scores(s_tile):  # the QKᵀ accumulator, scaled (`Numerics.scores`) unless scale_in_exp2
-      return s_tile if opts.scale_in_exp2 else numerics.scores(s_tile, cfg.softmax_scale)
+      if opts.scale_in_exp2:
+        return s_tile
+      if opts.rounded_scores:  # S − m exactly 0 at the max: P̄ = 1 there (`rounded_scores`)
+        return rounded_scores(s_tile, cfg.softmax_scale, cfg.interpret)
+      return numerics.scores(s_tile, cfg.softmax_scale)
 
     def issue_qk(s_ref, slot):  # the QKᵀ wgmma of the keys in `slot`
       plgpu.wgmma(s_ref, q_smem, k_smem.at[slot].transpose((1, 0)))
@@ -858,7 +889,7 @@ def _forward_kernel(
       m_new = jnp.maximum(m_i, m_tile)
       alpha = numerics.rescale(m_i, m_new, opts.exp2, exp_scale)  # 1 while the max stays, 0 first
       m_b = lax.broadcast_in_dim(m_new, s.shape, [0])
-      p = numerics.exp_scores(s, m_b, opts.exp2, exp_scale)  # P̄, f32
+      p = numerics.exp_scores(s, m_b, opts.exp2, exp_scale, exact_gap)  # P̄, f32
       l_new = numerics.state(alpha * l_i + numerics.clamp_sum(jnp.sum(p, axis=1)))  # from f32 P̄
       return m_new, l_new, alpha, numerics.round_p(p, q_smem.dtype)
 

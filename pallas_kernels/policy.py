@@ -161,19 +161,22 @@ class Numerics:
   def exp_arg(self, x):
     return round_bf16(x) if self.paper else x  # paper: exp(bf16(·))
 
-  def exp_scores(self, s, m, base2=False, scale=1.0):
+  def exp_scores(self, s, m, base2=False, scale=1.0, rounded=False):
     """P̄ = exp(S − m) in float32, m broadcast to s. base2 (the Mosaic GPU forward's option, fa2
-    and fp32_out only): 2^(S·log₂e − m·log₂e), one FMA before ex2; the max's P̄ then differs
-    from 1 by about ln 2 · ½ ulp(m·log₂e) (tens of float32 ulps at |m| ≈ 100) and is still 1
-    after a bf16 rounding for ordinary scores.
+    and fp32_out only): 2^((S − m)·log₂e), the difference first (0 at the max, so its P̄ is 1
+    exactly, as the backward's P takes it: `probs`; `max_gap`, with `rounded` as there: S a
+    product rounded on its own, or the unscaled QKᵀ of scale), then one multiply before ex2.
     scale (base2 only; `MosaicGPUOptions.scale_in_exp2`): s and m are the unscaled QKᵀ and its
-    (shifted) max and the softmax scale c enters here, 2^(s·k − m·k) with k = c·log₂e one
-    float32 constant: FlashAttention-2's own order (Dao 2023, its CUDA kernel's
-    `scale_softmax_log2`), without S = QKᵀ·c rounded on its own."""
+    (shifted) max and the softmax scale c enters here, 2^((s − m)·k) with k = c·log₂e one
+    float32 constant, without S = QKᵀ·c rounded on its own.
+    Not FlashAttention-2's one FMA 2^(s·k − m·k) (Dao 2023, its CUDA kernel's
+    `scale_softmax_log2`): its exponent at the max is the rounding error of m·k, ½ ulp(m·k), so
+    the max's P̄ is off 1 by ln 2·½ ulp(m·k), in proportion to |m|: at logits 4·10⁶ l came out
+    2^δ·4 and dV 8% off (the backward's P took the max's as 1), at 10¹² P̄ overflowed to NaN
+    (H100, 2026-12-07, tests/test_mechanism.py::test_large_logits_keep_the_backward_exact)."""
     if base2:
       assert not self.paper, "base2 skips the paper layout's exp_arg rounding"
-      k = scale * LOG2E
-      return jnp.exp2(s * k - m * k)
+      return jnp.exp2(self.max_gap(s, m, rounded) * (scale * LOG2E))
     assert scale == 1.0, "scale is base2's"
     return jnp.exp(self.exp_arg(s - m))
 

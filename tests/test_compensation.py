@@ -162,7 +162,7 @@ def test_capped_shift_scales_tied_rows_by_its_rounding(cap):
   O = gold to float32 accuracy. A cap at a multiple of ln 2 (8 ln 2, 28 ln 2) makes the
   capped P̄ a power of two, which bf16 holds: r(P̄)/P̄ = 1 to within the float32 rounding of
   m′ = max + cap and O = gold without sum_rounded_p: through the Triton kernels' exp(S − m′)
-  and through the Mosaic GPU forward's 2^(S·log₂e − m′·log₂e) (interpret mode: exact exp2
+  and through the Mosaic GPU forward's 2^((S − m′)·log₂e) (interpret mode: exact exp2
   where the GPU runs ex2.approx; it has no sum_rounded_p). Not in the paper layout, which
   rounds S − m′ to bf16 (docs/numerics.md)."""
   q, k, v = (jnp.concatenate(x) for x in zip(two_ties(30.0), two_ties(50.0)))

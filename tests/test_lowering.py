@@ -15,7 +15,7 @@ from jax_flashstable import flash_attention
 from pallas_kernels.attention import kernel_config
 from pallas_kernels.backward import flash_backward
 from pallas_kernels.forward import flash_forward
-from pallas_kernels.forward_mgpu import flash_forward_mgpu
+from pallas_kernels.forward_mgpu import MosaicGPUOptions, flash_forward_mgpu
 from pallas_kernels.policy import Compensation, get_numerics
 
 
@@ -49,6 +49,7 @@ def _cfg(
   stabilize=True,
   interpret=False,
   length=256,
+  softmax_scale=0.1,
   **kw,
 ):
   return kernel_config(
@@ -56,7 +57,7 @@ def _cfg(
     kv_len=length,
     head_dim=head_dim,
     dtype=jnp.bfloat16,
-    softmax_scale=0.1,
+    softmax_scale=softmax_scale,
     causal=causal,
     numerics=get_numerics(numerics),
     compensation=Compensation() if stabilize else None,
@@ -118,6 +119,24 @@ def test_mosaic_gpu_forward_lowers(head_dim, block_k, causal, tie_method):
   )
   text = _lower_for_cuda(lambda q, k, v: flash_forward_mgpu(q, k, v, cfg)[:3], *_qkv(head_dim))
   assert "wgmma" in text and "cp.async.bulk.tensor" in text
+  # S = QKᵀ·c as PTX mul.rn.f32 (softmax_scale 0.1: no scale_in_exp2), which no compiler
+  # contracts into S − m, so the max's P̄ = 2^((S − m)·log₂e) is 1 (`rounded_scores`)
+  assert cfg.mgpu.rounded_scores and not cfg.mgpu.scale_in_exp2 and "mul.rn.f32" in text
+
+
+def test_mosaic_gpu_forward_rounds_the_scores_on_their_own_only_where_formed():
+  """Without `MosaicGPUOptions.rounded_scores` the plain product (the max's P̄ then comes
+  from `max_gap`'s select); at a power-of-two scale (scale_in_exp2) no S is formed at all."""
+  for options, scale in ((dict(rounded_scores=False), 0.1), ({}, 0.125)):
+    cfg = _cfg(
+      backend="mosaic_gpu",
+      head_dim=64,
+      softmax_scale=scale,
+      mgpu_options=MosaicGPUOptions(**options),
+    )
+    assert cfg.mgpu.scale_in_exp2 is (scale == 0.125)
+    text = _lower_for_cuda(lambda q, k, v: flash_forward_mgpu(q, k, v, cfg)[:3], *_qkv(64))
+    assert "wgmma" in text and "mul.rn.f32" not in text, (options, scale)
 
 
 @pytest.mark.parametrize(
@@ -194,6 +213,7 @@ def test_mosaic_gpu_forward_lowers_with_the_compensation_options(block_k, causal
 
   q = _qkv(128)
   mgpu_options = MosaicGPUOptions(pingpong=True, **{option: True})
+  blocks = {}  # stabilize -> inline_mgpu blocks in the traced forward
   for stabilize in (True, False):
     cfg = _cfg(
       backend="mosaic_gpu",
@@ -203,10 +223,13 @@ def test_mosaic_gpu_forward_lowers_with_the_compensation_options(block_k, causal
       mgpu_options=mgpu_options,
     )
     forward = lambda q, k, v: flash_forward_mgpu(q, k, v, cfg)[:3]  # noqa: B023
-    if option == "tie_lanes":  # the inline_mgpu block of the lane merge: with the compensation
-      assert ("inline_mgpu" in str(jax.make_jaxpr(forward)(*q))) == stabilize
+    blocks[stabilize] = str(jax.make_jaxpr(forward)(*q)).count("inline_mgpu")
     text = _lower_for_cuda(forward, *q)
     assert "wgmma" in text and "cp.async.bulk.tensor" in text
+  # inline_mgpu blocks: the lane merge's with the compensation only (tie_lanes, the default),
+  # rounded_scores' S = QKᵀ·c wherever S is formed (not with scale_in_exp2)
+  assert blocks[True] > blocks[False], blocks
+  assert (blocks[False] > 0) == (option != "scale_in_exp2"), blocks
 
 
 def test_overlap_refuses_the_options_it_replaces():
