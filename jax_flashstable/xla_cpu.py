@@ -4,9 +4,12 @@ XLA's CPU backend fuses some dots into YNNPACK kernels whose accumulation is not
 program asks for (seen with jax 0.11.2: the float32 reference attention's P·V more accurate than
 float32 arithmetic, so the accuracy rule err ≤ 2·err(standard) + 1 ulp compared our kernels
 with a better-than-float32 baseline and failed; bf16 products in backward fusions without
-float32 accumulation). Comparing kernels with references needs the plain dot semantics the GPU
-has: the tests (tests/conftest.py) and the CLI's numerics commands (`flashstable accuracy`,
-`deviation`, `bias`, `crosscheck`) turn the fusion off before JAX starts. No JAX import here.
+float32 accumulation). Comparing kernels with references needs plain float32 dots: the tests
+(tests/conftest.py) and the CLI's numerics commands (`flashstable accuracy`, `deviation`,
+`bias`, `crosscheck`) turn the fusion off before JAX starts. A GPU's XLA is no such baseline
+either (cuBLAS's float32 attention was 4× more accurate than the kernel's float32 dots at
+head_dim 256, H100, 2026-12-07), so `lab.accuracy.compare` runs its references on the CPU
+backend wherever the kernel runs. No JAX import here.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@ import os
 
 from jax_flashstable.xla_cpu import plain_dots
 
-# XLA's CPU dots as the program states them (no YNNPACK fusions): the tests compare kernels and
-# references under the plain dot semantics the GPU has (`jax_flashstable.xla_cpu`).
+# XLA's CPU dots as the program states them (no YNNPACK fusions): the tests compare kernels with
+# references computed in plain float32 dots, on the CPU also on a GPU (`jax_flashstable.xla_cpu`).
 plain_dots()
 
 # Pallas' GPU interpret mode (the Mosaic GPU kernels on a CPU) runs each warpgroup as a JAX
