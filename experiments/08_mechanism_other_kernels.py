@@ -11,7 +11,11 @@ the heading; without torch, the JAX rows only.
     PYTHONPATH=. python3 experiments/08_mechanism_other_kernels.py
 """
 
-import json
+from jax_flashstable.xla_cpu import plain_dots
+
+plain_dots()  # `compare`'s CPU references in plain float32 dots, before JAX starts
+
+import json  # noqa: E402
 import pathlib
 import subprocess
 import sys

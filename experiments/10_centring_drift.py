@@ -10,6 +10,10 @@ control without the mask, where every row sees every key and the global mean is 
     PYTHONPATH=. python3 experiments/10_centring_drift.py
 """
 
+from jax_flashstable.xla_cpu import plain_dots
+
+plain_dots()  # `compare`'s CPU references in plain float32 dots, before JAX starts
+
 import jax
 import jax.numpy as jnp
 import numpy as np

@@ -8,7 +8,7 @@ the dS·K product. The two inputs separate the pieces: in the fa2 layout one is 
 paper layout, whose O is built in bf16 buffers and whose dP is rounded too, only `center_keys`
 fixes anything. The rule is the accuracy
 rule of the suite: error ≤ 2·error(naive attention in bf16) + one bf16 ulp at the FP64 value's
-scale (`lab.accuracy`).
+scale + one float32 ulp at the scale of the terms it sums (`lab.accuracy`).
 """
 
 import jax.numpy as jnp
@@ -234,3 +234,34 @@ def test_centred_keys_serve_every_implementation(spec):
   np.testing.assert_array_equal(
     f32(run(centred)(q, later, v)[:, :20]), f32(run(centred)(q, k, v)[:, :20])
   )
+
+
+def test_mosaic_gpu_exponent_takes_the_difference_first():
+  """The Mosaic GPU forward's P̄ (`Numerics.exp_scores` with base2): 2^(fl(fl(S − m)·k)), k =
+  fl(c·log₂e), bit for bit, not FlashAttention-2's 2^(fl(S·k) − fl(m·k)) (one FMA on the GPU),
+  whose exponent at m ≈ 2.3·10⁷ carries the rounding of m·k (ulp 4) and, unless contracted
+  (XLA's CPU contracts it too), of S·k: at S = m − 2 and m − 8 the forms differ, and at S = m
+  the new one is exactly 1, which 2^(fma(S, k, −fl(m·k))) is not. On the CPU
+  test_large_logits_keep_the_backward_exact passes either way: its m·k is exact there."""
+  import jax
+
+  from pallas_kernels.policy import LOG2E, get_numerics
+
+  m = np.float32(23456788.0)  # not a power of two times anything simple: m·k rounds
+  s = np.asarray([m, m - 2, m - 8, -np.inf], np.float32)
+  for scale, rounded in ((1.0, False), (0.125, True)):
+    k = np.float32(scale * LOG2E)
+    got = np.asarray(
+      jax.jit(
+        lambda s, m: get_numerics("fa2").exp_scores(s, m, True, scale, rounded)  # noqa: B023
+      )(s, jnp.full(s.shape, m)),
+      np.float32,
+    )
+    exp2 = lambda x: np.asarray(jax.jit(jnp.exp2)(x.astype(np.float32)))  # noqa: E731 (XLA's)
+    want = exp2((s - m) * k)  # float32 arithmetic, each step rounded
+    np.testing.assert_array_equal(got, want)
+    assert got[0] == 1.0 and got[3] == 0.0
+    mk = np.float32(np.float64(m) * np.float64(k))  # fl(m·k)
+    rounded_form = exp2((s * k).astype(np.float32) - mk)
+    fma_form = exp2(np.float64(s) * np.float64(k) - np.float64(mk))  # S·k exact, one rounding
+    assert rounded_form[1] != want[1] and fma_form[0] != 1.0, (rounded_form, fma_form, want)

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +32,7 @@ import numpy as np
 
 from jax_flashstable.attention.api import flash_attention, reference_attention_vjp
 from jax_flashstable.lab.shapes import Shape, make_inputs
+from jax_flashstable.xla_cpu import FLAG as PLAIN_DOTS
 
 TENSORS = ("out", "d_query", "d_key", "d_value")
 
@@ -106,6 +109,12 @@ def compare(query, key, value, d_out, *, causal, result=None, **flash_kwargs) ->
   [batch, seq, heads, head_dim], against FP64: O and the three gradients for cotangent d_out.
   Flash runs on the default device; FP64 and the standard attention on the CPU (module doc).
   result: flash's (out, (d_query, d_key, d_value)) when already computed (not run again)."""
+  if PLAIN_DOTS not in os.environ.get("XLA_FLAGS", "").split():
+    warnings.warn(
+      "accuracy.compare: XLA's CPU dots may be YNNPACK's, more accurate than float32 "
+      "arithmetic: call jax_flashstable.xla_cpu.plain_dots() before JAX starts",
+      stacklevel=2,
+    )
   dtype = query.dtype
   kw = dict(causal=causal, softmax_scale=flash_kwargs.get("softmax_scale"))
   out, grads = (
@@ -133,9 +142,11 @@ def compare(query, key, value, d_out, *, causal, result=None, **flash_kwargs) ->
 def term_scales(query, key, value, d_out, *, causal, softmax_scale=None) -> dict:
   """tensor -> the largest sum of absolute terms behind any of its elements, in FP64.
 
-  With P the FP64 softmax, dP = dO·Vᵀ and delta = rowsum(P∘dP) = rowsum(dO∘O): O sums P·|V|,
-  dV sums Pᵀ·|dO|, dQ sums scale·(P∘(|dP| + |delta|))·|K| and dK its transpose with |Q| (the
-  terms of dS = P∘(dP − delta) before they cancel). Key/value heads are shared by
+  With P the FP64 softmax: O sums P·|V|, dV sums Pᵀ·|dO|, dQ sums scale·(P∘(|dO|·|V|ᵀ +
+  rowsum(|dO|∘|O|)))·|K| and dK its transpose with |Q|: the terms of dS = P∘(dP − delta)
+  before they cancel, dP = dO·Vᵀ and delta = rowsum(dO∘O) each at the scale of its own
+  float32 sum's terms (a length-1 softmax whose dO is orthogonal to V has dP = delta = 0, and
+  their float32 sums are not). Key/value heads are shared by
   num_heads/num_kv_heads query heads (their dK, dV sum over the group); causal masks key j > query i.
   Inputs [batch, seq, heads, head_dim], any float dtype; returns floats.
   """
@@ -148,9 +159,10 @@ def term_scales(query, key, value, d_out, *, causal, softmax_scale=None) -> dict
     s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
   p = np.exp(s - s.max(-1, keepdims=True))
   p /= p.sum(-1, keepdims=True)
-  dp = np.einsum("bqhd,bkhd->bhqk", do, v)
-  delta = (p * dp).sum(-1, keepdims=True)
-  a = scale * p * (np.abs(dp) + np.abs(delta))
+  dp = np.einsum("bqhd,bkhd->bhqk", np.abs(do), np.abs(v))
+  o = np.einsum("bhqk,bkhd->bqhd", p, v)
+  delta = np.einsum("bqhd,bqhd->bhq", np.abs(do), np.abs(o))[..., None]
+  a = scale * p * (dp + delta)
 
   def by_kv_head(x):  # [batch, kv_len, heads, d] -> summed over each query-head group
     return x.reshape(x.shape[0], x.shape[1], -1, group, x.shape[3]).sum(3)
