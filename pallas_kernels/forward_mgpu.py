@@ -59,7 +59,7 @@ COMPUTE_WGS = 2
 class MosaicGPUOptions:
   """Speed options of the Mosaic GPU forward (`flash_attention(mgpu_options=...)`). None of
   them moves a bf16 rounding point; `fused_pv`, `exp2`, `scale_in_exp2` (where on and c is not
-  a power of two) and, in the backward, `rounded_scores` change float32 values (module
+  a power of two) and `rounded_scores` change float32 values (module
   docstring; scale_in_exp2 also a tie decision within about an ulp of its threshold), valid
   for fa2 and fp32_out, whose numerics hooks before the final rounding are identities.
 
@@ -119,12 +119,12 @@ class MosaicGPUOptions:
     shuffles and then a count over the groups with shuffles of its own. The same decisions
     and the same max (`policy.tied_by_top2`). On: the same bits on the GPU and no slower
     (H100, 2026-12-05: +0.4–2.2% paired, the compensation's forward cost +5.2% → +4.0%).
-  scale_in_exp2: with exp2 (ValueError without it), the softmax scale c moves into exp2's FMA
-    (`policy.Numerics.exp_scores`): the row max, the compensation's tie test and shift
+  scale_in_exp2: with exp2 (ValueError without it), the softmax scale c moves into exp2's
+    multiply (`policy.Numerics.exp_scores`): the row max, the compensation's tie test and shift
     (`policy.Compensation.unscaled`, its thresholds divided by c) and the running sums work on
-    the unscaled QKᵀ, P̄ = 2^(QKᵀ·k − m·k) with k = c·log₂e, and the m written out is m·c.
-    FlashAttention-2's own order (Dao 2023, its CUDA kernel's `scale_softmax_log2`, as JAX's
-    attention_mgpu on a query scaled beforehand); it saves the multiply of every score (32 of
+    the unscaled QKᵀ, P̄ = 2^((QKᵀ − m)·k) with k = c·log₂e, and the m written out is m·c.
+    (Until 2026-12-07 2^(QKᵀ·k − m·k), one FMA, FlashAttention-2's order: Dao 2023, its CUDA
+    kernel's `scale_softmax_log2`; `exp_scores` says why not.) It saves the multiply of every score (32 of
     a compute thread's ~350 SASS instructions per key tile at block_k 64, head_dim 128:
     experiments/20_ptxas_report.py). Changes float32 values: no S = QKᵀ·c is rounded, so P̄'s
     exponent argument differs by float32 ulps, the written m where the compensation shifted
@@ -276,7 +276,7 @@ class MosaicGPUOptions:
       )
     if self.scale_in_exp2 and not self.exp2:
       raise ValueError(
-        "MosaicGPUOptions(scale_in_exp2=True) moves the softmax scale into exp2's FMA: "
+        "MosaicGPUOptions(scale_in_exp2=True) moves the softmax scale into exp2's multiply: "
         "exp2 must be True, got exp2=False"
       )
 
@@ -628,7 +628,7 @@ def resolve_scale_in_exp2(options: MosaicGPUOptions, softmax_scale: float, compe
   """`options` with scale_in_exp2 a bool. True: checked (ValueError with
   `scale_in_exp2_refusal`'s line). None: True exactly where it changes no value — exp2 on,
   softmax_scale a power of two ≤ 1 (so QKᵀ·c, each threshold over c and m·c are exact, and
-  QKᵀ·(c·log₂e) is the default order's fl(QKᵀ·c)·log₂e rounded once: the same exp2 argument
+  (QKᵀ − m)·(c·log₂e) is the default order's (fl(QKᵀ·c) − m·c)·log₂e rounded once: the same exp2 argument
   for scores in float32's normal range; tests/test_mosaic_gpu.py checks the bits at
   head_dim 64 and 256) and nothing refused — else False. Not above 1: there QKᵀ·c can
   overflow where QKᵀ does not, and the two orders' log l then differ (NaN against −inf, a
@@ -786,7 +786,7 @@ def _forward_kernel(
   # (the interpreter cannot run a wgmma into an initialised accumulator: fused_pv is GPU-only)
   early_turn, fused_pv = pingpong and opts.early_turn, opts.fused_pv and not cfg.interpret
   top2_ties = cfg.tie_method == "top2"
-  # scale_in_exp2: the loop runs on the unscaled QKᵀ, the scale enters exp2's FMA
+  # scale_in_exp2: the loop runs on the unscaled QKᵀ, the scale enters exp2's multiply
   exp_scale = cfg.softmax_scale if opts.scale_in_exp2 else 1.0
   exact_gap = opts.scale_in_exp2 or opts.rounded_scores  # S − m needs no select (`max_gap`)
   if opts.scale_in_exp2 and comp is not None:

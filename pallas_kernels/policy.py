@@ -280,8 +280,9 @@ class Numerics:
   def max_gap(self, s, m, rounded=False):
     """S − m, exactly 0 where S equals m (`probs`): written so, unless the caller formed S as a
     product rounded on its own that no compiler can contract into the subtraction (rounded:
-    the Mosaic GPU backward's PTX `mul.rn.f32`), where S − m is that 0 already (S = m = ±inf
-    aside, whose rows' log l is NaN either way) and the compare and select are two
+    the Mosaic GPU kernels' PTX `mul.rn.f32`, `forward_mgpu.rounded_scores`, or the unscaled
+    QKᵀ of `scale_in_exp2`), where S − m is that 0 already (S = m = ±inf aside: NaN there, and
+    with the select P̄ = 1 and a finite log l, a row whose scores overflowed either way) and the compare and select are two
     instructions a score saved."""
     return s - m if rounded else jnp.where(s == m, 0.0, s - m)
 

@@ -206,7 +206,7 @@ def test_mosaic_gpu_forward_lowers_with_the_compensation_options(block_k, causal
   """The options that change the compensation's code lower for CUDA, with and without it:
   `tie_lanes` (the top-2 finished by shuffles across a row's lanes, `top2.lane_top2`, an
   `inline_mgpu` block that interpret mode does not run, present with the compensation only)
-  and `scale_in_exp2` (the scale in exp2's FMA, the compensation's thresholds divided by it;
+  and `scale_in_exp2` (the scale in exp2's multiply, the compensation's thresholds divided by it;
   its values: `tests/test_mosaic_gpu.py`, the multiplies it saves:
   experiments/20_ptxas_report.py)."""
   from pallas_kernels.forward_mgpu import MosaicGPUOptions
