@@ -35,6 +35,7 @@ BACKWARD_OPTIONS = (
   "rounded_scores",
   "scale_in_exp2",
   "persistent_bwd",
+  "delta_in_dq",
 )  # `MosaicGPUOptions` the backward reads
 
 

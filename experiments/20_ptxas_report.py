@@ -282,7 +282,7 @@ def main(argv=None):
   def lowered(f, *xs):
     core.KNOWN_KERNELS.clear()
     jax.jit(f).trace(*xs).lower(lowering_platforms=("cuda",))
-    return list(core.KNOWN_KERNELS.values())  # trace order: dK/dV before dQ
+    return list(core.KNOWN_KERNELS.values())  # trace order
 
   os.environ["MOSAIC_GPU_DUMP_PTX"] = os.environ["MOSAIC_GPU_DUMP_PTXAS"] = "1"
   print(f"# shape {(b, n, h, hk, d)}, causal={a.causal}, jax {jax.__version__}, sm_90a")
@@ -311,7 +311,8 @@ def main(argv=None):
       if stages is not None:
         cfg = dataclasses.replace(cfg, stages_bwd_mgpu=stages)
       mods = lowered(lambda q, k, v: flash_backward_mgpu(q, k, v, q, rows, rows, q, cfg), q, kv, kv)
-      kernels = list(zip(("dK/dV", "dQ"), mods))
+      # trace order: dK/dV before dQ, but dQ first with delta_in_dq (dK/dV reads its rows)
+      kernels = list(zip(("dQ", "dK/dV") if cfg.mgpu.delta_in_dq else ("dK/dV", "dQ"), mods))
     for kernel, module in kernels:
       tag = re.sub(r"\W+", "_", f"{spec}_{kernel}").strip("_")
       with CapturedFds() as cap:

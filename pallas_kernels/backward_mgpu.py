@@ -837,7 +837,11 @@ def _dkv(q, k, v, do, rows, cfg, stages, persistent):
 def _dq_kernel(
   q_ref, k_ref, v_ref, do_ref, rows_ref, *refs, cfg, n_kv, group, stages, grid, persistent
 ):
-  kd_ref, dq_ref, scoped = refs if cfg.numerics.center_keys else (None, *refs)
+  refs = list(refs)
+  kd_ref = refs.pop(0) if cfg.numerics.center_keys else None
+  o_ref = refs.pop(0) if cfg.mgpu.delta_in_dq else None  # delta from dO and O here
+  dq_ref, rows_out_ref = refs[0], (refs[1] if o_ref is not None else None)
+  scoped = refs[-1]
   numerics, dtype, scale, bk = cfg.numerics, q_ref.dtype, cfg.softmax_scale, dq_block_k(cfg)
   smem, barriers = scoped
   q_smem3, do_smem3, rows_smem3, k_smem, v_smem, kd_smem, ds_smem2 = smem
@@ -885,6 +889,17 @@ def _dq_kernel(
     d = q_smem.shape[-1]
     tile = (ROWS, bk)
     row = plgpu.Layout.WGMMA.reduce(1)
+    if o_ref is not None:  # delta = rowsum(dO∘O) − the lse cotangent (row 2), written out
+      mine = (at["batch"], pl.ds(row0, ROWS), at["heads"])
+      delta = numerics.delta_rows(
+        plgpu.load(do_smem, layout=plgpu.Layout.WGMMA),
+        plgpu.load(o_ref.at[mine], layout=plgpu.Layout.WGMMA, optimized=False),
+      ) - _row_slice(rows_smem, 2, row)
+      rows_smem.at[2][...] = delta
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(
+        rows_smem, rows_out_ref.at[at["batch"], at["heads"], :, pl.ds(row0, ROWS)]
+      )
     m, log_l, delta = (
       lax.broadcast_in_dim(_row_slice(rows_smem, r, row), tile, [0]) for r in range(3)
     )
@@ -968,7 +983,8 @@ def _dq_kernel(
   _roles(wg, items, compute_item, load_item, persistent, (slots, rows_free), (stages, free))
 
 
-def _dq(q, k, v, do, rows, kd, cfg, stages, persistent):
+def _dq(q, k, v, do, rows, kd, cfg, stages, persistent, o=None):
+  """dQ (and with `o`, `MosaicGPUOptions.delta_in_dq`: (dQ, the rows with delta written in))."""
   batch, q_len_p, num_heads, d = q.shape
   num_kv_heads = k.shape[2]
   group = num_heads // num_kv_heads
@@ -978,6 +994,8 @@ def _dq(q, k, v, do, rows, kd, cfg, stages, persistent):
   sw = smem_transforms(d, 2)
   center = kd is not None
   slots = 2 if persistent else 1  # items' Q, dO and rows in shared memory (`launch_plan`)
+
+  extra = ([kd] if center else []) + ([o] if o is not None else [])
 
   def entry(q_ref, k_ref, v_ref, do_ref, rows_ref, *refs):
     smem = (
@@ -1021,15 +1039,18 @@ def _dq(q, k, v, do, rows, kd, cfg, stages, persistent):
 
   grid = dict(batch=batch, heads=num_heads, q_tiles=q_len_p // (COMPUTE_WGS * ROWS))
   names = item_order(cfg, "q_tiles", persistent)
+  out_type = jax.ShapeDtypeStruct(q.shape, q.dtype)
+  if o is not None:
+    out_type = (out_type, jax.ShapeDtypeStruct(rows.shape, rows.dtype))
   return plgpu.kernel(
     entry,
-    out_type=jax.ShapeDtypeStruct(q.shape, q.dtype),
+    out_type=out_type,
     **launch(grid, names, persistent, cfg.interpret),
     num_threads=COMPUTE_WGS + 1,
     thread_name="wg",
     compiler_params=plgpu.CompilerParams(approx_math=True),
     interpret=_interpret_params(cfg),
-  )(q, k, v, do, rows, *([kd] if center else []))
+  )(q, k, v, do, rows, *extra)
 
 
 def _pad_to(x, axis, multiple):
@@ -1052,17 +1073,25 @@ def flash_backward_mgpu(q, k, v, o, m, log_l, do, cfg, d_lse=None):
   (stages_dkv, stages_dq), (persistent_dkv, persistent_dq) = launch_plan(cfg, d, group)
   cta = COMPUTE_WGS * ROWS
   do = cfg.numerics.d_out(do, q.dtype)
-  delta = cfg.numerics.delta_by_head(do, o, d_lse)  # [batch, heads, q_len_p]
+  in_dq = cfg.mgpu.delta_in_dq  # delta from the dQ kernel, which then runs first
+  if in_dq:  # row 2: the lse cotangent, which the dQ kernel subtracts from rowsum(dO∘O)
+    delta = jnp.zeros_like(m) if d_lse is None else d_lse.astype(jnp.float32)
+  else:
+    delta = cfg.numerics.delta_by_head(do, o, d_lse)  # [batch, heads, q_len_p]
   rows = jnp.stack([m, log_l, delta], axis=2)  # [batch, heads, 3, q_len_p]
   qp, dop, rows = _pad_to(q, 1, cta), _pad_to(do, 1, cta), _pad_to(rows, 3, cta)
   keys = math.lcm(cta, dq_block_k(cfg))  # dK/dV's CTAs and dQ's key tiles stay inside
   kp, vp = _pad_to(k, 1, keys), _pad_to(v, 1, keys)
   kd = _pad_to(cfg.numerics.dq_keys(k, cfg.kv_len), 1, keys) if cfg.numerics.center_keys else None
+  if in_dq:
+    dq, rows = _dq(qp, kp, vp, dop, rows, kd, cfg, stages_dq, persistent_dq, _pad_to(o, 1, cta))
   dk, dv = _dkv(qp, kp, vp, dop, rows, cfg, stages_dkv, persistent_dkv)
   dk, dv = dk[:, :kv_len_p], dv[:, :kv_len_p]
   if group > 1:
     dk = cfg.numerics.sum_group(dk.reshape(batch, kv_len_p, num_kv_heads, group, d), q.dtype)
     dv = cfg.numerics.sum_group(dv.reshape(batch, kv_len_p, num_kv_heads, group, d), q.dtype)
+  if in_dq:  # dK/dV after dQ: it reads dQ's rows
+    return dq[:, :q_len_p], dk, dv
   if cfg.interpret:  # dQ after dK/dV: XLA could otherwise run the two interpreted kernels
     qp, dk, dv = lax.optimization_barrier((qp, dk, dv))  # at once, six blocking warpgroups
   dq = _dq(qp, kp, vp, dop, rows, kd, cfg, stages_dq, persistent_dq)[:, :q_len_p]

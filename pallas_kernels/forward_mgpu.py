@@ -208,6 +208,13 @@ class MosaicGPUOptions:
     the same values. Off by default: slower where timed (H100, 2026-12-07, kernel time,
     experiments/results/h100-2026-12-07c-wide-step): 109.7 → 115.2 µs at gpt2-small's d64
     causal; beside the wide step 100.4 → 103.3 µs there and 1062 → 1107 µs at d128 full.
+  delta_in_dq: the backward's delta = rowsum(dO∘O) (minus the lse cotangent) computed by the
+    dQ kernel from the dO tile it loads and its rows of O (read from global memory into
+    registers), written beside m and log l for the dK/dV kernel, which then runs after it,
+    instead of XLA's reduction over dO and O before both kernels (`Numerics.delta_by_head`).
+    A float32 sum in the kernel's order (each thread's columns, then shuffles across the
+    row's lanes), not XLA's: delta, and with it dS and the gradients, may differ by float32
+    ulps. Off by default (not yet timed on a GPU).
   persistent_bwd: the same for the backward's two kernels (`backward_mgpu.launch_plan`, each
     resolved on its own): dQ's work items (a batch, head and 128 query rows) with the next
     item's Q, dO and rows' statistics loaded early into a second slot, dK/dV's (a batch, head
@@ -248,6 +255,7 @@ class MosaicGPUOptions:
   persistent_bwd: bool | None = None
   wide_step: bool | None = None
   unit_alpha: bool = False
+  delta_in_dq: bool = False
 
   def __post_init__(self):
     for field in dataclasses.fields(self):  # flags, not truthy values (or None, where resolved)

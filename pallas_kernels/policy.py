@@ -297,6 +297,12 @@ class Numerics:
     prod = d_out.astype(jnp.float32) * out.astype(jnp.float32)
     return jnp.sum(round_bf16(prod) if self.paper and not self.delta_float32 else prod, axis=-1)
 
+  def delta_rows(self, d_out, out):
+    """`delta` of one [rows, head_dim] tile (the Mosaic GPU dQ kernel's, `delta_in_dq`): the
+    same float32 products, summed over the row in the caller's order."""
+    assert not self.paper, "the Mosaic GPU backward's numerics are fa2's and fp32_out's"
+    return jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=1)
+
   def delta_by_head(self, d_out, out, d_lse=None):
     """The backwards' delta, [batch, heads, q_len] float32: `delta` of [batch, q_len, heads,
     head_dim] d_out and out, reduced in their order and only then transposed, minus the lse

@@ -309,6 +309,22 @@ def test_mosaic_gpu_backward_lowers(head_dim, causal, group, center_keys):
   assert cfg.mgpu.rounded_scores and cfg.mgpu.scale_in_exp2 and "mul.rn.f32" not in text
 
 
+@pytest.mark.parametrize(
+  "head_dim,causal,group,options",
+  [(64, True, 1, {}), (128, False, 2, {}), (64, True, 1, dict(persistent_bwd=True))],
+  ids=["d64-causal", "d128-gqa", "d64-causal-persistent"],
+)
+def test_mosaic_gpu_backward_lowers_with_delta_in_dq(head_dim, causal, group, options):
+  """`MosaicGPUOptions.delta_in_dq` (the dQ kernel reads its rows of O from global memory
+  into wgmma-layout registers, sums rowsum(dO∘O) across each row's lanes and writes the rows
+  out for dK/dV) lowers for CUDA: two kernels. ptxas (experiment 20, 2026-12-07, CUDA 13.0):
+  no spills in the dQ kernel at gpt2-small's 16 × 1024 × 12 × d64 causal and at 4 × 4096 × 16
+  × d128 causal; its loops over key tiles 319 → 334 and 472 → 475 SASS instructions at d64."""
+  cfg, text = _lower_backward(head_dim, causal, group, delta_in_dq=True, **options)
+  assert cfg.mgpu.delta_in_dq
+  _assert_two_backward_kernels(text)
+
+
 def test_mosaic_gpu_backward_lowers_with_the_dq_key_tile_of_128():
   """`KernelConfig.block_k_dq_mgpu=128`'s GPU path (S, dP and dQ += dS K over 128 keys a
   step) lowers for CUDA: two kernels, as with the default tile."""

@@ -768,6 +768,47 @@ def test_mosaic_gpu_backward_longest_first_is_the_same_function():
 
 
 @pytest.mark.parametrize(
+  "shape,dtype,numerics,center_keys,persistent",
+  [
+    (Shape(1, 300, 200, 4, 2, 64, causal=True), jnp.bfloat16, "fa2", False, False),
+    (Shape(1, 200, 300, 2, 2, 128), jnp.float16, "fp32_out", True, False),
+    (Shape(2, 130, 130, 2, 1, 32, causal=True), jnp.bfloat16, "fa2", False, True),
+  ],
+  ids=["gqa-causal-d64", "f16-fp32_out-center_keys-d128", "mqa-causal-d32-persistent"],
+)
+def test_mosaic_gpu_backward_delta_in_dq(
+  shape, dtype, numerics, center_keys, persistent, monkeypatch
+):
+  """`MosaicGPUOptions.delta_in_dq`: the dQ kernel sums rowsum(dO∘O) from its dO tile and its
+  rows of O (fp32_out: the float32 O) and writes it beside m and log l for the dK/dV kernel,
+  which then runs after it: the rows it is given carry no delta (zeros in its place), so
+  gradients equal to XLA's delta's show dK/dV read the dQ kernel's. The kernel's float32 row
+  sum runs in its own order (in interpret mode XLA's CPU reduce of a [64, head_dim] tile: the
+  same bits as XLA's delta at head_dim 64 and 128, not at 32), so the gradients are held to
+  one ulp of the input dtype at their scale.
+  Odd lengths (a warpgroup of padding rows, a partial key tile), grouped heads, and the
+  persistent dQ kernel with every item in one CTA (`persistent_ctas` set to 1: its items' rows
+  in alternating slots, each item's rows written out before its slot is reused)."""
+  from pallas_kernels import forward_mgpu as fm
+  from pallas_kernels.backward_mgpu import flash_backward_mgpu
+  from pallas_kernels.forward_mgpu import MosaicGPUOptions
+
+  if persistent:
+    monkeypatch.setattr(fm, "persistent_ctas", lambda interpret: 1)
+
+  _skip_if_causal_refused(shape.causal)
+  args, cfg = _residuals(shape, dtype, numerics, center_keys)
+  xla, in_dq = (
+    dataclasses.replace(cfg, mgpu=MosaicGPUOptions(delta_in_dq=on, persistent_bwd=persistent))
+    for on in (False, True)
+  )
+  got, want = flash_backward_mgpu(*args, in_dq), flash_backward_mgpu(*args, xla)
+  for name, a, b in zip(("dq", "dk", "dv"), got, want):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    assert np.abs(a - b).max() <= ulp_at_scale(b, dtype=dtype), (name, np.abs(a - b).max())
+
+
+@pytest.mark.parametrize(
   "shape,numerics,center_keys,stages",
   [
     (Shape(1, 300, 200, 2, 1, 64, causal=True), "fa2", False, None),
