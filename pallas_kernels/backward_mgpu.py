@@ -885,15 +885,16 @@ def _dq_kernel(
       pl.when(n > 0)(lambda: _release(slots, rows_free, n - 1))
     else:  # a CTA of one item: each warpgroup loads its own rows
       load_rows(at, slot, wg)
+    mine = (at["batch"], pl.ds(row0, ROWS), at["heads"])
+    if o_ref is not None:  # its rows of O, from global memory while Q, dO and the rows arrive
+      o_rows = plgpu.load(o_ref.at[mine], layout=plgpu.Layout.WGMMA, optimized=False)
     plgpu.barrier_wait(rows_ready.at[slot * COMPUTE_WGS + wg])
     d = q_smem.shape[-1]
     tile = (ROWS, bk)
     row = plgpu.Layout.WGMMA.reduce(1)
     if o_ref is not None:  # delta = rowsum(dO∘O) − the lse cotangent (row 2), written out
-      mine = (at["batch"], pl.ds(row0, ROWS), at["heads"])
       delta = numerics.delta_rows(
-        plgpu.load(do_smem, layout=plgpu.Layout.WGMMA),
-        plgpu.load(o_ref.at[mine], layout=plgpu.Layout.WGMMA, optimized=False),
+        plgpu.load(do_smem, layout=plgpu.Layout.WGMMA), o_rows
       ) - _row_slice(rows_smem, 2, row)
       rows_smem.at[2][...] = delta
       plgpu.commit_smem()
@@ -958,7 +959,6 @@ def _dq_kernel(
 
     # causal: free the slots the other warpgroups still read
     _skip_steps(base + steps, base + cta_steps(at), stages, (k_ready, v_ready, kd_ready), free)
-    mine = (at["batch"], pl.ds(row0, ROWS), at["heads"])
     _store(q_smem, numerics.round_grad(dq, scale, dq_ref.dtype), dq_ref.at[mine])  # Q is dead
 
   def load_item(at, base, n):

@@ -212,9 +212,10 @@ class MosaicGPUOptions:
     dQ kernel from the dO tile it loads and its rows of O (read from global memory into
     registers), written beside m and log l for the dK/dV kernel, which then runs after it,
     instead of XLA's reduction over dO and O before both kernels (`Numerics.delta_by_head`).
-    A float32 sum in the kernel's order (each thread's columns, then shuffles across the
-    row's lanes), not XLA's: delta, and with it dS and the gradients, may differ by float32
-    ulps. Off by default (not yet timed on a GPU).
+    O's rows are read while Q, dO and the rows' statistics arrive. A float32 sum in the
+    kernel's order (each thread's columns, then shuffles across the row's lanes), not XLA's:
+    delta may differ by float32 ulps, and the gradients by a rounding to the input dtype
+    (within one ulp of it where tested). Off by default (not yet timed on a GPU).
   persistent_bwd: the same for the backward's two kernels (`backward_mgpu.launch_plan`, each
     resolved on its own): dQ's work items (a batch, head and 128 query rows) with the next
     item's Q, dO and rows' statistics loaded early into a second slot, dK/dV's (a batch, head

@@ -768,44 +768,66 @@ def test_mosaic_gpu_backward_longest_first_is_the_same_function():
 
 
 @pytest.mark.parametrize(
-  "shape,dtype,numerics,center_keys,persistent",
+  "shape,dtype,numerics,center_keys,persistent,lse_cotangent",
   [
-    (Shape(1, 300, 200, 4, 2, 64, causal=True), jnp.bfloat16, "fa2", False, False),
-    (Shape(1, 200, 300, 2, 2, 128), jnp.float16, "fp32_out", True, False),
-    (Shape(2, 130, 130, 2, 1, 32, causal=True), jnp.bfloat16, "fa2", False, True),
+    (Shape(1, 300, 200, 4, 2, 64, causal=True), jnp.bfloat16, "fa2", False, False, True),
+    (Shape(1, 200, 300, 2, 2, 128), jnp.float16, "fp32_out", True, False, False),
+    (Shape(2, 130, 130, 2, 1, 32, causal=True), jnp.bfloat16, "fa2", False, True, False),
   ],
-  ids=["gqa-causal-d64", "f16-fp32_out-center_keys-d128", "mqa-causal-d32-persistent"],
+  ids=["gqa-causal-d64-lse", "f16-fp32_out-center_keys-d128", "mqa-causal-d32-persistent"],
 )
 def test_mosaic_gpu_backward_delta_in_dq(
-  shape, dtype, numerics, center_keys, persistent, monkeypatch
+  shape, dtype, numerics, center_keys, persistent, lse_cotangent, monkeypatch
 ):
   """`MosaicGPUOptions.delta_in_dq`: the dQ kernel sums rowsum(dO∘O) from its dO tile and its
-  rows of O (fp32_out: the float32 O) and writes it beside m and log l for the dK/dV kernel,
-  which then runs after it: the rows it is given carry no delta (zeros in its place), so
-  gradients equal to XLA's delta's show dK/dV read the dQ kernel's. The kernel's float32 row
-  sum runs in its own order (in interpret mode XLA's CPU reduce of a [64, head_dim] tile: the
-  same bits as XLA's delta at head_dim 64 and 128, not at 32), so the gradients are held to
-  one ulp of the input dtype at their scale.
-  Odd lengths (a warpgroup of padding rows, a partial key tile), grouped heads, and the
-  persistent dQ kernel with every item in one CTA (`persistent_ctas` set to 1: its items' rows
-  in alternating slots, each item's rows written out before its slot is reused)."""
+  rows of O (fp32_out: the float32 O), subtracts the lse cotangent (given here to one case, as
+  a direct call can) and writes delta beside m and log l for the dK/dV kernel, which then runs
+  after it: the rows it is given carry no delta, so gradients equal to XLA's delta's show dK/dV
+  read the dQ kernel's (read as given, dK is off by 0.1–8). The kernel's float32 row sum runs
+  in its own order: in interpret mode (XLA's CPU reduce of a [64, head_dim] tile) 99% of the
+  gradients' entries are XLA's delta's bits and all within 1/16 ulp of the input dtype at
+  their scale (every entry at head_dim 64 and 128); on the GPU within one ulp. Odd lengths (a
+  warpgroup of padding rows, a partial key tile), grouped heads, and the persistent dQ kernel
+  with every item in one CTA (`persistent_ctas` set to 1: its items' rows in alternating
+  slots), where interpret mode's race detector and its check that every copy out completed
+  catch a slot reused before the previous item's rows have left it (TMA copies run at once in
+  interpret mode, so the values alone cannot show it)."""
+  from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
+  from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+
+  from pallas_kernels import backward_mgpu
   from pallas_kernels import forward_mgpu as fm
-  from pallas_kernels.backward_mgpu import flash_backward_mgpu
   from pallas_kernels.forward_mgpu import MosaicGPUOptions
 
+  on_gpu = jax.default_backend() == "gpu"
   if persistent:
     monkeypatch.setattr(fm, "persistent_ctas", lambda interpret: 1)
+    if not on_gpu:
+      races = lambda cfg: InterpretGPUParams(detect_races=True) if cfg.interpret else None  # noqa: E731
+      monkeypatch.setattr(backward_mgpu, "_interpret_params", races)
+      interpret_pallas_call.reset_gpu_interpret_mode_state()
 
   _skip_if_causal_refused(shape.causal)
   args, cfg = _residuals(shape, dtype, numerics, center_keys)
+  d_lse = None
+  if lse_cotangent:
+    rows = args[4].shape  # m's: [batch, heads, q_len_p]
+    d_lse = jnp.asarray(np.random.default_rng(1).standard_normal(rows), jnp.float32)
   xla, in_dq = (
     dataclasses.replace(cfg, mgpu=MosaicGPUOptions(delta_in_dq=on, persistent_bwd=persistent))
     for on in (False, True)
   )
-  got, want = flash_backward_mgpu(*args, in_dq), flash_backward_mgpu(*args, xla)
+  got = backward_mgpu.flash_backward_mgpu(*args, in_dq, d_lse)
+  if persistent and not on_gpu:
+    assert not interpret_pallas_call.get_races().races_found
+  want = backward_mgpu.flash_backward_mgpu(*args, xla, d_lse)
   for name, a, b in zip(("dq", "dk", "dv"), got, want):
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    assert np.abs(a - b).max() <= ulp_at_scale(b, dtype=dtype), (name, np.abs(a - b).max())
+    ulp, err = ulp_at_scale(b, dtype=dtype), np.abs(a - b).max()
+    if on_gpu:
+      assert err <= ulp, (name, err)
+    else:
+      assert err <= ulp / 16 and np.mean(a == b) >= 0.99, (name, err, np.mean(a == b))
 
 
 @pytest.mark.parametrize(
