@@ -19,10 +19,14 @@ import os
 FLAG = "--xla_cpu_experimental_ynn_fusion_type="
 
 
+def plain_dots_set() -> bool:
+  """Whether XLA_FLAGS has `FLAG` (`plain_dots` ran, or the caller set it)."""
+  return FLAG in os.environ.get("XLA_FLAGS", "").split()
+
+
 def plain_dots() -> None:
   """Adds `FLAG` (no YNNPACK dot fusions on XLA's CPU backend) to XLA_FLAGS, once; it acts
   only if JAX has not started its backends yet. On a GPU machine it changes the CPU backend
   only, where `lab.accuracy.compare` runs its references."""
-  flags = os.environ.get("XLA_FLAGS", "")
-  if FLAG not in flags.split():
-    os.environ["XLA_FLAGS"] = f"{flags} {FLAG}".strip()
+  if not plain_dots_set():
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FLAG}".strip()

@@ -893,9 +893,8 @@ def _dq_kernel(
     tile = (ROWS, bk)
     row = plgpu.Layout.WGMMA.reduce(1)
     if o_ref is not None:  # delta = rowsum(dO∘O) − the lse cotangent (row 2), written out
-      delta = numerics.delta_rows(
-        plgpu.load(do_smem, layout=plgpu.Layout.WGMMA), o_rows
-      ) - _row_slice(rows_smem, 2, row)
+      delta = numerics.delta(plgpu.load(do_smem, layout=plgpu.Layout.WGMMA), o_rows)
+      delta = delta - _row_slice(rows_smem, 2, row)
       rows_smem.at[2][...] = delta
       plgpu.commit_smem()
       plgpu.copy_smem_to_gmem(

@@ -282,8 +282,8 @@ class Numerics:
     product rounded on its own that no compiler can contract into the subtraction (rounded:
     the Mosaic GPU kernels' PTX `mul.rn.f32`, `forward_mgpu.rounded_scores`, or the unscaled
     QKᵀ of `scale_in_exp2`), where S − m is that 0 already (S = m = ±inf aside: NaN there, and
-    with the select P̄ = 1 and a finite log l, a row whose scores overflowed either way) and the compare and select are two
-    instructions a score saved."""
+    with the select P̄ = 1 and a finite log l, a row whose scores overflowed either way) and
+    the compare and select are two instructions a score saved."""
     return s - m if rounded else jnp.where(s == m, 0.0, s - m)
 
   def d_out(self, d_out, input_dtype):
@@ -293,15 +293,10 @@ class Numerics:
 
   def delta(self, d_out, out):
     """rowsum(dO∘O) in float32 over [..., head_dim]; paper: of bf16(dO∘O). With delta_float32
-    `out` is the float32 O before its rounding and nothing is rounded."""
+    `out` is the float32 O before its rounding and nothing is rounded. Also the Mosaic GPU dQ
+    kernel's sum over one [rows, head_dim] tile (`MosaicGPUOptions.delta_in_dq`), in its order."""
     prod = d_out.astype(jnp.float32) * out.astype(jnp.float32)
     return jnp.sum(round_bf16(prod) if self.paper and not self.delta_float32 else prod, axis=-1)
-
-  def delta_rows(self, d_out, out):
-    """`delta` of one [rows, head_dim] tile (the Mosaic GPU dQ kernel's, `delta_in_dq`): the
-    same float32 products, summed over the row in the caller's order."""
-    assert not self.paper, "the Mosaic GPU backward's numerics are fa2's and fp32_out's"
-    return jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=1)
 
   def delta_by_head(self, d_out, out, d_lse=None):
     """The backwards' delta, [batch, heads, q_len] float32: `delta` of [batch, q_len, heads,

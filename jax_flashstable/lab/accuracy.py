@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import warnings
 
 import jax
@@ -32,7 +31,7 @@ import numpy as np
 
 from jax_flashstable.attention.api import flash_attention, reference_attention_vjp
 from jax_flashstable.lab.shapes import Shape, make_inputs
-from jax_flashstable.xla_cpu import FLAG as PLAIN_DOTS
+from jax_flashstable.xla_cpu import plain_dots_set
 
 TENSORS = ("out", "d_query", "d_key", "d_value")
 
@@ -109,7 +108,7 @@ def compare(query, key, value, d_out, *, causal, result=None, **flash_kwargs) ->
   [batch, seq, heads, head_dim], against FP64: O and the three gradients for cotangent d_out.
   Flash runs on the default device; FP64 and the standard attention on the CPU (module doc).
   result: flash's (out, (d_query, d_key, d_value)) when already computed (not run again)."""
-  if PLAIN_DOTS not in os.environ.get("XLA_FLAGS", "").split():
+  if not plain_dots_set():
     warnings.warn(
       "accuracy.compare: XLA's CPU dots may be YNNPACK's, more accurate than float32 "
       "arithmetic: call jax_flashstable.xla_cpu.plain_dots() before JAX starts",
