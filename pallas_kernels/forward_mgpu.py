@@ -464,7 +464,7 @@ def resolve_wide_step(
   off in interpret mode (as pingpong and persistent: the tests run each schedule on purpose)
   and elsewhere. Arguments as `wide_step_refusal`'s, head_dim the padded one; kv_len and
   out_dtype (the output's dtype, float32 for fp32_out) for each step's slots in flight
-  (`key_tiles`) and O's buffer (`smem_bytes`)."""
+  (`slots_in_flight`) and O's buffer (`smem_bytes`)."""
   if options.wide_step is False:
     return options
   why = wide_step_refusal(
@@ -479,7 +479,7 @@ def resolve_wide_step(
   if options.persistent is not False:  # the persistent layout: the 64-key step's, then ours
 
     def fits(keys):
-      slots = min(stages, -(-kv_len // keys))
+      slots = slots_in_flight(kv_len, keys, stages)
       return smem_bytes(head_dim, keys, slots, out_dtype, persistent=True) <= SMEM_BYTES
 
     if fits(block_k) and not fits(2 * block_k):
@@ -489,10 +489,15 @@ def resolve_wide_step(
 
 def key_tiles(cfg) -> tuple[int, int]:
   """(the forward's loop steps, its key/value slots in flight): a step covers `step_keys`
-  keys; steps of padding only are skipped, and no more slots are in flight than there are
-  steps (`KernelConfig.num_stages` at most the steps)."""
-  n_kv = -(-cfg.kv_len // step_keys(cfg))
-  return n_kv, int(min(cfg.num_stages, n_kv))
+  keys; steps of padding only are skipped (`slots_in_flight`)."""
+  keys = step_keys(cfg)
+  return -(-cfg.kv_len // keys), slots_in_flight(cfg.kv_len, keys, cfg.num_stages)
+
+
+def slots_in_flight(kv_len: int, keys: int, stages: int) -> int:
+  """The forward's key/value slots in flight for kv_len keys in loop steps of `keys`: `stages`
+  (`KernelConfig.num_stages`), but no more than there are steps."""
+  return int(min(stages, -(-kv_len // keys)))
 
 
 def finish_stores():
