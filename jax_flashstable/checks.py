@@ -14,3 +14,14 @@ def integer(name: str, value, least: int, error: type[Exception] = ValueError) -
   if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
     raise error(f"{name}={value!r} must be an integer ≥ {least}")
   return int(value)
+
+
+def distinct(name: str, items, error: type[Exception] = ValueError) -> list:
+  """`items` as a list, each once; `error` naming `name` and the first item given twice: a
+  list option whose repeat would run or count the same work twice (`--seeds 1,1`)."""
+  items, seen = list(items), set()
+  for item in items:
+    if item in seen:
+      raise error(f"{name}: {item!r} given twice")
+    seen.add(item)
+  return items

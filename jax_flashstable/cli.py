@@ -21,7 +21,7 @@ import warnings
 
 from jax_flashstable import interrupts
 from jax_flashstable.xla_cpu import plain_dots
-from jax_flashstable.checks import integer
+from jax_flashstable.checks import distinct, integer
 
 DTYPES = ("bfloat16", "float16", "float32")
 # the commands that compare kernels with references: run with XLA CPU's plain dot semantics,
@@ -42,6 +42,7 @@ def _files(text):
   not read as no --runs)."""
   if not text.strip() or not all(x.strip() for x in text.split(",")):
     raise argparse.ArgumentTypeError(f"expected one or more comma-separated files, got {text!r}")
+  distinct(repr(text), [x.strip() for x in text.split(",")], argparse.ArgumentTypeError)
   return text
 
 
@@ -137,7 +138,7 @@ def _choices(command, option, text, allowed, single=False):
       f"flashstable {command}: {option} {text!r}: {why}; choose "
       f"{'one ' if single else ''}from {', '.join(allowed)}"
     )
-  return items
+  return distinct(f"flashstable {command}: {option} {text!r}", items, SystemExit)
 
 
 def _accuracy(args):
@@ -370,7 +371,7 @@ def _ints(text, option="value", low=None, command=""):
     raise SystemExit(f"{where} expects comma-separated integers, got {text!r}") from None
   if low is not None and min(values) < low:
     raise SystemExit(f"{where} {text!r}: every value must be ≥ {low}, got {min(values)}")
-  return values
+  return tuple(distinct(f"{where} {text!r}", values, SystemExit))
 
 
 def _floats(text, option="value", command=""):
@@ -382,7 +383,7 @@ def _floats(text, option="value", command=""):
     values = ()
   if not values or not all(abs(x) < float("inf") for x in values):
     raise SystemExit(f"{where} {text!r} must be comma-separated finite numbers")
-  return values
+  return tuple(distinct(f"{where} {text!r}", values, SystemExit))
 
 
 def _deviation(args):

@@ -275,9 +275,10 @@ class MosaicGPUOptions:
         ),
       )
     if self.overlap and (self.early_turn or self.k_wait_in_pv):
+      on = [name for name in ("early_turn", "k_wait_in_pv") if getattr(self, name)]
       raise ValueError(
         "MosaicGPUOptions(overlap=True) takes the turn and waits for the next key tile its own "
-        f"way: early_turn={self.early_turn} and k_wait_in_pv={self.k_wait_in_pv} must be False"
+        f"way: {' and '.join(f'{name}=True' for name in on)} must be False"
       )
     if self.overlap and self.wide_step:
       raise ValueError(

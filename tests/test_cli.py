@@ -322,6 +322,22 @@ def _bad_inputs(tmp):
       r"^flashstable compare: variant '[^']+' cannot run in model 'tiny' "
       r"\(compute_dtype='bfloat16', head_dim=300\): head_dim=300 is not supported",
     ),
+    # a list item given twice would run or count the same work twice (`checks.distinct`)
+    (["accuracy", "--dtypes", "bfloat16,float32,bfloat16"], r"'bfloat16' given twice$"),
+    (["deviation", "--seq-lens", "128,256,128"], r"--seq-lens '128,256,128': 128 given twice$"),
+    (["deviation", "--numerics", "fa2,fa2"], r"--numerics 'fa2,fa2': 'fa2' given twice$"),
+    (["bias", "--tie-values", "1,1.0"], r"--tie-values '1,1.0': 1.0 given twice$"),
+    (["bias", "--attention", "fa2,fa2"], r"^flashstable bias: --attention 'fa2,fa2': 'fa2' given"),
+    (
+      [*experiment, "--seeds", "1,2,1"],
+      r"^flashstable experiment: --seeds '1,2,1': 1 given twice$",
+    ),
+    ([*experiment, "--attention", "paper,paper"], r"--attention 'paper,paper': 'paper' given"),
+    (
+      ["crosscheck-train", "--pairs", "paper=fa2,paper=fa2", "--out", str(tmp / "twin")],
+      r"^flashstable crosscheck-train: pairs 'paper=fa2,paper=fa2': 'paper=fa2' given twice$",
+    ),
+    (["bench", "--overhead", "fa2,fa2", "--out", str(tmp / "b")], r"'fa2' given twice$"),
   ]
 
 

@@ -243,9 +243,15 @@ def test_spec_lists_split_at_specs_not_fields():
     "xla",
     "paper+comp",
   ]
-  for text, why in (("", "empty"), ("fa2,,xla", "an empty item"), ("fa2,", "an empty item")):
+  for text, why in (
+    ("", "empty"),
+    ("fa2,,xla", "an empty item"),
+    ("fa2,", "an empty item"),
+    ("fa2:block_k=32,xla,fa2:block_k=32", "'fa2:block_k=32' given twice"),  # the same work
+  ):
     with pytest.raises(ValueError, match=rf"^--attention '{text}': {why}$"):
       split_specs(text)
+  assert split_specs("fa2:block_k=32,fa2:block_k=64") == ["fa2:block_k=32", "fa2:block_k=64"]
 
 
 def test_a_spec_sets_each_field_once():

@@ -32,6 +32,7 @@ import itertools
 import re
 import warnings
 
+from jax_flashstable.checks import distinct
 from pallas_kernels.policy import (
   BACKENDS,
   NUMERICS,
@@ -305,7 +306,8 @@ def parse_field_value(key, text, type_name):
 def split_specs(text: str, option: str = "--attention") -> list[str]:
   """A comma-separated list of specs → the specs. A FIELD=VALUE item continues the spec before
   it ("fa2:block_q=64,block_k=64,xla" → ["fa2:block_q=64,block_k=64", "xla"]). Raises
-  ValueError, naming `option`, for an empty list or an empty item ("fa2,,paper")."""
+  ValueError, naming `option`, for an empty list, an empty item ("fa2,,paper") or a spec
+  given twice ("fa2,fa2")."""
   specs = []
   for item in text.split(","):
     if not item.strip():
@@ -314,7 +316,7 @@ def split_specs(text: str, option: str = "--attention") -> list[str]:
       specs[-1] += "," + item
     else:
       specs.append(item)
-  return specs
+  return distinct(f"{option} {text!r}", specs)
 
 
 PRESETS = {

@@ -74,7 +74,7 @@ import time
 import numpy as np
 
 from jax_flashstable import interrupts
-from jax_flashstable.checks import integer
+from jax_flashstable.checks import distinct, integer
 from jax_flashstable.experiment import instability
 from jax_flashstable.results import format_facts, format_meta
 from jax_flashstable.training.config import overrides_text
@@ -188,7 +188,8 @@ class Pair:
 def parse_pairs(text: str) -> list[Pair]:
   """ "A,B=SPEC,…" → pairs: an item A (a twin attention) is paired with PAIRS[A]; A=SPEC with
   the JAX variant SPEC (whose own FIELD=VALUE items may follow, as in
-  "sdpa-math=paper:block_q=64,block_k=64"). Raises ValueError naming the item."""
+  "sdpa-math=paper:block_q=64,block_k=64"). Raises ValueError naming the item, or the pair
+  given twice."""
   pairs: list[list[str]] = []
   for item in (text or "").split(","):
     if not item and text:
@@ -209,7 +210,9 @@ def parse_pairs(text: str) -> list[Pair]:
   for t, j in pairs:
     if not j:
       raise ValueError(f"pair {t}=: the JAX variant is empty")
-  return list(dict.fromkeys(Pair(t, j) for t, j in pairs))
+  found = [Pair(t, j) for t, j in pairs]
+  distinct(f"pairs {text!r}", [p.spec for p in found])
+  return found
 
 
 DEFAULT_PAIRS = "reference-fp32,paper"  # crosscheck-train's --pairs when it trains
