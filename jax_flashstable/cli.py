@@ -763,6 +763,7 @@ def _bench(args):
     if args.shapes is not None and not args.shapes.strip():
       raise ValueError(f"--shapes {args.shapes!r}: empty")
     shapes = [Shape.parse(t) for t in args.shapes.split(";")] if args.shapes else None
+    distinct(f"--shapes {args.shapes!r}", [s.name for s in shapes or ()])  # "1,64,…,0;…,full"
     if (args.step_model or args.step_batch) and args.targets is None:
       raise ValueError("--step-model and --step-batch set the training step of --targets")
     step = None

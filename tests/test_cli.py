@@ -338,6 +338,10 @@ def _bad_inputs(tmp):
       r"^flashstable crosscheck-train: pairs 'paper=fa2,paper=fa2': 'paper=fa2' given twice$",
     ),
     (["bench", "--overhead", "fa2,fa2", "--out", str(tmp / "b")], r"'fa2' given twice$"),
+    (  # one problem in two spellings
+      ["bench", "--shapes", "1,64,2,2,32,0;1,64,2,2,32,full", "--out", str(tmp / "b")],
+      r"^flashstable bench: --shapes '[^']+': 'b1 q64 kv64 h2/2 d32 full' given twice$",
+    ),
   ]
 
 
