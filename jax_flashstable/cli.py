@@ -200,7 +200,8 @@ def _train_config(args, **defaults):
     model_overrides = dict(
       kw.get("model_overrides", ())
     )  # the recipe's, which --model-set overrides
-    given = set()
+    keys = [item.partition("=")[0] for item in args.model_set]
+    distinct(f"{command}: --model-set", keys, SystemExit)
     for item in args.model_set:
       key, _, value = item.partition("=")
       if key not in gtypes or key.startswith("attention"):
@@ -208,9 +209,6 @@ def _train_config(args, **defaults):
           f"{command}: --model-set {key!r} is not a GPTConfig field "
           f"({sorted(k for k in gtypes if not k.startswith('attention'))})"
         )
-      if key in given:
-        raise SystemExit(f"{command}: --model-set {key!r} given twice")
-      given.add(key)
       try:
         model_overrides[key] = parse_field_value(key, value, gtypes[key])
       except ValueError as e:

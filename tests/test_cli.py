@@ -225,7 +225,7 @@ def _bad_inputs(tmp):
     ),
     (
       ["train", "--model-set", "n_layer=3", "--model-set", "n_layer=4"],
-      r"train: --model-set 'n_layer' given twice",
+      r"train: --model-set: 'n_layer' given twice",
     ),
     (["bias", "--tie-values", "2,1e39"], r"--tie-values: tie value 1e\+39 is beyond bfloat16"),
     (["bias", "--attention", "fa2,,paper"], r"bias: --attention 'fa2,,paper': an empty item"),

@@ -352,6 +352,9 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous(tmp_path, capsys):
     ("steps", 2.5, "steps=2.5"),
     ("progress", "yes", "progress='yes'"),
     ("warning_action", "shout", "warning_action='shout'"),
+    # one key twice: which value wins would be silent (`checks.distinct`)
+    ("model_overrides", (("n_head", 2), ("n_head", 4)), r"^model_overrides: 'n_head' given twice$"),
+    ("attention_overrides", ((0, "xla"), (0, "fa2")), r"^attention_overrides: 0 given twice$"),
   ],
 )
 def test_bad_values_are_refused_on_construction(field, value, message):

@@ -13,7 +13,7 @@ import os
 import pathlib
 import tempfile
 
-from jax_flashstable.checks import integer
+from jax_flashstable.checks import distinct, integer
 
 WARNING_ACTIONS = ("off", "log", "checkpoint", "stop")
 # the early warnings: "logit" (`train.EarlyWarning`: some layer's max logit grows ≥ 100× within
@@ -165,9 +165,7 @@ class TrainConfig:
         isinstance(p, (tuple, list)) and len(p) == 2 for p in pairs
       ):
         raise ConfigError(f"{name}={pairs!r} must be a tuple of (key, value) pairs")
-      keys = [k for k, _ in pairs]
-      if twice := [k for k in dict.fromkeys(keys) if keys.count(k) > 1]:
-        raise ConfigError(f"{name}: {twice[0]!r} given twice in {pairs!r}")
+      distinct(name, [k for k, _ in pairs], ConfigError)
 
   def validate(self) -> "TrainConfig":
     """Checks what construction cannot without imports or files: the model preset and its
