@@ -60,7 +60,7 @@ bench_targets() {
 # SECONDS (0: no tests), then its failures and summary
 gpu_tests() {
   (( $1 > 0 )) || return 0
-  timeout "$1" python3 -m pytest -q -p no:cacheprovider -rfE "${@:2}" > "$OUT/gpu_tests.log" 2>&1
+  timeout -s INT -k 30 "$1" python3 -m pytest -q -p no:cacheprovider -rfE "${@:2}" > "$OUT/gpu_tests.log" 2>&1
   echo "GPU tests: exit $?"; grep -E "^(FAILED|ERROR|E  )|passed|failed" "$OUT/gpu_tests.log" | head -20
 }
 # step_vs_cudnn DIR ROUNDS SECONDS [LABEL]: the gpt2-small step, fa2+comp against cuDNN's,

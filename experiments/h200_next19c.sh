@@ -13,11 +13,11 @@ mkdir -p "$OUT"
 source "$(dirname "$0")/h200_env.sh"
 nvidia-smi -L
 BW="python3 experiments/18_mgpu_backward_stages_ab.py --causal --out $OUT/ab18.txt"
-timeout 80 $BW --pairs 30 --shape 16,1024,12,12,64 2,2 2,2,delta_in_dq=1 > "$OUT/ab18.log" 2>&1
+timeout 80 $BW --pairs 30 --shape 16,1024,12,12,64 2,2,delta_in_dq=0 2,2,delta_in_dq=1 > "$OUT/ab18.log" 2>&1
 echo "18, d64 causal: exit $?"
-timeout 60 $BW --pairs 15 --shape 4,4096,16,16,128 2,2 2,2,delta_in_dq=1 >> "$OUT/ab18.log" 2>&1
+timeout 60 $BW --pairs 15 --shape 4,4096,16,16,128 2,2,delta_in_dq=0 2,2,delta_in_dq=1 >> "$OUT/ab18.log" 2>&1
 echo "18, d128 causal: exit $?"; cat "$OUT/ab18.txt"
-gpu_tests ${TEST_TIMEOUT:-370} -n 6 -v --durations=30 \
+gpu_tests ${TEST_TIMEOUT:-370} -n 6 -vv --durations=30 \
   tests/test_mosaic_gpu.py::test_mosaic_gpu_backward_delta_in_dq tests/test_bench.py \
   tests/test_cli.py tests/test_crosscheck.py tests/test_data.py tests/test_diagnostics.py \
   tests/test_experiment.py tests/test_flax.py tests/test_interrupts.py tests/test_lowering.py \

@@ -6,6 +6,13 @@ from jax_flashstable.xla_cpu import plain_dots
 # references computed in plain float32 dots, on the CPU also on a GPU (`jax_flashstable.xla_cpu`).
 plain_dots()
 
+# XLA's deterministic GPU ops (acts on a GPU only): the tests hold the training loop to the
+# same losses for the same seed and to a resumed run equal to the uninterrupted one, which on a
+# GPU needs XLA's scatter-adds (the embeddings' gradient) without atomics: without the flag two
+# runs of test_train's tiny model parted at step 8 (H100, 2026-12-07). docs/training.md.
+if "--xla_gpu_deterministic_ops" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_gpu_deterministic_ops=true"
+
 # Pallas' GPU interpret mode (the Mosaic GPU kernels on a CPU) runs each warpgroup as a JAX
 # computation that blocks in barrier callbacks; some run on the XLA CPU client's thread pool,
 # sized to the cores. With 2 cores, inside an outer jit, the caller and one blocked warpgroup

@@ -38,7 +38,9 @@ def test_compare_writes_report_and_png_and_resumes(tmp_path, capsys):
     ["flashstable", "compare", "--steps", "3", "--warmup-steps", "1", "--out-dir", str(out), *FAST]
   )
   assert report.startswith(f"# flashstable compare\n\nCommand: `{command}`\n\nDate: 20")
-  for name in ("fa2", "fa2+comp", "reference-fp32"):
+  from jax_flashstable.experiment import compare
+
+  for name in compare.setting()["variants"]:  # the CPU's three, a GPU's paper and paper+comp
     assert f"| {name} | 3 |" in report
   assert "(mean ± std, last 3 steps)" in report  # the steps the mean is over, not a constant
   assert "nan" not in report.lower()  # a value not measured (σ(W_Q) without diagnostics): "–"

@@ -28,6 +28,10 @@ def recorder(monkeypatch):
 
 
 CFG = AttentionConfig("flash", stabilize=True, beta=3.0, tie_tolerance=0.01, block_q=32, block_k=16)
+# Flax's own attention and XLA's run float32 dots at JAX's default matmul precision, TF32 on a
+# GPU (1.5e-3 off the kernels' float32 here, H100, 2026-12-07); the kernels' dots are float32
+# (`Precision.HIGHEST`), so the comparisons run XLA's at that precision too
+FLOAT32_DOTS = jax.default_matmul_precision("highest")
 
 
 def test_nnx_multihead_attention(recorder):
@@ -36,8 +40,9 @@ def test_nnx_multihead_attention(recorder):
   ours = nnx.MultiHeadAttention(**kw, attention_fn=make_attention_fn(CFG))
   theirs = nnx.MultiHeadAttention(**kw)
   nnx.update(theirs, nnx.state(ours))
-  y = ours(x, is_causal=True)
-  want = theirs(x, mask=nnx.make_causal_mask(jnp.ones((2, 40))))
+  with FLOAT32_DOTS:
+    y = ours(x, is_causal=True)
+    want = theirs(x, mask=nnx.make_causal_mask(jnp.ones((2, 40))))
   np.testing.assert_allclose(np.asarray(y), np.asarray(want), atol=2e-5)
   (call,) = recorder
   assert call == dict(
@@ -67,9 +72,10 @@ def test_linen_multihead_attention_with_partial_causal(recorder):
     num_heads=2, attention_fn=make_attention_fn(CFG, causal=True)
   )
   params = ours.init(jax.random.key(2), x)
-  y = ours.apply(params, x)
   mask = linen.make_causal_mask(jnp.ones((2, 24)))
-  want = linen.MultiHeadDotProductAttention(num_heads=2).apply(params, x, mask=mask)
+  with FLOAT32_DOTS:
+    y = ours.apply(params, x)
+    want = linen.MultiHeadDotProductAttention(num_heads=2).apply(params, x, mask=mask)
   np.testing.assert_allclose(np.asarray(y), np.asarray(want), atol=2e-5)
   assert recorder[-1]["causal"] is True and recorder[-1]["block_k"] == 16
 
@@ -398,7 +404,8 @@ def test_attend_takes_a_spec_and_checks_inputs_for_every_implementation():
   for spec in ("fa2", "reference-fp32"):
     with pytest.raises(ValueError, match=r"^head_dim=300 is not supported \(at most 256\)$"):
       attend(wide, wide, wide, spec, causal=True)
-  out = np.asarray(attend(wide, wide, wide, "xla", causal=True), np.float64)
+  with FLOAT32_DOTS:  # "xla" follows JAX's default precision (TF32 on a GPU: 9.7e-4 off here)
+    out = np.asarray(attend(wide, wide, wide, "xla", causal=True), np.float64)
   x = np.asarray(wide, np.float64)[0].transpose(1, 0, 2)  # [heads, len, d]
   s = x @ x.transpose(0, 2, 1) / np.sqrt(300.0) + np.triu(np.full((8, 8), -np.inf), 1)
   p = np.exp(s - s.max(-1, keepdims=True))

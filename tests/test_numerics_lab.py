@@ -3,6 +3,7 @@
 import json
 import re
 
+import jax
 import numpy as np
 import pytest
 
@@ -124,7 +125,10 @@ def test_cli_deviation_and_bias(tmp_path, capsys):
   head = (tmp_path / "bias.md").read_text().split("\n\n")[:3]
   assert head[0] == "# bias"
   assert head[1] == f"Command: `flashstable bias {' '.join(args)} --out {tmp_path}`"
-  assert re.fullmatch(r"date: \d{4}-\d\d-\d\d · device: cpu · jax: [\d.]+", head[2]), head[2]
+  device = re.escape(getattr(jax.devices()[0], "device_kind", "cpu"))  # "cpu", "NVIDIA H100 …"
+  assert re.fullmatch(rf"date: \d{{4}}-\d\d-\d\d · device: {device} · jax: [\d.]+", head[2]), head[
+    2
+  ]
   meta = json.loads((tmp_path / "bias.json").read_text())["meta"]
   assert meta["args"]["tie_values"] == "7,30" and meta["command"].startswith("flashstable bias")
   rows = json.loads((tmp_path / "bias.json").read_text())["rows"]

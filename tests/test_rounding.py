@@ -13,7 +13,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from jax_flashstable import flash_attention
+from jax_flashstable import flash_attention, resolved_backend
 from pallas_kernels.emulation import emulate_backward, emulate_forward
 from pallas_kernels.policy import BlockSizes, Compensation, get_numerics
 
@@ -151,7 +151,11 @@ def test_backward_p_matches_its_emulation_at_large_logits(single_lse):
   as the other: scores of ~1.3·10⁵ (a shared channel of 1024 in q and k), where ulp(lse) is
   2⁻⁶ and the single lse scales rows of P by up to 0.4%, beyond a bf16 rounding. The other
   channels are halves, so every score is exact in float32 in any summation order and the
-  kernel and the emulation see the same S."""
+  kernel and the emulation see the same S. The emulation has the Triton backward's tiles, so
+  the Triton kernels are held to it bit for bit; where `backend="auto"` gives the Mosaic GPU
+  backward (a Hopper GPU), it is held to ≥ 99% of entries (its wgmma's float32 order: 99.7% of
+  dQ's entries and all of dK's and dV's on an H100, 2026-12-07; bounded at 2 ulps against the
+  Triton backward in tests/test_mosaic_gpu.py) while the other choice stays ≤ 50%."""
   rng = np.random.default_rng(0)
   shape = (1, 130, 2, 64)
   q, k = (rng.integers(-2, 3, shape).astype(np.float32) / 2 for _ in range(2))
@@ -161,25 +165,29 @@ def test_backward_p_matches_its_emulation_at_large_logits(single_lse):
   numerics = get_numerics("fa2").with_options(single_lse=single_lse)
   kw = dict(causal=True, single_lse=single_lse)
 
-  def run(q, k, v, do):
-    o, vjp = jax.vjp(lambda *a: flash_attention(*a, **kw), q, k, v)
+  def run(q, k, v, do, backend):
+    o, vjp = jax.vjp(lambda *a: flash_attention(*a, **kw, backend=backend), q, k, v)
     return o, vjp(do)
 
-  o, grads = jax.jit(run)(*(jnp.asarray(x) for x in (q, k, v, do)))
+  args = [jnp.asarray(x) for x in (q, k, v, do)]
   scale, blocks = 64**-0.5, BlockSizes.default(64).fit(130, 130)
   eo, e_m, e_log_l = emulate_forward(
     q, k, v, causal=True, softmax_scale=scale, block_k=blocks.block_k, dtype=BF16,
     numerics=numerics, head_dim_padded=64,
   )  # fmt: skip
-  assert same(o, eo) >= 0.999
-  for choice, floor, ceiling in ((single_lse, 1.0, 1.0), (not single_lse, 0.0, 0.5)):
-    eg = emulate_backward(
-      q, k, v, np.asarray(o, np.float32), e_m, e_log_l, do, causal=True, softmax_scale=scale,
-      dtype=BF16, numerics=numerics.with_options(single_lse=choice),
-      block_q=blocks.block_q_bwd, block_k=blocks.block_k_bwd,
-    )  # fmt: skip
-    rates = [same(g, e) for g, e in zip(grads, eg)]  # 1.0 against ~0.30 (CPU, 2026-12-01)
-    assert all(floor <= r <= ceiling for r in rates), (choice, rates)
+  backends = dict.fromkeys(("triton", resolved_backend(*args[:3], **kw).backward))
+  for backend in backends:
+    o, grads = jax.jit(run, static_argnums=4)(*args, backend)
+    assert same(o, eo) >= 0.999, backend
+    exact = 1.0 if backend == "triton" else 0.99
+    for choice, floor, ceiling in ((single_lse, exact, 1.0), (not single_lse, 0.0, 0.5)):
+      eg = emulate_backward(
+        q, k, v, np.asarray(o, np.float32), e_m, e_log_l, do, causal=True, softmax_scale=scale,
+        dtype=BF16, numerics=numerics.with_options(single_lse=choice),
+        block_q=blocks.block_q_bwd, block_k=blocks.block_k_bwd,
+      )  # fmt: skip
+      rates = [same(g, e) for g, e in zip(grads, eg)]  # 1.0 against ~0.30 (CPU, 2026-12-01)
+      assert all(floor <= r <= ceiling for r in rates), (backend, choice, rates)
 
 
 def test_pad_axis_pads_with_zeros_at_the_end_and_refuses_to_cut():

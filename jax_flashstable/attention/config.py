@@ -52,7 +52,9 @@ class AttentionConfig:
   """How one attention layer computes softmax(scale·QKᵀ)V.
 
   implementation: "flash" (our Pallas kernels), "reference" (materialized, in
-    `reference_dtype`), "xla" or "cudnn" (`jax.nn.dot_product_attention`).
+    `reference_dtype`), "xla" or "cudnn" (`jax.nn.dot_product_attention`, JAX's numerics:
+    for "xla" on a GPU float32 dots at JAX's default precision, TF32, and in bf16 dS rounded
+    before dS·K, the bias mechanism's rank-one dQ error: docs/api.md).
   numerics: precision layout of the flash kernels (`pallas_kernels.policy.NUMERICS`);
     "stochastic" needs an `rng_key` per call (`attend(..., rng_key=)`; the GPT model folds one
     per step and layer).
