@@ -312,6 +312,13 @@ def launch_plan(cfg, head_dim: int, group: int):
   return (stages_dkv, stages_dq), (persistent_dkv, persistent_dq)
 
 
+def delta_in_dq(cfg) -> bool:
+  """`MosaicGPUOptions.delta_in_dq` of a call, None resolved: on for a GPU, off in interpret
+  mode (the tests run each way on purpose)."""
+  on = cfg.mgpu.delta_in_dq
+  return (not cfg.interpret) if on is None else on
+
+
 def steps(cfg) -> tuple[int, int]:
   """(dK/dV's query tiles, dQ's key tiles): each backward kernel's steps a work item, the
   unpadded length over its tile (tiles of padding only are skipped)."""
@@ -839,7 +846,7 @@ def _dq_kernel(
 ):
   refs = list(refs)
   kd_ref = refs.pop(0) if cfg.numerics.center_keys else None
-  o_ref = refs.pop(0) if cfg.mgpu.delta_in_dq else None  # delta from dO and O here
+  o_ref = refs.pop(0) if delta_in_dq(cfg) else None  # delta from dO and O here
   dq_ref, rows_out_ref = refs[0], (refs[1] if o_ref is not None else None)
   scoped = refs[-1]
   numerics, dtype, scale, bk = cfg.numerics, q_ref.dtype, cfg.softmax_scale, dq_block_k(cfg)
@@ -1072,7 +1079,7 @@ def flash_backward_mgpu(q, k, v, o, m, log_l, do, cfg, d_lse=None):
   (stages_dkv, stages_dq), (persistent_dkv, persistent_dq) = launch_plan(cfg, d, group)
   cta = COMPUTE_WGS * ROWS
   do = cfg.numerics.d_out(do, q.dtype)
-  in_dq = cfg.mgpu.delta_in_dq  # delta from the dQ kernel, which then runs first
+  in_dq = delta_in_dq(cfg)  # delta from the dQ kernel, which then runs first
   if in_dq:  # row 2: the lse cotangent, which the dQ kernel subtracts from rowsum(dO∘O)
     delta = jnp.zeros_like(m) if d_lse is None else d_lse.astype(jnp.float32)
   else:

@@ -215,7 +215,12 @@ class MosaicGPUOptions:
     O's rows are read while Q, dO and the rows' statistics arrive. A float32 sum in the
     kernel's order (each thread's columns, then shuffles across the row's lanes), not XLA's:
     delta may differ by float32 ulps, and the gradients by a rounding to the input dtype
-    (within one ulp of it where tested). Off by default (not yet timed on a GPU).
+    (within one ulp of it where tested). None (the default): on for a GPU wherever the Mosaic
+    GPU backward runs, off in interpret mode (`backward_mgpu.delta_in_dq`). Timed (H100,
+    2026-12-07, the backward alone, paired against it off): 0.980× the time at gpt2-small's
+    16 × 1024 × 12 × d64 causal (30 pairs) and 0.993× at b4 × 4096 × 16 × d128 causal (15
+    pairs), where its kernels alone took 1.037× (XLA's reduction before them is gone);
+    experiments/results/h100-2026-12-07f-gpu-tests-delta-in-dq.
   persistent_bwd: the same for the backward's two kernels (`backward_mgpu.launch_plan`, each
     resolved on its own): dQ's work items (a batch, head and 128 query rows) with the next
     item's Q, dO and rows' statistics loaded early into a second slot, dK/dV's (a batch, head
@@ -256,7 +261,7 @@ class MosaicGPUOptions:
   persistent_bwd: bool | None = None
   wide_step: bool | None = None
   unit_alpha: bool = False
-  delta_in_dq: bool = False
+  delta_in_dq: bool | None = None
 
   def __post_init__(self):
     for field in dataclasses.fields(self):  # flags, not truthy values (or None, where resolved)
@@ -272,6 +277,7 @@ class MosaicGPUOptions:
           "persistent",
           "persistent_bwd",
           "wide_step",
+          "delta_in_dq",
         ),
       )
     if self.overlap and (self.early_turn or self.k_wait_in_pv):

@@ -328,6 +328,21 @@ def test_mosaic_gpu_backward_lowers_with_delta_in_dq(head_dim, causal, group, op
   _assert_two_backward_kernels(text)
 
 
+def test_delta_in_dq_is_on_by_default_for_a_gpu_and_off_in_interpret_mode():
+  """`MosaicGPUOptions.delta_in_dq=None` (the default) resolves on for a GPU's Mosaic GPU
+  backward (timed faster: forward_mgpu's docstring) and off in interpret mode, where the tests
+  run each way on purpose; True and False are kept in both."""
+  from pallas_kernels import backward_mgpu
+  from pallas_kernels.forward_mgpu import MosaicGPUOptions
+
+  cfg, _ = _lower_backward(64)  # the defaults, for CUDA
+  assert cfg.mgpu.delta_in_dq is None and backward_mgpu.delta_in_dq(cfg) is True
+  for interpret in (False, True):
+    for given, want in ((None, not interpret), (True, True), (False, False)):
+      c = dataclasses.replace(cfg, interpret=interpret, mgpu=MosaicGPUOptions(delta_in_dq=given))
+      assert backward_mgpu.delta_in_dq(c) is want, (interpret, given)
+
+
 def test_mosaic_gpu_backward_lowers_with_the_dq_key_tile_of_128():
   """`KernelConfig.block_k_dq_mgpu=128`'s GPU path (S, dP and dQ += dS K over 128 keys a
   step) lowers for CUDA: two kernels, as with the default tile."""
