@@ -231,6 +231,7 @@ def main(argv=None):
   from jax_flashstable.bench import runners
   from jax_flashstable.lab.shapes import Shape
   from pallas_kernels.attention import kernel_config
+  from pallas_kernels import backward_mgpu
   from pallas_kernels.backward_mgpu import flash_backward_mgpu
   from pallas_kernels.forward_mgpu import MosaicGPUOptions, flash_forward_mgpu
   from pallas_kernels.policy import Compensation, get_numerics
@@ -312,7 +313,8 @@ def main(argv=None):
         cfg = dataclasses.replace(cfg, stages_bwd_mgpu=stages)
       mods = lowered(lambda q, k, v: flash_backward_mgpu(q, k, v, q, rows, rows, q, cfg), q, kv, kv)
       # trace order: dK/dV before dQ, but dQ first with delta_in_dq (dK/dV reads its rows)
-      kernels = list(zip(("dQ", "dK/dV") if cfg.mgpu.delta_in_dq else ("dK/dV", "dQ"), mods))
+      in_dq = backward_mgpu.resolve_delta_in_dq(cfg, d)
+      kernels = list(zip(("dQ", "dK/dV") if in_dq else ("dK/dV", "dQ"), mods))
     for kernel, module in kernels:
       tag = re.sub(r"\W+", "_", f"{spec}_{kernel}").strip("_")
       with CapturedFds() as cap:

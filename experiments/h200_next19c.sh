@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 19 (device tool, one H100 or H200, one call of at most 10 min), for a session with one
 # call's device time: the timing of `MosaicGPUOptions.delta_in_dq` (h200_delta_in_dq.sh's
-# experiment 18: the backward alone, paired against the default, gpt2-small's 16 × 1024 × 12 ×
+# experiment 18: the backward alone, it on paired against it off, gpt2-small's 16 × 1024 × 12 ×
 # d64 causal, 30 pairs, and b4 × 4096 × 16 × d128 causal, 15 pairs), then the GPU tests of
 # h200_next19b.sh with delta_in_dq's own (tests/test_mosaic_gpu.py's delta_in_dq cases) in one
 # pytest run of 6 processes, each test named as it ends (a timeout still leaves the passed ones).

@@ -9,7 +9,8 @@ float32 accumulation). Comparing kernels with references needs plain float32 dot
 `bias`, `crosscheck`) turn the fusion off before JAX starts. A GPU's XLA is no such baseline
 either (cuBLAS's float32 attention was 4× more accurate than the kernel's float32 dots at
 head_dim 256, H100, 2026-12-07), so `lab.accuracy.compare` runs its references on the CPU
-backend wherever the kernel runs. No JAX import here.
+backend wherever the kernel runs. `add_flag` adds any XLA flag the same way (the GPU test
+session's `DETERMINISTIC_GPU_OPS`). No JAX import here.
 """
 
 from __future__ import annotations
@@ -19,14 +20,30 @@ import os
 FLAG = "--xla_cpu_experimental_ynn_fusion_type="
 
 
+# XLA's switch for deterministic GPU ops (no atomics in its scatter-adds): the GPU test session's
+# (tests/conftest.py; docs/training.md). It acts on a GPU only; the CPU's jaxlib knows it.
+DETERMINISTIC_GPU_OPS = "--xla_gpu_deterministic_ops=true"
+
+
+def flag_set(flag: str) -> bool:
+  """Whether XLA_FLAGS has `flag`, value and all."""
+  return flag in os.environ.get("XLA_FLAGS", "").split()
+
+
+def add_flag(flag: str) -> None:
+  """Adds `flag` to XLA_FLAGS after the caller's own, unless it is there already; it acts only
+  if JAX has not started its backends yet (XLA reads the flags once a process)."""
+  if not flag_set(flag):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
+
+
 def plain_dots_set() -> bool:
   """Whether XLA_FLAGS has `FLAG` (`plain_dots` ran, or the caller set it)."""
-  return FLAG in os.environ.get("XLA_FLAGS", "").split()
+  return flag_set(FLAG)
 
 
 def plain_dots() -> None:
-  """Adds `FLAG` (no YNNPACK dot fusions on XLA's CPU backend) to XLA_FLAGS, once; it acts
-  only if JAX has not started its backends yet. On a GPU machine it changes the CPU backend
-  only, where `lab.accuracy.compare` runs its references."""
-  if not plain_dots_set():
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FLAG}".strip()
+  """Adds `FLAG` (no YNNPACK dot fusions on XLA's CPU backend) to XLA_FLAGS, once (`add_flag`).
+  On a GPU machine it changes the CPU backend only, where `lab.accuracy.compare` runs its
+  references."""
+  add_flag(FLAG)

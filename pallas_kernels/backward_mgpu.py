@@ -64,6 +64,7 @@ from pallas_kernels.forward_mgpu import (
   finish_stores,
   last_waits,
   launch,
+  on_gpu_by_default,
   persistent_fits,
   query_tile,
   resolve_scale_in_exp2,
@@ -312,11 +313,21 @@ def launch_plan(cfg, head_dim: int, group: int):
   return (stages_dkv, stages_dq), (persistent_dkv, persistent_dq)
 
 
-def delta_in_dq(cfg) -> bool:
-  """`MosaicGPUOptions.delta_in_dq` of a call, None resolved: on for a GPU, off in interpret
-  mode (the tests run each way on purpose)."""
+# `MosaicGPUOptions.delta_in_dq=None` is on (for a GPU) up to this padded head_dim, with O in
+# the input dtype: where it was timed (H100, 2026-12-07, h100-2026-12-07f-gpu-tests-delta-in-dq:
+# the backward 0.980x at gpt2-small's d64 causal, 0.993x at d128 causal). Untimed at 256 and with
+# fp32_out's float32 O, whose rows it holds in registers beside the dO tile.
+DELTA_IN_DQ_MAX_HEAD_DIM = 128
+
+
+def resolve_delta_in_dq(cfg, head_dim: int) -> bool:
+  """`MosaicGPUOptions.delta_in_dq` of a call at padded head_dim, None resolved: on for a GPU
+  up to `DELTA_IN_DQ_MAX_HEAD_DIM` with O in the input dtype, off elsewhere and in interpret
+  mode (`forward_mgpu.on_gpu_by_default`)."""
   on = cfg.mgpu.delta_in_dq
-  return (not cfg.interpret) if on is None else on
+  if on is None and (head_dim > DELTA_IN_DQ_MAX_HEAD_DIM or cfg.numerics.out_float32):
+    return False
+  return on_gpu_by_default(on, cfg.interpret)
 
 
 def steps(cfg) -> tuple[int, int]:
@@ -842,11 +853,11 @@ def _dkv(q, k, v, do, rows, cfg, stages, persistent):
 
 
 def _dq_kernel(
-  q_ref, k_ref, v_ref, do_ref, rows_ref, *refs, cfg, n_kv, group, stages, grid, persistent
+  q_ref, k_ref, v_ref, do_ref, rows_ref, *refs, cfg, n_kv, group, stages, grid, persistent, with_o
 ):
   refs = list(refs)
   kd_ref = refs.pop(0) if cfg.numerics.center_keys else None
-  o_ref = refs.pop(0) if delta_in_dq(cfg) else None  # delta from dO and O here
+  o_ref = refs.pop(0) if with_o else None  # delta from dO and O here (`resolve_delta_in_dq`)
   dq_ref, rows_out_ref = refs[0], (refs[1] if o_ref is not None else None)
   scoped = refs[-1]
   numerics, dtype, scale, bk = cfg.numerics, q_ref.dtype, cfg.softmax_scale, dq_block_k(cfg)
@@ -1032,6 +1043,7 @@ def _dq(q, k, v, do, rows, kd, cfg, stages, persistent, o=None):
         stages=stages,
         grid=grid,
         persistent=persistent,
+        with_o=o is not None,
       ),
       smem,
       plgpu.Barrier(num_arrivals=3, num_barriers=slots * COMPUTE_WGS),  # Q, dO, rows: 3 copies
@@ -1079,7 +1091,7 @@ def flash_backward_mgpu(q, k, v, o, m, log_l, do, cfg, d_lse=None):
   (stages_dkv, stages_dq), (persistent_dkv, persistent_dq) = launch_plan(cfg, d, group)
   cta = COMPUTE_WGS * ROWS
   do = cfg.numerics.d_out(do, q.dtype)
-  in_dq = delta_in_dq(cfg)  # delta from the dQ kernel, which then runs first
+  in_dq = resolve_delta_in_dq(cfg, d)  # delta from the dQ kernel, which then runs first
   if in_dq:  # row 2: the lse cotangent, which the dQ kernel subtracts from rowsum(dO∘O)
     delta = jnp.zeros_like(m) if d_lse is None else d_lse.astype(jnp.float32)
   else:

@@ -215,12 +215,13 @@ class MosaicGPUOptions:
     O's rows are read while Q, dO and the rows' statistics arrive. A float32 sum in the
     kernel's order (each thread's columns, then shuffles across the row's lanes), not XLA's:
     delta may differ by float32 ulps, and the gradients by a rounding to the input dtype
-    (within one ulp of it where tested). None (the default): on for a GPU wherever the Mosaic
-    GPU backward runs, off in interpret mode (`backward_mgpu.delta_in_dq`). Timed (H100,
-    2026-12-07, the backward alone, paired against it off): 0.980× the time at gpt2-small's
-    16 × 1024 × 12 × d64 causal (30 pairs) and 0.993× at b4 × 4096 × 16 × d128 causal (15
-    pairs), where its kernels alone took 1.037× (XLA's reduction before them is gone);
-    experiments/results/h100-2026-12-07f-gpu-tests-delta-in-dq.
+    (within one ulp of it where tested). None (the default): on for a GPU where it was timed,
+    a padded head_dim up to 128 with O in the input dtype (`backward_mgpu.resolve_delta_in_dq`;
+    not at 256 nor with fp32_out's float32 O, untimed), off elsewhere and in interpret mode.
+    Timed (H100, 2026-12-07, the backward alone, paired against it off): 0.980× the time at
+    gpt2-small's 16 × 1024 × 12 × d64 causal (30 pairs) and 0.993× at b4 × 4096 × 16 × d128
+    causal (15 pairs), where its kernels alone took 1.037× (XLA's reduction before them is
+    gone); experiments/results/h100-2026-12-07f-gpu-tests-delta-in-dq.
   persistent_bwd: the same for the backward's two kernels (`backward_mgpu.launch_plan`, each
     resolved on its own): dQ's work items (a batch, head and 128 query rows) with the next
     item's Q, dO and rows' statistics loaded early into a second slot, dK/dV's (a batch, head
@@ -321,6 +322,12 @@ def smem_transforms(cols: int, itemsize: int):
 
 INTERPRET_CTAS = 2  # the persistent forward's CTAs in interpret mode
 HOPPER_SMS = 132  # an H100 SXM's or H200's SMs: lowering for CUDA off a GPU (tests, ptxas)
+
+
+def on_gpu_by_default(value: bool | None, interpret: bool) -> bool:
+  """A `MosaicGPUOptions` field that None turns on for a GPU and off in interpret mode (where
+  the tests run each way on purpose): `pingpong`, `delta_in_dq`."""
+  return (not interpret) if value is None else value
 
 
 def persistent_ctas(interpret: bool) -> int:
@@ -802,7 +809,7 @@ def _forward_kernel(
   k_ready, v_ready, q_ready, k_free, v_free, q_free, turn = barriers
   q_slots = q_smem3.shape[0]  # Q tiles in flight: 2 persistent (the next item's loads early)
   opts = cfg.mgpu
-  pingpong = (not cfg.interpret) if opts.pingpong is None else opts.pingpong
+  pingpong = on_gpu_by_default(opts.pingpong, cfg.interpret)
   assert not numerics.paper, "the Mosaic GPU forward skips the paper layout's rounding hooks"
   # (the interpreter cannot run a wgmma into an initialised accumulator: fused_pv is GPU-only)
   early_turn, fused_pv = pingpong and opts.early_turn, opts.fused_pv and not cfg.interpret

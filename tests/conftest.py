@@ -1,17 +1,16 @@
 import os
 
-from jax_flashstable.xla_cpu import plain_dots
+from jax_flashstable.xla_cpu import DETERMINISTIC_GPU_OPS, add_flag, plain_dots
 
 # XLA's CPU dots as the program states them (no YNNPACK fusions): the tests compare kernels with
 # references computed in plain float32 dots, on the CPU also on a GPU (`jax_flashstable.xla_cpu`).
 plain_dots()
 
 # XLA's deterministic GPU ops (acts on a GPU only): the tests hold the training loop to the
-# same losses for the same seed and to a resumed run equal to the uninterrupted one, which on a
-# GPU needs XLA's scatter-adds (the embeddings' gradient) without atomics: without the flag two
-# runs of test_train's tiny model parted at step 8 (H100, 2026-12-07). docs/training.md.
-if "--xla_gpu_deterministic_ops" not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_gpu_deterministic_ops=true"
+# same losses for the same seed and to a resumed run equal to the uninterrupted one; without
+# the flag two runs of test_train's tiny model parted at step 8 (H100, 2026-12-07; likely XLA's
+# scatter-adds with atomics; docs/training.md).
+add_flag(DETERMINISTIC_GPU_OPS)
 
 # Pallas' GPU interpret mode (the Mosaic GPU kernels on a CPU) runs each warpgroup as a JAX
 # computation that blocks in barrier callbacks; some run on the XLA CPU client's thread pool,

@@ -328,19 +328,31 @@ def test_mosaic_gpu_backward_lowers_with_delta_in_dq(head_dim, causal, group, op
   _assert_two_backward_kernels(text)
 
 
-def test_delta_in_dq_is_on_by_default_for_a_gpu_and_off_in_interpret_mode():
+def test_delta_in_dq_is_on_by_default_for_a_gpu_where_timed_and_off_in_interpret_mode():
   """`MosaicGPUOptions.delta_in_dq=None` (the default) resolves on for a GPU's Mosaic GPU
-  backward (timed faster: forward_mgpu's docstring) and off in interpret mode, where the tests
-  run each way on purpose; True and False are kept in both."""
-  from pallas_kernels import backward_mgpu
-  from pallas_kernels.forward_mgpu import MosaicGPUOptions
+  backward where it was timed faster (a padded head_dim up to 128, O in the input dtype:
+  `backward_mgpu.DELTA_IN_DQ_MAX_HEAD_DIM`), off at 256, with fp32_out's float32 O and in
+  interpret mode, where the tests run each way on purpose; True and False are kept."""
+  from pallas_kernels.backward_mgpu import DELTA_IN_DQ_MAX_HEAD_DIM, resolve_delta_in_dq
 
-  cfg, _ = _lower_backward(64)  # the defaults, for CUDA
-  assert cfg.mgpu.delta_in_dq is None and backward_mgpu.delta_in_dq(cfg) is True
+  def config(numerics="fa2", interpret=False, **options):
+    return kernel_config(
+      q_len=200, kv_len=250, head_dim=64, dtype=jnp.bfloat16, softmax_scale=0.1, causal=True,
+      numerics=get_numerics(numerics), compensation=None, interpret=interpret,
+      backend="mosaic_gpu", mgpu_options=MosaicGPUOptions(**options),
+    )  # fmt: skip
+
+  assert DELTA_IN_DQ_MAX_HEAD_DIM == 128
+  assert config().mgpu.delta_in_dq is None  # resolved where the backward runs
+  for head_dim, want in ((32, True), (64, True), (128, True), (256, False)):
+    assert resolve_delta_in_dq(config(), head_dim) is want, head_dim
+  assert resolve_delta_in_dq(config("fp32_out"), 64) is False
+  assert resolve_delta_in_dq(config(interpret=True), 64) is False
   for interpret in (False, True):
-    for given, want in ((None, not interpret), (True, True), (False, False)):
-      c = dataclasses.replace(cfg, interpret=interpret, mgpu=MosaicGPUOptions(delta_in_dq=given))
-      assert backward_mgpu.delta_in_dq(c) is want, (interpret, given)
+    for head_dim in (64, 256):
+      for given in (True, False):
+        cfg = config(interpret=interpret, delta_in_dq=given)
+        assert resolve_delta_in_dq(cfg, head_dim) is given, (interpret, head_dim, given)
 
 
 def test_mosaic_gpu_backward_lowers_with_the_dq_key_tile_of_128():

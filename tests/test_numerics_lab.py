@@ -3,11 +3,11 @@
 import json
 import re
 
-import jax
 import numpy as np
 import pytest
 
 from jax_flashstable.cli import main
+from jax_flashstable.results import run_meta
 from jax_flashstable.lab.numerics_lab import (
   LAYOUTS,
   Bias,
@@ -125,10 +125,9 @@ def test_cli_deviation_and_bias(tmp_path, capsys):
   head = (tmp_path / "bias.md").read_text().split("\n\n")[:3]
   assert head[0] == "# bias"
   assert head[1] == f"Command: `flashstable bias {' '.join(args)} --out {tmp_path}`"
-  device = re.escape(getattr(jax.devices()[0], "device_kind", "cpu"))  # "cpu", "NVIDIA H100 …"
-  assert re.fullmatch(rf"date: \d{{4}}-\d\d-\d\d · device: {device} · jax: [\d.]+", head[2]), head[
-    2
-  ]
+  device = re.escape(run_meta()["device"])  # "cpu", "NVIDIA H100 80GB HBM3", …
+  facts = rf"date: \d{{4}}-\d\d-\d\d · device: {device} · jax: [\d.]+"
+  assert re.fullmatch(facts, head[2]), head[2]
   meta = json.loads((tmp_path / "bias.json").read_text())["meta"]
   assert meta["args"]["tie_values"] == "7,30" and meta["command"].startswith("flashstable bias")
   rows = json.loads((tmp_path / "bias.json").read_text())["rows"]

@@ -154,8 +154,9 @@ def test_backward_p_matches_its_emulation_at_large_logits(single_lse):
   kernel and the emulation see the same S. The emulation has the Triton backward's tiles, so
   the Triton kernels are held to it bit for bit; where `backend="auto"` gives the Mosaic GPU
   backward (a Hopper GPU), it is held to ≥ 99% of entries (its wgmma's float32 order: 99.7% of
-  dQ's entries and all of dK's and dV's on an H100, 2026-12-07; bounded at 2 ulps against the
-  Triton backward in tests/test_mosaic_gpu.py) while the other choice stays ≤ 50%."""
+  dQ's entries and all of dK's and dV's on an H100, 2026-12-07, with delta from XLA, before
+  `delta_in_dq` became the default, whose float32 sum may move a few more; bounded at 2 ulps
+  against the Triton backward in tests/test_mosaic_gpu.py) while the other choice stays ≤ 50%."""
   rng = np.random.default_rng(0)
   shape = (1, 130, 2, 64)
   q, k = (rng.integers(-2, 3, shape).astype(np.float32) / 2 for _ in range(2))
@@ -179,8 +180,8 @@ def test_backward_p_matches_its_emulation_at_large_logits(single_lse):
   for backend in backends:
     o, grads = jax.jit(run, static_argnums=4)(*args, backend)
     assert same(o, eo) >= 0.999, backend
-    exact = 1.0 if backend == "triton" else 0.99
-    for choice, floor, ceiling in ((single_lse, exact, 1.0), (not single_lse, 0.0, 0.5)):
+    least = 1.0 if backend == "triton" else 0.99  # the share of entries equal to the emulation's
+    for choice, floor, ceiling in ((single_lse, least, 1.0), (not single_lse, 0.0, 0.5)):
       eg = emulate_backward(
         q, k, v, np.asarray(o, np.float32), e_m, e_log_l, do, causal=True, softmax_scale=scale,
         dtype=BF16, numerics=numerics.with_options(single_lse=choice),

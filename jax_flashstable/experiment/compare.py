@@ -219,11 +219,11 @@ def findings(rows, on_cpu=False) -> list[str]:
     )
   else:
     out.append(
-      "Not bit for bit from run to run on a GPU: our kernels have no atomics, but XLA's "
-      "GPU scatter-adds (the embeddings' gradient) do, so two runs of one configuration part "
-      "within float32 rounding and then drift (from step 48 at anchor-b128 on the H200); "
-      "the verdict is the outcome, which reruns reproduced, not the step. "
-      "XLA_FLAGS=--xla_gpu_deterministic_ops=true makes them repeat (docs/training.md)."
+      "Not bit for bit from run to run on a GPU unless XLA_FLAGS has "
+      "--xla_gpu_deterministic_ops=true: our kernels have no atomics, but two runs of one "
+      "configuration parted (reruns at anchor-b128 beyond 2⁻⁸ at steps 48–49 on the H200; "
+      "likely XLA's scatter-adds with atomics), so the verdict is the outcome over seeds, "
+      "not the step (docs/training.md)."
     )
   return out
 
