@@ -38,6 +38,21 @@ def test_diagnostics_match_direct_computations():
   assert m["dq_common"].shape == (2, 2) and np.all((m["dq_common"] > 0) & (m["dq_common"] < 0.05))
 
 
+def _keys_sharing_a_component(spread=0, rotated=False):
+  """Issue 16's inputs, bf16 [1, 64, 4, 16] q, k, v, dO and every row sampled: keys at −480 in
+  channel 0 (± `spread`, bf16-exact), or along a random unit vector (`rotated`)."""
+  rng = np.random.default_rng(1 if rotated else 0)
+  q, k = (0.1 * rng.standard_normal((1, 64, 4, 16)) for _ in range(2))
+  v, do = (rng.standard_normal((1, 64, 4, 16)) for _ in range(2))
+  if rotated:  # the common component along a random unit vector
+    u = rng.standard_normal(16)
+    q, k = q + u / np.linalg.norm(u), k - 480.0 * u / np.linalg.norm(u)
+  else:
+    q[..., 0], k[..., 0] = 1.0, -480.0 + spread * rng.integers(-1, 2, (1, 64, 4))
+  q, k, v, do = (jnp.asarray(a, jnp.bfloat16) for a in (q, k, v, do))
+  return q, k, v, do, (jnp.zeros(64, jnp.int32), jnp.arange(64))
+
+
 def test_dq_rows_measure_the_bias_mechanism():
   """`dq_rows` and `dq_error` on issue 16's keys sharing a component (keys at −480 in channel
   0, here 64 positions × 4 heads, every row sampled): the attention's own dQ is the kernel's
@@ -68,16 +83,7 @@ def test_dq_rows_measure_the_bias_mechanism():
   from jax_flashstable.training.diagnostics import dq_error, dq_error_along, dq_rows, row_key_mean
 
   def measure(spread, specs, rotated=False):
-    rng = np.random.default_rng(1 if rotated else 0)
-    q, k = (0.1 * rng.standard_normal((1, 64, 4, 16)) for _ in range(2))
-    v, do = (rng.standard_normal((1, 64, 4, 16)) for _ in range(2))
-    if rotated:  # the common component along a random unit vector
-      u = rng.standard_normal(16)
-      q, k = q + u / np.linalg.norm(u), k - 480.0 * u / np.linalg.norm(u)
-    else:
-      q[..., 0], k[..., 0] = 1.0, -480.0 + spread * rng.integers(-1, 2, (1, 64, 4))
-    q, k, v, do = (jnp.asarray(a, jnp.bfloat16) for a in (q, k, v, do))
-    rows = (jnp.zeros(64, jnp.int32), jnp.arange(64))
+    q, k, v, do, rows = _keys_sharing_a_component(spread, rotated)
     gold = np.asarray(reference_attention_vjp(q, k, v, do, causal=True, dtype=jnp.float64)[1][0])
     got = {}
     for spec in specs:
@@ -132,12 +138,8 @@ def test_rounding_ds_alone_puts_the_dq_error_along_the_keys_mean():
   from jax_flashstable.attention.config import AttentionConfig
   from jax_flashstable.training.diagnostics import dq_error, dq_error_along, dq_rows, row_key_mean
 
-  rng = np.random.default_rng(0)  # the inputs of test_dq_rows_measure_the_bias_mechanism
-  q, k = (0.1 * rng.standard_normal((1, 64, 4, 16)) for _ in range(2))
-  v, do = (rng.standard_normal((1, 64, 4, 16)) for _ in range(2))
-  q[..., 0], k[..., 0] = 1.0, -480.0
-  q, k, v, do = (jnp.asarray(a, jnp.bfloat16) for a in (q, k, v, do))
-  rows, scale = (jnp.zeros(64, jnp.int32), jnp.arange(64)), 0.25
+  q, k, v, do, rows = _keys_sharing_a_component()
+  scale = 0.25
   xla_dq, exact = dq_rows(
     AttentionConfig.parse("xla"), q, k, v, do.astype(jnp.float32), rows, scale
   )
