@@ -8,8 +8,8 @@ plain_dots()
 
 # XLA's deterministic GPU ops (acts on a GPU only): the tests hold the training loop to the
 # same losses for the same seed and to a resumed run equal to the uninterrupted one; without
-# the flag two runs of test_train's tiny model parted at step 8 (H100, 2026-12-07; likely XLA's
-# scatter-adds with atomics; docs/training.md).
+# the flag two runs of test_train's tiny model parted at step 8, with it they matched (H100,
+# 2026-12-07; likely XLA's scatter-adds with atomics; docs/training.md).
 add_flag(DETERMINISTIC_GPU_OPS)
 
 # Pallas' GPU interpret mode (the Mosaic GPU kernels on a CPU) runs each warpgroup as a JAX
