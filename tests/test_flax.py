@@ -152,10 +152,11 @@ def test_reference_backward_recomputes_the_scores_same_values_less_memory(spec):
   )
   for g, w in zip(got, want):
     np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(w, np.float32))
-  # kept, every layer's probabilities live until its backward; recomputed, at most one
-  # layer's: at least three layers' [2, 4, 256, 256] less (in bytes of the reference's dtype;
-  # measured: CPU 11.8 MB less of 22.6 and 21.5, an H100's XLA 11.4 of 53.1 and 4.1 of 45.7,
-  # most of its temp its own workspace, 2026-12-07)
+  # kept, every layer's probabilities live until its backward; recomputed, about one layer's
+  # at a time (plus the recomputation's own buffers: one layer alone saves nothing, −0.26 MB on
+  # the CPU): at least three layers' [2, 4, 256, 256] less over four, in bytes of the
+  # reference's dtype (measured: CPU 11.8 MB less of 22.6 and 21.5, an H100's XLA 11.4 of
+  # 53.1 and 4.1 of 45.7, most of its temp its own workspace, 2026-12-07)
   probs_bytes = 2 * 4 * 256 * 256 * dtype.itemsize
   assert temp_kept - temp >= 3 * probs_bytes, (temp, temp_kept)
   out = attend(q, k, v, cfg, causal=True, softmax_scale=0.17)  # what the model calls
