@@ -20,7 +20,7 @@ import sys
 import warnings
 
 from jax_flashstable import interrupts
-from jax_flashstable.xla_cpu import plain_dots
+from jax_flashstable.xla_cpu import deterministic_gpu_ops, plain_dots
 from jax_flashstable.checks import distinct, integer
 
 DTYPES = ("bfloat16", "float16", "float32")
@@ -229,6 +229,8 @@ OPTION_NOTES = {
   "dq_common (its part along the keys' mean); the dQ rules need --diag-interval",
   "warning_layer": "; 0-based, watched by --warning-rule dq_error and dq_common only",
   "max_seconds": "; seconds of training, then a checkpoint and stop (0: no limit)",
+  "deterministic": "; XLA's deterministic GPU ops (--xla_gpu_deterministic_ops=true), so that a "
+  "GPU run repeats bit for bit; CPU runs repeat without it",
   "data": "; a folder of train.bin and val.bin (GPT-2 BPE tokens, uint16, nanoGPT's format) "
   "or their .xz; none: the embedded sample",
 }
@@ -248,7 +250,10 @@ def _add_train_options(p, skip=(), layer_attention=True, defaults=None):
     flag = "--" + f.name.replace("_", "-")
     t = str(f.type)
     if "bool" in t:
-      p.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None)
+      shown = OPTION_NOTES.get(f.name, "").removeprefix("; ") or None
+      p.add_argument(
+        flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=shown
+      )
     else:
       typ = int if ("int" in t and "float" not in t) else float if "float" in t else str
       given = {"*": defaults} if isinstance(defaults, str) else dict(defaults or {})
@@ -1260,6 +1265,8 @@ def main(argv=None):
   args.argv = argv  # the command as typed, for the results' headers (`_meta`)
   if args.command in NUMERICS_COMMANDS:  # kernels against references: XLA CPU's plain dots
     plain_dots()
+  if getattr(args, "deterministic", None):  # before any command starts JAX (TrainConfig's)
+    deterministic_gpu_ops()
   from jax_flashstable.training.config import ConfigError
 
   try:

@@ -16,12 +16,14 @@ session's `DETERMINISTIC_GPU_OPS`). No JAX import here.
 from __future__ import annotations
 
 import os
+import sys
 
 FLAG = "--xla_cpu_experimental_ynn_fusion_type="
 
 
 # XLA's switch for deterministic GPU ops (no atomics in its scatter-adds): the GPU test session's
-# (tests/conftest.py; docs/training.md). It acts on a GPU only; the CPU's jaxlib knows it.
+# (tests/conftest.py) and `TrainConfig.deterministic`'s (docs/training.md). It acts on a GPU
+# only; the CPU's jaxlib knows it.
 DETERMINISTIC_GPU_OPS = "--xla_gpu_deterministic_ops=true"
 
 
@@ -47,3 +49,24 @@ def plain_dots() -> None:
   On a GPU machine it changes the CPU backend only, where `lab.accuracy.compare` runs its
   references."""
   add_flag(FLAG)
+
+
+def deterministic_gpu_ops() -> str | None:
+  """Makes XLA's GPU ops deterministic for this process (`DETERMINISTIC_GPU_OPS`, `add_flag`),
+  the switch behind `TrainConfig.deterministic`. Returns None when the flag is set or will act
+  (JAX's backends have not started), and when it is not needed (they started on a CPU, whose
+  runs repeat without it); else why it cannot act: JAX's backends started on another
+  platform without it (XLA reads its flags once a process). No JAX import."""
+  if flag_set(DETERMINISTIC_GPU_OPS):
+    return None
+  bridge = sys.modules.get("jax._src.xla_bridge")
+  if bridge is None or not bridge.backends_are_initialized():
+    add_flag(DETERMINISTIC_GPU_OPS)
+    return None
+  platform = sys.modules["jax"].default_backend()
+  if platform == "cpu":
+    return None
+  return (
+    f"JAX's {platform} backend started without {DETERMINISTIC_GPU_OPS} in XLA_FLAGS, and XLA "
+    "reads its flags once a process: set it before JAX starts"
+  )

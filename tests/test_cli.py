@@ -73,6 +73,7 @@ def test_train_with_a_layer_override(tmp_path):
         "fa2+comp",
         "--layer-attention",
         "1=reference-fp32",
+        "--deterministic",
         "--out-dir",
         str(out),
       ]
@@ -82,7 +83,7 @@ def test_train_with_a_layer_override(tmp_path):
   )
   cfg = json.loads((out / "config.json").read_text())["train"]
   assert cfg["attention"] == "fa2+comp" and cfg["attention_overrides"] == [[1, "reference-fp32"]]
-  assert cfg["model_overrides"] == [["block_size", 32]]
+  assert cfg["model_overrides"] == [["block_size", 32]] and cfg["deterministic"] is True
   # no checkpoint (2 steps < checkpoint_interval): a second train there would start afresh and
   # write over the run's logs: refused, the logs kept
   logged = (out / "metrics.jsonl").read_text()

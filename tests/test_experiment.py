@@ -1067,6 +1067,12 @@ def test_the_main_jobs_gpu_runs_show_the_explosion_and_the_runaway(tmp_path):
   assert "stayed calm" not in text and "its fix" not in text
   assert "| paper+comp | 3000 | 1.630 ± 0.065 | 1.455 | 2.433 | – | 900 | – | 400 |" in text
   assert "Runaway: layer 1's max logit above 465.3 (10× the FP32 reference's 46.5, measured" in text
+  repeat = "Not bit for bit from run to run on a GPU unless run with --deterministic"
+  deterministic = "Run with XLA's deterministic GPU ops (--deterministic)"
+  assert repeat in text and deterministic not in text
+  det = dataclasses.replace(base, deterministic=True)
+  text = compare.report(det, rows, None, compare.trained_on(tmp_path, rows))
+  assert deterministic in text and repeat not in text
   for other in (
     dataclasses.replace(base, batch_size=32),
     dataclasses.replace(base, diag_rows=8),

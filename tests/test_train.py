@@ -180,6 +180,58 @@ def test_dq_error_warning_in_the_loop(tmp_path, monkeypatch, capsys):
 # --- nothing lost, nothing silently wrong -------------------------------------------------------
 
 
+def test_deterministic_sets_xlas_flag_before_jax_starts_and_refuses_after(tmp_path, monkeypatch):
+  """`TrainConfig.deterministic` (`xla_cpu.deterministic_gpu_ops`): before JAX starts it adds
+  --xla_gpu_deterministic_ops=true to XLA_FLAGS, and JAX then starts with it (XLA aborts on a
+  flag it does not know); once JAX has started on a CPU it needs nothing (a CPU's runs repeat)
+  and adds nothing; once started on a GPU without the flag, validate() refuses in one line
+  before any work."""
+  import os
+  import subprocess
+  import sys
+
+  import jax
+
+  from jax_flashstable.xla_cpu import DETERMINISTIC_GPU_OPS, deterministic_gpu_ops
+
+  code = (
+    "import os; from jax_flashstable.xla_cpu import deterministic_gpu_ops as d; print(d()); "
+    "import jax; jax.numpy.zeros(1).block_until_ready(); print(os.environ['XLA_FLAGS'])"
+  )
+  env = dict(os.environ, XLA_FLAGS="--xla_backend_optimization_level=1", JAX_PLATFORMS="cpu")
+  ran = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+  assert ran.returncode == 0, ran.stderr[-2000:]
+  assert ran.stdout.split("\n")[:2] == [
+    "None",
+    f"--xla_backend_optimization_level=1 {DETERMINISTIC_GPU_OPS}",
+  ]
+  monkeypatch.setenv("XLA_FLAGS", "")  # this process: JAX started (conftest), on the CPU here
+  if jax.default_backend() == "cpu":
+    assert deterministic_gpu_ops() is None and os.environ["XLA_FLAGS"] == ""
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  why = (
+    f"JAX's gpu backend started without {DETERMINISTIC_GPU_OPS} in XLA_FLAGS, and XLA reads "
+    "its flags once a process: set it before JAX starts"
+  )
+  assert deterministic_gpu_ops() == why and os.environ["XLA_FLAGS"] == ""
+  with pytest.raises(ConfigError, match=f"^deterministic=True: {re.escape(why)}$"):
+    cfg(tmp_path, "d", deterministic=True).validate()
+  assert not (tmp_path / "d").exists()
+  monkeypatch.setenv("XLA_FLAGS", DETERMINISTIC_GPU_OPS)  # set before JAX started: nothing to say
+  assert deterministic_gpu_ops() is None
+  # XLA's cuDNN attention failed at the first step under the flag (jax 0.11.2, H200): refused
+  # before any work, whichever layer has it
+  for kw in (dict(attention="cudnn"), dict(attention_overrides=((1, "cudnn"),))):
+    with pytest.raises(
+      ConfigError,
+      match=r"^deterministic=True with attention(_overrides: layer 1)?='cudnn': XLA's cuDNN ",
+    ):
+      cfg(tmp_path, "d", deterministic=True, **kw).validate()
+  assert not (tmp_path / "d").exists()
+  with pytest.raises(ConfigError, match=r"^deterministic='yes' must be True or False$"):
+    cfg(tmp_path, "d", deterministic="yes")
+
+
 def test_out_dir_spelling_is_not_a_configuration_change(tmp_path, monkeypatch):
   """The folder is where a run lives: `runs/r`, `runs/r/`, its absolute path, another working
   directory and a moved folder are the same run; another lr is a change, refused before any
@@ -201,6 +253,8 @@ def test_out_dir_spelling_is_not_a_configuration_change(tmp_path, monkeypatch):
   assert config_changes("../runs/r", dataclasses.replace(c, out_dir="../runs/r")) == {}
   shutil.move(str(tmp_path / "runs" / "r"), str(tmp_path / "moved"))
   assert config_changes(tmp_path / "moved", dataclasses.replace(c, out_dir="../moved")) == {}
+  # XLA's deterministic GPU ops change the order of a GPU's sums, not what the run is
+  assert config_changes(tmp_path / "moved", dataclasses.replace(c, deterministic=True)) == {}
   other = dataclasses.replace(c, out_dir="../moved/", lr=0.01)
   assert config_changes("../moved/", other) == {"lr": (0.003, 0.01)}
   with pytest.raises(

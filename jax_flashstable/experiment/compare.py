@@ -139,8 +139,9 @@ def runaway_basis(rows) -> tuple[float | None, str]:
   )
 
 
-def findings(rows, on_cpu=False) -> list[str]:
-  """What the runs show and do not show, in plain sentences (`on_cpu`: trained on a CPU). A
+def findings(rows, on_cpu=False, deterministic=False) -> list[str]:
+  """What the runs show and do not show, in plain sentences (`on_cpu`: trained on a CPU;
+  `deterministic`: with XLA's deterministic GPU ops, `TrainConfig.deterministic`). A
   run that did not explode but whose `runaway_step` is set held the loss, not the logits: it
   is said so, not counted as stable; with no runaway threshold a run that did not explode is
   not called calm."""
@@ -217,10 +218,16 @@ def findings(rows, on_cpu=False) -> list[str]:
       "differently (vector width, fused multiply-adds), so losses can differ from the "
       "third decimal on while the verdict above stays."
     )
+  elif deterministic:
+    out.append(
+      "Run with XLA's deterministic GPU ops (--deterministic): with them the tests' training "
+      "runs repeat bit for bit on a GPU (our kernels have no atomics; H100, 2026-12-07, "
+      "docs/training.md); on another GPU or software XLA may compile differently."
+    )
   else:
     out.append(
-      "Not bit for bit from run to run on a GPU unless XLA_FLAGS has "
-      "--xla_gpu_deterministic_ops=true: our kernels have no atomics, but two runs of one "
+      "Not bit for bit from run to run on a GPU unless run with --deterministic "
+      "(--xla_gpu_deterministic_ops=true): our kernels have no atomics, but two runs of one "
       "configuration parted (reruns at anchor-b128 beyond 2⁻⁸ at steps 48–49 on the H200; "
       "likely XLA's scatter-adds with atomics), so the verdict is the outcome over seeds, "
       "not the step (docs/training.md)."
@@ -280,7 +287,11 @@ def report(
     "## What this run shows",
     "",
   ]
-  lines += [f"- {x}" for x in findings(rows, backend == "cpu")] if rows else ["- no run finished"]
+  lines += (
+    [f"- {x}" for x in findings(rows, backend == "cpu", base.deterministic)]
+    if rows
+    else ["- no run finished"]
+  )
   lines += [
     "",
     f"| attention | steps | final loss (mean ± std, last {rows[0]['last_steps'] if rows else NOISE_STEPS} "

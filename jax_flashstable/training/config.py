@@ -14,6 +14,7 @@ import pathlib
 import tempfile
 
 from jax_flashstable.checks import distinct, integer
+from jax_flashstable.xla_cpu import deterministic_gpu_ops
 
 WARNING_ACTIONS = ("off", "log", "checkpoint", "stop")
 # the early warnings: "logit" (`train.EarlyWarning`: some layer's max logit grows ≥ 100× within
@@ -23,7 +24,8 @@ WARNING_RULES = ("logit", "dq_error", "dq_common")
 # Fields a resumed or repeated run may change: they decide when training stops and what is
 # saved, not the trajectory (`steps` too when the cosine length is fixed by decay_steps), and
 # `out_dir`: the folder is where the run lives (spelled `runs/r`, `runs/r/` or absolute, or
-# moved), not part of what it is.
+# moved), not part of what it is; `deterministic`: the order of a GPU's float sums, which
+# without it does not repeat anyway.
 RESUMABLE_FIELDS = (
   "max_seconds",
   "progress",
@@ -33,6 +35,7 @@ RESUMABLE_FIELDS = (
   "warning_rule",
   "warning_layer",
   "out_dir",
+  "deterministic",
 )
 
 
@@ -85,6 +88,9 @@ class TrainConfig:
   # (0: no limit)
   out_dir: str = "runs/train"
   progress: bool = True  # tqdm progress bar (where stderr is a terminal)
+  # XLA's deterministic GPU ops (`xla_cpu.deterministic_gpu_ops`): a GPU run repeats bit for
+  # bit; set before JAX starts (validate() does it when JAX has not). A CPU's runs repeat anyway.
+  deterministic: bool = False
 
   def __post_init__(self):
     """Raises ConfigError for a value out of its range or of the wrong type (no imports, no
@@ -156,7 +162,7 @@ class TrainConfig:
         raise ConfigError(f"{name}={value!r} must be a non-empty string")
     if self.data is not None and (not isinstance(self.data, str) or not self.data):
       raise ConfigError(f"data={self.data!r} must be a folder path or None (the embedded sample)")
-    for name in ("data_parallel", "progress"):
+    for name in ("data_parallel", "progress", "deterministic"):
       if not isinstance(getattr(self, name), bool):
         raise ConfigError(f"{name}={getattr(self, name)!r} must be True or False")
     for name in ("model_overrides", "attention_overrides"):
@@ -168,8 +174,9 @@ class TrainConfig:
       distinct(name, [k for k, _ in pairs], ConfigError)
 
   def validate(self) -> "TrainConfig":
-    """Checks what construction cannot without imports or files: the model preset and its
-    overrides, the attention specs (and that the device can run them), seq_len ≤ the model's
+    """Checks what construction cannot without imports or files: first, with `deterministic`,
+    that XLA's deterministic GPU ops are or will be on (`xla_cpu.deterministic_gpu_ops`); the
+    model preset and its overrides, the attention specs (and that the device can run them), seq_len ≤ the model's
     block_size, warning_layer a layer of the model under a dQ warning_rule, that the data
     folder exists and that out_dir can be written, and last (it imports JAX and starts its
     backend: XLA_FLAGS set later are not read) that each layer's
@@ -179,6 +186,8 @@ class TrainConfig:
     Raises:
       ConfigError: naming the field and its value.
     """
+    if self.deterministic and (why := deterministic_gpu_ops()):  # first: before JAX starts
+      raise ConfigError(f"deterministic=True: {why}")
     try:
       mcfg = self.model_config()
     except ValueError as e:
@@ -275,11 +284,15 @@ def _layer_attentions(cfg: TrainConfig, mcfg) -> list[tuple]:
 
 
 def _check_device(cfg: TrainConfig, mcfg) -> None:
-  """GPU-only attentions (cudnn, the Mosaic GPU forward) on another backend: fail now, not
-  after tracing the model."""
+  """GPU-only attentions (cudnn, the Mosaic GPU forward) on another backend, and cudnn under
+  `deterministic`: fail now, not after tracing the model (or, for the latter, at the first
+  step: with XLA's deterministic GPU ops the training step with XLA's cuDNN attention raised
+  `IndexError: absl::container_internal::raw_hash_map<>::at` when run, jax 0.11.2, H200,
+  2026-12-07, experiments/results/h200-2026-12-07h-targets-step-kernels; ours and xla ran)."""
+  layers = _layer_attentions(cfg, mcfg)
   gpu_only = [
     (name, spec)
-    for name, spec, c in _layer_attentions(cfg, mcfg)
+    for name, spec, c in layers
     if c.implementation == "cudnn" or c.backend == "mosaic_gpu"
   ]
   if gpu_only:
@@ -290,6 +303,14 @@ def _check_device(cfg: TrainConfig, mcfg) -> None:
       raise ConfigError(
         f"{name}={spec!r} needs a GPU; the default backend is {jax.default_backend()!r}"
       )
+  cudnn = [(name, spec) for name, spec, c in layers if c.implementation == "cudnn"]
+  if cfg.deterministic and cudnn:
+    name, spec = cudnn[0]
+    raise ConfigError(
+      f"deterministic=True with {name}={spec!r}: XLA's cuDNN attention fails under its "
+      "deterministic GPU ops (jax 0.11.2: an IndexError at the first step); train it without "
+      "deterministic, or use another attention (fa2, xla)"
+    )
 
 
 def attention_error(config, mcfg, batch_size: int, seq_len: int) -> str | None:
