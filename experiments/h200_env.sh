@@ -56,6 +56,12 @@ bench_targets() {
   timeout 290 python3 -m jax_flashstable.cli bench --targets "${SPEC:-fa2+comp}" \
     --overhead-pairs 20 --reps 10 --no-hashes --out "$1" > "$2" 2>&1
 }
+# targets_verdicts DIR LOG: `bench_targets DIR LOG`, its exit status and its verdict table
+targets_verdicts() {
+  bench_targets "$1" "$2"
+  echo "bench --targets: exit $?"
+  grep -v "^ \|^$" "$2" | tail -16
+}
 # gpu_tests SECONDS PYTEST_ARGS...: pytest on the device's GPU into $OUT/gpu_tests.log, at most
 # SECONDS (0: no tests), then its failures and summary
 gpu_tests() {

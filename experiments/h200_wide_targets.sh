@@ -6,14 +6,13 @@
 # 2. the gpt2-small step once more, ours against cuDNN's, 30 interleaved rounds (experiment
 #    02): the target is within a run's spread (1.001× on 2026-12-07), so two runs.
 # Usage (repo root, on the device):  bash experiments/h200_wide_targets.sh "$OUT"
+# (STEP_ROUNDS=0: the bench alone)
 # device seconds: at most 530 (its timeouts added up)
 set -u
 OUT=${1:-runs/h200}
 mkdir -p "$OUT"
 source "$(dirname "$0")/h200_env.sh"
 nvidia-smi -L
-bench_targets "$OUT/targets" "$OUT/targets.log"
-echo "bench --targets: exit $?"
-grep -v "^ \|^$" "$OUT/targets.log" | tail -16
-step_vs_cudnn "$OUT/step" 30 240
+targets_verdicts "$OUT/targets" "$OUT/targets.log"
+step_vs_cudnn "$OUT/step" "${STEP_ROUNDS:-30}" 240
 true
