@@ -444,6 +444,39 @@ def test_console_prints_one_line_and_exits_2(tmp_path):
   ], out.stderr
 
 
+def test_deterministic_sets_xlas_flag_before_any_command_starts_jax():
+  """`--deterministic` (every training command: train, compare, experiment, crosscheck-train)
+  puts --xla_gpu_deterministic_ops=true in XLA_FLAGS in `main`, before the command runs (and
+  so before it starts JAX, as compare does to choose its setting); without it nothing is
+  added."""
+  code = (
+    "import sys, os, jax_flashstable.cli as c\n"
+    "from jax._src import xla_bridge\n"
+    "def probe(args):\n"
+    "  print(args.command, os.environ.get('XLA_FLAGS'), xla_bridge.backends_are_initialized())\n"
+    "  return 0\n"
+    "c._train = c._compare = c._experiment = c._crosscheck_train = probe\n"
+    "for argv in (['train'], ['compare'], ['experiment', 'instability'], ['crosscheck-train']):\n"
+    "  os.environ['XLA_FLAGS'] = '--xla_backend_optimization_level=1'\n"
+    "  c.main(argv + ['--no-deterministic'])\n"
+    "  c.main(argv + ['--deterministic'])\n"
+  )
+  env = dict(os.environ, PYTHONPATH=str(REPO))
+  out = subprocess.run(
+    [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+  )
+  assert out.returncode == 0, out.stderr[-2000:]
+  flags = "--xla_backend_optimization_level=1"
+  assert out.stdout.splitlines() == [
+    line
+    for command in ("train", "compare", "experiment", "crosscheck-train")
+    for line in (
+      f"{command} {flags} False",
+      f"{command} {flags} --xla_gpu_deterministic_ops=true False",
+    )
+  ]
+
+
 def test_help_imports_no_jax():
   """`--help` (every page) builds its options without importing JAX, Flax, Optax or NumPy."""
   code = (

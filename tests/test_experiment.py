@@ -1070,8 +1070,13 @@ def test_the_main_jobs_gpu_runs_show_the_explosion_and_the_runaway(tmp_path):
   repeat = "Not bit for bit from run to run on a GPU unless run with --deterministic"
   deterministic = "Run with XLA's deterministic GPU ops (--deterministic)"
   assert repeat in text and deterministic not in text
-  det = dataclasses.replace(base, deterministic=True)
-  text = compare.report(det, rows, None, compare.trained_on(tmp_path, rows))
+  # what the runs' config.json say (`train.deterministic_ops_so_far`), not the command's option
+  configs = [tmp_path / r["variant"] / "seed25" / "config.json" for r in rows]
+  for n, said in ((1, False), (2, True)):  # one run with the flag, then both
+    path = configs[n - 1]
+    path.write_text(json.dumps(dict(json.loads(path.read_text()), deterministic_ops=True)))
+    assert compare.ran_deterministic(tmp_path, rows) is said
+  text = compare.report(base, rows, None, compare.trained_on(tmp_path, rows), True)
   assert deterministic in text and repeat not in text
   for other in (
     dataclasses.replace(base, batch_size=32),

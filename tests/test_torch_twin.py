@@ -1087,10 +1087,11 @@ def test_cuda_only_twins_are_refused_before_any_run(tmp_path):
     twin.check_twin_device(["sdpa-efficient"], python, False, visible="7")
   twin.check_twin_device(["sdpa-flash", "sdpa-math", "paper"], python, False)
   base = TrainConfig(model="tiny", batch_size=4, steps=2, out_dir=str(tmp_path / "unused"))
+  # (its JAX partner fa2, which runs anywhere: cudnn's, the default, is refused on a CPU first)
   with pytest.raises(ValueError, match=r"^--pairs sdpa-cudnn: .* sees no CUDA device with CUDA_V"):
     twin.run(
       base,
-      twin.parse_pairs("sdpa-cudnn"),
+      twin.parse_pairs("sdpa-cudnn=fa2"),
       [0],
       tmp_path,
       torch_python=python,
@@ -1668,6 +1669,9 @@ CROSSCHECK_ERRORS = [
   (["--pairs", "paper,,reference-fp32"], "'paper,,reference-fp32': an empty item"),
   (["--pairs", "paper,"], "pairs 'paper,': an empty item"),
   (["--steps", "2", "--null-steps", "5"], "null_steps=5 is more than the runs' steps=2"),
+  # the JAX side's own checks (TrainConfig.validate) before the twin's runs start beside it: a
+  # CPU refuses cudnn, a GPU cudnn under deterministic ops
+  (["--pairs", "paper=cudnn", "--deterministic"], "attention='cudnn'"),
 ]
 
 

@@ -192,6 +192,7 @@ def test_deterministic_sets_xlas_flag_before_jax_starts_and_refuses_after(tmp_pa
 
   import jax
 
+  from jax_flashstable.experiment.instability import check_base
   from jax_flashstable.xla_cpu import DETERMINISTIC_GPU_OPS, deterministic_gpu_ops
 
   code = (
@@ -216,20 +217,49 @@ def test_deterministic_sets_xlas_flag_before_jax_starts_and_refuses_after(tmp_pa
   assert deterministic_gpu_ops() == why and os.environ["XLA_FLAGS"] == ""
   with pytest.raises(ConfigError, match=f"^deterministic=True: {re.escape(why)}$"):
     cfg(tmp_path, "d", deterministic=True).validate()
-  assert not (tmp_path / "d").exists()
+  with pytest.raises(ConfigError, match=f"^deterministic=True: {re.escape(why)}$"):
+    check_base(cfg(tmp_path, "d", deterministic=True))  # the experiments' first check
   monkeypatch.setenv("XLA_FLAGS", DETERMINISTIC_GPU_OPS)  # set before JAX started: nothing to say
   assert deterministic_gpu_ops() is None
   # XLA's cuDNN attention failed at the first step under the flag (jax 0.11.2, H200): refused
   # before any work, whichever layer has it
+  # before any work, whichever layer has it, and whether the option or XLA_FLAGS set the flag
   for kw in (dict(attention="cudnn"), dict(attention_overrides=((1, "cudnn"),))):
-    with pytest.raises(
-      ConfigError,
-      match=r"^deterministic=True with attention(_overrides: layer 1)?='cudnn': XLA's cuDNN ",
+    for flagged, by in (
+      (True, "deterministic=True"),
+      (False, f"XLA_FLAGS has {DETERMINISTIC_GPU_OPS}"),
     ):
-      cfg(tmp_path, "d", deterministic=True, **kw).validate()
-  assert not (tmp_path / "d").exists()
+      with pytest.raises(
+        ConfigError, match=rf"^{by} with attention(_overrides: layer 1)?='cudnn': XLA's cuDNN "
+      ):
+        cfg(tmp_path, "d", deterministic=flagged, **kw).validate()
   with pytest.raises(ConfigError, match=r"^deterministic='yes' must be True or False$"):
     cfg(tmp_path, "d", deterministic="yes")
+
+
+def test_a_run_is_deterministic_only_if_every_segment_was(tmp_path, monkeypatch):
+  """config.json's `deterministic_ops` (`train.deterministic_ops_so_far`): the flag in this
+  process and, for a resumed run, in every earlier segment; a stored config without the key
+  (older versions) counts as without."""
+  from jax_flashstable.training.train import deterministic_ops_so_far
+  from jax_flashstable.xla_cpu import DETERMINISTIC_GPU_OPS
+
+  run = tmp_path / "r"
+  run.mkdir()
+  for flags, stored, start, said in (
+    (DETERMINISTIC_GPU_OPS, None, 0, True),  # a fresh run (no config.json)
+    ("", None, 0, False),
+    (DETERMINISTIC_GPU_OPS, {"deterministic_ops": True}, 5, True),
+    (DETERMINISTIC_GPU_OPS, {"deterministic_ops": False}, 5, False),  # resumed with it
+    (DETERMINISTIC_GPU_OPS, {}, 5, False),  # stored by an older version
+    ("", {"deterministic_ops": True}, 5, False),  # resumed without it
+    (DETERMINISTIC_GPU_OPS, {"deterministic_ops": False}, 0, True),  # trained afresh there
+  ):
+    monkeypatch.setenv("XLA_FLAGS", flags)
+    (run / "config.json").unlink(missing_ok=True)
+    if stored is not None:
+      (run / "config.json").write_text(json.dumps(stored))
+    assert deterministic_ops_so_far(run, start) is said, (flags, stored, start)
 
 
 def test_out_dir_spelling_is_not_a_configuration_change(tmp_path, monkeypatch):

@@ -104,7 +104,8 @@ def run_compare(
     if r["variant"] in variants and r["seed"] == seed
   ]
   plot(out, rows)
-  (out / "report.md").write_text(report(base, rows, command, trained_on(out, rows)))
+  text = report(base, rows, command, trained_on(out, rows), ran_deterministic(out, rows))
+  (out / "report.md").write_text(text)
   (out / "summary.json").write_text(json.dumps(rows, indent=1, default=str))
   return rows
 
@@ -141,7 +142,7 @@ def runaway_basis(rows) -> tuple[float | None, str]:
 
 def findings(rows, on_cpu=False, deterministic=False) -> list[str]:
   """What the runs show and do not show, in plain sentences (`on_cpu`: trained on a CPU;
-  `deterministic`: with XLA's deterministic GPU ops, `TrainConfig.deterministic`). A
+  `deterministic`: every run with XLA's deterministic GPU ops, `ran_deterministic`). A
   run that did not explode but whose `runaway_step` is set held the loss, not the logits: it
   is said so, not counted as stable; with no runaway threshold a run that did not explode is
   not called calm."""
@@ -262,14 +263,25 @@ def trained_on(out, rows) -> tuple[str, str]:
   return getattr(dev, "device_kind", dev.platform), jax.default_backend()
 
 
+def ran_deterministic(out, rows) -> bool:
+  """Whether every run of `rows` under out ran every step with XLA's deterministic GPU ops (its
+  config.json's `deterministic_ops`, `train.deterministic_ops_so_far`); False without runs."""
+  configs = [pathlib.Path(out) / r["variant"] / f"seed{r['seed']}" / "config.json" for r in rows]
+  return bool(configs) and all(
+    p.exists() and json.loads(p.read_text()).get("deterministic_ops", False) for p in configs
+  )
+
+
 def report(
   base: TrainConfig,
   rows,
   command: str | None = None,
   device: tuple[str, str] | None = None,
+  deterministic: bool = False,
 ) -> str:
   """report.md's text: the setting, the findings, a row per run and the rules. `device`:
-  (kind, backend) the runs were trained on (`trained_on`; default this machine's)."""
+  (kind, backend) the runs were trained on (`trained_on`; default this machine's);
+  `deterministic`: they ran with XLA's deterministic GPU ops (`ran_deterministic`)."""
   kind, backend = device or trained_on(None, [])
   lines = [
     "# flashstable compare",
@@ -288,7 +300,7 @@ def report(
     "",
   ]
   lines += (
-    [f"- {x}" for x in findings(rows, backend == "cpu", base.deterministic)]
+    [f"- {x}" for x in findings(rows, backend == "cpu", deterministic)]
     if rows
     else ["- no run finished"]
   )

@@ -203,7 +203,10 @@ def check_base(base: TrainConfig) -> None:
   per-layer attentions (`attention_overrides`: each variant sets every layer's; SPEC@layer
   sets the watched layer alone) and `max_seconds` (the runs stop by the matrix's time_budget,
   which replaces it). The others each run keeps, but attention, seed and out_dir, which
-  `variant_config`'s arguments set (a TrainConfig always has them)."""
+  `variant_config`'s arguments set (a TrainConfig always has them). First, as
+  `TrainConfig.validate` does, `check_deterministic` (ConfigError, a ValueError): the
+  variants' checks start JAX."""
+  base.check_deterministic()
   if base.attention_overrides:
     raise ValueError(
       f"{overrides_text('attention_overrides', base.attention_overrides)}: each variant sets "
@@ -883,14 +886,23 @@ def plot_report(out_dir, rows, layer=1):
   return out / "curves.png"
 
 
+# TrainConfig fields a report's recipe leaves out: those each run sets (attention, seed,
+# out_dir) and those of how it ran, not what it trained (a run's config.json has them)
+RUN_FIELDS = (
+  "attention",
+  "attention_overrides",
+  "seed",
+  "out_dir",
+  "progress",
+  "max_seconds",
+  "deterministic",
+)
+
+
 def write_report(out_dir, rows, base: TrainConfig, layer=1, meta=None) -> pathlib.Path:
   out = pathlib.Path(out_dir)
   out.mkdir(parents=True, exist_ok=True)
-  recipe = {
-    k: v
-    for k, v in dataclasses.asdict(base).items()
-    if k not in ("attention", "attention_overrides", "seed", "out_dir", "progress", "max_seconds")
-  }
+  recipe = {k: v for k, v in dataclasses.asdict(base).items() if k not in RUN_FIELDS}
   text = format_report(rows, recipe, layer)
   (out / "report.json").write_text(
     json.dumps(dict(meta=meta or {}, recipe=recipe, rows=rows), indent=1, default=str)

@@ -649,6 +649,7 @@ def plan(
     torch_dir = out / "torch" / it.pair.torch / f"seed{it.seed}"
     checks = []
     if side != "torch":
+      it.cfg.validate()  # as run_matrix will, before the twin's runs start beside it
       checks.append(
         (
           jax_dir,
@@ -679,7 +680,8 @@ def plan(
 # Settings a resumed run may change (`train.RESUMABLE_FIELDS`, and `steps` where decay_steps
 # fixes the cosine) that decide where a finished run ended: a run taken for the twin has them
 # as this command's JAX run would. The other free ones (out_dir, max_seconds, progress,
-# checkpoint_interval) decide where it lives, when it was cut and what it saved, not its steps.
+# checkpoint_interval, deterministic) decide where it lives, when it was cut, what it saved and
+# the order of a GPU's float sums, not its steps.
 REUSE_STRICT = ("steps", "stop_after_explosion", "warning_action", "warning_rule", "warning_layer")
 
 
@@ -1565,11 +1567,7 @@ def write_report(out_dir, result: dict, base: TrainConfig, layer=1, meta=None) -
   """OUT/report.md, report.json (meta, recipe, thresholds, rows) and twin.png."""
   out = pathlib.Path(out_dir)
   out.mkdir(parents=True, exist_ok=True)
-  recipe = {
-    k: v
-    for k, v in dataclasses.asdict(base).items()
-    if k not in ("attention", "attention_overrides", "seed", "out_dir", "progress", "max_seconds")
-  }
+  recipe = {k: v for k, v in dataclasses.asdict(base).items() if k not in instability.RUN_FIELDS}
   meta = dict(meta or {}, trained_on={s: instability.trained_on(out / s) for s in ("jax", "torch")})
   (out / "report.json").write_text(
     json.dumps(dict(meta=meta, recipe=recipe, **result), indent=1, default=str)

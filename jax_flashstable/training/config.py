@@ -14,7 +14,7 @@ import pathlib
 import tempfile
 
 from jax_flashstable.checks import distinct, integer
-from jax_flashstable.xla_cpu import deterministic_gpu_ops
+from jax_flashstable.xla_cpu import DETERMINISTIC_GPU_OPS, deterministic_gpu_ops, flag_set
 
 WARNING_ACTIONS = ("off", "log", "checkpoint", "stop")
 # the early warnings: "logit" (`train.EarlyWarning`: some layer's max logit grows ≥ 100× within
@@ -173,21 +173,33 @@ class TrainConfig:
         raise ConfigError(f"{name}={pairs!r} must be a tuple of (key, value) pairs")
       distinct(name, [k for k, _ in pairs], ConfigError)
 
+  def check_deterministic(self) -> None:
+    """With `deterministic`, XLA's deterministic GPU ops on for this process, or about to be:
+    `xla_cpu.deterministic_gpu_ops` adds the flag while JAX has not started. Whatever trains
+    a TrainConfig calls this before anything that starts JAX (`validate` first, and the
+    experiments' `instability.check_base`).
+
+    Raises:
+      ConfigError: JAX started on a GPU without the flag (XLA reads it once a process).
+    """
+    if self.deterministic and (why := deterministic_gpu_ops()):
+      raise ConfigError(f"deterministic=True: {why}")
+
   def validate(self) -> "TrainConfig":
     """Checks what construction cannot without imports or files: first, with `deterministic`,
-    that XLA's deterministic GPU ops are or will be on (`xla_cpu.deterministic_gpu_ops`); the
-    model preset and its overrides, the attention specs (and that the device can run them), seq_len ≤ the model's
-    block_size, warning_layer a layer of the model under a dQ warning_rule, that the data
-    folder exists and that out_dir can be written, and last (it imports JAX and starts its
-    backend: XLA_FLAGS set later are not read) that each layer's
-    attention runs in the model, at its compute_dtype and head_dim (`check_attention`: the
-    checks of the attention's first call, on shapes alone). Returns self.
+    that XLA's deterministic GPU ops are or will be on (`check_deterministic`); the model
+    preset and its overrides, the attention specs (and that the device can run them: no cudnn
+    under deterministic ops), seq_len ≤ the model's block_size, warning_layer a layer of the
+    model under a dQ warning_rule, that the data folder exists and that out_dir can be
+    written, and last (it imports JAX and starts its backend: XLA_FLAGS set later are not
+    read) that each layer's attention runs in the model, at its compute_dtype and head_dim
+    (`check_attention`: the checks of the attention's first call, on shapes alone). Returns
+    self.
 
     Raises:
       ConfigError: naming the field and its value.
     """
-    if self.deterministic and (why := deterministic_gpu_ops()):  # first: before JAX starts
-      raise ConfigError(f"deterministic=True: {why}")
+    self.check_deterministic()  # first: before JAX starts
     try:
       mcfg = self.model_config()
     except ValueError as e:
@@ -304,12 +316,13 @@ def _check_device(cfg: TrainConfig, mcfg) -> None:
         f"{name}={spec!r} needs a GPU; the default backend is {jax.default_backend()!r}"
       )
   cudnn = [(name, spec) for name, spec, c in layers if c.implementation == "cudnn"]
-  if cfg.deterministic and cudnn:
+  if cudnn and (cfg.deterministic or flag_set(DETERMINISTIC_GPU_OPS)):  # on a GPU (above)
     name, spec = cudnn[0]
+    why = "deterministic=True" if cfg.deterministic else f"XLA_FLAGS has {DETERMINISTIC_GPU_OPS}"
     raise ConfigError(
-      f"deterministic=True with {name}={spec!r}: XLA's cuDNN attention fails under its "
-      "deterministic GPU ops (jax 0.11.2: an IndexError at the first step); train it without "
-      "deterministic, or use another attention (fa2, xla)"
+      f"{why} with {name}={spec!r}: XLA's cuDNN attention failed under its deterministic GPU "
+      "ops (jax 0.11.2, gpt2-small on an H200: an IndexError at the first step); train it "
+      "without them, or use another attention (fa2, xla)"
     )
 
 

@@ -34,6 +34,7 @@ from jax_flashstable.training.config import (  # noqa: F401 (WARNING_ACTIONS: re
 from jax_flashstable.training.data import Dataset
 from jax_flashstable.models.gpt2 import GPT, count_params, flops_per_token, loss_fn
 from jax_flashstable.results import run_meta
+from jax_flashstable.xla_cpu import DETERMINISTIC_GPU_OPS, flag_set
 
 
 def peak_flops():
@@ -168,6 +169,20 @@ def shared_steps(cfg: TrainConfig, graphdef, tx, mesh=None):
       _SHARED_STEPS.pop(next(iter(_SHARED_STEPS)))
     _SHARED_STEPS[key] = make_steps(graphdef, tx, mesh)
   return _SHARED_STEPS[key]
+
+
+def deterministic_ops_so_far(out_dir, start: int) -> bool:
+  """Whether every step of the run in out_dir, to `start` (resumed there) and from it on in
+  this process, ran with XLA's deterministic GPU ops (`DETERMINISTIC_GPU_OPS` in XLA_FLAGS, as
+  `TrainConfig.deterministic` sets it or the caller did): config.json's `deterministic_ops`, so
+  that a run resumed with the flag after steps without it does not read as deterministic. A
+  stored config.json without the key (older versions, whose GPU runs did not set it) counts
+  as without."""
+  now = flag_set(DETERMINISTIC_GPU_OPS)
+  path = pathlib.Path(out_dir) / "config.json"
+  if not start or not path.exists():
+    return now
+  return now and bool(json.loads(path.read_text()).get("deterministic_ops", False))
 
 
 def config_changes(out_dir, cfg: TrainConfig) -> dict:
@@ -626,10 +641,12 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None, log=pri
       )
     train_step, eval_step = shared_steps(cfg, graphdef, tx, mesh)
     schedule = cfg.schedule()
+    deterministic_ops = deterministic_ops_so_far(out, start)
     with open(log_dir / "config.json" if log_dir else os.devnull, "w") as f:
       json.dump(
         dict(
           train=dataclasses.asdict(cfg),
+          deterministic_ops=deterministic_ops,
           n_params=n_params,
           data=str(data.folder),
           data_path=str(pathlib.Path(cfg.data).resolve()) if cfg.data else None,
