@@ -381,6 +381,16 @@ def _run_cli(*argv, timeout=120):
   )
 
 
+def _run_python(code):
+  """`code` in a fresh interpreter with the repository on the path; its exit status 0."""
+  env = dict(os.environ, PYTHONPATH=str(REPO))
+  out = subprocess.run(
+    [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+  )
+  assert out.returncode == 0, out.stderr[-2000:]
+  return out
+
+
 def test_model_set_overrides_a_recipes_model_field():
   """--model-set replaces a recipe's own model override (anchor-4l's n_layer), as every
   option overrides the recipe; only a field given twice in --model-set is refused."""
@@ -461,11 +471,7 @@ def test_deterministic_sets_xlas_flag_before_any_command_starts_jax():
     "  c.main(argv + ['--no-deterministic'])\n"
     "  c.main(argv + ['--deterministic'])\n"
   )
-  env = dict(os.environ, PYTHONPATH=str(REPO))
-  out = subprocess.run(
-    [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
-  )
-  assert out.returncode == 0, out.stderr[-2000:]
+  out = _run_python(code)
   flags = "--xla_backend_optimization_level=1"
   assert out.stdout.splitlines() == [
     line
@@ -488,12 +494,7 @@ def test_help_imports_no_jax():
     "print(sorted(m for m in ('jax', 'flax', 'optax', 'numpy', 'orbax')\n"
     "             if m in sys.modules))"
   )
-  env = dict(os.environ, PYTHONPATH=str(REPO))
-  out = subprocess.run(
-    [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
-  )
-  assert out.returncode == 0, out.stderr
-  assert out.stdout.strip() == "[]"
+  assert _run_python(code).stdout.strip() == "[]"
   assert _run_cli("train", "--help").stdout.startswith("usage: flashstable train")
 
 
