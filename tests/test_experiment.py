@@ -1068,7 +1068,7 @@ def test_the_main_jobs_gpu_runs_show_the_explosion_and_the_runaway(tmp_path):
   assert "| paper+comp | 3000 | 1.630 ± 0.065 | 1.455 | 2.433 | – | 900 | – | 400 |" in text
   assert "Runaway: layer 1's max logit above 465.3 (10× the FP32 reference's 46.5, measured" in text
   repeat = "Not bit for bit from run to run on a GPU unless run with --deterministic"
-  deterministic = "Run with XLA's deterministic GPU ops (--deterministic)"
+  deterministic = "Run with XLA's deterministic GPU ops (--deterministic, or XLA_FLAGS)"
   assert repeat in text and deterministic not in text
   # what the runs' config.json say (`train.deterministic_ops_so_far`), not the command's option
   configs = [tmp_path / r["variant"] / "seed25" / "config.json" for r in rows]

@@ -50,7 +50,7 @@ def losses(run):
   return [r["loss"] for r in read_metrics(run.out_dir)]
 
 
-def test_loss_decreases_determinism_and_resume(tmp_path):
+def test_loss_decreases_determinism_and_resume(tmp_path, monkeypatch):
   a = cfg(tmp_path, "a", checkpoint_interval=4, attention="fa2+comp", grad_accum=2)
   s = train_and_evaluate(a)
   la = losses(a)
@@ -68,8 +68,14 @@ def test_loss_decreases_determinism_and_resume(tmp_path):
   # stop after 4 steps (checkpoint at 4), resume to 8: identical to the uninterrupted run
   c = dataclasses.replace(a, out_dir=str(tmp_path / "c"), steps=4)
   train_and_evaluate(c)
-  train_and_evaluate(dataclasses.replace(c, steps=8))
-  assert losses(c) == la
+  said = lambda: json.load(open(tmp_path / "c" / "config.json"))["deterministic_ops"]  # noqa: E731
+  assert said() is True  # conftest's XLA_FLAGS
+  with monkeypatch.context() as m:  # resumed to 6 as if without it (XLA read it at the start)
+    m.setenv("XLA_FLAGS", "")
+    train_and_evaluate(dataclasses.replace(c, steps=6))
+  assert said() is False
+  train_and_evaluate(dataclasses.replace(c, steps=8))  # with it again: not every step had it
+  assert said() is False and losses(c) == la
   from jax_flashstable.training import train  # b, c and c resumed from its checkpoint reused
 
   step, evaluate = train._SHARED_STEPS[train.step_key(a)]  # a's step: one program each
@@ -195,17 +201,26 @@ def test_deterministic_sets_xlas_flag_before_jax_starts_and_refuses_after(tmp_pa
   from jax_flashstable.experiment.instability import check_base
   from jax_flashstable.xla_cpu import DETERMINISTIC_GPU_OPS, deterministic_gpu_ops
 
-  code = (
+  def fresh(code):  # its printed lines, in a fresh interpreter on the CPU
+    env = dict(os.environ, XLA_FLAGS="--xla_backend_optimization_level=1", JAX_PLATFORMS="cpu")
+    ran = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    return ran.stdout.splitlines()
+
+  flags = f"--xla_backend_optimization_level=1 {DETERMINISTIC_GPU_OPS}"
+  assert fresh(
     "import os; from jax_flashstable.xla_cpu import deterministic_gpu_ops as d; print(d()); "
     "import jax; jax.numpy.zeros(1).block_until_ready(); print(os.environ['XLA_FLAGS'])"
-  )
-  env = dict(os.environ, XLA_FLAGS="--xla_backend_optimization_level=1", JAX_PLATFORMS="cpu")
-  ran = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-  assert ran.returncode == 0, ran.stderr[-2000:]
-  assert ran.stdout.split("\n")[:2] == [
-    "None",
-    f"--xla_backend_optimization_level=1 {DETERMINISTIC_GPU_OPS}",
-  ]
+  ) == ["None", flags]
+  # an experiment's variant (`instability.variant_config`, whose checks start JAX) adds it first
+  assert fresh(
+    "import os; from jax_flashstable.experiment.instability import variant_config as v\n"
+    "from jax_flashstable.training.config import TrainConfig\n"
+    f"v(TrainConfig(deterministic=True, out_dir={str(tmp_path / 'v')!r}), 'fa2', 0, "
+    f"{str(tmp_path / 'v')!r})\n"
+    "from jax._src import xla_bridge; print(xla_bridge.backends_are_initialized())\n"
+    "print(os.environ['XLA_FLAGS'])"
+  ) == ["True", flags]
   monkeypatch.setenv("XLA_FLAGS", "")  # this process: JAX started (conftest), on the CPU here
   if jax.default_backend() == "cpu":
     assert deterministic_gpu_ops() is None and os.environ["XLA_FLAGS"] == ""
@@ -222,7 +237,6 @@ def test_deterministic_sets_xlas_flag_before_jax_starts_and_refuses_after(tmp_pa
   monkeypatch.setenv("XLA_FLAGS", DETERMINISTIC_GPU_OPS)  # set before JAX started: nothing to say
   assert deterministic_gpu_ops() is None
   # XLA's cuDNN attention failed at the first step under the flag (jax 0.11.2, H200): refused
-  # before any work, whichever layer has it
   # before any work, whichever layer has it, and whether the option or XLA_FLAGS set the flag
   for kw in (dict(attention="cudnn"), dict(attention_overrides=((1, "cudnn"),))):
     for flagged, by in (
@@ -254,6 +268,7 @@ def test_a_run_is_deterministic_only_if_every_segment_was(tmp_path, monkeypatch)
     (DETERMINISTIC_GPU_OPS, {}, 5, False),  # stored by an older version
     ("", {"deterministic_ops": True}, 5, False),  # resumed without it
     (DETERMINISTIC_GPU_OPS, {"deterministic_ops": False}, 0, True),  # trained afresh there
+    (DETERMINISTIC_GPU_OPS, None, 5, False),  # resumed where no config.json says
   ):
     monkeypatch.setenv("XLA_FLAGS", flags)
     (run / "config.json").unlink(missing_ok=True)

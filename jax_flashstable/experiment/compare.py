@@ -221,7 +221,7 @@ def findings(rows, on_cpu=False, deterministic=False) -> list[str]:
     )
   elif deterministic:
     out.append(
-      "Run with XLA's deterministic GPU ops (--deterministic): with them the tests' training "
+      "Run with XLA's deterministic GPU ops (--deterministic, or XLA_FLAGS): with them the tests' training "
       "runs repeat bit for bit on a GPU (our kernels have no atomics; H100, 2026-12-07, "
       "docs/training.md); on another GPU or software XLA may compile differently."
     )

@@ -77,7 +77,7 @@ from jax_flashstable import interrupts
 from jax_flashstable.checks import distinct, integer
 from jax_flashstable.experiment import instability
 from jax_flashstable.results import format_facts, format_meta
-from jax_flashstable.training.config import overrides_text
+from jax_flashstable.training.config import ConfigError, overrides_text
 from jax_flashstable.training.train import (
   NonFiniteError,
   TrainConfig,
@@ -648,8 +648,11 @@ def plan(
     jax_dir = pathlib.Path(it.cfg.out_dir)
     torch_dir = out / "torch" / it.pair.torch / f"seed{it.seed}"
     checks = []
-    if side != "torch":
-      it.cfg.validate()  # as run_matrix will, before the twin's runs start beside it
+    if side != "torch" and not _done(jax_dir):  # to train: as run_matrix will, before the
+      try:  # twin's runs start beside it
+        it.cfg.validate()
+      except ConfigError as e:
+        raise ConfigError(f"pair {it.pair.name}: {e}") from None
       checks.append(
         (
           jax_dir,
@@ -719,8 +722,8 @@ def take_jax_runs(
   experiment instability --pack`; several: the run trained furthest, `instability.read_packs`)
   into OUT/jax/<variant>/seed<k>/, so that the JAX side finds it done and only the twin trains.
   Each run must be in the packs, finished (summary.json) and made with the settings this
-  command's JAX run has (`reuse_changes`: its TrainConfig but for out_dir, max_seconds, progress
-  and checkpoint_interval); then it is that run, and the twin starts from its initial
+  command's JAX run has (`reuse_changes`: its TrainConfig but for out_dir, max_seconds, progress,
+  checkpoint_interval and deterministic); then it is that run, and the twin starts from its initial
   parameters (`export_init`: they depend on the model and the seed only). A run already in
   OUT/jax is kept if it is the pack's (the same files) and refused otherwise. `plan_args`
   (side, null_steps) go to `plan`, which checks the request first. Returns the runs taken

@@ -176,13 +176,13 @@ def deterministic_ops_so_far(out_dir, start: int) -> bool:
   this process, ran with XLA's deterministic GPU ops (`DETERMINISTIC_GPU_OPS` in XLA_FLAGS, as
   `TrainConfig.deterministic` sets it or the caller did): config.json's `deterministic_ops`, so
   that a run resumed with the flag after steps without it does not read as deterministic. A
-  stored config.json without the key (older versions, whose GPU runs did not set it) counts
-  as without."""
+  resumed run whose config.json is missing or lacks the key (older versions did not record
+  it) counts as without."""
   now = flag_set(DETERMINISTIC_GPU_OPS)
   path = pathlib.Path(out_dir) / "config.json"
-  if not start or not path.exists():
+  if not start:
     return now
-  return now and bool(json.loads(path.read_text()).get("deterministic_ops", False))
+  return now and path.exists() and bool(json.loads(path.read_text()).get("deterministic_ops"))
 
 
 def config_changes(out_dir, cfg: TrainConfig) -> dict:
@@ -641,7 +641,8 @@ def train_and_evaluate(cfg: TrainConfig, dataset: Dataset | None = None, log=pri
       )
     train_step, eval_step = shared_steps(cfg, graphdef, tx, mesh)
     schedule = cfg.schedule()
-    deterministic_ops = deterministic_ops_so_far(out, start)
+    # (where the logs are written: process 0 rewrites config.json just below)
+    deterministic_ops = deterministic_ops_so_far(out, start) if log_dir else None
     with open(log_dir / "config.json" if log_dir else os.devnull, "w") as f:
       json.dump(
         dict(
