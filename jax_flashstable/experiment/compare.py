@@ -221,9 +221,9 @@ def findings(rows, on_cpu=False, deterministic=False) -> list[str]:
     )
   elif deterministic:
     out.append(
-      "Run with XLA's deterministic GPU ops (--deterministic, or XLA_FLAGS): with them the tests' training "
-      "runs repeat bit for bit on a GPU (our kernels have no atomics; H100, 2026-12-07, "
-      "docs/training.md); on another GPU or software XLA may compile differently."
+      "Run with XLA's deterministic GPU ops (--deterministic, or XLA_FLAGS): with them the "
+      "tests' training runs repeat bit for bit on a GPU (our kernels have no atomics; H100, "
+      "2026-12-07, docs/training.md); on another GPU or software XLA may compile differently."
     )
   else:
     out.append(
@@ -255,21 +255,23 @@ def trained_on(out, rows) -> tuple[str, str]:
   config.json; this machine's when no run records it (a report made elsewhere from packed runs
   names the device that trained them)."""
   for r in rows:
-    path = pathlib.Path(out) / r["variant"] / f"seed{r['seed']}" / "config.json"
-    config = json.loads(path.read_text()) if path.exists() else {}
+    config = run_config(out, r)
     if config.get("backend"):
       return config.get("device") or config["backend"], config["backend"]
   dev = jax.devices()[0]
   return getattr(dev, "device_kind", dev.platform), jax.default_backend()
 
 
+def run_config(out, row) -> dict:
+  """The config.json of the run of report row `row` under out ({} where there is none)."""
+  path = pathlib.Path(out) / row["variant"] / f"seed{row['seed']}" / "config.json"
+  return json.loads(path.read_text()) if path.exists() else {}
+
+
 def ran_deterministic(out, rows) -> bool:
   """Whether every run of `rows` under out ran every step with XLA's deterministic GPU ops (its
   config.json's `deterministic_ops`, `train.deterministic_ops_so_far`); False without runs."""
-  configs = [pathlib.Path(out) / r["variant"] / f"seed{r['seed']}" / "config.json" for r in rows]
-  return bool(configs) and all(
-    p.exists() and json.loads(p.read_text()).get("deterministic_ops", False) for p in configs
-  )
+  return bool(rows) and all(run_config(out, r).get("deterministic_ops", False) for r in rows)
 
 
 def report(

@@ -297,8 +297,9 @@ def _layer_attentions(cfg: TrainConfig, mcfg) -> list[tuple]:
 
 def _check_device(cfg: TrainConfig, mcfg) -> None:
   """GPU-only attentions (cudnn, the Mosaic GPU forward) on another backend, and cudnn under
-  XLA's deterministic GPU ops (`deterministic`, or the flag in XLA_FLAGS): fail now, not after tracing the model (or, for the latter, at the first
-  step: with XLA's deterministic GPU ops the training step with XLA's cuDNN attention raised
+  XLA's deterministic GPU ops (`deterministic`, or the flag in XLA_FLAGS): fail now, not after
+  tracing the model (or, for the latter, at the first step: with XLA's deterministic GPU ops
+  the training step with XLA's cuDNN attention raised
   `IndexError: absl::container_internal::raw_hash_map<>::at` when run, jax 0.11.2, H200,
   2026-12-07, experiments/results/h200-2026-12-07h-targets-step-kernels; ours and xla ran)."""
   layers = _layer_attentions(cfg, mcfg)
