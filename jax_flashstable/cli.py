@@ -228,7 +228,10 @@ OPTION_NOTES = {
   "warning_rule": "; logit (any layer's max logit), dq_error (--warning-layer's dQ error) or "
   "dq_common (its part along the keys' mean); the dQ rules need --diag-interval",
   "warning_layer": "; 0-based, watched by --warning-rule dq_error and dq_common only",
-  "max_seconds": "; seconds of training, then a checkpoint and stop (0: no limit)",
+  "max_seconds": "; wall seconds from the start, setup and compilation included, then a "
+  "checkpoint (where checkpoints are on) and stop (0: no limit)",
+  # models.gpt2.MODEL_PRESETS' names (test_cli checks), not imported: the help starts no JAX
+  "model": "; a preset: gpt-6l, gpt2-small, tiny",
   "deterministic": "; XLA's deterministic GPU ops (--xla_gpu_deterministic_ops=true) for the JAX "
   "runs, so that a GPU run repeats bit for bit (CPU runs repeat without it); about 18%% slower "
   "(gpt2-small, H200); refused with a cudnn attention, which fails under it",
@@ -282,6 +285,7 @@ def _train(args):
   from jax_flashstable.training.train import (
     CheckpointError,
     NonFiniteError,
+    config_changes,
     has_checkpoints,
     read_metrics,
     train_and_evaluate,
@@ -289,6 +293,17 @@ def _train(args):
 
   out = pathlib.Path(cfg.out_dir)
   if not has_checkpoints(out) and (logged := read_metrics(out)):
+    last = logged[-1]
+    stored = (out / "config.json").exists()
+    if stored and last["step"] >= cfg.steps and not config_changes(out, cfg):
+      # finished, kept without a checkpoint (checkpoint_interval above steps, or 0): as a
+      # finished run with one, nothing to train
+      print(
+        f"{cfg.out_dir} holds a finished run (trained to step {last['step']}, "
+        f"steps={cfg.steps}; kept without a checkpoint): nothing to train; its last metrics row:"
+      )
+      print(json.dumps(last))
+      return 0
     # train_and_evaluate would start afresh there and write over the run's logs
     raise SystemExit(
       f"flashstable train: --out-dir {cfg.out_dir!r} holds a run (metrics.jsonl to step "
@@ -310,6 +325,14 @@ def _train(args):
     )
   print(json.dumps(s))
   print(f"metrics in {pathlib.Path(cfg.out_dir) / 'metrics.jsonl'}")
+  if s.get("stopped") == "time":  # said as Ctrl-C's stop is
+    where = (
+      f"checkpoint of step {s['step']} in {out.resolve() / 'checkpoints'}; to go on, rerun the "
+      "same command"
+      if has_checkpoints(out)
+      else "no checkpoint (checkpoints are off), so it cannot go on"
+    )
+    print(f"stopped by --max-seconds {cfg.max_seconds:g} after step {s['step']}: {where}")
   return 0
 
 
@@ -842,10 +865,22 @@ def build_parser():
   # required, but checked in `main` after the unknown arguments (`flashstable --bogus` names
   # --bogus rather than the missing command; the same for `experiment`'s name)
   sub = ap.add_subparsers(dest="command", required=False)
-  p = sub.add_parser("accuracy", help="flash_attention vs the FP64 golden value on a fixed sweep")
+  accuracy_help = "flash_attention vs the FP64 golden value on a fixed sweep"
+  p = sub.add_parser(
+    "accuracy",
+    help=accuracy_help,
+    description=accuracy_help + " (lab.accuracy.SWEEP: four shapes, causal and not, grouped "
+    "heads, odd lengths; without and with stabilize): the output and the three gradients' max "
+    "and mean error against FP64, beside standard attention's in the same dtype, each row "
+    "passing or failing the rule printed with the report. Writes OUT/accuracy.md and .json.",
+  )
   p.add_argument("--dtypes", default="bfloat16", help="comma-separated, e.g. bfloat16,float16")
-  p.add_argument("--seed", type=_count(0), default=0)
-  p.add_argument("--out", default="runs/accuracy")
+  p.add_argument(
+    "--seed", type=_count(0), default=0, help="seed of the random inputs (default %(default)s)"
+  )
+  p.add_argument(
+    "--out", "--out-dir", default="runs/accuracy", help="report folder (default %(default)s)"
+  )
   p.set_defaults(func=_accuracy)
   p = sub.add_parser("train", help="train GPT-2 (Flax/Optax) with a per-layer attention choice")
   _add_train_options(p)
@@ -884,7 +919,7 @@ def build_parser():
   )
   p.add_argument("--heads", type=_count(1), default=2)
   p.add_argument("--seed", type=_count(0), default=0)
-  p.add_argument("--out", default="runs/deviation")
+  p.add_argument("--out", "--out-dir", default="runs/deviation")
   p.set_defaults(func=_deviation)
   p = sub.add_parser(
     "bias",
@@ -903,7 +938,7 @@ def build_parser():
     "one per row at random; default: -4,0,2,5 (numerics_lab.tied_rows)",
   )
   p.add_argument("--seed", type=_count(0), default=0)
-  p.add_argument("--out", default="runs/bias")
+  p.add_argument("--out", "--out-dir", default="runs/bias")
   p.set_defaults(func=_bias)
   p = sub.add_parser(
     "crosscheck",
@@ -926,14 +961,20 @@ def build_parser():
   )
   p.add_argument("--block-q", type=_count(16), default=None)
   p.add_argument("--block-k", type=_count(16), default=None)
-  p.add_argument("--out", default="runs/crosscheck")
+  p.add_argument("--out", "--out-dir", default="runs/crosscheck")
   p.set_defaults(func=_crosscheck)
   p = sub.add_parser(
     "experiment",
     help="the BF16 loss-explosion experiment: attention variants "
     "× seeds on one recipe, resumable, with a report (Qiu & Yao 2025)",
   )
-  p.add_argument("name", nargs="?", choices=["instability"])  # required: checked in `main`
+  p.add_argument(  # required: checked in `main`
+    "name",
+    nargs="?",
+    choices=["instability"],
+    help="the experiment: instability (each variant trained at each seed on the recipe, then "
+    "which exploded, ran away or warned, in OUT/report.md)",
+  )
   p.add_argument(
     "--recipe",
     default="anchor",
@@ -999,6 +1040,7 @@ def build_parser():
   )
   p.add_argument(
     "--out",
+    "--out-dir",
     default="runs/instability",
     help="the runs' folder (VARIANT/seedN each), report.md and curves.png (default: %(default)s)",
   )
@@ -1122,7 +1164,7 @@ def build_parser():
     help="write every run (no checkpoints) into this one .jsonl.xz file at the end, also when "
     "a run or the report fails (with --runs: on success only)",
   )
-  p.add_argument("--out", default="runs/twin")
+  p.add_argument("--out", "--out-dir", default="runs/twin")
   _add_train_options(
     p,
     skip=("attention", "seed", "out_dir", "max_seconds"),
@@ -1222,7 +1264,10 @@ def build_parser():
     help="with --targets: its global batch (default 16 on a GPU, 2 on a CPU)",
   )
   p.add_argument(
-    "--out", default="runs/bench", help="folder for bench.md, .json, .png (default runs/bench)"
+    "--out",
+    "--out-dir",
+    default="runs/bench",
+    help="folder for bench.md, .json, .png (default runs/bench)",
   )
   p.set_defaults(func=_bench)
   p = sub.add_parser("plot", help="draw loss, grad norm and diagnostics of a training run")

@@ -47,6 +47,8 @@ def test_compare_writes_report_and_png_and_resumes(tmp_path, capsys):
   assert "(mean ± std, last 3 steps)" in report  # the steps the mean is over, not a constant
   assert "nan" not in report.lower()  # a value not measured (σ(W_Q) without diagnostics): "–"
   assert "No run exploded" in report and "noise" in report and "bit for bit" in report
+  if on_cpu:  # 3 steps, diagnostics every 25: why no runaway threshold, said
+    assert "the reference-fp32 run here logged no diagnostics in its 3 steps" in report
   assert (
     "| warning step | dQ warning step |" in report
     and "dQ warning: `train.DQErrorWarning`" in report
@@ -61,7 +63,7 @@ def test_compare_writes_report_and_png_and_resumes(tmp_path, capsys):
   assert capsys.readouterr().out.count("done before, skipped") == len(variants)
 
 
-def test_train_with_a_layer_override(tmp_path):
+def test_train_with_a_layer_override(tmp_path, capsys):
   out = tmp_path / "train"
   assert (
     main(
@@ -92,6 +94,40 @@ def test_train_with_a_layer_override(tmp_path):
   ):
     main(["train", "--steps", "3", "--out-dir", str(out)] + FAST)
   assert (out / "metrics.jsonl").read_text() == logged
+  # the same command again: a finished run, as with a checkpoint (nothing trained, rc 0)
+  again = ["train", "--steps", "2", "--attention", "fa2+comp"]
+  again += ["--layer-attention", "1=reference-fp32", "--out-dir", str(out)]
+  capsys.readouterr()
+  assert main(again + FAST) == 0
+  printed = capsys.readouterr().out.splitlines()
+  assert printed[0] == (
+    f"{out} holds a finished run (trained to step 2, steps=2; kept without a checkpoint): "
+    "nothing to train; its last metrics row:"
+  )
+  assert json.loads(printed[1]) == json.loads(logged.splitlines()[-1])
+  assert (out / "metrics.jsonl").read_text() == logged
+  # another configuration there (a different seed) is still refused
+  with pytest.raises(SystemExit, match=r"holds a run \(metrics.jsonl to step 2\)"):
+    main(again + ["--seed", "7"] + FAST)
+
+
+def test_a_stop_by_max_seconds_says_so(tmp_path, capsys):
+  """A run stopped by --max-seconds says where it stopped and whether it can go on, as a stop
+  by Ctrl-C does (not only in the summary's "stopped")."""
+  timed = ["train", "--steps", "3", "--max-seconds", "0.001"] + FAST
+  assert main(timed + ["--out-dir", str(tmp_path / "a")]) == 0
+  last = capsys.readouterr().out.splitlines()[-1]
+  folder = (tmp_path / "a").resolve() / "checkpoints"
+  assert last == (
+    f"stopped by --max-seconds 0.001 after step 1: checkpoint of step 1 in {folder}; to go on, "
+    "rerun the same command"
+  )
+  assert main(timed + ["--checkpoint-interval", "0", "--out-dir", str(tmp_path / "b")]) == 0
+  last = capsys.readouterr().out.splitlines()[-1]
+  assert last == (
+    "stopped by --max-seconds 0.001 after step 1: no checkpoint (checkpoints are off), so it "
+    "cannot go on"
+  )
 
 
 def test_bad_arguments(tmp_path):
@@ -582,6 +618,17 @@ def test_every_help_page_renders(capsys):
     assert e.value.code == 0, argv
   compare = commands["compare"].format_help()
   assert compare.count("compare.SETTINGS") == 1  # compare's own defaults, said once
+  from jax_flashstable.models.gpt2 import MODEL_PRESETS
+
+  train = " ".join(commands["train"].format_help().split())  # the help's line breaks undone
+  assert f"--model MODEL default tiny; a preset: {', '.join(sorted(MODEL_PRESETS))} " in train
+  # every command that writes a folder takes --out-dir, as train and compare do (and --out)
+  for name, command in commands.items():
+    if name in ("plot", "prepare"):  # their folders are positional
+      continue
+    argv = [name] + {"experiment": ["instability"], "crosscheck": ["dump.npz"]}.get(name, [])
+    args = parser.parse_args(argv + ["--out-dir", "somewhere"])
+    assert (getattr(args, "out", None) or args.out_dir) == "somewhere", name
   assert re.search(r"--out-dir OUT_DIR\s+default runs/compare", compare)
 
 

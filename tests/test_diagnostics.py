@@ -1,5 +1,7 @@
 """Diagnostics inside training: values against direct computations, rows on disk, the plot."""
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -238,3 +240,39 @@ def test_diagnostics_rows_and_plot(tmp_path):
   )
   assert main(["plot", cfg.out_dir]) == 0
   assert (tmp_path / "run" / "diagnostics.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_plot_of_a_layer_whose_heads_are_all_nan(tmp_path, monkeypatch):
+  """A diagnostics row whose heads are all NaN for a layer (tie rates not counted) plots as a
+  gap in that layer's curve, with no NumPy warning reaching the user; the other layer's
+  point is the mean over its heads."""
+  import warnings
+
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.axes
+
+  from jax_flashstable.training.plot import plot_run
+
+  run = tmp_path / "run"
+  run.mkdir()
+  (run / "metrics.jsonl").write_text(
+    "".join(json.dumps(dict(step=s, loss=3.0, grad_norm=1.0)) + "\n" for s in (1, 2))
+  )
+  nan = float("nan")
+  row = dict(step=2, tie_rate=[[nan, nan], [0.25, 0.75]])
+  (run / "diagnostics.jsonl").write_text(json.dumps(row) + "\n")
+  curves, real = {}, matplotlib.axes.Axes.plot
+
+  def spy(self, x, y, *a, **k):  # the diagnostics panels' curves, by label
+    if k.get("label"):
+      curves[k["label"]] = list(y)
+    return real(self, x, y, *a, **k)
+
+  monkeypatch.setattr(matplotlib.axes.Axes, "plot", spy)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    path = plot_run(run)
+  assert path.read_bytes()[:4] == b"\x89PNG"
+  assert np.isnan(curves["layer 0"][0]) and curves["layer 1"] == [0.5]

@@ -449,7 +449,7 @@ def test_runaway_survival_fisher_and_pack(tmp_path):
   assert given[0]["runaway_threshold"] == 600.0
   assert all(r["runaway_step"] == 30 for r in given if r["variant"] == "paper")  # 2,000 at 30
   text = experiment.format_report(given, dict(warmup_steps=cfg.warmup_steps), 1)
-  assert "max logit > 600 (10 × 60 given (sets it); the fp32-reference runs' largest, 40)" in text
+  assert "max logit > 600 (10 × 60 given (sets it); the reference-fp32 runs' largest, 40)" in text
   low = experiment.collect(tmp_path, cfg, reference_max_logit=np.int64(1))  # the runs' 40 sets it
   assert low[0]["runaway_threshold"] == 400.0 and "40 (sets it); 1 given" in low[0]["runaway_basis"]
   shutil.rmtree(tmp_path / "reference-fp32")

@@ -127,6 +127,13 @@ def runaway_basis(rows) -> tuple[float | None, str]:
   `instability.collect`: 10× the largest max logit of a reference-fp32 run among them and of
   the setting's measured one) and what sets it, in words; (None, why) when there is none."""
   threshold = rows[0].get("runaway_threshold") if rows else None
+  silent = [r for r in rows if instability.is_reference(r["variant"])]
+  if threshold is None and silent:  # a reference run here, but no max logit logged
+    return None, (
+      f"the {silent[0]['variant']} run here logged no diagnostics in its "
+      f"{silent[0]['steps']} steps, and no reference is measured at this recipe; a run logs "
+      "them every --diag-interval steps"
+    )
   if threshold is None:
     return None, (
       "no reference-fp32 run with diagnostics among these runs, and no reference measured at "

@@ -10,7 +10,7 @@ its last checkpoint (when the recipe checkpoints). The report (`OUT/report.md`, 
 running minimum, or non-finite; `train.ExplosionMonitor`), the loss, the spectral norm of the
 watched layer's whole W_Q and its tie rate (rows whose key tiles had tied maxima), the
 runaway step (the watched layer's max logit above `RUNAWAY_FACTOR` × the largest the
-fp32-reference runs of the matrix reached, or a reference's largest given with
+reference-fp32 runs of the matrix reached, or a reference's largest given with
 `--reference-max-logit`), per variant how many seeds exploded and ran away,
 the survival curve (fraction of seeds not yet exploded against the step, Kaplan–Meier with
 unfinished runs censored) and, for each variant beside its compensated twin (`paper` and
@@ -316,7 +316,7 @@ def out_of_memory(error) -> str:
 
 
 # A run "runs away" when the watched layer's max logit exceeds this many times the largest the
-# fp32-reference runs of the same matrix reached (every seed of them): the logit growth of the
+# reference-fp32 runs of the same matrix reached (every seed of them): the logit growth of the
 # paper's §4 without the loss explosion that may or may not follow within the horizon.
 RUNAWAY_FACTOR = 10.0
 REFERENCE = AttentionConfig.parse("reference-fp32")  # (a run folder named fp32-reference too)
@@ -390,7 +390,7 @@ def _dq_rule_fields(diags, warmup_steps: int, layer: int) -> dict:
   return fields
 
 
-def _is_reference(variant: str) -> bool:
+def is_reference(variant: str) -> bool:
   """Whether a variant (a run folder's name) is the FP32 reference, in any spelling."""
   import warnings
 
@@ -419,14 +419,14 @@ def check_reference_max_logit(value) -> float | None:
 
 def _reference_logits(rows) -> list[float]:
   return [
-    r["max_logit"] for r in rows if _is_reference(r["variant"]) and math.isfinite(r["max_logit"])
+    r["max_logit"] for r in rows if is_reference(r["variant"]) and math.isfinite(r["max_logit"])
   ]
 
 
 def runaway_threshold(rows, reference_max_logit=None) -> float | None:
-  """`RUNAWAY_FACTOR` × the largest watched-layer max logit of the fp32-reference rows and of
+  """`RUNAWAY_FACTOR` × the largest watched-layer max logit of the reference-fp32 rows and of
   `reference_max_logit` (a reference's largest measured elsewhere: `--reference-max-logit`),
-  or None when there is neither (no fp32-reference run with diagnostics, no value given).
+  or None when there is neither (no reference-fp32 run with diagnostics, no value given).
 
   Raises:
     TypeError / ValueError: reference_max_logit not a finite number > 0
@@ -441,7 +441,7 @@ def _runaway_basis(rows, reference_max_logit) -> str:
   """What the threshold comes from, for the report's rule: each source with its value, the
   one that sets the threshold first."""
   ref = _reference_logits(rows)
-  sources = [(max(ref), f"the fp32-reference runs' largest, {max(ref):g}")] if ref else []
+  sources = [(max(ref), f"the reference-fp32 runs' largest, {max(ref):g}")] if ref else []
   if reference_max_logit is not None:
     sources.append((reference_max_logit, f"{reference_max_logit:g} given"))
   sources.sort(key=lambda source: -source[0])
@@ -715,11 +715,11 @@ def format_report(rows, recipe: dict, layer: int) -> str:
   "warmup_steps" states the early warning's rule; KeyError without it), the watched layer."""
   threshold = rows[0]["runaway_threshold"] if rows else None
   # (rows of a report.json from before the basis was kept: the reference runs were the only one)
-  basis = rows[0].get("runaway_basis", "the fp32-reference runs' largest") if rows else ""
+  basis = rows[0].get("runaway_basis", "the reference-fp32 runs' largest") if rows else ""
   rule = (
     f"max logit > {magnitude(threshold)} ({RUNAWAY_FACTOR:g} × {basis})"
     if threshold is not None
-    else "not defined: the matrix has no fp32-reference run and no --reference-max-logit"
+    else "not defined: the matrix has no reference-fp32 run and no --reference-max-logit"
   )
   lines = [
     f"Recipe: {format_facts(recipe)}",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pathlib
+import warnings
 
 import numpy as np
 
@@ -42,8 +43,10 @@ def plot_run(run_dir) -> pathlib.Path:
     ds = [d["step"] for d in diags]
     for ax, (key, title, reduce) in zip(axes[2:], panels):
       values = np.asarray([d[key] for d in diags], np.float64)  # [steps, L] or [steps, L, H]
-      if reduce is not None:
-        values = getattr(np, "nan" + reduce)(values, axis=-1)
+      if reduce is not None:  # over heads, NaN ones left out; a row of NaN heads stays NaN
+        with warnings.catch_warnings():  # (a gap in its curve), which NumPy warns of
+          warnings.simplefilter("ignore", RuntimeWarning)
+          values = getattr(np, "nan" + reduce)(values, axis=-1)
       for layer in range(values.shape[1]):
         ax.plot(ds, values[:, layer], marker=".", lw=1, label=f"layer {layer}")
       ax.set(title=title, xlabel="step")
