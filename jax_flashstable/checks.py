@@ -7,13 +7,36 @@ from __future__ import annotations
 import numbers
 
 
+# Every count and seed ends up in NumPy or JAX, whose integers are at most 64 bits: a larger
+# Python int fails there with a traceback (OverflowError), after work has started.
+INT64_MAX = 2**63 - 1
+# JAX without x64 (this project's setting) keeps a seed's low 32 bits: jax.random.key(2**32) is
+# jax.random.key(0) (jax 0.11.2), so a larger seed would silently repeat a smaller one's run.
+SEED_LIMIT = 2**32
+
+
 def integer(name: str, value, least: int, error: type[Exception] = ValueError) -> int:
-  """`value` as a Python int of at least `least`, from a Python or NumPy integer; `error`
-  (ValueError unless given, e.g. `training.config.ConfigError`) naming it for anything else: a
-  bool (a flag, not a count), a float such as 2.5 or 3.0, a string, a smaller integer."""
+  """`value` as a Python int of at least `least` and at most `INT64_MAX`, from a Python or NumPy
+  integer; `error` (ValueError unless given, e.g. `training.config.ConfigError`) naming it for
+  anything else: a bool (a flag, not a count), a float such as 2.5 or 3.0, a string, a smaller
+  integer, one beyond 64 bits."""
   if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
     raise error(f"{name}={value!r} must be an integer ≥ {least}")
+  if value > INT64_MAX:
+    raise error(f"{name}={value!r} must be an integer below 2**63")
   return int(value)
+
+
+def random_seed(name: str, value, error: type[Exception] = ValueError) -> int:
+  """A random seed: an integer in [0, 2**32) (`SEED_LIMIT`: the seeds JAX tells apart);
+  `error` naming it otherwise, with the seed whose run a larger one would repeat."""
+  value = integer(name, value, 0, error)
+  if value >= SEED_LIMIT:
+    raise error(
+      f"{name}={value!r} must be below 2**32: JAX keeps a seed's low 32 bits, so it would "
+      f"repeat seed {value % SEED_LIMIT}'s run"
+    )
+  return value
 
 
 def distinct(name: str, items, error: type[Exception] = ValueError) -> list:

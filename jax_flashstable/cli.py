@@ -21,7 +21,7 @@ import warnings
 
 from jax_flashstable import interrupts
 from jax_flashstable.xla_cpu import deterministic_gpu_ops, plain_dots
-from jax_flashstable.checks import distinct, integer
+from jax_flashstable.checks import distinct, integer, random_seed
 
 DTYPES = ("bfloat16", "float16", "float32")
 # the commands that compare kernels with references: run with XLA CPU's plain dot semantics,
@@ -389,6 +389,27 @@ def _meta(args):
   return run_meta(command=_command(args), args=args_)
 
 
+def _seed(text):
+  """argparse type: a random seed (`checks.random_seed`: an integer in [0, 2**32)), refused
+  as `_count` refuses a count."""
+  try:
+    value = int(text)
+  except ValueError:
+    value = text
+  return random_seed("value", value, argparse.ArgumentTypeError)
+
+
+def _seeds(text, command):
+  """--seeds' comma-separated seeds, each a `checks.random_seed`; else the one-line error."""
+  seeds = _ints(text, "--seeds", 0, command)
+  for s in seeds:
+    try:
+      random_seed("seed", s)
+    except ValueError as e:
+      raise SystemExit(f"flashstable {command}: --seeds {text!r}: {e}") from None
+  return seeds
+
+
 def _ints(text, option="value", low=None, command=""):
   """The comma-separated integers of `text` (each ≥ low when given); else the one-line error."""
   where = f"flashstable{' ' + command if command else ''}: {option}"
@@ -603,7 +624,7 @@ def _experiment(args):
     variants = split_specs(args.variants)
   except ValueError as e:
     raise SystemExit(f"flashstable experiment: {_message(e)}") from None
-  seeds = _ints(args.seeds, "--seeds", 0, "experiment")
+  seeds = _seeds(args.seeds, "experiment")
   _out("experiment", args.out)
   if args.pack:
     _pack_out("experiment", args.pack, args.out)
@@ -665,7 +686,7 @@ def _crosscheck_train(args):
   named_seeds = args.seeds is not None
   if not named_seeds:
     args.seeds = "24"  # training's default; a report of runs covers what they hold (below)
-  seeds = _ints(args.seeds, "--seeds")
+  seeds = _seeds(args.seeds, "crosscheck-train")
   _out("crosscheck-train", args.out)
   if args.pack:
     _pack_out("crosscheck-train", args.pack, args.out)
@@ -674,7 +695,11 @@ def _crosscheck_train(args):
     try:
       instability.check_layer(base, args.layer)
       twin.check_tolerance(args.tolerance)
-      twin.check_torch_args(shlex.split(args.torch_args))
+      try:
+        torch_args = shlex.split(args.torch_args)
+      except ValueError as e:  # shlex's "No closing quotation", naming nothing
+        raise ValueError(f"--torch-args {args.torch_args!r}: {e}") from None
+      twin.check_torch_args(torch_args)
       reporting = (args.report_only or args.runs) and not args.jax_runs
       # a report of runs already made covers every pair they hold unless --pairs names some
       if args.pairs is None and not reporting:
@@ -709,7 +734,7 @@ def _crosscheck_train(args):
           null_steps=args.null_steps,
           torch_python=args.torch_python,
           torch_gpu=args.torch_gpu,
-          torch_args=shlex.split(args.torch_args),
+          torch_args=torch_args,
         )
       if reporting:  # runs made elsewhere, judged by this command's recipe
         instability.check_recipe(pathlib.Path(args.out) / "jax", base)
@@ -876,7 +901,7 @@ def build_parser():
   )
   p.add_argument("--dtypes", default="bfloat16", help="comma-separated, e.g. bfloat16,float16")
   p.add_argument(
-    "--seed", type=_count(0), default=0, help="seed of the random inputs (default %(default)s)"
+    "--seed", type=_seed, default=0, help="seed of the random inputs (default %(default)s)"
   )
   p.add_argument(
     "--out", "--out-dir", default="runs/accuracy", help="report folder (default %(default)s)"
@@ -918,7 +943,7 @@ def build_parser():
     help="comma-separated precision layouts (pallas_kernels.policy.NUMERICS)",
   )
   p.add_argument("--heads", type=_count(1), default=2)
-  p.add_argument("--seed", type=_count(0), default=0)
+  p.add_argument("--seed", type=_seed, default=0)
   p.add_argument("--out", "--out-dir", default="runs/deviation")
   p.set_defaults(func=_deviation)
   p = sub.add_parser(
@@ -937,7 +962,7 @@ def build_parser():
     help="comma-separated values of the tied maxima (scores, softmax_scale 1, rounded to bf16), "
     "one per row at random; default: -4,0,2,5 (numerics_lab.tied_rows)",
   )
-  p.add_argument("--seed", type=_count(0), default=0)
+  p.add_argument("--seed", type=_seed, default=0)
   p.add_argument("--out", "--out-dir", default="runs/bias")
   p.set_defaults(func=_bias)
   p = sub.add_parser(

@@ -345,12 +345,31 @@ def kernel_config(
   return cfg
 
 
+@jax.custom_jvp
+def _first_order_only(inputs):
+  """The identity on the kernels' inputs, whose derivative is refused in one line: the custom
+  vjp's forward and backward are differentiated only by a second derivative (a grad of a
+  grad, `jax.hessian`, a jvp of a grad), which the kernels do not have; without it that fails
+  inside Pallas' batching or linearisation rules, naming no call."""
+  return inputs
+
+
+@_first_order_only.defjvp
+def _first_order_only_jvp(primals, tangents):
+  raise NotImplementedError(
+    "flash_attention has first derivatives only: its backward is a Pallas kernel under "
+    "jax.custom_vjp, with no derivative of its own (jax.hessian, a grad of a grad and a jvp of "
+    "a grad are not supported)"
+  )
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
 def _flash(q, k, v, seeds, cfg):
   return _flash_fwd(q, k, v, seeds, cfg)[0]
 
 
 def _flash_fwd(q, k, v, seeds, cfg):
+  q, k, v = _first_order_only((q, k, v))  # differentiated only under a second derivative
   if cfg.backend == "mosaic_gpu":
     forward_mgpu.check_device(cfg)
     out, m, log_l, stats, o32 = flash_forward_mgpu(q, k, v, cfg)
@@ -364,6 +383,7 @@ def _flash_fwd(q, k, v, seeds, cfg):
 def _flash_bwd(cfg, res, cotangents):
   q, k, v, seeds, out, m, log_l = res
   d_out, d_stats = cotangents
+  q, k, v, out, m, log_l, d_out = _first_order_only((q, k, v, out, m, log_l, d_out))
   # ∂lse/∂S = P, so an lse cotangent enters dS = P∘(dP − delta) as delta − d_lse. The other
   # statistics (row_max, max_p, tied_tiles) are not differentiated: their cotangents are dropped.
   d_lse = d_stats[0] if d_stats else None

@@ -34,12 +34,8 @@ def check_inputs(
       0, subnormal or infinite once in scale_dtype.
     TypeError: unsupported or mixed dtypes; an input that is not an array.
   """
+  check_arrays(query=query, key=key, value=value)
   for name, x in (("query", query), ("key", key), ("value", value)):
-    if not hasattr(x, "shape") or not hasattr(x, "dtype"):  # a list, a scalar
-      raise TypeError(
-        f"{name} must be an array (jax or numpy) of rank 4, got a {type(x).__name__}; "
-        f"e.g. jnp.asarray({name})"
-      )
     if getattr(x, "ndim", None) != 4:
       raise ValueError(
         f"{name} must have rank 4 [batch, seq, heads, head_dim], "
@@ -93,3 +89,14 @@ def check_softmax_scale(softmax_scale, scale_dtype=np.float32) -> float:
       f"scores are scaled in {name}), got softmax_scale={softmax_scale!r}"
     )
   return scale
+
+
+def check_arrays(**inputs) -> None:
+  """TypeError naming the first of `inputs` (name=value) that is not an array (a list, a
+  scalar): every entry point's first check, before it reads a shape."""
+  for name, x in inputs.items():
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+      raise TypeError(
+        f"{name} must be an array (jax or numpy) of rank 4, got a {type(x).__name__}; "
+        f"e.g. jnp.asarray({name})"
+      )

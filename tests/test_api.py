@@ -85,6 +85,24 @@ def test_lse_is_differentiable():
     np.testing.assert_allclose(np.asarray(g), np.asarray(r), atol=2e-5)
 
 
+def test_second_derivatives_are_refused_in_one_line():
+  """A grad of a grad, `jax.hessian` and a jvp of a grad: one NotImplementedError naming
+  flash_attention and what it lacks, instead of a ValueError from inside Pallas' batching or
+  linearisation rules; the first derivative beside them is unchanged."""
+  q, k, v, _ = make_inputs(Shape(1, 5, 5, 1, 1, 16), jnp.float32, 2)
+  f = lambda q: flash_attention(q, k, v).sum()  # noqa: E731
+  grad = jax.grad(f)
+  second = {
+    "hessian": lambda: jax.hessian(f)(q),
+    "grad of grad": lambda: jax.grad(lambda x: grad(x).sum())(q),
+    "jvp of grad": lambda: jax.jvp(grad, (q,), (q,)),
+  }
+  for name, call in second.items():
+    with pytest.raises(NotImplementedError, match=r"^flash_attention has first derivatives only"):
+      call()
+  assert np.array_equal(np.asarray(grad(q)), np.asarray(jax.grad(f)(q)))  # still runs
+
+
 def test_numpy_scalars_and_strict_causal():
   q, k, v, _ = make_inputs(Shape(1, 20, 20, 1, 1, 32), jnp.float32, 5)
   a = flash_attention(q, k, v, softmax_scale=0.2, beta=2.5, stabilize=True)

@@ -146,6 +146,16 @@ def _bad_inputs(tmp):
   experiment = ["experiment", "instability", "--recipe", "tiny", "--out", str(tmp / "exp")]
   return [
     (["train", "--steps", "-5"], r"flashstable train: --steps=-5 must be an integer ≥ 1"),
+    # seeds JAX cannot take (OverflowError from NumPy) or would take as a smaller one's
+    (["train", "--seed", str(2**63)], rf"--seed={2**63} must be an integer below 2\*\*63$"),
+    (
+      ["compare", "--seed", str(2**32), "--out-dir", str(cmp)],
+      r"--seed=4294967296 must be below 2\*\*32: JAX keeps a seed's low 32 bits, so it would "
+      r"repeat seed 0's run$",
+    ),
+    (experiment + ["--seeds", f"0,{2**32 + 5}"], r"--seeds '0,4294967301': seed=4294967301 must"),
+    (["accuracy", "--seed", str(2**64), "--out", str(tmp / "a")], r"--seed: value=18446744073"),
+    (["train", "--steps", str(2**63)], rf"--steps={2**63} must be an integer below 2\*\*63$"),
     (  # an empty corpus folder: refused before the out dir is made (it was made first)
       ["train", "--data", str(tmp / "texts")],
       r"^flashstable train: --data='.*texts': holds neither train.bin\[.xz\] nor text files$",
@@ -486,7 +496,7 @@ def test_console_prints_one_line_and_exits_2(tmp_path):
     f"flashstable: UserWarning: no val.bin[.xz] in {data}: validation losses use the training "
     "tokens",
     f"flashstable train: --data={str(data)!r}: the train split has 10 tokens, too few for "
-    "--seq-len=128",
+    "--seq-len=128 (at least 130)",
   ], out.stderr
 
 

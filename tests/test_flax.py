@@ -11,7 +11,7 @@ from flax import linen, nnx
 
 import jax_flashstable.attention.api as attention_module
 from jax_flashstable.attention.config import AttentionConfig
-from jax_flashstable.attention.flax_adapter import attend, make_attention_fn
+from jax_flashstable.attention.flax_adapter import attend, attention_fn, make_attention_fn
 
 
 @pytest.fixture
@@ -405,6 +405,18 @@ def test_attend_takes_a_spec_and_checks_inputs_for_every_implementation():
         attend(*args, spec, causal=False)
   with pytest.raises(ValueError, match="attention spec"):
     attend(q, q, q, 42, causal=False)
+  # attention_fn (Flax's signature) refuses a non-array by the same rule, before reading a shape
+  with pytest.raises(TypeError, match=r"^query must be an array .* got a list"):
+    attention_fn(q.tolist(), q, q, config="fa2")
+  with pytest.raises(TypeError, match=r"^value must be an array .* got a float"):
+    attention_fn(q, q, 1.0, config="fa2")
+  # cuDNN off a GPU: named, not JAX's "cuDNN is not detected" from inside its first call
+  if jax.default_backend() != "gpu":
+    for spec in ("cudnn", "cudnn+center"):
+      with pytest.raises(
+        ValueError, match=rf"^attention '{re.escape(spec)}' needs a GPU \(cuDNN\)"
+      ):
+        attend(q, q, q, spec, causal=True)
   # head_dim above the kernels' 256: refused for flash and the references, XLA's runs it
   wide = jnp.asarray(rng.standard_normal((1, 8, 2, 300)), jnp.float32)
   for spec in ("fa2", "reference-fp32"):

@@ -1666,6 +1666,8 @@ CROSSCHECK_ERRORS = [
   (["--torch-args=--device=gpu"], "--device 'gpu' is not a value it takes"),
   (["--torch-args=--compile"], "--compile '' is not a value it takes"),
   (["--torch-args", "--max-seconds nan"], "--max-seconds 'nan' is not a value it takes"),
+  (["--torch-args", "--threads '1"], '--torch-args "--threads \'1": No closing quotation'),
+  (["--seeds", "4294967296"], "seed=4294967296 must be below 2**32"),
   (["--pairs", "paper,,reference-fp32"], "'paper,,reference-fp32': an empty item"),
   (["--pairs", "paper,"], "pairs 'paper,': an empty item"),
   (["--steps", "2", "--null-steps", "5"], "null_steps=5 is more than the runs' steps=2"),

@@ -446,6 +446,8 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous(tmp_path, capsys):
     ("grad_clip", -1.0, r"grad_clip=-1.0 must be .* ≥ 0 \(0: no clipping\)"),
     ("beta2", 1.0, "beta2=1.0"),
     ("seed", -1, "seed=-1"),
+    # the cosine's length counts the warmup: a shorter one was lengthened unsaid
+    ("decay_steps", 20, r"^decay_steps=20 must be more than warmup_steps=20: the cosine.s"),
     ("eval_batches", 0, "eval_batches=0"),
     ("seq_len", 0, "seq_len=0"),
     ("steps", 2.5, "steps=2.5"),
@@ -612,3 +614,30 @@ def test_one_integer_check_serves_every_entry_point(tmp_path):
     DQErrorWarning(start=0, rows=0)
   with pytest.raises(ValueError, match=r"^reps=False must be an integer ≥ 1$"):
     median_seconds(lambda: None, reps=False)
+  # beyond 64 bits NumPy and JAX fail with a traceback: refused in one line, every entry point
+  with pytest.raises(ConfigError, match=rf"^steps={2**63} must be an integer below 2\*\*63$"):
+    dataclasses.replace(TrainConfig(), steps=2**63)
+  with pytest.raises(ValueError, match=rf"^n_layer={2**64} must be an integer below 2\*\*63$"):
+    GPTConfig(n_layer=2**64)
+  assert integer("x", 2**63 - 1, 0) == 2**63 - 1
+
+
+def test_a_seed_is_one_jax_tells_apart():
+  """Seeds are refused from 2**32 (`checks.random_seed`), because JAX without x64 keeps a
+  seed's low 32 bits: 2**32 + 5 would silently repeat seed 5's run (checked here on JAX
+  itself, so that the rule goes if JAX ever keeps more)."""
+  import jax
+
+  from jax_flashstable.checks import SEED_LIMIT, random_seed
+
+  key = lambda s: np.asarray(jax.random.key_data(jax.random.key(s))).tolist()  # noqa: E731
+  assert key(SEED_LIMIT + 5) == key(5) and key(SEED_LIMIT - 1) != key(0)
+  assert random_seed("seed", np.int64(SEED_LIMIT - 1)) == SEED_LIMIT - 1
+  for bad, message in (
+    (SEED_LIMIT + 5, r"^seed=4294967301 must be below 2\*\*32: .* repeat seed 5's run$"),
+    (-1, r"^seed=-1 must be an integer ≥ 0$"),
+    (2**70, r"must be an integer below 2\*\*63$"),
+    (1.0, r"^seed=1.0 must be an integer ≥ 0$"),
+  ):
+    with pytest.raises(ConfigError, match=message):
+      dataclasses.replace(TrainConfig(), seed=bad)

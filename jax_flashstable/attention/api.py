@@ -159,7 +159,8 @@ def flash_attention(
     return_stats: also return `AttentionStats`. `lse` is differentiable (its cotangent enters
       dS as P·d_lse); row_max, max_p and tied_tiles are not (their cotangents are ignored, as
       under `jax.lax.stop_gradient`). Forward-mode autodiff (`jax.jvp`) and second
-      derivatives are not supported (custom_vjp).
+      derivatives are not supported (custom_vjp; a second derivative raises
+      NotImplementedError).
     rng_key: a `jax.random` key, for numerics="stochastic" only.
     num_warps, num_stages: Triton launch parameters of the forward kernel (speed only);
       defaults 4 warps (8 when head_dim > 64) and 2 stages. The Triton backward kernels use 4
@@ -202,6 +203,8 @@ def flash_attention(
     TypeError: unsupported or mixed dtypes; a flag (causal, stabilize, delta_float32,
       center_keys, single_lse, sum_rounded_p, guard_shift, return_stats; interpret: or None)
       that is not a bool.
+    NotImplementedError: a second derivative (`jax.hessian`, a grad of a grad, a jvp of a
+      grad), when it is traced.
   """
   cfg, seeds = _kernel_config(
     query,

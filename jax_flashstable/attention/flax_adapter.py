@@ -11,7 +11,7 @@ import jax.numpy as jnp
 
 from jax_flashstable.attention import api as _attention
 from jax_flashstable.attention.config import AttentionConfig
-from pallas_kernels.checks import MAX_HEAD_DIM, check_inputs
+from pallas_kernels.checks import MAX_HEAD_DIM, check_arrays, check_inputs
 from pallas_kernels.policy import boolean, centered_keys
 
 
@@ -64,7 +64,8 @@ def attend(
       [batch, len, heads, head_dim] arrays of matching sizes, with an empty axis, or a
       softmax_scale that is not finite, > 0 and a normal float32 number (every implementation:
       `checks.check_inputs`, the kernels' checks); head_dim > 256 for flash and the references
-      (XLA's and cuDNN's attention keep their own limits and take float64 inputs).
+      (XLA's and cuDNN's attention keep their own limits and take float64 inputs); cudnn where
+      JAX's default backend is not a GPU.
     TypeError: a causal that is not a bool, a softmax_scale that is not a concrete number,
       inputs that are not arrays or of mixed or unsupported dtypes.
   """
@@ -97,6 +98,11 @@ def attend(
     dtype = jnp.dtype(config.reference_dtype)
     run = lambda q, k, v: _reference(q, k, v, causal, softmax_scale, dtype)  # noqa: E731
   else:
+    if impl == "cudnn" and jax.default_backend() != "gpu":  # JAX's own error names no attention
+      raise ValueError(
+        f"attention {config.name!r} needs a GPU (cuDNN); the default backend is "
+        f"{jax.default_backend()!r}"
+      )
     run = functools.partial(
       jax.nn.dot_product_attention, scale=softmax_scale, is_causal=causal, implementation=impl
     )
@@ -170,8 +176,11 @@ def attention_fn(
       other than one.
     ValueError: a config with numerics="stochastic" (it needs a key per call; use `attend`
       with `rng_key=`, as the GPT model does).
+    TypeError: query, key or value not an array.
+    And `attend`'s errors.
   """
   del broadcast_dropout, dropout_rng, precision, promote_dtype
+  check_arrays(query=query, key=key, value=value)  # before any shape is read
   if mask is not None:
     raise NotImplementedError(_mask_message(query, key, mask, module))
   if bias is not None:

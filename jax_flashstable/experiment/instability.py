@@ -36,7 +36,7 @@ import time
 import jax
 import numpy as np
 
-from jax_flashstable.checks import integer
+from jax_flashstable.checks import random_seed
 from jax_flashstable.results import format_facts, format_meta
 from jax_flashstable.training.train import (
   DQErrorWarning,
@@ -246,7 +246,7 @@ def run_matrix(
   """
   out = pathlib.Path(out_dir)
   t0 = time.perf_counter()
-  seeds = [integer("seed", s, 0) for s in seeds]
+  seeds = [random_seed("seed", s) for s in seeds]
   reference_max_logit = check_reference_max_logit(reference_max_logit)
   configs = [
     (v, s, variant_config(base, v, s, out / v / f"seed{s}", tiles=tiles, layer=layer))

@@ -74,7 +74,7 @@ import time
 import numpy as np
 
 from jax_flashstable import interrupts
-from jax_flashstable.checks import distinct, integer
+from jax_flashstable.checks import distinct, integer, random_seed
 from jax_flashstable.experiment import instability
 from jax_flashstable.results import format_facts, format_meta
 from jax_flashstable.training.config import ConfigError, overrides_text
@@ -625,7 +625,7 @@ def plan(
   if not seeds:
     raise ValueError("no seeds")
   for s in seeds:
-    if integer("seed", s, 0) >= 2**31:
+    if random_seed("seed", s) >= 2**31:
       raise ValueError(f"seed={s!r} must be below 2^31")
   out = pathlib.Path(out_dir)
   items = []

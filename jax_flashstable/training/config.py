@@ -13,7 +13,7 @@ import os
 import pathlib
 import tempfile
 
-from jax_flashstable.checks import distinct, integer
+from jax_flashstable.checks import distinct, integer, random_seed
 from jax_flashstable.xla_cpu import DETERMINISTIC_GPU_OPS, deterministic_gpu_ops, flag_set
 
 WARNING_ACTIONS = ("off", "log", "checkpoint", "stop")
@@ -102,7 +102,6 @@ class TrainConfig:
       ("seq_len", 1),
       ("warmup_steps", 0),
       ("decay_steps", 1),
-      ("seed", 0),
       ("eval_interval", 0),
       ("eval_batches", 1),
       ("checkpoint_interval", 0),
@@ -115,6 +114,7 @@ class TrainConfig:
       if value is None and name in ("seq_len", "decay_steps"):
         continue
       object.__setattr__(self, name, integer(name, value, low, ConfigError))  # a NumPy int too
+    object.__setattr__(self, "seed", random_seed("seed", self.seed, ConfigError))
     for name, low, high, closed in (
       ("lr", 0.0, math.inf, False),
       ("min_lr", 0.0, math.inf, True),
@@ -142,6 +142,11 @@ class TrainConfig:
       raise ConfigError(
         f"min_lr={self.min_lr!r} is above lr={self.lr!r} (the cosine decays from lr to "
         "min_lr: set min_lr at most lr)"
+      )
+    if self.decay_steps is not None and self.decay_steps <= self.warmup_steps:
+      raise ConfigError(  # (`schedule` would lengthen it to warmup_steps + 1 unsaid)
+        f"decay_steps={self.decay_steps!r} must be more than warmup_steps={self.warmup_steps!r}:"
+        " the cosine's length counts the warmup (optax.warmup_cosine_decay_schedule)"
       )
     if self.warning_action not in WARNING_ACTIONS:
       raise ConfigError(f"warning_action={self.warning_action!r} is not one of {WARNING_ACTIONS}")

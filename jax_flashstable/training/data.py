@@ -216,10 +216,18 @@ class Dataset:
     self.val = load_tokens(val, vocab_size) if val is not None else self.train
 
   def batch(self, split, seed, step, batch_size, seq_len):
-    """(x, y) int32 [batch_size, seq_len]: windows whose starts depend only on (seed, step)."""
+    """(x, y) int32 [batch_size, seq_len]: windows whose starts depend only on (seed, step).
+
+    Starts are drawn from [0, n − seq_len − 1), n the split's tokens: the last start (whose
+    target is the split's last token) is never drawn, so a split needs seq_len + 2 tokens.
+    nanoGPT draws from [0, n − seq_len]; this sampler is kept as it is because every stored
+    run, and the PyTorch twin's batches (`torch_crosscheck`), were drawn by it."""
     tokens = self.train if split == "train" else self.val
     if len(tokens) <= seq_len + 1:
-      raise ValueError(f"{split} split has {len(tokens)} tokens, too few for seq_len={seq_len}")
+      raise ValueError(
+        f"{split} split has {len(tokens)} tokens, too few for seq_len={seq_len} "
+        f"(at least {seq_len + 2})"
+      )
     rng = np.random.default_rng([seed, step, 0 if split == "train" else 1])
     starts = rng.integers(0, len(tokens) - seq_len - 1, size=batch_size)
     idx = starts[:, None] + np.arange(seq_len + 1)[None]

@@ -531,7 +531,10 @@ def load_dataset(cfg: TrainConfig, dataset: Dataset | None = None) -> Dataset:
   for split in ("train", "val"):
     n = len(getattr(dataset, split))
     if n <= seq_len + 1:
-      raise ConfigError(f"{name}: the {split} split has {n} tokens, too few for seq_len={seq_len}")
+      raise ConfigError(
+        f"{name}: the {split} split has {n} tokens, too few for seq_len={seq_len} (at least "
+        f"{seq_len + 2})"
+      )
   return dataset
 
 
