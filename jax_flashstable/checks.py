@@ -28,13 +28,13 @@ def integer(name: str, value, least: int, error: type[Exception] = ValueError) -
 
 
 def random_seed(name: str, value, error: type[Exception] = ValueError) -> int:
-  """A random seed: an integer in [0, 2**32) (`SEED_LIMIT`: the seeds JAX tells apart);
-  `error` naming it otherwise, with the seed whose run a larger one would repeat."""
+  """A random seed: an integer in [0, 2**32) (`SEED_LIMIT`: the seeds JAX tells apart), one
+  range for every command, NumPy-only ones too; `error` naming it otherwise."""
   value = integer(name, value, 0, error)
   if value >= SEED_LIMIT:
     raise error(
-      f"{name}={value!r} must be below 2**32: JAX keeps a seed's low 32 bits, so it would "
-      f"repeat seed {value % SEED_LIMIT}'s run"
+      f"{name}={value!r} must be below 2**32, the seeds JAX tells apart (without x64 it keeps "
+      f"a seed's low 32 bits: {value} would be {value % SEED_LIMIT})"
     )
   return value
 

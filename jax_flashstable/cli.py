@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import pathlib
 import re
@@ -286,6 +287,7 @@ def _train(args):
     CheckpointError,
     NonFiniteError,
     config_changes,
+    explosion_step,
     has_checkpoints,
     read_metrics,
     train_and_evaluate,
@@ -295,14 +297,16 @@ def _train(args):
   if not has_checkpoints(out) and (logged := read_metrics(out)):
     last = logged[-1]
     stored = (out / "config.json").exists()
-    if stored and last["step"] >= cfg.steps and not config_changes(out, cfg):
+    finite = all(math.isfinite(last.get(k, math.nan)) for k in ("loss", "grad_norm"))
+    if stored and finite and last["step"] >= cfg.steps and not config_changes(out, cfg):
       # finished, kept without a checkpoint (checkpoint_interval above steps, or 0): as a
-      # finished run with one, nothing to train
+      # finished run with one, nothing to train (a non-finite last row is a failed run)
       print(
         f"{cfg.out_dir} holds a finished run (trained to step {last['step']}, "
-        f"steps={cfg.steps}; kept without a checkpoint): nothing to train; its last metrics row:"
+        f"steps={cfg.steps}; kept without a checkpoint): nothing to train; its summary:"
       )
-      print(json.dumps(last))
+      losses = [(r["step"], r["loss"]) for r in logged]
+      print(json.dumps(dict(last, explosion_step=explosion_step(losses, cfg.warmup_steps))))
       return 0
     # train_and_evaluate would start afresh there and write over the run's logs
     raise SystemExit(

@@ -48,7 +48,9 @@ def test_compare_writes_report_and_png_and_resumes(tmp_path, capsys):
   assert "nan" not in report.lower()  # a value not measured (σ(W_Q) without diagnostics): "–"
   assert "No run exploded" in report and "noise" in report and "bit for bit" in report
   if on_cpu:  # 3 steps, diagnostics every 25: why no runaway threshold, said
-    assert "the reference-fp32 run here logged no diagnostics in its 3 steps" in report
+    assert (
+      "no finite max logit in the reference run here, reference-fp32 (seed 0, 3 steps)" in report
+    )
   assert (
     "| warning step | dQ warning step |" in report
     and "dQ warning: `train.DQErrorWarning`" in report
@@ -102,13 +104,19 @@ def test_train_with_a_layer_override(tmp_path, capsys):
   printed = capsys.readouterr().out.splitlines()
   assert printed[0] == (
     f"{out} holds a finished run (trained to step 2, steps=2; kept without a checkpoint): "
-    "nothing to train; its last metrics row:"
+    "nothing to train; its summary:"
   )
-  assert json.loads(printed[1]) == json.loads(logged.splitlines()[-1])
+  assert json.loads(printed[1]) == dict(json.loads(logged.splitlines()[-1]), explosion_step=None)
   assert (out / "metrics.jsonl").read_text() == logged
   # another configuration there (a different seed) is still refused
   with pytest.raises(SystemExit, match=r"holds a run \(metrics.jsonl to step 2\)"):
     main(again + ["--seed", "7"] + FAST)
+  # a run whose last step failed (NonFiniteError writes that row, then stops) is not finished
+  rows = [json.loads(line) for line in logged.splitlines()]
+  rows[-1]["loss"] = float("nan")
+  (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  with pytest.raises(SystemExit, match=r"holds a run \(metrics.jsonl to step 2\) with no check"):
+    main(again + FAST)
 
 
 def test_a_stop_by_max_seconds_says_so(tmp_path, capsys):
@@ -150,8 +158,8 @@ def _bad_inputs(tmp):
     (["train", "--seed", str(2**63)], rf"--seed={2**63} must be an integer below 2\*\*63$"),
     (
       ["compare", "--seed", str(2**32), "--out-dir", str(cmp)],
-      r"--seed=4294967296 must be below 2\*\*32: JAX keeps a seed's low 32 bits, so it would "
-      r"repeat seed 0's run$",
+      r"--seed=4294967296 must be below 2\*\*32, the seeds JAX tells apart \(without x64 it "
+      r"keeps a seed's low 32 bits: 4294967296 would be 0\)$",
     ),
     (experiment + ["--seeds", f"0,{2**32 + 5}"], r"--seeds '0,4294967301': seed=4294967301 must"),
     (["accuracy", "--seed", str(2**64), "--out", str(tmp / "a")], r"--seed: value=18446744073"),

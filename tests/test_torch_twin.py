@@ -394,6 +394,10 @@ CLI_ERRORS = [
   (["--n-embd", "65"], "n_embd=65 is not a multiple of n_head=6"),
   (["--seq-len", "2048"], "seq_len=2048 must be in [1, block_size=1024]"),
   (["--lr", "nan"], "lr must be a finite number >= 0, got lr=nan"),
+  (  # as TrainConfig: the cosine's length counts the warmup (it was lengthened unsaid)
+    ["--warmup-steps", "20", "--decay-steps", "20"],
+    "decay_steps=20 must be more than warmup_steps=20",
+  ),
   (["--init", "/nonexistent/init.npz"], "init='/nonexistent/init.npz': no such file"),
   (["--init", "/tmp"], "init='/tmp' is a folder, not an .npz"),
   (["--compile", "sometimes"], "compile='sometimes' is not one of auto, on, off, attention"),

@@ -1419,6 +1419,11 @@ class TwinConfig:
       raise ValueError(f"seq_len={self.seq_len} must be in [1, block_size={self.block_size}]")
     if self.decay_steps is not None and self.decay_steps < 1:
       raise ValueError(f"decay_steps must be >= 1, got decay_steps={self.decay_steps}")
+    if self.decay_steps is not None and self.decay_steps <= self.warmup_steps:
+      raise ValueError(  # as TrainConfig: `schedule_steps` would lengthen it unsaid
+        f"decay_steps={self.decay_steps} must be more than warmup_steps={self.warmup_steps}: "
+        "the cosine's length counts the warmup"
+      )
     for f in ("lr", "min_lr", "weight_decay", "eps"):
       v = getattr(self, f)
       if not (math.isfinite(v) and v >= 0):

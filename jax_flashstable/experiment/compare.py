@@ -128,11 +128,12 @@ def runaway_basis(rows) -> tuple[float | None, str]:
   the setting's measured one) and what sets it, in words; (None, why) when there is none."""
   threshold = rows[0].get("runaway_threshold") if rows else None
   silent = [r for r in rows if instability.is_reference(r["variant"])]
-  if threshold is None and silent:  # a reference run here, but no max logit logged
+  if threshold is None and silent:  # reference runs here, none with a finite max logit
+    runs = ", ".join(f"{r['variant']} (seed {r['seed']}, {r['steps']} steps)" for r in silent)
     return None, (
-      f"the {silent[0]['variant']} run here logged no diagnostics in its "
-      f"{silent[0]['steps']} steps, and no reference is measured at this recipe; a run logs "
-      "them every --diag-interval steps"
+      f"no finite max logit in the reference run{'s' if len(silent) > 1 else ''} here, {runs}: "
+      "no diagnostics logged (a run logs them every --diag-interval steps) or none finite; "
+      "and no reference is measured at this recipe"
     )
   if threshold is None:
     return None, (

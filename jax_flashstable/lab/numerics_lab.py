@@ -17,6 +17,7 @@ import numpy as np
 
 from jax_flashstable.attention.api import flash_attention, reference_attention, resolved_backend
 from jax_flashstable.attention.flax_adapter import attend
+from jax_flashstable.checks import random_seed
 from jax_flashstable.lab.accuracy import bf16_ulp
 from jax_flashstable.lab.shapes import Shape, make_inputs
 from pallas_kernels.policy import get_numerics
@@ -238,9 +239,11 @@ def bias_benchmark(inputs=None, attentions=BIAS_ATTENTIONS, seed=0):
   name), layout, stabilize, and a `Bias` per comparison.
 
   Errors are in units of one bf16 ulp of the FP64 value, so rows of different scale add up.
-  Raises ValueError as `bias_configs`, before any kernel runs.
+  Raises ValueError as `bias_configs`, or for a seed that is not one in [0, 2**32)
+  (`checks.random_seed`), before any kernel runs.
   """
   configs = bias_configs(attentions)
+  seed = random_seed("seed", seed)  # jax.random.key's below (stochastic)
   q, k, v, do = inputs if inputs is not None else tied_rows(seed=seed)
   gold = reference_attention(q, k, v, softmax_scale=1.0, dtype=jnp.float64)
   cr = gold.astype(ml_dtypes.bfloat16).astype(np.float64)  # correctly rounded

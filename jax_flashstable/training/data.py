@@ -137,6 +137,8 @@ def prepare_text_folder(src, out_dir, val_every=100) -> dict:
   # `checks.integer`'s rule, spelled here: the PyTorch twin loads this module with NumPy alone
   if isinstance(val_every, bool) or not isinstance(val_every, numbers.Integral) or val_every < 1:
     raise ValueError(f"val_every={val_every!r} must be an integer ≥ 1")
+  if val_every > 2**63 - 1:
+    raise ValueError(f"val_every={val_every!r} must be an integer below 2**63")
   val_every = int(val_every)
   files = sorted(p for p in src.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES)
   if not files:
@@ -220,7 +222,7 @@ class Dataset:
 
     Starts are drawn from [0, n − seq_len − 1), n the split's tokens: the last start (whose
     target is the split's last token) is never drawn, so a split needs seq_len + 2 tokens.
-    nanoGPT draws from [0, n − seq_len]; this sampler is kept as it is because every stored
+    nanoGPT draws from [0, n − seq_len); this sampler is kept as it is because every stored
     run, and the PyTorch twin's batches (`torch_crosscheck`), were drawn by it."""
     tokens = self.train if split == "train" else self.val
     if len(tokens) <= seq_len + 1:

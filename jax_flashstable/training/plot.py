@@ -45,7 +45,7 @@ def plot_run(run_dir) -> pathlib.Path:
       values = np.asarray([d[key] for d in diags], np.float64)  # [steps, L] or [steps, L, H]
       if reduce is not None:  # over heads, NaN ones left out; a row of NaN heads stays NaN
         with warnings.catch_warnings():  # (a gap in its curve), which NumPy warns of
-          warnings.simplefilter("ignore", RuntimeWarning)
+          warnings.filterwarnings("ignore", "Mean of empty slice|All-NaN slice", RuntimeWarning)
           values = getattr(np, "nan" + reduce)(values, axis=-1)
       for layer in range(values.shape[1]):
         ax.plot(ds, values[:, layer], marker=".", lw=1, label=f"layer {layer}")
