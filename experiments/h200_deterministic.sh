@@ -7,24 +7,28 @@
 # 02 with and without the flag, fa2+comp alone, 20 rounds each (separate processes: the flag
 # is read once a process).
 # Usage (repo root, on the device, carry .data): bash experiments/h200_deterministic.sh "$OUT"
-# device seconds: at most ~580 (timeouts 90 + 30 s grace + 4 runs within 300 + 2 × 80); the
-# first run of each flag compiles (a compile killed by its timeout caches nothing: fa2+comp's
-# under the flag took over 110 s cold, 48 s warm, H200 2026-12-07), the second hits the cache
+# TESTS=0, RUNS=0 or STEP=0 leave a part out; all three exceed one call (10 min): the first run
+# of each flag compiles (gpt2-small fa2+comp, H100 2026-12-07: 160 s with the flag, about the
+# same without; the second 79 s), so the tests (~120 s) and the runs (440 s) fill one call and
+# the step's cost (2 × 110 s) needs another: `TESTS=0 RUNS=0 bash ...`. Done on an H100
+# 2026-12-07 (experiments/results/h100-2026-12-07i-deterministic): the tests and the runs with
+# the flag; the runs without it in an ad-hoc call; the step's cost not yet.
 set -u
 OUT=${1:-runs/h200}
 mkdir -p "$OUT"
 source "$(dirname "$0")/h200_env.sh"
 nvidia-smi -L
-gpu_tests 90 -n 4 -vv --tb=short tests/test_train.py \
+[[ ${TESTS:-1} == 0 ]] || gpu_tests 90 -n 4 -vv --tb=short tests/test_train.py \
   tests/test_cli.py::test_train_with_a_layer_override \
   tests/test_experiment.py::test_the_main_jobs_gpu_runs_show_the_explosion_and_the_runaway
+if [[ ${RUNS:-1} != 0 ]]; then
 runs=/tmp/det-runs
 rm -rf $runs
 start=$(date +%s)
 for name in det1 det2 plain1 plain2; do
   flag=$([[ $name == det* ]] && echo --deterministic || echo --no-deterministic)
-  left=$(( 300 - ($(date +%s) - start) ))
-  (( left > 20 )) || { echo "train $name: not run (the runs' 300 s are spent)"; continue; }
+  left=$(( 440 - ($(date +%s) - start) ))
+  (( left > 20 )) || { echo "train $name: not run (the runs' 440 s are spent)"; continue; }
   timeout $left python3 -m jax_flashstable.cli train $flag --model gpt2-small --data .data \
     --attention fa2+comp --batch-size 16 --steps 40 --eval-interval 0 --checkpoint-interval 0 \
     --no-progress --out-dir $runs/$name > $runs.$name.log 2>&1
@@ -47,13 +51,15 @@ for a, b in (("det1", "det2"), ("plain1", "plain2")):
   la, lb = loss.get(a, []), loss.get(b, [])
   same = [repr(x) == repr(y) for x, y in zip(la, lb)]  # NaN == NaN by its bits' spelling
   parted = None if all(same) else same.index(False) + 1
-  print(f"- {a} vs {b}: {len(la)} and {len(lb)} steps; "
-        + ("the same losses bit for bit" if parted is None else f"parted at step {parted}"))
+  verdict = ("not compared (a run has no steps)" if not same
+             else "the same losses bit for bit" if parted is None else f"parted at step {parted}")
+  print(f"- {a} vs {b}: {len(la)} and {len(lb)} steps; {verdict}")
 print("- the last step's losses:", {k: v[-1] if v else None for k, v in loss.items()})
 PY
 cat "$OUT/repeat.md"
-for flag in "" "--xla_gpu_deterministic_ops=true"; do
-  XLA_FLAGS=$flag timeout 80 python3 experiments/02_gpt2_step_time.py --steps 20 \
+fi
+[[ ${STEP:-1} == 0 ]] || for flag in "" "--xla_gpu_deterministic_ops=true"; do
+  XLA_FLAGS=$flag timeout 110 python3 experiments/02_gpt2_step_time.py --steps 20 \
     --attention fa2+comp --out /tmp/step${flag:+-det} > /tmp/step${flag:+-det}.log 2>&1
   echo "step (XLA_FLAGS=$flag): exit $?"; grep "^| fa2" /tmp/step${flag:+-det}.log
 done | tee "$OUT/step-cost.md"
