@@ -60,22 +60,31 @@ def _file(text):
 _file.__name__ = "file path"
 
 
-def _count(low):
-  """argparse type: an integer ≥ low, by the project's one integer rule (`checks.integer`).
-  Its error is an ArgumentTypeError, whose message argparse shows after the option's name
-  (`argument --reps: value=0 must be an integer ≥ 1`); a ValueError's would be replaced by
-  argparse's own `invalid ... value: '0'`. Text that is no integer is refused by the same rule,
-  naming the text (`value='ten'`)."""
+def _integer_type(check, name: str):
+  """argparse type: an integer by `check(name, value, error)` (a `checks` rule). Its error is
+  an ArgumentTypeError, whose message argparse shows after the option's name (`argument
+  --reps: value=0 must be an integer ≥ 1`); a ValueError's would be replaced by argparse's own
+  `invalid ... value: '0'`. Text that is no integer is refused by the same rule, naming the
+  text (`value='ten'`)."""
 
   def parse(text):
     try:
       value = int(text)
     except ValueError:
-      value = text  # not an integer: checks.integer refuses a string, naming it
-    return integer("value", value, low, argparse.ArgumentTypeError)
+      value = text  # not an integer: the checks refuse a string, naming it
+    return check("value", value, argparse.ArgumentTypeError)
 
-  parse.__name__ = f"integer ≥ {low}"
+  parse.__name__ = name
   return parse
+
+
+def _count(low):
+  """argparse type: an integer ≥ low, by the project's one integer rule (`checks.integer`)."""
+  return _integer_type(lambda n, v, e: integer(n, v, low, e), f"integer ≥ {low}")
+
+
+# argparse type: a random seed (`checks.random_seed`: an integer in [0, 2**32))
+_seed = _integer_type(random_seed, "seed")
 
 
 def _non_negative(text):
@@ -391,16 +400,6 @@ def _meta(args):
 
   args_ = {k: v for k, v in vars(args).items() if k not in ("func", "argv")}
   return run_meta(command=_command(args), args=args_)
-
-
-def _seed(text):
-  """argparse type: a random seed (`checks.random_seed`: an integer in [0, 2**32)), refused
-  as `_count` refuses a count."""
-  try:
-    value = int(text)
-  except ValueError:
-    value = text
-  return random_seed("value", value, argparse.ArgumentTypeError)
 
 
 def _seeds(text, command):

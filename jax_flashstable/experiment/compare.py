@@ -127,15 +127,15 @@ def runaway_basis(rows) -> tuple[float | None, str]:
   `instability.collect`: 10× the largest max logit of a reference-fp32 run among them and of
   the setting's measured one) and what sets it, in words; (None, why) when there is none."""
   threshold = rows[0].get("runaway_threshold") if rows else None
-  silent = [r for r in rows if instability.is_reference(r["variant"])]
-  if threshold is None and silent:  # reference runs here, none with a finite max logit
-    runs = ", ".join(f"{r['variant']} (seed {r['seed']}, {r['steps']} steps)" for r in silent)
-    return None, (
-      f"no finite max logit in the reference run{'s' if len(silent) > 1 else ''} here, {runs}: "
-      "no diagnostics logged (a run logs them every --diag-interval steps) or none finite; "
-      "and no reference is measured at this recipe"
-    )
   if threshold is None:
+    silent = [r for r in rows if instability.is_reference(r["variant"])]
+    if silent:  # reference runs here, none with a finite max logit
+      runs = ", ".join(f"{r['variant']} (seed {r['seed']}, {r['steps']} steps)" for r in silent)
+      return None, (
+        f"no finite max logit in the reference run{'s' if len(silent) > 1 else ''} here, "
+        f"{runs}: no diagnostics logged (a run logs them every --diag-interval steps) or none "
+        "finite; and no reference is measured at this recipe"
+      )
     return None, (
       "no reference-fp32 run with diagnostics among these runs, and no reference measured at "
       "this recipe (the GPU setting's applies at its own recipe, with --data)"
