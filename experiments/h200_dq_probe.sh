@@ -11,6 +11,8 @@
 # 2. the backward's tiles in flight at that shape (experiments/18_mgpu_backward_stages_ab.py,
 #    15 interleaved pairs, the backward alone, same bits): whether dQ waits on its ring.
 # Usage (repo root, on the device):  bash experiments/h200_dq_probe.sh "$OUT"
+# SHAPE=b,t,h,kv,d sets the shape; AB=0 leaves out part 2 (the backward's stages, 200 s), for
+# the forward's stall samples alone.
 # device seconds: 420 (its timeouts added up)
 set -u
 OUT=${1:-runs/h200}
@@ -30,6 +32,8 @@ echo "details: $(grep -c 'Duration' "$OUT/ncu.txt") kernels"; grep -E "^  [^ ]|D
 ncu --import "$OUT/dq.ncu-rep" --page source --print-source sass --csv > "$OUT/sass.csv" 2>&1
 echo "sass page: exit $?, $(wc -l < "$OUT/sass.csv") lines"; head -c 600 "$OUT/sass.csv"; echo
 xz -T0 -6 "$OUT/sass.csv"
-timeout 200 python3 experiments/18_mgpu_backward_stages_ab.py --causal --shape "$SHAPE" --pairs 15 \
-  2,2 2,3 2,4 3,3 2,3,bk_dq=128 > "$OUT/ab18.log" 2>&1
-echo "stages A/B: exit $?"; tail -12 "$OUT/ab18.log"
+if [[ ${AB:-1} != 0 ]]; then
+  timeout 200 python3 experiments/18_mgpu_backward_stages_ab.py --causal --shape "$SHAPE" --pairs 15 \
+    2,2 2,3 2,4 3,3 2,3,bk_dq=128 > "$OUT/ab18.log" 2>&1
+  echo "stages A/B: exit $?"; tail -12 "$OUT/ab18.log"
+fi
