@@ -228,7 +228,8 @@ def kernel_config(
   `forward_mgpu.scale_in_exp2_refusal` refuses the scale, for wide_step=True where
   `forward_mgpu.wide_step_refusal` refuses it, or for persistent=True or
   persistent_bwd=True where the Mosaic GPU forward's or backward's persistent layout does not
-  fit (`forward_mgpu.resolve_persistent`, `backward_mgpu.launch_plan`); TypeError for mgpu_options that are not a
+  fit (`forward_mgpu.resolve_persistent`, `backward_mgpu.launch_plan`) or o_by_tma=True where
+  O's rows do not (`backward_mgpu.resolve_o_by_tma`); TypeError for mgpu_options that are not a
   `MosaicGPUOptions` (used where the Mosaic GPU forward runs, unused by the Triton kernels).
   """
   if mgpu_options is not None and not isinstance(mgpu_options, MosaicGPUOptions):
@@ -340,8 +341,9 @@ def kernel_config(
     stages_fwd = forward_mgpu.key_tiles(cfg)[1]
     out_dtype = numerics.output_dtype(dtype)
     forward_mgpu.resolve_persistent(cfg, padded_head_dim, stages_fwd, out_dtype)
-  if backend_bwd == "mosaic_gpu" and options.persistent_bwd:
-    backward_mgpu.launch_plan(cfg, padded_head_dim, group)
+  if backend_bwd == "mosaic_gpu" and (options.persistent_bwd or options.o_by_tma):
+    (_, stages_dq), (_, persistent_dq) = backward_mgpu.launch_plan(cfg, padded_head_dim, group)
+    backward_mgpu.resolve_o_by_tma(cfg, padded_head_dim, stages_dq, persistent_dq)
   return cfg
 
 

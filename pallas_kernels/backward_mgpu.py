@@ -143,13 +143,20 @@ def dq_tile(block_k_dq) -> int:
 
 
 def _dq_bytes(
-  head_dim: int, stages: int, center_keys: bool, block_k: int = DQ_BLOCK_K, slots: int = 1
+  head_dim: int,
+  stages: int,
+  center_keys: bool,
+  block_k: int = DQ_BLOCK_K,
+  slots: int = 1,
+  o_itemsize: int = 0,
 ) -> int:
   """dQ's shared memory: each warpgroup's Q, dO and rows' statistics (`slots` items' of them:
-  2 persistent) and a ring of `stages` tiles of K and V (and the centred keys) of `block_k`
-  keys."""
+  2 persistent), with `o_itemsize` its rows of O too (`resolve_o_by_tma`: 2, or 4 for
+  fp32_out's float32 O; 0 none), and a ring of `stages` tiles of K and V (and the centred
+  keys) of `block_k` keys."""
   ring = block_k * head_dim * 2 * (3 if center_keys else 2)
-  return slots * COMPUTE_WGS * ROWS * (head_dim * 2 * 2 + 3 * 4) + stages * ring
+  rows = ROWS * (head_dim * (2 * 2 + o_itemsize) + 3 * 4)
+  return slots * COMPUTE_WGS * rows + stages * ring
 
 
 STAGES_RULE = (
@@ -328,6 +335,29 @@ def resolve_delta_in_dq(cfg, head_dim: int) -> bool:
   if on is None and (head_dim > DELTA_IN_DQ_MAX_HEAD_DIM or cfg.numerics.out_float32):
     return False
   return on_gpu_by_default(on, cfg.interpret)
+
+
+def resolve_o_by_tma(cfg, head_dim: int, stages_dq: int, persistent_dq: bool) -> bool:
+  """`MosaicGPUOptions.o_by_tma` of a call at padded head_dim whose dQ kernel runs `stages_dq`
+  key tiles in flight, persistent or not (`launch_plan`): False without `resolve_delta_in_dq`;
+  None resolved on where the rows of O (`slots` items' of each warpgroup) fit the dQ kernel's
+  shared memory beside that plan. Raises ValueError (one line) for o_by_tma=True where they do
+  not."""
+  on = cfg.mgpu.o_by_tma
+  if on is False or not resolve_delta_in_dq(cfg, head_dim):
+    return False
+  itemsize = 4 if cfg.numerics.out_float32 else 2
+  slots = 2 if persistent_dq else 1
+  need = _dq_bytes(head_dim, stages_dq, cfg.numerics.center_keys, dq_block_k(cfg), slots, itemsize)
+  if need <= SMEM_BYTES:
+    return True
+  if on:
+    raise ValueError(
+      f"MosaicGPUOptions(o_by_tma=True) at head_dim={head_dim} with the dQ kernel's "
+      f"{_tiles(stages_dq, 'key')} in flight{' persistent' if persistent_dq else ''} needs "
+      f"{need / 1024:.1f} KiB of shared memory, more than {SMEM_BYTES / 1024:.0f} KiB"
+    )
+  return False
 
 
 def steps(cfg) -> tuple[int, int]:
@@ -854,7 +884,7 @@ def _dkv(q, k, v, do, rows, cfg, stages, persistent):
 
 def _dq_kernel(
   q_ref, k_ref, v_ref, do_ref, rows_ref, *refs, cfg, n_kv, group, stages, grid, persistent, with_o
-):
+):  # with_o: delta here from O (`resolve_delta_in_dq`), whose rows come by TMA where `o_smem3`
   refs = list(refs)
   kd_ref = refs.pop(0) if cfg.numerics.center_keys else None
   o_ref = refs.pop(0) if with_o else None  # delta from dO and O here (`resolve_delta_in_dq`)
@@ -862,7 +892,7 @@ def _dq_kernel(
   scoped = refs[-1]
   numerics, dtype, scale, bk = cfg.numerics, q_ref.dtype, cfg.softmax_scale, dq_block_k(cfg)
   smem, barriers = scoped
-  q_smem3, do_smem3, rows_smem3, k_smem, v_smem, kd_smem, ds_smem2 = smem
+  q_smem3, do_smem3, rows_smem3, o_smem3, k_smem, v_smem, kd_smem, ds_smem2 = smem
   rows_ready, k_ready, v_ready, kd_ready, free, rows_free = barriers
   wg = lax.axis_index("wg")
   slots = q_smem3.shape[0]  # each item's Q, dO and rows: 2 slots persistent (the next loads early)
@@ -878,13 +908,15 @@ def _dq_kernel(
   items = lambda body: work_items(grid, names, persistent, cta_steps, body)  # noqa: E731
 
   def load_rows(at, slot, w):
-    """Warpgroup w's Q, dO and rows' statistics of item `at` into `slot`: three copies onto
-    one barrier."""
+    """Warpgroup w's Q, dO and rows' statistics of item `at` (and its rows of O,
+    `MosaicGPUOptions.o_by_tma`) into `slot`: three (four) copies onto one barrier."""
     row0 = cta_row0(at) + w * ROWS
     mine = (at["batch"], pl.ds(row0, ROWS), at["heads"])
     ready = rows_ready.at[slot * COMPUTE_WGS + w]
     plgpu.copy_gmem_to_smem(q_ref.at[mine], q_smem3.at[slot, w], ready)
     plgpu.copy_gmem_to_smem(do_ref.at[mine], do_smem3.at[slot, w], ready)
+    if o_smem3 is not None:
+      plgpu.copy_gmem_to_smem(o_ref.at[mine], o_smem3.at[slot, w], ready)
     plgpu.copy_gmem_to_smem(
       rows_ref.at[at["batch"], at["heads"], :, pl.ds(row0, ROWS)], rows_smem3.at[slot, w], ready
     )
@@ -904,12 +936,14 @@ def _dq_kernel(
     else:  # a CTA of one item: each warpgroup loads its own rows
       load_rows(at, slot, wg)
     mine = (at["batch"], pl.ds(row0, ROWS), at["heads"])
-    if o_ref is not None:  # its rows of O, from global memory while Q, dO and the rows arrive
-      o_rows = plgpu.load(o_ref.at[mine], layout=plgpu.Layout.WGMMA, optimized=False)
+    if o_ref is not None and o_smem3 is None:  # its rows of O, from global memory while Q,
+      o_rows = plgpu.load(o_ref.at[mine], layout=plgpu.Layout.WGMMA, optimized=False)  # dO, ...
     plgpu.barrier_wait(rows_ready.at[slot * COMPUTE_WGS + wg])
     d = q_smem.shape[-1]
     tile = (ROWS, bk)
     row = plgpu.Layout.WGMMA.reduce(1)
+    if o_smem3 is not None:  # ... or with them (o_by_tma)
+      o_rows = plgpu.load(o_smem3.at[slot, wg], layout=plgpu.Layout.WGMMA)
     if o_ref is not None:  # delta = rowsum(dO∘O) − the lse cotangent (row 2), written out
       delta = numerics.delta(plgpu.load(do_smem, layout=plgpu.Layout.WGMMA), o_rows)
       delta = delta - _row_slice(rows_smem, 2, row)
@@ -1001,7 +1035,8 @@ def _dq_kernel(
 
 
 def _dq(q, k, v, do, rows, kd, cfg, stages, persistent, o=None):
-  """dQ (and with `o`, `MosaicGPUOptions.delta_in_dq`: (dQ, the rows with delta written in))."""
+  """dQ (and with `o`, `MosaicGPUOptions.delta_in_dq`: (dQ, the rows with delta written in);
+  O's rows by TMA where `resolve_o_by_tma`)."""
   batch, q_len_p, num_heads, d = q.shape
   num_kv_heads = k.shape[2]
   group = num_heads // num_kv_heads
@@ -1011,6 +1046,7 @@ def _dq(q, k, v, do, rows, kd, cfg, stages, persistent, o=None):
   sw = smem_transforms(d, 2)
   center = kd is not None
   slots = 2 if persistent else 1  # items' Q, dO and rows in shared memory (`launch_plan`)
+  o_by_tma = o is not None and resolve_o_by_tma(cfg, d, stages, persistent)
 
   extra = ([kd] if center else []) + ([o] if o is not None else [])
 
@@ -1019,6 +1055,11 @@ def _dq(q, k, v, do, rows, kd, cfg, stages, persistent, o=None):
       plgpu.SMEM((slots, COMPUTE_WGS, ROWS, d), q.dtype, transforms=sw),
       plgpu.SMEM((slots, COMPUTE_WGS, ROWS, d), do.dtype, transforms=sw),
       plgpu.SMEM((slots, COMPUTE_WGS, 3, ROWS), jnp.float32),
+      plgpu.SMEM(
+        (slots, COMPUTE_WGS, ROWS, d), o.dtype, transforms=smem_transforms(d, o.dtype.itemsize)
+      )
+      if o_by_tma
+      else None,
       plgpu.SMEM((stages, bk, d), k.dtype, transforms=sw),
       plgpu.SMEM((stages, bk, d), v.dtype, transforms=sw),
       plgpu.SMEM((stages, bk, d), k.dtype, transforms=sw) if center else None,
@@ -1046,7 +1087,8 @@ def _dq(q, k, v, do, rows, kd, cfg, stages, persistent, o=None):
         with_o=o is not None,
       ),
       smem,
-      plgpu.Barrier(num_arrivals=3, num_barriers=slots * COMPUTE_WGS),  # Q, dO, rows: 3 copies
+      # Q, dO, rows (and O): 3 (4) copies
+      plgpu.Barrier(num_arrivals=4 if o_by_tma else 3, num_barriers=slots * COMPUTE_WGS),
       ready,
       ready,
       ready if center else None,

@@ -222,6 +222,15 @@ class MosaicGPUOptions:
     gpt2-small's 16 × 1024 × 12 × d64 causal (30 pairs) and 0.993× at b4 × 4096 × 16 × d128
     causal (15 pairs), where its kernels alone took 1.037× (XLA's reduction before them is
     gone); experiments/results/h100-2026-12-07f-gpu-tests-delta-in-dq.
+  o_by_tma: with delta_in_dq, the dQ kernel's rows of O come into shared memory by TMA with
+    its Q, dO and rows' statistics (the producer's copies, onto the same barrier: a
+    persistent kernel's next item's early, in its second slot) instead of from global memory
+    into registers at the item's start, where the compute warpgroups waited for them: Nsight
+    Compute's stall samples at gpt2-small's 16 × 1024 × 12 × d64 causal put 9% of the dQ
+    kernel's compute warps' samples on the first use of O (H100, 2026-12-07,
+    experiments/results/h100-2026-12-07j-stalls). The same values (the same loads of the same
+    bits). None (the default): on wherever O's tiles fit the dQ kernel's shared memory beside
+    its plan (`backward_mgpu.resolve_o_by_tma`); True is refused (one line) where they do not.
   persistent_bwd: the same for the backward's two kernels (`backward_mgpu.launch_plan`, each
     resolved on its own): dQ's work items (a batch, head and 128 query rows) with the next
     item's Q, dO and rows' statistics loaded early into a second slot, dK/dV's (a batch, head
@@ -263,6 +272,7 @@ class MosaicGPUOptions:
   wide_step: bool | None = None
   unit_alpha: bool = False
   delta_in_dq: bool | None = None
+  o_by_tma: bool | None = None
 
   def __post_init__(self):
     for field in dataclasses.fields(self):  # flags, not truthy values (or None, where resolved)
@@ -279,6 +289,7 @@ class MosaicGPUOptions:
           "persistent_bwd",
           "wide_step",
           "delta_in_dq",
+          "o_by_tma",
         ),
       )
     if self.overlap and (self.early_turn or self.k_wait_in_pv):

@@ -312,20 +312,63 @@ def test_mosaic_gpu_backward_lowers(head_dim, causal, group, center_keys):
   assert cfg.mgpu.rounded_scores and cfg.mgpu.scale_in_exp2 and "mul.rn.f32" not in text
 
 
+@pytest.mark.parametrize("o_by_tma", [None, False])
 @pytest.mark.parametrize(
   "head_dim,causal,group,options",
   [(64, True, 1, {}), (128, False, 2, {}), (64, True, 1, dict(persistent_bwd=True))],
   ids=["d64-causal", "d128-gqa", "d64-causal-persistent"],
 )
-def test_mosaic_gpu_backward_lowers_with_delta_in_dq(head_dim, causal, group, options):
-  """`MosaicGPUOptions.delta_in_dq` (the dQ kernel reads its rows of O from global memory
-  into wgmma-layout registers, sums rowsum(dO∘O) across each row's lanes and writes the rows
-  out for dK/dV) lowers for CUDA: two kernels. ptxas (experiment 20, 2026-12-07, CUDA 13.0):
-  no spills in the dQ kernel at gpt2-small's 16 × 1024 × 12 × d64 causal and at 4 × 4096 × 16
-  × d128 causal; its loops over key tiles 319 → 334 and 472 → 475 SASS instructions at d64."""
-  cfg, text = _lower_backward(head_dim, causal, group, delta_in_dq=True, **options)
+def test_mosaic_gpu_backward_lowers_with_delta_in_dq(head_dim, causal, group, options, o_by_tma):
+  """`MosaicGPUOptions.delta_in_dq` (the dQ kernel takes its rows of O by TMA with Q and dO,
+  `o_by_tma`, or from global memory into wgmma-layout registers, sums rowsum(dO∘O) across each
+  row's lanes and writes the rows out for dK/dV) lowers for CUDA: two kernels, either way
+  (the default, `o_by_tma=None`, resolves to the TMA where O's rows fit). ptxas (experiment 20,
+  2026-12-07, CUDA 13.0): no spills in the dQ kernel at gpt2-small's 16 × 1024 × 12 × d64
+  causal and at 4 × 4096 × 16 × d128 causal; its loops over key tiles 319 → 334 and 472 → 475
+  SASS instructions at d64 (O from global memory)."""
+  from pallas_kernels.backward_mgpu import launch_plan, resolve_o_by_tma
+
+  cfg, text = _lower_backward(
+    head_dim, causal, group, delta_in_dq=True, o_by_tma=o_by_tma, **options
+  )
   assert cfg.mgpu.delta_in_dq
   _assert_two_backward_kernels(text)
+  (_, stages), (_, persistent) = launch_plan(cfg, head_dim, group)
+  assert resolve_o_by_tma(cfg, head_dim, stages, persistent) is (o_by_tma is None)
+
+
+def test_o_by_tma_resolves_where_os_rows_fit_and_true_is_refused_where_they_do_not():
+  """`MosaicGPUOptions.o_by_tma=None` resolves on wherever delta_in_dq is on and the dQ
+  kernel's shared memory holds its rows of O beside its plan (`backward_mgpu._dq_bytes`:
+  slots × 2 warpgroups × 64 rows × head_dim × O's itemsize more), off without delta_in_dq;
+  True where they do not fit is refused in one line by `kernel_config`, before any kernel."""
+  from pallas_kernels import backward_mgpu as bm
+
+  def config(head_dim=64, numerics="fa2", **options):
+    return kernel_config(
+      q_len=1024, kv_len=1024, head_dim=head_dim, dtype=jnp.bfloat16, softmax_scale=0.1,
+      causal=True, numerics=get_numerics(numerics), compensation=None, interpret=False,
+      backend="mosaic_gpu", mgpu_options=MosaicGPUOptions(**options),
+    )  # fmt: skip
+
+  for d in (64, 128):
+    cfg = config(d)
+    (_, stages), (_, persistent) = bm.launch_plan(cfg, d, 1)
+    assert bm.resolve_o_by_tma(cfg, d, stages, persistent), d
+    assert not bm.resolve_o_by_tma(config(d, delta_in_dq=False), d, stages, persistent)
+    assert not bm.resolve_o_by_tma(config(d, o_by_tma=False), d, stages, persistent)
+  # the byte count: O's rows in each slot of each warpgroup, its itemsize each
+  assert (
+    bm._dq_bytes(64, 2, False, 64, 2, 2) - bm._dq_bytes(64, 2, False, 64, 2) == 2 * 2 * 64 * 64 * 2
+  )
+  # head_dim 128 persistent: Q, dO and rows of two items and the ring leave no room for O's
+  cfg = config(128, delta_in_dq=True, persistent_bwd=True)
+  (_, stages), (_, persistent) = bm.launch_plan(cfg, 128, 1)
+  assert persistent and not bm.resolve_o_by_tma(cfg, 128, stages, persistent)
+  with pytest.raises(
+    ValueError, match=r"^MosaicGPUOptions\(o_by_tma=True\) at head_dim=128 .* KiB"
+  ):
+    config(128, delta_in_dq=True, persistent_bwd=True, o_by_tma=True)
 
 
 def test_delta_in_dq_is_on_by_default_for_a_gpu_where_timed_and_off_in_interpret_mode():

@@ -776,8 +776,9 @@ def test_mosaic_gpu_backward_longest_first_is_the_same_function():
   ],
   ids=["gqa-causal-d64-lse", "f16-fp32_out-center_keys-d128", "mqa-causal-d32-persistent"],
 )
+@pytest.mark.parametrize("o_by_tma", [None, False], ids=["o-by-tma", "o-from-global"])
 def test_mosaic_gpu_backward_delta_in_dq(
-  shape, dtype, numerics, center_keys, persistent, lse_cotangent, monkeypatch
+  shape, dtype, numerics, center_keys, persistent, lse_cotangent, o_by_tma, monkeypatch
 ):
   """`MosaicGPUOptions.delta_in_dq`: the dQ kernel sums rowsum(dO∘O) from its dO tile and its
   rows of O (fp32_out: the float32 O), subtracts the lse cotangent (given here to one case, as
@@ -786,7 +787,8 @@ def test_mosaic_gpu_backward_delta_in_dq(
   read the dQ kernel's (read as given, dK is off by 0.1–8). The kernel's float32 row sum runs
   in its own order: in interpret mode (XLA's CPU reduce of a [64, head_dim] tile) 99% of the
   gradients' entries are XLA's delta's bits and all within 1/16 ulp of the input dtype at
-  their scale (every entry at head_dim 64 and 128); on the GPU within one ulp. Odd lengths (a
+  their scale (every entry at head_dim 64 and 128); on the GPU within one ulp. O's rows by
+  TMA with Q and dO (`o_by_tma`, the default where they fit) or from global memory. Odd lengths (a
   warpgroup of padding rows, a partial key tile), grouped heads, and the persistent dQ kernel
   with every item in one CTA (`persistent_ctas` set to 1: its items' rows in alternating
   slots), where interpret mode's race detector and its check that every copy out completed
@@ -814,8 +816,20 @@ def test_mosaic_gpu_backward_delta_in_dq(
     rows = args[4].shape  # m's: [batch, heads, q_len_p]
     d_lse = jnp.asarray(np.random.default_rng(1).standard_normal(rows), jnp.float32)
   xla, in_dq = (
-    dataclasses.replace(cfg, mgpu=MosaicGPUOptions(delta_in_dq=on, persistent_bwd=persistent))
+    dataclasses.replace(
+      cfg, mgpu=MosaicGPUOptions(delta_in_dq=on, persistent_bwd=persistent, o_by_tma=o_by_tma)
+    )
     for on in (False, True)
+  )
+  d = args[0].shape[-1]
+  (_, stages), (_, persistent_dq) = backward_mgpu.launch_plan(
+    in_dq, d, shape.num_heads // shape.num_kv_heads
+  )
+  # fp32_out's float32 O at head_dim 128 beside the centred keys' ring: 225.5 KiB of 224, so
+  # from global memory there too
+  fits = numerics != "fp32_out"
+  assert backward_mgpu.resolve_o_by_tma(in_dq, d, stages, persistent_dq) is (
+    o_by_tma is None and fits
   )
   got = backward_mgpu.flash_backward_mgpu(*args, in_dq, d_lse)
   if persistent and not on_gpu:
