@@ -9,7 +9,12 @@ executions, the three largest reasons) and the samples by windows of `--window` 
 instructions (the prologue, the loops over tiles, the epilogue and the producer's loop show
 as separate windows; an instruction's executions tell a loop body from the once-a-warp code).
 
-    python3 experiments/22_sass_stalls.py SASS_CSV [--top 14] [--window 60]
+    python3 experiments/22_sass_stalls.py SASS_CSV [--top 14] [--window 60] \
+      [--span KERNEL:START:END ...]
+
+--span: also the samples of kernel KERNEL's instructions START to END − 1 (a loop's body, read
+off the windows) by opcode: each opcode's samples, share, count of instructions and its three
+largest reasons, so that one instruction class's part of a loop's time can be read.
 """
 
 from __future__ import annotations
@@ -67,11 +72,47 @@ def report(header, rows, top: int, window: int) -> str:
   return "\n".join(lines)
 
 
+def opcode(source: str) -> str:
+  """The opcode of a SASS line, without its predicate and modifiers ("@!P1 BRA …" → BRA)."""
+  words = source.split()
+  if words and words[0].startswith("@"):
+    words = words[1:]
+  return words[0].split(".")[0] if words else "?"
+
+
+def by_opcode(header, rows, start: int, end: int) -> str:
+  """The samples of rows[start:end] by opcode (`--span`)."""
+  col = {h: i for i, h in enumerate(header)}
+  count = lambda r, h: int(r[col[h]] or 0)  # noqa: E731
+  reasons = [h for h in header if h.startswith("stall_") and "Not Issued" not in h]
+  samples, n, why = collections.Counter(), collections.Counter(), {}
+  for r in rows[start:end]:
+    op = opcode(r[col["Source"]])
+    samples[op] += count(r, SAMPLES)
+    n[op] += 1
+    why.setdefault(op, collections.Counter()).update({h[6:]: count(r, h) for h in reasons})
+  total = sum(samples.values())
+  lines = [f"  instructions [{start}, {end}): {total} samples, by opcode (samples, share, count):"]
+  for op, s in samples.most_common():
+    top3 = [(k, v) for k, v in why[op].most_common(3) if v]
+    lines.append(f"    {op:10s} {s:6d} {s / max(total, 1):6.1%} {n[op]:5d}  {top3}")
+  return "\n".join(lines)
+
+
+def parse_span(text: str) -> tuple[int, int, int]:
+  """KERNEL:START:END → three ints, START < END (argparse type; ValueError naming it)."""
+  parts = text.split(":")
+  if len(parts) != 3 or not all(x.isdecimal() for x in parts) or int(parts[1]) >= int(parts[2]):
+    raise argparse.ArgumentTypeError(f"--span {text!r}: KERNEL:START:END, integers, START < END")
+  return int(parts[0]), int(parts[1]), int(parts[2])
+
+
 def main():
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("sass_csv", type=pathlib.Path)
   ap.add_argument("--top", type=int, default=14)
   ap.add_argument("--window", type=int, default=60)
+  ap.add_argument("--span", type=parse_span, action="append", default=[], metavar="K:START:END")
   a = ap.parse_args()
   if not a.sass_csv.is_file():
     raise SystemExit(f"{a.sass_csv}: no such file")
@@ -80,10 +121,19 @@ def main():
   found = kernels(a.sass_csv)
   if not found:
     raise SystemExit(f"{a.sass_csv}: no kernel in it (not an ncu source-page CSV?)")
+  for kernel, start, end in a.span:
+    if kernel >= len(found) or end > len(found[kernel][1]):
+      sizes = ", ".join(f"{k}: {len(rows)}" for k, (_, rows) in enumerate(found))
+      raise SystemExit(
+        f"--span {kernel}:{start}:{end}: the file's kernels (instructions) are {sizes}"
+      )
   for k, (header, rows) in enumerate(found):
     if "Source" not in header or SAMPLES not in header:
       raise SystemExit(f"{a.sass_csv}: kernel {k} has no SASS stall samples (SourceCounters)")
     print(f"## kernel {k}: " + report(header, rows, a.top, a.window))
+    for kernel, start, end in a.span:
+      if kernel == k:
+        print(by_opcode(header, rows, start, end))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """`flashstable bench`: timing helpers, the CLI at CPU size, and the golden output hashes."""
 
+import argparse
 import contextlib
 import importlib.util
 import json
@@ -499,7 +500,7 @@ def test_the_backward_ab_reads_stages_and_the_backwards_options():
     (
       "3,2,skip_rescale=1",
       r"'skip_rescale=1' is not OPTION=0\|1 \(OPTION: longest_first, rounded_scores, "
-      r"scale_in_exp2, persistent_bwd, delta_in_dq\)$",
+      r"scale_in_exp2, persistent_bwd, delta_in_dq, o_by_tma\)$",
     ),
     ("3,2,longest_first", r"'longest_first' is not OPTION"),
   ):
@@ -772,6 +773,19 @@ def test_the_sass_stall_report_sums_ncu_source_pages(tmp_path, monkeypatch):
   assert "wait 62.5%, long_sb 37.5%" in report  # 25 of 40, 15 of 40
   assert "HGMMA" in report.splitlines()[3]  # the most sampled first
   assert "[    0,     2)      40  100.0%  200" in report
+  # --span: instructions 0–1 by opcode (predicate and modifiers dropped), the largest first
+  span = stalls.by_opcode(*found[0], 0, 2).splitlines()
+  assert span[0] == "  instructions [0, 2): 40 samples, by opcode (samples, share, count):"
+  assert span[1].split()[:4] == ["HGMMA", "30", "75.0%", "1"] and "('wait', 25)" in span[1]
+  assert span[2].split()[:4] == ["BRA", "10", "25.0%", "1"]
+  assert stalls.opcode("@!P1  BRA 0x7f") == "BRA" and stalls.opcode("") == "?"
+  monkeypatch.setattr("sys.argv", ["22_sass_stalls.py", str(path), "--span", "0:1:9"])
+  with pytest.raises(
+    SystemExit, match=r"^--span 0:1:9: the file's kernels \(instructions\) are 0: 3, 1: 1$"
+  ):
+    stalls.main()
+  with pytest.raises(argparse.ArgumentTypeError, match="START < END"):
+    stalls.parse_span("0:2:2")
   empty = tmp_path / "empty.csv"
   empty.write_text('"Address","Source"\n')
   monkeypatch.setattr("sys.argv", ["22_sass_stalls.py", str(empty)])
