@@ -12,7 +12,8 @@
 # same without; the second 79 s), so the tests (~120 s) and the runs (440 s) fill one call and
 # the step's cost (2 × 110 s) needs another: `TESTS=0 RUNS=0 bash ...`. Done on an H100
 # 2026-12-07 (experiments/results/h100-2026-12-07i-deterministic): the tests and the runs with
-# the flag; the runs without it in an ad-hoc call; the step's cost not yet.
+# the flag; the runs without it in an ad-hoc call; the step's cost on an H100 the same day
+# (experiments/results/h100-2026-12-07j-stalls: +24.5%).
 set -u
 OUT=${1:-runs/h200}
 mkdir -p "$OUT"
