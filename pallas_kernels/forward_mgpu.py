@@ -231,6 +231,12 @@ class MosaicGPUOptions:
     experiments/results/h100-2026-12-07j-stalls). The same values (the same loads of the same
     bits). None (the default): on wherever O's tiles fit the dQ kernel's shared memory beside
     its plan (`backward_mgpu.resolve_o_by_tma`); True is refused (one line) where they do not.
+  items_early: with persistent_bwd, the producer issues an item's own tiles (dQ: Q, dO, the
+    rows' statistics and O; dK/dV: K and V) one item early, once the item before has issued
+    its first ring tiles (`backward_mgpu._load_item`), instead of after the item before's last
+    key tiles, where the dQ kernel's compute warps still waited 3.6% of their stall samples for
+    them at gpt2-small's attention (H100, 2026-12-07, experiments/results/h100-2026-12-07k-o-by-tma).
+    The same bits; on by default (for the A/B).
   persistent_bwd: the same for the backward's two kernels (`backward_mgpu.launch_plan`, each
     resolved on its own): dQ's work items (a batch, head and 128 query rows) with the next
     item's Q, dO and rows' statistics loaded early into a second slot, dK/dV's (a batch, head
@@ -273,6 +279,7 @@ class MosaicGPUOptions:
   unit_alpha: bool = False
   delta_in_dq: bool | None = None
   o_by_tma: bool | None = None
+  items_early: bool = True
 
   def __post_init__(self):
     for field in dataclasses.fields(self):  # flags, not truthy values (or None, where resolved)
@@ -413,6 +420,20 @@ def work_items(grid: dict, names, persistent: bool, steps, body):
     return ring + steps(at), count + one
 
   return ends
+
+
+def cta_item(grid: dict, names, n):
+  """A persistent CTA's work item n (its count of items before it, `work_items`' n): (`at`,
+  whether the item exists), in `plgpu.nd_loop`'s order: the items of `grid` in `names`' order
+  (outermost first) dealt round-robin over axis "sm", this CTA's n-th at flat index
+  n·CTAs + its index. What a producer needs to load an item's tiles one item early."""
+  flat = n * lax.axis_size("sm") + lax.axis_index("sm")
+  exists = flat < math.prod(grid[name] for name in names)
+  at = {}
+  for name in reversed(names):
+    at[name] = lax.rem(flat, jnp.int32(grid[name]))
+    flat = lax.div(flat, jnp.int32(grid[name]))
+  return at, exists
 
 
 def slot_of(t, slots: int):

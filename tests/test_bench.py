@@ -500,7 +500,7 @@ def test_the_backward_ab_reads_stages_and_the_backwards_options():
     (
       "3,2,skip_rescale=1",
       r"'skip_rescale=1' is not OPTION=0\|1 \(OPTION: longest_first, rounded_scores, "
-      r"scale_in_exp2, persistent_bwd, delta_in_dq, o_by_tma\)$",
+      r"scale_in_exp2, persistent_bwd, delta_in_dq, o_by_tma, items_early\)$",
     ),
     ("3,2,longest_first", r"'longest_first' is not OPTION"),
   ):

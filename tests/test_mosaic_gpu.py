@@ -845,25 +845,28 @@ def test_mosaic_gpu_backward_delta_in_dq(
 
 
 @pytest.mark.parametrize(
-  "shape,numerics,center_keys,stages",
+  "shape,numerics,center_keys,stages,ctas",
   [
-    (Shape(1, 300, 200, 2, 1, 64, causal=True), "fa2", False, None),
-    (Shape(1, 300, 200, 2, 1, 64), "fa2", False, (1, 3)),
-    (Shape(1, 200, 300, 2, 2, 64, causal=True), "fp32_out", True, (3, 1)),
-    (Shape(1, 150, 300, 2, 1, 256, causal=True), "fa2", False, (1, 1)),
+    (Shape(1, 300, 200, 2, 1, 64, causal=True), "fa2", False, None, 1),
+    (Shape(1, 300, 200, 2, 1, 64, causal=True), "fa2", False, None, 2),
+    (Shape(1, 300, 200, 2, 1, 64), "fa2", False, (1, 3), 1),
+    (Shape(1, 200, 300, 2, 2, 64, causal=True), "fp32_out", True, (3, 1), 1),
+    (Shape(1, 150, 300, 2, 1, 256, causal=True), "fa2", False, (1, 1), 1),
   ],
   ids=[
     "mqa-causal",
+    "mqa-causal-2-ctas",
     "mqa-full-stages-1-3",
     "f16-fp32_out-center_keys-causal-stages-3-1",
     "mqa-causal-d256-parts",
   ],
 )
 def test_mosaic_gpu_backward_persistent_is_the_same_function(
-  shape, numerics, center_keys, stages, monkeypatch
+  shape, numerics, center_keys, stages, ctas, monkeypatch
 ):
   """`MosaicGPUOptions.persistent_bwd`, the backward kernels persistent: every work item in one CTA
-  (`persistent_ctas` set to 1; 2 heads × 3 query tiles of 128 rows for dQ, the last with a
+  (`persistent_ctas` set to 1; one case 2 CTAs, each with every other item, whose next item the
+  producer finds by `forward_mgpu.cta_item`; 2 heads × 3 query tiles of 128 rows for dQ, the last with a
   warpgroup of padding rows only; 2 heads × 2 tiles of 128 keys for dK/dV) gives dQ, dK and
   dV bit for bit as a CTA per item: the ring's position carried from item to item (with 3
   slots an item starts elsewhere than slot 0; with 1 every tile waits for the one before),
@@ -886,7 +889,7 @@ def test_mosaic_gpu_backward_persistent_is_the_same_function(
   args, cfg = _residuals(
     shape, jnp.float16 if numerics == "fp32_out" else jnp.bfloat16, numerics, center_keys
   )
-  monkeypatch.setattr(fm, "persistent_ctas", lambda interpret: 1)
+  monkeypatch.setattr(fm, "persistent_ctas", lambda interpret: ctas)
   plain, persistent = (
     dataclasses.replace(
       cfg,
@@ -910,7 +913,12 @@ def test_mosaic_gpu_backward_persistent_is_the_same_function(
     assert set(calls) == {("kv_tiles", on), ("q_tiles", on)}, calls
     assert min(map(calls.count, set(calls))) >= 2, calls  # the kernel's deal and its launch
   assert texts[0] != texts[1]
-  _assert_same_bits(flash_backward_mgpu(*args, persistent), flash_backward_mgpu(*args, plain))
+  want = flash_backward_mgpu(*args, plain)
+  _assert_same_bits(flash_backward_mgpu(*args, persistent), want)
+  late = dataclasses.replace(
+    persistent, mgpu=dataclasses.replace(persistent.mgpu, items_early=False)
+  )
+  _assert_same_bits(flash_backward_mgpu(*args, late), want)  # `items_early` off: the same bits
 
 
 @pytest.mark.parametrize("tiles", ["kv_tiles", "q_tiles"])
