@@ -6,7 +6,7 @@
 # 1. its GPU tests (the persistent backward the same function as a CTA an item, both orders;
 #    delta_in_dq; the backward against Triton's);
 # 2. the backward alone, paired (experiment 18, the same bits), at gpt2-small's 16 × 1024 ×
-#    12 × d64 causal, 30 pairs: items_early on (the default) against off;
+#    12 × d64 causal, 30 pairs: items_early off (the default) against on;
 # 3. the gpt2-small step against cuDNN's (experiment 02, 30 interleaved rounds).
 # Usage (repo root, on the device): bash experiments/h200_items_early.sh "$OUT"
 # TESTS=0, AB=0 or STEP=0 leave a part out; device seconds: at most 330 (the timeouts).
@@ -19,7 +19,7 @@ nvidia-smi -L
   -k "persistent_is_the_same or delta_in_dq or backward_matches_triton"
 if [[ ${AB:-1} != 0 ]]; then
   timeout 70 python3 experiments/18_mgpu_backward_stages_ab.py --causal --shape 16,1024,12,12,64 \
-    --pairs 30 --out "$OUT/ab.txt" 2,2 2,2,items_early=0 > /dev/null 2>&1
+    --pairs 30 --out "$OUT/ab.txt" 2,2 2,2,items_early=1 > /dev/null 2>&1
   echo "A/B d64: exit $?"; cat "$OUT/ab.txt"
 fi
 [[ ${STEP:-1} == 0 ]] || step_vs_cudnn "$OUT/step" 30 150

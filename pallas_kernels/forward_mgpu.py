@@ -236,7 +236,9 @@ class MosaicGPUOptions:
     its first ring tiles (`backward_mgpu._load_item`), instead of after the item before's last
     key tiles, where the dQ kernel's compute warps still waited 3.6% of their stall samples for
     them at gpt2-small's attention (H100, 2026-12-07, experiments/results/h100-2026-12-07k-o-by-tma).
-    The same bits; on by default (for the A/B).
+    The same bits (interpret mode, one CTA and two). Built 2026-12-07 on the CPU and not yet
+    run on a GPU (the session's device time spent): off until timed
+    (`experiments/h200_items_early.sh`).
   persistent_bwd: the same for the backward's two kernels (`backward_mgpu.launch_plan`, each
     resolved on its own): dQ's work items (a batch, head and 128 query rows) with the next
     item's Q, dO and rows' statistics loaded early into a second slot, dK/dV's (a batch, head
@@ -279,7 +281,7 @@ class MosaicGPUOptions:
   unit_alpha: bool = False
   delta_in_dq: bool | None = None
   o_by_tma: bool | None = None
-  items_early: bool = True
+  items_early: bool = False
 
   def __post_init__(self):
     for field in dataclasses.fields(self):  # flags, not truthy values (or None, where resolved)

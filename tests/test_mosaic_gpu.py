@@ -915,10 +915,10 @@ def test_mosaic_gpu_backward_persistent_is_the_same_function(
   assert texts[0] != texts[1]
   want = flash_backward_mgpu(*args, plain)
   _assert_same_bits(flash_backward_mgpu(*args, persistent), want)
-  late = dataclasses.replace(
-    persistent, mgpu=dataclasses.replace(persistent.mgpu, items_early=False)
+  early = dataclasses.replace(
+    persistent, mgpu=dataclasses.replace(persistent.mgpu, items_early=True)
   )
-  _assert_same_bits(flash_backward_mgpu(*args, late), want)  # `items_early` off: the same bits
+  _assert_same_bits(flash_backward_mgpu(*args, early), want)  # `items_early`: the same bits
 
 
 @pytest.mark.parametrize("tiles", ["kv_tiles", "q_tiles"])
