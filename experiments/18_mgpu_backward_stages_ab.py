@@ -4,8 +4,9 @@
 mul.rn.f32 and P without a select, which moves float32 values away from the row max, so it
 says "DIFFERS" with the largest difference; persistent_bwd: both kernels one CTA an SM over
 their work items; delta_in_dq: delta summed by the dQ kernel, in its own float32 order, so it
-may say "DIFFERS" too; o_by_tma: with delta_in_dq, O's rows by TMA or from global memory, the
-same bits; items_early: the persistent producer's item tiles one item early, the same bits), against each other: each variant's backward
+may say "DIFFERS" too; o_by_tma: with delta_in_dq, O's rows by TMA or from global memory,
+the same bits; items_early: the persistent producer's item tiles one item early, the same
+bits), against each other: each variant's backward
 (dK/dV and dQ, given the same forward residuals) against the first variant's in interleaved
 pairs (the median of `--pairs` ratios, each side 10 back-to-back calls, as `flashstable bench
 --paired`), its time alone, its kernels' own time on the GPU and its ratio to the first's

@@ -100,7 +100,8 @@ def by_opcode(header, rows, start: int, end: int) -> str:
 
 
 def parse_span(text: str) -> tuple[int, int, int]:
-  """KERNEL:START:END → three ints, START < END (argparse type; ValueError naming it)."""
+  """KERNEL:START:END → three ints, START < END (argparse type; argparse.ArgumentTypeError
+  naming it)."""
   parts = text.split(":")
   if len(parts) != 3 or not all(x.isdecimal() for x in parts) or int(parts[1]) >= int(parts[2]):
     raise argparse.ArgumentTypeError(f"--span {text!r}: KERNEL:START:END, integers, START < END")

@@ -7,9 +7,10 @@
 #    delta_in_dq; the backward against Triton's);
 # 2. the backward alone, paired (experiment 18, the same bits), at gpt2-small's 16 × 1024 ×
 #    12 × d64 causal, 30 pairs: items_early off (the default) against on;
-# 3. the gpt2-small step against cuDNN's (experiment 02, 30 interleaved rounds).
+# 3. the gpt2-small step against cuDNN's (experiment 02, 30 interleaved rounds; STEP=1, once
+#    items_early is the default: the step runs the defaults).
 # Usage (repo root, on the device): bash experiments/h200_items_early.sh "$OUT"
-# TESTS=0, AB=0 or STEP=0 leave a part out; device seconds: at most 330 (the timeouts).
+# TESTS=0 or AB=0 leave a part out, STEP=1 adds the step; device seconds: at most 330.
 set -u
 OUT=${1:-runs/h200}
 mkdir -p "$OUT"
@@ -22,5 +23,5 @@ if [[ ${AB:-1} != 0 ]]; then
     --pairs 30 --out "$OUT/ab.txt" 2,2 2,2,items_early=1 > /dev/null 2>&1
   echo "A/B d64: exit $?"; cat "$OUT/ab.txt"
 fi
-[[ ${STEP:-1} == 0 ]] || step_vs_cudnn "$OUT/step" 30 150
+[[ ${STEP:-0} == 0 ]] || step_vs_cudnn "$OUT/step" 30 150
 true

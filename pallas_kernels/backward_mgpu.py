@@ -353,10 +353,12 @@ def resolve_o_by_tma(cfg, head_dim: int, stages_dq: int, persistent_dq: bool) ->
   if need <= SMEM_BYTES:
     return True
   if on:
+    items = "two items'" if persistent_dq else "its"
     raise ValueError(
-      f"MosaicGPUOptions(o_by_tma=True) at head_dim={head_dim} with the dQ kernel's "
-      f"{_tiles(stages_dq, 'key')} in flight{' persistent' if persistent_dq else ''} needs "
-      f"{need / 1024:.1f} KiB of shared memory, more than {SMEM_BYTES / 1024:.0f} KiB"
+      f"MosaicGPUOptions(o_by_tma=True) at head_dim={head_dim}: the dQ kernel's "
+      f"{_tiles(stages_dq, 'key')} in flight and {items} Q, dO, O and rows need "
+      f"{need / 1024:.1f} KiB of shared memory, more than {SMEM_BYTES / 1024:.0f} KiB "
+      "(o_by_tma=None reads O from global memory there)"
     )
   return False
 
@@ -564,6 +566,9 @@ def _load_item(at, base, n, n_steps, ring, load, items, own):
   samples there at gpt2-small's attention, H100, 2026-12-07)."""
   grid, names, slots, item_free, early = items
   stages, free = ring
+  # early, item n + 1's tiles wait for item n − 1's release: with one slot it would wait for
+  # item n's own, which comes after n + 1's tiles are needed
+  assert slots >= 2 or not early, slots
 
   def own_tiles(m, at_m):
     slot = slot_of(m, slots)

@@ -230,12 +230,14 @@ class MosaicGPUOptions:
     kernel's compute warps' samples on the first use of O (H100, 2026-12-07,
     experiments/results/h100-2026-12-07j-stalls). The same values (the same loads of the same
     bits). None (the default): on wherever O's tiles fit the dQ kernel's shared memory beside
-    its plan (`backward_mgpu.resolve_o_by_tma`); True is refused (one line) where they do not.
+    its plan (`backward_mgpu.resolve_o_by_tma`); True is refused (one line) where they do not;
+    unused without delta_in_dq.
   items_early: with persistent_bwd, the producer issues an item's own tiles (dQ: Q, dO, the
     rows' statistics and O; dK/dV: K and V) one item early, once the item before has issued
     its first ring tiles (`backward_mgpu._load_item`), instead of after the item before's last
     key tiles, where the dQ kernel's compute warps still waited 3.6% of their stall samples for
-    them at gpt2-small's attention (H100, 2026-12-07, experiments/results/h100-2026-12-07k-o-by-tma).
+    them at gpt2-small's attention (H100, 2026-12-07,
+    experiments/results/h100-2026-12-07k-o-by-tma).
     The same bits (interpret mode, one CTA and two). Built 2026-12-07 on the CPU and not yet
     run on a GPU (the session's device time spent): off until timed
     (`experiments/h200_items_early.sh`).

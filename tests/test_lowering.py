@@ -315,14 +315,20 @@ def test_mosaic_gpu_backward_lowers(head_dim, causal, group, center_keys):
 @pytest.mark.parametrize("o_by_tma", [None, False])
 @pytest.mark.parametrize(
   "head_dim,causal,group,options",
-  [(64, True, 1, {}), (128, False, 2, {}), (64, True, 1, dict(persistent_bwd=True))],
-  ids=["d64-causal", "d128-gqa", "d64-causal-persistent"],
+  [
+    (64, True, 1, {}),
+    (128, False, 2, {}),
+    (64, True, 1, dict(persistent_bwd=True)),
+    (64, True, 1, dict(persistent_bwd=True, items_early=True)),
+  ],
+  ids=["d64-causal", "d128-gqa", "d64-causal-persistent", "d64-causal-persistent-items-early"],
 )
 def test_mosaic_gpu_backward_lowers_with_delta_in_dq(head_dim, causal, group, options, o_by_tma):
   """`MosaicGPUOptions.delta_in_dq` (the dQ kernel takes its rows of O by TMA with Q and dO,
   `o_by_tma`, or from global memory into wgmma-layout registers, sums rowsum(dO∘O) across each
   row's lanes and writes the rows out for dK/dV) lowers for CUDA: two kernels, either way
-  (the default, `o_by_tma=None`, resolves to the TMA where O's rows fit). ptxas (experiment 20,
+  (the default, `o_by_tma=None`, resolves to the TMA where O's rows fit), persistent with the
+  producer's item tiles one item early too (`items_early`). ptxas (experiment 20,
   2026-12-07, CUDA 13.0): no spills in the dQ kernel at gpt2-small's 16 × 1024 × 12 × d64
   causal and at 4 × 4096 × 16 × d128 causal; its loops over key tiles 319 → 334 and 472 → 475
   SASS instructions at d64 (O from global memory)."""
@@ -366,7 +372,8 @@ def test_o_by_tma_resolves_where_os_rows_fit_and_true_is_refused_where_they_do_n
   (_, stages), (_, persistent) = bm.launch_plan(cfg, 128, 1)
   assert persistent and not bm.resolve_o_by_tma(cfg, 128, stages, persistent)
   with pytest.raises(
-    ValueError, match=r"^MosaicGPUOptions\(o_by_tma=True\) at head_dim=128 .* KiB"
+    ValueError,
+    match=r"^MosaicGPUOptions\(o_by_tma=True\) at head_dim=128: [^\n]* KiB [^\n]*global memory there\)$",
   ):
     config(128, delta_in_dq=True, persistent_bwd=True, o_by_tma=True)
 

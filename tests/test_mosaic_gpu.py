@@ -768,17 +768,26 @@ def test_mosaic_gpu_backward_longest_first_is_the_same_function():
 
 
 @pytest.mark.parametrize(
-  "shape,dtype,numerics,center_keys,persistent,lse_cotangent",
+  "shape,dtype,numerics,center_keys,persistent,lse_cotangent,o_by_tma,by_tma",
   [
-    (Shape(1, 300, 200, 4, 2, 64, causal=True), jnp.bfloat16, "fa2", False, False, True),
-    (Shape(1, 200, 300, 2, 2, 128), jnp.float16, "fp32_out", True, False, False),
-    (Shape(2, 130, 130, 2, 1, 32, causal=True), jnp.bfloat16, "fa2", False, True, False),
+    (Shape(1, 300, 200, 4, 2, 64, causal=True), jnp.bfloat16, "fa2", False, False, True, None, True),
+    (Shape(1, 300, 200, 4, 2, 64, causal=True), jnp.bfloat16, "fa2", False, False, True, False, False),
+    # float32 O at head_dim 128 beside the centred keys' ring: 225.5 KiB of 224, so from global
+    # memory; at 64 without them by TMA
+    (Shape(1, 200, 300, 2, 2, 128), jnp.float16, "fp32_out", True, False, False, None, False),
+    (Shape(1, 200, 300, 2, 2, 64), jnp.float16, "fp32_out", False, False, False, None, True),
+    (Shape(2, 130, 130, 2, 1, 32, causal=True), jnp.bfloat16, "fa2", False, True, False, None, True),
   ],
-  ids=["gqa-causal-d64-lse", "f16-fp32_out-center_keys-d128", "mqa-causal-d32-persistent"],
-)
-@pytest.mark.parametrize("o_by_tma", [None, False], ids=["o-by-tma", "o-from-global"])
+  ids=[
+    "gqa-causal-d64-lse",
+    "gqa-causal-d64-lse-o-from-global",
+    "f16-fp32_out-center_keys-d128",
+    "f16-fp32_out-d64",
+    "mqa-causal-d32-persistent",
+  ],
+)  # fmt: skip
 def test_mosaic_gpu_backward_delta_in_dq(
-  shape, dtype, numerics, center_keys, persistent, lse_cotangent, o_by_tma, monkeypatch
+  shape, dtype, numerics, center_keys, persistent, lse_cotangent, o_by_tma, by_tma, monkeypatch
 ):
   """`MosaicGPUOptions.delta_in_dq`: the dQ kernel sums rowsum(dO∘O) from its dO tile and its
   rows of O (fp32_out: the float32 O), subtracts the lse cotangent (given here to one case, as
@@ -788,7 +797,9 @@ def test_mosaic_gpu_backward_delta_in_dq(
   in its own order: in interpret mode (XLA's CPU reduce of a [64, head_dim] tile) 99% of the
   gradients' entries are XLA's delta's bits and all within 1/16 ulp of the input dtype at
   their scale (every entry at head_dim 64 and 128); on the GPU within one ulp. O's rows by
-  TMA with Q and dO (`o_by_tma`, the default where they fit) or from global memory. Odd lengths (a
+  TMA with Q and dO (`o_by_tma`, the default where they fit: float32 O too) or from global
+  memory (set off, or where they do not fit), the traced kernel's TMA copies showing which
+  (O's one more traced in a CTA an item, two persistent). Odd lengths (a
   warpgroup of padding rows, a partial key tile), grouped heads, and the persistent dQ kernel
   with every item in one CTA (`persistent_ctas` set to 1: its items' rows in alternating
   slots), where interpret mode's race detector and its check that every copy out completed
@@ -825,12 +836,19 @@ def test_mosaic_gpu_backward_delta_in_dq(
   (_, stages), (_, persistent_dq) = backward_mgpu.launch_plan(
     in_dq, d, shape.num_heads // shape.num_kv_heads
   )
-  # fp32_out's float32 O at head_dim 128 beside the centred keys' ring: 225.5 KiB of 224, so
-  # from global memory there too
-  fits = numerics != "fp32_out"
-  assert backward_mgpu.resolve_o_by_tma(in_dq, d, stages, persistent_dq) is (
-    o_by_tma is None and fits
-  )
+  assert backward_mgpu.resolve_o_by_tma(in_dq, d, stages, persistent_dq) is by_tma
+  copies = [  # the dQ kernel's TMA copies in, traced: O's one more a warpgroup by TMA
+    str(
+      jax.make_jaxpr(lambda *a, c=c: backward_mgpu.flash_backward_mgpu(*a, c, d_lse))(*args)
+    ).count("copy_gmem_to_smem")
+    for c in (
+      in_dq,
+      dataclasses.replace(in_dq, mgpu=dataclasses.replace(in_dq.mgpu, o_by_tma=False)),
+    )
+  ]
+  # (a CTA an item: each compute warpgroup copies its own rows, one O copy traced; persistent:
+  # the producer copies each warpgroup's, two)
+  assert copies[0] - copies[1] == (by_tma and (2 if persistent else 1)), copies
   got = backward_mgpu.flash_backward_mgpu(*args, in_dq, d_lse)
   if persistent and not on_gpu:
     assert not interpret_pallas_call.get_races().races_found
@@ -865,8 +883,9 @@ def test_mosaic_gpu_backward_persistent_is_the_same_function(
   shape, numerics, center_keys, stages, ctas, monkeypatch
 ):
   """`MosaicGPUOptions.persistent_bwd`, the backward kernels persistent: every work item in one CTA
-  (`persistent_ctas` set to 1; one case 2 CTAs, each with every other item, whose next item the
-  producer finds by `forward_mgpu.cta_item`; 2 heads × 3 query tiles of 128 rows for dQ, the last with a
+  (`persistent_ctas` set to 1; one case 2 CTAs, each with every other item; and with
+  `items_early`, whose producer finds the next item by `forward_mgpu.cta_item`, under the
+  race detector; 2 heads × 3 query tiles of 128 rows for dQ, the last with a
   warpgroup of padding rows only; 2 heads × 2 tiles of 128 keys for dK/dV) gives dQ, dK and
   dV bit for bit as a CTA per item: the ring's position carried from item to item (with 3
   slots an item starts elsewhere than slot 0; with 1 every tile waits for the one before),
@@ -915,10 +934,28 @@ def test_mosaic_gpu_backward_persistent_is_the_same_function(
   assert texts[0] != texts[1]
   want = flash_backward_mgpu(*args, plain)
   _assert_same_bits(flash_backward_mgpu(*args, persistent), want)
+  # `items_early`: the same bits, a program that copies each item's own tiles at two places
+  # (the first item's, the next one's), and no race where the interpreter looks for them
   early = dataclasses.replace(
     persistent, mgpu=dataclasses.replace(persistent.mgpu, items_early=True)
   )
-  _assert_same_bits(flash_backward_mgpu(*args, early), want)  # `items_early`: the same bits
+  copies = [
+    str(jax.make_jaxpr(lambda *a, c=c: flash_backward_mgpu(*a, c))(*args)).count(
+      "copy_gmem_to_smem"
+    )
+    for c in (early, persistent)
+  ]
+  assert copies[0] > copies[1], copies
+  if jax.default_backend() != "gpu":
+    from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
+    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+
+    races = lambda c: InterpretGPUParams(detect_races=True) if c.interpret else None  # noqa: E731
+    monkeypatch.setattr(backward_mgpu, "_interpret_params", races)
+    interpret_pallas_call.reset_gpu_interpret_mode_state()
+  _assert_same_bits(flash_backward_mgpu(*args, early), want)
+  if jax.default_backend() != "gpu":
+    assert not interpret_pallas_call.get_races().races_found
 
 
 @pytest.mark.parametrize("tiles", ["kv_tiles", "q_tiles"])
