@@ -18,7 +18,7 @@ inputs with the query scaled first, as `flashstable bench`'s pallas-mgpu; with b
 what the key tile costs a Mosaic GPU kernel without our numerics), and any field
 of `MosaicGPUOptions` as 0/1 (pingpong, fused_pv, early_turn, exp2, q_tiles_inner, opt_barrier,
 k_wait_in_pv, longest_first, overlap, tie_lanes, scale_in_exp2, persistent, wide_step,
-unit_alpha). Every variant is checked
+unit_alpha, items_early). Every variant is checked
 before any work, its options together too (one line naming the bad one). With MOSAIC_GPU_DUMP_PTXAS=1 ptxas
 reports each kernel's registers and spills on stderr.
 GPU only (a Hopper GPU: the Mosaic GPU forward and cuDNN); ~15 s a variant on one H200.

@@ -1,27 +1,32 @@
 #!/usr/bin/env bash
 # Issue 19 (device tool, one H100 or H200, one call of at most 5 min): `MosaicGPUOptions.items_early`
-# (the persistent backward's producer issues an item's own tiles one item early; with o_by_tma
+# (the persistent kernels' producers issue an item's own tiles one item early; with o_by_tma
 # the dQ kernel's compute warps still waited 3.6% of their stall samples for them at
-# gpt2-small's attention, H100, 2026-12-07: experiments/results/h100-2026-12-07k-o-by-tma).
+# gpt2-small's attention, the forward's 2.8% for its Q, H100, 2026-12-07:
+# experiments/results/h100-2026-12-07k-o-by-tma, h100-2026-12-07j-stalls).
 # 1. its GPU tests (the persistent backward the same function as a CTA an item, both orders;
-#    delta_in_dq; the backward against Triton's);
-# 2. the backward alone, paired (experiment 18, the same bits), at gpt2-small's 16 × 1024 ×
-#    12 × d64 causal, 30 pairs: items_early off (the default) against on;
+#    the forward's schedules with it; delta_in_dq; the backward against Triton's);
+# 2. at gpt2-small's 16 × 1024 × 12 × d64 causal, 30 pairs, items_early off (the default)
+#    against on, the same bits: the backward alone (experiment 18) and the forward (experiment
+#    11, which also prints each side's kernel time);
 # 3. the gpt2-small step against cuDNN's (experiment 02, 30 interleaved rounds; STEP=1, once
 #    items_early is the default: the step runs the defaults).
 # Usage (repo root, on the device): bash experiments/h200_items_early.sh "$OUT"
-# TESTS=0 or AB=0 leave a part out, STEP=1 adds the step; device seconds: at most 330.
+# TESTS=0 or AB=0 leave a part out, STEP=1 adds the step; device seconds: at most 370.
 set -u
 OUT=${1:-runs/h200}
 mkdir -p "$OUT"
 source "$(dirname "$0")/h200_env.sh"
 nvidia-smi -L
 [[ ${TESTS:-1} == 0 ]] || gpu_tests 110 -n 4 tests/test_mosaic_gpu.py \
-  -k "persistent_is_the_same or delta_in_dq or backward_matches_triton"
+  -k "persistent_is_the_same or delta_in_dq or backward_matches_triton or items_early"
 if [[ ${AB:-1} != 0 ]]; then
   timeout 70 python3 experiments/18_mgpu_backward_stages_ab.py --causal --shape 16,1024,12,12,64 \
     --pairs 30 --out "$OUT/ab.txt" 2,2 2,2,items_early=1 > /dev/null 2>&1
-  echo "A/B d64: exit $?"; cat "$OUT/ab.txt"
+  echo "A/B backward d64: exit $?"
+  timeout 80 python3 experiments/11_mgpu_forward_ab.py --causal --shape 16,1024,12,12,64 \
+    --pairs 30 --out "$OUT/ab.txt" bk=64 bk=64,items_early=1 > /dev/null 2>&1
+  echo "A/B forward d64: exit $?"; cat "$OUT/ab.txt"
 fi
 [[ ${STEP:-0} == 0 ]] || step_vs_cudnn "$OUT/step" 30 150
 true

@@ -60,11 +60,12 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.forward_mgpu import (
-  cta_item,
   exact_scale,
   finish_stores,
   last_waits,
   launch,
+  load_next_own_tiles,
+  load_own_tiles,
   on_gpu_by_default,
   persistent_fits,
   query_tile,
@@ -558,7 +559,7 @@ def _load_item(at, base, n, n_steps, ring, load, items, own):
   O; dK/dV: its K and V) into its slot (items = (grid, names, slots, their free barrier,
   `MosaicGPUOptions.items_early`)) once
   the item `slots` before has released it. The first item's before its ring; the next item's
-  (`forward_mgpu.cta_item`) once this item's first ring tiles are issued, during this item,
+  (`forward_mgpu.load_next_own_tiles`) once this item's first ring tiles are issued, during this item,
   whose start is where the compute warpgroups release that slot (the stores of the item
   before done; `MosaicGPUOptions.items_early`, else each item's own tiles before its ring): a
   whole item ahead of where they wait for them, not the last few key tiles
@@ -570,21 +571,12 @@ def _load_item(at, base, n, n_steps, ring, load, items, own):
   # item n's own, which comes after n + 1's tiles are needed
   assert slots >= 2 or not early, slots
 
-  def own_tiles(m, at_m):
-    slot = slot_of(m, slots)
-    pl.when(m >= slots)(lambda: plgpu.barrier_wait(item_free.at[slot]))
-    own(at_m, slot)
-
   if not early:  # `MosaicGPUOptions.items_early` off: the item's own tiles, then its ring
-    own_tiles(n, at)
+    load_own_tiles(n, at, own, slots, item_free)
     _ring_loads(base, n_steps, stages, free, load)
     return
-  pl.when(n == 0)(lambda: own_tiles(n, at))
-
-  def next_own():
-    at_next, exists = cta_item(grid, names, n + 1)
-    pl.when(exists)(lambda: own_tiles(n + 1, at_next))
-
+  pl.when(n == 0)(lambda: load_own_tiles(n, at, own, slots, item_free))
+  next_own = lambda: load_next_own_tiles(n, grid, names, own, slots, item_free)  # noqa: E731
   _ring_loads(base, n_steps, stages, free, load, after_fill=next_own)
 
 

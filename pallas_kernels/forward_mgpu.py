@@ -232,15 +232,17 @@ class MosaicGPUOptions:
     bits). None (the default): on wherever O's tiles fit the dQ kernel's shared memory beside
     its plan (`backward_mgpu.resolve_o_by_tma`); True is refused (one line) where they do not;
     unused without delta_in_dq.
-  items_early: with persistent_bwd, the producer issues an item's own tiles (dQ: Q, dO, the
-    rows' statistics and O; dK/dV: K and V) one item early, once the item before has issued
-    its first ring tiles (`backward_mgpu._load_item`), instead of after the item before's last
-    key tiles, where the dQ kernel's compute warps still waited 3.6% of their stall samples for
-    them at gpt2-small's attention (H100, 2026-12-07,
-    experiments/results/h100-2026-12-07k-o-by-tma).
-    The same bits (interpret mode, one CTA and two). Built 2026-12-07 on the CPU and not yet
-    run on a GPU (the session's device time spent): off until timed
-    (`experiments/h200_items_early.sh`).
+  items_early: with persistent (the forward) and persistent_bwd (the backward), the producer
+    issues an item's own tiles (the forward's Q; dQ: Q, dO, the rows' statistics and O;
+    dK/dV: K and V) one item early, once the item before has issued its first ring tiles
+    (`load_next_own_tiles`, `backward_mgpu._load_item`), instead of after the item before's
+    last key tiles, where the compute warps waited for them at gpt2-small's attention (H100,
+    2026-12-07, Nsight Compute: the forward's 2.8% of their stall samples,
+    experiments/results/h100-2026-12-07j-stalls; the dQ kernel's 3.6% with o_by_tma,
+    h100-2026-12-07k-o-by-tma). The same bits (interpret mode; the backward with one CTA and
+    two). Built 2026-12-07 on the CPU (ptxas: no spills, no inline barrier sleeps; the
+    forward's d64 loop 743 SASS instructions against 738) and not yet run on a GPU (the
+    session's device time spent): off until timed (`experiments/h200_items_early.sh`).
   persistent_bwd: the same for the backward's two kernels (`backward_mgpu.launch_plan`, each
     resolved on its own): dQ's work items (a batch, head and 128 query rows) with the next
     item's Q, dO and rows' statistics loaded early into a second slot, dK/dV's (a batch, head
@@ -438,6 +440,22 @@ def cta_item(grid: dict, names, n):
     at[name] = lax.rem(flat, jnp.int32(grid[name]))
     flat = lax.div(flat, jnp.int32(grid[name]))
   return at, exists
+
+
+def load_own_tiles(m, at_m, own, slots: int, item_free):
+  """A persistent producer's copies of work item m's own tiles (own(at, slot): the forward's
+  Q, the dQ kernel's Q, dO, rows and O, dK/dV's K and V) into slot m mod `slots`, once item
+  m − slots has released it (`item_free`)."""
+  slot = slot_of(m, slots)
+  pl.when(m >= slots)(lambda: plgpu.barrier_wait(item_free.at[slot]))
+  own(at_m, slot)
+
+
+def load_next_own_tiles(n, grid: dict, names, own, slots: int, item_free):
+  """`load_own_tiles` of this CTA's item n + 1 (`cta_item`), where it has one: issued during
+  item n (`MosaicGPUOptions.items_early`), a whole item before it is needed."""
+  at_next, exists = cta_item(grid, names, n + 1)
+  pl.when(exists)(lambda: load_own_tiles(n + 1, at_next, own, slots, item_free))
 
 
 def slot_of(t, slots: int):
@@ -1163,8 +1181,9 @@ def _forward_kernel(
 
   def _load_item(batch, head, q_tile, base, n):
     """The producer's part of a work item: persistent, its Q tile (both warpgroups' rows, into
-    Q's slot once the item q_slots before has freed it); then its key and value tiles into
-    the ring. A CTA of one item has its compute warpgroups load their Q themselves, as before
+    Q's slot once the item q_slots before has freed it; with `MosaicGPUOptions.items_early`
+    the next item's instead, once this item's first ring tiles are issued, and the first
+    item's before them: `load_next_own_tiles`); then its key and value tiles into the ring. A CTA of one item has its compute warpgroups load their Q themselves, as before
     the persistent kernel: with Q loaded here and no final wait for the Q releases
     (`_memory`'s `last_waits` on q_free, added later), ptxas (CUDA 13.0) addressed every barrier of the
     compute loop from ordinary registers and put each wait's retry inline, a NANOSLEEP after
@@ -1173,21 +1192,29 @@ def _forward_kernel(
     4096 × 16 × d128 against 1.25 ms before; not yet timed with the fix). Either change alone
     restores the uniform form (experiment 20): a fragile choice of ptxas's, which
     tests/test_bench.py checks where .venv-ptxas is set up."""
-    q_slot = slot_of(n, q_slots)
 
-    @pl.when(n >= q_slots)
-    def _():
-      plgpu.barrier_wait(q_free.at[q_slot])
-
-    if opts.persistent:
+    def copy_q(b, h, tile, slot):  # an item's Q tile, both warpgroups' rows, into `slot`
       for w in range(COMPUTE_WGS):
-        rows = pl.ds(q_tile * cta_rows + w * ROWS_PER_WG, ROWS_PER_WG)
-        plgpu.copy_gmem_to_smem(
-          q_ref.at[batch, rows, head], q_smem3.at[q_slot, w], q_ready.at[q_slot]
-        )
+        rows = pl.ds(tile * cta_rows + w * ROWS_PER_WG, ROWS_PER_WG)
+        plgpu.copy_gmem_to_smem(q_ref.at[b, rows, h], q_smem3.at[slot, w], q_ready.at[slot])
+
+    def own(at, slot):  # `cta_item`'s item: its query tile mapped as `items` maps it
+      copy_q(at["batch"], at["heads"], query_tile(cfg, grid["q_tiles"], at["q_tiles"]), slot)
+
+    early = opts.persistent and opts.items_early
+    n_steps = item_steps(q_tile)
+    if early:  # the first item's Q here, each next one's during the item before (slot 0: free)
+      pl.when(n == 0)(lambda: copy_q(batch, head, q_tile, slot_of(n, q_slots)))
+    else:
+      pl.when(n >= q_slots)(lambda: plgpu.barrier_wait(q_free.at[slot_of(n, q_slots)]))
+      if opts.persistent:
+        copy_q(batch, head, q_tile, slot_of(n, q_slots))
     kv_head = lax.div(head, jnp.int32(group))
 
-    @pl.loop(0, item_steps(q_tile))
+    def next_q():
+      load_next_own_tiles(n, grid, query_grid(cfg), own, q_slots, q_free)
+
+    @pl.loop(0, n_steps)
     def _load(j):
       t = base + j  # the ring's count of tiles
       slot = slot_of(t, stages)
@@ -1204,6 +1231,11 @@ def _forward_kernel(
         plgpu.barrier_wait(v_free.at[slot])
 
       plgpu.copy_gmem_to_smem(v_ref.at[kv_rows], v_smem.at[slot], v_ready.at[slot])
+      if early:  # once the ring's first tiles of this item are issued
+        pl.when(j == jnp.minimum(n_steps, stages) - 1)(next_q)
+
+    if early:
+      pl.when(n_steps == 0)(next_q)
 
   @pl.when(wg == COMPUTE_WGS)
   def _memory():

@@ -161,17 +161,22 @@ def test_mosaic_gpu_forward_lowers_with_the_schedule_options(early_turn, causal)
 
 
 @pytest.mark.parametrize(
-  "causal, overlap", [(True, False), (False, True)], ids=["causal", "full-overlap"]
+  "causal, overlap, items_early",
+  [(True, False, False), (False, True, False), (True, False, True)],
+  ids=["causal", "full-overlap", "causal-items-early"],
 )
-def test_mosaic_gpu_persistent_forward_lowers(causal, overlap):
+def test_mosaic_gpu_persistent_forward_lowers(causal, overlap, items_early):
   """`MosaicGPUOptions.persistent` lowers for CUDA: one CTA an SM (`HOPPER_SMS` here, with no
   GPU) looping over the work items (`plgpu.nd_loop`, the ring's position its carry), the
   producer loading each item's Q beside its key and value tiles, the O stores waited for
-  (reads only) one item later. (ptxas compiles it for sm_90a with no spills: experiment 20,
-  2026-12-06.)"""
+  (reads only) one item later; with `items_early` the next item's Q during the item before.
+  (ptxas compiles it for sm_90a with no spills: experiment 20, 2026-12-06; items_early
+  2026-12-07.)"""
   from pallas_kernels.forward_mgpu import MosaicGPUOptions
 
-  options = MosaicGPUOptions(pingpong=True, persistent=True, overlap=overlap)
+  options = MosaicGPUOptions(
+    pingpong=True, persistent=True, overlap=overlap, items_early=items_early
+  )
   cfg = _cfg(backend="mosaic_gpu", head_dim=64, causal=causal, block_k=64, mgpu_options=options)
   q, k, v = _qkv(64, heads=136)  # 272 work items: more than a CTA each
   text = _lower_for_cuda(lambda q, k, v: flash_forward_mgpu(q, k, v, cfg)[:3], q, k, v)

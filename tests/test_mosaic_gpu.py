@@ -240,6 +240,8 @@ def test_mosaic_gpu_without_interpret_needs_a_hopper_gpu():
     (dict(persistent=(False, True), num_stages=(2, 1)), True),
     (dict(persistent=(False, True), num_stages=(3, 3)), True),
     (dict(persistent=(False, True), overlap=(False, True)), True),
+    (dict(persistent=(False, True), items_early=(False, True)), False),
+    (dict(persistent=(False, True), items_early=(False, True), num_stages=(2, 1)), True),
     (dict(wide_step=(False, True)), False),
     (dict(wide_step=(False, True)), True),
     (dict(wide_step=(False, True), num_stages=(2, 1)), True),
@@ -263,6 +265,8 @@ def test_mosaic_gpu_without_interpret_needs_a_hopper_gpu():
     "persistent-one-stage-causal",
     "persistent-three-stages-causal",
     "persistent+overlap-causal",
+    "persistent+items_early-full",
+    "persistent+items_early-one-stage-causal",
     "wide_step-full",
     "wide_step-causal",
     "wide_step-one-stage-causal",
@@ -294,7 +298,8 @@ def test_mosaic_gpu_schedules_are_the_same_function(change, causal, monkeypatch)
   slot other than 0), Q's two slots alternate and are refilled after their `q_free` (items 2
   and 3), O's stores are waited for before the next item's, and the last Q tiles' releases
   are waited for at the end (the interpreter checks every phase was observed); one slot and
-  the overlapped loop too."""
+  the overlapped loop too; with `items_early` each next item's Q copied during the item
+  before (`forward_mgpu.load_next_own_tiles`)."""
   _skip_if_causal_refused(causal)
   on_gpu = jax.default_backend() == "gpu"
   q, k, v, _ = _tied(Shape(1, 150, 200, 2, 1, 64, causal=causal), jnp.bfloat16, 5)
