@@ -1183,8 +1183,9 @@ def _forward_kernel(
     """The producer's part of a work item: persistent, its Q tile (both warpgroups' rows, into
     Q's slot once the item q_slots before has freed it; with `MosaicGPUOptions.items_early`
     the next item's instead, once this item's first ring tiles are issued, and the first
-    item's before them: `load_next_own_tiles`); then its key and value tiles into the ring. A CTA of one item has its compute warpgroups load their Q themselves, as before
-    the persistent kernel: with Q loaded here and no final wait for the Q releases
+    item's before them: `load_next_own_tiles`); then its key and value tiles into the ring.
+    A CTA of one item has its compute warpgroups load their Q themselves, as before the
+    persistent kernel: with Q loaded here and no final wait for the Q releases
     (`_memory`'s `last_waits` on q_free, added later), ptxas (CUDA 13.0) addressed every barrier of the
     compute loop from ordinary registers and put each wait's retry inline, a NANOSLEEP after
     the first failed try (15–21 inline sleeps against 1; 453 SASS a key tile against 441),
@@ -1202,6 +1203,8 @@ def _forward_kernel(
       copy_q(at["batch"], at["heads"], query_tile(cfg, grid["q_tiles"], at["q_tiles"]), slot)
 
     early = opts.persistent and opts.items_early
+    # early, item n + 1's Q waits for item n − 1's release: one slot would wait for item n's
+    assert q_slots >= 2 or not early, q_slots
     n_steps = item_steps(q_tile)
     if early:  # the first item's Q here, each next one's during the item before (slot 0: free)
       pl.when(n == 0)(lambda: copy_q(batch, head, q_tile, slot_of(n, q_slots)))
