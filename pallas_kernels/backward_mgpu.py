@@ -62,10 +62,10 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from pallas_kernels.forward_mgpu import (
   exact_scale,
   finish_stores,
+  after_first_tiles,
   last_waits,
   launch,
-  load_next_own_tiles,
-  load_own_tiles,
+  own_tiles_and_ring,
   on_gpu_by_default,
   persistent_fits,
   query_tile,
@@ -531,9 +531,8 @@ def _store(smem, value, dst):
 def _ring_loads(base, n_steps, stages, free, load, after_fill=None):
   """A producer's loads of one work item: load(j, slot) issues the item's step j's TMA copies
   into ring slot (base + j) mod stages (base: the ring's count of tiles before the item) once
-  every compute warpgroup has freed that slot's previous tile; then after_fill(), if given,
-  once the ring's first min(stages, n_steps) tiles are issued (at the end for an item of no
-  steps)."""
+  every compute warpgroup has freed that slot's previous tile; after_fill() as
+  `forward_mgpu.after_first_tiles` says."""
 
   @pl.loop(0, n_steps)
   def _load(j):
@@ -545,39 +544,25 @@ def _ring_loads(base, n_steps, stages, free, load, after_fill=None):
       plgpu.barrier_wait(free.at[slot])
 
     load(j, slot)
-    if after_fill is not None:
-      pl.when(j == jnp.minimum(n_steps, stages) - 1)(after_fill)
-
-  if after_fill is not None:
-    pl.when(n_steps == 0)(after_fill)
+    after_first_tiles(j, n_steps, stages, after_fill)
 
 
-def _load_item(at, base, n, n_steps, ring, load, items, own):
-  """A persistent producer's part of work item n (`work_items`' body): its ring tiles
-  load(j, slot) (`_ring_loads`, ring = (stages, free barrier)) and its own tiles one item early:
-  own(at, slot) issues an item's own copies (dQ: each warpgroup's Q, dO, rows' statistics and
-  O; dK/dV: its K and V) into its slot (items = (grid, names, slots, their free barrier,
-  `MosaicGPUOptions.items_early`)) once
-  the item `slots` before has released it. The first item's before its ring; the next item's
-  (`forward_mgpu.load_next_own_tiles`) once this item's first ring tiles are issued, during this item,
-  whose start is where the compute warpgroups release that slot (the stores of the item
-  before done; `MosaicGPUOptions.items_early`, else each item's own tiles before its ring): a
-  whole item ahead of where they wait for them, not the last few key tiles
-  of the item before (Nsight Compute: the persistent dQ kernel's warps waited 3.6% of their
-  samples there at gpt2-small's attention, H100, 2026-12-07)."""
-  grid, names, slots, item_free, early = items
+def _load_item(at, base, n, n_steps, ring, load, item_tiles, own):
+  """A producer's part of work item n (`work_items`' body): its ring tiles load(j, slot)
+  (`_ring_loads`, ring = (stages, free barrier)) and, persistent (item_tiles not None: (grid,
+  names, slots, their free barrier, `MosaicGPUOptions.items_early`)), its own tiles, own(at,
+  slot) (dQ: each warpgroup's Q, dO, rows' statistics and O; dK/dV: its K and V), by
+  `forward_mgpu.own_tiles_and_ring` (with items_early the persistent dQ kernel's warps waited
+  3.6% of their samples less, Nsight Compute at gpt2-small's attention, H100, 2026-12-07)."""
   stages, free = ring
-  # early, item n + 1's tiles wait for item n − 1's release: with one slot it would wait for
-  # item n's own, which comes after n + 1's tiles are needed
-  assert slots >= 2 or not early, slots
 
-  if not early:  # `MosaicGPUOptions.items_early` off: the item's own tiles, then its ring
-    load_own_tiles(n, at, own, slots, item_free)
-    _ring_loads(base, n_steps, stages, free, load)
+  def run(after_fill):
+    _ring_loads(base, n_steps, stages, free, load, after_fill)
+
+  if item_tiles is None:
+    run(None)
     return
-  pl.when(n == 0)(lambda: load_own_tiles(n, at, own, slots, item_free))
-  next_own = lambda: load_next_own_tiles(n, grid, names, own, slots, item_free)  # noqa: E731
-  _ring_loads(base, n_steps, stages, free, load, after_fill=next_own)
+  own_tiles_and_ring(n, n_steps, functools.partial(own, at), own, item_tiles, run)
 
 
 def _release(slots, item_free, n):
@@ -812,7 +797,7 @@ def _dkv_kernel(
 
   def load_item(at, base, n):
     """The producer's part of a work item: its query tiles (Q, dO, the rows' statistics) into
-    the ring; persistent, its K and V into their slot one item early (`_load_item`)."""
+    the ring; persistent, its K and V into their slot (`_load_item`)."""
     batch, head = at["batch"], at["heads"]
     _, first, n_steps = span(at)
 
@@ -826,15 +811,11 @@ def _dkv_kernel(
         rows_ref.at[batch, head, :, rows], rows_smem.at[slot], rows_ready.at[slot]
       )
 
-    if not persistent:
-      _ring_loads(base, n_steps, stages, free, load)
-      return
-
     def own(at, slot):  # an item's K and V
       for w in range(kv_tiles):
         load_kv(at, slot, w)
 
-    item_tiles = (grid, names, slots, kv_free, cfg.mgpu.items_early)
+    item_tiles = (grid, names, slots, kv_free, cfg.mgpu.items_early) if persistent else None
     _load_item(at, base, n, n_steps, (stages, free), load, item_tiles, own)
 
   _roles(wg, items, compute_item, load_item, persistent, (slots, kv_free), (stages, free))
@@ -1056,7 +1037,7 @@ def _dq_kernel(
 
   def load_item(at, base, n):
     """The producer's part of a work item: its key and value tiles into the ring; persistent,
-    its rows (Q, dO, statistics, O) into their slot one item early (`_load_item`)."""
+    its rows (Q, dO, statistics, O) into their slot (`_load_item`)."""
     kv_head = lax.div(at["heads"], jnp.int32(group))
 
     def load(j, slot):
@@ -1066,15 +1047,11 @@ def _dq_kernel(
       if kd_smem is not None:
         plgpu.copy_gmem_to_smem(kd_ref.at[keys], kd_smem.at[slot], kd_ready.at[slot])
 
-    if not persistent:
-      _ring_loads(base, cta_steps(at), stages, free, load)
-      return
-
     def own(at, slot):  # each warpgroup's rows
       for w in range(COMPUTE_WGS):
         load_rows(at, slot, w)
 
-    item_tiles = (grid, names, slots, rows_free, cfg.mgpu.items_early)
+    item_tiles = (grid, names, slots, rows_free, cfg.mgpu.items_early) if persistent else None
     _load_item(at, base, n, cta_steps(at), (stages, free), load, item_tiles, own)
 
   _roles(wg, items, compute_item, load_item, persistent, (slots, rows_free), (stages, free))

@@ -235,7 +235,7 @@ class MosaicGPUOptions:
   items_early: with persistent (the forward) and persistent_bwd (the backward), the producer
     issues an item's own tiles (the forward's Q; dQ: Q, dO, the rows' statistics and O;
     dK/dV: K and V) one item early, once the item before has issued its first ring tiles
-    (`load_next_own_tiles`, `backward_mgpu._load_item`), instead of after the item before's
+    (`own_tiles_and_ring`), instead of after the item before's
     last key tiles, where the compute warps waited for them at gpt2-small's attention (H100,
     2026-12-07, Nsight Compute: the forward's 2.8% of their stall samples,
     experiments/results/h100-2026-12-07j-stalls; the dQ kernel's 3.6% with o_by_tma,
@@ -442,20 +442,50 @@ def cta_item(grid: dict, names, n):
   return at, exists
 
 
-def load_own_tiles(m, at_m, own, slots: int, item_free):
-  """A persistent producer's copies of work item m's own tiles (own(at, slot): the forward's
-  Q, the dQ kernel's Q, dO, rows and O, dK/dV's K and V) into slot m mod `slots`, once item
+def load_own_tiles(m, copy, slots: int, item_free):
+  """A persistent producer's copies of work item m's own tiles (copy(slot): the forward's Q,
+  the dQ kernel's Q, dO, rows and O, dK/dV's K and V) into slot m mod `slots`, once item
   m − slots has released it (`item_free`)."""
   slot = slot_of(m, slots)
   pl.when(m >= slots)(lambda: plgpu.barrier_wait(item_free.at[slot]))
-  own(at_m, slot)
+  copy(slot)
 
 
-def load_next_own_tiles(n, grid: dict, names, own, slots: int, item_free):
-  """`load_own_tiles` of this CTA's item n + 1 (`cta_item`), where it has one: issued during
-  item n (`MosaicGPUOptions.items_early`), a whole item before it is needed."""
-  at_next, exists = cta_item(grid, names, n + 1)
-  pl.when(exists)(lambda: load_own_tiles(n + 1, at_next, own, slots, item_free))
+def after_first_tiles(j, n_steps, stages: int, after_fill) -> None:
+  """In a producer's loop over an item's ring tiles, at tile j: after_fill() (if not None)
+  once the ring's first min(stages, n_steps) tiles are issued (`own_tiles_and_ring`)."""
+  if after_fill is not None:
+    pl.when(j == jnp.minimum(n_steps, stages) - 1)(after_fill)
+
+
+def own_tiles_and_ring(n, n_steps, current, own, item_tiles, ring) -> None:
+  """A persistent producer's part of its work item n: the item's own tiles and its ring tiles.
+  current(slot) copies this item's own tiles, own(at, slot) those of a `cta_item` item;
+  item_tiles = (grid, names, slots, their free barrier, `MosaicGPUOptions.items_early`);
+  ring(after_fill) issues the item's n_steps ring tiles, calling `after_first_tiles` at each.
+  items_early off: this item's own tiles (`load_own_tiles`), then its ring. On: the first
+  item's before its ring, and the next item's (this CTA's item n + 1, where it has one) once
+  this item's first ring tiles are issued, at the end for an item of no steps: during this
+  item, whose start (forward: the item before's last QKᵀ; backward: its stores done) is where
+  the compute warpgroups release that slot, a whole item ahead of where they wait for them,
+  not after the item before's last key tiles."""
+  grid, names, slots, item_free, early = item_tiles
+  # early, item n + 1's tiles wait for item n − 1's release: with one slot they would wait
+  # for item n's own, which comes after n + 1's tiles are needed
+  assert slots >= 2 or not early, slots
+  if not early:
+    load_own_tiles(n, current, slots, item_free)
+    ring(None)
+    return
+  pl.when(n == 0)(lambda: load_own_tiles(n, current, slots, item_free))
+
+  def next_own():
+    at_next, exists = cta_item(grid, names, n + 1)
+    copy = functools.partial(own, at_next)
+    pl.when(exists)(lambda: load_own_tiles(n + 1, copy, slots, item_free))
+
+  ring(next_own)
+  pl.when(n_steps == 0)(next_own)
 
 
 def slot_of(t, slots: int):
@@ -1180,10 +1210,10 @@ def _forward_kernel(
     finish_stores()
 
   def _load_item(batch, head, q_tile, base, n):
-    """The producer's part of a work item: persistent, its Q tile (both warpgroups' rows, into
-    Q's slot once the item q_slots before has freed it; with `MosaicGPUOptions.items_early`
-    the next item's instead, once this item's first ring tiles are issued, and the first
-    item's before them: `load_next_own_tiles`); then its key and value tiles into the ring.
+    """The producer's part of a work item: its key and value tiles into the ring; persistent,
+    its Q tile (both warpgroups' rows) into Q's slot once the item q_slots before has freed it
+    (`own_tiles_and_ring`: before the ring, or with `MosaicGPUOptions.items_early` one item
+    early).
     A CTA of one item has its compute warpgroups load their Q themselves, as before the
     persistent kernel: with Q loaded here and no final wait for the Q releases
     (`_memory`'s `last_waits` on q_free, added later), ptxas (CUDA 13.0) addressed every barrier of the
@@ -1202,43 +1232,35 @@ def _forward_kernel(
     def own(at, slot):  # `cta_item`'s item: its query tile mapped as `items` maps it
       copy_q(at["batch"], at["heads"], query_tile(cfg, grid["q_tiles"], at["q_tiles"]), slot)
 
-    early = opts.persistent and opts.items_early
-    # early, item n + 1's Q waits for item n − 1's release: one slot would wait for item n's
-    assert q_slots >= 2 or not early, q_slots
     n_steps = item_steps(q_tile)
-    if early:  # the first item's Q here, each next one's during the item before (slot 0: free)
-      pl.when(n == 0)(lambda: copy_q(batch, head, q_tile, slot_of(n, q_slots)))
-    else:
-      pl.when(n >= q_slots)(lambda: plgpu.barrier_wait(q_free.at[slot_of(n, q_slots)]))
-      if opts.persistent:
-        copy_q(batch, head, q_tile, slot_of(n, q_slots))
     kv_head = lax.div(head, jnp.int32(group))
 
-    def next_q():
-      load_next_own_tiles(n, grid, query_grid(cfg), own, q_slots, q_free)
+    def ring(after_fill):
+      @pl.loop(0, n_steps)
+      def _load(j):
+        t = base + j  # the ring's count of tiles
+        slot = slot_of(t, stages)
+        kv_rows = (batch, pl.ds(j * keys, keys), kv_head)
 
-    @pl.loop(0, n_steps)
-    def _load(j):
-      t = base + j  # the ring's count of tiles
-      slot = slot_of(t, stages)
-      kv_rows = (batch, pl.ds(j * keys, keys), kv_head)
+        @pl.when(t >= stages)  # the slot's previous tile must be consumed first
+        def _():
+          plgpu.barrier_wait(k_free.at[slot])
 
-      @pl.when(t >= stages)  # the slot's previous tile must be consumed first
-      def _():
-        plgpu.barrier_wait(k_free.at[slot])
+        plgpu.copy_gmem_to_smem(k_ref.at[kv_rows], k_smem.at[slot], k_ready.at[slot])
 
-      plgpu.copy_gmem_to_smem(k_ref.at[kv_rows], k_smem.at[slot], k_ready.at[slot])
+        @pl.when(t >= stages)
+        def _():
+          plgpu.barrier_wait(v_free.at[slot])
 
-      @pl.when(t >= stages)
-      def _():
-        plgpu.barrier_wait(v_free.at[slot])
+        plgpu.copy_gmem_to_smem(v_ref.at[kv_rows], v_smem.at[slot], v_ready.at[slot])
+        after_first_tiles(j, n_steps, stages, after_fill)
 
-      plgpu.copy_gmem_to_smem(v_ref.at[kv_rows], v_smem.at[slot], v_ready.at[slot])
-      if early:  # once the ring's first tiles of this item are issued
-        pl.when(j == jnp.minimum(n_steps, stages) - 1)(next_q)
-
-    if early:
-      pl.when(n_steps == 0)(next_q)
+    if not opts.persistent:  # the compute warpgroups load their own Q
+      ring(None)
+      return
+    current = functools.partial(copy_q, batch, head, q_tile)
+    item_tiles = (grid, query_grid(cfg), q_slots, q_free, opts.items_early)
+    own_tiles_and_ring(n, n_steps, current, own, item_tiles, ring)
 
   @pl.when(wg == COMPUTE_WGS)
   def _memory():

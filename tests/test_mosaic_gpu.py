@@ -299,7 +299,7 @@ def test_mosaic_gpu_schedules_are_the_same_function(change, causal, monkeypatch)
   and 3), O's stores are waited for before the next item's, and the last Q tiles' releases
   are waited for at the end (the interpreter checks every phase was observed); one slot and
   the overlapped loop too; with `items_early` each next item's Q copied during the item
-  before (`forward_mgpu.load_next_own_tiles`)."""
+  before (`forward_mgpu.own_tiles_and_ring`)."""
   _skip_if_causal_refused(causal)
   on_gpu = jax.default_backend() == "gpu"
   q, k, v, _ = _tied(Shape(1, 150, 200, 2, 1, 64, causal=causal), jnp.bfloat16, 5)
