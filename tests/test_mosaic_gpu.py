@@ -242,6 +242,7 @@ def test_mosaic_gpu_without_interpret_needs_a_hopper_gpu():
     (dict(persistent=(False, True), overlap=(False, True)), True),
     (dict(persistent=(False, True), items_early=(False, True)), False),
     (dict(persistent=(False, True), items_early=(False, True), num_stages=(2, 1)), True),
+    (dict(persistent=(False, True), items_early=(False, True), ctas=2), True),
     (dict(wide_step=(False, True)), False),
     (dict(wide_step=(False, True)), True),
     (dict(wide_step=(False, True), num_stages=(2, 1)), True),
@@ -267,6 +268,7 @@ def test_mosaic_gpu_without_interpret_needs_a_hopper_gpu():
     "persistent+overlap-causal",
     "persistent+items_early-full",
     "persistent+items_early-one-stage-causal",
+    "persistent+items_early-causal-2-ctas",
     "wide_step-full",
     "wide_step-causal",
     "wide_step-one-stage-causal",
@@ -299,12 +301,15 @@ def test_mosaic_gpu_schedules_are_the_same_function(change, causal, monkeypatch)
   and 3), O's stores are waited for before the next item's, and the last Q tiles' releases
   are waited for at the end (the interpreter checks every phase was observed); one slot and
   the overlapped loop too; with `items_early` each next item's Q copied during the item
-  before (`forward_mgpu.own_tiles_and_ring`)."""
+  before (`forward_mgpu.own_tiles_and_ring`), in one CTA and in two (`ctas`: each CTA's
+  next item is every other one, `forward_mgpu.cta_item`)."""
   _skip_if_causal_refused(causal)
   on_gpu = jax.default_backend() == "gpu"
   q, k, v, _ = _tied(Shape(1, 150, 200, 2, 1, 64, causal=causal), jnp.bfloat16, 5)
-  if "persistent" in change:  # every work item in one CTA
-    monkeypatch.setattr(fm, "persistent_ctas", lambda interpret: 1)
+  change = dict(change)
+  ctas = change.pop("ctas", 1)
+  if "persistent" in change:  # every work item in one CTA (or `ctas`)
+    monkeypatch.setattr(fm, "persistent_ctas", lambda interpret: ctas)
 
   def attend(which):
     chosen = {name: values[which] for name, values in change.items()}
