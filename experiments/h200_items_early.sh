@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 19 (device tool, one H100 or H200, one call of at most 5 min): `MosaicGPUOptions.items_early`
+# Issue 19 (device tool, one H100 or H200, one call of at most 8 min): `MosaicGPUOptions.items_early`
 # (the persistent kernels' producers issue an item's own tiles one item early; with o_by_tma
 # the dQ kernel's compute warps still waited 3.6% of their stall samples for them at
 # gpt2-small's attention, the forward's 2.8% for its Q, H100, 2026-12-07:
@@ -9,10 +9,14 @@
 # 2. at gpt2-small's 16 × 1024 × 12 × d64 causal, 30 pairs, items_early off (the default)
 #    against on, the same bits: the backward alone (experiment 18) and the forward (experiment
 #    11, which also prints each side's kernel time);
-# 3. the gpt2-small step against cuDNN's (experiment 02, 30 interleaved rounds; STEP=1, once
-#    items_early is the default: the step runs the defaults).
+# 3. the gpt2-small step, 30 interleaved rounds (experiment 02): cuDNN's, ours at the defaults
+#    and ours with items_early (the spec's Mosaic GPU option `fa2+comp:items_early=true`), each
+#    against cuDNN's.
+# 4. TARGETS=1, on an H200 (the issue's device): `flashstable bench --targets` at the defaults
+#    (at most 290 s: a second call, `TESTS=0 AB=0 STEP=0 TARGETS=1`, on the warm machine).
 # Usage (repo root, on the device): bash experiments/h200_items_early.sh "$OUT"
-# TESTS=0 or AB=0 leave a part out, STEP=1 adds the step; device seconds: at most 370.
+# TESTS=0, AB=0 or STEP=0 leave a part out; device seconds: at most 110 + 150 + 200 (the
+# timeouts).
 set -u
 OUT=${1:-runs/h200}
 mkdir -p "$OUT"
@@ -28,5 +32,13 @@ if [[ ${AB:-1} != 0 ]]; then
     --pairs 30 --out "$OUT/ab.txt" bk=64 bk=64,items_early=1 > /dev/null 2>&1
   echo "A/B forward d64: exit $?"; cat "$OUT/ab.txt"
 fi
-[[ ${STEP:-0} == 0 ]] || step_vs_cudnn "$OUT/step" 30 150
+if [[ ${STEP:-1} != 0 ]]; then
+  timeout 200 python3 experiments/02_gpt2_step_time.py --steps 30 --attention cudnn \
+    --attention fa2+comp --attention fa2+comp:items_early=true --out "$OUT/step" \
+    > "$OUT/step.log" 2>&1
+  echo "step: exit $?"; grep -v "^ *$" "$OUT/step.log" | grep -v Warning | tail -9
+fi
+if [[ ${TARGETS:-0} != 0 ]] && nvidia-smi -L | grep -q H200; then
+  targets_verdicts "$OUT/targets" "$OUT/targets.log"
+fi
 true

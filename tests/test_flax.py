@@ -63,6 +63,7 @@ def test_nnx_multihead_attention(recorder):
     guard_shift=False,
     max_shift=None,
     shift_above=0.0,
+    mgpu_options=None,
   )
 
 
@@ -202,6 +203,37 @@ def test_attention_config_parsing_and_errors():
     AttentionConfig.parse("fa2+mgpu+delta32")
 
 
+def test_mosaic_gpu_options_in_a_spec_reach_the_kernel_call(recorder):
+  """The Mosaic GPU kernels' speed options are FIELDs of a spec, gathered into
+  `AttentionConfig.mgpu_options` (so the training step and the bench time one against the
+  defaults): they reach `flash_attention` as one `MosaicGPUOptions`, the defaults are None
+  (one name for one config), and a value no kernel reads is refused in one line."""
+  from pallas_kernels.forward_mgpu import MosaicGPUOptions
+
+  config = AttentionConfig.parse("fa2+comp:items_early=true,persistent=false")
+  assert config.mgpu_options == MosaicGPUOptions(items_early=True, persistent=False)
+  assert config.name == "fa2+comp:persistent=false,items_early=true"
+  assert AttentionConfig(mgpu_options=MosaicGPUOptions()).mgpu_options is None
+  assert AttentionConfig.parse("fa2:items_early=false,o_by_tma=none").name == "fa2"
+  q = jax.random.normal(jax.random.key(0), (1, 24, 2, 16), jnp.float32)
+  attend(q, q, q, config, causal=True)
+  (call,) = recorder
+  assert call["mgpu_options"] == config.mgpu_options and call["stabilize"] is True
+  for spec, why in (
+    ("fa2+triton:items_early=true", "items_early=True: Mosaic GPU options, which backend='triton'"),
+    ("cudnn:items_early=true", "items_early=True needs implementation='flash', got 'cudnn'"),
+    ("fa2:items_early=maybe", "items_early='maybe' is not a valid bool"),
+    ("fa2:persistent=2", r"persistent='2' is not a valid bool \| None"),
+    ("fa2:items_early=true,items_early=false", "both set items_early"),
+    ("fa2:overlap=true,wide_step=true", "wide_step must be False"),
+    ("fa2:mgpu_options=x", "or of MosaicGPUOptions"),
+  ):
+    with pytest.raises(ValueError, match=why):
+      AttentionConfig.parse(spec)
+  with pytest.raises(TypeError, match="mgpu_options must be a MosaicGPUOptions or None"):
+    AttentionConfig(mgpu_options={"items_early": True})
+
+
 @pytest.mark.parametrize(
   "old,new",
   [
@@ -240,6 +272,8 @@ def test_old_spellings_parse_with_a_warning_naming_the_new_one(old, new):
     "fa2+comp+lse",
     "paper+lse:block_q=512,block_k=512",
     "paper:tie_tolerance=0.01,block_q=512,block_k=512",
+    "fa2+comp:items_early=true",
+    "fa2+comp+mgpu:block_k=128,wide_step=false,delta_in_dq=true",
   ],
 )
 def test_every_config_has_one_name_that_parses_back(spec):

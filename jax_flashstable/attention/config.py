@@ -15,9 +15,12 @@ names it everywhere (the Flax module, the GPT-2 model, `flashstable train --atte
                 the paper layout's compensation with the clipped shift), rsum
                 (sum_rounded_p=true: the row sum l adds P̄ as the P̄V dot takes it); flash
                 only, but center, which every implementation takes ("cudnn+center")
-    FIELD    := any field of AttentionConfig
+    FIELD    := any field of AttentionConfig but mgpu_options, or any field of
+                `pallas_kernels.forward_mgpu.MosaicGPUOptions` (the Mosaic GPU kernels' speed
+                options, gathered into `mgpu_options`: "fa2+comp:items_early=true")
 
-For example "paper+comp", "fa2+comp+mgpu:block_k=128", "fa2:tie_tolerance=0.01". A flash spec
+For example "paper+comp", "fa2+comp+mgpu:block_k=128", "fa2:tie_tolerance=0.01",
+"fa2+comp:items_early=true". A flash spec
 without +mgpu or +triton has backend="auto": the Mosaic GPU kernels on a Hopper GPU where they
 support the call, else Triton (`flash_attention`).
 `AttentionConfig.name` is the shortest spec of a config (`parse(config.name) == config`).
@@ -43,6 +46,7 @@ from pallas_kernels.policy import (
   get_numerics,
   shown,
 )
+from pallas_kernels.forward_mgpu import MosaicGPUOptions
 
 IMPLEMENTATIONS = ("flash", "reference", "xla", "cudnn")
 
@@ -75,6 +79,11 @@ class AttentionConfig:
   backend: the flash kernels, "auto" (default: Mosaic GPU on a Hopper GPU where it supports
     the call, else Triton), "triton" or "mosaic_gpu" (Hopper; see `flash_attention`).
   reference_dtype: "float32" or "bfloat16" for implementation="reference".
+  mgpu_options: the Mosaic GPU kernels' speed options (`MosaicGPUOptions`, flash only; None:
+    their defaults, which an all-default `MosaicGPUOptions()` becomes). None of them moves a
+    bf16 rounding point (`flash_attention`); in a spec each is a FIELD of its own
+    ("fa2+comp:items_early=true"), so that the training step and the bench can time one
+    against the defaults. With backend="triton", which does not read them, ValueError.
 
   Raises ValueError naming the field for a value no attention accepts; whether a kernel
   supports a combination is checked by `pallas_kernels.attention.supported`.
@@ -96,8 +105,15 @@ class AttentionConfig:
   block_k: int | None = None
   reference_dtype: str = "float32"
   backend: str = "auto"
+  mgpu_options: MosaicGPUOptions | None = None
 
   def __post_init__(self):
+    if self.mgpu_options is not None and not isinstance(self.mgpu_options, MosaicGPUOptions):
+      raise TypeError(
+        f"mgpu_options must be a MosaicGPUOptions or None, got {shown(self.mgpu_options)}"
+      )
+    if self.mgpu_options == MosaicGPUOptions():  # one value for the defaults: name round-trips
+      object.__setattr__(self, "mgpu_options", None)
     for f in dataclasses.fields(self):  # flags are bools, not truthy values ("no" is truthy)
       if f.type in ("bool", bool):
         boolean(f.name, getattr(self, f.name))
@@ -127,9 +143,17 @@ class AttentionConfig:
         and getattr(self, f.name) != f.default
       ]
       if flash_only:
+        items = [
+          item
+          for n in flash_only
+          for item in (
+            _option_items(self.mgpu_options, repr)
+            if n == "mgpu_options"
+            else [f"{n}={getattr(self, n)!r}"]
+          )
+        ]
         raise ValueError(
-          f"{', '.join(f'{n}={getattr(self, n)!r}' for n in flash_only)} needs "
-          f"implementation='flash', got {self.implementation!r}"
+          f"{', '.join(items)} needs implementation='flash', got {self.implementation!r}"
         )
       return
     cap = check_shift_options(
@@ -143,6 +167,11 @@ class AttentionConfig:
     )
     if self.block_q is not None or self.block_k is not None:
       BlockSizes.default(64, self.block_q, self.block_k)  # validates
+    if self.mgpu_options is not None and self.backend == "triton":
+      raise ValueError(
+        f"{', '.join(_option_items(self.mgpu_options, repr))}: Mosaic GPU options, which "
+        "backend='triton' does not read (leave them out, or backend 'auto' or 'mosaic_gpu')"
+      )
     from pallas_kernels.attention import supported
 
     if why := supported(
@@ -190,9 +219,16 @@ class AttentionConfig:
             best = (key, preset, chosen, diff)
     _, preset, chosen, diff = best
     text = "".join([preset, *(f"+{m}" for m in chosen)])
-    if diff:
-      text += ":" + ",".join(f"{k}={_format_value(getattr(self, k))}" for k in diff)
-    return text
+    items = [
+      item
+      for k in diff
+      for item in (
+        _option_items(self.mgpu_options)
+        if k == "mgpu_options"
+        else [f"{k}={_format_value(getattr(self, k))}"]
+      )
+    ]
+    return text + (":" + ",".join(items) if items else "")
 
   @classmethod
   def parse(cls, spec: str | "AttentionConfig") -> "AttentionConfig":
@@ -230,13 +266,19 @@ class AttentionConfig:
         raise ValueError(f"modifier '+{mod}' twice in {spec!r}")
       for key, value in MODIFIERS[mod].items():
         setting(key, value, f"+{mod}")
-    types = {f.name: f.type for f in dataclasses.fields(cls)}
+    types = {f.name: f.type for f in dataclasses.fields(cls) if f.name != "mgpu_options"}
+    option_types = {f.name: f.type for f in dataclasses.fields(MosaicGPUOptions)}
+    options = {}
     for item in overrides.split(",") if overrides else ():
       key, eq, value = item.partition("=")
+      if key in option_types and eq:  # a Mosaic GPU option, gathered into mgpu_options
+        options[key] = parse_field_value(key, value, option_types[key])
+        setting(key, options[key], f"{key}={value}")
+        continue
       if key not in types or not eq:
         raise ValueError(
-          f"{item!r} in {spec!r} is not FIELD=VALUE with a field of "
-          f"AttentionConfig ({', '.join(types)})"
+          f"{item!r} in {spec!r} is not FIELD=VALUE with a field of AttentionConfig "
+          f"({', '.join(types)}) or of MosaicGPUOptions ({', '.join(option_types)})"
         )
       if key in _PRESET_FIELDS and not older:  # the preset's name is where they are set
         raise ValueError(
@@ -244,6 +286,10 @@ class AttentionConfig:
           f"{', '.join(PRESETS)})"
         )
       setting(key, parse_field_value(key, value, types[key]), f"{key}={value}")
+    for key in options:
+      del kw[key]
+    if options:
+      kw["mgpu_options"] = MosaicGPUOptions(**options)
     config = dataclasses.replace(PRESETS[name], **kw)
     if spec != given or head.split("+")[0] in ALIASES:  # an older spelling
       warnings.warn(
@@ -271,6 +317,7 @@ _FLASH_FIELDS = (
   "block_q",
   "block_k",
   "backend",
+  "mgpu_options",
 )
 
 
@@ -279,27 +326,40 @@ _FLASH_FIELDS = (
 _ANY_IMPLEMENTATION = ("center_keys",)
 
 
+def _option_items(options: MosaicGPUOptions | None, form=None) -> list[str]:
+  """ "FIELD=VALUE" for each Mosaic GPU option that differs from its default, the value as a
+  spec writes it (or by `form`, e.g. repr for an error message)."""
+  default = MosaicGPUOptions()
+  form = form or _format_value
+  return [
+    f"{f.name}={form(getattr(options, f.name))}"
+    for f in dataclasses.fields(MosaicGPUOptions)
+    if options is not None and getattr(options, f.name) != getattr(default, f.name)
+  ]
+
+
 def _format_value(value) -> str:
   return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def parse_field_value(key, text, type_name):
-  """Text → a dataclass field's type ("bool", "int | None", "float", "str"); ValueError naming
-  the key and the text when it does not parse."""
+  """Text → a dataclass field's type ("bool", "int | None", "bool | None", "float", "str";
+  "none" for a type with None); ValueError naming the key and the text when it does not
+  parse."""
   t = str(type_name)
+  if "None" in t and text.lower() == "none":
+    return None
   try:
     if "bool" in t:
       if text.lower() not in ("true", "false", "1", "0"):
         raise ValueError
       return text.lower() in ("true", "1")
     if "int" in t and "float" not in t:
-      if text.lower() == "none" and "None" in t:
-        return None
       if not re.fullmatch(r"[+-]?[0-9]+", text):  # int() would also take "64_0" (640)
         raise ValueError
       return int(text)
     if "float" in t:
-      return None if "None" in t and text.lower() == "none" else float(text)
+      return float(text)
   except ValueError:
     raise ValueError(f"{key}={text!r} is not a valid {t}") from None
   return text
