@@ -51,6 +51,13 @@ def test_variant_configs_are_what_they_say():
     == "paper+triton:block_k=32"
   )
   assert experiment.variant_config(TINY, "fa2+mgpu", 0, "/x").attention == "fa2+mgpu"
+  # Mosaic GPU options run with +mgpu; with 'auto' (Triton here) the variant names the fix
+  assert (
+    experiment.variant_config(TINY, "fa2+mgpu:items_early=true", 0, "/x").attention
+    == "fa2+mgpu:items_early=true"
+  )
+  with pytest.raises(ValueError, match="runs backend 'auto' as 'triton'.*add '\\+mgpu'"):
+    experiment.variant_config(TINY, "fa2:items_early=true", 0, "/x")
 
 
 def test_a_matrix_refuses_what_its_runs_would_drop_or_not_run(tmp_path):

@@ -220,12 +220,14 @@ def test_mosaic_gpu_options_in_a_spec_reach_the_kernel_call(recorder):
   (call,) = recorder
   assert call["mgpu_options"] == config.mgpu_options and call["stabilize"] is True
   for spec, why in (
-    ("fa2+triton:items_early=true", "items_early=True: Mosaic GPU options, which backend='triton'"),
+    ("fa2+triton:items_early=true", "items_early=True: Mosaic GPU options, unused with backend='t"),
+    ("paper:items_early=true", "unused with backend='auto', which runs Triton for numerics='pa"),
+    ("fa2:block_k=32,persistent=false", "persistent=False: .* Triton for block_k=32"),
     ("cudnn:items_early=true", "items_early=True needs implementation='flash', got 'cudnn'"),
     ("fa2:items_early=maybe", "items_early='maybe' is not a valid bool"),
     ("fa2:persistent=2", r"persistent='2' is not a valid bool \| None"),
     ("fa2:items_early=true,items_early=false", "both set items_early"),
-    ("fa2:overlap=true,wide_step=true", "wide_step must be False"),
+    ("fa2:overlap=true,wide_step=true", "wide_step must be False \\(in 'fa2:overlap"),
     ("fa2:mgpu_options=x", "or of MosaicGPUOptions"),
   ):
     with pytest.raises(ValueError, match=why):

@@ -295,7 +295,7 @@ def test_mosaic_gpu_schedules_are_the_same_function(change, causal, monkeypatch)
   None (the default) puts a causal grid's query tiles outermost (`forward_mgpu.query_grid`):
   the grid's order, not its work; that the grid changed, the traced program says.
   `persistent` runs the four work items (2 heads × 2 query tiles, of 4 and 2 key tiles under
-  causal) in one CTA (`persistent_ctas` set to 1, on the GPU too): the ring's position and
+  causal) in one CTA (`persistent_ctas` set to 1, on the GPU too; `ctas` 2 in one case): the ring's position and
   the ping-pong's turns carry on from one item to the next (with 3 slots an item starts at a
   slot other than 0), Q's two slots alternate and are refilled after their `q_free` (items 2
   and 3), O's stores are waited for before the next item's, and the last Q tiles' releases

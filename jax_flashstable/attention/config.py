@@ -167,22 +167,29 @@ class AttentionConfig:
     )
     if self.block_q is not None or self.block_k is not None:
       BlockSizes.default(64, self.block_q, self.block_k)  # validates
-    if self.mgpu_options is not None and self.backend == "triton":
-      raise ValueError(
-        f"{', '.join(_option_items(self.mgpu_options, repr))}: Mosaic GPU options, which "
-        "backend='triton' does not read (leave them out, or backend 'auto' or 'mosaic_gpu')"
-      )
     from pallas_kernels.attention import supported
 
-    if why := supported(
-      self.backend,
+    limits = dict(
       numerics=self.numerics,
       block_k=self.block_k,
       delta_float32=self.delta_float32,
       center_keys=self.center_keys,
       sum_rounded_p=self.sum_rounded_p,
-    ):
+    )
+    if why := supported(self.backend, **limits):
       raise ValueError(f"backend={self.backend!r} does not support {why}")
+    if self.mgpu_options is not None and (
+      self.backend == "triton" or (why := supported("mosaic_gpu", **limits))
+    ):  # options no kernel of this config reads: an A/B of them would time nothing
+      runs = (
+        "backend='triton'"
+        if self.backend == "triton"
+        else f"backend='auto', which runs Triton for {why}"
+      )
+      raise ValueError(
+        f"{', '.join(_option_items(self.mgpu_options, repr))}: Mosaic GPU options, unused with "
+        f"{runs}; leave them out"
+      )
 
   def flash_kwargs(self) -> dict:
     """The keyword arguments of `flash_attention` this config stands for."""
@@ -289,7 +296,10 @@ class AttentionConfig:
     for key in options:
       del kw[key]
     if options:
-      kw["mgpu_options"] = MosaicGPUOptions(**options)
+      try:
+        kw["mgpu_options"] = MosaicGPUOptions(**options)
+      except (TypeError, ValueError) as e:
+        raise ValueError(f"{e} (in {spec!r})") from None
     config = dataclasses.replace(PRESETS[name], **kw)
     if spec != given or head.split("+")[0] in ALIASES:  # an older spelling
       warnings.warn(
@@ -297,6 +307,11 @@ class AttentionConfig:
       )
     return config
 
+
+# A spec's FIELD is a field of AttentionConfig or of MosaicGPUOptions (`parse`): never both.
+assert not {f.name for f in dataclasses.fields(AttentionConfig)} & {
+  f.name for f in dataclasses.fields(MosaicGPUOptions)
+}, "a MosaicGPUOptions field named as an AttentionConfig field: a spec could not tell them apart"
 
 # Fields a preset's name sets (every combination of them has a preset: `PRESETS`), never a
 # FIELD=VALUE: "paper:numerics=fa2" would be fa2 under paper's name.

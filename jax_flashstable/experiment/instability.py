@@ -157,6 +157,11 @@ def variant_attention(variant: str, *, tiles=512, layer=1) -> tuple[str, tuple]:
   ):
     cfg = dataclasses.replace(cfg, block_q=tiles, block_k=tiles)
   if cfg.implementation == "flash" and cfg.backend == "auto":
+    if cfg.mgpu_options is not None and EXPERIMENT_BACKEND != "mosaic_gpu":
+      raise ValueError(
+        f"variant {variant!r}: the experiment runs backend 'auto' as {EXPERIMENT_BACKEND!r}, "
+        "which reads no Mosaic GPU options; add '+mgpu' to run them"
+      )
     cfg = dataclasses.replace(cfg, backend=EXPERIMENT_BACKEND)
   if variant.endswith(LAYER_SUFFIX):
     return "xla", ((layer, cfg.name),)
