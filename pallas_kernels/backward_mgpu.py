@@ -555,10 +555,7 @@ def _load_item(at, base, n, n_steps, ring, load, item_tiles, own):
   `forward_mgpu.own_tiles_and_ring` (with items_early the persistent dQ kernel's warps waited
   3.6% of their samples less, Nsight Compute at gpt2-small's attention, H100, 2026-12-07)."""
   stages, free = ring
-
-  def run(after_fill):
-    _ring_loads(base, n_steps, stages, free, load, after_fill)
-
+  run = functools.partial(_ring_loads, base, n_steps, stages, free, load)  # run(after_fill)
   if item_tiles is None:
     run(None)
     return

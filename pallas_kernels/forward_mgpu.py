@@ -239,8 +239,8 @@ class MosaicGPUOptions:
     last key tiles, where the compute warps waited for them at gpt2-small's attention (H100,
     2026-12-07, Nsight Compute: the forward's 2.8% of their stall samples,
     experiments/results/h100-2026-12-07j-stalls; the dQ kernel's 3.6% with o_by_tma,
-    h100-2026-12-07k-o-by-tma). The same bits (interpret mode; the backward with one CTA and
-    two). Built 2026-12-07 on the CPU (ptxas: no spills, no inline barrier sleeps; the
+    h100-2026-12-07k-o-by-tma). The same bits (interpret mode; forward and backward with one
+    CTA and two). Built 2026-12-07 on the CPU (ptxas: no spills, no inline barrier sleeps; the
     forward's d64 loop 743 SASS instructions against 738) and not yet run on a GPU (the
     session's device time spent): off until timed (`experiments/h200_items_early.sh`).
   persistent_bwd: the same for the backward's two kernels (`backward_mgpu.launch_plan`, each

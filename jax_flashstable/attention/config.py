@@ -83,7 +83,8 @@ class AttentionConfig:
     their defaults, which an all-default `MosaicGPUOptions()` becomes). None of them moves a
     bf16 rounding point (`flash_attention`); in a spec each is a FIELD of its own
     ("fa2+comp:items_early=true"), so that the training step and the bench can time one
-    against the defaults. With backend="triton", which does not read them, ValueError.
+    against the defaults. ValueError where no kernel of the config reads them (backend
+    "triton", or "auto" where it runs Triton: `supported`).
 
   Raises ValueError naming the field for a value no attention accepts; whether a kernel
   supports a combination is checked by `pallas_kernels.attention.supported`.
@@ -143,17 +144,9 @@ class AttentionConfig:
         and getattr(self, f.name) != f.default
       ]
       if flash_only:
-        items = [
-          item
-          for n in flash_only
-          for item in (
-            _option_items(self.mgpu_options, repr)
-            if n == "mgpu_options"
-            else [f"{n}={getattr(self, n)!r}"]
-          )
-        ]
         raise ValueError(
-          f"{', '.join(items)} needs implementation='flash', got {self.implementation!r}"
+          f"{', '.join(self._items(flash_only, repr))} needs implementation='flash', got "
+          f"{self.implementation!r}"
         )
       return
     cap = check_shift_options(
@@ -226,16 +219,22 @@ class AttentionConfig:
             best = (key, preset, chosen, diff)
     _, preset, chosen, diff = best
     text = "".join([preset, *(f"+{m}" for m in chosen)])
-    items = [
+    items = self._items(diff, _format_value)
+    return text + (":" + ",".join(items) if items else "")
+
+  def _items(self, names, form) -> list[str]:
+    """ "FIELD=VALUE" for each of these fields, the value by form (`_format_value` as a spec
+    writes it, repr for an error message); mgpu_options as its options that differ from their
+    defaults, each a FIELD of its own."""
+    return [
       item
-      for k in diff
+      for n in names
       for item in (
-        _option_items(self.mgpu_options)
-        if k == "mgpu_options"
-        else [f"{k}={_format_value(getattr(self, k))}"]
+        _option_items(self.mgpu_options, form)
+        if n == "mgpu_options"
+        else [f"{n}={form(getattr(self, n))}"]
       )
     ]
-    return text + (":" + ",".join(items) if items else "")
 
   @classmethod
   def parse(cls, spec: str | "AttentionConfig") -> "AttentionConfig":
@@ -275,12 +274,10 @@ class AttentionConfig:
         setting(key, value, f"+{mod}")
     types = {f.name: f.type for f in dataclasses.fields(cls) if f.name != "mgpu_options"}
     option_types = {f.name: f.type for f in dataclasses.fields(MosaicGPUOptions)}
-    options = {}
     for item in overrides.split(",") if overrides else ():
       key, eq, value = item.partition("=")
-      if key in option_types and eq:  # a Mosaic GPU option, gathered into mgpu_options
-        options[key] = parse_field_value(key, value, option_types[key])
-        setting(key, options[key], f"{key}={value}")
+      if key in option_types and eq:  # a Mosaic GPU option, gathered into mgpu_options below
+        setting(key, parse_field_value(key, value, option_types[key]), f"{key}={value}")
         continue
       if key not in types or not eq:
         raise ValueError(
@@ -293,8 +290,7 @@ class AttentionConfig:
           f"{', '.join(PRESETS)})"
         )
       setting(key, parse_field_value(key, value, types[key]), f"{key}={value}")
-    for key in options:
-      del kw[key]
+    options = {key: kw.pop(key) for key in option_types if key in kw}
     if options:
       try:
         kw["mgpu_options"] = MosaicGPUOptions(**options)
@@ -341,11 +337,10 @@ _FLASH_FIELDS = (
 _ANY_IMPLEMENTATION = ("center_keys",)
 
 
-def _option_items(options: MosaicGPUOptions | None, form=None) -> list[str]:
-  """ "FIELD=VALUE" for each Mosaic GPU option that differs from its default, the value as a
-  spec writes it (or by `form`, e.g. repr for an error message)."""
+def _option_items(options: MosaicGPUOptions | None, form) -> list[str]:
+  """ "FIELD=VALUE" for each Mosaic GPU option that differs from its default, the value by
+  form (`AttentionConfig._items`)."""
   default = MosaicGPUOptions()
-  form = form or _format_value
   return [
     f"{f.name}={form(getattr(options, f.name))}"
     for f in dataclasses.fields(MosaicGPUOptions)
